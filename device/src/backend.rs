@@ -1,0 +1,202 @@
+//! The vhost-user backend of one port: virtio identity, config space, the
+//! control queue, and kicks that wake the data-path engine.
+
+use std::io::{self, Read, Write};
+use std::sync::{Arc, RwLock};
+
+use log::{debug, warn};
+use ulnic_abi::{
+    CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE, F_IMPLEMENTED, INLINE_MAX,
+    MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE, CMD_HEADER_SIZE, RESP_HEADER_SIZE,
+    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_queue::QueueT;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+
+use crate::guest::PortMemory;
+use crate::Switch;
+
+/// Descriptors per virtqueue the device accepts.
+pub const MAX_QUEUE_SIZE: usize = 256;
+
+/// One port's backend; the state it acts on lives in the shared switch.
+pub struct PortBackend {
+    node: u32,
+    switch: Arc<Switch>,
+    mem: RwLock<Option<PortMemory>>,
+    num_queues: usize,
+}
+
+impl PortBackend {
+    /// A backend for node `node`.
+    pub fn new(node: u32, switch: Arc<Switch>) -> Self {
+        let num_queues = usize::from(FIRST_DOORBELL_QUEUE) + switch.max_endpoints as usize;
+        PortBackend { node, switch, mem: RwLock::new(None), num_queues }
+    }
+
+    /// The config space (spec §3.3).
+    pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
+        let mut c = [0u8; CONFIG_SIZE];
+        let words: [(usize, u32); 9] = [
+            (0, CONFIG_MAGIC),
+            (4, u32::from(SPEC_VERSION_MAJOR) | (u32::from(SPEC_VERSION_MINOR) << 16)),
+            (8, self.node),
+            (12, self.switch.max_endpoints),
+            (16, INLINE_MAX),
+            (20, MAX_MESSAGE),
+            (24, u32::from(FIRST_DOORBELL_QUEUE)),
+            (28, MAX_RING_ENTRIES),
+            (32, self.switch.nodes),
+        ];
+        for (o, v) in words {
+            c[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        c[40..48].copy_from_slice(&F_IMPLEMENTED.to_le_bytes());
+        c
+    }
+
+    fn process_control(&self, vring: &VringRwLock<PortMemory>) -> io::Result<()> {
+        let Some(atomic) = self.mem.read().map_err(|_| io::Error::other("poisoned"))?.clone() else {
+            return Ok(());
+        };
+        let mem = atomic.memory();
+        let mut any = false;
+        loop {
+            let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(&*mem);
+            let Some(chain) = chain else { break };
+            any = true;
+            let head = chain.head_index();
+            let used = self.serve_command(&mem, chain);
+            if vring.add_used(head, used).is_err() {
+                warn!("node {}: cannot complete control descriptor {head}", self.node);
+            }
+        }
+        if any {
+            vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+
+    /// Reads one request, executes it, writes the response; returns the
+    /// bytes written (0 when the chain cannot hold a response header).
+    fn serve_command(
+        &self,
+        mem: &GuestMemoryMmap<()>,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap<()>>,
+    ) -> u32 {
+        let (Ok(mut reader), Ok(mut writer)) = (chain.clone().reader(mem), chain.writer(mem)) else {
+            warn!("node {}: malformed control descriptor chain", self.node);
+            return 0;
+        };
+        if writer.available_bytes() < RESP_HEADER_SIZE {
+            warn!("node {}: control response buffer shorter than {RESP_HEADER_SIZE} bytes", self.node);
+            return 0;
+        }
+        let n = reader.available_bytes().min(CMD_HEADER_SIZE + MAX_CMD_PAYLOAD);
+        let mut req = vec![0u8; n];
+        let resp = match reader.read_exact(&mut req) {
+            Ok(()) => {
+                let mut fabric = self.switch.lock();
+                crate::control::execute(&mut fabric, self.node, mem, &req)
+            }
+            Err(_) => crate::control::Response { status: ulnic_abi::status::BAD_LENGTH, payload: Vec::new() },
+        };
+        self.switch.wake();
+        let mut bytes = resp.encode();
+        if bytes.len() > writer.available_bytes() {
+            // The header always fits; a short payload buffer is a length error.
+            bytes = crate::control::Response { status: ulnic_abi::status::BAD_LENGTH, payload: Vec::new() }.encode();
+        }
+        match writer.write_all(&bytes) {
+            Ok(()) => bytes.len() as u32,
+            Err(_) => 0,
+        }
+    }
+}
+
+impl VhostUserBackend for PortBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock<PortMemory>;
+
+    fn num_queues(&self) -> usize {
+        self.num_queues
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() | F_IMPLEMENTED
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {}
+
+    fn reset_device(&self) {
+        debug!("node {}: device reset", self.node);
+        self.switch.lock().nodes[self.node as usize].reset();
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // The driver stops the control queue when it resets the device or
+        // the VM reboots: everything it created is gone with it.
+        if queue_index == u32::from(CONTROL_QUEUE) {
+            self.switch.lock().nodes[self.node as usize].reset();
+        }
+        Ok(())
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let c = self.config_space();
+        let (o, s) = (offset as usize, size as usize);
+        match o.checked_add(s) {
+            Some(end) if end <= c.len() => c[o..end].to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn update_memory(&self, mem: PortMemory) -> io::Result<()> {
+        *self.mem.write().map_err(|_| io::Error::other("poisoned"))? = Some(mem.clone());
+        self.switch.lock().nodes[self.node as usize].mem = Some(mem);
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+    }
+
+    fn handle_event(&self, device_event: u16, evset: EventSet, vrings: &[Self::Vring], _thread: usize) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::other(format!("unexpected event set {evset:?}")));
+        }
+        match device_event {
+            CONTROL_QUEUE => {
+                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
+                    self.switch.lock().nodes[self.node as usize].notify = Some(v.clone());
+                }
+                let vring = vrings.get(usize::from(CONTROL_QUEUE)).ok_or_else(|| io::Error::other("no control queue"))?;
+                self.process_control(vring)
+            }
+            NOTIFY_QUEUE => {
+                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
+                    self.switch.lock().nodes[self.node as usize].notify = Some(v.clone());
+                }
+                self.switch.wake();
+                Ok(())
+            }
+            _ => {
+                self.switch.wake();
+                Ok(())
+            }
+        }
+    }
+}

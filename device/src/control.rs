@@ -1,0 +1,222 @@
+//! Control-queue commands (spec §4): parsing, validation and execution
+//! against one node of the fabric.
+
+use log::{debug, info};
+use ulnic_abi::{
+    cmd, read_le32, status, CreateEndpoint, DeviceInfo, FilterEntry, CMD_HEADER_SIZE, F_IMPLEMENTED,
+    INLINE_MAX, MAX_FILTERS, MAX_MESSAGE, MAX_SEGMENT_PAGES, PAGE_SIZE, SPEC_VERSION_MAJOR,
+    SPEC_VERSION_MINOR,
+};
+use vm_memory::GuestMemoryMmap;
+
+use crate::endpoint::Endpoint;
+use crate::fabric::Fabric;
+use crate::guest::{self, Segment};
+
+/// Most protection domains one port may hold.
+pub const MAX_PDS: usize = 64;
+
+/// The outcome of one command: a status and a result payload.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Response {
+    /// `status::*`.
+    pub status: u32,
+    /// Result payload (empty on error).
+    pub payload: Vec<u8>,
+}
+
+impl Response {
+    fn ok(payload: Vec<u8>) -> Self {
+        Response { status: status::OK, payload }
+    }
+    fn err(status: u32) -> Self {
+        Response { status, payload: Vec::new() }
+    }
+    /// The bytes written into the driver's response buffer.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(8 + self.payload.len());
+        b.extend_from_slice(&self.status.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.payload);
+        b
+    }
+}
+
+fn need(payload: &[u8], n: usize) -> Result<(), Response> {
+    if payload.len() < n {
+        Err(Response::err(status::BAD_LENGTH))
+    } else {
+        Ok(())
+    }
+}
+
+/// Executes the request `req` (header + payload) from node `node`.
+pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &[u8]) -> Response {
+    if req.len() < CMD_HEADER_SIZE {
+        return Response::err(status::BAD_LENGTH);
+    }
+    let opcode = read_le32(req, 0);
+    let p = &req[CMD_HEADER_SIZE..];
+    let r = match opcode {
+        cmd::GET_INFO => Ok(get_info(fabric, node)),
+        cmd::CREATE_PD => create_pd(fabric, node),
+        cmd::DESTROY_PD => destroy_pd(fabric, node, p),
+        cmd::CREATE_ENDPOINT => create_endpoint(fabric, node, mem, p),
+        cmd::DESTROY_ENDPOINT => destroy_endpoint(fabric, node, p),
+        cmd::BIND_PORT => bind_port(fabric, node, p),
+        cmd::SET_FILTER => set_filter(fabric, node, p),
+        cmd::ARM | cmd::DISARM => arm(fabric, node, p, opcode == cmd::ARM),
+        cmd::GET_STATS => get_stats(fabric, node, p),
+        _ => Err(Response::err(status::UNKNOWN_COMMAND)),
+    };
+    let r = r.unwrap_or_else(|e| e);
+    if r.status != status::OK {
+        debug!("node {node}: command {opcode:#x} failed: {}", status::name(r.status));
+    }
+    r
+}
+
+fn get_info(fabric: &Fabric, node: u32) -> Response {
+    let n = &fabric.nodes[node as usize];
+    Response::ok(
+        DeviceInfo {
+            version_major: SPEC_VERSION_MAJOR,
+            version_minor: SPEC_VERSION_MINOR,
+            node,
+            max_endpoints: n.endpoints.len() as u32,
+            inline_max: INLINE_MAX,
+            max_message: MAX_MESSAGE,
+            nodes: fabric.nodes.len() as u32,
+            features: F_IMPLEMENTED,
+        }
+        .encode(),
+    )
+}
+
+fn create_pd(fabric: &mut Fabric, node: u32) -> Result<Response, Response> {
+    let n = &mut fabric.nodes[node as usize];
+    if n.pds.len() >= MAX_PDS {
+        return Err(Response::err(status::NO_RESOURCES));
+    }
+    let pd = n.next_pd;
+    n.next_pd = n.next_pd.wrapping_add(1).max(1);
+    n.pds.insert(pd);
+    Ok(Response::ok(pd.to_le_bytes().to_vec()))
+}
+
+fn destroy_pd(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 4)?;
+    let pd = read_le32(p, 0);
+    let n = &mut fabric.nodes[node as usize];
+    if !n.pds.remove(&pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    let ids: Vec<u32> = (0..n.endpoints.len() as u32)
+        .filter(|&i| n.endpoints[i as usize].as_ref().is_some_and(|e| e.pd == pd))
+        .collect();
+    for id in ids {
+        n.remove_endpoint(id);
+    }
+    Ok(Response::ok(Vec::new()))
+}
+
+fn create_endpoint(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, p: &[u8]) -> Result<Response, Response> {
+    need(p, CreateEndpoint::SIZE)?;
+    let c = CreateEndpoint::decode(p);
+    let n = &mut fabric.nodes[node as usize];
+    if !n.pds.contains(&c.pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    let layout = c.layout();
+    layout.validate().map_err(|_| Response::err(status::INVALID_ARGUMENT))?;
+    if c.ctrl_gpa % PAGE_SIZE != 0 || c.ctrl_len < layout.region_size() {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    if !guest::range_ok(mem, c.ctrl_gpa, layout.region_size()) {
+        return Err(Response::err(status::BAD_ADDRESS));
+    }
+    if c.seg_pages > MAX_SEGMENT_PAGES {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let table_len = u64::from(c.seg_pages) * 8;
+    if !guest::range_ok(mem, c.seg_table_gpa, table_len) {
+        return Err(Response::err(status::BAD_ADDRESS));
+    }
+    let mut table = vec![0u8; table_len as usize];
+    guest::read(mem, c.seg_table_gpa, &mut table).map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    let pages = table.chunks_exact(8).map(|b| ulnic_abi::read_le64(b, 0));
+    let segment = Segment::from_pages(mem, pages).map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    let Some(id) = n.endpoints.iter().position(|e| e.is_none()) else {
+        return Err(Response::err(status::NO_RESOURCES));
+    };
+    let ep = Endpoint::new(c.pd, c.ctrl_gpa, layout, segment);
+    ep.init_shared(mem).map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    info!(
+        "node {node}: endpoint {id} created (pd {}, rings {}/{}/{}/{}, segment {} KiB in {} extents)",
+        c.pd,
+        layout.send_entries,
+        layout.recv_entries,
+        layout.free_entries,
+        layout.event_entries,
+        ep.segment.len() / 1024,
+        ep.segment.extents()
+    );
+    n.endpoints[id] = Some(ep);
+    let mut out = (id as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(&(u32::from(ulnic_abi::FIRST_DOORBELL_QUEUE) + id as u32).to_le_bytes());
+    Ok(Response::ok(out))
+}
+
+fn destroy_endpoint(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 4)?;
+    let id = read_le32(p, 0);
+    let n = &mut fabric.nodes[node as usize];
+    n.remove_endpoint(id).ok_or(Response::err(status::NOT_FOUND))?;
+    info!("node {node}: endpoint {id} destroyed");
+    Ok(Response::ok(Vec::new()))
+}
+
+fn bind_port(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 8)?;
+    let (id, port) = (read_le32(p, 0), read_le32(p, 4));
+    if port == 0 || port == ulnic_abi::ANY {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let n = &mut fabric.nodes[node as usize];
+    if n.ports.contains_key(&port) {
+        return Err(Response::err(status::ADDRESS_IN_USE));
+    }
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    let old = ep.port.replace(port);
+    if let Some(old) = old {
+        n.ports.remove(&old);
+    }
+    n.ports.insert(port, id);
+    Ok(Response::ok(Vec::new()))
+}
+
+fn set_filter(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 8)?;
+    let (id, count) = (read_le32(p, 0), read_le32(p, 4) as usize);
+    if count > MAX_FILTERS {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    need(p, 8 + count * FilterEntry::SIZE)?;
+    let filters = p[8..8 + count * FilterEntry::SIZE].chunks_exact(FilterEntry::SIZE).map(FilterEntry::decode).collect();
+    let ep = fabric.nodes[node as usize].endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    ep.filters = filters;
+    Ok(Response::ok(Vec::new()))
+}
+
+fn arm(fabric: &mut Fabric, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
+    need(p, 4)?;
+    let ep = fabric.nodes[node as usize].endpoint_mut(read_le32(p, 0)).ok_or(Response::err(status::NOT_FOUND))?;
+    ep.notify_enabled = on;
+    Ok(Response::ok(Vec::new()))
+}
+
+fn get_stats(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 4)?;
+    let ep = fabric.nodes[node as usize].endpoint_mut(read_le32(p, 0)).ok_or(Response::err(status::NOT_FOUND))?;
+    Ok(Response::ok(ep.stats.to_array().iter().flat_map(|v| v.to_le_bytes()).collect()))
+}

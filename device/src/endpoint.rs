@@ -1,0 +1,330 @@
+//! The device's side of one endpoint: private ring indices, validation of the
+//! values the user publishes, and posting receive descriptors and events.
+//!
+//! CLAN §4.1: each side keeps its authoritative index privately and publishes
+//! a copy; the device reads the user's copies as hostile and never indexes
+//! with them except reduced modulo the ring size.
+
+use ulnic_abi::{ctrl, condition, event, Event, FilterEntry, RingLayout, CONDITION_RESERVE};
+use vm_memory::GuestMemoryMmap;
+
+use crate::guest::{self, BadAddress, Segment};
+
+/// Per-endpoint counters, in the order of `ulnic_abi::STAT_NAMES`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub tx_messages: u64,
+    pub tx_bytes: u64,
+    pub rx_messages: u64,
+    pub rx_bytes: u64,
+    pub tx_errors: u64,
+    pub returned_no_buffer: u64,
+    pub rx_dropped_no_buffer: u64,
+    pub rx_rejected: u64,
+    pub bad_descriptors: u64,
+    pub ring_errors: u64,
+    pub events_lost: u64,
+    pub notifications: u64,
+}
+
+impl Stats {
+    /// The counters in wire order.
+    pub fn to_array(&self) -> [u64; 12] {
+        [
+            self.tx_messages,
+            self.tx_bytes,
+            self.rx_messages,
+            self.rx_bytes,
+            self.tx_errors,
+            self.returned_no_buffer,
+            self.rx_dropped_no_buffer,
+            self.rx_rejected,
+            self.bad_descriptors,
+            self.ring_errors,
+            self.events_lost,
+            self.notifications,
+        ]
+    }
+}
+
+/// One endpoint as the device sees it.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// Protection domain that owns it.
+    pub pd: u32,
+    /// Port it is bound to on its node.
+    pub port: Option<u32>,
+    /// Guest-physical address of the control region.
+    pub ctrl: u64,
+    /// Ring sizes.
+    pub layout: RingLayout,
+    /// The registered segment.
+    pub segment: Segment,
+    /// Accept filter; empty accepts everything.
+    pub filters: Vec<FilterEntry>,
+    /// Whether notifications are enabled (ARM).
+    pub notify_enabled: bool,
+    /// Device-private indices.
+    pub send_consumer: u32,
+    pub free_consumer: u32,
+    pub recv_producer: u32,
+    pub event_producer: u32,
+    /// Last arm request the device honoured.
+    pub arm_ack: u32,
+    /// Counters.
+    pub stats: Stats,
+}
+
+impl Endpoint {
+    /// A new endpoint; the caller validated `layout`, `ctrl` and `segment`.
+    pub fn new(pd: u32, ctrl: u64, layout: RingLayout, segment: Segment) -> Self {
+        Endpoint {
+            pd,
+            port: None,
+            ctrl,
+            layout,
+            segment,
+            filters: Vec::new(),
+            notify_enabled: false,
+            send_consumer: 0,
+            free_consumer: 0,
+            recv_producer: 0,
+            event_producer: 0,
+            arm_ack: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Zeroes the control block words the device owns, so a recycled region
+    /// starts clean.
+    pub fn init_shared(&self, mem: &GuestMemoryMmap<()>) -> Result<(), BadAddress> {
+        guest::write(mem, self.ctrl, &[0u8; ctrl::CONTROL_BLOCK_SIZE as usize])
+    }
+
+    fn word(&self, off: u64) -> u64 {
+        self.ctrl + off
+    }
+
+    /// Number of descriptors the user offers on a ring it produces, or None
+    /// (and a ring error) when the published index is impossible.
+    fn offered(&mut self, mem: &GuestMemoryMmap<()>, prod_off: u64, consumer: u32, entries: u32) -> u32 {
+        match guest::load_u32(mem, self.word(prod_off)) {
+            Ok(p) => {
+                let n = p.wrapping_sub(consumer);
+                if n > entries {
+                    self.ring_error(mem);
+                    0
+                } else {
+                    n
+                }
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Send descriptors waiting.
+    pub fn send_pending(&mut self, mem: &GuestMemoryMmap<()>) -> u32 {
+        let (c, n) = (self.send_consumer, self.layout.send_entries);
+        self.offered(mem, ctrl::SEND_PRODUCER, c, n)
+    }
+
+    /// Free descriptors waiting.
+    pub fn free_pending(&mut self, mem: &GuestMemoryMmap<()>) -> u32 {
+        let (c, n) = (self.free_consumer, self.layout.free_entries);
+        self.offered(mem, ctrl::FREE_PRODUCER, c, n)
+    }
+
+    /// Free slots on a ring the device produces, or None when the user's
+    /// published consumer index is impossible.
+    fn room(&mut self, mem: &GuestMemoryMmap<()>, cons_off: u64, producer: u32, entries: u32) -> Option<u32> {
+        let c = guest::load_u32(mem, self.word(cons_off)).ok()?;
+        let used = producer.wrapping_sub(c);
+        if used > entries {
+            self.ring_error(mem);
+            return None;
+        }
+        Some(entries - used)
+    }
+
+    /// Address of send descriptor at the current consumer index.
+    pub fn send_slot(&self) -> u64 {
+        let idx = u64::from(self.send_consumer & (self.layout.send_entries - 1));
+        self.ctrl + self.layout.send_offset() + idx * ulnic_abi::SEND_DESC_SIZE
+    }
+
+    /// Address of the free descriptor at the current consumer index.
+    pub fn free_slot(&self) -> u64 {
+        let idx = u64::from(self.free_consumer & (self.layout.free_entries - 1));
+        self.ctrl + self.layout.free_offset() + idx * ulnic_abi::FREE_DESC_SIZE
+    }
+
+    /// Retires one send descriptor and publishes the new consumer index.
+    pub fn complete_send(&mut self, mem: &GuestMemoryMmap<()>) {
+        self.send_consumer = self.send_consumer.wrapping_add(1);
+        let _ = guest::store_u32(mem, self.word(ctrl::SEND_CONSUMER), self.send_consumer);
+    }
+
+    /// Retires one free descriptor.
+    pub fn consume_free(&mut self, mem: &GuestMemoryMmap<()>) {
+        self.free_consumer = self.free_consumer.wrapping_add(1);
+        let _ = guest::store_u32(mem, self.word(ctrl::FREE_CONSUMER), self.free_consumer);
+    }
+
+    /// Free receive-ring slots (None when the published index is impossible).
+    pub fn recv_room(&mut self, mem: &GuestMemoryMmap<()>) -> Option<u32> {
+        let (p, n) = (self.recv_producer, self.layout.recv_entries);
+        self.room(mem, ctrl::RECV_CONSUMER, p, n)
+    }
+
+    /// Free event slots beyond the condition reserve: a send descriptor is
+    /// consumed only when its possible event has a slot.
+    pub fn event_room_for_send(&mut self, mem: &GuestMemoryMmap<()>) -> bool {
+        let (p, n) = (self.event_producer, self.layout.event_entries);
+        matches!(self.room(mem, ctrl::EVENT_CONSUMER, p, n), Some(r) if r > CONDITION_RESERVE)
+    }
+
+    /// Address of the receive slot the next message goes to.
+    pub fn recv_slot(&self) -> u64 {
+        let idx = u64::from(self.recv_producer & (self.layout.recv_entries - 1));
+        self.ctrl + self.layout.recv_offset() + idx * ulnic_abi::RECV_DESC_SIZE
+    }
+
+    /// Publishes a receive descriptor already written at `recv_slot()`.
+    pub fn publish_recv(&mut self, mem: &GuestMemoryMmap<()>) {
+        self.recv_producer = self.recv_producer.wrapping_add(1);
+        let _ = guest::store_u32(mem, self.word(ctrl::RECV_PRODUCER), self.recv_producer);
+    }
+
+    /// Posts an event; counts it lost when the ring is full (the user
+    /// published a consumer index that left no room, so it can only hurt
+    /// itself).
+    pub fn post_event(&mut self, mem: &GuestMemoryMmap<()>, ev: &Event) -> bool {
+        let (p, n) = (self.event_producer, self.layout.event_entries);
+        if !matches!(self.room(mem, ctrl::EVENT_CONSUMER, p, n), Some(r) if r > 0) {
+            self.stats.events_lost += 1;
+            return false;
+        }
+        let idx = u64::from(self.event_producer & (n - 1));
+        let mut b = [0u8; ulnic_abi::EVENT_SIZE as usize];
+        ev.encode(&mut b);
+        if guest::write(mem, self.ctrl + self.layout.event_offset() + idx * ulnic_abi::EVENT_SIZE, &b).is_err() {
+            self.stats.events_lost += 1;
+            return false;
+        }
+        self.event_producer = self.event_producer.wrapping_add(1);
+        let _ = guest::store_u32(mem, self.word(ctrl::EVENT_PRODUCER), self.event_producer);
+        true
+    }
+
+    /// Posts a condition event unless one of the same kind is still pending
+    /// (CLAN's duplicate suppression: the queue cannot overflow with them).
+    pub fn post_condition(&mut self, mem: &GuestMemoryMmap<()>, code: u16) -> bool {
+        let flag = self.word(ctrl::CONDITION_PENDING + u64::from(code));
+        let mut pending = [0u8];
+        if guest::read(mem, flag, &mut pending).is_err() || pending[0] != 0 {
+            return false;
+        }
+        let _ = guest::write(mem, flag, &[1]);
+        self.post_event(mem, &Event { kind: event::CONDITION, code, ..Default::default() })
+    }
+
+    fn ring_error(&mut self, mem: &GuestMemoryMmap<()>) {
+        self.stats.ring_errors += 1;
+        self.post_condition(mem, condition::RING_INDEX);
+    }
+
+    /// Sets or clears the doorbell-wanted word.
+    pub fn set_doorbell_wanted(&self, mem: &GuestMemoryMmap<()>, wanted: bool) {
+        let _ = guest::store_u32(mem, self.word(ctrl::DOORBELL_WANTED), u32::from(wanted));
+    }
+
+    /// Consumes a pending arm request: true when the owner asked to be
+    /// notified and has not been since.
+    pub fn take_arm(&mut self, mem: &GuestMemoryMmap<()>) -> bool {
+        if !self.notify_enabled {
+            return false;
+        }
+        match guest::load_u32(mem, self.word(ctrl::ARM_REQUEST)) {
+            Ok(req) if req != self.arm_ack => {
+                self.arm_ack = req;
+                let _ = guest::store_u32(mem, self.word(ctrl::ARM_ACK), req);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the accept filter takes a message.
+    pub fn accepts(&self, node: u32, port: u32, tag: u32) -> bool {
+        self.filters.is_empty() || self.filters.iter().any(|f| f.matches(node, port, tag))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::tests::mem;
+
+    fn ep(m: &GuestMemoryMmap<()>) -> Endpoint {
+        let layout = RingLayout { send_entries: 4, recv_entries: 4, free_entries: 4, event_entries: 64 };
+        let e = Endpoint::new(1, 0x10000, layout, Segment::default());
+        e.init_shared(m).unwrap();
+        e
+    }
+
+    #[test]
+    fn hostile_producer_index_is_clamped_and_reported_once() {
+        let m = mem(1 << 20);
+        let mut e = ep(&m);
+        guest::store_u32(&m, 0x10000 + ctrl::SEND_PRODUCER, 3).unwrap();
+        assert_eq!(e.send_pending(&m), 3);
+        guest::store_u32(&m, 0x10000 + ctrl::SEND_PRODUCER, 5).unwrap();
+        assert_eq!(e.send_pending(&m), 0);
+        guest::store_u32(&m, 0x10000 + ctrl::SEND_PRODUCER, u32::MAX).unwrap();
+        assert_eq!(e.send_pending(&m), 0);
+        assert_eq!(e.stats.ring_errors, 2);
+        // Only one condition event: the second is suppressed until the user clears the flag.
+        assert_eq!(e.event_producer, 1);
+    }
+
+    #[test]
+    fn wrapping_indices_work() {
+        let m = mem(1 << 20);
+        let mut e = ep(&m);
+        e.send_consumer = u32::MAX - 1;
+        guest::store_u32(&m, 0x10000 + ctrl::SEND_PRODUCER, 1).unwrap();
+        assert_eq!(e.send_pending(&m), 3);
+    }
+
+    #[test]
+    fn event_ring_full_counts_lost_and_condition_reserve_holds() {
+        let m = mem(1 << 20);
+        let mut e = ep(&m);
+        for _ in 0..(64 - CONDITION_RESERVE) {
+            assert!(e.event_room_for_send(&m));
+            assert!(e.post_event(&m, &Event { kind: event::TX_DONE, ..Default::default() }));
+        }
+        assert!(!e.event_room_for_send(&m));
+        for _ in 0..CONDITION_RESERVE {
+            assert!(e.post_event(&m, &Event::default()));
+        }
+        assert!(!e.post_event(&m, &Event::default()));
+        assert_eq!(e.stats.events_lost, 1);
+        // A hostile consumer index (ahead of the producer) gives no room.
+        guest::store_u32(&m, 0x10000 + ctrl::EVENT_CONSUMER, e.event_producer + 5).unwrap();
+        assert!(!e.post_event(&m, &Event::default()));
+    }
+
+    #[test]
+    fn arm_is_one_shot() {
+        let m = mem(1 << 20);
+        let mut e = ep(&m);
+        assert!(!e.take_arm(&m));
+        e.notify_enabled = true;
+        assert!(!e.take_arm(&m));
+        guest::store_u32(&m, 0x10000 + ctrl::ARM_REQUEST, 1).unwrap();
+        assert!(e.take_arm(&m));
+        assert!(!e.take_arm(&m));
+        assert_eq!(guest::load_u32(&m, 0x10000 + ctrl::ARM_ACK).unwrap(), 1);
+    }
+}

@@ -1,0 +1,409 @@
+//! The switch fabric: every node (one vhost-user port) of one device process,
+//! and the data path that moves messages between their endpoints.
+//!
+//! One engine thread runs `Fabric::poll`; control commands run on the port
+//! threads. Both hold the fabric lock, so the data path sees a consistent
+//! endpoint table and never races a destroy.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use log::{debug, warn};
+use ulnic_abi::{
+    condition, event, op, recv_flags, send_flags, tx_error, Event, FreeDesc, RecvDesc, SendDesc,
+    INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, RECV_DESC_SIZE, SEND_DESC_SIZE,
+};
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+
+use crate::endpoint::Endpoint;
+use crate::guest::{self, MemGuard, PortMemory, Segment};
+
+/// Send descriptors served per endpoint per pass, for fairness.
+const SEND_BATCH: u32 = 32;
+
+/// The notification queue of a port, as handed over by the vhost-user backend.
+pub type NotifyVring = VringRwLock<PortMemory>;
+
+/// One port of the device: a node of the fabric.
+pub struct Node {
+    /// Node address.
+    pub id: u32,
+    /// The connected frontend's memory, while connected.
+    pub mem: Option<PortMemory>,
+    /// Endpoint slots; the index is the endpoint id.
+    pub endpoints: Vec<Option<Endpoint>>,
+    /// Live protection domains.
+    pub pds: HashSet<u32>,
+    /// Next protection domain id to hand out.
+    pub next_pd: u32,
+    /// Bound ports: port number -> endpoint id.
+    pub ports: HashMap<u32, u32>,
+    /// The notification queue, once the frontend set it up.
+    pub notify: Option<NotifyVring>,
+    /// Endpoints owed a notification that found no notification buffer.
+    pub notify_backlog: VecDeque<u32>,
+    /// Connections served so far (for logs).
+    pub connections: u64,
+}
+
+impl Node {
+    fn new(id: u32, max_endpoints: u32) -> Self {
+        Node {
+            id,
+            mem: None,
+            endpoints: (0..max_endpoints).map(|_| None).collect(),
+            pds: HashSet::new(),
+            next_pd: 1,
+            ports: HashMap::new(),
+            notify: None,
+            notify_backlog: VecDeque::new(),
+            connections: 0,
+        }
+    }
+
+    /// Frees everything the last frontend created (disconnect or reset).
+    pub fn reset(&mut self) {
+        let live = self.endpoints.iter().filter(|e| e.is_some()).count();
+        if live > 0 || !self.pds.is_empty() {
+            debug!("node {}: freeing {} endpoints and {} protection domains", self.id, live, self.pds.len());
+        }
+        self.endpoints.iter_mut().for_each(|e| *e = None);
+        self.pds.clear();
+        self.ports.clear();
+        self.notify = None;
+        self.notify_backlog.clear();
+        self.next_pd = 1;
+    }
+
+    /// A live endpoint by id.
+    pub fn endpoint_mut(&mut self, id: u32) -> Option<&mut Endpoint> {
+        self.endpoints.get_mut(id as usize).and_then(|e| e.as_mut())
+    }
+
+    /// Removes an endpoint and its port binding.
+    pub fn remove_endpoint(&mut self, id: u32) -> Option<Endpoint> {
+        let ep = self.endpoints.get_mut(id as usize)?.take()?;
+        if let Some(p) = ep.port {
+            self.ports.remove(&p);
+        }
+        Some(ep)
+    }
+}
+
+/// Totals across the fabric, for the `--stats` report.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FabricCounters {
+    /// Messages delivered.
+    pub delivered: u64,
+    /// Messages returned to their sender.
+    pub returned: u64,
+    /// Notifications raised.
+    pub notifications: u64,
+}
+
+/// All nodes of one device process.
+pub struct Fabric {
+    /// Nodes by address.
+    pub nodes: Vec<Node>,
+    /// Totals.
+    pub counters: FabricCounters,
+}
+
+/// Where a message's payload comes from.
+enum Payload<'a> {
+    /// Bytes already in hand (inline sends, or a copy for a send to oneself).
+    Bytes(&'a [u8]),
+    /// A range of the sender's segment.
+    Segment { mem: &'a GuestMemoryMmap<()>, seg: &'a Segment, offset: u64 },
+}
+
+/// A message on its way through the switch.
+struct Message<'a> {
+    src_node: u32,
+    src_port: u32,
+    tag: u32,
+    len: u32,
+    payload: Payload<'a>,
+}
+
+impl Fabric {
+    /// A fabric of `nodes` nodes with `max_endpoints` endpoint slots each.
+    pub fn new(nodes: u32, max_endpoints: u32) -> Self {
+        Fabric { nodes: (0..nodes).map(|i| Node::new(i, max_endpoints)).collect(), counters: FabricCounters::default() }
+    }
+
+    fn snapshot(&self) -> Vec<Option<MemGuard>> {
+        self.nodes.iter().map(|n| n.mem.as_ref().map(|m| m.memory())).collect()
+    }
+
+    /// One pass of the data path over every endpoint; returns the number of
+    /// descriptors handled (0 means idle).
+    pub fn poll(&mut self) -> usize {
+        let mems = self.snapshot();
+        let mut work = 0;
+        let mut wake: Vec<(u32, u32)> = Vec::new();
+        for n in 0..self.nodes.len() {
+            let Some(smem) = mems[n].as_deref() else { continue };
+            for e in 0..self.nodes[n].endpoints.len() {
+                let Some(mut ep) = self.nodes[n].endpoints[e].take() else { continue };
+                let pending = ep.send_pending(smem).min(SEND_BATCH);
+                for _ in 0..pending {
+                    if !ep.event_room_for_send(smem) {
+                        break; // back-pressure: the owner must drain its events first
+                    }
+                    self.serve_send(&mems, n as u32, e as u32, &mut ep, &mut wake);
+                    work += 1;
+                }
+                self.nodes[n].endpoints[e] = Some(ep);
+            }
+            if !self.nodes[n].notify_backlog.is_empty() {
+                self.flush_backlog(n, smem);
+            }
+        }
+        for (n, e) in wake {
+            self.notify(n, e, &mems);
+        }
+        work
+    }
+
+    /// Tells every endpoint whether the engine needs doorbells (it is about
+    /// to sleep) or not.
+    pub fn set_doorbell_wanted(&self, wanted: bool) {
+        for node in &self.nodes {
+            let Some(m) = node.mem.as_ref() else { continue };
+            let mem = m.memory();
+            for ep in node.endpoints.iter().flatten() {
+                ep.set_doorbell_wanted(&mem, wanted);
+            }
+        }
+    }
+
+    /// Reads, checks and carries out one send descriptor of `ep` (node `n`,
+    /// id `e`, taken out of its slot by the caller).
+    fn serve_send(&mut self, mems: &[Option<MemGuard>], n: u32, e: u32, ep: &mut Endpoint, wake: &mut Vec<(u32, u32)>) {
+        let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
+        let mut raw = [0u8; SEND_DESC_SIZE as usize];
+        let desc = match guest::read(smem, ep.send_slot(), &mut raw) {
+            Ok(()) => SendDesc::decode(&raw),
+            Err(_) => SendDesc::default(), // unreadable slot: reported as a bad descriptor below
+        };
+        let result = self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake);
+        ep.complete_send(smem);
+        let ev = match result {
+            Ok(()) => {
+                ep.stats.tx_messages += 1;
+                ep.stats.tx_bytes += u64::from(desc.len);
+                self.counters.delivered += 1;
+                if desc.flags & send_flags::COMPLETION == 0 {
+                    return;
+                }
+                Event { kind: event::TX_DONE, code: 0, user_id: desc.user_id, node: desc.dest_node, port: desc.dest_port, len: desc.len }
+            }
+            Err(code) => {
+                ep.stats.tx_errors += 1;
+                if code == tx_error::NO_BUFFER {
+                    ep.stats.returned_no_buffer += 1;
+                }
+                if matches!(code, tx_error::BAD_DESCRIPTOR | tx_error::BAD_ADDRESS) {
+                    ep.stats.bad_descriptors += 1;
+                }
+                self.counters.returned += 1;
+                debug!("node {n} ep {e}: send {} to {}:{} failed: {}", desc.user_id, desc.dest_node, desc.dest_port, tx_error::name(code));
+                Event { kind: event::TX_ERROR, code, user_id: desc.user_id, node: desc.dest_node, port: desc.dest_port, len: desc.len }
+            }
+        };
+        if ep.post_event(smem, &ev) && ep.take_arm(smem) {
+            wake.push((n, e));
+        }
+    }
+
+    /// Validates a send and delivers it; on any failure nothing has been
+    /// written at the receiver and the error code is returned.
+    #[allow(clippy::too_many_arguments)]
+    fn check_and_deliver(
+        &mut self,
+        mems: &[Option<MemGuard>],
+        n: u32,
+        e: u32,
+        ep: &mut Endpoint,
+        d: &SendDesc,
+        raw: &[u8; SEND_DESC_SIZE as usize],
+        wake: &mut Vec<(u32, u32)>,
+    ) -> Result<(), u16> {
+        if d.opcode != op::SEND || d.flags & !send_flags::ALL != 0 || d.len > MAX_MESSAGE {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        let inline = d.flags & send_flags::INLINE != 0;
+        if inline && d.len > INLINE_MAX {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        if !inline && !ep.segment.contains(d.seg_offset, u64::from(d.len)) {
+            return Err(tx_error::BAD_ADDRESS);
+        }
+        let src_port = ep.port.ok_or(tx_error::NOT_BOUND)?;
+        let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
+        let dn = d.dest_node;
+        let dmem = mems.get(dn as usize).and_then(|m| m.as_deref()).ok_or(tx_error::NO_ENDPOINT)?;
+        let de = *self.nodes[dn as usize].ports.get(&d.dest_port).ok_or(tx_error::NO_ENDPOINT)?;
+        let r = if (dn, de) == (n, e) {
+            // A send to oneself: the segment is both source and destination,
+            // so stage the bytes (rare; keeps the borrow rules simple).
+            let mut staged = Vec::new();
+            let bytes: &[u8] = if inline {
+                &raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize]
+            } else {
+                staged.resize(d.len as usize, 0);
+                guest::read_segment(smem, &ep.segment, d.seg_offset, &mut staged).map_err(|_| tx_error::BAD_ADDRESS)?;
+                &staged
+            };
+            let msg = Message { src_node: n, src_port, tag: d.tag, len: d.len, payload: Payload::Bytes(bytes) };
+            deliver(dmem, ep, &msg).map(|()| ep.take_arm(dmem))
+        } else {
+            let payload = if inline {
+                Payload::Bytes(&raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize])
+            } else {
+                Payload::Segment { mem: smem, seg: &ep.segment, offset: d.seg_offset }
+            };
+            let msg = Message { src_node: n, src_port, tag: d.tag, len: d.len, payload };
+            let rx = self.nodes[dn as usize].endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
+            deliver(dmem, rx, &msg).map(|()| rx.take_arm(dmem))
+        };
+        match r {
+            Ok(true) => {
+                wake.push((dn, de));
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(code) => Err(code),
+        }
+    }
+
+    /// Raises a notification for endpoint `e` of node `n`.
+    fn notify(&mut self, n: u32, e: u32, mems: &[Option<MemGuard>]) {
+        let Some(mem) = mems[n as usize].as_deref() else { return };
+        let node = &mut self.nodes[n as usize];
+        if let Some(ep) = node.endpoint_mut(e) {
+            ep.stats.notifications += 1;
+        }
+        self.counters.notifications += 1;
+        if !push_notification(node.notify.as_ref(), mem, e) {
+            node.notify_backlog.push_back(e);
+        }
+    }
+
+    fn flush_backlog(&mut self, n: usize, mem: &GuestMemoryMmap<()>) {
+        let node = &mut self.nodes[n];
+        while let Some(&e) = node.notify_backlog.front() {
+            if !push_notification(node.notify.as_ref(), mem, e) {
+                break;
+            }
+            node.notify_backlog.pop_front();
+        }
+    }
+}
+
+/// Puts one notification record (endpoint id, reason) into the port's
+/// notification queue and signals the frontend; false when the driver has
+/// posted no buffer.
+fn push_notification(vring: Option<&NotifyVring>, mem: &GuestMemoryMmap<()>, e: u32) -> bool {
+    let Some(vring) = vring else { return false };
+    let mut st = vring.get_mut();
+    if !st.get_queue().ready() {
+        return false;
+    }
+    let Some(chain) = st.get_queue_mut().pop_descriptor_chain(mem) else { return false };
+    let head = chain.head_index();
+    let mut rec = [0u8; 8];
+    rec[..4].copy_from_slice(&e.to_le_bytes());
+    let written = match chain.writer(mem) {
+        Ok(mut w) if w.available_bytes() >= rec.len() => match std::io::Write::write_all(&mut w, &rec) {
+            Ok(()) => rec.len() as u32,
+            Err(_) => 0,
+        },
+        _ => {
+            warn!("notification buffer too small or malformed; completing it empty");
+            0
+        }
+    };
+    if st.add_used(head, written).is_err() {
+        return false;
+    }
+    drop(st);
+    if let Err(err) = vring.signal_used_queue() {
+        warn!("cannot signal the notification queue: {err}");
+    }
+    written > 0
+}
+
+/// Delivers a checked message into receiver `rx`: inline into the receive
+/// descriptor when small, otherwise into the next free buffer. Every check
+/// happens before the first byte is written.
+fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) -> Result<(), u16> {
+    if !rx.accepts(m.src_node, m.src_port, m.tag) {
+        rx.stats.rx_rejected += 1;
+        return Err(tx_error::REJECTED);
+    }
+    if rx.recv_room(mem).unwrap_or(0) == 0 {
+        return Err(no_buffer(mem, rx));
+    }
+    let mut desc = RecvDesc { flags: 0, len: m.len, src_node: m.src_node, src_port: m.src_port, tag: m.tag, buf_id: 0, buf_offset: 0 };
+    let mut slot = [0u8; RECV_DESC_SIZE as usize];
+    if m.len <= INLINE_MAX {
+        desc.flags = recv_flags::INLINE;
+        let data = &mut slot[INLINE_OFFSET..INLINE_OFFSET + m.len as usize];
+        match m.payload {
+            Payload::Bytes(b) => data.copy_from_slice(b),
+            Payload::Segment { mem: smem, seg, offset } => {
+                guest::read_segment(smem, seg, offset, data).map_err(|_| tx_error::BAD_ADDRESS)?
+            }
+        }
+    } else {
+        let buf = take_free_buffer(mem, rx, m.len)?;
+        match m.payload {
+            Payload::Bytes(b) => guest::write_segment(mem, &rx.segment, buf.seg_offset, b),
+            Payload::Segment { mem: smem, seg, offset } => {
+                guest::copy_between(smem, seg, offset, mem, &rx.segment, buf.seg_offset, u64::from(m.len))
+            }
+        }
+        .map_err(|_| tx_error::BAD_ADDRESS)?;
+        rx.consume_free(mem);
+        desc.buf_id = buf.user_id;
+        desc.buf_offset = buf.seg_offset;
+    }
+    desc.encode_header(&mut slot);
+    let written = if m.len <= INLINE_MAX { INLINE_OFFSET + m.len as usize } else { INLINE_OFFSET + 8 };
+    guest::write(mem, rx.recv_slot(), &slot[..written]).map_err(|_| no_buffer(mem, rx))?;
+    rx.publish_recv(mem);
+    rx.stats.rx_messages += 1;
+    rx.stats.rx_bytes += u64::from(m.len);
+    Ok(())
+}
+
+fn no_buffer(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint) -> u16 {
+    rx.stats.rx_dropped_no_buffer += 1;
+    rx.post_condition(mem, condition::RECV_DROPPED);
+    tx_error::NO_BUFFER
+}
+
+/// Finds the next usable free buffer without consuming it; malformed free
+/// descriptors ahead of it are discarded and reported.
+fn take_free_buffer(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, len: u32) -> Result<FreeDesc, u16> {
+    loop {
+        if rx.free_pending(mem) == 0 {
+            return Err(no_buffer(mem, rx));
+        }
+        let mut raw = [0u8; ulnic_abi::FREE_DESC_SIZE as usize];
+        let ok = guest::read(mem, rx.free_slot(), &mut raw).is_ok();
+        let f = FreeDesc::decode(&raw);
+        if ok && f.len > 0 && rx.segment.contains(f.seg_offset, u64::from(f.len)) {
+            if f.len < len {
+                return Err(tx_error::BUFFER_TOO_SMALL);
+            }
+            return Ok(f);
+        }
+        rx.stats.bad_descriptors += 1;
+        rx.post_condition(mem, condition::BAD_FREE_DESCRIPTOR);
+        rx.consume_free(mem);
+    }
+}

@@ -1,0 +1,225 @@
+//! The ulnic device: a vhost-user backend emulating a user-level NIC, one
+//! process serving many ports (nodes) joined by a switch fabric.
+//!
+//! Layout follows rust-vmm's vhost-device crates: `backend` (the vhost-user
+//! side of one port), `control` (control-queue commands), `fabric` (nodes and
+//! the data path), `endpoint` (one endpoint's rings), `engine` (the polling
+//! thread), `guest` (checked guest-memory access).
+
+pub mod backend;
+pub mod bench;
+pub mod control;
+pub mod endpoint;
+pub mod engine;
+pub mod fabric;
+pub mod guest;
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use log::{error, info, warn};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::backend::PortBackend;
+use crate::fabric::Fabric;
+
+/// Errors starting the device.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is not usable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A port socket could not be created.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        source: vhost::vhost_user::Error,
+    },
+    /// An OS resource could not be created.
+    #[error("cannot create {what}: {source}")]
+    Os {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A validated device configuration.
+#[derive(Debug, Clone)]
+pub struct Configuration {
+    /// One socket per port; port `i` is node `i`.
+    pub sockets: Vec<PathBuf>,
+    /// Endpoints per port.
+    pub max_endpoints: u32,
+    /// How long the engine keeps polling after the last work before it asks
+    /// for doorbells and sleeps.
+    pub poll_for: Duration,
+}
+
+impl Configuration {
+    /// Checks the limits of spec §3.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.sockets.is_empty() {
+            return Err(Error::Config("at least one port socket is needed".into()));
+        }
+        if !(1..=ulnic_abi::MAX_ENDPOINTS_LIMIT).contains(&self.max_endpoints) {
+            return Err(Error::Config(format!(
+                "--endpoints must be between 1 and {}",
+                ulnic_abi::MAX_ENDPOINTS_LIMIT
+            )));
+        }
+        Ok(())
+    }
+
+    /// Socket paths `dir/node0.sock` ... for `n` nodes.
+    pub fn socket_paths(dir: &Path, n: u32) -> Vec<PathBuf> {
+        (0..n).map(|i| dir.join(format!("node{i}.sock"))).collect()
+    }
+}
+
+/// State shared by every port thread and the engine.
+pub struct Switch {
+    fabric: Mutex<Fabric>,
+    wake: EventFd,
+    /// Set to stop the engine.
+    pub stop: AtomicBool,
+    /// Endpoints per port.
+    pub max_endpoints: u32,
+    /// Number of nodes.
+    pub nodes: u32,
+}
+
+impl Switch {
+    /// Locks the fabric. A panic elsewhere cannot leave it half-updated in a
+    /// way that matters more than stopping would, so poisoning is ignored.
+    pub fn lock(&self) -> MutexGuard<'_, Fabric> {
+        self.fabric.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the engine if it sleeps.
+    pub fn wake(&self) {
+        let _ = self.wake.write(1);
+    }
+
+    /// Sleeps until woken or `timeout`.
+    pub fn sleep(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: `pfd` is a valid pollfd for the duration of the call, and
+        // the count passed is 1.
+        unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        let _ = self.wake.read();
+    }
+}
+
+/// A running device.
+pub struct Device {
+    switch: Arc<Switch>,
+    sockets: Vec<PathBuf>,
+    engine: Option<JoinHandle<()>>,
+}
+
+impl Device {
+    /// Creates the port sockets, starts one thread per port and the engine.
+    /// Clients may connect as soon as this returns.
+    pub fn start(config: Configuration) -> Result<Device, Error> {
+        config.validate()?;
+        let nodes = config.sockets.len() as u32;
+        let switch = Arc::new(Switch {
+            fabric: Mutex::new(Fabric::new(nodes, config.max_endpoints)),
+            wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os { what: "eventfd", source })?,
+            stop: AtomicBool::new(false),
+            max_endpoints: config.max_endpoints,
+            nodes,
+        });
+        for (node, path) in config.sockets.iter().enumerate() {
+            let listener = Listener::new(path, true).map_err(|source| Error::Listen { path: path.clone(), source })?;
+            let sw = switch.clone();
+            let path = path.clone();
+            std::thread::Builder::new()
+                .name(format!("ulnic-port{node}"))
+                .spawn(move || serve_port(node as u32, sw, listener, &path))
+                .map_err(|source| Error::Os { what: "port thread", source })?;
+            info!("node {node}: listening on {}", config.sockets[node].display());
+        }
+        let sw = switch.clone();
+        let poll_for = config.poll_for;
+        let engine = std::thread::Builder::new()
+            .name("ulnic-engine".into())
+            .spawn(move || engine::run(sw, poll_for))
+            .map_err(|source| Error::Os { what: "engine thread", source })?;
+        Ok(Device { switch, sockets: config.sockets, engine: Some(engine) })
+    }
+
+    /// The shared state, for reports and tests.
+    pub fn switch(&self) -> &Arc<Switch> {
+        &self.switch
+    }
+
+    /// The port sockets.
+    pub fn sockets(&self) -> &[PathBuf] {
+        &self.sockets
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.switch.stop.store(true, Ordering::Relaxed);
+        self.switch.wake();
+        if let Some(e) = self.engine.take() {
+            let _ = e.join();
+        }
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
+    }
+}
+
+/// Serves one port forever: a connection at a time, freeing the port's state
+/// when a frontend goes away so a rebooted VM starts clean.
+fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Path) {
+    loop {
+        if switch.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let backend = Arc::new(PortBackend::new(node, switch.clone()));
+        let mut daemon = match VhostUserDaemon::new(
+            format!("ulnic-node{node}"),
+            backend,
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        ) {
+            Ok(d) => d,
+            Err(e) => {
+                error!("node {node}: cannot create vhost-user daemon: {e}");
+                return;
+            }
+        };
+        if let Err(e) = daemon.start(&mut listener) {
+            error!("node {node}: accept on {} failed: {e}", path.display());
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        {
+            let mut f = switch.lock();
+            f.nodes[node as usize].connections += 1;
+            info!("node {node}: frontend connected (connection {})", f.nodes[node as usize].connections);
+        }
+        match daemon.wait() {
+            Ok(()) => info!("node {node}: frontend disconnected"),
+            Err(e) => warn!("node {node}: frontend connection ended: {e}"),
+        }
+        let mut f = switch.lock();
+        let n = &mut f.nodes[node as usize];
+        n.reset();
+        n.mem = None;
+    }
+}
