@@ -1,0 +1,85 @@
+//! A frontend that dies mid-stream (SIGKILL, no cleanup) and reconnects, as
+//! a rebooting VM does: its peer gets errors, not silence; the device frees
+//! the port's state; the new connection works.
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use ulnic::{Address, EndpointConfig, Event, Nic, SendError};
+
+const CHILD_ENV: &str = "ULNIC_TEST_CHILD_SOCKET";
+
+/// Runs only as the child process: a receiver that never cleans up.
+#[test]
+fn child_receiver() {
+    let Ok(sock) = std::env::var(CHILD_ENV) else { return };
+    let nic = Nic::attach(sock.as_ref()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let mut ep = pd.create_endpoint(&EndpointConfig::default()).unwrap();
+    ep.bind(2).unwrap();
+    println!("READY");
+    loop {
+        while ep.poll_recv().is_some() {}
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn killed_peer_is_reported_and_port_recovers() {
+    let (dev, _dir) = common::device(2);
+    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let pa = a.alloc_pd().unwrap();
+    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
+    ea.bind(1).unwrap();
+    let dest = Address { node: 1, port: 2 };
+    let mut sent = 0u64;
+    for round in 0..3 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_receiver", "--nocapture", "--test-threads", "1"])
+            .env(CHILD_ENV, common::socket(&dev, 1))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert!(lines.any(|l| l.unwrap().contains("READY")), "child did not start");
+        // Stream until 100 messages were delivered this round.
+        let start = ea.stats().unwrap()[0].1;
+        while ea.stats().unwrap()[0].1 < start + 100 {
+            if ea.post_send_inline(dest, 0, &sent.to_le_bytes(), sent).is_ok() {
+                sent += 1;
+            }
+            while let Some(ev) = ea.poll_event() {
+                panic!("round {round}: unexpected {ev:?} while the peer lives");
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut reported = false;
+        while !reported {
+            assert!(Instant::now() < deadline, "round {round}: the peer's death was never reported");
+            if ea.post_send_inline(dest, 0, &[0; 8], sent).is_ok() {
+                sent += 1;
+            }
+            while let Some(ev) = ea.poll_event() {
+                match ev {
+                    Event::SendFailed { reason: SendError::NoEndpoint, dest: d, .. } => {
+                        assert_eq!(d, dest);
+                        reported = true;
+                    }
+                    Event::SendFailed { reason: SendError::NoBuffer, .. } => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        while !ea.sends_done() {
+            std::thread::yield_now();
+        }
+        while ea.poll_event().is_some() {}
+    }
+    let s: std::collections::HashMap<_, _> = ea.stats().unwrap().into_iter().collect();
+    assert!(s["tx_errors"] >= 3);
+    assert!(s["tx_messages"] >= 300);
+}
