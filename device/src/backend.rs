@@ -6,17 +6,19 @@ use std::sync::{Arc, RwLock};
 
 use log::{debug, warn};
 use ulnic_abi::{
-    CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE, F_IMPLEMENTED, INLINE_MAX,
-    MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE, CMD_HEADER_SIZE, RESP_HEADER_SIZE,
+    CMD_HEADER_SIZE, CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE, F_IMPLEMENTED,
+    INLINE_MAX, MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE, RESP_HEADER_SIZE,
     SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_queue::QueueT;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 
 use crate::guest::PortMemory;
 use crate::Switch;
@@ -36,7 +38,12 @@ impl PortBackend {
     /// A backend for node `node`.
     pub fn new(node: u32, switch: Arc<Switch>) -> Self {
         let num_queues = usize::from(FIRST_DOORBELL_QUEUE) + switch.max_endpoints as usize;
-        PortBackend { node, switch, mem: RwLock::new(None), num_queues }
+        PortBackend {
+            node,
+            switch,
+            mem: RwLock::new(None),
+            num_queues,
+        }
     }
 
     /// The config space (spec §3.3).
@@ -44,7 +51,10 @@ impl PortBackend {
         let mut c = [0u8; CONFIG_SIZE];
         let words: [(usize, u32); 9] = [
             (0, CONFIG_MAGIC),
-            (4, u32::from(SPEC_VERSION_MAJOR) | (u32::from(SPEC_VERSION_MINOR) << 16)),
+            (
+                4,
+                u32::from(SPEC_VERSION_MAJOR) | (u32::from(SPEC_VERSION_MINOR) << 16),
+            ),
             (8, self.node),
             (12, self.switch.max_endpoints),
             (16, INLINE_MAX),
@@ -61,7 +71,12 @@ impl PortBackend {
     }
 
     fn process_control(&self, vring: &VringRwLock<PortMemory>) -> io::Result<()> {
-        let Some(atomic) = self.mem.read().map_err(|_| io::Error::other("poisoned"))?.clone() else {
+        let Some(atomic) = self
+            .mem
+            .read()
+            .map_err(|_| io::Error::other("poisoned"))?
+            .clone()
+        else {
             return Ok(());
         };
         let mem = atomic.memory();
@@ -73,7 +88,10 @@ impl PortBackend {
             let head = chain.head_index();
             let used = self.serve_command(&mem, chain);
             if vring.add_used(head, used).is_err() {
-                warn!("node {}: cannot complete control descriptor {head}", self.node);
+                warn!(
+                    "node {}: cannot complete control descriptor {head}",
+                    self.node
+                );
             }
         }
         if any {
@@ -89,28 +107,41 @@ impl PortBackend {
         mem: &GuestMemoryMmap<()>,
         chain: virtio_queue::DescriptorChain<&GuestMemoryMmap<()>>,
     ) -> u32 {
-        let (Ok(mut reader), Ok(mut writer)) = (chain.clone().reader(mem), chain.writer(mem)) else {
+        let (Ok(mut reader), Ok(mut writer)) = (chain.clone().reader(mem), chain.writer(mem))
+        else {
             warn!("node {}: malformed control descriptor chain", self.node);
             return 0;
         };
         if writer.available_bytes() < RESP_HEADER_SIZE {
-            warn!("node {}: control response buffer shorter than {RESP_HEADER_SIZE} bytes", self.node);
+            warn!(
+                "node {}: control response buffer shorter than {RESP_HEADER_SIZE} bytes",
+                self.node
+            );
             return 0;
         }
-        let n = reader.available_bytes().min(CMD_HEADER_SIZE + MAX_CMD_PAYLOAD);
+        let n = reader
+            .available_bytes()
+            .min(CMD_HEADER_SIZE + MAX_CMD_PAYLOAD);
         let mut req = vec![0u8; n];
         let resp = match reader.read_exact(&mut req) {
             Ok(()) => {
                 let mut fabric = self.switch.lock();
                 crate::control::execute(&mut fabric, self.node, mem, &req)
             }
-            Err(_) => crate::control::Response { status: ulnic_abi::status::BAD_LENGTH, payload: Vec::new() },
+            Err(_) => crate::control::Response {
+                status: ulnic_abi::status::BAD_LENGTH,
+                payload: Vec::new(),
+            },
         };
         self.switch.wake();
         let mut bytes = resp.encode();
         if bytes.len() > writer.available_bytes() {
             // The header always fits; a short payload buffer is a length error.
-            bytes = crate::control::Response { status: ulnic_abi::status::BAD_LENGTH, payload: Vec::new() }.encode();
+            bytes = crate::control::Response {
+                status: ulnic_abi::status::BAD_LENGTH,
+                payload: Vec::new(),
+            }
+            .encode();
         }
         match writer.write_all(&bytes) {
             Ok(()) => bytes.len() as u32,
@@ -132,11 +163,15 @@ impl VhostUserBackend for PortBackend {
     }
 
     fn features(&self) -> u64 {
-        (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() | F_IMPLEMENTED
+        (1 << VIRTIO_F_VERSION_1)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | F_IMPLEMENTED
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
     }
 
     fn set_event_idx(&self, _enabled: bool) {}
@@ -174,7 +209,13 @@ impl VhostUserBackend for PortBackend {
         new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
     }
 
-    fn handle_event(&self, device_event: u16, evset: EventSet, vrings: &[Self::Vring], _thread: usize) -> io::Result<()> {
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Self::Vring],
+        _thread: usize,
+    ) -> io::Result<()> {
         if evset != EventSet::IN {
             return Err(io::Error::other(format!("unexpected event set {evset:?}")));
         }
@@ -183,7 +224,9 @@ impl VhostUserBackend for PortBackend {
                 if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
                     self.switch.lock().nodes[self.node as usize].notify = Some(v.clone());
                 }
-                let vring = vrings.get(usize::from(CONTROL_QUEUE)).ok_or_else(|| io::Error::other("no control queue"))?;
+                let vring = vrings
+                    .get(usize::from(CONTROL_QUEUE))
+                    .ok_or_else(|| io::Error::other("no control queue"))?;
                 self.process_control(vring)
             }
             NOTIFY_QUEUE => {

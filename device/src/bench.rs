@@ -189,7 +189,10 @@ struct ShmLink {
 
 impl ShmLink {
     fn open(path: &Path, server: bool) -> io::Result<ShmLink> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
         let len = 2 * (128 + SHM_RING);
         // SAFETY: mapping a file of `len` bytes (created by the parent) shared.
         let p = unsafe {
@@ -209,7 +212,10 @@ impl ShmLink {
         // SAFETY: the second ring starts inside the mapping.
         let b = unsafe { a.add(128 + SHM_RING) };
         let (tx, rx) = if server { (b, a) } else { (a, b) };
-        Ok(ShmLink { tx: ShmRing { base: tx }, rx: ShmRing { base: rx } })
+        Ok(ShmLink {
+            tx: ShmRing { base: tx },
+            rx: ShmRing { base: rx },
+        })
     }
 }
 
@@ -275,14 +281,32 @@ impl UlnicLink {
         std::env::set_var(ulnic::MEMORY_ENV, (seg + (16 << 20)).to_string());
         let nic = ulnic::Nic::attach(socket).map_err(io::Error::other)?;
         let pd = nic.alloc_pd().map_err(io::Error::other)?;
-        let cfg = ulnic::EndpointConfig { send_entries: CREDITS, recv_entries: 2 * CREDITS, free_entries: CREDITS, segment_bytes: seg };
+        let cfg = ulnic::EndpointConfig {
+            send_entries: CREDITS,
+            recv_entries: 2 * CREDITS,
+            free_entries: CREDITS,
+            segment_bytes: seg,
+        };
         let mut ep = pd.create_endpoint(&cfg).map_err(io::Error::other)?;
         ep.bind(BENCH_PORT).map_err(io::Error::other)?;
         // Receive buffers live in the second half of the segment.
         for i in 0..u64::from(CREDITS) {
-            ep.post_free(slot * (u64::from(CREDITS) + i), slot as u32, i).map_err(io::Error::other)?;
+            ep.post_free(slot * (u64::from(CREDITS) + i), slot as u32, i)
+                .map_err(io::Error::other)?;
         }
-        Ok(UlnicLink { ep, _nic: nic, peer: ulnic::Address { node: peer_node, port: BENCH_PORT }, mode, slot, send_seq: 0, credits: CREDITS, consumed: 0 })
+        Ok(UlnicLink {
+            ep,
+            _nic: nic,
+            peer: ulnic::Address {
+                node: peer_node,
+                port: BENCH_PORT,
+            },
+            mode,
+            slot,
+            send_seq: 0,
+            credits: CREDITS,
+            consumed: 0,
+        })
     }
 
     fn handle_events(&mut self) -> io::Result<()> {
@@ -297,11 +321,13 @@ impl UlnicLink {
     fn post(&mut self, tag: u32, data: &[u8]) -> io::Result<()> {
         loop {
             let r = if data.len() <= ulnic::INLINE_MAX as usize {
-                self.ep.post_send_inline(self.peer, tag, data, self.send_seq)
+                self.ep
+                    .post_send_inline(self.peer, tag, data, self.send_seq)
             } else {
                 let off = (self.send_seq % u64::from(CREDITS)) * self.slot;
                 self.ep.write_segment(off as usize, data);
-                self.ep.post_send(self.peer, tag, off, data.len() as u32, self.send_seq, false)
+                self.ep
+                    .post_send(self.peer, tag, off, data.len() as u32, self.send_seq, false)
             };
             match r {
                 Ok(()) => {
@@ -327,7 +353,9 @@ impl UlnicLink {
             match self.mode {
                 Mode::Poll => std::thread::yield_now(),
                 Mode::Block => {
-                    self.ep.wait(Duration::from_secs(1)).map_err(io::Error::other)?;
+                    self.ep
+                        .wait(Duration::from_secs(1))
+                        .map_err(io::Error::other)?;
                 }
             }
         }
@@ -376,7 +404,9 @@ impl UlnicLink {
             ulnic::Payload::Inline(d) => buf[..n].copy_from_slice(&d[..n]),
             ulnic::Payload::Buffer { offset, id } => {
                 self.ep.read_segment(offset as usize, &mut buf[..n]);
-                self.ep.post_free(offset, self.slot as u32, id).map_err(io::Error::other)?;
+                self.ep
+                    .post_free(offset, self.slot as u32, id)
+                    .map_err(io::Error::other)?;
             }
         }
         self.consumed += 1;
@@ -400,7 +430,9 @@ fn check(buf: &[u8], seq: u64) -> io::Result<()> {
     let b = seq as u8;
     // Reads every byte, as the receiver of a real message would.
     if buf.iter().any(|&x| x != b) {
-        return Err(io::Error::other(format!("payload corrupted in message {seq}")));
+        return Err(io::Error::other(format!(
+            "payload corrupted in message {seq}"
+        )));
     }
     Ok(())
 }
@@ -532,7 +564,13 @@ pub struct PeerArgs {
 /// Runs one side of a benchmark (in a child process). The server prints
 /// READY when the client may start; the client prints its JSON record.
 pub fn peer(a: &PeerArgs) -> io::Result<()> {
-    let spec = Spec { workload: a.workload, transport: a.transport, size: a.size, iters: a.iters, mode: a.mode };
+    let spec = Spec {
+        workload: a.workload,
+        transport: a.transport,
+        size: a.size,
+        iters: a.iters,
+        mode: a.mode,
+    };
     let is_server = a.role == "server";
     let ready = || {
         println!("READY");
@@ -548,7 +586,10 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             } else {
-                let s = TcpStream::connect(("127.0.0.1", a.at.parse::<u16>().map_err(io::Error::other)?))?;
+                let s = TcpStream::connect((
+                    "127.0.0.1",
+                    a.at.parse::<u16>().map_err(io::Error::other)?,
+                ))?;
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             }
@@ -560,7 +601,9 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 ready();
                 Box::new(StreamLink { s: l.accept()?.0 })
             } else {
-                Box::new(StreamLink { s: UnixStream::connect(&a.at)? })
+                Box::new(StreamLink {
+                    s: UnixStream::connect(&a.at)?,
+                })
             }
         }
         Transport::Shm => {
@@ -574,7 +617,12 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
             // Node 0 is the client, node 1 the server; `at` is the socket dir.
             let dir = PathBuf::from(&a.at);
             let (mine, peer) = if is_server { (1, 0) } else { (0, 1) };
-            let l = UlnicLink::open(&dir.join(format!("node{mine}.sock")), peer, spec.size, spec.mode)?;
+            let l = UlnicLink::open(
+                &dir.join(format!("node{mine}.sock")),
+                peer,
+                spec.size,
+                spec.mode,
+            )?;
             if is_server {
                 ready();
             }
@@ -585,7 +633,10 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
         server(link.as_mut(), &spec)
     } else {
         let rec = client(link.as_mut(), &spec)?;
-        println!("RESULT {}", serde_json::to_string(&rec).map_err(io::Error::other)?);
+        println!(
+            "RESULT {}",
+            serde_json::to_string(&rec).map_err(io::Error::other)?
+        );
         Ok(())
     }
 }
@@ -594,8 +645,16 @@ fn spawn_peer(spec: &Spec, role: &str, at: &str) -> io::Result<Child> {
     Command::new(std::env::current_exe()?)
         .args(["bench-peer", "--role", role, "--at", at])
         .args(["--workload", &format!("{:?}", spec.workload).to_lowercase()])
-        .args(["--transport", &format!("{:?}", spec.transport).to_lowercase()])
-        .args(["--size", &spec.size.to_string(), "--iters", &spec.iters.to_string()])
+        .args([
+            "--transport",
+            &format!("{:?}", spec.transport).to_lowercase(),
+        ])
+        .args([
+            "--size",
+            &spec.size.to_string(),
+            "--iters",
+            &spec.iters.to_string(),
+        ])
         .args(["--mode", &format!("{:?}", spec.mode).to_lowercase()])
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
@@ -617,13 +676,19 @@ pub fn run_one(spec: &Spec, ulnic_dir: &Path, scratch: &Path) -> io::Result<Reco
         Transport::Tcp => String::new(),
     };
     let mut srv = spawn_peer(spec, "server", &at)?;
-    let mut out = BufReader::new(srv.stdout.take().ok_or_else(|| io::Error::other("no stdout"))?);
+    let mut out = BufReader::new(
+        srv.stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout"))?,
+    );
     let mut at = at;
     loop {
         let mut line = String::new();
         if out.read_line(&mut line)? == 0 {
             let _ = srv.wait();
-            return Err(io::Error::other("benchmark server exited before it was ready"));
+            return Err(io::Error::other(
+                "benchmark server exited before it was ready",
+            ));
         }
         if let Some(p) = line.strip_prefix("PORT ") {
             at = p.trim().to_string();
@@ -640,7 +705,9 @@ pub fn run_one(spec: &Spec, ulnic_dir: &Path, scratch: &Path) -> io::Result<Reco
         .find_map(|l| l.strip_prefix("RESULT "))
         .ok_or_else(|| io::Error::other(format!("benchmark client failed ({})", cli.status)))?;
     if !srv_status.success() {
-        return Err(io::Error::other(format!("benchmark server failed ({srv_status})")));
+        return Err(io::Error::other(format!(
+            "benchmark server failed ({srv_status})"
+        )));
     }
     serde_json::from_str(rec).map_err(io::Error::other)
 }

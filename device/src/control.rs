@@ -3,9 +3,9 @@
 
 use log::{debug, info};
 use ulnic_abi::{
-    cmd, read_le32, status, CreateEndpoint, DeviceInfo, FilterEntry, CMD_HEADER_SIZE, F_IMPLEMENTED,
-    INLINE_MAX, MAX_FILTERS, MAX_MESSAGE, MAX_SEGMENT_PAGES, PAGE_SIZE, SPEC_VERSION_MAJOR,
-    SPEC_VERSION_MINOR,
+    cmd, read_le32, status, CreateEndpoint, DeviceInfo, FilterEntry, CMD_HEADER_SIZE,
+    F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE, MAX_SEGMENT_PAGES, PAGE_SIZE,
+    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vm_memory::GuestMemoryMmap;
 
@@ -27,10 +27,16 @@ pub struct Response {
 
 impl Response {
     fn ok(payload: Vec<u8>) -> Self {
-        Response { status: status::OK, payload }
+        Response {
+            status: status::OK,
+            payload,
+        }
     }
     fn err(status: u32) -> Self {
-        Response { status, payload: Vec::new() }
+        Response {
+            status,
+            payload: Vec::new(),
+        }
     }
     /// The bytes written into the driver's response buffer.
     pub fn encode(&self) -> Vec<u8> {
@@ -71,7 +77,10 @@ pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &
     };
     let r = r.unwrap_or_else(|e| e);
     if r.status != status::OK {
-        debug!("node {node}: command {opcode:#x} failed: {}", status::name(r.status));
+        debug!(
+            "node {node}: command {opcode:#x} failed: {}",
+            status::name(r.status)
+        );
     }
     r
 }
@@ -120,7 +129,12 @@ fn destroy_pd(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Resp
     Ok(Response::ok(Vec::new()))
 }
 
-fn create_endpoint(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, p: &[u8]) -> Result<Response, Response> {
+fn create_endpoint(
+    fabric: &mut Fabric,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
     need(p, CreateEndpoint::SIZE)?;
     let c = CreateEndpoint::decode(p);
     let n = &mut fabric.nodes[node as usize];
@@ -128,8 +142,10 @@ fn create_endpoint(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, p:
         return Err(Response::err(status::NOT_FOUND));
     }
     let layout = c.layout();
-    layout.validate().map_err(|_| Response::err(status::INVALID_ARGUMENT))?;
-    if c.ctrl_gpa % PAGE_SIZE != 0 || c.ctrl_len < layout.region_size() {
+    layout
+        .validate()
+        .map_err(|_| Response::err(status::INVALID_ARGUMENT))?;
+    if !c.ctrl_gpa.is_multiple_of(PAGE_SIZE) || c.ctrl_len < layout.region_size() {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
     if !guest::range_ok(mem, c.ctrl_gpa, layout.region_size()) {
@@ -143,14 +159,17 @@ fn create_endpoint(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, p:
         return Err(Response::err(status::BAD_ADDRESS));
     }
     let mut table = vec![0u8; table_len as usize];
-    guest::read(mem, c.seg_table_gpa, &mut table).map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    guest::read(mem, c.seg_table_gpa, &mut table)
+        .map_err(|_| Response::err(status::BAD_ADDRESS))?;
     let pages = table.chunks_exact(8).map(|b| ulnic_abi::read_le64(b, 0));
-    let segment = Segment::from_pages(mem, pages).map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    let segment =
+        Segment::from_pages(mem, pages).map_err(|_| Response::err(status::BAD_ADDRESS))?;
     let Some(id) = n.endpoints.iter().position(|e| e.is_none()) else {
         return Err(Response::err(status::NO_RESOURCES));
     };
     let ep = Endpoint::new(c.pd, c.ctrl_gpa, layout, segment);
-    ep.init_shared(mem).map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    ep.init_shared(mem)
+        .map_err(|_| Response::err(status::BAD_ADDRESS))?;
     info!(
         "node {node}: endpoint {id} created (pd {}, rings {}/{}/{}/{}, segment {} KiB in {} extents)",
         c.pd,
@@ -171,7 +190,8 @@ fn destroy_endpoint(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response
     need(p, 4)?;
     let id = read_le32(p, 0);
     let n = &mut fabric.nodes[node as usize];
-    n.remove_endpoint(id).ok_or(Response::err(status::NOT_FOUND))?;
+    n.remove_endpoint(id)
+        .ok_or(Response::err(status::NOT_FOUND))?;
     info!("node {node}: endpoint {id} destroyed");
     Ok(Response::ok(Vec::new()))
 }
@@ -202,21 +222,36 @@ fn set_filter(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Resp
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
     need(p, 8 + count * FilterEntry::SIZE)?;
-    let filters = p[8..8 + count * FilterEntry::SIZE].chunks_exact(FilterEntry::SIZE).map(FilterEntry::decode).collect();
-    let ep = fabric.nodes[node as usize].endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    let filters = p[8..8 + count * FilterEntry::SIZE]
+        .chunks_exact(FilterEntry::SIZE)
+        .map(FilterEntry::decode)
+        .collect();
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(id)
+        .ok_or(Response::err(status::NOT_FOUND))?;
     ep.filters = filters;
     Ok(Response::ok(Vec::new()))
 }
 
 fn arm(fabric: &mut Fabric, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
     need(p, 4)?;
-    let ep = fabric.nodes[node as usize].endpoint_mut(read_le32(p, 0)).ok_or(Response::err(status::NOT_FOUND))?;
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(read_le32(p, 0))
+        .ok_or(Response::err(status::NOT_FOUND))?;
     ep.notify_enabled = on;
     Ok(Response::ok(Vec::new()))
 }
 
 fn get_stats(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
     need(p, 4)?;
-    let ep = fabric.nodes[node as usize].endpoint_mut(read_le32(p, 0)).ok_or(Response::err(status::NOT_FOUND))?;
-    Ok(Response::ok(ep.stats.to_array().iter().flat_map(|v| v.to_le_bytes()).collect()))
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(read_le32(p, 0))
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    Ok(Response::ok(
+        ep.stats
+            .to_array()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    ))
 }

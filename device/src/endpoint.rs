@@ -5,7 +5,7 @@
 //! a copy; the device reads the user's copies as hostile and never indexes
 //! with them except reduced modulo the ring size.
 
-use ulnic_abi::{ctrl, condition, event, Event, FilterEntry, RingLayout, CONDITION_RESERVE};
+use ulnic_abi::{condition, ctrl, event, Event, FilterEntry, RingLayout, CONDITION_RESERVE};
 use vm_memory::GuestMemoryMmap;
 
 use crate::guest::{self, BadAddress, Segment};
@@ -107,7 +107,13 @@ impl Endpoint {
 
     /// Number of descriptors the user offers on a ring it produces, or None
     /// (and a ring error) when the published index is impossible.
-    fn offered(&mut self, mem: &GuestMemoryMmap<()>, prod_off: u64, consumer: u32, entries: u32) -> u32 {
+    fn offered(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        prod_off: u64,
+        consumer: u32,
+        entries: u32,
+    ) -> u32 {
         match guest::load_u32(mem, self.word(prod_off)) {
             Ok(p) => {
                 let n = p.wrapping_sub(consumer);
@@ -136,7 +142,13 @@ impl Endpoint {
 
     /// Free slots on a ring the device produces, or None when the user's
     /// published consumer index is impossible.
-    fn room(&mut self, mem: &GuestMemoryMmap<()>, cons_off: u64, producer: u32, entries: u32) -> Option<u32> {
+    fn room(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        cons_off: u64,
+        producer: u32,
+        entries: u32,
+    ) -> Option<u32> {
         let c = guest::load_u32(mem, self.word(cons_off)).ok()?;
         let used = producer.wrapping_sub(c);
         if used > entries {
@@ -207,7 +219,13 @@ impl Endpoint {
         let idx = u64::from(self.event_producer & (n - 1));
         let mut b = [0u8; ulnic_abi::EVENT_SIZE as usize];
         ev.encode(&mut b);
-        if guest::write(mem, self.ctrl + self.layout.event_offset() + idx * ulnic_abi::EVENT_SIZE, &b).is_err() {
+        if guest::write(
+            mem,
+            self.ctrl + self.layout.event_offset() + idx * ulnic_abi::EVENT_SIZE,
+            &b,
+        )
+        .is_err()
+        {
             self.stats.events_lost += 1;
             return false;
         }
@@ -225,7 +243,14 @@ impl Endpoint {
             return false;
         }
         let _ = guest::write(mem, flag, &[1]);
-        self.post_event(mem, &Event { kind: event::CONDITION, code, ..Default::default() })
+        self.post_event(
+            mem,
+            &Event {
+                kind: event::CONDITION,
+                code,
+                ..Default::default()
+            },
+        )
     }
 
     fn ring_error(&mut self, mem: &GuestMemoryMmap<()>) {
@@ -266,7 +291,12 @@ mod tests {
     use crate::guest::tests::mem;
 
     fn ep(m: &GuestMemoryMmap<()>) -> Endpoint {
-        let layout = RingLayout { send_entries: 4, recv_entries: 4, free_entries: 4, event_entries: 64 };
+        let layout = RingLayout {
+            send_entries: 4,
+            recv_entries: 4,
+            free_entries: 4,
+            event_entries: 64,
+        };
         let e = Endpoint::new(1, 0x10000, layout, Segment::default());
         e.init_shared(m).unwrap();
         e
@@ -302,7 +332,13 @@ mod tests {
         let mut e = ep(&m);
         for _ in 0..(64 - CONDITION_RESERVE) {
             assert!(e.event_room_for_send(&m));
-            assert!(e.post_event(&m, &Event { kind: event::TX_DONE, ..Default::default() }));
+            assert!(e.post_event(
+                &m,
+                &Event {
+                    kind: event::TX_DONE,
+                    ..Default::default()
+                }
+            ));
         }
         assert!(!e.event_room_for_send(&m));
         for _ in 0..CONDITION_RESERVE {

@@ -66,7 +66,12 @@ impl Node {
     pub fn reset(&mut self) {
         let live = self.endpoints.iter().filter(|e| e.is_some()).count();
         if live > 0 || !self.pds.is_empty() {
-            debug!("node {}: freeing {} endpoints and {} protection domains", self.id, live, self.pds.len());
+            debug!(
+                "node {}: freeing {} endpoints and {} protection domains",
+                self.id,
+                live,
+                self.pds.len()
+            );
         }
         self.endpoints.iter_mut().for_each(|e| *e = None);
         self.pds.clear();
@@ -115,7 +120,11 @@ enum Payload<'a> {
     /// Bytes already in hand (inline sends, or a copy for a send to oneself).
     Bytes(&'a [u8]),
     /// A range of the sender's segment.
-    Segment { mem: &'a GuestMemoryMmap<()>, seg: &'a Segment, offset: u64 },
+    Segment {
+        mem: &'a GuestMemoryMmap<()>,
+        seg: &'a Segment,
+        offset: u64,
+    },
 }
 
 /// A message on its way through the switch.
@@ -130,11 +139,17 @@ struct Message<'a> {
 impl Fabric {
     /// A fabric of `nodes` nodes with `max_endpoints` endpoint slots each.
     pub fn new(nodes: u32, max_endpoints: u32) -> Self {
-        Fabric { nodes: (0..nodes).map(|i| Node::new(i, max_endpoints)).collect(), counters: FabricCounters::default() }
+        Fabric {
+            nodes: (0..nodes).map(|i| Node::new(i, max_endpoints)).collect(),
+            counters: FabricCounters::default(),
+        }
     }
 
     fn snapshot(&self) -> Vec<Option<MemGuard>> {
-        self.nodes.iter().map(|n| n.mem.as_ref().map(|m| m.memory())).collect()
+        self.nodes
+            .iter()
+            .map(|n| n.mem.as_ref().map(|m| m.memory()))
+            .collect()
     }
 
     /// One pass of the data path over every endpoint; returns the number of
@@ -144,9 +159,13 @@ impl Fabric {
         let mut work = 0;
         let mut wake: Vec<(u32, u32)> = Vec::new();
         for n in 0..self.nodes.len() {
-            let Some(smem) = mems[n].as_deref() else { continue };
+            let Some(smem) = mems[n].as_deref() else {
+                continue;
+            };
             for e in 0..self.nodes[n].endpoints.len() {
-                let Some(mut ep) = self.nodes[n].endpoints[e].take() else { continue };
+                let Some(mut ep) = self.nodes[n].endpoints[e].take() else {
+                    continue;
+                };
                 let pending = ep.send_pending(smem).min(SEND_BATCH);
                 for _ in 0..pending {
                     if !ep.event_room_for_send(smem) {
@@ -181,7 +200,14 @@ impl Fabric {
 
     /// Reads, checks and carries out one send descriptor of `ep` (node `n`,
     /// id `e`, taken out of its slot by the caller).
-    fn serve_send(&mut self, mems: &[Option<MemGuard>], n: u32, e: u32, ep: &mut Endpoint, wake: &mut Vec<(u32, u32)>) {
+    fn serve_send(
+        &mut self,
+        mems: &[Option<MemGuard>],
+        n: u32,
+        e: u32,
+        ep: &mut Endpoint,
+        wake: &mut Vec<(u32, u32)>,
+    ) {
         let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
         let mut raw = [0u8; SEND_DESC_SIZE as usize];
         let desc = match guest::read(smem, ep.send_slot(), &mut raw) {
@@ -198,7 +224,14 @@ impl Fabric {
                 if desc.flags & send_flags::COMPLETION == 0 {
                     return;
                 }
-                Event { kind: event::TX_DONE, code: 0, user_id: desc.user_id, node: desc.dest_node, port: desc.dest_port, len: desc.len }
+                Event {
+                    kind: event::TX_DONE,
+                    code: 0,
+                    user_id: desc.user_id,
+                    node: desc.dest_node,
+                    port: desc.dest_port,
+                    len: desc.len,
+                }
             }
             Err(code) => {
                 ep.stats.tx_errors += 1;
@@ -209,8 +242,21 @@ impl Fabric {
                     ep.stats.bad_descriptors += 1;
                 }
                 self.counters.returned += 1;
-                debug!("node {n} ep {e}: send {} to {}:{} failed: {}", desc.user_id, desc.dest_node, desc.dest_port, tx_error::name(code));
-                Event { kind: event::TX_ERROR, code, user_id: desc.user_id, node: desc.dest_node, port: desc.dest_port, len: desc.len }
+                debug!(
+                    "node {n} ep {e}: send {} to {}:{} failed: {}",
+                    desc.user_id,
+                    desc.dest_node,
+                    desc.dest_port,
+                    tx_error::name(code)
+                );
+                Event {
+                    kind: event::TX_ERROR,
+                    code,
+                    user_id: desc.user_id,
+                    node: desc.dest_node,
+                    port: desc.dest_port,
+                    len: desc.len,
+                }
             }
         };
         if ep.post_event(smem, &ev) && ep.take_arm(smem) {
@@ -244,8 +290,14 @@ impl Fabric {
         let src_port = ep.port.ok_or(tx_error::NOT_BOUND)?;
         let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
         let dn = d.dest_node;
-        let dmem = mems.get(dn as usize).and_then(|m| m.as_deref()).ok_or(tx_error::NO_ENDPOINT)?;
-        let de = *self.nodes[dn as usize].ports.get(&d.dest_port).ok_or(tx_error::NO_ENDPOINT)?;
+        let dmem = mems
+            .get(dn as usize)
+            .and_then(|m| m.as_deref())
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let de = *self.nodes[dn as usize]
+            .ports
+            .get(&d.dest_port)
+            .ok_or(tx_error::NO_ENDPOINT)?;
         let r = if (dn, de) == (n, e) {
             // A send to oneself: the segment is both source and destination,
             // so stage the bytes (rare; keeps the borrow rules simple).
@@ -254,19 +306,38 @@ impl Fabric {
                 &raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize]
             } else {
                 staged.resize(d.len as usize, 0);
-                guest::read_segment(smem, &ep.segment, d.seg_offset, &mut staged).map_err(|_| tx_error::BAD_ADDRESS)?;
+                guest::read_segment(smem, &ep.segment, d.seg_offset, &mut staged)
+                    .map_err(|_| tx_error::BAD_ADDRESS)?;
                 &staged
             };
-            let msg = Message { src_node: n, src_port, tag: d.tag, len: d.len, payload: Payload::Bytes(bytes) };
+            let msg = Message {
+                src_node: n,
+                src_port,
+                tag: d.tag,
+                len: d.len,
+                payload: Payload::Bytes(bytes),
+            };
             deliver(dmem, ep, &msg).map(|()| ep.take_arm(dmem))
         } else {
             let payload = if inline {
                 Payload::Bytes(&raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize])
             } else {
-                Payload::Segment { mem: smem, seg: &ep.segment, offset: d.seg_offset }
+                Payload::Segment {
+                    mem: smem,
+                    seg: &ep.segment,
+                    offset: d.seg_offset,
+                }
             };
-            let msg = Message { src_node: n, src_port, tag: d.tag, len: d.len, payload };
-            let rx = self.nodes[dn as usize].endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
+            let msg = Message {
+                src_node: n,
+                src_port,
+                tag: d.tag,
+                len: d.len,
+                payload,
+            };
+            let rx = self.nodes[dn as usize]
+                .endpoint_mut(de)
+                .ok_or(tx_error::NO_ENDPOINT)?;
             deliver(dmem, rx, &msg).map(|()| rx.take_arm(dmem))
         };
         match r {
@@ -281,7 +352,9 @@ impl Fabric {
 
     /// Raises a notification for endpoint `e` of node `n`.
     fn notify(&mut self, n: u32, e: u32, mems: &[Option<MemGuard>]) {
-        let Some(mem) = mems[n as usize].as_deref() else { return };
+        let Some(mem) = mems[n as usize].as_deref() else {
+            return;
+        };
         let node = &mut self.nodes[n as usize];
         if let Some(ep) = node.endpoint_mut(e) {
             ep.stats.notifications += 1;
@@ -312,15 +385,19 @@ fn push_notification(vring: Option<&NotifyVring>, mem: &GuestMemoryMmap<()>, e: 
     if !st.get_queue().ready() {
         return false;
     }
-    let Some(chain) = st.get_queue_mut().pop_descriptor_chain(mem) else { return false };
+    let Some(chain) = st.get_queue_mut().pop_descriptor_chain(mem) else {
+        return false;
+    };
     let head = chain.head_index();
     let mut rec = [0u8; 8];
     rec[..4].copy_from_slice(&e.to_le_bytes());
     let written = match chain.writer(mem) {
-        Ok(mut w) if w.available_bytes() >= rec.len() => match std::io::Write::write_all(&mut w, &rec) {
-            Ok(()) => rec.len() as u32,
-            Err(_) => 0,
-        },
+        Ok(mut w) if w.available_bytes() >= rec.len() => {
+            match std::io::Write::write_all(&mut w, &rec) {
+                Ok(()) => rec.len() as u32,
+                Err(_) => 0,
+            }
+        }
         _ => {
             warn!("notification buffer too small or malformed; completing it empty");
             0
@@ -347,24 +424,44 @@ fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) -> Res
     if rx.recv_room(mem).unwrap_or(0) == 0 {
         return Err(no_buffer(mem, rx));
     }
-    let mut desc = RecvDesc { flags: 0, len: m.len, src_node: m.src_node, src_port: m.src_port, tag: m.tag, buf_id: 0, buf_offset: 0 };
+    let mut desc = RecvDesc {
+        flags: 0,
+        len: m.len,
+        src_node: m.src_node,
+        src_port: m.src_port,
+        tag: m.tag,
+        buf_id: 0,
+        buf_offset: 0,
+    };
     let mut slot = [0u8; RECV_DESC_SIZE as usize];
     if m.len <= INLINE_MAX {
         desc.flags = recv_flags::INLINE;
         let data = &mut slot[INLINE_OFFSET..INLINE_OFFSET + m.len as usize];
         match m.payload {
             Payload::Bytes(b) => data.copy_from_slice(b),
-            Payload::Segment { mem: smem, seg, offset } => {
-                guest::read_segment(smem, seg, offset, data).map_err(|_| tx_error::BAD_ADDRESS)?
-            }
+            Payload::Segment {
+                mem: smem,
+                seg,
+                offset,
+            } => guest::read_segment(smem, seg, offset, data).map_err(|_| tx_error::BAD_ADDRESS)?,
         }
     } else {
         let buf = take_free_buffer(mem, rx, m.len)?;
         match m.payload {
             Payload::Bytes(b) => guest::write_segment(mem, &rx.segment, buf.seg_offset, b),
-            Payload::Segment { mem: smem, seg, offset } => {
-                guest::copy_between(smem, seg, offset, mem, &rx.segment, buf.seg_offset, u64::from(m.len))
-            }
+            Payload::Segment {
+                mem: smem,
+                seg,
+                offset,
+            } => guest::copy_between(
+                smem,
+                seg,
+                offset,
+                mem,
+                &rx.segment,
+                buf.seg_offset,
+                u64::from(m.len),
+            ),
         }
         .map_err(|_| tx_error::BAD_ADDRESS)?;
         rx.consume_free(mem);
@@ -372,7 +469,11 @@ fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) -> Res
         desc.buf_offset = buf.seg_offset;
     }
     desc.encode_header(&mut slot);
-    let written = if m.len <= INLINE_MAX { INLINE_OFFSET + m.len as usize } else { INLINE_OFFSET + 8 };
+    let written = if m.len <= INLINE_MAX {
+        INLINE_OFFSET + m.len as usize
+    } else {
+        INLINE_OFFSET + 8
+    };
     guest::write(mem, rx.recv_slot(), &slot[..written]).map_err(|_| no_buffer(mem, rx))?;
     rx.publish_recv(mem);
     rx.stats.rx_messages += 1;
@@ -388,7 +489,11 @@ fn no_buffer(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint) -> u16 {
 
 /// Finds the next usable free buffer without consuming it; malformed free
 /// descriptors ahead of it are discarded and reported.
-fn take_free_buffer(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, len: u32) -> Result<FreeDesc, u16> {
+fn take_free_buffer(
+    mem: &GuestMemoryMmap<()>,
+    rx: &mut Endpoint,
+    len: u32,
+) -> Result<FreeDesc, u16> {
     loop {
         if rx.free_pending(mem) == 0 {
             return Err(no_buffer(mem, rx));

@@ -49,13 +49,19 @@ pub fn full_fence() {
 /// Copies guest bytes at `addr` into `buf`.
 pub fn read(mem: &GuestMemoryMmap<()>, addr: u64, buf: &mut [u8]) -> Result<(), BadAddress> {
     mem.read_slice(buf, GuestAddress(addr))
-        .map_err(|_| BadAddress { addr, len: buf.len() as u64 })
+        .map_err(|_| BadAddress {
+            addr,
+            len: buf.len() as u64,
+        })
 }
 
 /// Copies `buf` into guest memory at `addr`.
 pub fn write(mem: &GuestMemoryMmap<()>, addr: u64, buf: &[u8]) -> Result<(), BadAddress> {
     mem.write_slice(buf, GuestAddress(addr))
-        .map_err(|_| BadAddress { addr, len: buf.len() as u64 })
+        .map_err(|_| BadAddress {
+            addr,
+            len: buf.len() as u64,
+        })
 }
 
 /// Whether `[addr, addr+len)` lies entirely in shared memory.
@@ -94,12 +100,19 @@ impl Segment {
     ) -> Result<Segment, BadAddress> {
         let mut seg = Segment::default();
         for gpa in pages {
-            if gpa % PAGE_SIZE != 0 || !range_ok(mem, gpa, PAGE_SIZE) {
-                return Err(BadAddress { addr: gpa, len: PAGE_SIZE });
+            if !gpa.is_multiple_of(PAGE_SIZE) || !range_ok(mem, gpa, PAGE_SIZE) {
+                return Err(BadAddress {
+                    addr: gpa,
+                    len: PAGE_SIZE,
+                });
             }
             match seg.extents.last_mut() {
                 Some(last) if last.gpa + last.len == gpa => last.len += PAGE_SIZE,
-                _ => seg.extents.push(Extent { seg_offset: seg.len, gpa, len: PAGE_SIZE }),
+                _ => seg.extents.push(Extent {
+                    seg_offset: seg.len,
+                    gpa,
+                    len: PAGE_SIZE,
+                }),
             }
             seg.len += PAGE_SIZE;
         }
@@ -129,8 +142,15 @@ impl Segment {
     /// The guest-physical pieces of `[offset, offset+len)`, in order. The
     /// caller checked `contains`.
     pub fn pieces(&self, offset: u64, len: u64) -> Pieces<'_> {
-        let first = self.extents.partition_point(|e| e.seg_offset + e.len <= offset);
-        Pieces { seg: self, idx: first, offset, remaining: len }
+        let first = self
+            .extents
+            .partition_point(|e| e.seg_offset + e.len <= offset);
+        Pieces {
+            seg: self,
+            idx: first,
+            offset,
+            remaining: len,
+        }
     }
 }
 
@@ -180,7 +200,9 @@ pub fn copy_between(
             };
             let n = slen.min(dlen);
             let bad_src = BadAddress { addr: sgpa, len: n };
-            let s = src_mem.get_slice(GuestAddress(sgpa), n as usize).map_err(|_| bad_src)?;
+            let s = src_mem
+                .get_slice(GuestAddress(sgpa), n as usize)
+                .map_err(|_| bad_src)?;
             let d = dst_mem
                 .get_slice(GuestAddress(dgpa), n as usize)
                 .map_err(|_| BadAddress { addr: dgpa, len: n })?;
@@ -254,7 +276,7 @@ pub(crate) mod tests {
         let m = mem(1 << 16);
         assert!(Segment::from_pages(&m, [0x1001]).is_err());
         assert!(Segment::from_pages(&m, [0x10000]).is_err());
-        assert!(Segment::from_pages(&m, [u64::MAX & !0xfff]).is_err());
+        assert!(Segment::from_pages(&m, [!0xfffu64]).is_err());
     }
 
     #[test]

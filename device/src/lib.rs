@@ -113,7 +113,11 @@ impl Switch {
 
     /// Sleeps until woken or `timeout`.
     pub fn sleep(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: self.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: `pfd` is a valid pollfd for the duration of the call, and
         // the count passed is 1.
         unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
@@ -136,28 +140,47 @@ impl Device {
         let nodes = config.sockets.len() as u32;
         let switch = Arc::new(Switch {
             fabric: Mutex::new(Fabric::new(nodes, config.max_endpoints)),
-            wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os { what: "eventfd", source })?,
+            wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
+                what: "eventfd",
+                source,
+            })?,
             stop: AtomicBool::new(false),
             max_endpoints: config.max_endpoints,
             nodes,
         });
         for (node, path) in config.sockets.iter().enumerate() {
-            let listener = Listener::new(path, true).map_err(|source| Error::Listen { path: path.clone(), source })?;
+            let listener = Listener::new(path, true).map_err(|source| Error::Listen {
+                path: path.clone(),
+                source,
+            })?;
             let sw = switch.clone();
             let path = path.clone();
             std::thread::Builder::new()
                 .name(format!("ulnic-port{node}"))
                 .spawn(move || serve_port(node as u32, sw, listener, &path))
-                .map_err(|source| Error::Os { what: "port thread", source })?;
-            info!("node {node}: listening on {}", config.sockets[node].display());
+                .map_err(|source| Error::Os {
+                    what: "port thread",
+                    source,
+                })?;
+            info!(
+                "node {node}: listening on {}",
+                config.sockets[node].display()
+            );
         }
         let sw = switch.clone();
         let poll_for = config.poll_for;
         let engine = std::thread::Builder::new()
             .name("ulnic-engine".into())
             .spawn(move || engine::run(sw, poll_for))
-            .map_err(|source| Error::Os { what: "engine thread", source })?;
-        Ok(Device { switch, sockets: config.sockets, engine: Some(engine) })
+            .map_err(|source| Error::Os {
+                what: "engine thread",
+                source,
+            })?;
+        Ok(Device {
+            switch,
+            sockets: config.sockets,
+            engine: Some(engine),
+        })
     }
 
     /// The shared state, for reports and tests.
@@ -211,10 +234,16 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
         {
             let mut f = switch.lock();
             f.nodes[node as usize].connections += 1;
-            info!("node {node}: frontend connected (connection {})", f.nodes[node as usize].connections);
+            info!(
+                "node {node}: frontend connected (connection {})",
+                f.nodes[node as usize].connections
+            );
         }
         match daemon.wait() {
-            Ok(()) => info!("node {node}: frontend disconnected"),
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => info!("node {node}: frontend disconnected"),
             Err(e) => warn!("node {node}: frontend connection ended: {e}"),
         }
         let mut f = switch.lock();

@@ -70,7 +70,12 @@ struct BenchArgs {
     #[arg(value_enum)]
     workload: Workload,
     /// Transports to compare, in this order.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "ulnic,shm,unix,tcp")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ulnic,shm,unix,tcp"
+    )]
     transport: Vec<Transport>,
     /// Message sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "0,4,40,400,4096,65536")]
@@ -93,8 +98,14 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    // The device narrates; benchmarks print only their results.
+    let level = if matches!(cli.command, Cmd::Device(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     let r = match cli.command {
         Cmd::Device(a) => run_device(a),
         Cmd::Bench(a) => run_bench(a),
@@ -112,12 +123,17 @@ fn main() -> ExitCode {
 fn run_device(a: DeviceArgs) -> Result<(), String> {
     let sockets = match &a.socket_dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             Configuration::socket_paths(dir, a.nodes)
         }
         None => a.socket.clone(),
     };
-    let config = Configuration { sockets, max_endpoints: a.endpoints, poll_for: Duration::from_micros(a.poll_us) };
+    let config = Configuration {
+        sockets,
+        max_endpoints: a.endpoints,
+        poll_for: Duration::from_micros(a.poll_us),
+    };
     let dev = Device::start(config).map_err(|e| e.to_string())?;
     eprintln!(
         "ulnic: serving {} nodes, {} endpoints each (QEMU: num_vqs={}, config_size={}, virtio-id={}); Ctrl-C stops",
@@ -157,17 +173,28 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         None => scratch.clone(),
     };
     if !a.json {
-        println!("{:<9} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}", "bench", "trans", "mode", "size", "iters", "median_ns", "p95_ns", "MB/s");
+        println!(
+            "{:<9} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
+            "bench", "trans", "mode", "size", "iters", "median_ns", "p95_ns", "MB/s"
+        );
     }
     let mut failed = false;
     for &size in &a.size {
         for &t in &a.transport {
-            let spec = Spec { workload: a.workload, transport: t, size, iters: a.iters.unwrap_or(default_iters(a.workload, size)), mode: a.mode };
+            let spec = Spec {
+                workload: a.workload,
+                transport: t,
+                size,
+                iters: a.iters.unwrap_or(default_iters(a.workload, size)),
+                mode: a.mode,
+            };
             if !a.json {
                 eprint!("running {:?} over {:?}, {} bytes...\r", a.workload, t, size);
             }
             match bench::run_one(&spec, &dir, &scratch) {
-                Ok(r) if a.json => println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?),
+                Ok(r) if a.json => {
+                    println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?)
+                }
                 Ok(r) => println!(
                     "{:<9} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
                     r.bench,
@@ -177,11 +204,16 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                     r.iters,
                     r.median_ns.map(|v| v.to_string()).unwrap_or_default(),
                     r.p95_ns.map(|v| v.to_string()).unwrap_or_default(),
-                    r.mbytes_per_s.map(|v| format!("{v:.1}")).unwrap_or_default()
+                    r.mbytes_per_s
+                        .map(|v| format!("{v:.1}"))
+                        .unwrap_or_default()
                 ),
                 Err(e) => {
                     failed = true;
-                    eprintln!("ulnic: {:?} over {:?} at {} bytes failed: {e}", a.workload, t, size);
+                    eprintln!(
+                        "ulnic: {:?} over {:?} at {} bytes failed: {e}",
+                        a.workload, t, size
+                    );
                 }
             }
         }

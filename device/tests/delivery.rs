@@ -10,13 +10,18 @@ const CREDITS: u32 = 64;
 const TAG_CREDIT: u32 = 1;
 
 fn payload(seq: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (seq.wrapping_mul(0x9e37_79b9).wrapping_add(i as u64 * 7) >> 3) as u8).collect()
+    (0..len)
+        .map(|i| (seq.wrapping_mul(0x9e37_79b9).wrapping_add(i as u64 * 7) >> 3) as u8)
+        .collect()
 }
 
 fn size_of(seq: u64) -> usize {
     // Mix of inline (<= 96) and buffered sizes up to one slot.
-    let x = seq.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) >> 33;
-    if x % 3 == 0 {
+    let x = seq
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        >> 33;
+    if x.is_multiple_of(3) {
         (x % 97) as usize
     } else {
         (x % SLOT) as usize
@@ -37,21 +42,25 @@ fn endpoint(nic: &Nic, port: u32) -> (ulnic::ProtectionDomain, Endpoint) {
 }
 
 fn no_failures(ep: &mut Endpoint) {
-    while let Some(ev) = ep.poll_event() {
+    if let Some(ev) = ep.poll_event() {
         panic!("unexpected event {ev:?}");
     }
 }
 
 #[test]
 fn million_messages_ordered_exactly_once() {
-    let total: u64 = std::env::var("ULNIC_TEST_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let total: u64 = std::env::var("ULNIC_TEST_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     let (dev, _dir) = common::device(2);
     let (s0, s1) = (common::socket(&dev, 0), common::socket(&dev, 1));
     let receiver = std::thread::spawn(move || {
         let nic = Nic::attach(&s1).unwrap();
         let (_pd, mut ep) = endpoint(&nic, 2);
         for i in 0..u64::from(CREDITS) {
-            ep.post_free((u64::from(CREDITS) + i) * SLOT, SLOT as u32, i).unwrap();
+            ep.post_free((u64::from(CREDITS) + i) * SLOT, SLOT as u32, i)
+                .unwrap();
         }
         let back = Address { node: 0, port: 1 };
         let mut consumed = 0u32;
@@ -66,8 +75,15 @@ fn million_messages_ordered_exactly_once() {
                 ep.wait(Duration::from_millis(50)).unwrap();
             };
             let n = m.len as usize;
-            assert_eq!(m.src, Address { node: 0, port: 1 }, "message {seq}: wrong source");
-            assert_eq!(m.tag, seq as u32, "message {seq}: out of order or duplicated");
+            assert_eq!(
+                m.src,
+                Address { node: 0, port: 1 },
+                "message {seq}: wrong source"
+            );
+            assert_eq!(
+                m.tag, seq as u32,
+                "message {seq}: out of order or duplicated"
+            );
             assert_eq!(n, size_of(seq), "message {seq}: wrong length");
             match m.payload {
                 Payload::Inline(d) => buf[..n].copy_from_slice(&d[..n]),
@@ -76,11 +92,17 @@ fn million_messages_ordered_exactly_once() {
                     ep.post_free(offset, SLOT as u32, id).unwrap();
                 }
             }
-            assert!(buf[..n] == payload(seq, n)[..], "message {seq}: contents differ");
+            assert!(
+                buf[..n] == payload(seq, n)[..],
+                "message {seq}: contents differ"
+            );
             bytes += n as u64;
             consumed += 1;
             if consumed == CREDITS / 2 {
-                while ep.post_send_inline(back, TAG_CREDIT, &consumed.to_le_bytes(), 0).is_err() {
+                while ep
+                    .post_send_inline(back, TAG_CREDIT, &consumed.to_le_bytes(), 0)
+                    .is_err()
+                {
                     std::thread::yield_now();
                 }
                 consumed = 0;
@@ -104,7 +126,9 @@ fn million_messages_ordered_exactly_once() {
             match ep.poll_recv() {
                 Some(m) => {
                     assert_eq!(m.tag, TAG_CREDIT);
-                    let Payload::Inline(d) = m.payload else { panic!("credit not inline") };
+                    let Payload::Inline(d) = m.payload else {
+                        panic!("credit not inline")
+                    };
                     credits += u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
                 }
                 None => {

@@ -4,7 +4,10 @@
 mod common;
 
 use std::time::{Duration, Instant};
-use ulnic_abi::{cmd, condition, ctrl, event, op, send_flags, status, tx_error, CreateEndpoint, Event, RingLayout, SendDesc};
+use ulnic_abi::{
+    cmd, condition, ctrl, event, op, send_flags, status, tx_error, CreateEndpoint, Event,
+    RingLayout, SendDesc,
+};
 use ulnic_host_attach::{DmaBuffer, Error, HostAttach};
 
 fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
@@ -26,12 +29,20 @@ struct RawEp {
 }
 
 fn raw_endpoint(hw: &HostAttach, pd: u32) -> RawEp {
-    let layout = RingLayout { send_entries: 8, recv_entries: 8, free_entries: 8, event_entries: 64 };
+    let layout = RingLayout {
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        event_entries: 64,
+    };
     let mem = hw.memory();
     let ctrl = mem.alloc(layout.region_size() as usize).unwrap();
     let seg = mem.alloc(8192).unwrap();
     let table = mem.alloc(16).unwrap();
-    let pages: Vec<u8> = [seg.gpa, seg.gpa + 4096].iter().flat_map(|p| p.to_le_bytes()).collect();
+    let pages: Vec<u8> = [seg.gpa, seg.gpa + 4096]
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .collect();
     mem.write(table.gpa, &pages);
     let c = CreateEndpoint {
         pd,
@@ -45,20 +56,32 @@ fn raw_endpoint(hw: &HostAttach, pd: u32) -> RawEp {
         seg_pages: 2,
     };
     let r = hw.command(cmd::CREATE_ENDPOINT, &c.encode()).unwrap();
-    RawEp { id: ulnic_abi::read_le32(&r, 0), layout, ctrl, seg, send_prod: 0, event_cons: 0 }
+    RawEp {
+        id: ulnic_abi::read_le32(&r, 0),
+        layout,
+        ctrl,
+        seg,
+        send_prod: 0,
+        event_cons: 0,
+    }
 }
 
 impl RawEp {
     fn word(&self, hw: &HostAttach, off: u64) -> u32 {
-        hw.memory().atomic_u32(self.ctrl.gpa + off).load(std::sync::atomic::Ordering::Acquire)
+        hw.memory()
+            .atomic_u32(self.ctrl.gpa + off)
+            .load(std::sync::atomic::Ordering::Acquire)
     }
     fn set(&self, hw: &HostAttach, off: u64, v: u32) {
-        hw.memory().atomic_u32(self.ctrl.gpa + off).store(v, std::sync::atomic::Ordering::Release);
+        hw.memory()
+            .atomic_u32(self.ctrl.gpa + off)
+            .store(v, std::sync::atomic::Ordering::Release);
         hw.ring_doorbell(self.id);
     }
     fn send_raw(&mut self, hw: &HostAttach, desc: &[u8; 128]) {
         let slot = u64::from(self.send_prod % self.layout.send_entries);
-        hw.memory().write(self.ctrl.gpa + self.layout.send_offset() + slot * 128, desc);
+        hw.memory()
+            .write(self.ctrl.gpa + self.layout.send_offset() + slot * 128, desc);
         self.send_prod += 1;
         let p = self.send_prod;
         self.set(hw, ctrl::SEND_PRODUCER, p);
@@ -71,7 +94,10 @@ impl RawEp {
         }
         let slot = u64::from(self.event_cons % self.layout.event_entries);
         let mut b = [0u8; 32];
-        hw.memory().read(self.ctrl.gpa + self.layout.event_offset() + slot * 32, &mut b);
+        hw.memory().read(
+            self.ctrl.gpa + self.layout.event_offset() + slot * 32,
+            &mut b,
+        );
         self.event_cons += 1;
         let c = self.event_cons;
         self.set(hw, ctrl::EVENT_CONSUMER, c);
@@ -86,7 +112,16 @@ fn desc(d: SendDesc) -> [u8; 128] {
 }
 
 fn good(dest_port: u32, len: u32) -> SendDesc {
-    SendDesc { opcode: op::SEND, flags: send_flags::INLINE, len, dest_node: 1, dest_port, tag: 0, user_id: 99, seg_offset: 0 }
+    SendDesc {
+        opcode: op::SEND,
+        flags: send_flags::INLINE,
+        len,
+        dest_node: 1,
+        dest_port,
+        tag: 0,
+        user_id: 99,
+        seg_offset: 0,
+    }
 }
 
 #[test]
@@ -94,9 +129,18 @@ fn malformed_commands_get_clear_errors() {
     let (dev, _dir) = common::device(2);
     let hw = HostAttach::connect(&common::socket(&dev, 0), 1 << 20).unwrap();
     assert_eq!(status_of(hw.command(0x7777, &[])), status::UNKNOWN_COMMAND);
-    assert_eq!(status_of(hw.command(cmd::DESTROY_PD, &[1, 2])), status::BAD_LENGTH);
-    assert_eq!(status_of(hw.command(cmd::DESTROY_PD, &9u32.to_le_bytes())), status::NOT_FOUND);
-    assert_eq!(status_of(hw.command(cmd::CREATE_ENDPOINT, &[0; 10])), status::BAD_LENGTH);
+    assert_eq!(
+        status_of(hw.command(cmd::DESTROY_PD, &[1, 2])),
+        status::BAD_LENGTH
+    );
+    assert_eq!(
+        status_of(hw.command(cmd::DESTROY_PD, &9u32.to_le_bytes())),
+        status::NOT_FOUND
+    );
+    assert_eq!(
+        status_of(hw.command(cmd::CREATE_ENDPOINT, &[0; 10])),
+        status::BAD_LENGTH
+    );
     let pd = ulnic_abi::read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
     let base = CreateEndpoint {
         pd,
@@ -111,21 +155,72 @@ fn malformed_commands_get_clear_errors() {
     };
     let create = |c: CreateEndpoint| status_of(hw.command(cmd::CREATE_ENDPOINT, &c.encode()));
     assert_eq!(create(CreateEndpoint { pd: 77, ..base }), status::NOT_FOUND);
-    assert_eq!(create(CreateEndpoint { send_entries: 6, ..base }), status::INVALID_ARGUMENT);
-    assert_eq!(create(CreateEndpoint { event_entries: 16, ..base }), status::INVALID_ARGUMENT);
-    assert_eq!(create(CreateEndpoint { ctrl_gpa: 0x80001, ..base }), status::INVALID_ARGUMENT);
-    assert_eq!(create(CreateEndpoint { ctrl_len: 100, ..base }), status::INVALID_ARGUMENT);
-    assert_eq!(create(CreateEndpoint { ctrl_gpa: 1 << 40, ..base }), status::BAD_ADDRESS);
-    assert_eq!(create(CreateEndpoint { ctrl_gpa: u64::MAX & !0xfff, ..base }), status::BAD_ADDRESS);
-    assert_eq!(create(CreateEndpoint { seg_table_gpa: u64::MAX - 3, ..base }), status::BAD_ADDRESS);
-    assert_eq!(create(CreateEndpoint { seg_pages: u32::MAX, ..base }), status::INVALID_ARGUMENT);
+    assert_eq!(
+        create(CreateEndpoint {
+            send_entries: 6,
+            ..base
+        }),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        create(CreateEndpoint {
+            event_entries: 16,
+            ..base
+        }),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        create(CreateEndpoint {
+            ctrl_gpa: 0x80001,
+            ..base
+        }),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        create(CreateEndpoint {
+            ctrl_len: 100,
+            ..base
+        }),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        create(CreateEndpoint {
+            ctrl_gpa: 1 << 40,
+            ..base
+        }),
+        status::BAD_ADDRESS
+    );
+    assert_eq!(
+        create(CreateEndpoint {
+            ctrl_gpa: !0xfffu64,
+            ..base
+        }),
+        status::BAD_ADDRESS
+    );
+    assert_eq!(
+        create(CreateEndpoint {
+            seg_table_gpa: u64::MAX - 3,
+            ..base
+        }),
+        status::BAD_ADDRESS
+    );
+    assert_eq!(
+        create(CreateEndpoint {
+            seg_pages: u32::MAX,
+            ..base
+        }),
+        status::INVALID_ARGUMENT
+    );
     // A segment page outside the shared memory.
     hw.memory().write(0x90000, &(1u64 << 42).to_le_bytes());
     assert_eq!(create(base), status::BAD_ADDRESS);
     hw.memory().write(0x90000, &0xa0000u64.to_le_bytes());
     assert_eq!(create(base), status::OK);
     // Bindings and filters.
-    assert_eq!(status_of(hw.command(cmd::BIND_PORT, &[0u8; 8])), status::INVALID_ARGUMENT);
+    assert_eq!(
+        status_of(hw.command(cmd::BIND_PORT, &[0u8; 8])),
+        status::INVALID_ARGUMENT
+    );
     let bind = |ep: u32, port: u32| {
         let mut p = ep.to_le_bytes().to_vec();
         p.extend_from_slice(&port.to_le_bytes());
@@ -135,12 +230,24 @@ fn malformed_commands_get_clear_errors() {
     assert_eq!(bind(40, 6), status::NOT_FOUND);
     let mut f = 0u32.to_le_bytes().to_vec();
     f.extend_from_slice(&17u32.to_le_bytes());
-    assert_eq!(status_of(hw.command(cmd::SET_FILTER, &f)), status::INVALID_ARGUMENT);
+    assert_eq!(
+        status_of(hw.command(cmd::SET_FILTER, &f)),
+        status::INVALID_ARGUMENT
+    );
     let mut f = 0u32.to_le_bytes().to_vec();
     f.extend_from_slice(&2u32.to_le_bytes());
-    assert_eq!(status_of(hw.command(cmd::SET_FILTER, &f)), status::BAD_LENGTH);
-    assert_eq!(status_of(hw.command(cmd::ARM, &50u32.to_le_bytes())), status::NOT_FOUND);
-    assert_eq!(status_of(hw.command(cmd::DESTROY_ENDPOINT, &50u32.to_le_bytes())), status::NOT_FOUND);
+    assert_eq!(
+        status_of(hw.command(cmd::SET_FILTER, &f)),
+        status::BAD_LENGTH
+    );
+    assert_eq!(
+        status_of(hw.command(cmd::ARM, &50u32.to_le_bytes())),
+        status::NOT_FOUND
+    );
+    assert_eq!(
+        status_of(hw.command(cmd::DESTROY_ENDPOINT, &50u32.to_le_bytes())),
+        status::NOT_FOUND
+    );
     // Another client on the other node is unaffected and sees the binding conflict rules per node.
     let other = HostAttach::connect(&common::socket(&dev, 1), 1 << 20).unwrap();
     assert_eq!(other.info().node, 1);
@@ -165,27 +272,88 @@ fn malformed_descriptors_and_indices_are_contained() {
     // Unbound sender.
     ea.send_raw(&a, &desc(good(3, 4)));
     let ev = ea.next_event(&a);
-    assert_eq!((ev.kind, ev.code, ev.user_id), (event::TX_ERROR, tx_error::NOT_BOUND, 99));
+    assert_eq!(
+        (ev.kind, ev.code, ev.user_id),
+        (event::TX_ERROR, tx_error::NOT_BOUND, 99)
+    );
     bind(&a, ea.id, 1);
     bind(&b, eb.id, 3);
 
     let cases: Vec<(SendDesc, u16)> = vec![
-        (SendDesc { opcode: 9, ..good(3, 4) }, tx_error::BAD_DESCRIPTOR),
-        (SendDesc { flags: 0x80, ..good(3, 4) }, tx_error::BAD_DESCRIPTOR),
+        (
+            SendDesc {
+                opcode: 9,
+                ..good(3, 4)
+            },
+            tx_error::BAD_DESCRIPTOR,
+        ),
+        (
+            SendDesc {
+                flags: 0x80,
+                ..good(3, 4)
+            },
+            tx_error::BAD_DESCRIPTOR,
+        ),
         (good(3, 97), tx_error::BAD_DESCRIPTOR),
-        (SendDesc { len: u32::MAX, ..good(3, 4) }, tx_error::BAD_DESCRIPTOR),
-        (SendDesc { flags: 0, seg_offset: 8000, len: 500, ..good(3, 0) }, tx_error::BAD_ADDRESS),
-        (SendDesc { flags: 0, seg_offset: u64::MAX - 10, len: 500, ..good(3, 0) }, tx_error::BAD_ADDRESS),
-        (SendDesc { dest_node: 7, ..good(3, 4) }, tx_error::NO_ENDPOINT),
-        (SendDesc { dest_node: u32::MAX, ..good(3, 4) }, tx_error::NO_ENDPOINT),
+        (
+            SendDesc {
+                len: u32::MAX,
+                ..good(3, 4)
+            },
+            tx_error::BAD_DESCRIPTOR,
+        ),
+        (
+            SendDesc {
+                flags: 0,
+                seg_offset: 8000,
+                len: 500,
+                ..good(3, 0)
+            },
+            tx_error::BAD_ADDRESS,
+        ),
+        (
+            SendDesc {
+                flags: 0,
+                seg_offset: u64::MAX - 10,
+                len: 500,
+                ..good(3, 0)
+            },
+            tx_error::BAD_ADDRESS,
+        ),
+        (
+            SendDesc {
+                dest_node: 7,
+                ..good(3, 4)
+            },
+            tx_error::NO_ENDPOINT,
+        ),
+        (
+            SendDesc {
+                dest_node: u32::MAX,
+                ..good(3, 4)
+            },
+            tx_error::NO_ENDPOINT,
+        ),
         (good(4, 4), tx_error::NO_ENDPOINT),
         // The receiver has posted no free buffer: returned to sender.
-        (SendDesc { flags: 0, seg_offset: 0, len: 500, ..good(3, 0) }, tx_error::NO_BUFFER),
+        (
+            SendDesc {
+                flags: 0,
+                seg_offset: 0,
+                len: 500,
+                ..good(3, 0)
+            },
+            tx_error::NO_BUFFER,
+        ),
     ];
     for (d, code) in cases {
         ea.send_raw(&a, &desc(d));
         let ev = ea.next_event(&a);
-        assert_eq!((ev.kind, ev.code), (event::TX_ERROR, code), "descriptor {d:?}");
+        assert_eq!(
+            (ev.kind, ev.code),
+            (event::TX_ERROR, code),
+            "descriptor {d:?}"
+        );
     }
     // The receiver got a duplicate-suppressed RECV_DROPPED condition and nothing else.
     assert_eq!(eb.word(&b, ctrl::RECV_PRODUCER), 0);
@@ -194,23 +362,44 @@ fn malformed_descriptors_and_indices_are_contained() {
     // A free buffer outside the receiver's segment is discarded and reported.
     let free_slot = eb.ctrl.gpa + eb.layout.free_offset();
     let mut fd = [0u8; 32];
-    ulnic_abi::FreeDesc { seg_offset: 1 << 20, len: 4096, user_id: 1 }.encode(&mut fd);
+    ulnic_abi::FreeDesc {
+        seg_offset: 1 << 20,
+        len: 4096,
+        user_id: 1,
+    }
+    .encode(&mut fd);
     b.memory().write(free_slot, &fd);
     eb.set(&b, ctrl::FREE_PRODUCER, 1);
-    ea.send_raw(&a, &desc(SendDesc { flags: 0, seg_offset: 0, len: 500, ..good(3, 0) }));
+    ea.send_raw(
+        &a,
+        &desc(SendDesc {
+            flags: 0,
+            seg_offset: 0,
+            len: 500,
+            ..good(3, 0)
+        }),
+    );
     let ev = ea.next_event(&a);
     assert_eq!((ev.kind, ev.code), (event::TX_ERROR, tx_error::NO_BUFFER));
     let mut ev2 = [0u8; 32];
-    b.memory().read(eb.ctrl.gpa + eb.layout.event_offset() + 32, &mut ev2);
+    b.memory()
+        .read(eb.ctrl.gpa + eb.layout.event_offset() + 32, &mut ev2);
     assert_eq!(Event::decode(&ev2).code, condition::BAD_FREE_DESCRIPTOR);
 
     // An impossible producer index: ignored, reported once, endpoint keeps working.
     let before = ea.send_prod;
-    a.memory().atomic_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER).store(before + 1000, std::sync::atomic::Ordering::Release);
+    a.memory()
+        .atomic_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER)
+        .store(before + 1000, std::sync::atomic::Ordering::Release);
     a.ring_doorbell(ea.id);
     let ev = ea.next_event(&a);
-    assert_eq!((ev.kind, ev.code), (event::CONDITION, condition::RING_INDEX));
-    a.memory().atomic_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER).store(before, std::sync::atomic::Ordering::Release);
+    assert_eq!(
+        (ev.kind, ev.code),
+        (event::CONDITION, condition::RING_INDEX)
+    );
+    a.memory()
+        .atomic_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER)
+        .store(before, std::sync::atomic::Ordering::Release);
 
     // A good message still goes through, with the true source stamped.
     let mut d = desc(good(3, 5));
@@ -222,7 +411,8 @@ fn malformed_descriptors_and_indices_are_contained() {
         std::thread::yield_now();
     }
     let mut r = [0u8; 128];
-    b.memory().read(eb.ctrl.gpa + eb.layout.recv_offset(), &mut r);
+    b.memory()
+        .read(eb.ctrl.gpa + eb.layout.recv_offset(), &mut r);
     let rd = ulnic_abi::RecvDesc::decode(&r);
     assert_eq!((rd.src_node, rd.src_port, rd.len), (0, 1, 5));
     assert_eq!(&r[32..37], b"hello");

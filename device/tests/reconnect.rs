@@ -13,7 +13,9 @@ const CHILD_ENV: &str = "ULNIC_TEST_CHILD_SOCKET";
 /// Runs only as the child process: a receiver that never cleans up.
 #[test]
 fn child_receiver() {
-    let Ok(sock) = std::env::var(CHILD_ENV) else { return };
+    let Ok(sock) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let nic = Nic::attach(sock.as_ref()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let mut ep = pd.create_endpoint(&EndpointConfig::default()).unwrap();
@@ -36,20 +38,32 @@ fn killed_peer_is_reported_and_port_recovers() {
     let mut sent = 0u64;
     for round in 0..3 {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_receiver", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "child_receiver",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(CHILD_ENV, common::socket(&dev, 1))
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert!(lines.any(|l| l.unwrap().contains("READY")), "child did not start");
+        assert!(
+            lines.any(|l| l.unwrap().contains("READY")),
+            "child did not start"
+        );
         // Stream until 100 messages were delivered this round.
         let start = ea.stats().unwrap()[0].1;
         while ea.stats().unwrap()[0].1 < start + 100 {
-            if ea.post_send_inline(dest, 0, &sent.to_le_bytes(), sent).is_ok() {
+            if ea
+                .post_send_inline(dest, 0, &sent.to_le_bytes(), sent)
+                .is_ok()
+            {
                 sent += 1;
             }
-            while let Some(ev) = ea.poll_event() {
+            if let Some(ev) = ea.poll_event() {
                 panic!("round {round}: unexpected {ev:?} while the peer lives");
             }
         }
@@ -58,17 +72,27 @@ fn killed_peer_is_reported_and_port_recovers() {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut reported = false;
         while !reported {
-            assert!(Instant::now() < deadline, "round {round}: the peer's death was never reported");
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the peer's death was never reported"
+            );
             if ea.post_send_inline(dest, 0, &[0; 8], sent).is_ok() {
                 sent += 1;
             }
             while let Some(ev) = ea.poll_event() {
                 match ev {
-                    Event::SendFailed { reason: SendError::NoEndpoint, dest: d, .. } => {
+                    Event::SendFailed {
+                        reason: SendError::NoEndpoint,
+                        dest: d,
+                        ..
+                    } => {
                         assert_eq!(d, dest);
                         reported = true;
                     }
-                    Event::SendFailed { reason: SendError::NoBuffer, .. } => {}
+                    Event::SendFailed {
+                        reason: SendError::NoBuffer,
+                        ..
+                    } => {}
                     other => panic!("unexpected {other:?}"),
                 }
             }

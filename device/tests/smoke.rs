@@ -15,14 +15,16 @@ fn one_message_each_way() {
     ea.bind(10).unwrap();
     eb.bind(20).unwrap();
     eb.post_free(0, 65536, 77).unwrap();
-    ea.post_send_inline(Address { node: 1, port: 20 }, 5, b"hi", 1).unwrap();
+    ea.post_send_inline(Address { node: 1, port: 20 }, 5, b"hi", 1)
+        .unwrap();
     assert!(eb.wait(Duration::from_secs(5)).unwrap());
     let m = eb.poll_recv().unwrap();
     assert_eq!((m.src, m.tag, m.len), (Address { node: 0, port: 10 }, 5, 2));
     assert!(matches!(m.payload, Payload::Inline(d) if &d[..2] == b"hi"));
     let big: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     ea.write_segment(4096, &big);
-    ea.post_send(Address { node: 1, port: 20 }, 6, 4096, 5000, 2, true).unwrap();
+    ea.post_send(Address { node: 1, port: 20 }, 6, 4096, 5000, 2, true)
+        .unwrap();
     assert!(eb.wait(Duration::from_secs(5)).unwrap());
     let m = eb.poll_recv().unwrap();
     assert_eq!(m.payload, Payload::Buffer { offset: 0, id: 77 });

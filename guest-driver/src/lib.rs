@@ -117,20 +117,31 @@ const NOTIFY_RECORD: u32 = 8;
 impl HostAttach {
     /// Connects to the port socket at `path`, sharing `memory_size` bytes.
     pub fn connect(path: &Path, memory_size: usize) -> Result<HostAttach, Error> {
-        let mut fe = Frontend::connect(path, u64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT) + 2).map_err(proto("connect"))?;
+        let mut fe = Frontend::connect(path, u64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT) + 2)
+            .map_err(proto("connect"))?;
         let features = fe.get_features().map_err(proto("GET_FEATURES"))?;
-        let want = VIRTIO_F_VERSION_1 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() | ulnic_abi::F_MESSAGING;
+        let want = VIRTIO_F_VERSION_1
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | ulnic_abi::F_MESSAGING;
         if features & want != want {
-            return Err(Error::Incompatible(format!("device features {features:#x} lack {want:#x}")));
+            return Err(Error::Incompatible(format!(
+                "device features {features:#x} lack {want:#x}"
+            )));
         }
         fe.set_owner().map_err(proto("SET_OWNER"))?;
         fe.set_features(want).map_err(proto("SET_FEATURES"))?;
-        let pf = fe.get_protocol_features().map_err(proto("GET_PROTOCOL_FEATURES"))?;
+        let pf = fe
+            .get_protocol_features()
+            .map_err(proto("GET_PROTOCOL_FEATURES"))?;
         if !pf.contains(VhostUserProtocolFeatures::MQ) {
-            return Err(Error::Incompatible("device does not offer the MQ protocol feature".into()));
+            return Err(Error::Incompatible(
+                "device does not offer the MQ protocol feature".into(),
+            ));
         }
-        fe.set_protocol_features(pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG))
-            .map_err(proto("SET_PROTOCOL_FEATURES"))?;
+        fe.set_protocol_features(
+            pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG),
+        )
+        .map_err(proto("SET_PROTOCOL_FEATURES"))?;
         let queues = fe.get_queue_num().map_err(proto("GET_QUEUE_NUM"))? as usize;
         if queues < usize::from(FIRST_DOORBELL_QUEUE) + 1 || queues > 64 {
             return Err(Error::Incompatible(format!("device has {queues} queues")));
@@ -144,7 +155,8 @@ impl HostAttach {
             mmap_offset: 0,
             mmap_handle: memory.as_raw_fd(),
         };
-        fe.set_mem_table(&[region]).map_err(proto("SET_MEM_TABLE"))?;
+        fe.set_mem_table(&[region])
+            .map_err(proto("SET_MEM_TABLE"))?;
 
         let os = |what| move |source| Error::Os { what, source };
         let unused_call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
@@ -152,7 +164,11 @@ impl HostAttach {
         let mut notify = None;
         let mut doorbells = Vec::new();
         for q in 0..queues {
-            let size = if q < usize::from(FIRST_DOORBELL_QUEUE) { QUEUE_SIZE } else { DOORBELL_QUEUE_SIZE };
+            let size = if q < usize::from(FIRST_DOORBELL_QUEUE) {
+                QUEUE_SIZE
+            } else {
+                DOORBELL_QUEUE_SIZE
+            };
             let queue = DriverQueue::new(&memory, size)?;
             fe.set_vring_num(q, size).map_err(proto("SET_VRING_NUM"))?;
             let cfg = VringConfigData {
@@ -164,33 +180,50 @@ impl HostAttach {
                 avail_ring_addr: memory.host_base() as u64 + queue.avail_gpa(),
                 log_addr: None,
             };
-            fe.set_vring_addr(q, &cfg).map_err(proto("SET_VRING_ADDR"))?;
+            fe.set_vring_addr(q, &cfg)
+                .map_err(proto("SET_VRING_ADDR"))?;
             fe.set_vring_base(q, 0).map_err(proto("SET_VRING_BASE"))?;
             let kick = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
-            fe.set_vring_kick(q, &kick).map_err(proto("SET_VRING_KICK"))?;
+            fe.set_vring_kick(q, &kick)
+                .map_err(proto("SET_VRING_KICK"))?;
             let call = if q < usize::from(FIRST_DOORBELL_QUEUE) {
                 let call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
-                fe.set_vring_call(q, &call).map_err(proto("SET_VRING_CALL"))?;
+                fe.set_vring_call(q, &call)
+                    .map_err(proto("SET_VRING_CALL"))?;
                 Some(call)
             } else {
-                fe.set_vring_call(q, &unused_call).map_err(proto("SET_VRING_CALL"))?;
+                fe.set_vring_call(q, &unused_call)
+                    .map_err(proto("SET_VRING_CALL"))?;
                 None
             };
-            fe.set_vring_enable(q, true).map_err(proto("SET_VRING_ENABLE"))?;
+            fe.set_vring_enable(q, true)
+                .map_err(proto("SET_VRING_ENABLE"))?;
             match (q as u16, call) {
                 (ulnic_abi::CONTROL_QUEUE, Some(call)) => {
                     let buf = memory.alloc(4096)?;
-                    control = Some(ControlQueue { queue, kick, call, buf });
+                    control = Some(ControlQueue {
+                        queue,
+                        kick,
+                        call,
+                        buf,
+                    });
                 }
                 (NOTIFY_QUEUE, Some(call)) => {
                     let bufs = memory.alloc(usize::from(QUEUE_SIZE) * NOTIFY_RECORD as usize)?;
-                    notify = Some(NotifyQueue { queue, kick, call, bufs });
+                    notify = Some(NotifyQueue {
+                        queue,
+                        kick,
+                        call,
+                        bufs,
+                    });
                 }
                 _ => doorbells.push(kick),
             }
         }
         let (Some(control), Some(mut notify)) = (control, notify) else {
-            return Err(Error::Incompatible("control or notification queue missing".into()));
+            return Err(Error::Incompatible(
+                "control or notification queue missing".into(),
+            ));
         };
         for i in 0..QUEUE_SIZE {
             let gpa = notify.bufs.gpa + u64::from(i) * u64::from(NOTIFY_RECORD);
@@ -221,7 +254,10 @@ impl HostAttach {
                 ulnic_abi::SPEC_VERSION_MINOR
             )));
         }
-        debug!("attached to node {} ({} endpoints)", this.info.node, this.info.max_endpoints);
+        debug!(
+            "attached to node {} ({} endpoints)",
+            this.info.node, this.info.max_endpoints
+        );
         Ok(this)
     }
 
@@ -240,7 +276,10 @@ impl HostAttach {
         let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
         let half = c.buf.len / 2;
         if CMD_HEADER_SIZE + payload.len() > half {
-            return Err(Error::Command { opcode, status: status::BAD_LENGTH });
+            return Err(Error::Command {
+                opcode,
+                status: status::BAD_LENGTH,
+            });
         }
         let mut req = Vec::with_capacity(CMD_HEADER_SIZE + payload.len());
         req.extend_from_slice(&opcode.to_le_bytes());
@@ -248,8 +287,14 @@ impl HostAttach {
         req.extend_from_slice(payload);
         self.memory.write(c.buf.gpa, &req);
         let (req_gpa, resp_gpa) = (c.buf.gpa, c.buf.gpa + half as u64);
-        let ControlQueue { queue, kick, call, .. } = &mut *c;
-        queue.add(&self.memory, &[(req_gpa, req.len() as u32)], &[(resp_gpa, half as u32)]);
+        let ControlQueue {
+            queue, kick, call, ..
+        } = &mut *c;
+        queue.add(
+            &self.memory,
+            &[(req_gpa, req.len() as u32)],
+            &[(resp_gpa, half as u32)],
+        );
         let _ = kick.write(1);
         let deadline = Instant::now() + COMMAND_TIMEOUT;
         let used = loop {
@@ -293,7 +338,12 @@ impl HostAttach {
                 return true;
             }
             let mut n = self.notify.lock().unwrap_or_else(|p| p.into_inner());
-            let NotifyQueue { queue, kick, call, bufs } = &mut *n;
+            let NotifyQueue {
+                queue,
+                kick,
+                call,
+                bufs,
+            } = &mut *n;
             let mut reposted = false;
             while let Some((id, len)) = queue.pop_used(&self.memory) {
                 let gpa = bufs.gpa + u64::from(id) * u64::from(NOTIFY_RECORD);
@@ -332,7 +382,11 @@ impl Drop for HostAttach {
 
 /// Blocks until `fd` is readable or `timeout` passes.
 fn wait_readable(fd: &EventFd, timeout: Duration) {
-    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd, count 1.
     unsafe { libc::poll(&mut pfd, 1, ms) };

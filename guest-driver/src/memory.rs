@@ -57,18 +57,32 @@ impl DmaMemory {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: plain syscall on an fd we own.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(os("ftruncate shared memory")(std::io::Error::last_os_error()));
+            return Err(os("ftruncate shared memory")(
+                std::io::Error::last_os_error(),
+            ));
         }
         // SAFETY: mapping a new shared file of `len` bytes at an address the
         // kernel chooses; the result is checked.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(os("mmap shared memory")(std::io::Error::last_os_error()));
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or(Error::OutOfMemory(len))?;
-        Ok(DmaMemory { fd, base, len, free: Mutex::new(vec![(0, len / PAGE)]) })
+        Ok(DmaMemory {
+            fd,
+            base,
+            len,
+            free: Mutex::new(vec![(0, len / PAGE)]),
+        })
     }
 
     /// Total size.
@@ -90,7 +104,10 @@ impl DmaMemory {
     pub fn alloc(&self, len: usize) -> Result<DmaBuffer, Error> {
         let pages = len.max(1).div_ceil(PAGE);
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let i = free.iter().position(|&(_, n)| n >= pages).ok_or(Error::OutOfMemory(len))?;
+        let i = free
+            .iter()
+            .position(|&(_, n)| n >= pages)
+            .ok_or(Error::OutOfMemory(len))?;
         let (first, n) = free[i];
         if n == pages {
             free.remove(i);
@@ -103,7 +120,11 @@ impl DmaMemory {
         let ptr = unsafe { self.base.as_ptr().add(off) };
         // SAFETY: the range is ours (just allocated) and inside the mapping.
         unsafe { std::ptr::write_bytes(ptr, 0, pages * PAGE) };
-        Ok(DmaBuffer { gpa: off as u64, ptr: NonNull::new(ptr).ok_or(Error::OutOfMemory(len))?, len: pages * PAGE })
+        Ok(DmaBuffer {
+            gpa: off as u64,
+            ptr: NonNull::new(ptr).ok_or(Error::OutOfMemory(len))?,
+            len: pages * PAGE,
+        })
     }
 
     /// Returns a buffer from `alloc`.
@@ -125,7 +146,10 @@ impl DmaMemory {
 
     fn check(&self, gpa: u64, len: usize) -> usize {
         let off = gpa as usize;
-        assert!(off.checked_add(len).is_some_and(|e| e <= self.len), "driver bug: {gpa:#x}+{len} outside shared memory");
+        assert!(
+            off.checked_add(len).is_some_and(|e| e <= self.len),
+            "driver bug: {gpa:#x}+{len} outside shared memory"
+        );
         off
     }
 
@@ -134,20 +158,24 @@ impl DmaMemory {
         let off = self.check(gpa, data.len());
         // SAFETY: range checked above; the device may read concurrently,
         // which is the point of shared memory (plain bytes, no references).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(off), data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(off), data.len())
+        };
     }
 
     /// Copies bytes out of shared memory.
     pub fn read(&self, gpa: u64, out: &mut [u8]) {
         let off = self.check(gpa, out.len());
         // SAFETY: range checked above.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), out.as_mut_ptr(), out.len())
+        };
     }
 
     /// An atomic view of the aligned u32 at `gpa`.
     pub fn atomic_u32(&self, gpa: u64) -> &AtomicU32 {
         let off = self.check(gpa, 4);
-        assert!(off % 4 == 0, "unaligned atomic at {gpa:#x}");
+        assert!(off.is_multiple_of(4), "unaligned atomic at {gpa:#x}");
         // SAFETY: in range, aligned, and the mapping outlives `&self`;
         // AtomicU32 has the layout of u32 and tolerates concurrent access.
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
@@ -156,9 +184,15 @@ impl DmaMemory {
     /// An atomic view of the aligned u16 at `gpa`.
     pub fn atomic_u16(&self, gpa: u64) -> &std::sync::atomic::AtomicU16 {
         let off = self.check(gpa, 2);
-        assert!(off % 2 == 0, "unaligned atomic at {gpa:#x}");
+        assert!(off.is_multiple_of(2), "unaligned atomic at {gpa:#x}");
         // SAFETY: as for `atomic_u32`.
-        unsafe { &*self.base.as_ptr().add(off).cast::<std::sync::atomic::AtomicU16>() }
+        unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<std::sync::atomic::AtomicU16>()
+        }
     }
 
     /// Release-stores `v` at `gpa`.

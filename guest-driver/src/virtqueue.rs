@@ -53,9 +53,15 @@ impl DriverQueue {
     /// publishes it. Panics if the queue is full (callers bound their use).
     pub fn add(&mut self, mem: &DmaMemory, readable: &[(u64, u32)], writable: &[(u64, u32)]) {
         let total = readable.len() + writable.len();
-        assert!(total > 0 && total <= self.free.len(), "virtqueue overcommitted");
+        assert!(
+            total > 0 && total <= self.free.len(),
+            "virtqueue overcommitted"
+        );
         let ids: Vec<u16> = (0..total).filter_map(|_| self.free.pop()).collect();
-        let all = readable.iter().map(|b| (b, 0)).chain(writable.iter().map(|b| (b, VIRTQ_DESC_F_WRITE)));
+        let all = readable
+            .iter()
+            .map(|b| (b, 0))
+            .chain(writable.iter().map(|b| (b, VIRTQ_DESC_F_WRITE)));
         for (i, (&(addr, len), flags)) in all.enumerate() {
             let next = ids.get(i + 1).copied();
             let mut d = [0u8; 16];

@@ -28,12 +28,12 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use ulnic_abi::{Event as RawEvent, FilterEntry, ANY, INLINE_MAX};
 use ulnic_abi::{
-    cmd, ctrl, event, recv_flags, send_flags, tx_error, CreateEndpoint, FreeDesc, RecvDesc, RingLayout,
-    SendDesc, CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET, RECV_DESC_SIZE,
-    SEND_DESC_SIZE,
+    cmd, ctrl, event, recv_flags, send_flags, tx_error, CreateEndpoint, FreeDesc, RecvDesc,
+    RingLayout, SendDesc, CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET,
+    RECV_DESC_SIZE, SEND_DESC_SIZE,
 };
+pub use ulnic_abi::{Event as RawEvent, FilterEntry, ANY, INLINE_MAX};
 use ulnic_host_attach::{DmaBuffer, HostAttach};
 
 /// Environment variable naming the device port socket to attach to.
@@ -113,7 +113,9 @@ impl Nic {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(ulnic_host_attach::DEFAULT_MEMORY);
-        Ok(Nic { hw: Arc::new(HostAttach::connect(socket, mem)?) })
+        Ok(Nic {
+            hw: Arc::new(HostAttach::connect(socket, mem)?),
+        })
     }
 
     /// This NIC's node address.
@@ -158,8 +160,16 @@ impl Nic {
     /// ```
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, Error> {
         let r = self.hw.command(cmd::CREATE_PD, &[])?;
-        let id = r.get(..4).map(|b| ulnic_abi::read_le32(b, 0)).ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_PD))?;
-        Ok(ProtectionDomain { inner: Arc::new(PdInner { hw: self.hw.clone(), id }) })
+        let id = r
+            .get(..4)
+            .map(|b| ulnic_abi::read_le32(b, 0))
+            .ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_PD))?;
+        Ok(ProtectionDomain {
+            inner: Arc::new(PdInner {
+                hw: self.hw.clone(),
+                id,
+            }),
+        })
     }
 }
 
@@ -206,7 +216,12 @@ pub struct EndpointConfig {
 
 impl Default for EndpointConfig {
     fn default() -> Self {
-        EndpointConfig { send_entries: 256, recv_entries: 512, free_entries: 256, segment_bytes: 4 << 20 }
+        EndpointConfig {
+            send_entries: 256,
+            recv_entries: 512,
+            free_entries: 256,
+            segment_bytes: 4 << 20,
+        }
     }
 }
 
@@ -406,7 +421,9 @@ impl ProtectionDomain {
         let segment = mem.alloc(cfg.segment_bytes.max(4096))?;
         let pages = segment.len / 4096;
         let table = mem.alloc(pages * 8)?;
-        let entries: Vec<u8> = (0..pages as u64).flat_map(|p| (segment.gpa + p * 4096).to_le_bytes()).collect();
+        let entries: Vec<u8> = (0..pages as u64)
+            .flat_map(|p| (segment.gpa + p * 4096).to_le_bytes())
+            .collect();
         mem.write(table.gpa, &entries);
         let req = CreateEndpoint {
             pd: self.inner.id,
@@ -428,7 +445,10 @@ impl ProtectionDomain {
                 return Err(e.into());
             }
         };
-        let id = r.get(..4).map(|b| ulnic_abi::read_le32(b, 0)).ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_ENDPOINT))?;
+        let id = r
+            .get(..4)
+            .map(|b| ulnic_abi::read_le32(b, 0))
+            .ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_ENDPOINT))?;
         Ok(Endpoint {
             hw: hw.clone(),
             _pd: self.inner.clone(),
@@ -450,7 +470,11 @@ impl ProtectionDomain {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        if self.hw.command(cmd::DESTROY_ENDPOINT, &self.id.to_le_bytes()).is_ok() {
+        if self
+            .hw
+            .command(cmd::DESTROY_ENDPOINT, &self.id.to_le_bytes())
+            .is_ok()
+        {
             // Only reuse the memory once the device has let go of it.
             let mem = self.hw.memory();
             mem.free(self.ctrl);
@@ -487,7 +511,10 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn address(&self) -> Option<Address> {
-        self.port.map(|port| Address { node: self.hw.info().node, port })
+        self.port.map(|port| Address {
+            node: self.hw.info().node,
+            port,
+        })
     }
 
     /// Binds the endpoint to `port` on its node; messages to (node, port) reach it.
@@ -536,7 +563,12 @@ impl Endpoint {
     }
 
     fn seg_check(&self, offset: usize, len: usize) {
-        assert!(offset.checked_add(len).is_some_and(|e| e <= self.segment.len), "segment range {offset}+{len} out of bounds");
+        assert!(
+            offset
+                .checked_add(len)
+                .is_some_and(|e| e <= self.segment.len),
+            "segment range {offset}+{len} out of bounds"
+        );
     }
 
     /// Copies `data` into the segment at `offset` (where a send will take it
@@ -550,7 +582,9 @@ impl Endpoint {
     /// ```
     pub fn write_segment(&self, offset: usize, data: &[u8]) {
         self.seg_check(offset, data.len());
-        self.hw.memory().write(self.segment.gpa + offset as u64, data);
+        self.hw
+            .memory()
+            .write(self.segment.gpa + offset as u64, data);
     }
 
     /// Copies segment bytes at `offset` into `out` (e.g. a received buffer).
@@ -577,7 +611,10 @@ impl Endpoint {
     /// ```
     pub fn send_space(&self) -> u32 {
         let done = u32::from_le(self.word(ctrl::SEND_CONSUMER).load(Ordering::Acquire));
-        let in_flight = self.send_producer.wrapping_sub(done).min(self.layout.send_entries);
+        let in_flight = self
+            .send_producer
+            .wrapping_sub(done)
+            .min(self.layout.send_entries);
         self.layout.send_entries - in_flight
     }
 
@@ -601,10 +638,18 @@ impl Endpoint {
         let mut b = [0u8; SEND_DESC_SIZE as usize];
         desc.encode_header(&mut b);
         b[INLINE_OFFSET..INLINE_OFFSET + inline.len()].copy_from_slice(inline);
-        let used = if inline.is_empty() { INLINE_OFFSET + 8 } else { INLINE_OFFSET + inline.len() };
-        self.hw.memory().write(self.ctrl.gpa + self.layout.send_offset() + slot * SEND_DESC_SIZE, &b[..used]);
+        let used = if inline.is_empty() {
+            INLINE_OFFSET + 8
+        } else {
+            INLINE_OFFSET + inline.len()
+        };
+        self.hw.memory().write(
+            self.ctrl.gpa + self.layout.send_offset() + slot * SEND_DESC_SIZE,
+            &b[..used],
+        );
         self.send_producer = self.send_producer.wrapping_add(1);
-        self.word(ctrl::SEND_PRODUCER).store(self.send_producer.to_le(), Ordering::Release);
+        self.word(ctrl::SEND_PRODUCER)
+            .store(self.send_producer.to_le(), Ordering::Release);
         self.doorbell_if_wanted();
         Ok(())
     }
@@ -626,9 +671,17 @@ impl Endpoint {
     /// ep.post_send_inline(ulnic::Address { node: 1, port: 5 }, 0, b"ping", 1)?;
     /// # Ok::<(), ulnic::Error>(())
     /// ```
-    pub fn post_send_inline(&mut self, dest: Address, tag: u32, data: &[u8], id: u64) -> Result<(), Error> {
+    pub fn post_send_inline(
+        &mut self,
+        dest: Address,
+        tag: u32,
+        data: &[u8],
+        id: u64,
+    ) -> Result<(), Error> {
         if data.len() > INLINE_MAX as usize {
-            return Err(Error::InvalidArgument("inline payload larger than INLINE_MAX"));
+            return Err(Error::InvalidArgument(
+                "inline payload larger than INLINE_MAX",
+            ));
         }
         let d = SendDesc {
             opcode: ulnic_abi::op::SEND,
@@ -655,10 +708,22 @@ impl Endpoint {
     /// ep.post_send(ulnic::Address { node: 1, port: 5 }, 3, 8192, 1000, 2, true)?;
     /// # Ok::<(), ulnic::Error>(())
     /// ```
-    pub fn post_send(&mut self, dest: Address, tag: u32, offset: u64, len: u32, id: u64, completion: bool) -> Result<(), Error> {
+    pub fn post_send(
+        &mut self,
+        dest: Address,
+        tag: u32,
+        offset: u64,
+        len: u32,
+        id: u64,
+        completion: bool,
+    ) -> Result<(), Error> {
         let d = SendDesc {
             opcode: ulnic_abi::op::SEND,
-            flags: if completion { send_flags::COMPLETION } else { 0 },
+            flags: if completion {
+                send_flags::COMPLETION
+            } else {
+                0
+            },
             len,
             dest_node: dest.node,
             dest_port: dest.port,
@@ -686,10 +751,19 @@ impl Endpoint {
         }
         let slot = u64::from(self.free_producer & (self.layout.free_entries - 1));
         let mut b = [0u8; FREE_DESC_SIZE as usize];
-        FreeDesc { seg_offset: offset, len, user_id: id }.encode(&mut b);
-        self.hw.memory().write(self.ctrl.gpa + self.layout.free_offset() + slot * FREE_DESC_SIZE, &b);
+        FreeDesc {
+            seg_offset: offset,
+            len,
+            user_id: id,
+        }
+        .encode(&mut b);
+        self.hw.memory().write(
+            self.ctrl.gpa + self.layout.free_offset() + slot * FREE_DESC_SIZE,
+            &b,
+        );
         self.free_producer = self.free_producer.wrapping_add(1);
-        self.word(ctrl::FREE_PRODUCER).store(self.free_producer.to_le(), Ordering::Release);
+        self.word(ctrl::FREE_PRODUCER)
+            .store(self.free_producer.to_le(), Ordering::Release);
         self.doorbell_if_wanted();
         Ok(())
     }
@@ -729,17 +803,35 @@ impl Endpoint {
         let d = RecvDesc::decode(&b);
         let payload = if d.flags & recv_flags::INLINE != 0 {
             let n = (d.len as usize).min(INLINE_MAX as usize);
-            self.hw.memory().read(addr + INLINE_OFFSET as u64, &mut b[INLINE_OFFSET..INLINE_OFFSET + n]);
+            self.hw.memory().read(
+                addr + INLINE_OFFSET as u64,
+                &mut b[INLINE_OFFSET..INLINE_OFFSET + n],
+            );
             let mut data = [0u8; INLINE_MAX as usize];
             data[..n].copy_from_slice(&b[INLINE_OFFSET..INLINE_OFFSET + n]);
             Payload::Inline(data)
         } else {
-            self.hw.memory().read(addr + INLINE_OFFSET as u64, &mut b[INLINE_OFFSET..INLINE_OFFSET + 8]);
-            Payload::Buffer { offset: RecvDesc::decode(&b).buf_offset, id: d.buf_id }
+            self.hw.memory().read(
+                addr + INLINE_OFFSET as u64,
+                &mut b[INLINE_OFFSET..INLINE_OFFSET + 8],
+            );
+            Payload::Buffer {
+                offset: RecvDesc::decode(&b).buf_offset,
+                id: d.buf_id,
+            }
         };
         self.recv_consumer = self.recv_consumer.wrapping_add(1);
-        self.word(ctrl::RECV_CONSUMER).store(self.recv_consumer.to_le(), Ordering::Release);
-        Some(Received { src: Address { node: d.src_node, port: d.src_port }, tag: d.tag, len: d.len, payload })
+        self.word(ctrl::RECV_CONSUMER)
+            .store(self.recv_consumer.to_le(), Ordering::Release);
+        Some(Received {
+            src: Address {
+                node: d.src_node,
+                port: d.src_port,
+            },
+            tag: d.tag,
+            len: d.len,
+            payload,
+        })
     }
 
     /// Takes the next event, if any (never blocks).
@@ -759,22 +851,32 @@ impl Endpoint {
         }
         let slot = u64::from(self.event_consumer & (self.layout.event_entries - 1));
         let mut b = [0u8; EVENT_SIZE as usize];
-        self.hw.memory().read(self.ctrl.gpa + self.layout.event_offset() + slot * EVENT_SIZE, &mut b);
+        self.hw.memory().read(
+            self.ctrl.gpa + self.layout.event_offset() + slot * EVENT_SIZE,
+            &mut b,
+        );
         let e = RawEvent::decode(&b);
         self.event_consumer = self.event_consumer.wrapping_add(1);
-        self.word(ctrl::EVENT_CONSUMER).store(self.event_consumer.to_le(), Ordering::Release);
+        self.word(ctrl::EVENT_CONSUMER)
+            .store(self.event_consumer.to_le(), Ordering::Release);
         Some(match e.kind {
             event::TX_DONE => Event::SendDone { id: e.user_id },
             event::TX_ERROR => Event::SendFailed {
                 id: e.user_id,
-                dest: Address { node: e.node, port: e.port },
+                dest: Address {
+                    node: e.node,
+                    port: e.port,
+                },
                 len: e.len,
                 reason: SendError::from_code(e.code),
             },
             event::CONDITION => {
                 if u32::from(e.code) < CONDITION_RESERVE {
                     // Re-enable this condition (CLAN duplicate suppression).
-                    self.hw.memory().write(self.ctrl.gpa + ctrl::CONDITION_PENDING + u64::from(e.code), &[0]);
+                    self.hw.memory().write(
+                        self.ctrl.gpa + ctrl::CONDITION_PENDING + u64::from(e.code),
+                        &[0],
+                    );
                 }
                 Event::Condition(e.code)
             }
@@ -811,7 +913,8 @@ impl Endpoint {
         let deadline = Instant::now() + timeout;
         loop {
             self.arm_seq = self.arm_seq.wrapping_add(1);
-            self.word(ctrl::ARM_REQUEST).store(self.arm_seq.to_le(), Ordering::Release);
+            self.word(ctrl::ARM_REQUEST)
+                .store(self.arm_seq.to_le(), Ordering::Release);
             fence(Ordering::SeqCst);
             if self.has_work() {
                 return Ok(true);
@@ -841,7 +944,10 @@ impl Endpoint {
         Ok(ulnic_abi::STAT_NAMES
             .iter()
             .enumerate()
-            .filter_map(|(i, n)| r.get(i * 8..i * 8 + 8).map(|b| (*n, ulnic_abi::read_le64(b, 0))))
+            .filter_map(|(i, n)| {
+                r.get(i * 8..i * 8 + 8)
+                    .map(|b| (*n, ulnic_abi::read_le64(b, 0)))
+            })
             .collect())
     }
 }

@@ -143,7 +143,12 @@ impl RingLayout {
     }
     /// Checks the rules of spec §5.2; returns the failing rule.
     pub fn validate(&self) -> Result<(), &'static str> {
-        for n in [self.send_entries, self.recv_entries, self.free_entries, self.event_entries] {
+        for n in [
+            self.send_entries,
+            self.recv_entries,
+            self.free_entries,
+            self.event_entries,
+        ] {
             if !n.is_power_of_two() || !(MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&n) {
                 return Err("ring entries must be a power of two in [2, 65536]");
             }
@@ -442,7 +447,11 @@ pub struct FreeDesc {
 impl FreeDesc {
     /// Decodes a descriptor.
     pub fn decode(b: &[u8]) -> Self {
-        FreeDesc { seg_offset: u64_at(b, 0), len: u32_at(b, 8), user_id: u64_at(b, 16) }
+        FreeDesc {
+            seg_offset: u64_at(b, 0),
+            len: u32_at(b, 8),
+            user_id: u64_at(b, 16),
+        }
     }
     /// Encodes into a 32-byte slot.
     pub fn encode(&self, b: &mut [u8]) {
@@ -588,7 +597,12 @@ impl FilterEntry {
     /// Encoded size.
     pub const SIZE: usize = 16;
     /// Accepts everything.
-    pub const ACCEPT_ALL: FilterEntry = FilterEntry { node: ANY, port: ANY, tag: 0, tag_mask: 0 };
+    pub const ACCEPT_ALL: FilterEntry = FilterEntry {
+        node: ANY,
+        port: ANY,
+        tag: 0,
+        tag_mask: 0,
+    };
     /// Whether a message from (node, port) with `tag` matches.
     pub fn matches(&self, node: u32, port: u32, tag: u32) -> bool {
         (self.node == ANY || self.node == node)
@@ -597,7 +611,12 @@ impl FilterEntry {
     }
     /// Decodes 16 bytes.
     pub fn decode(b: &[u8]) -> Self {
-        FilterEntry { node: u32_at(b, 0), port: u32_at(b, 4), tag: u32_at(b, 8), tag_mask: u32_at(b, 12) }
+        FilterEntry {
+            node: u32_at(b, 0),
+            port: u32_at(b, 4),
+            tag: u32_at(b, 8),
+            tag_mask: u32_at(b, 12),
+        }
     }
     /// Appends the encoding to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
@@ -694,16 +713,36 @@ mod tests {
 
     #[test]
     fn layout_offsets_are_contiguous() {
-        let l = RingLayout { send_entries: 64, recv_entries: 128, free_entries: 128, event_entries: 128 };
+        let l = RingLayout {
+            send_entries: 64,
+            recv_entries: 128,
+            free_entries: 128,
+            event_entries: 128,
+        };
         assert_eq!(l.send_offset(), 4096);
         assert_eq!(l.recv_offset(), 4096 + 64 * 128);
         assert_eq!(l.free_offset(), l.recv_offset() + 128 * 128);
         assert_eq!(l.event_offset(), l.free_offset() + 128 * 32);
         assert_eq!(l.region_size(), l.event_offset() + 128 * 32);
         assert!(l.validate().is_ok());
-        assert!(RingLayout { event_entries: 64, ..l }.validate().is_err());
-        assert!(RingLayout { send_entries: 3, ..l }.validate().is_err());
-        assert!(RingLayout { recv_entries: 1 << 17, ..l }.validate().is_err());
+        assert!(RingLayout {
+            event_entries: 64,
+            ..l
+        }
+        .validate()
+        .is_err());
+        assert!(RingLayout {
+            send_entries: 3,
+            ..l
+        }
+        .validate()
+        .is_err());
+        assert!(RingLayout {
+            recv_entries: 1 << 17,
+            ..l
+        }
+        .validate()
+        .is_err());
     }
 
     #[test]
@@ -743,15 +782,34 @@ mod tests {
         let mut b = [0u8; 128];
         s.encode_header(&mut b);
         assert_eq!(SendDesc::decode(&b), s);
-        let r = RecvDesc { flags: 0, len: 5, src_node: 1, src_port: 2, tag: 3, buf_id: 4, buf_offset: 4096 };
+        let r = RecvDesc {
+            flags: 0,
+            len: 5,
+            src_node: 1,
+            src_port: 2,
+            tag: 3,
+            buf_id: 4,
+            buf_offset: 4096,
+        };
         let mut b = [0u8; 128];
         r.encode_header(&mut b);
         assert_eq!(RecvDesc::decode(&b), r);
-        let f = FreeDesc { seg_offset: 8192, len: 2048, user_id: 42 };
+        let f = FreeDesc {
+            seg_offset: 8192,
+            len: 2048,
+            user_id: 42,
+        };
         let mut b = [0u8; 32];
         f.encode(&mut b);
         assert_eq!(FreeDesc::decode(&b), f);
-        let e = Event { kind: event::TX_ERROR, code: tx_error::NO_BUFFER, user_id: 7, node: 1, port: 2, len: 3 };
+        let e = Event {
+            kind: event::TX_ERROR,
+            code: tx_error::NO_BUFFER,
+            user_id: 7,
+            node: 1,
+            port: 2,
+            len: 3,
+        };
         let mut b = [0u8; 32];
         e.encode(&mut b);
         assert_eq!(Event::decode(&b), e);
@@ -767,13 +825,27 @@ mod tests {
             seg_pages: 5,
         };
         assert_eq!(CreateEndpoint::decode(&c.encode()), c);
-        let i = DeviceInfo { version_major: 0, version_minor: 1, node: 2, max_endpoints: 16, inline_max: 96, max_message: 1 << 20, nodes: 3, features: 1 };
+        let i = DeviceInfo {
+            version_major: 0,
+            version_minor: 1,
+            node: 2,
+            max_endpoints: 16,
+            inline_max: 96,
+            max_message: 1 << 20,
+            nodes: 3,
+            features: 1,
+        };
         assert_eq!(DeviceInfo::decode(&i.encode()), i);
     }
 
     #[test]
     fn filter_matching() {
-        let f = FilterEntry { node: 1, port: ANY, tag: 0x10, tag_mask: 0xf0 };
+        let f = FilterEntry {
+            node: 1,
+            port: ANY,
+            tag: 0x10,
+            tag_mask: 0xf0,
+        };
         assert!(f.matches(1, 5, 0x1f));
         assert!(!f.matches(2, 5, 0x1f));
         assert!(!f.matches(1, 5, 0x2f));
