@@ -697,13 +697,40 @@ pub fn run_one(spec: &Spec, ulnic_dir: &Path, scratch: &Path) -> io::Result<Reco
             break;
         }
     }
-    let cli = spawn_peer(spec, "client", &at)?.wait_with_output()?;
-    let srv_status = srv.wait()?;
-    let text = String::from_utf8_lossy(&cli.stdout);
+    let mut cli = spawn_peer(spec, "client", &at)?;
+    let mut cli_out = cli
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("no stdout"))?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = cli_out.read_to_string(&mut s);
+        s
+    });
+    // A peer that dies leaves the other waiting forever: give the survivor
+    // a grace period, then stop it.
+    let mut dead_since: Option<Instant> = None;
+    let (cli_status, srv_status) = loop {
+        match (cli.try_wait()?, srv.try_wait()?) {
+            (Some(c), Some(s)) => break (c, s),
+            (c, s) => {
+                let failed = c.is_some_and(|c| !c.success()) || s.is_some_and(|s| !s.success());
+                if c.is_some() || s.is_some() {
+                    let since = *dead_since.get_or_insert_with(Instant::now);
+                    if failed || since.elapsed() > Duration::from_secs(10) {
+                        let _ = cli.kill();
+                        let _ = srv.kill();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    let text = reader.join().unwrap_or_default();
     let rec = text
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
-        .ok_or_else(|| io::Error::other(format!("benchmark client failed ({})", cli.status)))?;
+        .ok_or_else(|| io::Error::other(format!("benchmark client failed ({cli_status})")))?;
     if !srv_status.success() {
         return Err(io::Error::other(format!(
             "benchmark server failed ({srv_status})"

@@ -255,3 +255,78 @@ fn get_stats(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Respo
             .collect(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::tests::mem;
+    use ulnic_abi::{cmd, status, CreateEndpoint};
+
+    fn req(opcode: u32, payload: &[u8]) -> Vec<u8> {
+        let mut r = opcode.to_le_bytes().to_vec();
+        r.extend_from_slice(&[0; 4]);
+        r.extend_from_slice(payload);
+        r
+    }
+
+    #[test]
+    fn commands_on_mock_memory() {
+        let m = mem(1 << 20);
+        let mut f = Fabric::new(2, 4);
+        assert_eq!(execute(&mut f, 1, &m, &[1, 2]).status, status::BAD_LENGTH);
+        let info = execute(&mut f, 1, &m, &req(cmd::GET_INFO, &[]));
+        let info = DeviceInfo::decode(&info.payload);
+        assert_eq!((info.node, info.nodes, info.max_endpoints), (1, 2, 4));
+        let pd = read_le32(
+            &execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[])).payload,
+            0,
+        );
+        guest::write(&m, 0x80000, &0x90000u64.to_le_bytes()).unwrap();
+        let c = CreateEndpoint {
+            pd,
+            send_entries: 4,
+            recv_entries: 4,
+            free_entries: 4,
+            event_entries: 64,
+            ctrl_gpa: 0x10000,
+            ctrl_len: 0x10000,
+            seg_table_gpa: 0x80000,
+            seg_pages: 1,
+        };
+        for _ in 0..4 {
+            assert_eq!(
+                execute(&mut f, 1, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
+                status::OK
+            );
+        }
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
+            status::NO_RESOURCES
+        );
+        let mut bind = 2u32.to_le_bytes().to_vec();
+        bind.extend_from_slice(&9u32.to_le_bytes());
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::BIND_PORT, &bind)).status,
+            status::OK
+        );
+        assert_eq!(f.nodes[1].ports.get(&9), Some(&2));
+        // Destroying the PD frees its endpoints and their ports.
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::DESTROY_PD, &pd.to_le_bytes())).status,
+            status::OK
+        );
+        assert!(f.nodes[1].endpoints.iter().all(|e| e.is_none()));
+        assert!(f.nodes[1].ports.is_empty());
+        // Other node untouched throughout.
+        assert!(f.nodes[0].pds.is_empty());
+    }
+
+    #[test]
+    fn response_encoding() {
+        let r = Response {
+            status: status::NOT_FOUND,
+            payload: vec![],
+        };
+        assert_eq!(r.encode(), vec![5, 0, 0, 0, 0, 0, 0, 0]);
+    }
+}

@@ -188,10 +188,15 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 iters: a.iters.unwrap_or(default_iters(a.workload, size)),
                 mode: a.mode,
             };
-            if !a.json {
+            let progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+            if progress {
                 eprint!("running {:?} over {:?}, {} bytes...\r", a.workload, t, size);
             }
-            match bench::run_one(&spec, &dir, &scratch) {
+            let result = bench::run_one(&spec, &dir, &scratch);
+            if progress {
+                eprint!("{:60}\r", "");
+            }
+            match result {
                 Ok(r) if a.json => {
                     println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?)
                 }

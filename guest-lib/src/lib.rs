@@ -468,8 +468,16 @@ impl ProtectionDomain {
     }
 }
 
+/// How long dropping an endpoint waits for the device to take its posted
+/// sends (like `SO_LINGER`): an orderly close does not lose messages.
+pub const LINGER: Duration = Duration::from_secs(1);
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        let deadline = Instant::now() + LINGER;
+        while !self.sends_done() && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         if self
             .hw
             .command(cmd::DESTROY_ENDPOINT, &self.id.to_le_bytes())
