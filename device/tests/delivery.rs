@@ -55,6 +55,7 @@ fn million_messages_ordered_exactly_once() {
         .unwrap_or(1_000_000);
     let (dev, _dir) = common::device(2);
     let (s0, s1) = (common::socket(&dev, 0), common::socket(&dev, 1));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let receiver = std::thread::spawn(move || {
         let nic = Nic::attach(&s1).unwrap();
         let (_pd, mut ep) = endpoint(&nic, 2);
@@ -62,6 +63,7 @@ fn million_messages_ordered_exactly_once() {
             ep.post_free((u64::from(CREDITS) + i) * SLOT, SLOT as u32, i)
                 .unwrap();
         }
+        ready_tx.send(()).unwrap();
         let back = Address { node: 0, port: 1 };
         let mut consumed = 0u32;
         let mut buf = vec![0u8; SLOT as usize];
@@ -119,6 +121,8 @@ fn million_messages_ordered_exactly_once() {
     });
     let nic = Nic::attach(&s0).unwrap();
     let (_pd, mut ep) = endpoint(&nic, 1);
+    // Start only once the receiver is bound: earlier sends would (rightly) fail.
+    ready_rx.recv().unwrap();
     let dest = Address { node: 1, port: 2 };
     let mut credits = CREDITS;
     for seq in 0..total {
