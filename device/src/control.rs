@@ -73,6 +73,7 @@ pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &
         cmd::SET_FILTER => set_filter(fabric, node, p),
         cmd::ARM | cmd::DISARM => arm(fabric, node, p, opcode == cmd::ARM),
         cmd::GET_STATS => get_stats(fabric, node, p),
+        cmd::RESERVED_FIRST..=cmd::RESERVED_LAST => Err(Response::err(status::NOT_SUPPORTED)),
         _ => Err(Response::err(status::UNKNOWN_COMMAND)),
     };
     let r = r.unwrap_or_else(|e| e);
@@ -274,6 +275,14 @@ mod tests {
         let m = mem(1 << 20);
         let mut f = Fabric::new(2, 4);
         assert_eq!(execute(&mut f, 1, &m, &[1, 2]).status, status::BAD_LENGTH);
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(0x31, &[])).status,
+            status::NOT_SUPPORTED
+        );
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(0x60, &[])).status,
+            status::UNKNOWN_COMMAND
+        );
         let info = execute(&mut f, 1, &m, &req(cmd::GET_INFO, &[]));
         let info = DeviceInfo::decode(&info.payload);
         assert_eq!((info.node, info.nodes, info.max_endpoints), (1, 2, 4));

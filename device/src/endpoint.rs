@@ -279,6 +279,11 @@ impl Endpoint {
         }
     }
 
+    /// Changes whenever the device posts to the receive or event ring.
+    pub fn posted_mark(&self) -> (u32, u32) {
+        (self.recv_producer, self.event_producer)
+    }
+
     /// Whether the accept filter takes a message.
     pub fn accepts(&self, node: u32, port: u32, tag: u32) -> bool {
         self.filters.is_empty() || self.filters.iter().any(|f| f.matches(node, port, tag))

@@ -166,6 +166,7 @@ impl Fabric {
                 let Some(mut ep) = self.nodes[n].endpoints[e].take() else {
                     continue;
                 };
+                let before = ep.posted_mark();
                 let pending = ep.send_pending(smem).min(SEND_BATCH);
                 for _ in 0..pending {
                     if !ep.event_room_for_send(smem) {
@@ -173,6 +174,10 @@ impl Fabric {
                     }
                     self.serve_send(&mems, n as u32, e as u32, &mut ep, &mut wake);
                     work += 1;
+                }
+                // Completions, errors and conditions all wake an armed owner.
+                if ep.posted_mark() != before && ep.take_arm(smem) {
+                    wake.push((n as u32, e as u32));
                 }
                 self.nodes[n].endpoints[e] = Some(ep);
             }
@@ -259,9 +264,7 @@ impl Fabric {
                 }
             }
         };
-        if ep.post_event(smem, &ev) && ep.take_arm(smem) {
-            wake.push((n, e));
-        }
+        ep.post_event(smem, &ev);
     }
 
     /// Validates a send and delivers it; on any failure nothing has been
@@ -317,7 +320,7 @@ impl Fabric {
                 len: d.len,
                 payload: Payload::Bytes(bytes),
             };
-            deliver(dmem, ep, &msg).map(|()| ep.take_arm(dmem))
+            deliver_and_arm(dmem, ep, &msg)
         } else {
             let payload = if inline {
                 Payload::Bytes(&raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize])
@@ -338,16 +341,12 @@ impl Fabric {
             let rx = self.nodes[dn as usize]
                 .endpoint_mut(de)
                 .ok_or(tx_error::NO_ENDPOINT)?;
-            deliver(dmem, rx, &msg).map(|()| rx.take_arm(dmem))
+            deliver_and_arm(dmem, rx, &msg)
         };
-        match r {
-            Ok(true) => {
-                wake.push((dn, de));
-                Ok(())
-            }
-            Ok(false) => Ok(()),
-            Err(code) => Err(code),
+        if r.1 {
+            wake.push((dn, de));
         }
+        r.0
     }
 
     /// Raises a notification for endpoint `e` of node `n`.
@@ -374,6 +373,20 @@ impl Fabric {
             node.notify_backlog.pop_front();
         }
     }
+}
+
+/// Delivers, and reports whether the receiver must be woken: anything it
+/// was given (a message, or a condition such as RECV_DROPPED on failure)
+/// wakes it if it armed.
+fn deliver_and_arm(
+    mem: &GuestMemoryMmap<()>,
+    rx: &mut Endpoint,
+    m: &Message<'_>,
+) -> (Result<(), u16>, bool) {
+    let before = rx.posted_mark();
+    let r = deliver(mem, rx, m);
+    let wake = rx.posted_mark() != before && rx.take_arm(mem);
+    (r, wake)
 }
 
 /// Puts one notification record (endpoint id, reason) into the port's
@@ -510,5 +523,129 @@ fn take_free_buffer(
         rx.stats.bad_descriptors += 1;
         rx.post_condition(mem, condition::BAD_FREE_DESCRIPTOR);
         rx.consume_free(mem);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::tests::mem;
+    use proptest::prelude::*;
+    use ulnic_abi::{ctrl, RingLayout, FREE_DESC_SIZE};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
+
+    const MEM: usize = 1 << 20;
+    // Per node: control region at CTRL, segment pages at SEG (two pages).
+    const CTRL: [u64; 2] = [0x10000, 0x40000];
+    const SEG: [u64; 2] = [0x80000, 0xa0000];
+    const SENTINEL: u8 = 0xa5;
+
+    fn layout() -> RingLayout {
+        RingLayout {
+            send_entries: 4,
+            recv_entries: 4,
+            free_entries: 4,
+            event_entries: 64,
+        }
+    }
+
+    /// Two nodes sharing one mock memory, one bound endpoint each.
+    fn setup() -> (Fabric, GuestMemoryMmap<()>) {
+        let m = mem(MEM);
+        m.write_slice(&vec![SENTINEL; MEM], GuestAddress(0))
+            .unwrap();
+        let atomic = GuestMemoryAtomic::new(m.clone());
+        let mut f = Fabric::new(2, 2);
+        for n in 0..2 {
+            // Payload bytes differ from the sentinel, so a stray copy shows.
+            let pattern: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+            m.write_slice(&pattern, GuestAddress(SEG[n])).unwrap();
+            let seg = Segment::from_pages(&m, [SEG[n], SEG[n] + 4096]).unwrap();
+            let mut ep = Endpoint::new(1, CTRL[n], layout(), seg);
+            ep.init_shared(&m).unwrap();
+            ep.port = Some(7);
+            f.nodes[n].mem = Some(atomic.clone());
+            f.nodes[n].ports.insert(7, 0);
+            f.nodes[n].endpoints[0] = Some(ep);
+        }
+        (f, m)
+    }
+
+    fn granted(addr: u64) -> bool {
+        (0..2).any(|n| {
+            (CTRL[n]..CTRL[n] + layout().region_size()).contains(&addr)
+                || (SEG[n]..SEG[n] + 8192).contains(&addr)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Whatever a hostile driver writes into its rings and indices, the
+        /// device neither panics nor writes outside the granted memory.
+        #[test]
+        fn hostile_rings_stay_contained(
+            writes in proptest::collection::vec(
+                (0usize..2, 0u64..0x8000, proptest::collection::vec(any::<u8>(), 1..64)), 0..40),
+            indices in proptest::collection::vec((0usize..2, 0usize..4, any::<u32>()), 0..3),
+            offered in proptest::collection::vec((0u32..=4, 0u32..=4), 2),
+            descs in proptest::collection::vec((0usize..2, 0u64..4, any::<[u8; 40]>(), any::<bool>()), 0..12),
+        ) {
+            let (mut f, m) = setup();
+            for (n, off, bytes) in writes {
+                let off = off % layout().region_size();
+                let len = bytes.len().min((layout().region_size() - off) as usize);
+                m.write_slice(&bytes[..len], GuestAddress(CTRL[n] + off)).unwrap();
+            }
+            for (n, slot, mut d, plausible) in descs {
+                if plausible {
+                    // A mostly well-formed send (to either node, port 7) and a
+                    // free buffer somewhere near the segment, so delivery runs.
+                    d[0..2].copy_from_slice(&ulnic_abi::op::SEND.to_le_bytes());
+                    d[2] &= 3;
+                    d[3] = 0;
+                    d[5] &= 0x0f; // len < 4 KiB
+                    d[6..8].fill(0);
+                    if d[2] & 1 != 0 {
+                        d[4] %= 97; // inline: len <= INLINE_MAX
+                        d[5] = 0;
+                    }
+                    let node = u32::from(d[8] & 1);
+                    d[8..12].copy_from_slice(&node.to_le_bytes());
+                    d[12..16].copy_from_slice(&7u32.to_le_bytes());
+                    d[33..40].fill(0);
+                    d[32] &= 0x3f;
+                }
+                let base = CTRL[n] + layout().send_offset() + slot * 128;
+                m.write_slice(&d, GuestAddress(base)).unwrap();
+                let free = CTRL[n] + layout().free_offset() + slot * FREE_DESC_SIZE;
+                let mut fd = [0u8; 32];
+                fd.copy_from_slice(&d[..32]);
+                if plausible {
+                    // offset < 4 KiB, length in [4, 8) KiB: mostly valid in
+                    // the 8 KiB segment, sometimes running past its end
+                    fd[1] &= 0x0f;
+                    fd[2..8].fill(0);
+                    fd[9] = 0x10 | (fd[9] & 0x0f);
+                    fd[10..12].fill(0);
+                }
+                m.write_slice(&fd, GuestAddress(free)).unwrap();
+            }
+            for (n, (sends, frees)) in offered.into_iter().enumerate() {
+                guest::store_u32(&m, CTRL[n] + ctrl::SEND_PRODUCER, sends).unwrap();
+                guest::store_u32(&m, CTRL[n] + ctrl::FREE_PRODUCER, frees).unwrap();
+            }
+            let words = [ctrl::SEND_PRODUCER, ctrl::FREE_PRODUCER, ctrl::RECV_CONSUMER, ctrl::EVENT_CONSUMER];
+            for (n, w, v) in indices {
+                guest::store_u32(&m, CTRL[n] + words[w], v).unwrap();
+            }
+            for _ in 0..8 {
+                f.poll();
+            }
+            let mut all = vec![0u8; MEM];
+            m.read_slice(&mut all, GuestAddress(0)).unwrap();
+            for (addr, b) in all.iter().enumerate() {
+                prop_assert!(*b == SENTINEL || granted(addr as u64), "device wrote outside the grant at {addr:#x}");
+            }
+        }
     }
 }

@@ -34,3 +34,40 @@ fn one_message_each_way() {
     assert!(ea.wait(Duration::from_secs(5)).unwrap());
     assert_eq!(ea.poll_event(), Some(ulnic::Event::SendDone { id: 2 }));
 }
+
+#[test]
+fn blocked_receiver_is_woken_by_a_dropped_message() {
+    let (dev, _dir) = common::device(2);
+    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
+    let pa = a.alloc_pd().unwrap();
+    let pb = b.alloc_pd().unwrap();
+    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
+    let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
+    ea.bind(1).unwrap();
+    eb.bind(2).unwrap();
+    let waiter = std::thread::spawn(move || {
+        // No free buffer posted: a large message cannot land.
+        let woke = eb.wait(Duration::from_secs(10)).unwrap();
+        (woke, eb.poll_recv(), eb.poll_event())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    ea.post_send(Address { node: 1, port: 2 }, 0, 0, 500, 9, false)
+        .unwrap();
+    let (woke, msg, ev) = waiter.join().unwrap();
+    assert!(woke);
+    assert_eq!(msg, None);
+    assert_eq!(
+        ev,
+        Some(ulnic::Event::Condition(ulnic_abi::condition::RECV_DROPPED))
+    );
+    assert!(ea.wait(Duration::from_secs(5)).unwrap());
+    assert!(matches!(
+        ea.poll_event(),
+        Some(ulnic::Event::SendFailed {
+            id: 9,
+            reason: ulnic::SendError::NoBuffer,
+            ..
+        })
+    ));
+}

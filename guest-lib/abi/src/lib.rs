@@ -182,6 +182,12 @@ pub mod cmd {
     pub const DISARM: u32 = 0x15;
     /// Read an endpoint's counters.
     pub const GET_STATS: u32 = 0x16;
+    /// First opcode reserved for features not implemented yet (UTLB 0x20,
+    /// apertures 0x30, tripwires 0x40, out-of-band messages 0x50); they
+    /// answer `NOT_SUPPORTED`.
+    pub const RESERVED_FIRST: u32 = 0x20;
+    /// Last reserved opcode.
+    pub const RESERVED_LAST: u32 = 0x5f;
 }
 
 /// Status codes of control responses (spec §4.1).
