@@ -8,6 +8,13 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+step "host tools"
+# apt-get and dpkg-deb fetch and unpack the guest image and QEMU bundle
+# (tests/vm_boot.rs); both are part of every Debian system.
+for t in apt-get dpkg-deb; do
+  command -v "$t" >/dev/null || { echo "$t missing: this needs a Debian host" >&2; exit 1; }
+done
+
 step "toolchain"
 if ! command -v cargo >/dev/null; then
   echo "cargo not found: install Rust (rustup) first" >&2

@@ -26,7 +26,7 @@ enum Cmd {
     ///   ulnic device --socket-dir /tmp/ulnic --nodes 2
     ///   ULNIC_SOCKET=/tmp/ulnic/node0.sock my-app     # host attach
     ///   qemu-system-x86_64 ... -chardev socket,id=u0,path=/tmp/ulnic/node0.sock
-    ///       -device vhost-user-test-device-pci,chardev=u0,virtio-id=62,num_vqs=18,config_size=64
+    ///       -device vhost-user-test-device-pci,chardev=u0,virtio-id=21,num_vqs=18,config_size=64,page-per-vq=on
     #[command(verbatim_doc_comment)]
     Device(DeviceArgs),
     /// Measure ping-pong latency or stream bandwidth between two processes,
@@ -38,9 +38,32 @@ enum Cmd {
     ///   ulnic bench pingpong --mode block --transport ulnic,unix
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
+    /// Guest images and the QEMU that runs them.
+    #[command(subcommand)]
+    Image(ImageCmd),
     /// One side of a benchmark (started by `ulnic bench`).
     #[command(hide = true)]
     BenchPeer(PeerArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageCmd {
+    /// Fetch and build the default guest (Debian cloud kernel, busybox
+    /// initramfs) and QEMU into the cache; rebuilds only when an input
+    /// changed.
+    ///
+    /// Examples:
+    ///   ulnic image build
+    ///   ulnic image build --json
+    #[command(verbatim_doc_comment)]
+    Build {
+        /// Rebuild even when the cache is current.
+        #[arg(long)]
+        force: bool,
+        /// Print the result as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -109,6 +132,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Cmd::Device(a) => run_device(a),
         Cmd::Bench(a) => run_bench(a),
+        Cmd::Image(ImageCmd::Build { force, json }) => run_image_build(force, json),
         Cmd::BenchPeer(a) => bench::peer(&a).map_err(|e| e.to_string()),
     };
     match r {
@@ -146,6 +170,31 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+fn run_image_build(force: bool, json: bool) -> Result<(), String> {
+    eprintln!(
+        "ulnic: building the guest image in {}",
+        ulnic_images::cache_dir().display()
+    );
+    let r =
+        ulnic_images::build(force, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "image ready in {:.1} s ({}; {} packages, {:.1} MB fetched)\n  kernel    {} ({})\n  initramfs {}\n  qemu      {}",
+            r.seconds,
+            if r.rebuilt { "built" } else { "cached" },
+            r.packages.len(),
+            r.downloaded_bytes as f64 / 1e6,
+            r.image.kernel.display(),
+            r.image.kernel_release,
+            r.image.initramfs.display(),
+            r.image.qemu.version()
+        );
+    }
+    Ok(())
 }
 
 fn default_iters(w: Workload, size: u32) -> u64 {

@@ -13,9 +13,12 @@ pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
 pub const SPEC_VERSION_MINOR: u16 = 1;
 
-/// The virtio device id the device registers as (nonstandard ids count down
-/// from 63; 62 is free).
-pub const VIRTIO_ID_ULNIC: u32 = 62;
+/// The virtio device id QEMU presents the device under. QEMU's generic
+/// vhost-user device only accepts ids in its own name table (QEMU 11.1
+/// aborts on 46 and above, and on the unnamed 42 and 44), and the id must be
+/// one no stock Linux driver claims: 21, the virtio spec's "signal
+/// distribution module", has a QEMU name and no driver anywhere.
+pub const VIRTIO_ID_ULNIC: u32 = 21;
 /// Magic at config offset 0: "ULNC" in little endian.
 pub const CONFIG_MAGIC: u32 = 0x434e_4c55;
 /// Size of the device config space in bytes.

@@ -1,0 +1,19 @@
+#!/bin/busybox sh
+# ulnic guest init (busybox). Mounts the basics, reports the virtio devices,
+# then either powers off (ulnic.poweroff on the kernel command line) or
+# gives a shell on the console.
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin
+mkdir -p /proc /sys /dev /tmp /run
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for d in /sys/bus/virtio/devices/*; do
+  [ -e "$d/device" ] || continue
+  echo "ulnic-guest: virtio $(basename "$d") device=$(cat "$d/device") driver=$(basename "$(readlink "$d/driver" 2>/dev/null)" 2>/dev/null)"
+done
+echo "ulnic-guest: ready kernel=$(uname -r)"
+if grep -q ulnic.poweroff /proc/cmdline; then
+  poweroff -f
+fi
+exec setsid cttyhack sh

@@ -1,0 +1,396 @@
+//! Guest images and the QEMU that runs them, built from Debian packages into
+//! a cache (`$XDG_CACHE_HOME/ulnic`, else `~/.cache/ulnic`).
+//!
+//! - **QEMU.** A system `qemu-system-x86_64` of version 10.2 or later when
+//!   there is one (it has `vhost-user-test-device-pci`); otherwise Debian
+//!   trixie-backports' QEMU, resolved against an empty system by a private
+//!   apt, unpacked into the cache and run through its own dynamic loader.
+//! - **Guest.** Debian bookworm-backports' cloud kernel (the version is
+//!   resolved from the `linux-image-cloud-amd64` metapackage at build time)
+//!   with its headers for building the module, and an initramfs holding
+//!   busybox-static and ulnic's init.
+//!
+//! A build is redone only when an input changes: the resolved package
+//! versions or this builder's own files.
+
+mod apt;
+pub mod newc;
+pub mod vm;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+/// Errors of image building.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// An external tool failed.
+    #[error("{tool} failed: {detail}")]
+    Tool {
+        /// The command.
+        tool: String,
+        /// Its last error lines.
+        detail: String,
+    },
+    /// A package could not be resolved.
+    #[error("cannot resolve packages: {0}")]
+    Resolve(String),
+}
+
+impl Error {
+    fn io(path: impl AsRef<Path>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Bumped when the build recipe changes in a way the inputs do not show.
+const RECIPE: u32 = 1;
+const INIT: &str = include_str!("init.sh");
+const BOOKWORM: [&str; 2] = [
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-backports main",
+];
+const TRIXIE: [&str; 2] = [
+    "deb http://deb.debian.org/debian trixie main",
+    "deb http://deb.debian.org/debian trixie-backports main",
+];
+
+/// The cache folder.
+pub fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join("ulnic")
+}
+
+/// How QEMU is run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Qemu {
+    /// A system QEMU new enough.
+    System {
+        /// The binary.
+        path: PathBuf,
+        /// Its version.
+        version: String,
+    },
+    /// Debian's QEMU unpacked into the cache.
+    Bundle {
+        /// The unpacked root.
+        root: PathBuf,
+        /// Its package version.
+        version: String,
+    },
+}
+
+impl Qemu {
+    /// A command that runs `qemu-system-x86_64`, ready for arguments.
+    pub fn command(&self) -> Command {
+        match self {
+            Qemu::System { path, .. } => Command::new(path),
+            Qemu::Bundle { root, .. } => {
+                let lib = format!(
+                    "{r}/usr/lib/x86_64-linux-gnu:{r}/lib/x86_64-linux-gnu",
+                    r = root.display()
+                );
+                let mut c = Command::new(root.join("usr/lib64/ld-linux-x86-64.so.2"));
+                c.arg("--library-path")
+                    .arg(lib)
+                    .arg(root.join("usr/bin/qemu-system-x86_64"));
+                c.arg("-L").arg(root.join("usr/share/qemu"));
+                c.arg("-L").arg(root.join("usr/share/seabios"));
+                // Its own modules only: another build's modules make it abort.
+                c.env(
+                    "QEMU_MODULE_DIR",
+                    root.join("usr/lib/x86_64-linux-gnu/qemu"),
+                );
+                c
+            }
+        }
+    }
+
+    /// The version in use.
+    pub fn version(&self) -> &str {
+        match self {
+            Qemu::System { version, .. } | Qemu::Bundle { version, .. } => version,
+        }
+    }
+}
+
+/// A built guest image.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Image {
+    /// The kernel.
+    pub kernel: PathBuf,
+    /// The initramfs.
+    pub initramfs: PathBuf,
+    /// Kernel release (`uname -r`).
+    pub kernel_release: String,
+    /// Kernel package version.
+    pub kernel_version: String,
+    /// Headers tree to build modules against (`.../build`).
+    pub headers: PathBuf,
+    /// QEMU to run it with.
+    pub qemu: Qemu,
+}
+
+/// What a build did, for people and `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildReport {
+    /// The image.
+    pub image: Image,
+    /// False when everything was already in the cache and current.
+    pub rebuilt: bool,
+    /// Bytes of packages downloaded this time.
+    pub downloaded_bytes: u64,
+    /// Packages fetched this time.
+    pub packages: Vec<String>,
+    /// Wall time of the build.
+    pub seconds: f64,
+}
+
+#[derive(Serialize, Deserialize, PartialEq, Eq)]
+struct Stamp {
+    recipe: u32,
+    init: String,
+    kernel_pkg: String,
+    kernel_version: String,
+    busybox_version: String,
+    qemu: Qemu,
+}
+
+fn fnv(s: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Parses `QEMU emulator version 11.1.3 (...)` into (major, minor).
+fn parse_qemu_version(out: &str) -> Option<(u32, u32, String)> {
+    let v = out
+        .split_whitespace()
+        .skip_while(|w| *w != "version")
+        .nth(1)?;
+    let mut it = v.split('.');
+    let major = it.next()?.parse().ok()?;
+    let minor = it.next()?.parse().ok()?;
+    Some((major, minor, v.to_string()))
+}
+
+fn system_qemu() -> Option<Qemu> {
+    let out = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .ok()?;
+    let (major, minor, version) = parse_qemu_version(&String::from_utf8_lossy(&out.stdout))?;
+    if (major, minor) >= (10, 2) {
+        let path = PathBuf::from("qemu-system-x86_64");
+        return Some(Qemu::System { path, version });
+    }
+    None
+}
+
+/// Builds (or reuses) the default image; `progress` receives one line per step.
+pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport, Error> {
+    let t0 = Instant::now();
+    let cache = cache_dir();
+    let dir = cache.join("image");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let mut packages = Vec::new();
+    let mut downloaded = 0u64;
+
+    progress("[1/4] resolving packages (bookworm-backports kernel, busybox-static)");
+    let deb = Apt::new(&cache.join("apt-bookworm"), &BOOKWORM)?;
+    deb.update()?;
+    let kernel_pkg = deb.resolve_meta("linux-image-cloud-amd64", "bookworm-backports")?;
+    let kernel_version = deb.version(&kernel_pkg, Some("bookworm-backports"))?;
+    let busybox_version = deb.version("busybox-static", None)?;
+
+    progress("[2/4] QEMU");
+    let qemu = match system_qemu() {
+        Some(q) => {
+            progress(&format!("      using system QEMU {}", q.version()));
+            q
+        }
+        None => {
+            let tri = Apt::new(&cache.join("apt-trixie"), &TRIXIE)?;
+            tri.update()?;
+            let version = tri.version("qemu-system-x86", Some("trixie-backports"))?;
+            let root = cache.join(format!("qemu-{}", version.replace([':', '~', '+'], "_")));
+            if !root.join("usr/bin/qemu-system-x86_64").exists() || force {
+                progress(&format!(
+                    "      fetching Debian trixie-backports QEMU {version} and its libraries"
+                ));
+                let debs = tri.download_closure("qemu-system-x86", "trixie-backports")?;
+                let tmp = root.with_extension("partial");
+                let _ = std::fs::remove_dir_all(&tmp);
+                for d in &debs {
+                    downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
+                    packages.push(file_name(d));
+                    apt::extract(d, &tmp)?;
+                }
+                let _ = std::fs::remove_dir_all(&root);
+                std::fs::rename(&tmp, &root).map_err(|e| Error::io(&root, e))?;
+                progress(&format!(
+                    "      unpacked {} packages into {}",
+                    debs.len(),
+                    root.display()
+                ));
+            } else {
+                progress(&format!("      cached QEMU {version}"));
+            }
+            Qemu::Bundle { root, version }
+        }
+    };
+
+    let stamp = Stamp {
+        recipe: RECIPE,
+        init: fnv(INIT),
+        kernel_pkg: kernel_pkg.clone(),
+        kernel_version: kernel_version.clone(),
+        busybox_version,
+        qemu: qemu.clone(),
+    };
+    let stamp_path = dir.join("stamp.json");
+    let image_path = dir.join("image.json");
+    let current = std::fs::read(&stamp_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
+    if !force && current.as_ref() == Some(&stamp) {
+        if let Some(image) = std::fs::read(&image_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Image>(&b).ok())
+        {
+            if image.kernel.exists() && image.initramfs.exists() {
+                progress("[3/4] kernel: cached and current");
+                progress("[4/4] initramfs: cached and current");
+                return Ok(BuildReport {
+                    image,
+                    rebuilt: false,
+                    downloaded_bytes: downloaded,
+                    packages,
+                    seconds: t0.elapsed().as_secs_f64(),
+                });
+            }
+        }
+    }
+
+    progress(&format!(
+        "[3/4] kernel {kernel_pkg} {kernel_version} with headers"
+    ));
+    let release = kernel_pkg.trim_start_matches("linux-image-").to_string();
+    let abi = release.trim_end_matches("-cloud-amd64").to_string();
+    let want = [
+        kernel_pkg.clone(),
+        format!("linux-headers-{release}"),
+        format!("linux-headers-{abi}-common"),
+        format!("linux-kbuild-{abi}"),
+        "busybox-static".to_string(),
+    ];
+    let want_ref: Vec<&str> = want.iter().map(String::as_str).collect();
+    let debs = deb.download(&want_ref)?;
+    let kroot = dir.join("root");
+    let _ = std::fs::remove_dir_all(&kroot);
+    for d in &debs {
+        downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
+        packages.push(file_name(d));
+        apt::extract(d, &kroot)?;
+    }
+    let kernel = kroot.join(format!("boot/vmlinuz-{release}"));
+    if !kernel.exists() {
+        return Err(Error::Resolve(format!(
+            "{} has no kernel image",
+            kernel_pkg
+        )));
+    }
+    let headers = kroot.join(format!("usr/src/linux-headers-{release}"));
+
+    progress("[4/4] initramfs (busybox-static, ulnic init)");
+    let busybox = kroot.join("bin/busybox");
+    let bb = std::fs::read(&busybox).map_err(|e| Error::io(&busybox, e))?;
+    let mut a = newc::Archive::default();
+    for d in [
+        "bin",
+        "sbin",
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "run",
+        "etc",
+        "lib",
+        "lib/modules",
+    ] {
+        a.dir(d);
+    }
+    a.file("bin/busybox", 0o755, &bb);
+    a.symlink("bin/sh", "busybox");
+    a.file("init", 0o755, INIT.as_bytes());
+    let initramfs = dir.join("initramfs.cpio");
+    let mut f = std::fs::File::create(&initramfs).map_err(|e| Error::io(&initramfs, e))?;
+    a.finish(&mut f).map_err(|e| Error::io(&initramfs, e))?;
+
+    let image = Image {
+        kernel,
+        initramfs,
+        kernel_release: release,
+        kernel_version,
+        headers,
+        qemu,
+    };
+    let write = |p: &Path, v: &[u8]| std::fs::write(p, v).map_err(|e| Error::io(p, e));
+    write(
+        &image_path,
+        &serde_json::to_vec_pretty(&image).unwrap_or_default(),
+    )?;
+    write(
+        &stamp_path,
+        &serde_json::to_vec_pretty(&stamp).unwrap_or_default(),
+    )?;
+    Ok(BuildReport {
+        image,
+        rebuilt: true,
+        downloaded_bytes: downloaded,
+        packages,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("?")
+        .to_string()
+}
+
+use apt::Apt;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_version_parsing() {
+        let (a, b, v) =
+            parse_qemu_version("QEMU emulator version 11.1.3 (Debian 1:11.1.3+ds-1~bpo13+1)\n")
+                .unwrap();
+        assert_eq!((a, b, v.as_str()), (11, 1, "11.1.3"));
+        assert!(parse_qemu_version("garbage").is_none());
+    }
+}

@@ -1,0 +1,76 @@
+//! The QEMU command line for one guest with a ulnic port: the piece the
+//! cluster launcher builds on.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use ulnic_abi::{CONFIG_SIZE, VIRTIO_ID_ULNIC};
+
+use crate::Image;
+
+/// One guest.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Guest RAM in MiB (shared with the device: memfd, share=on).
+    pub memory_mb: u32,
+    /// The ulnic port socket, if the guest gets a ulnic NIC.
+    pub ulnic_socket: Option<PathBuf>,
+    /// Queues of the ulnic device (2 + endpoints per port).
+    pub ulnic_queues: u32,
+    /// Accelerator: "tcg" or "kvm".
+    pub accel: String,
+    /// Extra kernel command line.
+    pub append: String,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            memory_mb: 512,
+            ulnic_socket: None,
+            ulnic_queues: 18,
+            accel: "tcg".into(),
+            append: String::new(),
+        }
+    }
+}
+
+/// A command that boots `image` with `cfg`, console on stdio.
+pub fn command(image: &Image, cfg: &VmConfig) -> Command {
+    let mut c = image.qemu.command();
+    let mem = format!(
+        "memory-backend-memfd,id=mem,size={}M,share=on",
+        cfg.memory_mb
+    );
+    c.args([
+        "-machine",
+        &format!("q35,accel={}", cfg.accel),
+        "-m",
+        &format!("{}M", cfg.memory_mb),
+    ]);
+    c.args(["-object", &mem, "-numa", "node,memdev=mem"]);
+    c.arg("-kernel")
+        .arg(&image.kernel)
+        .arg("-initrd")
+        .arg(&image.initramfs);
+    c.args([
+        "-append",
+        &format!("console=ttyS0 quiet panic=-1 {}", cfg.append),
+    ]);
+    c.args([
+        "-nographic",
+        "-no-reboot",
+        "-nodefaults",
+        "-serial",
+        "stdio",
+    ]);
+    if let Some(sock) = &cfg.ulnic_socket {
+        c.arg("-chardev")
+            .arg(format!("socket,id=ulnic0,path={}", sock.display()));
+        c.arg("-device").arg(format!(
+            "vhost-user-test-device-pci,chardev=ulnic0,virtio-id={},num_vqs={},config_size={},page-per-vq=on",
+            VIRTIO_ID_ULNIC, cfg.ulnic_queues, CONFIG_SIZE
+        ));
+    }
+    c
+}
