@@ -1,5 +1,5 @@
-//! A real QEMU guest (TCG) boots the default image with a ulnic port and its
-//! virtio core finds the device. Builds the image (network: Debian's
+//! A real QEMU guest (TCG) boots the default image with a ulnic port; the
+//! ulnic kernel module binds the device and talks to it. Builds the image (network: Debian's
 //! archive) if the cache lacks it.
 mod common;
 
@@ -54,6 +54,19 @@ fn guest_boots_and_sees_the_ulnic_device() {
     assert!(
         out.contains(&id),
         "guest did not see the ulnic device ({id}); console tail:\n{tail}"
+    );
+    for l in out.lines().filter(|l| l.contains("ulnic-guest")) {
+        eprintln!("console: {}", l.trim());
+    }
+    // The kernel driver bound the device and ran GET_INFO over the control
+    // queue, through QEMU and vhost-user, to this device.
+    assert!(
+        out.contains(&format!("{id} driver=ulnic")),
+        "the ulnic driver did not bind; console tail:\n{tail}"
+    );
+    assert!(
+        out.contains("ulnic: node 0 of 1, 8 endpoints, spec 0.1"),
+        "the driver's GET_INFO did not come back; console tail:\n{tail}"
     );
     eprintln!(
         "guest booted and powered off in {:.1} s (TCG, QEMU {})",

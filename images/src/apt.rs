@@ -116,6 +116,11 @@ impl Apt {
         self.debs_matching(&[])
     }
 
+    /// The .deb files already in the cache.
+    pub fn cached(&self) -> Result<Vec<PathBuf>, Error> {
+        self.debs_matching(&[])
+    }
+
     fn debs_matching(&self, pkgs: &[&str]) -> Result<Vec<PathBuf>, Error> {
         let dir = self.root.join("cache/archives");
         let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)

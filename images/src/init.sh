@@ -8,6 +8,10 @@ mkdir -p /proc /sys /dev /tmp /run
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+if [ -f /lib/modules/ulnic.ko ]; then
+  insmod /lib/modules/ulnic.ko || echo "ulnic-guest: insmod ulnic.ko failed"
+  dmesg | grep -i ulnic | sed 's/^/ulnic-guest: dmesg: /'
+fi
 for d in /sys/bus/virtio/devices/*; do
   [ -e "$d/device" ] || continue
   echo "ulnic-guest: virtio $(basename "$d") device=$(cat "$d/device") driver=$(basename "$(readlink "$d/driver" 2>/dev/null)" 2>/dev/null)"

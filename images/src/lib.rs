@@ -59,6 +59,15 @@ impl Error {
 /// Bumped when the build recipe changes in a way the inputs do not show.
 const RECIPE: u32 = 1;
 const INIT: &str = include_str!("init.sh");
+/// The Linux driver's sources, built against the guest kernel's headers.
+const MODULE_SOURCES: [(&str, &str); 3] = [
+    ("ulnic.c", include_str!("../../guest-driver/linux/ulnic.c")),
+    (
+        "ulnic_abi.h",
+        include_str!("../../guest-driver/linux/ulnic_abi.h"),
+    ),
+    ("Kbuild", include_str!("../../guest-driver/linux/Kbuild")),
+];
 const BOOKWORM: [&str; 2] = [
     "deb http://deb.debian.org/debian bookworm main",
     "deb http://deb.debian.org/debian bookworm-backports main",
@@ -144,6 +153,8 @@ pub struct Image {
     pub kernel_version: String,
     /// Headers tree to build modules against (`.../build`).
     pub headers: PathBuf,
+    /// The ulnic kernel module built for this kernel.
+    pub module: PathBuf,
     /// QEMU to run it with.
     pub qemu: Qemu,
 }
@@ -155,9 +166,9 @@ pub struct BuildReport {
     pub image: Image,
     /// False when everything was already in the cache and current.
     pub rebuilt: bool,
-    /// Bytes of packages downloaded this time.
+    /// Bytes of packages downloaded this time (not already in the cache).
     pub downloaded_bytes: u64,
-    /// Packages fetched this time.
+    /// Packages downloaded this time.
     pub packages: Vec<String>,
     /// Wall time of the build.
     pub seconds: f64,
@@ -167,6 +178,7 @@ pub struct BuildReport {
 struct Stamp {
     recipe: u32,
     init: String,
+    module: String,
     kernel_pkg: String,
     kernel_version: String,
     busybox_version: String,
@@ -237,12 +249,15 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
                 progress(&format!(
                     "      fetching Debian trixie-backports QEMU {version} and its libraries"
                 ));
+                let before = tri.cached()?;
                 let debs = tri.download_closure("qemu-system-x86", "trixie-backports")?;
                 let tmp = root.with_extension("partial");
                 let _ = std::fs::remove_dir_all(&tmp);
                 for d in &debs {
-                    downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
-                    packages.push(file_name(d));
+                    if !before.contains(d) {
+                        downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
+                        packages.push(file_name(d));
+                    }
                     apt::extract(d, &tmp)?;
                 }
                 let _ = std::fs::remove_dir_all(&root);
@@ -262,6 +277,10 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
     let stamp = Stamp {
         recipe: RECIPE,
         init: fnv(INIT),
+        module: fnv(&MODULE_SOURCES
+            .iter()
+            .map(|(n, c)| format!("{n}\n{c}"))
+            .collect::<String>()),
         kernel_pkg: kernel_pkg.clone(),
         kernel_version: kernel_version.clone(),
         busybox_version,
@@ -304,12 +323,15 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
         "busybox-static".to_string(),
     ];
     let want_ref: Vec<&str> = want.iter().map(String::as_str).collect();
+    let before = deb.cached()?;
     let debs = deb.download(&want_ref)?;
     let kroot = dir.join("root");
     let _ = std::fs::remove_dir_all(&kroot);
     for d in &debs {
-        downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
-        packages.push(file_name(d));
+        if !before.contains(d) {
+            downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
+            packages.push(file_name(d));
+        }
         apt::extract(d, &kroot)?;
     }
     let kernel = kroot.join(format!("boot/vmlinuz-{release}"));
@@ -320,8 +342,14 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
         )));
     }
     let headers = kroot.join(format!("usr/src/linux-headers-{release}"));
+    relocate_headers(
+        &headers,
+        &kroot.join(format!("usr/src/linux-headers-{abi}-common")),
+    )?;
+    progress("      building the ulnic kernel module (W=1, warnings are errors)");
+    let module = build_module(&dir.join("module"), &headers)?;
 
-    progress("[4/4] initramfs (busybox-static, ulnic init)");
+    progress("[4/4] initramfs (busybox-static, ulnic.ko, ulnic init)");
     let busybox = kroot.join("bin/busybox");
     let bb = std::fs::read(&busybox).map_err(|e| Error::io(&busybox, e))?;
     let mut a = newc::Archive::default();
@@ -340,6 +368,8 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
         a.dir(d);
     }
     a.file("bin/busybox", 0o755, &bb);
+    let ko = std::fs::read(&module).map_err(|e| Error::io(&module, e))?;
+    a.file("lib/modules/ulnic.ko", 0o644, &ko);
     a.symlink("bin/sh", "busybox");
     a.file("init", 0o755, INIT.as_bytes());
     let initramfs = dir.join("initramfs.cpio");
@@ -352,6 +382,7 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
         kernel_release: release,
         kernel_version,
         headers,
+        module,
         qemu,
     };
     let write = |p: &Path, v: &[u8]| std::fs::write(p, v).map_err(|e| Error::io(p, e));
@@ -370,6 +401,53 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
         packages,
         seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// Debian's per-flavour headers include the common tree by absolute path;
+/// point it at the copy in our cache instead.
+fn relocate_headers(headers: &Path, common: &Path) -> Result<(), Error> {
+    let mk = headers.join("Makefile");
+    std::fs::write(&mk, format!("include {}/Makefile\n", common.display()))
+        .map_err(|e| Error::io(&mk, e))
+}
+
+/// Builds guest-driver/linux against `headers` in `dir`; returns the .ko.
+/// BTF generation is skipped (it needs pahole and only adds debug data).
+pub fn build_module(dir: &Path, headers: &Path) -> Result<PathBuf, Error> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    for (name, text) in MODULE_SOURCES {
+        std::fs::write(dir.join(name), text).map_err(|e| Error::io(dir.join(name), e))?;
+    }
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(headers)
+        .arg(format!("M={}", dir.display()))
+        .args([
+            "W=1",
+            "KCFLAGS=-Werror",
+            "CONFIG_DEBUG_INFO_BTF_MODULES=",
+            "modules",
+        ])
+        .output()
+        .map_err(|e| Error::Tool {
+            tool: "make (kernel module)".into(),
+            detail: e.to_string(),
+        })?;
+    let ko = dir.join("ulnic.ko");
+    if !out.status.success() || !ko.exists() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(Error::Tool {
+            tool: "kernel module build".into(),
+            detail: err
+                .lines()
+                .filter(|l| l.contains("error") || l.contains("warning"))
+                .take(10)
+                .collect::<Vec<_>>()
+                .join(" | "),
+        });
+    }
+    Ok(ko)
 }
 
 fn file_name(p: &Path) -> String {

@@ -861,3 +861,98 @@ mod tests {
         assert!(FilterEntry::ACCEPT_ALL.matches(9, 9, 9));
     }
 }
+
+/// The C header for the Linux driver (`guest-driver/linux/ulnic_abi.h`),
+/// generated from the constants above so they are defined once. A test
+/// fails when the committed header differs; regenerate with
+/// `ULNIC_BLESS=1 cargo test -p ulnic-abi`.
+pub fn c_header() -> String {
+    let mut defs: Vec<(&str, u64)> = vec![
+        ("ULNIC_SPEC_VERSION_MAJOR", SPEC_VERSION_MAJOR.into()),
+        ("ULNIC_SPEC_VERSION_MINOR", SPEC_VERSION_MINOR.into()),
+        ("ULNIC_VIRTIO_ID", VIRTIO_ID_ULNIC.into()),
+        ("ULNIC_CONFIG_MAGIC", CONFIG_MAGIC.into()),
+        ("ULNIC_CONFIG_SIZE", CONFIG_SIZE as u64),
+        ("ULNIC_F_MESSAGING_BIT", F_MESSAGING.trailing_zeros().into()),
+        ("ULNIC_CONTROL_QUEUE", CONTROL_QUEUE.into()),
+        ("ULNIC_NOTIFY_QUEUE", NOTIFY_QUEUE.into()),
+        ("ULNIC_FIRST_DOORBELL_QUEUE", FIRST_DOORBELL_QUEUE.into()),
+        ("ULNIC_MAX_ENDPOINTS_LIMIT", MAX_ENDPOINTS_LIMIT.into()),
+        ("ULNIC_PAGE_SIZE", PAGE_SIZE),
+        ("ULNIC_INLINE_MAX", INLINE_MAX.into()),
+        ("ULNIC_MAX_MESSAGE", MAX_MESSAGE.into()),
+        ("ULNIC_MAX_RING_ENTRIES", MAX_RING_ENTRIES.into()),
+        ("ULNIC_MAX_SEGMENT_PAGES", MAX_SEGMENT_PAGES.into()),
+        ("ULNIC_CONDITION_RESERVE", CONDITION_RESERVE.into()),
+        ("ULNIC_CMD_HEADER_SIZE", CMD_HEADER_SIZE as u64),
+        ("ULNIC_RESP_HEADER_SIZE", RESP_HEADER_SIZE as u64),
+        ("ULNIC_MAX_CMD_PAYLOAD", MAX_CMD_PAYLOAD as u64),
+        ("ULNIC_CMD_GET_INFO", cmd::GET_INFO.into()),
+        ("ULNIC_CMD_CREATE_PD", cmd::CREATE_PD.into()),
+        ("ULNIC_CMD_DESTROY_PD", cmd::DESTROY_PD.into()),
+        ("ULNIC_CMD_CREATE_ENDPOINT", cmd::CREATE_ENDPOINT.into()),
+        ("ULNIC_CMD_DESTROY_ENDPOINT", cmd::DESTROY_ENDPOINT.into()),
+        ("ULNIC_CMD_BIND_PORT", cmd::BIND_PORT.into()),
+        ("ULNIC_CMD_SET_FILTER", cmd::SET_FILTER.into()),
+        ("ULNIC_CMD_ARM", cmd::ARM.into()),
+        ("ULNIC_CMD_DISARM", cmd::DISARM.into()),
+        ("ULNIC_CMD_GET_STATS", cmd::GET_STATS.into()),
+        ("ULNIC_STATUS_OK", status::OK.into()),
+        (
+            "ULNIC_STATUS_UNKNOWN_COMMAND",
+            status::UNKNOWN_COMMAND.into(),
+        ),
+        ("ULNIC_STATUS_BAD_LENGTH", status::BAD_LENGTH.into()),
+        (
+            "ULNIC_STATUS_INVALID_ARGUMENT",
+            status::INVALID_ARGUMENT.into(),
+        ),
+        ("ULNIC_STATUS_NO_RESOURCES", status::NO_RESOURCES.into()),
+        ("ULNIC_STATUS_NOT_FOUND", status::NOT_FOUND.into()),
+        ("ULNIC_STATUS_ADDRESS_IN_USE", status::ADDRESS_IN_USE.into()),
+        ("ULNIC_STATUS_BAD_ADDRESS", status::BAD_ADDRESS.into()),
+        ("ULNIC_STATUS_NOT_SUPPORTED", status::NOT_SUPPORTED.into()),
+        ("ULNIC_CTRL_BLOCK_SIZE", ctrl::CONTROL_BLOCK_SIZE),
+        ("ULNIC_CTRL_ARM_REQUEST", ctrl::ARM_REQUEST),
+        ("ULNIC_CTRL_ARM_ACK", ctrl::ARM_ACK),
+        ("ULNIC_SEND_DESC_SIZE", SEND_DESC_SIZE),
+        ("ULNIC_RECV_DESC_SIZE", RECV_DESC_SIZE),
+        ("ULNIC_FREE_DESC_SIZE", FREE_DESC_SIZE),
+        ("ULNIC_EVENT_SIZE", EVENT_SIZE),
+        ("ULNIC_CREATE_ENDPOINT_SIZE", CreateEndpoint::SIZE as u64),
+        ("ULNIC_DEVICE_INFO_SIZE", DeviceInfo::SIZE as u64),
+        ("ULNIC_NOTIFY_RECORD_SIZE", 8),
+    ];
+    defs.sort_by_key(|d| d.0);
+    let mut h = String::from(
+        "/* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */\n\
+         /* Generated from guest-lib/abi/src/lib.rs by ulnic_abi::c_header(); do not edit.\n \
+         * Regenerate: ULNIC_BLESS=1 cargo test -p ulnic-abi */\n\
+         #ifndef ULNIC_ABI_H\n#define ULNIC_ABI_H\n\n",
+    );
+    for (name, v) in defs {
+        h.push_str(&format!("#define {name} {v:#x}\n"));
+    }
+    h.push_str("\n#endif /* ULNIC_ABI_H */\n");
+    h
+}
+
+#[cfg(test)]
+mod header_tests {
+    #[test]
+    fn committed_c_header_matches_the_rust_abi() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../guest-driver/linux/ulnic_abi.h"
+        );
+        let want = super::c_header();
+        if std::env::var_os("ULNIC_BLESS").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            have == want,
+            "{path} is out of date: run ULNIC_BLESS=1 cargo test -p ulnic-abi"
+        );
+    }
+}

@@ -1,0 +1,1 @@
+/work/main/guest-driver/linux/ulnic.o
