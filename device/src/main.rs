@@ -173,12 +173,14 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
 }
 
 fn run_image_build(force: bool, json: bool) -> Result<(), String> {
+    // The guest gets this very binary, so `ulnic` runs the same inside.
+    let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
     eprintln!(
         "ulnic: building the guest image in {}",
         ulnic_images::cache_dir().display()
     );
-    let r =
-        ulnic_images::build(force, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
+    let r = ulnic_images::build(force, &tools, &mut |line| eprintln!("{line}"))
+        .map_err(|e| e.to_string())?;
     if json {
         println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
     } else {

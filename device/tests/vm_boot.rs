@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn guest_boots_and_sees_the_ulnic_device() {
-    let report = ulnic_images::build(false, &mut |l| eprintln!("{l}")).expect("image builds");
+    let report = ulnic_images::build(false, &[env!("CARGO_BIN_EXE_ulnic").into()], &mut |l| {
+        eprintln!("{l}")
+    })
+    .expect("image builds");
     let (dev, _dir) = common::device(1);
     let cfg = ulnic_images::vm::VmConfig {
         ulnic_socket: Some(common::socket(&dev, 0)),
@@ -67,6 +70,11 @@ fn guest_boots_and_sees_the_ulnic_device() {
     assert!(
         out.contains("ulnic: node 0 of 1, 8 endpoints, spec 0.1"),
         "the driver's GET_INFO did not come back; console tail:\n{tail}"
+    );
+    // The ulnic tool runs inside the guest (same binary, its libraries copied).
+    assert!(
+        out.contains("ulnic-guest: tool: ulnic 0.1.0"),
+        "the ulnic tool did not run in the guest; console tail:\n{tail}"
     );
     eprintln!(
         "guest booted and powered off in {:.1} s (TCG, QEMU {})",

@@ -16,6 +16,9 @@ for d in /sys/bus/virtio/devices/*; do
   [ -e "$d/device" ] || continue
   echo "ulnic-guest: virtio $(basename "$d") device=$(cat "$d/device") driver=$(basename "$(readlink "$d/driver" 2>/dev/null)" 2>/dev/null)"
 done
+if [ -x /bin/ulnic ]; then
+  echo "ulnic-guest: tool: $(/bin/ulnic --version 2>&1)"
+fi
 echo "ulnic-guest: ready kernel=$(uname -r)"
 if grep -q ulnic.poweroff /proc/cmdline; then
   poweroff -f

@@ -179,6 +179,7 @@ struct Stamp {
     recipe: u32,
     init: String,
     module: String,
+    tools: Vec<String>,
     kernel_pkg: String,
     kernel_version: String,
     busybox_version: String,
@@ -218,8 +219,14 @@ fn system_qemu() -> Option<Qemu> {
     None
 }
 
-/// Builds (or reuses) the default image; `progress` receives one line per step.
-pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport, Error> {
+/// Builds (or reuses) the default image with `tools` (host binaries, copied
+/// with the shared libraries they need) in its `/bin`; `progress` receives
+/// one line per step.
+pub fn build(
+    force: bool,
+    tools: &[PathBuf],
+    progress: &mut dyn FnMut(&str),
+) -> Result<BuildReport, Error> {
     let t0 = Instant::now();
     let cache = cache_dir();
     let dir = cache.join("image");
@@ -281,6 +288,10 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
             .iter()
             .map(|(n, c)| format!("{n}\n{c}"))
             .collect::<String>()),
+        tools: tools
+            .iter()
+            .map(|t| tool_identity(t))
+            .collect::<Result<_, _>>()?,
         kernel_pkg: kernel_pkg.clone(),
         kernel_version: kernel_version.clone(),
         busybox_version,
@@ -370,6 +381,7 @@ pub fn build(force: bool, progress: &mut dyn FnMut(&str)) -> Result<BuildReport,
     a.file("bin/busybox", 0o755, &bb);
     let ko = std::fs::read(&module).map_err(|e| Error::io(&module, e))?;
     a.file("lib/modules/ulnic.ko", 0o644, &ko);
+    add_tools(&mut a, tools, &dir.join("tools"))?;
     a.symlink("bin/sh", "busybox");
     a.file("init", 0o755, INIT.as_bytes());
     let initramfs = dir.join("initramfs.cpio");
@@ -448,6 +460,77 @@ pub fn build_module(dir: &Path, headers: &Path) -> Result<PathBuf, Error> {
         });
     }
     Ok(ko)
+}
+
+/// Size and modification time: enough to notice a rebuilt tool.
+fn tool_identity(t: &Path) -> Result<String, Error> {
+    let m = std::fs::metadata(t).map_err(|e| Error::io(t, e))?;
+    let mtime = m
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    Ok(format!("{}:{}:{}", t.display(), m.len(), mtime))
+}
+
+/// Copies each tool (debug info stripped) into /bin and the shared
+/// libraries `ldd` names at their own paths; the guest runs the same binary.
+fn add_tools(a: &mut newc::Archive, tools: &[PathBuf], scratch: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(scratch).map_err(|e| Error::io(scratch, e))?;
+    let mut libs: Vec<String> = Vec::new();
+    for t in tools {
+        let name = file_name(t);
+        let stripped = scratch.join(&name);
+        let st = Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(t)
+            .arg(&stripped)
+            .status();
+        if !st.is_ok_and(|s| s.success()) {
+            std::fs::copy(t, &stripped).map_err(|e| Error::io(t, e))?;
+        }
+        let data = std::fs::read(&stripped).map_err(|e| Error::io(&stripped, e))?;
+        a.file(&format!("bin/{name}"), 0o755, &data);
+        let out = Command::new("ldd")
+            .arg(t)
+            .output()
+            .map_err(|e| Error::Tool {
+                tool: "ldd".into(),
+                detail: e.to_string(),
+            })?;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let path = match line.split("=>").nth(1) {
+                Some(rest) => rest.split_whitespace().next(),
+                None => line
+                    .split_whitespace()
+                    .next()
+                    .filter(|p| p.starts_with('/')),
+            };
+            if let Some(p) = path.filter(|p| p.starts_with('/')) {
+                if !libs.iter().any(|l| l == p) {
+                    libs.push(p.to_string());
+                }
+            }
+        }
+    }
+    let mut dirs: Vec<String> = Vec::new();
+    for lib in &libs {
+        let p = Path::new(lib);
+        let mut prefix = PathBuf::new();
+        for c in p.parent().into_iter().flat_map(|d| d.components()).skip(1) {
+            prefix.push(c);
+            let d = prefix.display().to_string();
+            if !dirs.contains(&d) && d != "lib" {
+                a.dir(&d);
+                dirs.push(d);
+            }
+        }
+        // Follow symlinks: the archive holds the library itself.
+        let data = std::fs::read(p).map_err(|e| Error::io(p, e))?;
+        a.file(lib.trim_start_matches('/'), 0o755, &data);
+    }
+    Ok(())
 }
 
 fn file_name(p: &Path) -> String {
