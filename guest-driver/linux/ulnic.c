@@ -2,18 +2,27 @@
 /*
  * ulnic: Linux driver for the ulnic emulated user-level NIC (docs/spec.md).
  *
- * This first part binds the device, checks its config space, sets up the
- * control, notification and doorbell virtqueues, and talks to the device
- * over the control queue. The character device (/dev/ulnicN with ioctl, mmap
- * and poll) builds on it.
+ * Binds the device, sets up the control, notification and doorbell
+ * virtqueues, and exposes /dev/ulnicN (spec 9): one protection domain per
+ * open file, endpoints whose memory the driver allocates and maps into the
+ * owning process only, doorbells, and blocking through ioctl or poll.
  */
 #include <linux/completion.h>
+#include <linux/fs.h>
+#include <linux/idr.h>
+#include <linux/kref.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
+#include <linux/poll.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
 #include <linux/virtio.h>
 #include <linux/virtio_config.h>
+#include <linux/wait.h>
 
 #include "ulnic_abi.h"
 
@@ -26,8 +35,28 @@
 #define ULNIC_CFG_ENDPOINTS 12
 #define ULNIC_CFG_NODES 32
 
+struct ulnic_file;
+
+/* One endpoint: memory the driver allocated, owned by one open file. */
+struct ulnic_ep {
+	u32 id;
+	void *ctrl;		/* physically contiguous */
+	size_t ctrl_len;
+	void *seg;		/* vmalloc_user: any pages */
+	size_t seg_len;
+};
+
 struct ulnic {
-	struct virtio_device *vdev;
+	struct kref ref;
+	struct virtio_device *vdev;	/* NULL once the device is gone */
+	struct miscdevice misc;
+	char name[16];
+	int index;
+	/* Endpoint id -> owning file, and pending notifications. */
+	spinlock_t owners_lock;
+	struct ulnic_file **owners;
+	unsigned long *notified;
+	wait_queue_head_t wq;
 	struct virtqueue **vqs;
 	unsigned int nvqs;
 	u32 node;
@@ -43,6 +72,28 @@ struct ulnic {
 	u8 *notify_bufs;
 	unsigned long notifications;
 };
+
+/* An open /dev/ulnicN: one protection domain and its endpoints. */
+struct ulnic_file {
+	struct ulnic *u;
+	u32 pd;
+	struct mutex lock;
+	struct ulnic_ep **eps;	/* by endpoint id */
+};
+
+static DEFINE_IDA(ulnic_ida);
+
+static void ulnic_release_dev(struct kref *ref)
+{
+	struct ulnic *u = container_of(ref, struct ulnic, ref);
+
+	kfree(u->owners);
+	bitmap_free(u->notified);
+	kfree(u->notify_bufs);
+	kfree(u->cmd_buf);
+	kfree(u->vqs);
+	kfree(u);
+}
 
 static void ulnic_control_done(struct virtqueue *vq)
 {
@@ -69,7 +120,16 @@ static void ulnic_notify_done(struct virtqueue *vq)
 	u8 *rec;
 
 	while ((rec = virtqueue_get_buf(vq, &len)) != NULL) {
+		u32 ep;
+
 		u->notifications++;
+		memcpy(&ep, rec, sizeof(ep));
+		ep = le32_to_cpu((__force __le32)ep);
+		/* The device names the endpoint; trust only ids we have. */
+		if (len >= sizeof(ep) && ep < u->endpoints) {
+			set_bit(ep, u->notified);
+			wake_up_interruptible_all(&u->wq);
+		}
 		ulnic_post_notify(u, (rec - u->notify_bufs) /
 					     ULNIC_NOTIFY_RECORD_SIZE);
 	}
@@ -96,6 +156,10 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 		return -EINVAL;
 
 	mutex_lock(&u->cmd_lock);
+	if (!u->vdev) {
+		err = -ENODEV;
+		goto out;
+	}
 	word = cpu_to_le32(opcode);
 	memcpy(req, &word, 4);
 	memset(req + 4, 0, 4);
@@ -133,6 +197,414 @@ out:
 	mutex_unlock(&u->cmd_lock);
 	return err;
 }
+
+static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
+{
+	__le32 p = cpu_to_le32(id);
+	u32 status = 0;
+	int err = ulnic_command(u, opcode, &p, sizeof(p), NULL, 0, &status);
+
+	return err < 0 ? err : 0;
+}
+
+static void ulnic_free_ep(struct ulnic_ep *ep)
+{
+	free_pages_exact(ep->ctrl, ep->ctrl_len);
+	vfree(ep->seg);
+	kfree(ep);
+}
+
+/* The errno for a device status (spec 4.1). */
+static int ulnic_status_errno(u32 status)
+{
+	switch (status) {
+	case ULNIC_STATUS_INVALID_ARGUMENT:
+	case ULNIC_STATUS_BAD_LENGTH:
+		return -EINVAL;
+	case ULNIC_STATUS_NO_RESOURCES:
+		return -ENOSPC;
+	case ULNIC_STATUS_NOT_FOUND:
+		return -ENOENT;
+	case ULNIC_STATUS_ADDRESS_IN_USE:
+		return -EADDRINUSE;
+	case ULNIC_STATUS_BAD_ADDRESS:
+		return -EFAULT;
+	case ULNIC_STATUS_NOT_SUPPORTED:
+		return -EOPNOTSUPP;
+	default:
+		return -EIO;
+	}
+}
+
+static int ulnic_open(struct inode *inode, struct file *f)
+{
+	struct ulnic *u = container_of(f->private_data, struct ulnic, misc);
+	struct ulnic_file *uf;
+	__le32 pd;
+	u32 status = 0;
+	int err;
+
+	uf = kzalloc(sizeof(*uf), GFP_KERNEL);
+	if (!uf)
+		return -ENOMEM;
+	uf->eps = kcalloc(u->endpoints, sizeof(*uf->eps), GFP_KERNEL);
+	if (!uf->eps) {
+		err = -ENOMEM;
+		goto err_free;
+	}
+	err = ulnic_command(u, ULNIC_CMD_CREATE_PD, NULL, 0, &pd, sizeof(pd),
+			    &status);
+	if (err < (int)sizeof(pd)) {
+		err = err < 0 ? err : -EPROTO;
+		goto err_free;
+	}
+	uf->pd = le32_to_cpu(pd);
+	uf->u = u;
+	mutex_init(&uf->lock);
+	kref_get(&u->ref);
+	f->private_data = uf;
+	return 0;
+
+err_free:
+	kfree(uf->eps);
+	kfree(uf);
+	return err;
+}
+
+/* Forgets @id's owner; the device no longer touches its memory. */
+static void ulnic_disown(struct ulnic *u, u32 id)
+{
+	spin_lock_irq(&u->owners_lock);
+	u->owners[id] = NULL;
+	clear_bit(id, u->notified);
+	spin_unlock_irq(&u->owners_lock);
+}
+
+static int ulnic_release(struct inode *inode, struct file *f)
+{
+	struct ulnic_file *uf = f->private_data;
+	struct ulnic *u = uf->u;
+	__le32 pd = cpu_to_le32(uf->pd);
+	u32 status = 0, i;
+	int err;
+
+	/* Destroying the domain destroys its endpoints in the device. */
+	err = ulnic_command(u, ULNIC_CMD_DESTROY_PD, &pd, sizeof(pd), NULL, 0,
+			    &status);
+	for (i = 0; i < u->endpoints; i++) {
+		if (!uf->eps[i])
+			continue;
+		ulnic_disown(u, i);
+		/*
+		 * If the device could not be told, it may still write this
+		 * memory: leak it rather than hand it back to the allocator.
+		 */
+		if (err >= 0 || !u->vdev)
+			ulnic_free_ep(uf->eps[i]);
+	}
+	kfree(uf->eps);
+	kfree(uf);
+	kref_put(&u->ref, ulnic_release_dev);
+	return 0;
+}
+
+/* The caller's endpoint @id, or NULL when it is not theirs. */
+static struct ulnic_ep *ulnic_owned(struct ulnic_file *uf, u32 id)
+{
+	if (id >= uf->u->endpoints)
+		return NULL;
+	return uf->eps[id];
+}
+
+static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
+{
+	struct ulnic *u = uf->u;
+	u8 a[ULNIC_CREATE_EP_SIZE], req[ULNIC_CREATE_ENDPOINT_SIZE], out[8];
+	u32 send, recv, fre, event, status = 0, id, pages, i;
+	struct ulnic_ep *ep;
+	u64 seg_bytes, ctrl_bytes, *table;
+	__le64 v64;
+	__le32 v32;
+	long err;
+
+	if (copy_from_user(a, arg, sizeof(a)))
+		return -EFAULT;
+	memcpy(&v32, a + 0, 4); send = le32_to_cpu(v32);
+	memcpy(&v32, a + 4, 4); recv = le32_to_cpu(v32);
+	memcpy(&v32, a + 8, 4); fre = le32_to_cpu(v32);
+	memcpy(&v32, a + 12, 4); event = le32_to_cpu(v32);
+	memcpy(&v64, a + 16, 8); seg_bytes = le64_to_cpu(v64);
+	if (!send || !recv || !fre || !event ||
+	    send > ULNIC_MAX_RING_ENTRIES || recv > ULNIC_MAX_RING_ENTRIES ||
+	    fre > ULNIC_MAX_RING_ENTRIES || event > ULNIC_MAX_RING_ENTRIES ||
+	    !seg_bytes || seg_bytes > ULNIC_MAX_SEGMENT_BYTES)
+		return -EINVAL;
+	ctrl_bytes = ULNIC_CTRL_RING_OFFSET + (u64)send * ULNIC_SEND_DESC_SIZE +
+		     (u64)recv * ULNIC_RECV_DESC_SIZE +
+		     (u64)fre * ULNIC_FREE_DESC_SIZE +
+		     (u64)event * ULNIC_EVENT_SIZE;
+	if (ctrl_bytes > ULNIC_MAX_CTRL_BYTES)
+		return -EINVAL;
+	ctrl_bytes = PAGE_ALIGN(ctrl_bytes);
+	seg_bytes = PAGE_ALIGN(seg_bytes);
+	pages = seg_bytes >> PAGE_SHIFT;
+
+	ep = kzalloc(sizeof(*ep), GFP_KERNEL);
+	if (!ep)
+		return -ENOMEM;
+	ep->ctrl_len = ctrl_bytes;
+	ep->seg_len = seg_bytes;
+	ep->ctrl = alloc_pages_exact(ctrl_bytes, GFP_KERNEL | __GFP_ZERO);
+	ep->seg = vmalloc_user(seg_bytes);
+	/* Linear memory: the device reads the table by physical address. */
+	table = kmalloc_array(pages, sizeof(*table), GFP_KERNEL);
+	if (!ep->ctrl || !ep->seg || !table) {
+		err = -ENOMEM;
+		goto err_free;
+	}
+	for (i = 0; i < pages; i++)
+		table[i] = cpu_to_le64(page_to_phys(vmalloc_to_page(ep->seg + ((size_t)i << PAGE_SHIFT))));
+
+	memset(req, 0, sizeof(req));
+	v32 = cpu_to_le32(uf->pd); memcpy(req + 0, &v32, 4);
+	v32 = cpu_to_le32(send); memcpy(req + 4, &v32, 4);
+	v32 = cpu_to_le32(recv); memcpy(req + 8, &v32, 4);
+	v32 = cpu_to_le32(fre); memcpy(req + 12, &v32, 4);
+	v32 = cpu_to_le32(event); memcpy(req + 16, &v32, 4);
+	v32 = cpu_to_le32(pages); memcpy(req + 20, &v32, 4);
+	v64 = cpu_to_le64(virt_to_phys(ep->ctrl)); memcpy(req + 24, &v64, 8);
+	v64 = cpu_to_le64(ctrl_bytes); memcpy(req + 32, &v64, 8);
+	v64 = cpu_to_le64(virt_to_phys(table)); memcpy(req + 40, &v64, 8);
+
+	mutex_lock(&uf->lock);
+	err = ulnic_command(u, ULNIC_CMD_CREATE_ENDPOINT, req, sizeof(req), out,
+			    sizeof(out), &status);
+	if (err < (long)sizeof(out)) {
+		mutex_unlock(&uf->lock);
+		err = err == -EIO ? ulnic_status_errno(status) :
+				    (err < 0 ? err : -EPROTO);
+		goto err_free;
+	}
+	memcpy(&v32, out, 4);
+	id = le32_to_cpu(v32);
+	if (id >= u->endpoints || uf->eps[id]) {
+		mutex_unlock(&uf->lock);
+		err = -EPROTO;
+		goto err_free;
+	}
+	ep->id = id;
+	uf->eps[id] = ep;
+	spin_lock_irq(&u->owners_lock);
+	u->owners[id] = uf;
+	clear_bit(id, u->notified);
+	spin_unlock_irq(&u->owners_lock);
+	mutex_unlock(&uf->lock);
+	kfree(table);
+
+	memcpy(a + 24, out, 8);
+	v64 = cpu_to_le64(ctrl_bytes); memcpy(a + 32, &v64, 8);
+	v64 = cpu_to_le64(seg_bytes); memcpy(a + 40, &v64, 8);
+	if (copy_to_user(arg, a, sizeof(a)))
+		return -EFAULT;
+	return 0;
+
+err_free:
+	kfree(table);
+	ulnic_free_ep(ep);
+	return err;
+}
+
+static long ulnic_destroy_ep(struct ulnic_file *uf, u32 id)
+{
+	struct ulnic_ep *ep;
+	long err;
+
+	mutex_lock(&uf->lock);
+	ep = ulnic_owned(uf, id);
+	if (!ep) {
+		mutex_unlock(&uf->lock);
+		return -EPERM;
+	}
+	err = ulnic_cmd_ep(uf->u, ULNIC_CMD_DESTROY_ENDPOINT, id);
+	if (!err) {
+		uf->eps[id] = NULL;
+		ulnic_disown(uf->u, id);
+		ulnic_free_ep(ep);
+	}
+	mutex_unlock(&uf->lock);
+	return err;
+}
+
+static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
+{
+	u8 *a;
+	u32 opcode, in_len, status = 0, id;
+	__le32 v32;
+	long err;
+
+	a = kmalloc(ULNIC_COMMAND_SIZE, GFP_KERNEL);
+	if (!a)
+		return -ENOMEM;
+	if (copy_from_user(a, arg, ULNIC_COMMAND_SIZE)) {
+		err = -EFAULT;
+		goto out;
+	}
+	memcpy(&v32, a, 4); opcode = le32_to_cpu(v32);
+	memcpy(&v32, a + 8, 4); in_len = le32_to_cpu(v32);
+	memcpy(&v32, a + 16, 4); id = le32_to_cpu(v32);
+	switch (opcode) {
+	case ULNIC_CMD_BIND_PORT:
+	case ULNIC_CMD_SET_FILTER:
+	case ULNIC_CMD_ARM:
+	case ULNIC_CMD_DISARM:
+	case ULNIC_CMD_GET_STATS:
+		break;
+	default:
+		err = -EOPNOTSUPP;
+		goto out;
+	}
+	if (in_len < 4 || in_len > ULNIC_COMMAND_SIZE - 16) {
+		err = -EINVAL;
+		goto out;
+	}
+	mutex_lock(&uf->lock);
+	if (!ulnic_owned(uf, id)) {
+		mutex_unlock(&uf->lock);
+		err = -EPERM;
+		goto out;
+	}
+	err = ulnic_command(uf->u, opcode, a + 16, in_len, a + 16,
+			    ULNIC_COMMAND_SIZE - 16 - ULNIC_RESP_HEADER_SIZE,
+			    &status);
+	mutex_unlock(&uf->lock);
+	v32 = cpu_to_le32(status);
+	memcpy(a + 4, &v32, 4);
+	v32 = cpu_to_le32(err < 0 ? 0 : (u32)err);
+	memcpy(a + 12, &v32, 4);
+	if (err == -EIO)
+		err = 0;	/* the device's status says why */
+	if (err >= 0)
+		err = copy_to_user(arg, a, ULNIC_COMMAND_SIZE) ? -EFAULT : 0;
+out:
+	kfree(a);
+	return err;
+}
+
+static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
+{
+	struct ulnic *u = uf->u;
+	u32 w[2];
+	long left;
+
+	if (copy_from_user(w, arg, sizeof(w)))
+		return -EFAULT;
+	w[0] = le32_to_cpu((__force __le32)w[0]);
+	w[1] = le32_to_cpu((__force __le32)w[1]);
+	if (!ulnic_owned(uf, w[0]))
+		return -EPERM;
+	left = wait_event_interruptible_timeout(u->wq,
+			test_and_clear_bit(w[0], u->notified) || !u->vdev,
+			msecs_to_jiffies(w[1]));
+	if (left < 0)
+		return left;
+	if (!u->vdev)
+		return -ENODEV;
+	return left > 0 ? 1 : 0;
+}
+
+static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
+{
+	struct ulnic_file *uf = f->private_data;
+	struct ulnic *u = uf->u;
+	void __user *p = (void __user *)arg;
+	u8 info[ULNIC_DEVICE_INFO_SIZE];
+	u32 status = 0, id;
+	int n;
+
+	switch (cmd) {
+	case ULNIC_IOC_INFO:
+		n = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, info,
+				  sizeof(info), &status);
+		if (n < 0)
+			return n;
+		return copy_to_user(p, info, sizeof(info)) ? -EFAULT : 0;
+	case ULNIC_IOC_CREATE_EP:
+		return ulnic_create_ep(uf, p);
+	case ULNIC_IOC_DESTROY_EP:
+		if (get_user(id, (u32 __user *)p))
+			return -EFAULT;
+		return ulnic_destroy_ep(uf, id);
+	case ULNIC_IOC_COMMAND:
+		return ulnic_passthrough(uf, p);
+	case ULNIC_IOC_KICK:
+		if (get_user(id, (u32 __user *)p))
+			return -EFAULT;
+		if (!ulnic_owned(uf, id))
+			return -EPERM;
+		/* Under the command lock: remove() frees the queues. */
+		mutex_lock(&u->cmd_lock);
+		n = u->vdev ? 0 : -ENODEV;
+		if (!n)
+			virtqueue_notify(u->vqs[ULNIC_FIRST_DOORBELL_QUEUE + id]);
+		mutex_unlock(&u->cmd_lock);
+		return n;
+	case ULNIC_IOC_WAIT:
+		return ulnic_wait(uf, p);
+	default:
+		return -ENOTTY;
+	}
+}
+
+static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
+{
+	struct ulnic_file *uf = f->private_data;
+	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	size_t len = vma->vm_end - vma->vm_start;
+	struct ulnic_ep *ep;
+	int err = -EINVAL;
+
+	mutex_lock(&uf->lock);
+	ep = ulnic_owned(uf, off >> 32);
+	if (!ep) {
+		err = -EPERM;
+	} else if ((off & 0xffffffffULL) == 0 && len <= ep->ctrl_len) {
+		vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY);
+		err = remap_pfn_range(vma, vma->vm_start,
+				      virt_to_phys(ep->ctrl) >> PAGE_SHIFT,
+				      len, vma->vm_page_prot);
+	} else if ((off & 0xffffffffULL) == ULNIC_MMAP_SEGMENT &&
+		   len <= ep->seg_len) {
+		vm_flags_set(vma, VM_DONTCOPY);
+		err = remap_vmalloc_range(vma, ep->seg, 0);
+	}
+	mutex_unlock(&uf->lock);
+	return err;
+}
+
+static __poll_t ulnic_poll(struct file *f, poll_table *wait)
+{
+	struct ulnic_file *uf = f->private_data;
+	struct ulnic *u = uf->u;
+	__poll_t mask = 0;
+	u32 i;
+
+	poll_wait(f, &u->wq, wait);
+	if (!u->vdev)
+		return EPOLLERR;
+	for (i = 0; i < u->endpoints; i++)
+		if (uf->eps[i] && test_bit(i, u->notified))
+			mask |= EPOLLIN | EPOLLRDNORM;
+	return mask;
+}
+
+static const struct file_operations ulnic_fops = {
+	.owner = THIS_MODULE,
+	.open = ulnic_open,
+	.release = ulnic_release,
+	.unlocked_ioctl = ulnic_ioctl,
+	.mmap = ulnic_mmap,
+	.poll = ulnic_poll,
+};
 
 static int ulnic_find_vqs(struct ulnic *u)
 {
@@ -186,6 +658,10 @@ static int ulnic_probe(struct virtio_device *vdev)
 		return -ENOMEM;
 	vdev->priv = u;
 	u->vdev = vdev;
+	kref_init(&u->ref);
+	spin_lock_init(&u->owners_lock);
+	init_waitqueue_head(&u->wq);
+	u->index = -1;
 	mutex_init(&u->cmd_lock);
 	init_completion(&u->cmd_done);
 	u->node = virtio_cread32(vdev, ULNIC_CFG_NODE);
@@ -199,7 +675,9 @@ static int ulnic_probe(struct virtio_device *vdev)
 	u->cmd_buf = kzalloc(ULNIC_CMD_BUF_SIZE, GFP_KERNEL);
 	u->notify_bufs = kcalloc(u->endpoints, ULNIC_NOTIFY_RECORD_SIZE,
 				 GFP_KERNEL);
-	if (!u->cmd_buf || !u->notify_bufs) {
+	u->owners = kcalloc(u->endpoints, sizeof(*u->owners), GFP_KERNEL);
+	u->notified = bitmap_zalloc(u->endpoints, GFP_KERNEL);
+	if (!u->cmd_buf || !u->notify_bufs || !u->owners || !u->notified) {
 		err = -ENOMEM;
 		goto err_free;
 	}
@@ -226,20 +704,33 @@ static int ulnic_probe(struct virtio_device *vdev)
 			status);
 		goto err_reset;
 	}
+
+	u->index = ida_alloc(&ulnic_ida, GFP_KERNEL);
+	if (u->index < 0) {
+		err = u->index;
+		goto err_reset;
+	}
+	snprintf(u->name, sizeof(u->name), "ulnic%d", u->index);
+	u->misc.minor = MISC_DYNAMIC_MINOR;
+	u->misc.name = u->name;
+	u->misc.fops = &ulnic_fops;
+	u->misc.mode = 0666;
+	err = misc_register(&u->misc);
+	if (err)
+		goto err_ida;
 	dev_info(&vdev->dev,
-		 "ulnic: node %u of %u, %u endpoints, spec %u.%u\n",
+		 "ulnic: node %u of %u, %u endpoints, spec %u.%u, /dev/%s\n",
 		 u->node, u->nodes, u->endpoints, version & 0xffff,
-		 version >> 16);
+		 version >> 16, u->name);
 	return 0;
 
+err_ida:
+	ida_free(&ulnic_ida, u->index);
 err_reset:
 	virtio_reset_device(vdev);
 	vdev->config->del_vqs(vdev);
 err_free:
-	kfree(u->notify_bufs);
-	kfree(u->cmd_buf);
-	kfree(u->vqs);
-	kfree(u);
+	kref_put(&u->ref, ulnic_release_dev);
 	return err;
 }
 
@@ -247,12 +738,16 @@ static void ulnic_remove(struct virtio_device *vdev)
 {
 	struct ulnic *u = vdev->priv;
 
+	misc_deregister(&u->misc);
+	ida_free(&ulnic_ida, u->index);
 	virtio_reset_device(vdev);
+	/* Open files keep the struct; their calls now fail with ENODEV. */
+	mutex_lock(&u->cmd_lock);
+	u->vdev = NULL;
+	mutex_unlock(&u->cmd_lock);
+	wake_up_interruptible_all(&u->wq);
 	vdev->config->del_vqs(vdev);
-	kfree(u->notify_bufs);
-	kfree(u->cmd_buf);
-	kfree(u->vqs);
-	kfree(u);
+	kref_put(&u->ref, ulnic_release_dev);
 }
 
 static const struct virtio_device_id ulnic_id_table[] = {

@@ -862,6 +862,48 @@ mod tests {
     }
 }
 
+/// The Linux driver's character device interface (spec §9): ioctl
+/// numbers and argument layouts shared by `ulnic.c` and the library.
+pub mod uapi {
+    /// ioctl type byte ('U').
+    pub const IOC_TYPE: u32 = 0x55;
+    const fn ioc(dir: u32, nr: u32, size: u32) -> u32 {
+        (dir << 30) | (size << 16) | (IOC_TYPE << 8) | nr
+    }
+    const WRITE: u32 = 1;
+    const READ: u32 = 2;
+    /// Size of `CreateEp` (in and out fields).
+    pub const CREATE_EP_SIZE: u32 = 64;
+    /// Size of the `COMMAND` argument: u32 opcode, u32 status, u32 in_len,
+    /// u32 out_len, then 512 data bytes (payload in, result out).
+    pub const COMMAND_SIZE: u32 = 16 + 512;
+    /// Read the device information (`DeviceInfo`, 32 bytes).
+    pub const IOC_INFO: u32 = ioc(READ, 1, 32);
+    /// Create an endpoint in the file's protection domain (`CreateEp`).
+    pub const IOC_CREATE_EP: u32 = ioc(READ | WRITE, 2, CREATE_EP_SIZE);
+    /// Destroy one of the file's endpoints (u32 id).
+    pub const IOC_DESTROY_EP: u32 = ioc(WRITE, 3, 4);
+    /// Run BIND_PORT, SET_FILTER, ARM, DISARM or GET_STATS on an endpoint
+    /// the file owns (the payload's first u32).
+    pub const IOC_COMMAND: u32 = ioc(READ | WRITE, 4, COMMAND_SIZE);
+    /// Ring an owned endpoint's doorbell (u32 id).
+    pub const IOC_KICK: u32 = ioc(WRITE, 5, 4);
+    /// Block until an owned endpoint is notified: u32 id, u32 timeout in
+    /// ms; returns 1 when notified, 0 on timeout.
+    pub const IOC_WAIT: u32 = ioc(WRITE, 6, 8);
+    /// mmap offset of endpoint `e`'s control region; its segment is at
+    /// `+ MMAP_SEGMENT`.
+    pub const fn mmap_ctrl(e: u32) -> u64 {
+        (e as u64) << 32
+    }
+    /// Added to `mmap_ctrl(e)` for the segment.
+    pub const MMAP_SEGMENT: u64 = 1 << 31;
+    /// Largest control region the driver allocates (physically contiguous).
+    pub const MAX_CTRL_BYTES: u64 = 4 << 20;
+    /// Largest segment the driver allocates.
+    pub const MAX_SEGMENT_BYTES: u64 = 64 << 20;
+}
+
 /// The C header for the Linux driver (`guest-driver/linux/ulnic_abi.h`),
 /// generated from the constants above so they are defined once. A test
 /// fails when the committed header differs; regenerate with
@@ -922,6 +964,18 @@ pub fn c_header() -> String {
         ("ULNIC_CREATE_ENDPOINT_SIZE", CreateEndpoint::SIZE as u64),
         ("ULNIC_DEVICE_INFO_SIZE", DeviceInfo::SIZE as u64),
         ("ULNIC_NOTIFY_RECORD_SIZE", 8),
+        ("ULNIC_IOC_INFO", uapi::IOC_INFO.into()),
+        ("ULNIC_IOC_CREATE_EP", uapi::IOC_CREATE_EP.into()),
+        ("ULNIC_IOC_DESTROY_EP", uapi::IOC_DESTROY_EP.into()),
+        ("ULNIC_IOC_COMMAND", uapi::IOC_COMMAND.into()),
+        ("ULNIC_IOC_KICK", uapi::IOC_KICK.into()),
+        ("ULNIC_IOC_WAIT", uapi::IOC_WAIT.into()),
+        ("ULNIC_CREATE_EP_SIZE", uapi::CREATE_EP_SIZE.into()),
+        ("ULNIC_COMMAND_SIZE", uapi::COMMAND_SIZE.into()),
+        ("ULNIC_MMAP_SEGMENT", uapi::MMAP_SEGMENT),
+        ("ULNIC_MAX_CTRL_BYTES", uapi::MAX_CTRL_BYTES),
+        ("ULNIC_MAX_SEGMENT_BYTES", uapi::MAX_SEGMENT_BYTES),
+        ("ULNIC_CTRL_RING_OFFSET", ctrl::CONTROL_BLOCK_SIZE),
     ];
     defs.sort_by_key(|d| d.0);
     let mut h = String::from(

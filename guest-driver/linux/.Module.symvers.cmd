@@ -1,1 +1,0 @@
-savedcmd_/work/main/guest-driver/linux/Module.symvers :=  scripts/mod/modpost -M -m      -W -o /work/main/guest-driver/linux/Module.symvers -T /work/main/guest-driver/linux/modules.order -i Module.symvers -e 

@@ -1,1 +1,0 @@
-savedcmd_/work/main/guest-driver/linux/ulnic.ko := x86_64-linux-gnu-ld -r -m elf_x86_64 -z noexecstack --no-warn-rwx-segments --build-id=sha1  -T arch/x86/module.lds -o /work/main/guest-driver/linux/ulnic.ko /work/main/guest-driver/linux/ulnic.o /work/main/guest-driver/linux/ulnic.mod.o /work/main/guest-driver/linux/.module-common.o

@@ -1,1 +1,0 @@
-/work/main/guest-driver/linux/ulnic.o
