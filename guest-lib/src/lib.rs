@@ -28,16 +28,25 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod backend;
+mod host;
+mod kernel;
+
+use backend::{Domain, EpMemory};
 use ulnic_abi::{
-    cmd, ctrl, event, recv_flags, send_flags, tx_error, CreateEndpoint, FreeDesc, RecvDesc,
-    RingLayout, SendDesc, CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET,
-    RECV_DESC_SIZE, SEND_DESC_SIZE,
+    cmd, ctrl, event, recv_flags, send_flags, tx_error, DeviceInfo, FreeDesc, RecvDesc, RingLayout,
+    SendDesc, CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET, RECV_DESC_SIZE,
+    SEND_DESC_SIZE,
 };
 pub use ulnic_abi::{Event as RawEvent, FilterEntry, ANY, INLINE_MAX};
-use ulnic_host_attach::{DmaBuffer, HostAttach};
+use ulnic_host_attach::HostAttach;
 
 /// Environment variable naming the device port socket to attach to.
 pub const SOCKET_ENV: &str = "ULNIC_SOCKET";
+/// Environment variable naming the guest device file (default `/dev/ulnic0`).
+pub const DEVICE_ENV: &str = "ULNIC_DEVICE";
+/// The first guest device file.
+pub const DEFAULT_DEVICE: &str = "/dev/ulnic0";
 /// Environment variable giving the shared-memory size for host attach (bytes).
 pub const MEMORY_ENV: &str = "ULNIC_MEMORY";
 
@@ -50,6 +59,9 @@ pub enum Error {
     /// The driver failed (attach, command, memory).
     #[error(transparent)]
     Driver(#[from] ulnic_host_attach::Error),
+    /// A call to the kernel driver failed.
+    #[error("ulnic driver: {0}")]
+    Os(std::io::Error),
     /// A ring is full; retry after polling.
     #[error("ring full; poll events or receives and retry")]
     WouldBlock,
@@ -87,19 +99,48 @@ impl std::fmt::Display for Address {
 /// ```
 #[derive(Clone)]
 pub struct Nic {
-    hw: Arc<HostAttach>,
+    port: Port,
+    info: DeviceInfo,
+}
+
+#[derive(Clone)]
+enum Port {
+    /// Host attach: this process drives a device port over vhost-user.
+    Host(Arc<HostAttach>),
+    /// The Linux driver: each protection domain is an open of this file.
+    Kernel(std::path::PathBuf),
 }
 
 impl Nic {
-    /// Opens the NIC named by `ULNIC_SOCKET` (host attach).
+    /// Opens the NIC: the guest device file (`ULNIC_DEVICE`, default
+    /// `/dev/ulnic0`) when it exists, otherwise the port socket named by
+    /// `ULNIC_SOCKET` (host attach).
     ///
     /// ```no_run
     /// let nic = ulnic::Nic::open()?;
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn open() -> Result<Nic, Error> {
+        let dev = std::env::var_os(DEVICE_ENV).unwrap_or_else(|| DEFAULT_DEVICE.into());
+        if Path::new(&dev).exists() {
+            return Nic::open_device(Path::new(&dev));
+        }
         let path = std::env::var_os(SOCKET_ENV).ok_or(Error::NoDevice)?;
         Nic::attach(Path::new(&path))
+    }
+
+    /// Opens a guest device file of the Linux driver.
+    ///
+    /// ```no_run
+    /// let nic = ulnic::Nic::open_device("/dev/ulnic0".as_ref())?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn open_device(path: &Path) -> Result<Nic, Error> {
+        let info = kernel::device_info(path)?;
+        Ok(Nic {
+            port: Port::Kernel(path.to_path_buf()),
+            info,
+        })
     }
 
     /// Attaches to a device port socket directly.
@@ -113,8 +154,10 @@ impl Nic {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(ulnic_host_attach::DEFAULT_MEMORY);
+        let hw = Arc::new(HostAttach::connect(socket, mem)?);
         Ok(Nic {
-            hw: Arc::new(HostAttach::connect(socket, mem)?),
+            info: *hw.info(),
+            port: Port::Host(hw),
         })
     }
 
@@ -126,7 +169,7 @@ impl Nic {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn node(&self) -> u32 {
-        self.hw.info().node
+        self.info.node
     }
 
     /// Number of nodes in the fabric.
@@ -137,7 +180,7 @@ impl Nic {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn nodes(&self) -> u32 {
-        self.hw.info().nodes
+        self.info.nodes
     }
 
     /// Largest message the device moves.
@@ -148,7 +191,7 @@ impl Nic {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn max_message(&self) -> u32 {
-        self.hw.info().max_message
+        self.info.max_message
     }
 
     /// Allocates a protection domain (like `ef_pd_alloc` / `ibv_alloc_pd`).
@@ -159,28 +202,11 @@ impl Nic {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, Error> {
-        let r = self.hw.command(cmd::CREATE_PD, &[])?;
-        let id = r
-            .get(..4)
-            .map(|b| ulnic_abi::read_le32(b, 0))
-            .ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_PD))?;
-        Ok(ProtectionDomain {
-            inner: Arc::new(PdInner {
-                hw: self.hw.clone(),
-                id,
-            }),
-        })
-    }
-}
-
-struct PdInner {
-    hw: Arc<HostAttach>,
-    id: u32,
-}
-
-impl Drop for PdInner {
-    fn drop(&mut self) {
-        let _ = self.hw.command(cmd::DESTROY_PD, &self.id.to_le_bytes());
+        let inner: Arc<dyn Domain> = match &self.port {
+            Port::Host(hw) => Arc::new(host::HostDomain::new(hw.clone())?),
+            Port::Kernel(path) => Arc::new(kernel::KernelDomain::open(path, self.info)?),
+        };
+        Ok(ProtectionDomain { inner })
     }
 }
 
@@ -193,7 +219,7 @@ impl Drop for PdInner {
 /// # Ok::<(), ulnic::Error>(())
 /// ```
 pub struct ProtectionDomain {
-    inner: Arc<PdInner>,
+    inner: Arc<dyn Domain>,
 }
 
 /// Sizes of a new endpoint's rings and segment.
@@ -382,14 +408,11 @@ impl std::fmt::Display for SendError {
 /// # Ok::<(), ulnic::Error>(())
 /// ```
 pub struct Endpoint {
-    hw: Arc<HostAttach>,
-    _pd: Arc<PdInner>,
+    dom: Arc<dyn Domain>,
+    mem: EpMemory,
     id: u32,
     port: Option<u32>,
     layout: RingLayout,
-    ctrl: DmaBuffer,
-    segment: DmaBuffer,
-    table: DmaBuffer,
     send_producer: u32,
     recv_consumer: u32,
     free_producer: u32,
@@ -408,7 +431,6 @@ impl ProtectionDomain {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn create_endpoint(&self, cfg: &EndpointConfig) -> Result<Endpoint, Error> {
-        let hw = &self.inner.hw;
         let layout = RingLayout {
             send_entries: cfg.send_entries,
             recv_entries: cfg.recv_entries,
@@ -416,48 +438,13 @@ impl ProtectionDomain {
             event_entries: (cfg.send_entries + CONDITION_RESERVE).next_power_of_two(),
         };
         layout.validate().map_err(Error::InvalidArgument)?;
-        let mem = hw.memory();
-        let ctrl = mem.alloc(layout.region_size() as usize)?;
-        let segment = mem.alloc(cfg.segment_bytes.max(4096))?;
-        let pages = segment.len / 4096;
-        let table = mem.alloc(pages * 8)?;
-        let entries: Vec<u8> = (0..pages as u64)
-            .flat_map(|p| (segment.gpa + p * 4096).to_le_bytes())
-            .collect();
-        mem.write(table.gpa, &entries);
-        let req = CreateEndpoint {
-            pd: self.inner.id,
-            send_entries: layout.send_entries,
-            recv_entries: layout.recv_entries,
-            free_entries: layout.free_entries,
-            event_entries: layout.event_entries,
-            ctrl_gpa: ctrl.gpa,
-            ctrl_len: ctrl.len as u64,
-            seg_table_gpa: table.gpa,
-            seg_pages: pages as u32,
-        };
-        let r = match hw.command(cmd::CREATE_ENDPOINT, &req.encode()) {
-            Ok(r) => r,
-            Err(e) => {
-                mem.free(ctrl);
-                mem.free(segment);
-                mem.free(table);
-                return Err(e.into());
-            }
-        };
-        let id = r
-            .get(..4)
-            .map(|b| ulnic_abi::read_le32(b, 0))
-            .ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_ENDPOINT))?;
+        let mem = self.inner.create_endpoint(&layout, cfg.segment_bytes)?;
         Ok(Endpoint {
-            hw: hw.clone(),
-            _pd: self.inner.clone(),
-            id,
+            dom: self.inner.clone(),
+            id: mem.id,
+            mem,
             port: None,
             layout,
-            ctrl,
-            segment,
-            table,
             send_producer: 0,
             recv_consumer: 0,
             free_producer: 0,
@@ -478,23 +465,13 @@ impl Drop for Endpoint {
         while !self.sends_done() && Instant::now() < deadline {
             std::thread::yield_now();
         }
-        if self
-            .hw
-            .command(cmd::DESTROY_ENDPOINT, &self.id.to_le_bytes())
-            .is_ok()
-        {
-            // Only reuse the memory once the device has let go of it.
-            let mem = self.hw.memory();
-            mem.free(self.ctrl);
-            mem.free(self.segment);
-            mem.free(self.table);
-        }
+        self.dom.destroy_endpoint(&self.mem);
     }
 }
 
 impl Endpoint {
     fn word(&self, off: u64) -> &std::sync::atomic::AtomicU32 {
-        self.hw.memory().atomic_u32(self.ctrl.gpa + off)
+        self.mem.word(off)
     }
 
     /// The endpoint's id on its node (its doorbell is queue 2 + id).
@@ -520,7 +497,7 @@ impl Endpoint {
     /// ```
     pub fn address(&self) -> Option<Address> {
         self.port.map(|port| Address {
-            node: self.hw.info().node,
+            node: self.dom.info().node,
             port,
         })
     }
@@ -536,7 +513,7 @@ impl Endpoint {
     pub fn bind(&mut self, port: u32) -> Result<(), Error> {
         let mut p = self.id.to_le_bytes().to_vec();
         p.extend_from_slice(&port.to_le_bytes());
-        self.hw.command(cmd::BIND_PORT, &p)?;
+        self.dom.ep_command(cmd::BIND_PORT, &p)?;
         self.port = Some(port);
         Ok(())
     }
@@ -554,7 +531,7 @@ impl Endpoint {
         let mut p = self.id.to_le_bytes().to_vec();
         p.extend_from_slice(&(filters.len() as u32).to_le_bytes());
         filters.iter().for_each(|f| f.encode_into(&mut p));
-        self.hw.command(cmd::SET_FILTER, &p)?;
+        self.dom.ep_command(cmd::SET_FILTER, &p)?;
         Ok(())
     }
 
@@ -567,14 +544,14 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn segment_len(&self) -> usize {
-        self.segment.len
+        self.mem.seg_len
     }
 
     fn seg_check(&self, offset: usize, len: usize) {
         assert!(
             offset
                 .checked_add(len)
-                .is_some_and(|e| e <= self.segment.len),
+                .is_some_and(|e| e <= self.mem.seg_len),
             "segment range {offset}+{len} out of bounds"
         );
     }
@@ -590,9 +567,7 @@ impl Endpoint {
     /// ```
     pub fn write_segment(&self, offset: usize, data: &[u8]) {
         self.seg_check(offset, data.len());
-        self.hw
-            .memory()
-            .write(self.segment.gpa + offset as u64, data);
+        self.mem.seg_write(offset, data);
     }
 
     /// Copies segment bytes at `offset` into `out` (e.g. a received buffer).
@@ -606,7 +581,7 @@ impl Endpoint {
     /// ```
     pub fn read_segment(&self, offset: usize, out: &mut [u8]) {
         self.seg_check(offset, out.len());
-        self.hw.memory().read(self.segment.gpa + offset as u64, out);
+        self.mem.seg_read(offset, out);
     }
 
     /// Send descriptors that can be posted now.
@@ -651,8 +626,8 @@ impl Endpoint {
         } else {
             INLINE_OFFSET + inline.len()
         };
-        self.hw.memory().write(
-            self.ctrl.gpa + self.layout.send_offset() + slot * SEND_DESC_SIZE,
+        self.mem.ctrl_write(
+            self.layout.send_offset() + slot * SEND_DESC_SIZE,
             &b[..used],
         );
         self.send_producer = self.send_producer.wrapping_add(1);
@@ -666,7 +641,7 @@ impl Endpoint {
         // Pairs with the device's "set wanted, fence, re-poll" before it sleeps.
         fence(Ordering::SeqCst);
         if self.word(ctrl::DOORBELL_WANTED).load(Ordering::Acquire) != 0 {
-            self.hw.ring_doorbell(self.id);
+            self.dom.ring_doorbell(self.id);
         }
     }
 
@@ -765,10 +740,8 @@ impl Endpoint {
             user_id: id,
         }
         .encode(&mut b);
-        self.hw.memory().write(
-            self.ctrl.gpa + self.layout.free_offset() + slot * FREE_DESC_SIZE,
-            &b,
-        );
+        self.mem
+            .ctrl_write(self.layout.free_offset() + slot * FREE_DESC_SIZE, &b);
         self.free_producer = self.free_producer.wrapping_add(1);
         self.word(ctrl::FREE_PRODUCER)
             .store(self.free_producer.to_le(), Ordering::Release);
@@ -806,12 +779,12 @@ impl Endpoint {
         }
         let slot = u64::from(self.recv_consumer & (self.layout.recv_entries - 1));
         let mut b = [0u8; RECV_DESC_SIZE as usize];
-        let addr = self.ctrl.gpa + self.layout.recv_offset() + slot * RECV_DESC_SIZE;
-        self.hw.memory().read(addr, &mut b[..INLINE_OFFSET]);
+        let addr = self.layout.recv_offset() + slot * RECV_DESC_SIZE;
+        self.mem.ctrl_read(addr, &mut b[..INLINE_OFFSET]);
         let d = RecvDesc::decode(&b);
         let payload = if d.flags & recv_flags::INLINE != 0 {
             let n = (d.len as usize).min(INLINE_MAX as usize);
-            self.hw.memory().read(
+            self.mem.ctrl_read(
                 addr + INLINE_OFFSET as u64,
                 &mut b[INLINE_OFFSET..INLINE_OFFSET + n],
             );
@@ -819,7 +792,7 @@ impl Endpoint {
             data[..n].copy_from_slice(&b[INLINE_OFFSET..INLINE_OFFSET + n]);
             Payload::Inline(data)
         } else {
-            self.hw.memory().read(
+            self.mem.ctrl_read(
                 addr + INLINE_OFFSET as u64,
                 &mut b[INLINE_OFFSET..INLINE_OFFSET + 8],
             );
@@ -859,10 +832,8 @@ impl Endpoint {
         }
         let slot = u64::from(self.event_consumer & (self.layout.event_entries - 1));
         let mut b = [0u8; EVENT_SIZE as usize];
-        self.hw.memory().read(
-            self.ctrl.gpa + self.layout.event_offset() + slot * EVENT_SIZE,
-            &mut b,
-        );
+        self.mem
+            .ctrl_read(self.layout.event_offset() + slot * EVENT_SIZE, &mut b);
         let e = RawEvent::decode(&b);
         self.event_consumer = self.event_consumer.wrapping_add(1);
         self.word(ctrl::EVENT_CONSUMER)
@@ -881,10 +852,8 @@ impl Endpoint {
             event::CONDITION => {
                 if u32::from(e.code) < CONDITION_RESERVE {
                     // Re-enable this condition (CLAN duplicate suppression).
-                    self.hw.memory().write(
-                        self.ctrl.gpa + ctrl::CONDITION_PENDING + u64::from(e.code),
-                        &[0],
-                    );
+                    self.mem
+                        .ctrl_write(ctrl::CONDITION_PENDING + u64::from(e.code), &[0]);
                 }
                 Event::Condition(e.code)
             }
@@ -915,7 +884,7 @@ impl Endpoint {
             return Ok(true);
         }
         if !self.notify_enabled {
-            self.hw.command(cmd::ARM, &self.id.to_le_bytes())?;
+            self.dom.ep_command(cmd::ARM, &self.id.to_le_bytes())?;
             self.notify_enabled = true;
         }
         let deadline = Instant::now() + timeout;
@@ -931,7 +900,7 @@ impl Endpoint {
             if left.is_zero() {
                 return Ok(false);
             }
-            if self.hw.wait_notification(self.id, left) && self.has_work() {
+            if self.dom.wait(self.id, left)? && self.has_work() {
                 return Ok(true);
             }
         }
@@ -948,7 +917,9 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn stats(&self) -> Result<Vec<(&'static str, u64)>, Error> {
-        let r = self.hw.command(cmd::GET_STATS, &self.id.to_le_bytes())?;
+        let r = self
+            .dom
+            .ep_command(cmd::GET_STATS, &self.id.to_le_bytes())?;
         Ok(ulnic_abi::STAT_NAMES
             .iter()
             .enumerate()

@@ -1,0 +1,95 @@
+//! How the library reaches a device: host attach (vhost-user, this process
+//! plays the driver) or the Linux driver (`/dev/ulnicN`). Both give an
+//! endpoint's control region and segment as memory mapped in this process.
+
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use ulnic_abi::{DeviceInfo, RingLayout};
+
+use crate::Error;
+
+/// An endpoint's memory as mapped in this process.
+pub(crate) struct EpMemory {
+    /// Endpoint id on its node.
+    pub id: u32,
+    pub ctrl: *mut u8,
+    pub ctrl_len: usize,
+    pub seg: *mut u8,
+    pub seg_len: usize,
+}
+
+// SAFETY: the pointers name shared mappings that live as long as the
+// endpoint; all access goes through bounds-checked copies or atomics.
+unsafe impl Send for EpMemory {}
+// SAFETY: as above.
+unsafe impl Sync for EpMemory {}
+
+impl EpMemory {
+    fn check(len: usize, off: usize, n: usize) {
+        assert!(
+            off.checked_add(n).is_some_and(|e| e <= len),
+            "ulnic: access {off}+{n} outside a {len}-byte region"
+        );
+    }
+
+    /// The aligned u32 at `off` in the control region.
+    pub fn word(&self, off: u64) -> &AtomicU32 {
+        let off = off as usize;
+        Self::check(self.ctrl_len, off, 4);
+        assert!(off.is_multiple_of(4));
+        // SAFETY: in bounds and aligned (the region is page aligned); the
+        // mapping outlives `&self`; AtomicU32 has u32's layout.
+        unsafe { &*self.ctrl.add(off).cast::<AtomicU32>() }
+    }
+
+    /// Copies into the control region.
+    pub fn ctrl_write(&self, off: u64, data: &[u8]) {
+        Self::check(self.ctrl_len, off as usize, data.len());
+        // SAFETY: bounds checked; plain bytes in shared memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ctrl.add(off as usize), data.len())
+        }
+    }
+
+    /// Copies out of the control region.
+    pub fn ctrl_read(&self, off: u64, out: &mut [u8]) {
+        Self::check(self.ctrl_len, off as usize, out.len());
+        // SAFETY: bounds checked.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ctrl.add(off as usize), out.as_mut_ptr(), out.len())
+        }
+    }
+
+    /// Copies into the segment.
+    pub fn seg_write(&self, off: usize, data: &[u8]) {
+        Self::check(self.seg_len, off, data.len());
+        // SAFETY: bounds checked.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.seg.add(off), data.len()) }
+    }
+
+    /// Copies out of the segment.
+    pub fn seg_read(&self, off: usize, out: &mut [u8]) {
+        Self::check(self.seg_len, off, out.len());
+        // SAFETY: bounds checked.
+        unsafe { std::ptr::copy_nonoverlapping(self.seg.add(off), out.as_mut_ptr(), out.len()) }
+    }
+}
+
+/// One protection domain on some device.
+pub(crate) trait Domain: Send + Sync {
+    /// The device's information.
+    fn info(&self) -> &DeviceInfo;
+    /// Allocates, registers and maps an endpoint.
+    fn create_endpoint(&self, layout: &RingLayout, segment_bytes: usize)
+        -> Result<EpMemory, Error>;
+    /// Destroys an endpoint and releases its memory.
+    fn destroy_endpoint(&self, ep: &EpMemory);
+    /// A control command on one of this domain's endpoints (the payload's
+    /// first u32 is its id).
+    fn ep_command(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>, Error>;
+    /// Rings an endpoint's doorbell.
+    fn ring_doorbell(&self, ep: u32);
+    /// Blocks until the endpoint is notified (true) or `timeout` (false).
+    fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error>;
+}
