@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod engine;
 pub mod fabric;
 pub mod guest;
+pub mod selftest;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

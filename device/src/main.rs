@@ -38,6 +38,9 @@ enum Cmd {
     ///   ulnic bench pingpong --mode block --transport ulnic,unix
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
+    /// Check the NIC end to end from this machine: inside a guest through
+    /// /dev/ulnic0, or host-attached through ULNIC_SOCKET.
+    Selftest,
     /// Guest images and the QEMU that runs them.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -133,6 +136,14 @@ fn main() -> ExitCode {
         Cmd::Device(a) => run_device(a),
         Cmd::Bench(a) => run_bench(a),
         Cmd::Image(ImageCmd::Build { force, json }) => run_image_build(force, json),
+        Cmd::Selftest => match ulnic_device::selftest::run() {
+            Ok(lines) => {
+                lines.iter().for_each(|l| println!("ulnic-selftest: {l}"));
+                println!("ulnic-selftest: ok");
+                Ok(())
+            }
+            Err(e) => Err(format!("selftest failed: {e}")),
+        },
         Cmd::BenchPeer(a) => bench::peer(&a).map_err(|e| e.to_string()),
     };
     match r {

@@ -17,7 +17,7 @@ fn guest_boots_and_sees_the_ulnic_device() {
     let cfg = ulnic_images::vm::VmConfig {
         ulnic_socket: Some(common::socket(&dev, 0)),
         ulnic_queues: 2 + 8,
-        append: "ulnic.poweroff".into(),
+        append: "ulnic.selftest ulnic.poweroff".into(),
         ..Default::default()
     };
     let t = Instant::now();
@@ -75,6 +75,14 @@ fn guest_boots_and_sees_the_ulnic_device() {
     assert!(
         out.contains("ulnic-guest: tool: ulnic 0.1.0"),
         "the ulnic tool did not run in the guest; console tail:\n{tail}"
+    );
+    for l in out.lines().filter(|l| l.contains("ulnic-selftest")) {
+        eprintln!("console: {}", l.trim());
+    }
+    // The library inside the guest, through /dev/ulnic0 and the driver.
+    assert!(
+        out.contains("ulnic-guest: selftest exit=0") && out.contains("ulnic-selftest: ok"),
+        "the in-guest selftest failed; console tail:\n{tail}"
     );
     eprintln!(
         "guest booted and powered off in {:.1} s (TCG, QEMU {})",

@@ -20,6 +20,10 @@ if [ -x /bin/ulnic ]; then
   echo "ulnic-guest: tool: $(/bin/ulnic --version 2>&1)"
 fi
 echo "ulnic-guest: ready kernel=$(uname -r)"
+if grep -q ulnic.selftest /proc/cmdline; then
+  /bin/ulnic selftest 2>&1
+  echo "ulnic-guest: selftest exit=$?"
+fi
 if grep -q ulnic.poweroff /proc/cmdline; then
   poweroff -f
 fi
