@@ -257,6 +257,7 @@ impl Link for ShmLink {
 const BENCH_PORT: u32 = 1;
 const TAG_DATA: u32 = 0;
 const TAG_CREDIT: u32 = 1;
+const TAG_HELLO: u32 = 2;
 /// Receive buffers the receiver keeps posted (and the sender's credits).
 const CREDITS: u32 = 64;
 
@@ -275,11 +276,16 @@ struct UlnicLink {
 }
 
 impl UlnicLink {
-    fn open(socket: &Path, peer_node: u32, max: u32, mode: Mode) -> io::Result<UlnicLink> {
+    /// `socket` None: the guest device (`Nic::open`).
+    fn open(socket: Option<&Path>, peer_node: u32, max: u32, mode: Mode) -> io::Result<UlnicLink> {
         let slot = u64::from(max.max(1)).div_ceil(4096) * 4096;
         let seg = (slot * u64::from(2 * CREDITS)) as usize;
         std::env::set_var(ulnic::MEMORY_ENV, (seg + (16 << 20)).to_string());
-        let nic = ulnic::Nic::attach(socket).map_err(io::Error::other)?;
+        let nic = match socket {
+            Some(s) => ulnic::Nic::attach(s),
+            None => ulnic::Nic::open(),
+        }
+        .map_err(io::Error::other)?;
         let pd = nic.alloc_pd().map_err(io::Error::other)?;
         let cfg = ulnic::EndpointConfig {
             send_entries: CREDITS,
@@ -307,6 +313,37 @@ impl UlnicLink {
             credits: CREDITS,
             consumed: 0,
         })
+    }
+
+    /// Client: greet until the server answers (sends to a server not yet
+    /// bound come back as NO_ENDPOINT and are simply repeated). Server:
+    /// wait for the greeting and answer it.
+    fn handshake(&mut self, server: bool) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut last = Instant::now() - Duration::from_secs(1);
+        loop {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("the other node never answered"));
+            }
+            if !server && last.elapsed() > Duration::from_millis(20) && self.ep.send_space() > 0 {
+                self.ep
+                    .post_send_inline(self.peer, TAG_HELLO, &[], 0)
+                    .map_err(io::Error::other)?;
+                last = Instant::now();
+            }
+            while self.ep.poll_event().is_some() {}
+            if let Some(m) = self.ep.poll_recv() {
+                if m.tag == TAG_HELLO {
+                    if server {
+                        self.ep
+                            .post_send_inline(self.peer, TAG_HELLO, &[], 0)
+                            .map_err(io::Error::other)?;
+                    }
+                    return Ok(());
+                }
+            }
+            std::thread::yield_now();
+        }
     }
 
     fn handle_events(&mut self) -> io::Result<()> {
@@ -390,6 +427,9 @@ impl UlnicLink {
     /// Consumes a received message: credits update the sender; data is
     /// copied out (read) and its buffer reposted. Returns the data length.
     fn take(&mut self, m: ulnic::Received, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if m.tag == TAG_HELLO {
+            return Ok(None); // a repeated greeting from the start-up handshake
+        }
         if m.tag == TAG_CREDIT {
             if let ulnic::Payload::Inline(d) = m.payload {
                 self.credits += u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
@@ -614,15 +654,20 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
             Box::new(l)
         }
         Transport::Ulnic => {
-            // Node 0 is the client, node 1 the server; `at` is the socket dir.
-            let dir = PathBuf::from(&a.at);
+            // Node 0 is the client, node 1 the server; `at` is the socket
+            // dir, or "device" inside a guest (the device file).
             let (mine, peer) = if is_server { (1, 0) } else { (0, 1) };
-            let l = UlnicLink::open(
-                &dir.join(format!("node{mine}.sock")),
+            let sock = PathBuf::from(&a.at).join(format!("node{mine}.sock"));
+            let mut l = UlnicLink::open(
+                (a.at != "device").then_some(sock.as_path()),
                 peer,
                 spec.size,
                 spec.mode,
             )?;
+            if a.at == "device" {
+                // Guests come up at different times: meet first.
+                l.handshake(is_server)?;
+            }
             if is_server {
                 ready();
             }

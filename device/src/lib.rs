@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod cluster;
 pub mod control;
 pub mod endpoint;
 pub mod engine;

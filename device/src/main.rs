@@ -41,12 +41,69 @@ enum Cmd {
     /// Check the NIC end to end from this machine: inside a guest through
     /// /dev/ulnic0, or host-attached through ULNIC_SOCKET.
     Selftest,
+    /// Clusters of QEMU guests joined by one ulnic device.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
     /// Guest images and the QEMU that runs them.
     #[command(subcommand)]
     Image(ImageCmd),
     /// One side of a benchmark (started by `ulnic bench`).
     #[command(hide = true)]
     BenchPeer(PeerArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Boot N guests on one device, run CMD on every node (with ULNIC_NODE
+    /// and ULNIC_NODES set), stream its output, tear down; exit non-zero if
+    /// any node failed.
+    ///
+    /// Examples:
+    ///   ulnic cluster run --nodes 2 -- ulnic selftest
+    ///   ulnic cluster run --nodes 2 -- 'echo node $ULNIC_NODE of $ULNIC_NODES'
+    #[command(verbatim_doc_comment)]
+    Run {
+        #[command(flatten)]
+        opts: ClusterOpts,
+        /// The command (a shell command line; words are joined).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Ping-pong between processes on two guests over ulnic.
+    ///
+    /// Example: ulnic cluster bench pingpong --size 8 --json
+    Bench {
+        /// Workload.
+        #[arg(value_enum)]
+        workload: Workload,
+        #[command(flatten)]
+        opts: ClusterOpts,
+        /// Message sizes.
+        #[arg(long, value_delimiter = ',', default_value = "8")]
+        size: Vec<u32>,
+        /// Iterations per size.
+        #[arg(long, default_value_t = 2000)]
+        iters: u64,
+        /// Print the JSON result lines only.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct ClusterOpts {
+    /// Number of guests.
+    #[arg(long, default_value_t = 2)]
+    nodes: u32,
+    /// Accelerator: auto probes whether KVM really runs a guest here.
+    #[arg(long, value_enum, default_value = "auto")]
+    accel: ulnic_device::cluster::Accel,
+    /// Guest RAM in MiB.
+    #[arg(long, default_value_t = 512)]
+    memory: u32,
+    /// Seconds before the run is abandoned.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -136,6 +193,16 @@ fn main() -> ExitCode {
         Cmd::Device(a) => run_device(a),
         Cmd::Bench(a) => run_bench(a),
         Cmd::Image(ImageCmd::Build { force, json }) => run_image_build(force, json),
+        Cmd::Cluster(ClusterCmd::Run { opts, command }) => {
+            run_cluster(&opts, &ulnic_device::cluster::shell_join(&command), false).map(|_| ())
+        }
+        Cmd::Cluster(ClusterCmd::Bench {
+            workload,
+            opts,
+            size,
+            iters,
+            json,
+        }) => run_cluster_bench(&opts, workload, &size, iters, json),
         Cmd::Selftest => match ulnic_device::selftest::run() {
             Ok(lines) => {
                 lines.iter().for_each(|l| println!("ulnic-selftest: {l}"));
@@ -181,6 +248,97 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+fn cluster_image(say: &mut dyn FnMut(&str)) -> Result<ulnic_images::Image, String> {
+    let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
+    let r = ulnic_images::build(false, &tools, say).map_err(|e| e.to_string())?;
+    Ok(r.image)
+}
+
+/// Runs `command` on a cluster; returns each node's output lines.
+fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> Result<Vec<Vec<String>>, String> {
+    let mut outputs: Vec<Vec<String>> = vec![Vec::new(); o.nodes as usize];
+    let mut say = |l: &str| {
+        if let Some(rest) = l.strip_prefix("[node ") {
+            if let Some((n, text)) = rest.split_once("] ") {
+                if let Ok(n) = n.parse::<usize>() {
+                    if let Some(v) = outputs.get_mut(n) {
+                        v.push(text.to_string());
+                    }
+                }
+            }
+        }
+        if !quiet {
+            eprintln!("{l}");
+        }
+    };
+    let image = cluster_image(&mut |l| {
+        if !quiet {
+            eprintln!("{l}")
+        }
+    })?;
+    let opts = ulnic_device::cluster::RunOptions {
+        nodes: o.nodes,
+        accel: o.accel,
+        memory_mb: o.memory,
+        timeout: Duration::from_secs(o.timeout),
+        endpoints: 8,
+    };
+    let results = ulnic_device::cluster::run(&opts, &image, command, &mut say)?;
+    let mut failed = 0;
+    for r in &results {
+        match &r.error {
+            None => eprintln!(
+                "[node {}] exit 0 (booted in {:.1} s)",
+                r.node,
+                r.boot_seconds.unwrap_or(0.0)
+            ),
+            Some(e) => {
+                failed += 1;
+                eprintln!(
+                    "[node {}] FAILED: {e}\n  full console log: {}",
+                    r.node,
+                    r.console_log.display()
+                );
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of {} nodes failed", results.len()));
+    }
+    Ok(outputs)
+}
+
+fn run_cluster_bench(
+    o: &ClusterOpts,
+    w: Workload,
+    sizes: &[u32],
+    iters: u64,
+    json: bool,
+) -> Result<(), String> {
+    if o.nodes < 2 {
+        return Err("a cluster benchmark needs --nodes 2 or more (nodes 0 and 1 take part)".into());
+    }
+    let mut script = String::from("set -e\n");
+    for s in sizes {
+        let common = format!(
+            "--workload {} --transport ulnic --size {s} --iters {iters} --mode poll --at device",
+            format!("{w:?}").to_lowercase()
+        );
+        script.push_str(&format!(
+            "if [ \"$ULNIC_NODE\" = 0 ]; then ulnic bench-peer --role client {common}; elif [ \"$ULNIC_NODE\" = 1 ]; then ulnic bench-peer --role server {common} >/dev/null; fi\n"
+        ));
+    }
+    let outputs = run_cluster(o, &script, json)?;
+    for line in outputs.first().into_iter().flatten() {
+        if let Some(rec) = line.strip_prefix("RESULT ") {
+            let mut v: serde_json::Value = serde_json::from_str(rec).map_err(|e| e.to_string())?;
+            v["where"] = "two guests".into();
+            println!("{v}");
+        }
+    }
+    Ok(())
 }
 
 fn run_image_build(force: bool, json: bool) -> Result<(), String> {

@@ -20,6 +20,17 @@ if [ -x /bin/ulnic ]; then
   echo "ulnic-guest: tool: $(/bin/ulnic --version 2>&1)"
 fi
 echo "ulnic-guest: ready kernel=$(uname -r)"
+# A command from the cluster launcher: ulnic.cmd=<base64>, run with
+# ULNIC_NODE / ULNIC_NODES set; its output is framed for the host.
+arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^$1=//p" | head -n 1; }
+CMD64=$(arg ulnic.cmd)
+if [ -n "$CMD64" ]; then
+  export ULNIC_NODE=$(arg ulnic.node) ULNIC_NODES=$(arg ulnic.nodes) HOME=/tmp
+  echo "ulnic-guest: run: begin"
+  echo "$CMD64" | base64 -d > /tmp/cmd
+  { sh /tmp/cmd 2>&1; echo $? > /tmp/status; } | sed 's/^/ulnic-out: /'
+  echo "ulnic-guest: exit=$(cat /tmp/status)"
+fi
 if grep -q ulnic.selftest /proc/cmdline; then
   /bin/ulnic selftest 2>&1
   echo "ulnic-guest: selftest exit=$?"

@@ -231,6 +231,13 @@ pub fn build(
     let cache = cache_dir();
     let dir = cache.join("image");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    // One build at a time per cache: concurrent runs share apt state and files.
+    let lock_path = cache.join("build.lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+    // SAFETY: flock on a descriptor we own; released when `lock` drops.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(Error::io(&lock_path, std::io::Error::last_os_error()));
+    }
     let mut packages = Vec::new();
     let mut downloaded = 0u64;
 

@@ -1,0 +1,78 @@
+//! The cluster launcher, through the real `ulnic` command: two QEMU guests
+//! (TCG) on one device.
+use std::process::Command;
+
+fn ulnic(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ulnic"))
+        .args(args)
+        .output()
+        .expect("ulnic runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn two_guests_run_commands_talk_over_ulnic_and_report_failures() {
+    let (ok, _, err) = ulnic(&[
+        "cluster",
+        "run",
+        "--nodes",
+        "2",
+        "--accel",
+        "tcg",
+        "--",
+        "ulnic selftest && echo node=$ULNIC_NODE/$ULNIC_NODES",
+    ]);
+    assert!(ok, "cluster run failed:\n{err}");
+    for n in 0..2 {
+        assert!(
+            err.contains(&format!("[node {n}] ulnic-selftest: ok")),
+            "node {n} selftest:\n{err}"
+        );
+        assert!(
+            err.contains(&format!("[node {n}] node={n}/2")),
+            "node {n} env:\n{err}"
+        );
+    }
+
+    // Messages between processes on different guests: every payload byte is
+    // checked against its sequence number on both sides (in order, once).
+    let (ok, out, err) = ulnic(&[
+        "cluster", "bench", "pingpong", "--nodes", "2", "--accel", "tcg", "--size", "8,4096",
+        "--iters", "300", "--json",
+    ]);
+    assert!(ok, "cluster bench failed:\n{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "one result per size:\n{out}");
+    for (l, size) in lines.iter().zip([8, 4096]) {
+        assert_eq!(l["transport"], "ulnic");
+        assert_eq!(l["where"], "two guests");
+        assert_eq!(l["size"], size);
+        assert!(l["median_ns"].as_u64().unwrap() > 0);
+    }
+
+    // A failing node fails the run and shows why. (One test function: the
+    // runs are heavy for 2 cores and better not overlap.)
+    let (ok, _, err) = ulnic(&[
+        "cluster",
+        "run",
+        "--nodes",
+        "1",
+        "--accel",
+        "tcg",
+        "--",
+        "echo about to fail; exit 3",
+    ]);
+    assert!(!ok, "a failing command must fail the run");
+    assert!(err.contains("[node 0] about to fail"), "{err}");
+    assert!(
+        err.contains("FAILED: command failed") && err.contains("ulnic-guest: exit=3"),
+        "{err}"
+    );
+}
