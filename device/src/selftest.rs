@@ -146,7 +146,55 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
         unsafe { libc::munmap(p, 4096) };
         return Err(format!("another domain could map endpoint {ep}'s rings"));
     }
-    Ok(Some(format!(
-        "another domain cannot kick or map endpoint {ep} (EPERM)"
-    )))
+    let mut report = format!("another domain cannot kick or map endpoint {ep} (EPERM)");
+
+    // Its own endpoint: destroying it while mapped is refused (the pages
+    // would otherwise be freed under the process's feet).
+    let ioctl = |req: u32, arg: *mut u8| {
+        // SAFETY: `arg` is sized as `req` encodes.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), req as libc::c_ulong, arg) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    };
+    let mut a = [0u8; ulnic_abi::uapi::CREATE_EP_SIZE as usize];
+    for (i, v) in [8u32, 8, 8, 64].iter().enumerate() {
+        a[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    a[16..24].copy_from_slice(&4096u64.to_le_bytes());
+    ioctl(ulnic_abi::uapi::IOC_CREATE_EP, a.as_mut_ptr())
+        .map_err(|e| format!("raw CREATE_EP: {e}"))?;
+    let id = ulnic_abi::read_le32(&a, 24);
+    // SAFETY: mapping the file's own endpoint; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            ulnic_abi::uapi::mmap_ctrl(id) as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "own endpoint {id} could not be mapped: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let mut idb = id.to_le_bytes();
+    let busy = ioctl(ulnic_abi::uapi::IOC_DESTROY_EP, idb.as_mut_ptr());
+    // SAFETY: unmapping the mapping made above.
+    unsafe { libc::munmap(p, 4096) };
+    if busy.as_ref().err().and_then(|e| e.raw_os_error()) != Some(libc::EBUSY) {
+        return Err(format!(
+            "destroying a mapped endpoint gave {busy:?}, not EBUSY"
+        ));
+    }
+    ioctl(ulnic_abi::uapi::IOC_DESTROY_EP, idb.as_mut_ptr())
+        .map_err(|e| format!("destroy after unmap: {e}"))?;
+    report.push_str("; a mapped endpoint cannot be destroyed (EBUSY) until unmapped");
+    Ok(Some(report))
 }

@@ -44,6 +44,8 @@ struct ulnic_ep {
 	size_t ctrl_len;
 	void *seg;		/* vmalloc_user: any pages */
 	size_t seg_len;
+	/* Live user mappings: the memory is never freed while mapped. */
+	atomic_t maps;
 };
 
 struct ulnic {
@@ -425,6 +427,11 @@ static long ulnic_destroy_ep(struct ulnic_file *uf, u32 id)
 		mutex_unlock(&uf->lock);
 		return -EPERM;
 	}
+	if (atomic_read(&ep->maps)) {
+		/* Unmap first: freeing mapped pages would hand them to the user. */
+		mutex_unlock(&uf->lock);
+		return -EBUSY;
+	}
 	err = ulnic_cmd_ep(uf->u, ULNIC_CMD_DESTROY_ENDPOINT, id);
 	if (!err) {
 		uf->eps[id] = NULL;
@@ -555,6 +562,25 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	}
 }
 
+static void ulnic_vma_open(struct vm_area_struct *vma)
+{
+	struct ulnic_ep *ep = vma->vm_private_data;
+
+	atomic_inc(&ep->maps);
+}
+
+static void ulnic_vma_close(struct vm_area_struct *vma)
+{
+	struct ulnic_ep *ep = vma->vm_private_data;
+
+	atomic_dec(&ep->maps);
+}
+
+static const struct vm_operations_struct ulnic_vm_ops = {
+	.open = ulnic_vma_open,
+	.close = ulnic_vma_close,
+};
+
 static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 {
 	struct ulnic_file *uf = f->private_data;
@@ -576,6 +602,11 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 		   len <= ep->seg_len) {
 		vm_flags_set(vma, VM_DONTCOPY);
 		err = remap_vmalloc_range(vma, ep->seg, 0);
+	}
+	if (!err) {
+		vma->vm_private_data = ep;
+		vma->vm_ops = &ulnic_vm_ops;
+		ulnic_vma_open(vma);
 	}
 	mutex_unlock(&uf->lock);
 	return err;
