@@ -601,6 +601,37 @@ pub struct PeerArgs {
     pub at: String,
 }
 
+/// TCP port of the benchmark server inside guests.
+const GUEST_TCP_PORT: u16 = 7000;
+
+/// Connects to node `n`'s benchmark server over the guests' Ethernet
+/// segment, retrying while it boots (and while the link-local address is
+/// still tentative).
+fn connect_guest(n: u32) -> io::Result<TcpStream> {
+    let name = std::ffi::CString::new("eth0").map_err(io::Error::other)?;
+    // SAFETY: a valid NUL-terminated interface name.
+    let scope = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if scope == 0 {
+        return Err(io::Error::other(
+            "no eth0: the guest has no cluster network",
+        ));
+    }
+    let addr = std::net::SocketAddrV6::new(
+        ulnic_images::vm::node_link_local(n),
+        GUEST_TCP_PORT,
+        0,
+        scope,
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// Runs one side of a benchmark (in a child process). The server prints
 /// READY when the client may start; the client prints its JSON record.
 pub fn peer(a: &PeerArgs) -> io::Result<()> {
@@ -618,18 +649,27 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
     };
     let mut link: Box<dyn Link> = match a.transport {
         Transport::Tcp => {
+            // `at`: a loopback port (host), or in guests "listen" (server)
+            // and "node=N" (client: node N's link-local address on eth0).
             if is_server {
-                let l = TcpListener::bind(("127.0.0.1", 0))?;
+                let l = if a.at == "listen" {
+                    TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, GUEST_TCP_PORT))?
+                } else {
+                    TcpListener::bind(("127.0.0.1", 0))?
+                };
                 println!("PORT {}", l.local_addr()?.port());
                 ready();
                 let (s, _) = l.accept()?;
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             } else {
-                let s = TcpStream::connect((
-                    "127.0.0.1",
-                    a.at.parse::<u16>().map_err(io::Error::other)?,
-                ))?;
+                let s = match a.at.strip_prefix("node=") {
+                    Some(n) => connect_guest(n.parse().map_err(io::Error::other)?)?,
+                    None => TcpStream::connect((
+                        "127.0.0.1",
+                        a.at.parse::<u16>().map_err(io::Error::other)?,
+                    ))?,
+                };
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             }

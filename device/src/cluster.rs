@@ -157,6 +157,25 @@ pub fn run(
         poll_for: Duration::from_micros(500),
     };
     let device = Device::start(config).map_err(|e| e.to_string())?;
+    // The guests' private Ethernet segment: a VDE switch with no uplink.
+    // It exits when its stdin (held here) closes, so it dies with us.
+    let segment = dir.join("segment");
+    let mut switch = std::process::Command::new(&image.vde_switch)
+        .arg("-s")
+        .arg(&segment)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", image.vde_switch.display()))?;
+    let ready = Instant::now();
+    while !segment.join("ctl").exists() {
+        if ready.elapsed() > Duration::from_secs(10) {
+            let _ = switch.kill();
+            return Err("the VDE switch did not come up".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let cmd64 = base64::engine::general_purpose::STANDARD.encode(command);
     let (tx, rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
@@ -172,6 +191,7 @@ pub fn run(
                 "ulnic.node={n} ulnic.nodes={} ulnic.cmd={cmd64} ulnic.poweroff",
                 opts.nodes
             ),
+            vde: Some((segment.clone(), n)),
         };
         let mut child = vm::command(image, &cfg)
             .stdout(Stdio::piped())
@@ -250,6 +270,8 @@ pub fn run(
         let _ = c.wait();
     }
     drop(device);
+    let _ = switch.kill();
+    let _ = switch.wait();
     for r in results.iter_mut() {
         if r.exit.is_none() || r.exit != Some(0) {
             let log = std::fs::read_to_string(&r.console_log).unwrap_or_default();

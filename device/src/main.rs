@@ -84,6 +84,10 @@ enum ClusterCmd {
         /// Iterations per size.
         #[arg(long, default_value_t = 2000)]
         iters: u64,
+        /// How ulnic receivers wait: block (in the driver; halted vCPUs
+        /// leave the cores to others, best under TCG) or poll.
+        #[arg(long, value_enum, default_value = "block")]
+        mode: Mode,
         /// Print the JSON result lines only.
         #[arg(long)]
         json: bool,
@@ -201,8 +205,9 @@ fn main() -> ExitCode {
             opts,
             size,
             iters,
+            mode,
             json,
-        }) => run_cluster_bench(&opts, workload, &size, iters, json),
+        }) => run_cluster_bench(&opts, workload, &size, iters, mode, json),
         Cmd::Selftest => match ulnic_device::selftest::run() {
             Ok(lines) => {
                 lines.iter().for_each(|l| println!("ulnic-selftest: {l}"));
@@ -315,20 +320,28 @@ fn run_cluster_bench(
     w: Workload,
     sizes: &[u32],
     iters: u64,
+    mode: Mode,
     json: bool,
 ) -> Result<(), String> {
     if o.nodes < 2 {
         return Err("a cluster benchmark needs --nodes 2 or more (nodes 0 and 1 take part)".into());
     }
+    // Same VMs, same sizes: ulnic through the device, then kernel TCP over
+    // the virtio-net segment.
     let mut script = String::from("set -e\n");
+    let wl = format!("{w:?}").to_lowercase();
     for s in sizes {
-        let common = format!(
-            "--workload {} --transport ulnic --size {s} --iters {iters} --mode poll --at device",
-            format!("{w:?}").to_lowercase()
-        );
-        script.push_str(&format!(
-            "if [ \"$ULNIC_NODE\" = 0 ]; then ulnic bench-peer --role client {common}; elif [ \"$ULNIC_NODE\" = 1 ]; then ulnic bench-peer --role server {common} >/dev/null; fi\n"
-        ));
+        for (t, client_at, server_at) in
+            [("ulnic", "device", "device"), ("tcp", "node=1", "listen")]
+        {
+            let m = format!("{mode:?}").to_lowercase();
+            let common =
+                format!("--workload {wl} --transport {t} --size {s} --iters {iters} --mode {m}");
+            script.push_str(&format!(
+                "if [ \"$ULNIC_NODE\" = 0 ]; then ulnic bench-peer --role client {common} --at {client_at}; \
+                 elif [ \"$ULNIC_NODE\" = 1 ]; then ulnic bench-peer --role server {common} --at {server_at} >/dev/null; fi\n"
+            ));
+        }
     }
     let outputs = run_cluster(o, &script, json)?;
     for line in outputs.first().into_iter().flatten() {

@@ -49,9 +49,15 @@ fn two_guests_run_commands_talk_over_ulnic_and_report_failures() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 2, "one result per size:\n{out}");
-    for (l, size) in lines.iter().zip([8, 4096]) {
-        assert_eq!(l["transport"], "ulnic");
+    // ulnic then kernel TCP over the guests' virtio-net segment, per size.
+    let expect = [("ulnic", 8), ("tcp", 8), ("ulnic", 4096), ("tcp", 4096)];
+    assert_eq!(
+        lines.len(),
+        expect.len(),
+        "one result per transport and size:\n{out}"
+    );
+    for (l, (t, size)) in lines.iter().zip(expect) {
+        assert_eq!(l["transport"], t, "{l}");
         assert_eq!(l["where"], "two guests");
         assert_eq!(l["size"], size);
         assert!(l["median_ns"].as_u64().unwrap() > 0);

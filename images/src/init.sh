@@ -12,6 +12,15 @@ if [ -f /lib/modules/ulnic.ko ]; then
   insmod /lib/modules/ulnic.ko || echo "ulnic-guest: insmod ulnic.ko failed"
   dmesg | grep -i ulnic | sed 's/^/ulnic-guest: dmesg: /'
 fi
+for m in failover net_failover virtio_net; do
+  [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko
+done
+ip link set lo up
+if [ -e /sys/class/net/eth0 ]; then
+  # IPv6 link-local only: no routable address; the segment has no uplink.
+  ip link set eth0 up
+  echo "ulnic-guest: net eth0 $(cat /sys/class/net/eth0/address)"
+fi
 for d in /sys/bus/virtio/devices/*; do
   [ -e "$d/device" ] || continue
   echo "ulnic-guest: virtio $(basename "$d") device=$(cat "$d/device") driver=$(basename "$(readlink "$d/driver" 2>/dev/null)" 2>/dev/null)"

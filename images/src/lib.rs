@@ -57,7 +57,7 @@ impl Error {
 }
 
 /// Bumped when the build recipe changes in a way the inputs do not show.
-const RECIPE: u32 = 1;
+const RECIPE: u32 = 2;
 const INIT: &str = include_str!("init.sh");
 /// The Linux driver's sources, built against the guest kernel's headers.
 const MODULE_SOURCES: [(&str, &str); 3] = [
@@ -155,6 +155,8 @@ pub struct Image {
     pub headers: PathBuf,
     /// The ulnic kernel module built for this kernel.
     pub module: PathBuf,
+    /// Debian's vde_switch (the guests' private Ethernet segment).
+    pub vde_switch: PathBuf,
     /// QEMU to run it with.
     pub qemu: Qemu,
 }
@@ -339,6 +341,7 @@ pub fn build(
         format!("linux-headers-{abi}-common"),
         format!("linux-kbuild-{abi}"),
         "busybox-static".to_string(),
+        "vde-switch".to_string(),
     ];
     let want_ref: Vec<&str> = want.iter().map(String::as_str).collect();
     let before = deb.cached()?;
@@ -388,6 +391,12 @@ pub fn build(
     a.file("bin/busybox", 0o755, &bb);
     let ko = std::fs::read(&module).map_err(|e| Error::io(&module, e))?;
     a.file("lib/modules/ulnic.ko", 0o644, &ko);
+    // virtio-net for the TCP baseline between guests (modules in this kernel).
+    let kmods = kroot.join(format!("lib/modules/{release}/kernel"));
+    for (rel, name) in NET_MODULES {
+        let data = unxz(&kmods.join(rel))?;
+        a.file(&format!("lib/modules/{name}"), 0o644, &data);
+    }
     add_tools(&mut a, tools, &dir.join("tools"))?;
     a.symlink("bin/sh", "busybox");
     a.file("init", 0o755, INIT.as_bytes());
@@ -402,6 +411,7 @@ pub fn build(
         kernel_version,
         headers,
         module,
+        vde_switch: kroot.join("usr/bin/vde_switch"),
         qemu,
     };
     let write = |p: &Path, v: &[u8]| std::fs::write(p, v).map_err(|e| Error::io(p, e));
@@ -420,6 +430,32 @@ pub fn build(
         packages,
         seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// Kernel modules for virtio-net, in load order (path under kernel/, name).
+const NET_MODULES: [(&str, &str); 3] = [
+    ("net/core/failover.ko.xz", "failover.ko"),
+    ("drivers/net/net_failover.ko.xz", "net_failover.ko"),
+    ("drivers/net/virtio_net.ko.xz", "virtio_net.ko"),
+];
+
+/// Decompresses an .xz file with xz-utils (busybox's insmod cannot).
+fn unxz(path: &Path) -> Result<Vec<u8>, Error> {
+    let out = Command::new("xz")
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .map_err(|e| Error::Tool {
+            tool: "xz".into(),
+            detail: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(Error::Tool {
+            tool: format!("xz -dc {}", path.display()),
+            detail: String::from_utf8_lossy(&out.stderr).into(),
+        });
+    }
+    Ok(out.stdout)
 }
 
 /// Debian's per-flavour headers include the common tree by absolute path;

@@ -21,6 +21,19 @@ pub struct VmConfig {
     pub accel: String,
     /// Extra kernel command line.
     pub append: String,
+    /// A virtio-net NIC on this VDE switch (socket dir), with the MAC of
+    /// node `.1`.
+    pub vde: Option<(PathBuf, u32)>,
+}
+
+/// The MAC of node `n` on the cluster segment (locally administered).
+pub fn node_mac(n: u32) -> String {
+    format!("52:54:00:75:{:02x}:{:02x}", (n >> 8) & 0xff, n & 0xff)
+}
+
+/// Node `n`'s IPv6 link-local address on the segment (EUI-64 of its MAC).
+pub fn node_link_local(n: u32) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0x5054, 0x00ff, 0xfe75, (n & 0xffff) as u16)
 }
 
 impl Default for VmConfig {
@@ -31,6 +44,7 @@ impl Default for VmConfig {
             ulnic_queues: 18,
             accel: "tcg".into(),
             append: String::new(),
+            vde: None,
         }
     }
 }
@@ -64,6 +78,12 @@ pub fn command(image: &Image, cfg: &VmConfig) -> Command {
         "-serial",
         "stdio",
     ]);
+    if let Some((dir, n)) = &cfg.vde {
+        c.arg("-netdev")
+            .arg(format!("vde,id=net0,sock={}", dir.display()));
+        c.arg("-device")
+            .arg(format!("virtio-net-pci,netdev=net0,mac={}", node_mac(*n)));
+    }
     if let Some(sock) = &cfg.ulnic_socket {
         c.arg("-chardev")
             .arg(format!("socket,id=ulnic0,path={}", sock.display()));
