@@ -194,21 +194,8 @@ impl ShmLink {
             .write(true)
             .open(path)?;
         let len = 2 * (128 + SHM_RING);
-        // SAFETY: mapping a file of `len` bytes (created by the parent) shared.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let a = p.cast::<u8>();
+        let p = ulnic_host_attach::map_shared(std::os::fd::AsRawFd::as_raw_fd(&f), len, 0)?;
+        let a = p;
         // SAFETY: the second ring starts inside the mapping.
         let b = unsafe { a.add(128 + SHM_RING) };
         let (tx, rx) = if server { (b, a) } else { (a, b) };

@@ -129,21 +129,14 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
             "another domain could ring endpoint {ep}'s doorbell ({kick})"
         ));
     }
-    // SAFETY: mapping request the driver must refuse; the result is checked
-    // and unmapped if it were ever granted.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            ulnic_abi::uapi::mmap_ctrl(ep) as libc::off_t,
-        )
+    let map = |id: u32| {
+        ulnic_host_attach::map_shared(f.as_raw_fd(), 4096, ulnic_abi::uapi::mmap_ctrl(id))
     };
-    if p != libc::MAP_FAILED {
-        // SAFETY: unmapping what was just mapped.
-        unsafe { libc::munmap(p, 4096) };
+    // SAFETY (for both munmaps below): each unmaps exactly a 4096-byte
+    // mapping `map` just made.
+    let unmap = |p: *mut u8| unsafe { libc::munmap(p.cast(), 4096) };
+    if let Ok(p) = map(ep) {
+        unmap(p);
         return Err(format!("another domain could map endpoint {ep}'s rings"));
     }
     let mut report = format!("another domain cannot kick or map endpoint {ep} (EPERM)");
@@ -167,27 +160,10 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
     ioctl(ulnic_abi::uapi::IOC_CREATE_EP, a.as_mut_ptr())
         .map_err(|e| format!("raw CREATE_EP: {e}"))?;
     let id = ulnic_abi::read_le32(&a, 24);
-    // SAFETY: mapping the file's own endpoint; unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            ulnic_abi::uapi::mmap_ctrl(id) as libc::off_t,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(format!(
-            "own endpoint {id} could not be mapped: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    let p = map(id).map_err(|e| format!("own endpoint {id} could not be mapped: {e}"))?;
     let mut idb = id.to_le_bytes();
     let busy = ioctl(ulnic_abi::uapi::IOC_DESTROY_EP, idb.as_mut_ptr());
-    // SAFETY: unmapping the mapping made above.
-    unsafe { libc::munmap(p, 4096) };
+    unmap(p);
     if busy.as_ref().err().and_then(|e| e.raw_os_error()) != Some(libc::EBUSY) {
         return Err(format!(
             "destroying a mapped endpoint gave {busy:?}, not EBUSY"

@@ -26,7 +26,7 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-pub use memory::{DmaBuffer, DmaMemory};
+pub use memory::{map_shared, DmaBuffer, DmaMemory};
 use virtqueue::DriverQueue;
 
 /// Default size of the memory a process shares with the device.

@@ -61,22 +61,8 @@ impl DmaMemory {
                 std::io::Error::last_os_error(),
             ));
         }
-        // SAFETY: mapping a new shared file of `len` bytes at an address the
-        // kernel chooses; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os("mmap shared memory")(std::io::Error::last_os_error()));
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or(Error::OutOfMemory(len))?;
+        let p = map_shared(fd.as_raw_fd(), len, 0).map_err(os("mmap shared memory"))?;
+        let base = NonNull::new(p).ok_or(Error::OutOfMemory(len))?;
         Ok(DmaMemory {
             fd,
             base,
@@ -199,6 +185,28 @@ impl DmaMemory {
     pub fn store_u16(&self, gpa: u64, v: u16) {
         self.atomic_u16(gpa).store(v.to_le(), Ordering::Release);
     }
+}
+
+/// Maps `len` bytes of `fd` at `offset`, shared and read-write, where the
+/// kernel chooses. Shared by every place that maps device or ring memory.
+pub fn map_shared(fd: RawFd, len: usize, offset: u64) -> std::io::Result<*mut u8> {
+    let off = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
+    // SAFETY: a new mapping at an address the kernel picks cannot alias
+    // anything of ours; the result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p.cast())
 }
 
 impl AsRawFd for DmaMemory {

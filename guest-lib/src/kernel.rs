@@ -49,22 +49,8 @@ impl KernelDomain {
     }
 
     fn map(&self, offset: u64, len: usize) -> Result<*mut u8, Error> {
-        // SAFETY: a new shared mapping chosen by the kernel; the driver
-        // checks the offset names one of this file's regions.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.file.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::Os(std::io::Error::last_os_error()));
-        }
-        Ok(p.cast())
+        // The driver checks the offset names one of this file's regions.
+        ulnic_host_attach::map_shared(self.file.as_raw_fd(), len, offset).map_err(Error::Os)
     }
 }
 

@@ -240,8 +240,7 @@ pub fn build(
     if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
         return Err(Error::io(&lock_path, std::io::Error::last_os_error()));
     }
-    let mut packages = Vec::new();
-    let mut downloaded = 0u64;
+    let mut fetched = Fetched::default();
 
     progress("[1/4] resolving packages (bookworm-backports kernel, busybox-static)");
     let deb = Apt::new(&cache.join("apt-bookworm"), &BOOKWORM)?;
@@ -269,13 +268,7 @@ pub fn build(
                 let debs = tri.download_closure("qemu-system-x86", "trixie-backports")?;
                 let tmp = root.with_extension("partial");
                 let _ = std::fs::remove_dir_all(&tmp);
-                for d in &debs {
-                    if !before.contains(d) {
-                        downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
-                        packages.push(file_name(d));
-                    }
-                    apt::extract(d, &tmp)?;
-                }
+                unpack(&debs, &before, &tmp, &mut fetched)?;
                 let _ = std::fs::remove_dir_all(&root);
                 std::fs::rename(&tmp, &root).map_err(|e| Error::io(&root, e))?;
                 progress(&format!(
@@ -322,8 +315,8 @@ pub fn build(
                 return Ok(BuildReport {
                     image,
                     rebuilt: false,
-                    downloaded_bytes: downloaded,
-                    packages,
+                    downloaded_bytes: fetched.bytes,
+                    packages: fetched.packages,
                     seconds: t0.elapsed().as_secs_f64(),
                 });
             }
@@ -348,13 +341,7 @@ pub fn build(
     let debs = deb.download(&want_ref)?;
     let kroot = dir.join("root");
     let _ = std::fs::remove_dir_all(&kroot);
-    for d in &debs {
-        if !before.contains(d) {
-            downloaded += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
-            packages.push(file_name(d));
-        }
-        apt::extract(d, &kroot)?;
-    }
+    unpack(&debs, &before, &kroot, &mut fetched)?;
     let kernel = kroot.join(format!("boot/vmlinuz-{release}"));
     if !kernel.exists() {
         return Err(Error::Resolve(format!(
@@ -426,8 +413,8 @@ pub fn build(
     Ok(BuildReport {
         image,
         rebuilt: true,
-        downloaded_bytes: downloaded,
-        packages,
+        downloaded_bytes: fetched.bytes,
+        packages: fetched.packages,
         seconds: t0.elapsed().as_secs_f64(),
     })
 }
@@ -572,6 +559,31 @@ fn add_tools(a: &mut newc::Archive, tools: &[PathBuf], scratch: &Path) -> Result
         // Follow symlinks: the archive holds the library itself.
         let data = std::fs::read(p).map_err(|e| Error::io(p, e))?;
         a.file(lib.trim_start_matches('/'), 0o755, &data);
+    }
+    Ok(())
+}
+
+/// Packages downloaded in this build, and their bytes.
+#[derive(Default)]
+struct Fetched {
+    packages: Vec<String>,
+    bytes: u64,
+}
+
+/// Unpacks `debs` into `dest`, counting those that were not in the cache
+/// (`before`) as fetched.
+fn unpack(
+    debs: &[PathBuf],
+    before: &[PathBuf],
+    dest: &Path,
+    fetched: &mut Fetched,
+) -> Result<(), Error> {
+    for d in debs {
+        if !before.contains(d) {
+            fetched.bytes += std::fs::metadata(d).map(|m| m.len()).unwrap_or(0);
+            fetched.packages.push(file_name(d));
+        }
+        apt::extract(d, dest)?;
     }
     Ok(())
 }
