@@ -14,10 +14,12 @@ step "host tools"
 for t in apt-get dpkg-deb; do
   command -v "$t" >/dev/null || { echo "$t missing: this needs a Debian host" >&2; exit 1; }
 done
-# make and gcc-12 build the guest kernel module (Debian's 6.12 headers use gcc-12).
+# make and gcc-12 build the guest kernel module (Debian's 6.12 headers use gcc-12);
 missing=()
 command -v make >/dev/null || missing+=(make)
 command -v gcc-12 >/dev/null || missing+=(gcc-12)
+# xz unpacks the guest kernel's virtio-net modules for the initramfs.
+command -v xz >/dev/null || missing+=(xz-utils)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

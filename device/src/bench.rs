@@ -343,13 +343,19 @@ impl UlnicLink {
     }
 
     fn post(&mut self, tag: u32, data: &[u8]) -> io::Result<()> {
+        let inline = data.len() <= ulnic::INLINE_MAX as usize;
+        let off = (self.send_seq % u64::from(CREDITS)) * self.slot;
+        if !inline {
+            // Written once, before any retry. The slot is free: at most
+            // CREDITS messages are unconsumed by the peer, so the send that
+            // last used it has been delivered.
+            self.ep.write_segment(off as usize, data);
+        }
         loop {
-            let r = if data.len() <= ulnic::INLINE_MAX as usize {
+            let r = if inline {
                 self.ep
                     .post_send_inline(self.peer, tag, data, self.send_seq)
             } else {
-                let off = (self.send_seq % u64::from(CREDITS)) * self.slot;
-                self.ep.write_segment(off as usize, data);
                 self.ep
                     .post_send(self.peer, tag, off, data.len() as u32, self.send_seq, false)
             };

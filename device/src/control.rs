@@ -204,6 +204,7 @@ fn bind_port(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Respo
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
     let n = &mut fabric.nodes[node as usize];
+    // A port already bound, even by this endpoint, is in use.
     if n.ports.contains_key(&port) {
         return Err(Response::err(status::ADDRESS_IN_USE));
     }
@@ -319,6 +320,17 @@ mod tests {
             status::OK
         );
         assert_eq!(f.nodes[1].ports.get(&9), Some(&2));
+        // A bound port is in use: for this endpoint again, and for another.
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::BIND_PORT, &bind)).status,
+            status::ADDRESS_IN_USE
+        );
+        let mut other = 1u32.to_le_bytes().to_vec();
+        other.extend_from_slice(&9u32.to_le_bytes());
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::BIND_PORT, &other)).status,
+            status::ADDRESS_IN_USE
+        );
         // Destroying the PD frees its endpoints and their ports.
         assert_eq!(
             execute(&mut f, 1, &m, &req(cmd::DESTROY_PD, &pd.to_le_bytes())).status,

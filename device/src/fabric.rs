@@ -96,7 +96,7 @@ impl Node {
     }
 }
 
-/// Totals across the fabric, for the `--stats` report.
+/// Totals across the fabric, logged when a frontend disconnects.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct FabricCounters {
     /// Messages delivered.
@@ -113,6 +113,9 @@ pub struct Fabric {
     pub nodes: Vec<Node>,
     /// Totals.
     pub counters: FabricCounters,
+    /// Scratch for `poll`'s memory snapshot (kept to avoid an allocation
+    /// per pass).
+    mems: Vec<Option<MemGuard>>,
 }
 
 /// Where a message's payload comes from.
@@ -142,20 +145,20 @@ impl Fabric {
         Fabric {
             nodes: (0..nodes).map(|i| Node::new(i, max_endpoints)).collect(),
             counters: FabricCounters::default(),
+            mems: Vec::new(),
         }
-    }
-
-    fn snapshot(&self) -> Vec<Option<MemGuard>> {
-        self.nodes
-            .iter()
-            .map(|n| n.mem.as_ref().map(|m| m.memory()))
-            .collect()
     }
 
     /// One pass of the data path over every endpoint; returns the number of
     /// descriptors handled (0 means idle).
     pub fn poll(&mut self) -> usize {
-        let mems = self.snapshot();
+        // The snapshot vector is reused: this runs in the engine's spin loop.
+        let mut mems = std::mem::take(&mut self.mems);
+        mems.extend(
+            self.nodes
+                .iter()
+                .map(|n| n.mem.as_ref().map(|m| m.memory())),
+        );
         let mut work = 0;
         let mut wake: Vec<(u32, u32)> = Vec::new();
         for n in 0..self.nodes.len() {
@@ -163,23 +166,35 @@ impl Fabric {
                 continue;
             };
             for e in 0..self.nodes[n].endpoints.len() {
-                let Some(mut ep) = self.nodes[n].endpoints[e].take() else {
+                // Look first; move the endpoint out of its slot (to borrow the
+                // fabric for delivery) only when it has sends waiting.
+                let Some(ep) = self.nodes[n].endpoints[e].as_mut() else {
                     continue;
                 };
                 let before = ep.posted_mark();
                 let pending = ep.send_pending(smem).min(SEND_BATCH);
-                for _ in 0..pending {
-                    if !ep.event_room_for_send(smem) {
-                        break; // back-pressure: the owner must drain its events first
+                let taken = if pending > 0 {
+                    self.nodes[n].endpoints[e].take()
+                } else {
+                    None
+                };
+                if let Some(mut owned) = taken {
+                    for _ in 0..pending {
+                        if !owned.event_room_for_send(smem) {
+                            break; // back-pressure: the owner must drain its events first
+                        }
+                        self.serve_send(&mems, n as u32, e as u32, &mut owned, &mut wake);
+                        work += 1;
                     }
-                    self.serve_send(&mems, n as u32, e as u32, &mut ep, &mut wake);
-                    work += 1;
+                    self.nodes[n].endpoints[e] = Some(owned);
                 }
                 // Completions, errors and conditions all wake an armed owner.
+                let Some(ep) = self.nodes[n].endpoints[e].as_mut() else {
+                    continue;
+                };
                 if ep.posted_mark() != before && ep.take_arm(smem) {
                     wake.push((n as u32, e as u32));
                 }
-                self.nodes[n].endpoints[e] = Some(ep);
             }
             if !self.nodes[n].notify_backlog.is_empty() {
                 self.flush_backlog(n, smem);
@@ -188,6 +203,9 @@ impl Fabric {
         for (n, e) in wake {
             self.notify(n, e, &mems);
         }
+        // Drop the guards (old memory maps are released) but keep capacity.
+        mems.clear();
+        self.mems = mems;
         work
     }
 

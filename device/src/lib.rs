@@ -249,6 +249,11 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
             Err(e) => warn!("node {node}: frontend connection ended: {e}"),
         }
         let mut f = switch.lock();
+        let c = f.counters;
+        info!(
+            "node {node}: state freed; fabric totals: {} delivered, {} returned to sender, {} notifications",
+            c.delivered, c.returned, c.notifications
+        );
         let n = &mut f.nodes[node as usize];
         n.reset();
         n.mem = None;

@@ -91,6 +91,9 @@ pub struct HostAttach {
     memory: DmaMemory,
     control: Mutex<ControlQueue>,
     notify: Mutex<NotifyQueue>,
+    /// The notification queue's call eventfd; waited on without holding
+    /// `notify`, so waiters for different endpoints do not serialise.
+    notify_call: EventFd,
     doorbells: Vec<EventFd>,
     _unused_call: EventFd,
     pending: AtomicU64,
@@ -107,7 +110,6 @@ struct ControlQueue {
 struct NotifyQueue {
     queue: DriverQueue,
     kick: EventFd,
-    call: EventFd,
     bufs: DmaBuffer,
 }
 
@@ -210,17 +212,12 @@ impl HostAttach {
                 }
                 (NOTIFY_QUEUE, Some(call)) => {
                     let bufs = memory.alloc(usize::from(QUEUE_SIZE) * NOTIFY_RECORD as usize)?;
-                    notify = Some(NotifyQueue {
-                        queue,
-                        kick,
-                        call,
-                        bufs,
-                    });
+                    notify = Some((NotifyQueue { queue, kick, bufs }, call));
                 }
                 _ => doorbells.push(kick),
             }
         }
-        let (Some(control), Some(mut notify)) = (control, notify) else {
+        let (Some(control), Some((mut notify, notify_call))) = (control, notify) else {
             return Err(Error::Incompatible(
                 "control or notification queue missing".into(),
             ));
@@ -235,6 +232,7 @@ impl HostAttach {
             memory,
             control: Mutex::new(control),
             notify: Mutex::new(notify),
+            notify_call,
             doorbells,
             _unused_call: unused_call,
             pending: AtomicU64::new(0),
@@ -337,36 +335,47 @@ impl HostAttach {
             if self.pending.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
                 return true;
             }
-            let mut n = self.notify.lock().unwrap_or_else(|p| p.into_inner());
-            let NotifyQueue {
-                queue,
-                kick,
-                call,
-                bufs,
-            } = &mut *n;
-            let mut reposted = false;
-            while let Some((id, len)) = queue.pop_used(&self.memory) {
-                let gpa = bufs.gpa + u64::from(id) * u64::from(NOTIFY_RECORD);
-                if len >= 4 {
-                    let mut rec = [0u8; 4];
-                    self.memory.read(gpa, &mut rec);
-                    let ep = u32::from_le_bytes(rec);
-                    self.pending.fetch_or(1u64 << (ep % 64), Ordering::AcqRel);
-                }
-                queue.add(&self.memory, &[], &[(gpa, NOTIFY_RECORD)]);
-                reposted = true;
+            let (reposted, for_others) = self.drain_notifications(endpoint);
+            if for_others {
+                // Another thread may be asleep on the eventfd whose count
+                // this thread consumed: wake everyone to look again.
+                let _ = self.notify_call.write(1);
             }
             if reposted {
-                let _ = kick.write(1);
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
             }
-            wait_readable(call, left);
-            let _ = call.read();
+            wait_readable(&self.notify_call, left);
+            let _ = self.notify_call.read();
         }
+    }
+
+    /// Moves notification records into `pending` and reposts their buffers;
+    /// returns (any record, any record for an endpoint other than the
+    /// caller's). Records are only read under the lock, never waited for.
+    fn drain_notifications(&self, caller: u32) -> (bool, bool) {
+        let mut n = self.notify.lock().unwrap_or_else(|p| p.into_inner());
+        let NotifyQueue { queue, kick, bufs } = &mut *n;
+        let (mut any, mut others) = (false, false);
+        while let Some((id, len)) = queue.pop_used(&self.memory) {
+            let gpa = bufs.gpa + u64::from(id) * u64::from(NOTIFY_RECORD);
+            if len >= 4 {
+                let mut rec = [0u8; 4];
+                self.memory.read(gpa, &mut rec);
+                let ep = u32::from_le_bytes(rec);
+                self.pending.fetch_or(1u64 << (ep % 64), Ordering::AcqRel);
+                others |= ep != caller;
+            }
+            queue.add(&self.memory, &[], &[(gpa, NOTIFY_RECORD)]);
+            any = true;
+        }
+        if any {
+            let _ = kick.write(1);
+        }
+        (any, others)
     }
 }
 
