@@ -178,14 +178,14 @@ impl VhostUserBackend for PortBackend {
 
     fn reset_device(&self) {
         debug!("node {}: device reset", self.node);
-        self.switch.lock().nodes[self.node as usize].reset();
+        self.switch.lock().reset_node(self.node);
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         // The driver stops the control queue when it resets the device or
         // the VM reboots: everything it created is gone with it.
         if queue_index == u32::from(CONTROL_QUEUE) {
-            self.switch.lock().nodes[self.node as usize].reset();
+            self.switch.lock().reset_node(self.node);
         }
         Ok(())
     }

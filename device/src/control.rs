@@ -125,7 +125,7 @@ fn destroy_pd(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Resp
         .filter(|&i| n.endpoints[i as usize].as_ref().is_some_and(|e| e.pd == pd))
         .collect();
     for id in ids {
-        n.remove_endpoint(id);
+        fabric.close_endpoint(node, id);
     }
     Ok(Response::ok(Vec::new()))
 }
@@ -190,9 +190,9 @@ fn create_endpoint(
 fn destroy_endpoint(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
     need(p, 4)?;
     let id = read_le32(p, 0);
-    let n = &mut fabric.nodes[node as usize];
-    n.remove_endpoint(id)
-        .ok_or(Response::err(status::NOT_FOUND))?;
+    if !fabric.close_endpoint(node, id) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
     info!("node {node}: endpoint {id} destroyed");
     Ok(Response::ok(Vec::new()))
 }

@@ -9,8 +9,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use log::{debug, warn};
 use ulnic_abi::{
-    condition, event, op, recv_flags, send_flags, tx_error, Event, FreeDesc, RecvDesc, SendDesc,
-    INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, RECV_DESC_SIZE, SEND_DESC_SIZE,
+    condition, ctrl, event, op, recv_flags, send_flags, tx_error, Event, FreeDesc, RecvDesc,
+    SendDesc, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, RECV_DESC_SIZE, SEND_DESC_SIZE,
 };
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
@@ -105,6 +105,30 @@ pub struct FabricCounters {
     pub returned: u64,
     /// Notifications raised.
     pub notifications: u64,
+    /// Close messages delivered.
+    pub closes_delivered: u64,
+    /// Close messages that could not be delivered (malformed, sender not
+    /// bound, receiver gone or its filter refused), or were discarded
+    /// because too many waited.
+    pub closes_undeliverable: u64,
+}
+
+/// Close messages waiting for room at their receiver, fabric-wide; beyond
+/// this the oldest is discarded (and counted), so a receiver that never
+/// drains cannot make the device grow without bound.
+const MAX_PENDING_CLOSES: usize = 4096;
+
+/// A close message taken from a destroyed endpoint, waiting until its
+/// receiver has a free receive slot.
+#[derive(Debug, Clone)]
+struct PendingClose {
+    src_node: u32,
+    src_port: u32,
+    dest_node: u32,
+    dest_port: u32,
+    tag: u32,
+    len: u32,
+    bytes: [u8; INLINE_MAX as usize],
 }
 
 /// All nodes of one device process.
@@ -116,6 +140,8 @@ pub struct Fabric {
     /// Scratch for `poll`'s memory snapshot (kept to avoid an allocation
     /// per pass).
     mems: Vec<Option<MemGuard>>,
+    /// Close messages whose receiver had no free receive slot yet.
+    pending_closes: VecDeque<PendingClose>,
 }
 
 /// Where a message's payload comes from.
@@ -132,6 +158,8 @@ enum Payload<'a> {
 
 /// A message on its way through the switch.
 struct Message<'a> {
+    /// Receive flags added to the descriptor (`recv_flags::CLOSE`).
+    flags: u16,
     src_node: u32,
     src_port: u32,
     tag: u32,
@@ -146,6 +174,137 @@ impl Fabric {
             nodes: (0..nodes).map(|i| Node::new(i, max_endpoints)).collect(),
             counters: FabricCounters::default(),
             mems: Vec::new(),
+            pending_closes: VecDeque::new(),
+        }
+    }
+
+    /// Destroys endpoint `id` of node `n` and sends its close message, if
+    /// it left one (spec §5.11). False when there is no such endpoint.
+    pub fn close_endpoint(&mut self, n: u32, id: u32) -> bool {
+        let Some(node) = self.nodes.get_mut(n as usize) else {
+            return false;
+        };
+        let Some(ep) = node.remove_endpoint(id) else {
+            return false;
+        };
+        let Some(mem) = node.mem.as_ref().map(|m| m.memory()) else {
+            return true; // no memory to read a close message from
+        };
+        let mut raw = [0u8; SEND_DESC_SIZE as usize];
+        if guest::read(&mem, ep.ctrl + ctrl::CLOSE_MESSAGE, &mut raw).is_err() {
+            return true;
+        }
+        let d = SendDesc::decode(&raw);
+        if d.opcode == 0 {
+            return true; // none registered
+        }
+        let well_formed = d.opcode == op::SEND
+            && d.flags & send_flags::INLINE != 0
+            && d.flags & !send_flags::ALL == 0
+            && d.len <= INLINE_MAX;
+        let (Some(src_port), true) = (ep.port, well_formed) else {
+            self.counters.closes_undeliverable += 1;
+            debug!("node {n} ep {id}: close message malformed or endpoint unbound; not sent");
+            return true;
+        };
+        let mut bytes = [0u8; INLINE_MAX as usize];
+        let len = d.len as usize;
+        bytes[..len].copy_from_slice(&raw[INLINE_OFFSET..INLINE_OFFSET + len]);
+        if self.pending_closes.len() >= MAX_PENDING_CLOSES {
+            self.pending_closes.pop_front();
+            self.counters.closes_undeliverable += 1;
+            warn!("too many close messages waiting for receive slots; discarded the oldest");
+        }
+        self.pending_closes.push_back(PendingClose {
+            src_node: n,
+            src_port,
+            dest_node: d.dest_node,
+            dest_port: d.dest_port,
+            tag: d.tag,
+            len: d.len,
+            bytes,
+        });
+        self.flush_closes();
+        true
+    }
+
+    /// Destroys every endpoint of node `n` (each sends its close message)
+    /// and frees the rest of its state: the frontend disconnected or reset.
+    pub fn reset_node(&mut self, n: u32) {
+        let Some(node) = self.nodes.get(n as usize) else {
+            return;
+        };
+        let live: Vec<u32> = (0..node.endpoints.len() as u32)
+            .filter(|&i| node.endpoints[i as usize].is_some())
+            .collect();
+        for id in live {
+            self.close_endpoint(n, id);
+        }
+        self.nodes[n as usize].reset();
+    }
+
+    /// Tries to deliver every waiting close message once; one whose
+    /// receiver still has no receive slot stays queued, in order.
+    fn flush_closes(&mut self) {
+        if self.pending_closes.is_empty() {
+            return;
+        }
+        let mems: Vec<Option<MemGuard>> = self
+            .nodes
+            .iter()
+            .map(|n| n.mem.as_ref().map(|m| m.memory()))
+            .collect();
+        let mut wake = Vec::new();
+        let mut keep = VecDeque::new();
+        while let Some(c) = self.pending_closes.pop_front() {
+            let target = mems
+                .get(c.dest_node as usize)
+                .and_then(|m| m.as_deref())
+                .and_then(|m| {
+                    let de = *self.nodes[c.dest_node as usize].ports.get(&c.dest_port)?;
+                    Some((m, de))
+                });
+            let Some((dmem, de)) = target else {
+                self.counters.closes_undeliverable += 1;
+                debug!(
+                    "close message to {}:{}: no such endpoint",
+                    c.dest_node, c.dest_port
+                );
+                continue;
+            };
+            let Some(rx) = self.nodes[c.dest_node as usize].endpoint_mut(de) else {
+                self.counters.closes_undeliverable += 1;
+                continue;
+            };
+            let msg = Message {
+                flags: recv_flags::CLOSE,
+                src_node: c.src_node,
+                src_port: c.src_port,
+                tag: c.tag,
+                len: c.len,
+                payload: Payload::Bytes(&c.bytes[..c.len as usize]),
+            };
+            let (r, w) = deliver_and_arm(dmem, rx, &msg);
+            if w {
+                wake.push((c.dest_node, de));
+            }
+            match r {
+                Ok(()) => self.counters.closes_delivered += 1,
+                Err(tx_error::NO_BUFFER) => keep.push_back(c),
+                Err(code) => {
+                    self.counters.closes_undeliverable += 1;
+                    debug!(
+                        "close message to {}:{}: {}",
+                        c.dest_node,
+                        c.dest_port,
+                        tx_error::name(code)
+                    );
+                }
+            }
+        }
+        self.pending_closes = keep;
+        for (n, e) in wake {
+            self.notify(n, e, &mems);
         }
     }
 
@@ -202,6 +361,9 @@ impl Fabric {
         }
         for (n, e) in wake {
             self.notify(n, e, &mems);
+        }
+        if !self.pending_closes.is_empty() {
+            self.flush_closes();
         }
         // Drop the guards (old memory maps are released) but keep capacity.
         mems.clear();
@@ -332,6 +494,7 @@ impl Fabric {
                 &staged
             };
             let msg = Message {
+                flags: 0,
                 src_node: n,
                 src_port,
                 tag: d.tag,
@@ -350,6 +513,7 @@ impl Fabric {
                 }
             };
             let msg = Message {
+                flags: 0,
                 src_node: n,
                 src_port,
                 tag: d.tag,
@@ -466,7 +630,7 @@ fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) -> Res
     };
     let mut slot = [0u8; RECV_DESC_SIZE as usize];
     if m.len <= INLINE_MAX {
-        desc.flags = recv_flags::INLINE;
+        desc.flags = recv_flags::INLINE | m.flags;
         let data = &mut slot[INLINE_OFFSET..INLINE_OFFSET + m.len as usize];
         match m.payload {
             Payload::Bytes(b) => data.copy_from_slice(b),
@@ -594,6 +758,62 @@ mod tests {
             (CTRL[n]..CTRL[n] + layout().region_size()).contains(&addr)
                 || (SEG[n]..SEG[n] + 8192).contains(&addr)
         })
+    }
+
+    fn write_close_message(m: &GuestMemoryMmap<()>, n: usize, flags: u16, data: &[u8]) {
+        let mut b = [0u8; SEND_DESC_SIZE as usize];
+        SendDesc {
+            opcode: op::SEND,
+            flags,
+            len: data.len() as u32,
+            dest_node: 1,
+            dest_port: 7,
+            tag: 9,
+            user_id: 0,
+            seg_offset: 0,
+        }
+        .encode_header(&mut b);
+        b[INLINE_OFFSET..INLINE_OFFSET + data.len()].copy_from_slice(data);
+        m.write_slice(&b, GuestAddress(CTRL[n] + ctrl::CLOSE_MESSAGE))
+            .unwrap();
+    }
+
+    #[test]
+    fn close_message_waits_for_a_receive_slot() {
+        let (mut f, m) = setup();
+        // The receiver's ring is full: 4 descriptors produced, none consumed.
+        f.nodes[1].endpoints[0].as_mut().unwrap().recv_producer = 4;
+        write_close_message(&m, 0, send_flags::INLINE, b"bye");
+        assert!(f.close_endpoint(0, 0));
+        assert!(!f.close_endpoint(0, 0), "closed twice");
+        assert_eq!(f.counters.closes_delivered, 0);
+        f.poll();
+        assert_eq!(f.counters.closes_delivered, 0, "delivered into a full ring");
+        guest::store_u32(&m, CTRL[1] + ctrl::RECV_CONSUMER, 1).unwrap();
+        f.poll();
+        assert_eq!(f.counters.closes_delivered, 1);
+        let slot = CTRL[1] + layout().recv_offset(); // index 4 mod 4
+        let mut raw = [0u8; RECV_DESC_SIZE as usize];
+        m.read_slice(&mut raw, GuestAddress(slot)).unwrap();
+        let d = RecvDesc::decode(&raw);
+        assert_eq!(d.flags, recv_flags::INLINE | recv_flags::CLOSE);
+        assert_eq!((d.src_node, d.src_port, d.tag, d.len), (0, 7, 9, 3));
+        assert_eq!(&raw[INLINE_OFFSET..INLINE_OFFSET + 3], b"bye");
+    }
+
+    #[test]
+    fn malformed_close_message_is_not_sent() {
+        let (mut f, m) = setup();
+        // Not inline: a close message must carry its bytes itself.
+        write_close_message(&m, 0, 0, b"bye");
+        assert!(f.close_endpoint(0, 0));
+        f.poll();
+        assert_eq!(f.counters.closes_delivered, 0);
+        assert_eq!(f.counters.closes_undeliverable, 1);
+        assert_eq!(
+            guest::load_u32(&m, CTRL[1] + ctrl::RECV_PRODUCER).unwrap(),
+            0
+        );
     }
 
     proptest! {

@@ -249,13 +249,13 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
             Err(e) => warn!("node {node}: frontend connection ended: {e}"),
         }
         let mut f = switch.lock();
+        // Closing the node's endpoints sends their close messages first.
+        f.reset_node(node);
         let c = f.counters;
         info!(
-            "node {node}: state freed; fabric totals: {} delivered, {} returned to sender, {} notifications",
-            c.delivered, c.returned, c.notifications
+            "node {node}: state freed; fabric totals: {} delivered, {} returned to sender, {} notifications, {} close messages delivered, {} undeliverable",
+            c.delivered, c.returned, c.notifications, c.closes_delivered, c.closes_undeliverable
         );
-        let n = &mut f.nodes[node as usize];
-        n.reset();
-        n.mem = None;
+        f.nodes[node as usize].mem = None;
     }
 }

@@ -1,6 +1,7 @@
 //! A frontend that dies mid-stream (SIGKILL, no cleanup) and reconnects, as
 //! a rebooting VM does: its peer gets errors, not silence; the device frees
-//! the port's state; the new connection works.
+//! the port's state and sends the dead endpoint's close message; the new
+//! connection works.
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -20,6 +21,8 @@ fn child_receiver() {
     let pd = nic.alloc_pd().unwrap();
     let mut ep = pd.create_endpoint(&EndpointConfig::default()).unwrap();
     ep.bind(2).unwrap();
+    ep.set_close_message(Address { node: 0, port: 1 }, 77, b"receiver gone")
+        .unwrap();
     println!("READY");
     loop {
         while ep.poll_recv().is_some() {}
@@ -71,11 +74,22 @@ fn killed_peer_is_reported_and_port_recovers() {
         child.wait().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut reported = false;
-        while !reported {
+        let mut closed = false;
+        while !reported || !closed {
             assert!(
                 Instant::now() < deadline,
-                "round {round}: the peer's death was never reported"
+                "round {round}: the peer's death was never reported (error {reported}, close {closed})"
             );
+            while let Some(m) = ea.poll_recv() {
+                assert!(m.close, "round {round}: only a close message was expected");
+                assert!(!closed, "round {round}: a second close message");
+                assert_eq!((m.src, m.tag, m.len), (dest, 77, 13));
+                match m.payload {
+                    ulnic::Payload::Inline(b) => assert_eq!(&b[..13], b"receiver gone"),
+                    other => panic!("close message not inline: {other:?}"),
+                }
+                closed = true;
+            }
             if ea.post_send_inline(dest, 0, &[0; 8], sent).is_ok() {
                 sent += 1;
             }

@@ -299,6 +299,9 @@ pub struct Received {
     pub len: u32,
     /// Where the payload is.
     pub payload: Payload,
+    /// A close message: the sending endpoint no longer exists, and this is
+    /// the message it left with [`Endpoint::set_close_message`].
+    pub close: bool,
 }
 
 /// A completion or error event.
@@ -679,6 +682,59 @@ impl Endpoint {
         self.push_send(&d, data)
     }
 
+    /// Leaves a close message (at most [`INLINE_MAX`] bytes) that the device
+    /// sends to `dest` when this endpoint is destroyed, however that
+    /// happens: dropped, its process killed, its VM rebooted (CLAN's close
+    /// message). The receiver sees it with [`Received::close`] set, after
+    /// every message this endpoint sent it before. Replaces any earlier one.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// ep.bind(6)?;
+    /// ep.set_close_message(ulnic::Address { node: 0, port: 5 }, 0, b"bye")?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn set_close_message(&mut self, dest: Address, tag: u32, data: &[u8]) -> Result<(), Error> {
+        if data.len() > INLINE_MAX as usize {
+            return Err(Error::InvalidArgument(
+                "close message larger than INLINE_MAX",
+            ));
+        }
+        let mut b = [0u8; SEND_DESC_SIZE as usize];
+        SendDesc {
+            opcode: 0, // published last, below
+            flags: send_flags::INLINE,
+            len: data.len() as u32,
+            dest_node: dest.node,
+            dest_port: dest.port,
+            tag,
+            user_id: 0,
+            seg_offset: 0,
+        }
+        .encode_header(&mut b);
+        b[INLINE_OFFSET..INLINE_OFFSET + data.len()].copy_from_slice(data);
+        self.clear_close_message();
+        self.mem.ctrl_write(ctrl::CLOSE_MESSAGE, &b);
+        let head = u32::from(ulnic_abi::op::SEND) | u32::from(send_flags::INLINE) << 16;
+        self.word(ctrl::CLOSE_MESSAGE)
+            .store(head.to_le(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Withdraws the close message, for an orderly close whose peer was
+    /// already told.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// ep.clear_close_message();
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn clear_close_message(&mut self) {
+        self.word(ctrl::CLOSE_MESSAGE).store(0, Ordering::Release);
+    }
+
     /// Sends `len` bytes at `offset` in the segment (zero-copy). With
     /// `completion`, a [`Event::SendDone`] reports delivery; failures are
     /// always reported as [`Event::SendFailed`]. The bytes may be reused once
@@ -812,6 +868,7 @@ impl Endpoint {
             tag: d.tag,
             len: d.len,
             payload,
+            close: d.flags & recv_flags::CLOSE != 0,
         })
     }
 

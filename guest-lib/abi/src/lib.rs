@@ -11,7 +11,7 @@
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 1;
+pub const SPEC_VERSION_MINOR: u16 = 2;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -32,10 +32,13 @@ pub const F_UTLB: u64 = 1 << 1;
 pub const F_RDMA: u64 = 1 << 2;
 /// Device feature bit: tripwires (not implemented yet).
 pub const F_TRIPWIRE: u64 = 1 << 3;
+/// Device feature bit: close messages (spec §5.11): a message pre-formed in
+/// the control block that the device sends when the endpoint is destroyed.
+pub const F_CLOSE_MESSAGE: u64 = 1 << 4;
 /// Device feature bit: out-of-band messages (not implemented yet).
-pub const F_OOB: u64 = 1 << 4;
+pub const F_OOB: u64 = 1 << 5;
 /// Feature bits this version of the device implements.
-pub const F_IMPLEMENTED: u64 = F_MESSAGING;
+pub const F_IMPLEMENTED: u64 = F_MESSAGING | F_CLOSE_MESSAGE;
 
 /// Queue 0: control queue (driver -> device request, device -> driver response).
 pub const CONTROL_QUEUE: u16 = 0;
@@ -99,6 +102,10 @@ pub mod ctrl {
     /// `CONDITION_RESERVE` bytes: 1 while a condition event of that index is
     /// pending (set by the device), cleared to 0 by the user after consuming it.
     pub const CONDITION_PENDING: u64 = 0x2c0;
+    /// The close message: a 128-byte send descriptor (opcode SEND, INLINE)
+    /// that the device sends when the endpoint is destroyed, however that
+    /// happens. Written by the user; opcode 0 means none.
+    pub const CLOSE_MESSAGE: u64 = 0x300;
 }
 
 /// Entry sizes of the four rings.
@@ -251,6 +258,8 @@ pub mod send_flags {
 pub mod recv_flags {
     /// The payload is inline in the descriptor (no free buffer used).
     pub const INLINE: u16 = 1 << 0;
+    /// A close message: the sender's endpoint no longer exists (spec §5.11).
+    pub const CLOSE: u16 = 1 << 1;
 }
 
 /// Event kinds.
@@ -957,6 +966,7 @@ pub fn c_header() -> String {
         ("ULNIC_CTRL_BLOCK_SIZE", ctrl::CONTROL_BLOCK_SIZE),
         ("ULNIC_CTRL_ARM_REQUEST", ctrl::ARM_REQUEST),
         ("ULNIC_CTRL_ARM_ACK", ctrl::ARM_ACK),
+        ("ULNIC_CTRL_CLOSE_MESSAGE", ctrl::CLOSE_MESSAGE),
         ("ULNIC_SEND_DESC_SIZE", SEND_DESC_SIZE),
         ("ULNIC_RECV_DESC_SIZE", RECV_DESC_SIZE),
         ("ULNIC_FREE_DESC_SIZE", FREE_DESC_SIZE),
