@@ -400,13 +400,15 @@ impl Fabric {
             Err(_) => SendDesc::default(), // unreadable slot: reported as a bad descriptor below
         };
         let result = self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake);
-        ep.complete_send(smem);
+        // The event is posted before the send consumer moves past the
+        // descriptor: a retired send with no event succeeded (spec §5.6).
         let ev = match result {
             Ok(()) => {
                 ep.stats.tx_messages += 1;
                 ep.stats.tx_bytes += u64::from(desc.len);
                 self.counters.delivered += 1;
                 if desc.flags & send_flags::COMPLETION == 0 {
+                    ep.complete_send(smem);
                     return;
                 }
                 Event {
@@ -445,6 +447,7 @@ impl Fabric {
             }
         };
         ep.post_event(smem, &ev);
+        ep.complete_send(smem);
     }
 
     /// Validates a send and delivers it; on any failure nothing has been

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod fabric;
 pub mod guest;
 pub mod selftest;
+pub mod transfer;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
