@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ulnic_device::bench::{self, Mode, PeerArgs, Spec, Transport, Workload};
+use ulnic_device::cluster::client;
+use ulnic_device::cluster::supervisor::state_dir;
 use ulnic_device::{Configuration, Device};
 
 /// ulnic: an emulated user-level network interface (U-Net / CLAN / VMMC
@@ -66,10 +68,106 @@ enum Cmd {
     /// One side of a benchmark (started by `ulnic bench`).
     #[command(hide = true)]
     BenchPeer(PeerArgs),
+    /// The guest agent: serves `ulnic cluster exec/put` inside a guest
+    /// (started by the guest's init).
+    #[command(hide = true)]
+    Agent {
+        /// The virtio-serial port (default: the one named ulnic.agent).
+        #[arg(long)]
+        port: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct ClusterName {
+    /// Which cluster (several may be up at once).
+    #[arg(long, default_value = "default")]
+    name: String,
 }
 
 #[derive(Subcommand, Debug)]
 enum ClusterCmd {
+    /// Boot N guests on one device and keep them running (a supervisor
+    /// process holds them) until `ulnic cluster down`.
+    ///
+    /// Each guest has a ulnic port and a virtio-net NIC on a private
+    /// segment (IPv6 link-local, no uplink); console logs are kept per node
+    /// in the cluster's directory (shown by `status`).
+    ///
+    /// Examples:
+    ///   ulnic cluster up --nodes 3
+    ///   ulnic cluster exec all -- 'ulnic selftest'
+    ///   ulnic cluster down
+    #[command(verbatim_doc_comment)]
+    Up {
+        #[command(flatten)]
+        opts: ClusterOpts,
+        #[command(flatten)]
+        name: ClusterName,
+        /// Print the cluster's status as JSON when it is up.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a shell command on one guest or all, with its output streamed
+    /// (prefixed by node when several) and its exit status returned (with
+    /// several nodes: the first non-zero). ULNIC_NODE and ULNIC_NODES are
+    /// set. Ctrl-C kills the command in the guest.
+    ///
+    /// Examples:
+    ///   ulnic cluster exec 1 -- ulnic recv --port 5
+    ///   ulnic cluster exec all -- 'echo $ULNIC_NODE; uname -r'
+    #[command(verbatim_doc_comment)]
+    Exec {
+        /// A node number, or `all`.
+        target: String,
+        #[command(flatten)]
+        name: ClusterName,
+        /// The command (a shell command line; words are joined).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Copy a file into guests (e.g. your own program; it runs with the
+    /// guest's libc, the one `ulnic` uses, or link it statically).
+    ///
+    /// Example: ulnic cluster put all ./target/release/my-app /bin/my-app
+    Put {
+        /// A node number, or `all`.
+        target: String,
+        /// The local file.
+        local: PathBuf,
+        /// Where it goes in the guest (default: /bin/<file name>).
+        remote: Option<String>,
+        #[command(flatten)]
+        name: ClusterName,
+    },
+    /// Reset one guest (like pressing its reset button) and wait until it
+    /// is ready again. Its ulnic port is reset: its endpoints go, their
+    /// close messages are sent; the other guests keep running.
+    Reboot {
+        /// The node.
+        node: u32,
+        #[command(flatten)]
+        name: ClusterName,
+        /// Seconds to wait for the guest.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Show the guests' state, boot times and log paths.
+    Status {
+        #[command(flatten)]
+        name: ClusterName,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every guest, the device and the supervisor.
+    Down {
+        #[command(flatten)]
+        name: ClusterName,
+    },
+    /// The supervisor process (started by `cluster up`).
+    #[command(hide = true)]
+    Supervise(ulnic_device::cluster::supervisor::SuperviseArgs),
     /// Boot N guests on one device, run CMD on every node (with ULNIC_NODE
     /// and ULNIC_NODES set), stream its output, tear down; exit non-zero if
     /// any node failed.
@@ -203,7 +301,10 @@ struct BenchArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The device narrates; benchmarks print only their results.
-    let level = if matches!(cli.command, Cmd::Device(_)) {
+    let level = if matches!(
+        cli.command,
+        Cmd::Device(_) | Cmd::Cluster(ClusterCmd::Supervise(_))
+    ) {
         "info"
     } else {
         "warn"
@@ -233,6 +334,43 @@ fn main() -> ExitCode {
             Err(e) => Err(format!("selftest failed: {e}")),
         },
         Cmd::BenchPeer(a) => bench::peer(&a).map_err(|e| e.to_string()),
+        Cmd::Agent { port } => {
+            match port.or_else(ulnic_device::cluster::agent::find_port) {
+                Some(p) => ulnic_device::cluster::agent::run(&p),
+                None => Err(format!(
+                    "no virtio-serial port named {}",
+                    ulnic_device::cluster::agent::PORT_NAME
+                )),
+            }
+        }
+        Cmd::Cluster(ClusterCmd::Up { opts, name, json }) => cluster_up(&opts, &name.name, json),
+        Cmd::Cluster(ClusterCmd::Exec {
+            target,
+            name,
+            command,
+        }) => cluster_exec(&name.name, &target, &ulnic_device::cluster::shell_join(&command)),
+        Cmd::Cluster(ClusterCmd::Put {
+            target,
+            local,
+            remote,
+            name,
+        }) => cluster_put(&name.name, &target, &local, remote),
+        Cmd::Cluster(ClusterCmd::Reboot {
+            node,
+            name,
+            timeout,
+        }) => {
+            let dir = state_dir(&name.name);
+            eprintln!("[node {node}] resetting");
+            client::reboot(&dir, node, Duration::from_secs(timeout)).map(|s| {
+                eprintln!("[node {node}] ready again after {s:.1} s");
+            })
+        }
+        Cmd::Cluster(ClusterCmd::Status { name, json }) => cluster_status(&name.name, json),
+        Cmd::Cluster(ClusterCmd::Down { name }) => {
+            client::down(&state_dir(&name.name)).map(|()| eprintln!("cluster '{}' is down", name.name))
+        }
+        Cmd::Cluster(ClusterCmd::Supervise(a)) => ulnic_device::cluster::supervisor::supervise(&a),
         Cmd::Send(a) => ulnic_device::transfer::send(&a).map(|r| {
             if a.json {
                 println!("{}", serde_json::to_string(&r).unwrap_or_default());
@@ -271,6 +409,123 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> Result<(), String> {
+    let dir = state_dir(name);
+    let image = cluster_image(&mut |l| eprintln!("{l}"))?;
+    let accel = ulnic_device::cluster::choose_accel(&image, o.accel, &mut |l| eprintln!("{l}"));
+    let args = ulnic_device::cluster::supervisor::SuperviseArgs {
+        dir: dir.clone(),
+        nodes: o.nodes,
+        accel: accel.into(),
+        memory: o.memory,
+        endpoints: 8,
+    };
+    eprintln!("cluster '{name}': booting {} guests ({accel})", o.nodes);
+    let status = client::up(
+        &dir,
+        &image,
+        &args,
+        Duration::from_secs(o.timeout),
+        &mut |l| eprintln!("{l}"),
+    )?;
+    if json {
+        println!("{status}");
+    } else {
+        eprintln!(
+            "cluster '{name}' is up: {} nodes ({accel}); logs in {}\n  ulnic cluster exec all -- CMD    run a command\n  ulnic cluster put all FILE       copy a program in\n  ulnic cluster down               stop it",
+            o.nodes,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn cluster_exec(name: &str, target: &str, command: &str) -> Result<(), String> {
+    let dir = state_dir(name);
+    let nodes = client::nodes_of(&dir, target)?;
+    let results = client::exec(&dir, &nodes, command);
+    let mut code = 0;
+    for (n, r) in results {
+        match r {
+            Ok(0) => {}
+            Ok(c) => {
+                if nodes.len() > 1 {
+                    eprintln!("[node {n}] exit {c}");
+                }
+                if code == 0 {
+                    code = c;
+                }
+            }
+            Err(e) => {
+                eprintln!("[node {n}] {e}");
+                if code == 0 {
+                    code = 255;
+                }
+            }
+        }
+    }
+    if code != 0 {
+        // The remote status, like ssh (clamped into an exit code).
+        std::process::exit(code.clamp(1, 255));
+    }
+    Ok(())
+}
+
+fn cluster_put(
+    name: &str,
+    target: &str,
+    local: &std::path::Path,
+    remote: Option<String>,
+) -> Result<(), String> {
+    let dir = state_dir(name);
+    let remote = match remote {
+        Some(r) => r,
+        None => format!(
+            "/bin/{}",
+            local
+                .file_name()
+                .ok_or("the local path names no file")?
+                .to_string_lossy()
+        ),
+    };
+    for n in client::nodes_of(&dir, target)? {
+        client::put(&dir, n, local, &remote)?;
+        eprintln!("[node {n}] {} -> {remote}", local.display());
+    }
+    Ok(())
+}
+
+fn cluster_status(name: &str, json: bool) -> Result<(), String> {
+    let s = ulnic_device::cluster::supervisor::status(&state_dir(name))?;
+    if json {
+        println!("{s}");
+        return Ok(());
+    }
+    println!(
+        "cluster '{name}' ({}), {}",
+        s["accel"].as_str().unwrap_or("?"),
+        s["dir"].as_str().unwrap_or("")
+    );
+    for n in s["nodes"].as_array().into_iter().flatten() {
+        println!(
+            "  node {}: {}{}{}  boots {}  log {}",
+            n["node"],
+            n["state"].as_str().unwrap_or("?"),
+            n["boot_seconds"]
+                .as_f64()
+                .map(|b| format!(" (booted in {b:.1} s)"))
+                .unwrap_or_default(),
+            n["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default(),
+            n["boots"],
+            n["console_log"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
 }
 
 fn run_device(a: DeviceArgs) -> Result<(), String> {

@@ -47,4 +47,15 @@ fi
 if grep -q ulnic.poweroff /proc/cmdline; then
   poweroff -f
 fi
+# A persistent cluster (ulnic cluster up): serve the host's exec/put
+# requests over the virtio-serial port for as long as the guest runs.
+if grep -q ulnic.agent /proc/cmdline; then
+  export ULNIC_NODE=$(arg ulnic.node) ULNIC_NODES=$(arg ulnic.nodes) HOME=/tmp
+  cd /tmp
+  while true; do
+    /bin/ulnic agent
+    echo "ulnic-guest: agent exited ($?); restarting"
+    sleep 1
+  done
+fi
 exec setsid cttyhack sh

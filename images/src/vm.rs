@@ -24,6 +24,14 @@ pub struct VmConfig {
     /// A virtio-net NIC on this VDE switch (socket dir), with the MAC of
     /// node `.1`.
     pub vde: Option<(PathBuf, u32)>,
+    /// The guest agent's channel: a virtio-serial port named `ulnic.agent`
+    /// whose host end is a Unix socket QEMU listens on at this path.
+    pub agent_socket: Option<PathBuf>,
+    /// A QMP monitor socket QEMU listens on at this path (used to reset the
+    /// guest).
+    pub qmp_socket: Option<PathBuf>,
+    /// Let the guest reboot (otherwise QEMU exits when it tries).
+    pub allow_reboot: bool,
 }
 
 /// The MAC of node `n` on the cluster segment (locally administered).
@@ -45,6 +53,9 @@ impl Default for VmConfig {
             accel: "tcg".into(),
             append: String::new(),
             vde: None,
+            agent_socket: None,
+            qmp_socket: None,
+            allow_reboot: false,
         }
     }
 }
@@ -71,13 +82,22 @@ pub fn command(image: &Image, cfg: &VmConfig) -> Command {
         "-append",
         &format!("console=ttyS0 quiet panic=-1 {}", cfg.append),
     ]);
-    c.args([
-        "-nographic",
-        "-no-reboot",
-        "-nodefaults",
-        "-serial",
-        "stdio",
-    ]);
+    c.args(["-nographic", "-nodefaults", "-serial", "stdio"]);
+    if !cfg.allow_reboot {
+        c.arg("-no-reboot");
+    }
+    if let Some(sock) = &cfg.agent_socket {
+        c.arg("-chardev").arg(format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            sock.display()
+        ));
+        c.args(["-device", "virtio-serial-pci,id=vser0"]);
+        c.args(["-device", "virtserialport,chardev=agent,name=ulnic.agent"]);
+    }
+    if let Some(sock) = &cfg.qmp_socket {
+        c.arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", sock.display()));
+    }
     if let Some((dir, n)) = &cfg.vde {
         c.arg("-netdev")
             .arg(format!("vde,id=net0,sock={}", dir.display()));

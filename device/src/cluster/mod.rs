@@ -13,6 +13,10 @@ use ulnic_images::Image;
 
 use crate::{Configuration, Device};
 
+pub mod agent;
+pub mod client;
+pub mod supervisor;
+
 /// Which accelerator to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Accel {
@@ -135,6 +139,36 @@ fn boot_until(image: &Image, cfg: &VmConfig, marker: &str, limit: Duration) -> b
     ok
 }
 
+/// Starts the guests' private Ethernet segment: a VDE switch with no
+/// uplink at `segment`. It exits when its stdin (held by the returned
+/// child) closes, so it dies with its parent.
+pub fn start_segment(image: &Image, segment: &std::path::Path) -> Result<Child, String> {
+    let mut switch = std::process::Command::new(&image.vde_switch)
+        .arg("-s")
+        .arg(segment)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", image.vde_switch.display()))?;
+    let ready = Instant::now();
+    while !segment.join("ctl").exists() {
+        if ready.elapsed() > Duration::from_secs(10) {
+            let _ = switch.kill();
+            return Err("the VDE switch did not come up".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(switch)
+}
+
+/// The last `n` lines of a log file.
+pub fn log_tail(path: &std::path::Path, n: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(n).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
 enum Line {
     Console(u32, String),
     Exited(u32),
@@ -157,25 +191,8 @@ pub fn run(
         poll_for: Duration::from_micros(500),
     };
     let device = Device::start(config).map_err(|e| e.to_string())?;
-    // The guests' private Ethernet segment: a VDE switch with no uplink.
-    // It exits when its stdin (held here) closes, so it dies with us.
     let segment = dir.join("segment");
-    let mut switch = std::process::Command::new(&image.vde_switch)
-        .arg("-s")
-        .arg(&segment)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", image.vde_switch.display()))?;
-    let ready = Instant::now();
-    while !segment.join("ctl").exists() {
-        if ready.elapsed() > Duration::from_secs(10) {
-            let _ = switch.kill();
-            return Err("the VDE switch did not come up".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut switch = start_segment(image, &segment)?;
     let cmd64 = base64::engine::general_purpose::STANDARD.encode(command);
     let (tx, rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
@@ -192,6 +209,7 @@ pub fn run(
                 opts.nodes
             ),
             vde: Some((segment.clone(), n)),
+            ..Default::default()
         };
         let mut child = vm::command(image, &cfg)
             .stdout(Stdio::piped())
@@ -274,8 +292,6 @@ pub fn run(
     let _ = switch.wait();
     for r in results.iter_mut() {
         if r.exit.is_none() || r.exit != Some(0) {
-            let log = std::fs::read_to_string(&r.console_log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(15).collect();
             let why = match (r.boot_seconds, r.exit) {
                 (None, _) => "did not boot",
                 (Some(_), None) => "command did not finish",
@@ -283,7 +299,7 @@ pub fn run(
             };
             r.error = Some(format!(
                 "{why}; console tail:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                log_tail(&r.console_log, 15)
             ));
         }
     }

@@ -1,0 +1,214 @@
+//! The commands people type against a persistent cluster: `up` (with boot
+//! progress), `exec` (streamed output, exit status), `put`, `reboot`,
+//! `status`, `down`. They talk to the supervisor (see `supervisor`).
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use ulnic_images::Image;
+
+use super::agent::kind;
+use super::supervisor::{self, finish, request, SuperviseArgs};
+
+/// Boots a cluster in `dir` and returns its status once every guest is
+/// ready; on failure the cluster is taken down and the reason (with the
+/// console tail) returned.
+pub fn up(
+    dir: &Path,
+    image: &Image,
+    args: &SuperviseArgs,
+    timeout: Duration,
+    say: &mut dyn FnMut(&str),
+) -> Result<Value, String> {
+    let mut child = supervisor::spawn_supervisor(dir, image, args)?;
+    let started = Instant::now();
+    let mut reported = vec![false; args.nodes as usize];
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(format!(
+                "the supervisor exited ({st}); its log:\n{}",
+                super::log_tail(&dir.join("supervisor.log"), 20)
+            ));
+        }
+        if let Ok(s) = supervisor::status(dir) {
+            let nodes = s["nodes"].as_array().cloned().unwrap_or_default();
+            for (n, node) in nodes.iter().enumerate() {
+                match node["state"].as_str() {
+                    Some("ready") if !reported[n] => {
+                        reported[n] = true;
+                        say(&format!(
+                            "[node {n}] ready after {:.1} s",
+                            node["boot_seconds"].as_f64().unwrap_or(0.0)
+                        ));
+                    }
+                    Some("stopped") => {
+                        let why = node["reason"].as_str().unwrap_or("").to_string();
+                        let tail = super::log_tail(&dir.join(format!("node{n}.console.log")), 15);
+                        let _ = down(dir);
+                        return Err(format!(
+                            "node {n} did not boot: {why}; console tail:\n{tail}"
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            if reported.iter().all(|&r| r) {
+                return Ok(s);
+            }
+        }
+        if started.elapsed() > timeout {
+            let waiting: Vec<String> = (0..args.nodes)
+                .filter(|&n| !reported[n as usize])
+                .map(|n| {
+                    format!(
+                        "node {n}; console tail:\n{}",
+                        super::log_tail(&dir.join(format!("node{n}.console.log")), 10)
+                    )
+                })
+                .collect();
+            let _ = down(dir);
+            return Err(format!(
+                "not ready after {} s: {}",
+                timeout.as_secs(),
+                waiting.join("\n")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Nodes named by `target`: a number, or `all`.
+pub fn nodes_of(dir: &Path, target: &str) -> Result<Vec<u32>, String> {
+    if target == "all" {
+        let s = supervisor::status(dir)?;
+        let n = s["nodes"].as_array().map_or(0, |a| a.len()) as u32;
+        return Ok((0..n).collect());
+    }
+    target
+        .parse()
+        .map(|n| vec![n])
+        .map_err(|_| format!("'{target}' is not a node number or 'all'"))
+}
+
+/// Splits a byte stream into lines and prints each with a prefix.
+struct Prefixer {
+    prefix: String,
+    partial: Vec<u8>,
+}
+
+impl Prefixer {
+    fn feed(&mut self, data: &[u8], out: &mut dyn Write) {
+        self.partial.extend_from_slice(data);
+        while let Some(i) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=i).collect();
+            let _ = out.write_all(self.prefix.as_bytes());
+            let _ = out.write_all(&line);
+        }
+    }
+    fn flush(&mut self, out: &mut dyn Write) {
+        if !self.partial.is_empty() {
+            self.feed(b"\n", out);
+        }
+    }
+}
+
+/// Runs `command` on `nodes` at once. With one node its output passes
+/// through untouched; with several each line is prefixed `[node N] `.
+/// Returns each node's exit status (an error when the command could not
+/// run to the end).
+pub fn exec(dir: &Path, nodes: &[u32], command: &str) -> Vec<(u32, Result<i32, String>)> {
+    let prefix = nodes.len() > 1;
+    let handles: Vec<_> = nodes
+        .iter()
+        .map(|&n| {
+            let dir = dir.to_path_buf();
+            let command = command.to_string();
+            std::thread::spawn(move || {
+                let mut s = request(
+                    &dir,
+                    &json!({ "op": "exec", "node": n, "command": command }),
+                )?;
+                let p = || Prefixer {
+                    prefix: if prefix {
+                        format!("[node {n}] ")
+                    } else {
+                        String::new()
+                    },
+                    partial: Vec::new(),
+                };
+                let (mut po, mut pe) = (p(), p());
+                let r = finish(&mut s, |f| {
+                    if !prefix {
+                        let _ = match f.kind {
+                            kind::STDERR => std::io::stderr().write_all(&f.data),
+                            _ => std::io::stdout().write_all(&f.data),
+                        };
+                        return;
+                    }
+                    match f.kind {
+                        kind::STDERR => pe.feed(&f.data, &mut std::io::stderr().lock()),
+                        _ => po.feed(&f.data, &mut std::io::stdout().lock()),
+                    }
+                });
+                po.flush(&mut std::io::stdout().lock());
+                pe.flush(&mut std::io::stderr().lock());
+                r
+            })
+        })
+        .collect();
+    nodes
+        .iter()
+        .zip(handles)
+        .map(|(&n, h)| {
+            (
+                n,
+                h.join()
+                    .unwrap_or_else(|_| Err("the client thread panicked".into())),
+            )
+        })
+        .collect()
+}
+
+/// Copies local file `local` to `remote` on `node`, keeping its mode.
+pub fn put(dir: &Path, node: u32, local: &Path, remote: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let data = std::fs::read(local).map_err(|e| format!("{}: {e}", local.display()))?;
+    let mode = std::fs::metadata(local)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o644);
+    let mut s = request(
+        dir,
+        &json!({ "op": "put", "node": node, "path": remote, "mode": mode, "len": data.len() }),
+    )?;
+    s.write_all(&data).map_err(|e| e.to_string())?;
+    match finish(&mut s, |_| {})? {
+        0 => Ok(()),
+        c => Err(format!("node {node}: copy failed ({c})")),
+    }
+}
+
+/// Resets `node` (QMP system_reset) and waits until it is ready again;
+/// returns its boot time.
+pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> Result<f64, String> {
+    let mut s = request(
+        dir,
+        &json!({ "op": "reboot", "node": node, "timeout": timeout.as_secs() }),
+    )?;
+    let mut secs = 0.0;
+    finish(&mut s, |f| {
+        if f.kind == kind::INFO {
+            if let Ok(v) = serde_json::from_slice::<Value>(&f.data) {
+                secs = v["boot_seconds"].as_f64().unwrap_or(0.0);
+            }
+        }
+    })?;
+    Ok(secs)
+}
+
+/// Stops every guest and the supervisor.
+pub fn down(dir: &Path) -> Result<(), String> {
+    let mut s = request(dir, &json!({ "op": "down" }))?;
+    finish(&mut s, |_| {}).map(|_| ())
+}
