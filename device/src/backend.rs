@@ -236,7 +236,13 @@ impl VhostUserBackend for PortBackend {
                 self.switch.wake();
                 Ok(())
             }
-            _ => {
+            q => {
+                // A doorbell: counted for its endpoint (GET_STATS), then the
+                // engine wakes to poll.
+                let e = u32::from(q).wrapping_sub(u32::from(FIRST_DOORBELL_QUEUE));
+                if let Some(ep) = self.switch.lock().nodes[self.node as usize].endpoint_mut(e) {
+                    ep.stats.doorbells += 1;
+                }
                 self.switch.wake();
                 Ok(())
             }

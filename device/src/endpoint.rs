@@ -25,11 +25,12 @@ pub struct Stats {
     pub ring_errors: u64,
     pub events_lost: u64,
     pub notifications: u64,
+    pub doorbells: u64,
 }
 
 impl Stats {
     /// The counters in wire order.
-    pub fn to_array(&self) -> [u64; 12] {
+    pub fn to_array(&self) -> [u64; 13] {
         [
             self.tx_messages,
             self.tx_bytes,
@@ -43,6 +44,7 @@ impl Stats {
             self.ring_errors,
             self.events_lost,
             self.notifications,
+            self.doorbells,
         ]
     }
 }

@@ -98,6 +98,31 @@ pub fn run() -> Result<Vec<String>, String> {
     }
     report.push(format!("{n} messages in order, exactly once"));
 
+    // The doorbell reaches the device: its counter for this endpoint rises.
+    let doorbells = |ep: &ulnic::Endpoint| -> Result<u64, String> {
+        let s = ep.stats().map_err(|x| x.to_string())?;
+        Ok(s.iter()
+            .find(|(k, _)| *k == "doorbells")
+            .map_or(0, |(_, v)| *v))
+    };
+    let before = doorbells(&a)?;
+    a.ring_doorbell();
+    let deadline = std::time::Instant::now() + WAIT;
+    while doorbells(&a)? == before {
+        if std::time::Instant::now() > deadline {
+            return Err("a rung doorbell never reached the device".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    report.push(format!(
+        "doorbell reaches the device ({})",
+        if a.doorbell_mapped() {
+            "a page mapped into this process: a store, no system call"
+        } else {
+            "by a call"
+        }
+    ));
+
     // Ownership: a fresh open (another domain) cannot touch endpoint `a`.
     #[cfg(target_os = "linux")]
     if let Some(msg) = ownership_check(a.id())? {
@@ -139,7 +164,13 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
         unmap(p);
         return Err(format!("another domain could map endpoint {ep}'s rings"));
     }
-    let mut report = format!("another domain cannot kick or map endpoint {ep} (EPERM)");
+    let bell = ulnic_abi::uapi::mmap_ctrl(ep) + ulnic_abi::uapi::MMAP_DOORBELL;
+    if let Ok(p) = ulnic_host_attach::map_shared(f.as_raw_fd(), 4096, bell) {
+        unmap(p);
+        return Err(format!("another domain could map endpoint {ep}'s doorbell"));
+    }
+    let mut report =
+        format!("another domain cannot kick or map endpoint {ep}'s rings or doorbell (EPERM)");
 
     // Its own endpoint: destroying it while mapped is refused (the pages
     // would otherwise be freed under the process's feet).

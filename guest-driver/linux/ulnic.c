@@ -4,8 +4,8 @@
  *
  * Binds the device, sets up the control, notification and doorbell
  * virtqueues, and exposes /dev/ulnicN (spec 9): one protection domain per
- * open file, endpoints whose memory the driver allocates and maps into the
- * owning process only, doorbells, and blocking through ioctl or poll.
+ * open file, endpoints whose memory and doorbell page the driver maps into
+ * the owning process only, and blocking through ioctl or poll.
  */
 #include <linux/completion.h>
 #include <linux/fs.h>
@@ -15,6 +15,7 @@
 #include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
+#include <linux/pci.h>
 #include <linux/poll.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -22,6 +23,7 @@
 #include <linux/vmalloc.h>
 #include <linux/virtio.h>
 #include <linux/virtio_config.h>
+#include <linux/virtio_pci.h>
 #include <linux/wait.h>
 
 #include "ulnic_abi.h"
@@ -73,6 +75,12 @@ struct ulnic {
 	/* Notification records, one per endpoint (spec 6). */
 	u8 *notify_bufs;
 	unsigned long notifications;
+
+	/*
+	 * Physical address of each endpoint's doorbell page (page-per-vq), or
+	 * 0 when doorbells share pages and cannot be given to one process.
+	 */
+	phys_addr_t *doorbell_pa;
 };
 
 /* An open /dev/ulnicN: one protection domain and its endpoints. */
@@ -90,6 +98,7 @@ static void ulnic_release_dev(struct kref *ref)
 	struct ulnic *u = container_of(ref, struct ulnic, ref);
 
 	kfree(u->owners);
+	kfree(u->doorbell_pa);
 	bitmap_free(u->notified);
 	kfree(u->notify_bufs);
 	kfree(u->cmd_buf);
@@ -602,6 +611,21 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 		   len <= ep->seg_len) {
 		vm_flags_set(vma, VM_DONTCOPY);
 		err = remap_vmalloc_range(vma, ep->seg, 0);
+	} else if ((off & 0xffffffffULL) == ULNIC_MMAP_DOORBELL &&
+		   len == PAGE_SIZE) {
+		/* The endpoint's own doorbell page, and nothing else. */
+		phys_addr_t pa = uf->u->doorbell_pa ? uf->u->doorbell_pa[ep->id] : 0;
+
+		if (!pa || !uf->u->vdev) {
+			err = -ENODEV;
+		} else {
+			vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP |
+					  VM_DONTCOPY);
+			vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
+			err = io_remap_pfn_range(vma, vma->vm_start,
+						 pa >> PAGE_SHIFT, PAGE_SIZE,
+						 vma->vm_page_prot);
+		}
 	}
 	if (!err) {
 		vma->vm_private_data = ep;
@@ -663,6 +687,71 @@ out:
 	return err;
 }
 
+/*
+ * Finds each doorbell queue's notify address in the virtio PCI transport,
+ * so an endpoint's doorbell page can be mapped into its owner alone. The
+ * virtio core keeps these addresses private, so they are read from the
+ * device's own capabilities. Only when every doorbell has a page of its own
+ * (page-per-vq); otherwise doorbells stay behind IOC_KICK.
+ */
+static void ulnic_find_doorbells(struct ulnic *u)
+{
+	struct device *parent = u->vdev->dev.parent;
+	struct virtio_pci_common_cfg __iomem *common;
+	u32 coff = 0, clen = 0, noff = 0, nlen = 0, mult = 0, off, len;
+	u8 type, bar, cbar = 0, nbar = 0;
+	bool have_common = false, have_notify = false;
+	struct pci_dev *pdev;
+	unsigned int e;
+	int pos;
+
+	if (!parent || !dev_is_pci(parent))
+		return;
+	pdev = to_pci_dev(parent);
+	for (pos = pci_find_capability(pdev, PCI_CAP_ID_VNDR); pos > 0;
+	     pos = pci_find_next_capability(pdev, pos, PCI_CAP_ID_VNDR)) {
+		pci_read_config_byte(pdev, pos + offsetof(struct virtio_pci_cap, cfg_type), &type);
+		pci_read_config_byte(pdev, pos + offsetof(struct virtio_pci_cap, bar), &bar);
+		pci_read_config_dword(pdev, pos + offsetof(struct virtio_pci_cap, offset), &off);
+		pci_read_config_dword(pdev, pos + offsetof(struct virtio_pci_cap, length), &len);
+		if (bar >= PCI_STD_NUM_BARS)
+			continue;
+		if (type == VIRTIO_PCI_CAP_COMMON_CFG && !have_common) {
+			have_common = true;
+			cbar = bar;
+			coff = off;
+			clen = len;
+		} else if (type == VIRTIO_PCI_CAP_NOTIFY_CFG && !have_notify) {
+			have_notify = true;
+			nbar = bar;
+			noff = off;
+			nlen = len;
+			pci_read_config_dword(pdev, pos + offsetof(struct virtio_pci_notify_cap,
+								   notify_off_multiplier), &mult);
+		}
+	}
+	if (!have_common || !have_notify || clen < sizeof(*common) ||
+	    mult < PAGE_SIZE || mult % PAGE_SIZE ||
+	    !PAGE_ALIGNED(pci_resource_start(pdev, nbar) + noff))
+		return;
+	u->doorbell_pa = kcalloc(u->endpoints, sizeof(*u->doorbell_pa), GFP_KERNEL);
+	if (!u->doorbell_pa)
+		return;
+	common = pci_iomap_range(pdev, cbar, coff, sizeof(*common));
+	if (!common)
+		return;
+	/* Queues are set up and idle: reading their notify offsets is safe. */
+	for (e = 0; e < u->endpoints; e++) {
+		u64 qoff;
+
+		iowrite16(ULNIC_FIRST_DOORBELL_QUEUE + e, &common->queue_select);
+		qoff = (u64)ioread16(&common->queue_notify_off) * mult;
+		if (qoff + PAGE_SIZE <= nlen)
+			u->doorbell_pa[e] = pci_resource_start(pdev, nbar) + noff + qoff;
+	}
+	pci_iounmap(pdev, common);
+}
+
 static int ulnic_probe(struct virtio_device *vdev)
 {
 	u8 info[ULNIC_DEVICE_INFO_SIZE];
@@ -719,6 +808,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 			u->nvqs, err);
 		goto err_free;
 	}
+	ulnic_find_doorbells(u);
 	virtio_device_ready(vdev);
 
 	for (i = 0; i < u->endpoints; i++) {
@@ -750,9 +840,10 @@ static int ulnic_probe(struct virtio_device *vdev)
 	if (err)
 		goto err_ida;
 	dev_info(&vdev->dev,
-		 "ulnic: node %u of %u, %u endpoints, spec %u.%u, /dev/%s\n",
+		 "ulnic: node %u of %u, %u endpoints, spec %u.%u, /dev/%s, doorbells %s\n",
 		 u->node, u->nodes, u->endpoints, version & 0xffff,
-		 version >> 16, u->name);
+		 version >> 16, u->name,
+		 u->doorbell_pa && u->doorbell_pa[0] ? "mapped" : "by ioctl");
 	return 0;
 
 err_ida:

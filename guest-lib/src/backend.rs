@@ -17,6 +17,10 @@ pub(crate) struct EpMemory {
     pub ctrl_len: usize,
     pub seg: *mut u8,
     pub seg_len: usize,
+    /// The endpoint's doorbell page mapped here, and the value to write to
+    /// ring it (its queue index); null when doorbells go through a call.
+    pub doorbell: *mut u8,
+    pub doorbell_queue: u16,
 }
 
 // SAFETY: the pointers name shared mappings that live as long as the
@@ -89,7 +93,7 @@ pub(crate) trait Domain: Send + Sync {
     /// first u32 is its id).
     fn ep_command(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>, Error>;
     /// Rings an endpoint's doorbell.
-    fn ring_doorbell(&self, ep: u32);
+    fn ring_doorbell(&self, ep: &EpMemory);
     /// Blocks until the endpoint is notified (true) or `timeout` (false).
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error>;
 }

@@ -92,6 +92,9 @@ impl Domain for HostDomain {
             ctrl_len: ctrl.len,
             seg: segment.ptr.as_ptr(),
             seg_len: segment.len,
+            // The device's kick eventfd is this process's: rung by a call.
+            doorbell: std::ptr::null_mut(),
+            doorbell_queue: 0,
         })
     }
 
@@ -117,8 +120,8 @@ impl Domain for HostDomain {
         Ok(self.hw.command(opcode, payload)?)
     }
 
-    fn ring_doorbell(&self, ep: u32) {
-        self.hw.ring_doorbell(ep);
+    fn ring_doorbell(&self, ep: &EpMemory) {
+        self.hw.ring_doorbell(ep.id);
     }
 
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {

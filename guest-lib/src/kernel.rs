@@ -90,12 +90,22 @@ impl Domain for KernelDomain {
                 return Err(e);
             }
         };
+        // A doorbell page of its own when the driver can give one; ringing
+        // it is then a store, not a system call.
+        let doorbell = self
+            .map(
+                uapi::mmap_ctrl(id) + uapi::MMAP_DOORBELL,
+                ulnic_abi::PAGE_SIZE as usize,
+            )
+            .unwrap_or(std::ptr::null_mut());
         Ok(EpMemory {
             id,
             ctrl,
             ctrl_len,
             seg,
             seg_len,
+            doorbell,
+            doorbell_queue: ulnic_abi::read_le32(&a, 28) as u16,
         })
     }
 
@@ -105,6 +115,9 @@ impl Domain for KernelDomain {
         unsafe {
             libc::munmap(ep.ctrl.cast(), ep.ctrl_len);
             libc::munmap(ep.seg.cast(), ep.seg_len);
+            if !ep.doorbell.is_null() {
+                libc::munmap(ep.doorbell.cast(), ulnic_abi::PAGE_SIZE as usize);
+            }
         }
         let mut id = ep.id.to_le_bytes();
         let _ = ioctl(&self.file, uapi::IOC_DESTROY_EP, id.as_mut_ptr());
@@ -127,8 +140,17 @@ impl Domain for KernelDomain {
         Ok(a[16..16 + n].to_vec())
     }
 
-    fn ring_doorbell(&self, ep: u32) {
-        let mut id = ep.to_le_bytes();
+    fn ring_doorbell(&self, ep: &EpMemory) {
+        if !ep.doorbell.is_null() {
+            // SAFETY: the endpoint's own doorbell page, mapped for as long
+            // as `ep` lives; a 16-bit store of the queue index is the virtio
+            // PCI notification (the page is device memory, uncached).
+            unsafe {
+                std::ptr::write_volatile(ep.doorbell.cast::<u16>(), ep.doorbell_queue.to_le())
+            };
+            return;
+        }
+        let mut id = ep.id.to_le_bytes();
         let _ = ioctl(&self.file, uapi::IOC_KICK, id.as_mut_ptr());
     }
 

@@ -640,11 +640,37 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Rings the endpoint's doorbell now. Posting calls rings it only when
+    /// the device asked (it stopped polling); this is for tools and tests.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// ep.ring_doorbell();
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn ring_doorbell(&self) {
+        self.dom.ring_doorbell(&self.mem);
+    }
+
+    /// Whether the doorbell is a page mapped into this process (a store
+    /// rings it) rather than a system call.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// println!("doorbell mapped: {}", ep.doorbell_mapped());
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn doorbell_mapped(&self) -> bool {
+        !self.mem.doorbell.is_null()
+    }
+
     fn doorbell_if_wanted(&self) {
         // Pairs with the device's "set wanted, fence, re-poll" before it sleeps.
         fence(Ordering::SeqCst);
         if self.word(ctrl::DOORBELL_WANTED).load(Ordering::Acquire) != 0 {
-            self.dom.ring_doorbell(self.id);
+            self.dom.ring_doorbell(&self.mem);
         }
     }
 

@@ -697,7 +697,7 @@ impl DeviceInfo {
 }
 
 /// `GET_STATS` result: per-endpoint counters, in this order, as u64.
-pub const STAT_NAMES: [&str; 12] = [
+pub const STAT_NAMES: [&str; 13] = [
     "tx_messages",
     "tx_bytes",
     "rx_messages",
@@ -710,6 +710,7 @@ pub const STAT_NAMES: [&str; 12] = [
     "ring_errors",
     "events_lost",
     "notifications",
+    "doorbells",
 ];
 
 /// Encodes a little-endian u32 (for command payloads).
@@ -907,6 +908,10 @@ pub mod uapi {
     }
     /// Added to `mmap_ctrl(e)` for the segment.
     pub const MMAP_SEGMENT: u64 = 1 << 31;
+    /// mmap offset of an endpoint's doorbell page: `mmap_ctrl(id) +
+    /// MMAP_DOORBELL`, one page; writing the doorbell queue index (u16) to
+    /// its start rings the doorbell without a system call.
+    pub const MMAP_DOORBELL: u64 = 1 << 30;
     /// Largest control region the driver allocates (physically contiguous).
     pub const MAX_CTRL_BYTES: u64 = 4 << 20;
     /// Largest segment the driver allocates.
@@ -983,6 +988,7 @@ pub fn c_header() -> String {
         ("ULNIC_CREATE_EP_SIZE", uapi::CREATE_EP_SIZE.into()),
         ("ULNIC_COMMAND_SIZE", uapi::COMMAND_SIZE.into()),
         ("ULNIC_MMAP_SEGMENT", uapi::MMAP_SEGMENT),
+        ("ULNIC_MMAP_DOORBELL", uapi::MMAP_DOORBELL),
         ("ULNIC_MAX_CTRL_BYTES", uapi::MAX_CTRL_BYTES),
         ("ULNIC_MAX_SEGMENT_BYTES", uapi::MAX_SEGMENT_BYTES),
         ("ULNIC_CTRL_RING_OFFSET", ctrl::CONTROL_BLOCK_SIZE),
