@@ -68,7 +68,11 @@ fn guest_boots_and_sees_the_ulnic_device() {
         "the ulnic driver did not bind; console tail:\n{tail}"
     );
     assert!(
-        out.contains("ulnic: node 0 of 1, 8 endpoints, spec 0.1"),
+        out.contains(&format!(
+            "ulnic: node 0 of 1, 8 endpoints, spec {}.{}",
+            ulnic_abi::SPEC_VERSION_MAJOR,
+            ulnic_abi::SPEC_VERSION_MINOR
+        )),
         "the driver's GET_INFO did not come back; console tail:\n{tail}"
     );
     // The ulnic tool runs inside the guest (same binary, its libraries copied).
