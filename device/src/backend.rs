@@ -49,7 +49,8 @@ impl PortBackend {
     /// The config space (spec §3.3).
     pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
         let mut c = [0u8; CONFIG_SIZE];
-        let words: [(usize, u32); 9] = [
+        let tripwires = self.switch.lock().max_tripwires;
+        let words: [(usize, u32); 11] = [
             (0, CONFIG_MAGIC),
             (
                 4,
@@ -62,6 +63,8 @@ impl PortBackend {
             (24, u32::from(FIRST_DOORBELL_QUEUE)),
             (28, MAX_RING_ENTRIES),
             (32, self.switch.nodes),
+            (36, tripwires),
+            (48, ulnic_abi::MAX_APERTURES),
         ];
         for (o, v) in words {
             c[o..o + 4].copy_from_slice(&v.to_le_bytes());

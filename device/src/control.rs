@@ -3,15 +3,16 @@
 
 use log::{debug, info};
 use ulnic_abi::{
-    cmd, read_le32, status, CreateEndpoint, DeviceInfo, FilterEntry, CMD_HEADER_SIZE,
-    F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE, MAX_SEGMENT_PAGES, PAGE_SIZE,
-    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+    cmd, perm, read_le32, read_le64, status, tripwire_flags, CreateEndpoint, DeviceInfo,
+    FilterEntry, CMD_HEADER_SIZE, F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE,
+    MAX_SEGMENT_PAGES, PAGE_SIZE, SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vm_memory::GuestMemoryMmap;
 
 use crate::endpoint::Endpoint;
 use crate::fabric::Fabric;
 use crate::guest::{self, Segment};
+use crate::rdma::Tripwire;
 
 /// Most protection domains one port may hold.
 pub const MAX_PDS: usize = 64;
@@ -73,7 +74,11 @@ pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &
         cmd::SET_FILTER => set_filter(fabric, node, p),
         cmd::ARM | cmd::DISARM => arm(fabric, node, p, opcode == cmd::ARM),
         cmd::GET_STATS => get_stats(fabric, node, p),
-        cmd::RESERVED_FIRST..=cmd::RESERVED_LAST => Err(Response::err(status::NOT_SUPPORTED)),
+        cmd::EXPORT => export(fabric, node, p),
+        cmd::REVOKE => revoke(fabric, node, p),
+        cmd::SET_TRIPWIRE => set_tripwire(fabric, node, mem, p),
+        cmd::CLEAR_TRIPWIRE => clear_tripwire(fabric, node, p),
+        op if cmd::is_reserved(op) => Err(Response::err(status::NOT_SUPPORTED)),
         _ => Err(Response::err(status::UNKNOWN_COMMAND)),
     };
     let r = r.unwrap_or_else(|e| e);
@@ -98,6 +103,8 @@ fn get_info(fabric: &Fabric, node: u32) -> Response {
             max_message: MAX_MESSAGE,
             nodes: fabric.nodes.len() as u32,
             features: F_IMPLEMENTED,
+            max_tripwires: fabric.max_tripwires,
+            max_apertures: ulnic_abi::MAX_APERTURES,
         }
         .encode(),
     )
@@ -256,6 +263,97 @@ fn get_stats(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Respo
             .flat_map(|v| v.to_le_bytes())
             .collect(),
     ))
+}
+
+fn export(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 24)?;
+    let (id, perms) = (read_le32(p, 0), read_le32(p, 4));
+    let (offset, len) = (read_le64(p, 8), read_le64(p, 16));
+    let n = &mut fabric.nodes[node as usize];
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if perms == 0
+        || perms & !perm::ALL != 0
+        || len == 0
+        || !offset.is_multiple_of(8)
+        || !ep.segment.contains(offset, len)
+    {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let mut cookie = n
+        .apertures
+        .export(id, offset, len, perms)
+        .ok_or(Response::err(status::NO_RESOURCES))?;
+    cookie.node = node;
+    debug!("node {node} ep {id}: exported aperture {}", cookie.aperture);
+    Ok(Response::ok(cookie.encode().to_vec()))
+}
+
+fn revoke(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 8)?;
+    let (id, aperture) = (read_le32(p, 0), read_le32(p, 4));
+    let n = &mut fabric.nodes[node as usize];
+    n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if !n.apertures.revoke(id, aperture) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    Ok(Response::ok(Vec::new()))
+}
+
+fn set_tripwire(
+    fabric: &mut Fabric,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    need(p, 40)?;
+    let (id, aperture) = (read_le32(p, 0), read_le32(p, 4));
+    let (offset, len, flags) = (read_le64(p, 8), read_le64(p, 16), read_le32(p, 24));
+    let user = read_le64(p, 32);
+    let cap = fabric.max_tripwires;
+    let n = &mut fabric.nodes[node as usize];
+    let ap = *n
+        .apertures
+        .get(aperture)
+        .filter(|a| a.ep == id)
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if flags & !tripwire_flags::ALL != 0
+        || flags & (tripwire_flags::READ | tripwire_flags::WRITE) == 0
+        || len == 0
+        || offset.checked_add(len).is_none_or(|end| end > ap.len)
+    {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let t = Tripwire {
+        aperture,
+        offset,
+        len,
+        flags,
+        user,
+        active: true,
+    };
+    let tid = ep
+        .set_tripwire(t, cap)
+        .ok_or(Response::err(status::NO_RESOURCES))?;
+    // A reused id starts unfired, so its first firing posts an event.
+    let flag = ep.ctrl + ulnic_abi::ctrl::TRIPWIRE_FIRED + u64::from(tid);
+    let _ = guest::write(mem, flag, &[0]);
+    Ok(Response::ok(tid.to_le_bytes().to_vec()))
+}
+
+fn clear_tripwire(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 8)?;
+    let (id, tid) = (read_le32(p, 0), read_le32(p, 4));
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(id)
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    match ep.tripwires.get_mut(tid as usize) {
+        Some(slot) if slot.is_some() => {
+            *slot = None;
+            Ok(Response::ok(Vec::new()))
+        }
+        _ => Err(Response::err(status::NOT_FOUND)),
+    }
 }
 
 #[cfg(test)]

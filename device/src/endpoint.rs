@@ -26,11 +26,12 @@ pub struct Stats {
     pub events_lost: u64,
     pub notifications: u64,
     pub doorbells: u64,
+    pub tripwires_fired: u64,
 }
 
 impl Stats {
     /// The counters in wire order.
-    pub fn to_array(&self) -> [u64; 13] {
+    pub fn to_array(&self) -> [u64; 14] {
         [
             self.tx_messages,
             self.tx_bytes,
@@ -45,6 +46,7 @@ impl Stats {
             self.events_lost,
             self.notifications,
             self.doorbells,
+            self.tripwires_fired,
         ]
     }
 }
@@ -75,6 +77,8 @@ pub struct Endpoint {
     pub arm_ack: u32,
     /// Counters.
     pub stats: Stats,
+    /// Tripwires by id (at most the device's per-endpoint cap).
+    pub tripwires: Vec<Option<crate::rdma::Tripwire>>,
 }
 
 impl Endpoint {
@@ -94,6 +98,7 @@ impl Endpoint {
             event_producer: 0,
             arm_ack: 0,
             stats: Stats::default(),
+            tripwires: Vec::new(),
         }
     }
 

@@ -45,6 +45,8 @@ pub struct Node {
     pub notify_backlog: VecDeque<u32>,
     /// Connections served so far (for logs).
     pub connections: u64,
+    /// Apertures exported by this node's endpoints.
+    pub apertures: crate::rdma::ApertureTable,
 }
 
 impl Node {
@@ -59,6 +61,7 @@ impl Node {
             notify: None,
             notify_backlog: VecDeque::new(),
             connections: 0,
+            apertures: Default::default(),
         }
     }
 
@@ -76,6 +79,7 @@ impl Node {
         self.endpoints.iter_mut().for_each(|e| *e = None);
         self.pds.clear();
         self.ports.clear();
+        self.apertures.clear();
         self.notify = None;
         self.notify_backlog.clear();
         self.next_pd = 1;
@@ -92,6 +96,7 @@ impl Node {
         if let Some(p) = ep.port {
             self.ports.remove(&p);
         }
+        self.apertures.revoke_all(id);
         Some(ep)
     }
 }
@@ -142,6 +147,8 @@ pub struct Fabric {
     mems: Vec<Option<MemGuard>>,
     /// Close messages whose receiver had no free receive slot yet.
     pending_closes: VecDeque<PendingClose>,
+    /// Tripwires each endpoint may set.
+    pub max_tripwires: u32,
 }
 
 /// Where a message's payload comes from.
@@ -175,6 +182,7 @@ impl Fabric {
             counters: FabricCounters::default(),
             mems: Vec::new(),
             pending_closes: VecDeque::new(),
+            max_tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
         }
     }
 
@@ -418,6 +426,7 @@ impl Fabric {
                     node: desc.dest_node,
                     port: desc.dest_port,
                     len: desc.len,
+                    aux: 0,
                 }
             }
             Err(code) => {
@@ -443,6 +452,7 @@ impl Fabric {
                     node: desc.dest_node,
                     port: desc.dest_port,
                     len: desc.len,
+                    aux: 0,
                 }
             }
         };
@@ -463,6 +473,12 @@ impl Fabric {
         raw: &[u8; SEND_DESC_SIZE as usize],
         wake: &mut Vec<(u32, u32)>,
     ) -> Result<(), u16> {
+        if matches!(
+            d.opcode,
+            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE
+        ) {
+            return self.rdma(mems, n, e, ep, raw, wake);
+        }
         if d.opcode != op::SEND || d.flags & !send_flags::ALL != 0 || d.len > MAX_MESSAGE {
             return Err(tx_error::BAD_DESCRIPTOR);
         }

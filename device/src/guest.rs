@@ -232,6 +232,33 @@ pub fn write_segment(
     Ok(())
 }
 
+/// Stores a 4- or 8-byte little-endian value at a segment offset aligned to
+/// its size (checked by the caller) with one atomic store, so a reader never
+/// sees half of it.
+pub fn store_segment_word(
+    mem: &GuestMemoryMmap<()>,
+    seg: &Segment,
+    off: u64,
+    val: u64,
+    size: u32,
+) -> Result<(), BadAddress> {
+    let bad = BadAddress {
+        addr: off,
+        len: u64::from(size),
+    };
+    // Aligned and at most 8 bytes: never crosses a page, so one piece.
+    let (gpa, n) = seg.pieces(off, u64::from(size)).next().ok_or(bad)?;
+    if n != u64::from(size) {
+        return Err(bad);
+    }
+    let r = if size == 4 {
+        mem.store((val as u32).to_le(), GuestAddress(gpa), Ordering::Release)
+    } else {
+        mem.store(val.to_le(), GuestAddress(gpa), Ordering::Release)
+    };
+    r.map_err(|_| bad)
+}
+
 /// Reads a segment range (checked by the caller) into `buf`.
 pub fn read_segment(
     mem: &GuestMemoryMmap<()>,

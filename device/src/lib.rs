@@ -14,6 +14,7 @@ pub mod endpoint;
 pub mod engine;
 pub mod fabric;
 pub mod guest;
+pub mod rdma;
 pub mod selftest;
 pub mod transfer;
 
@@ -67,6 +68,8 @@ pub struct Configuration {
     /// How long the engine keeps polling after the last work before it asks
     /// for doorbells and sleeps.
     pub poll_for: Duration,
+    /// Tripwires each endpoint may set.
+    pub tripwires: u32,
 }
 
 impl Configuration {
@@ -74,6 +77,12 @@ impl Configuration {
     pub fn validate(&self) -> Result<(), Error> {
         if self.sockets.is_empty() {
             return Err(Error::Config("at least one port socket is needed".into()));
+        }
+        if !(1..=ulnic_abi::MAX_TRIPWIRES_LIMIT).contains(&self.tripwires) {
+            return Err(Error::Config(format!(
+                "--tripwires must be between 1 and {}",
+                ulnic_abi::MAX_TRIPWIRES_LIMIT
+            )));
         }
         if !(1..=ulnic_abi::MAX_ENDPOINTS_LIMIT).contains(&self.max_endpoints) {
             return Err(Error::Config(format!(
@@ -142,7 +151,11 @@ impl Device {
         config.validate()?;
         let nodes = config.sockets.len() as u32;
         let switch = Arc::new(Switch {
-            fabric: Mutex::new(Fabric::new(nodes, config.max_endpoints)),
+            fabric: Mutex::new({
+                let mut f = Fabric::new(nodes, config.max_endpoints);
+                f.max_tripwires = config.tripwires;
+                f
+            }),
             wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
                 what: "eventfd",
                 source,

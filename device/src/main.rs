@@ -263,6 +263,10 @@ struct DeviceArgs {
     /// before it sleeps and asks drivers for doorbells.
     #[arg(long, default_value_t = 200, value_name = "US")]
     poll_us: u64,
+    /// Tripwires each endpoint may set (their fired flags live in the
+    /// endpoint's control block, so at most 3072).
+    #[arg(long, default_value_t = ulnic_abi::DEFAULT_TRIPWIRES, value_name = "N")]
+    tripwires: u32,
 }
 
 #[derive(clap::Args, Debug)]
@@ -541,6 +545,7 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
         sockets,
         max_endpoints: a.endpoints,
         poll_for: Duration::from_micros(a.poll_us),
+        tripwires: a.tripwires,
     };
     let dev = Device::start(config).map_err(|e| e.to_string())?;
     eprintln!(
@@ -700,6 +705,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 sockets: Configuration::socket_paths(&scratch, 2),
                 max_endpoints: 4,
                 poll_for: Duration::from_micros(500),
+                tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
             };
             own = Some(Device::start(config).map_err(|e| e.to_string())?);
             scratch.clone()

@@ -474,6 +474,10 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	case ULNIC_CMD_ARM:
 	case ULNIC_CMD_DISARM:
 	case ULNIC_CMD_GET_STATS:
+	case ULNIC_CMD_EXPORT:
+	case ULNIC_CMD_REVOKE:
+	case ULNIC_CMD_SET_TRIPWIRE:
+	case ULNIC_CMD_CLEAR_TRIPWIRE:
 		break;
 	default:
 		err = -EOPNOTSUPP;

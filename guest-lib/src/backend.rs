@@ -2,7 +2,7 @@
 //! plays the driver) or the Linux driver (`/dev/ulnicN`). Both give an
 //! endpoint's control region and segment as memory mapped in this process.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use ulnic_abi::{DeviceInfo, RingLayout};
@@ -45,6 +45,18 @@ impl EpMemory {
         // SAFETY: in bounds and aligned (the region is page aligned); the
         // mapping outlives `&self`; AtomicU32 has u32's layout.
         unsafe { &*self.ctrl.add(off).cast::<AtomicU32>() }
+    }
+
+    /// The aligned u64 at `off` in the segment.
+    pub fn seg_word64(&self, off: usize) -> &AtomicU64 {
+        Self::check(self.seg_len, off, 8);
+        assert!(
+            off.is_multiple_of(8),
+            "ulnic: unaligned 64-bit word at {off}"
+        );
+        // SAFETY: in bounds and aligned (the segment is page aligned); the
+        // mapping outlives `&self`; AtomicU64 has u64's layout.
+        unsafe { &*self.seg.add(off).cast::<AtomicU64>() }
     }
 
     /// Copies into the control region.

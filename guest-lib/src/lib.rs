@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 mod backend;
 mod host;
 mod kernel;
+mod rdma;
+
+pub use rdma::{Immediate, Permissions, TripwireOn};
 
 use backend::{Domain, EpMemory};
 use ulnic_abi::{
@@ -38,7 +41,7 @@ use ulnic_abi::{
     SendDesc, CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET, RECV_DESC_SIZE,
     SEND_DESC_SIZE,
 };
-pub use ulnic_abi::{Event as RawEvent, FilterEntry, ANY, INLINE_MAX};
+pub use ulnic_abi::{Cookie, Event as RawEvent, FilterEntry, ANY, INLINE_MAX};
 use ulnic_host_attach::HostAttach;
 
 /// Environment variable naming the device port socket to attach to.
@@ -336,6 +339,20 @@ pub enum Event {
     },
     /// A condition the device reports once until consumed (`ulnic_abi::condition`).
     Condition(u16),
+    /// A tripwire of this endpoint fired (see [`Endpoint::set_tripwire`]).
+    /// Taking the event re-enables events for it.
+    Tripwire {
+        /// The tripwire's id.
+        id: u32,
+        /// The cookie given when it was set.
+        user: u64,
+        /// Who accessed the aperture (port 0: an unbound endpoint).
+        from: Address,
+        /// Bytes of the access inside the tripwire's range.
+        len: u32,
+        /// A read (else a write).
+        read: bool,
+    },
     /// An event this library version does not know.
     Unknown(RawEvent),
 }
@@ -361,6 +378,12 @@ pub enum SendError {
     BadAddress,
     /// The endpoint is not bound to a port.
     NotBound,
+    /// RDMA: the cookie names no live aperture (wrong, stale or revoked).
+    BadCookie,
+    /// RDMA: the aperture does not allow this access.
+    PermissionDenied,
+    /// RDMA: the range runs past the aperture's end.
+    OutOfRange,
     /// A code this library does not know.
     Other(u16),
 }
@@ -375,6 +398,9 @@ impl SendError {
             tx_error::BAD_DESCRIPTOR => SendError::BadDescriptor,
             tx_error::BAD_ADDRESS => SendError::BadAddress,
             tx_error::NOT_BOUND => SendError::NotBound,
+            tx_error::BAD_COOKIE => SendError::BadCookie,
+            tx_error::PERMISSION_DENIED => SendError::PermissionDenied,
+            tx_error::OUT_OF_RANGE => SendError::OutOfRange,
             c => SendError::Other(c),
         }
     }
@@ -387,6 +413,9 @@ impl SendError {
             SendError::BadDescriptor => tx_error::BAD_DESCRIPTOR,
             SendError::BadAddress => tx_error::BAD_ADDRESS,
             SendError::NotBound => tx_error::NOT_BOUND,
+            SendError::BadCookie => tx_error::BAD_COOKIE,
+            SendError::PermissionDenied => tx_error::PERMISSION_DENIED,
+            SendError::OutOfRange => tx_error::OUT_OF_RANGE,
             SendError::Other(c) => *c,
         }
     }
@@ -438,7 +467,10 @@ impl ProtectionDomain {
             send_entries: cfg.send_entries,
             recv_entries: cfg.recv_entries,
             free_entries: cfg.free_entries,
-            event_entries: (cfg.send_entries + CONDITION_RESERVE).next_power_of_two(),
+            // Room for every send's event, the conditions, and one pending
+            // event per tripwire (spec §5.13).
+            event_entries: (cfg.send_entries + CONDITION_RESERVE + self.inner.info().max_tripwires)
+                .next_power_of_two(),
         };
         layout.validate().map_err(Error::InvalidArgument)?;
         let mem = self.inner.create_endpoint(&layout, cfg.segment_bytes)?;
@@ -617,10 +649,6 @@ impl Endpoint {
     }
 
     fn push_send(&mut self, desc: &SendDesc, inline: &[u8]) -> Result<(), Error> {
-        if self.send_space() == 0 {
-            return Err(Error::WouldBlock);
-        }
-        let slot = u64::from(self.send_producer & (self.layout.send_entries - 1));
         let mut b = [0u8; SEND_DESC_SIZE as usize];
         desc.encode_header(&mut b);
         b[INLINE_OFFSET..INLINE_OFFSET + inline.len()].copy_from_slice(inline);
@@ -629,10 +657,17 @@ impl Endpoint {
         } else {
             INLINE_OFFSET + inline.len()
         };
-        self.mem.ctrl_write(
-            self.layout.send_offset() + slot * SEND_DESC_SIZE,
-            &b[..used],
-        );
+        self.push_slot(&b[..used])
+    }
+
+    /// Writes the first bytes of the next send slot and publishes it.
+    fn push_slot(&mut self, b: &[u8]) -> Result<(), Error> {
+        if self.send_space() == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let slot = u64::from(self.send_producer & (self.layout.send_entries - 1));
+        self.mem
+            .ctrl_write(self.layout.send_offset() + slot * SEND_DESC_SIZE, b);
         self.send_producer = self.send_producer.wrapping_add(1);
         self.word(ctrl::SEND_PRODUCER)
             .store(self.send_producer.to_le(), Ordering::Release);
@@ -939,6 +974,19 @@ impl Endpoint {
                         .ctrl_write(ctrl::CONDITION_PENDING + u64::from(e.code), &[0]);
                 }
                 Event::Condition(e.code)
+            }
+            event::TRIPWIRE => {
+                self.clear_tripwire_flag(e.aux);
+                Event::Tripwire {
+                    id: e.aux,
+                    user: e.user_id,
+                    from: Address {
+                        node: e.node,
+                        port: e.port,
+                    },
+                    len: e.len,
+                    read: e.code != 0,
+                }
             }
             _ => Event::Unknown(e),
         })

@@ -189,6 +189,7 @@ pub fn run(
         sockets: Configuration::socket_paths(&dir, opts.nodes),
         max_endpoints: opts.endpoints,
         poll_for: Duration::from_micros(500),
+        tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
     };
     let device = Device::start(config).map_err(|e| e.to_string())?;
     let segment = dir.join("segment");

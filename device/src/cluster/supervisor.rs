@@ -165,6 +165,7 @@ pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
         sockets: Configuration::socket_paths(&a.dir, a.nodes),
         max_endpoints: a.endpoints,
         poll_for: Duration::from_micros(500),
+        tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
     };
     let device = Device::start(config).map_err(|e| e.to_string())?;
     let _switch = super::start_segment(&image, &a.dir.join("segment"))?;

@@ -14,6 +14,7 @@ pub fn device(nodes: u32) -> (Device, tempdir::TempDir) {
         sockets: Configuration::socket_paths(&dir.0, nodes),
         max_endpoints: 8,
         poll_for: Duration::from_micros(200),
+        tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
     };
     (Device::start(config).expect("device starts"), dir)
 }

@@ -28,9 +28,9 @@ pub const CONFIG_SIZE: usize = 64;
 pub const F_MESSAGING: u64 = 1 << 0;
 /// Device feature bit: UTLB translation table (not implemented yet).
 pub const F_UTLB: u64 = 1 << 1;
-/// Device feature bit: apertures, cookies and RDMA (not implemented yet).
+/// Device feature bit: apertures, cookies and RDMA (spec §5.12).
 pub const F_RDMA: u64 = 1 << 2;
-/// Device feature bit: tripwires (not implemented yet).
+/// Device feature bit: tripwires (spec §5.13).
 pub const F_TRIPWIRE: u64 = 1 << 3;
 /// Device feature bit: close messages (spec §5.11): a message pre-formed in
 /// the control block that the device sends when the endpoint is destroyed.
@@ -38,7 +38,17 @@ pub const F_CLOSE_MESSAGE: u64 = 1 << 4;
 /// Device feature bit: out-of-band messages (not implemented yet).
 pub const F_OOB: u64 = 1 << 5;
 /// Feature bits this version of the device implements.
-pub const F_IMPLEMENTED: u64 = F_MESSAGING | F_CLOSE_MESSAGE;
+pub const F_IMPLEMENTED: u64 = F_MESSAGING | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE;
+
+/// Apertures one endpoint may export at once.
+pub const MAX_APERTURES: u32 = 64;
+/// Largest tripwire count per endpoint a device may be configured with
+/// (their fired bytes fill the control block from `ctrl::TRIPWIRE_FIRED`).
+pub const MAX_TRIPWIRES_LIMIT: u32 = 3072;
+/// Tripwires per endpoint unless the device is told otherwise.
+pub const DEFAULT_TRIPWIRES: u32 = 64;
+/// Longest RDMA read or write one descriptor may ask for.
+pub const MAX_RDMA: u32 = 16 << 20;
 
 /// Queue 0: control queue (driver -> device request, device -> driver response).
 pub const CONTROL_QUEUE: u16 = 0;
@@ -106,6 +116,9 @@ pub mod ctrl {
     /// that the device sends when the endpoint is destroyed, however that
     /// happens. Written by the user; opcode 0 means none.
     pub const CLOSE_MESSAGE: u64 = 0x300;
+    /// One byte per tripwire id: 1 once it fired (set by the device),
+    /// cleared to 0 by the user.
+    pub const TRIPWIRE_FIRED: u64 = 0x400;
 }
 
 /// Entry sizes of the four rings.
@@ -192,12 +205,19 @@ pub mod cmd {
     pub const DISARM: u32 = 0x15;
     /// Read an endpoint's counters.
     pub const GET_STATS: u32 = 0x16;
-    /// First opcode reserved for features not implemented yet (UTLB 0x20,
-    /// apertures 0x30, tripwires 0x40, out-of-band messages 0x50); they
-    /// answer `NOT_SUPPORTED`.
-    pub const RESERVED_FIRST: u32 = 0x20;
-    /// Last reserved opcode.
-    pub const RESERVED_LAST: u32 = 0x5f;
+    /// Export a segment range as an aperture; returns its cookie.
+    pub const EXPORT: u32 = 0x30;
+    /// Revoke an aperture.
+    pub const REVOKE: u32 = 0x31;
+    /// Set a tripwire on an aperture range.
+    pub const SET_TRIPWIRE: u32 = 0x40;
+    /// Remove a tripwire.
+    pub const CLEAR_TRIPWIRE: u32 = 0x41;
+    /// Opcodes reserved for features not implemented yet (UTLB 0x20..=0x2f,
+    /// out-of-band messages 0x50..=0x5f); they answer `NOT_SUPPORTED`.
+    pub fn is_reserved(opcode: u32) -> bool {
+        (0x20..=0x2f).contains(&opcode) || (0x50..=0x5f).contains(&opcode)
+    }
 }
 
 /// Status codes of control responses (spec §4.1).
@@ -242,6 +262,34 @@ pub mod status {
 pub mod op {
     /// Send a message to (node, port).
     pub const SEND: u16 = 1;
+    /// Copy local segment bytes into a remote aperture.
+    pub const RDMA_WRITE: u16 = 2;
+    /// Copy bytes of a remote aperture into the local segment.
+    pub const RDMA_READ: u16 = 3;
+    /// Store a 4- or 8-byte value into a remote aperture.
+    pub const WRITE_IMMEDIATE: u16 = 4;
+}
+
+/// Aperture permissions (EXPORT).
+pub mod perm {
+    /// Remote reads allowed.
+    pub const READ: u32 = 1 << 0;
+    /// Remote writes (and immediates) allowed.
+    pub const WRITE: u32 = 1 << 1;
+    /// All permission bits.
+    pub const ALL: u32 = READ | WRITE;
+}
+
+/// Tripwire flags (SET_TRIPWIRE).
+pub mod tripwire_flags {
+    /// Fire on remote writes and immediates.
+    pub const WRITE: u32 = 1 << 0;
+    /// Fire on remote reads.
+    pub const READ: u32 = 1 << 1;
+    /// Fire on every match, not once.
+    pub const PERSISTENT: u32 = 1 << 2;
+    /// All flags.
+    pub const ALL: u32 = WRITE | READ | PERSISTENT;
 }
 
 /// Send descriptor flags.
@@ -271,6 +319,9 @@ pub mod event {
     pub const TX_ERROR: u16 = 2;
     /// A condition (see [`super::condition`]); duplicate-suppressed.
     pub const CONDITION: u16 = 3;
+    /// A tripwire fired; code 0 for a write, 1 for a read; `aux` is the
+    /// tripwire id, `user_id` its user cookie, node/port the initiator.
+    pub const TRIPWIRE: u16 = 4;
 }
 
 /// Codes of `TX_ERROR` events.
@@ -289,6 +340,12 @@ pub mod tx_error {
     pub const BAD_ADDRESS: u16 = 6;
     /// The sending endpoint is not bound to a port.
     pub const NOT_BOUND: u16 = 7;
+    /// RDMA: the cookie names no live aperture (or a wrong key/generation).
+    pub const BAD_COOKIE: u16 = 8;
+    /// RDMA: the aperture does not allow this access.
+    pub const PERMISSION_DENIED: u16 = 9;
+    /// RDMA: the range runs past the aperture's end.
+    pub const OUT_OF_RANGE: u16 = 10;
 
     /// A short name for a TX error code.
     pub fn name(code: u16) -> &'static str {
@@ -300,6 +357,9 @@ pub mod tx_error {
             BAD_DESCRIPTOR => "malformed send descriptor",
             BAD_ADDRESS => "payload outside the segment",
             NOT_BOUND => "endpoint not bound to a port",
+            BAD_COOKIE => "no such aperture (bad or revoked cookie)",
+            PERMISSION_DENIED => "aperture does not permit this access",
+            OUT_OF_RANGE => "range outside the aperture",
             _ => "unknown error",
         }
     }
@@ -481,6 +541,99 @@ impl FreeDesc {
     }
 }
 
+/// An aperture's cookie (spec §5.12): the capability to access it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Cookie {
+    /// Node of the exporting endpoint.
+    pub node: u32,
+    /// Aperture id on that node.
+    pub aperture: u32,
+    /// Reuse count of the aperture slot.
+    pub generation: u32,
+    /// 64 random bits.
+    pub key: u64,
+}
+
+impl Cookie {
+    /// Encoded size.
+    pub const SIZE: usize = 24;
+    /// Encodes.
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        put32(&mut b, 0, self.node);
+        put32(&mut b, 4, self.aperture);
+        put32(&mut b, 8, self.generation);
+        put64(&mut b, 16, self.key);
+        b
+    }
+    /// Decodes (`b` holds at least `SIZE` bytes).
+    pub fn decode(b: &[u8]) -> Self {
+        Cookie {
+            node: u32_at(b, 0),
+            aperture: u32_at(b, 4),
+            generation: u32_at(b, 8),
+            key: u64_at(b, 16),
+        }
+    }
+}
+
+/// An RDMA descriptor in the send ring (spec §5.12).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RdmaDesc {
+    /// `op::RDMA_WRITE`, `op::RDMA_READ` or `op::WRITE_IMMEDIATE`.
+    pub opcode: u16,
+    /// `send_flags::COMPLETION` only.
+    pub flags: u16,
+    /// Bytes (immediates: 4 or 8).
+    pub len: u32,
+    /// The target aperture.
+    pub cookie: Cookie,
+    /// The user's request id, returned in events.
+    pub user_id: u64,
+    /// Offset in the aperture.
+    pub remote_offset: u64,
+    /// Offset in the initiator's segment.
+    pub local_offset: u64,
+    /// The immediate value.
+    pub immediate: u64,
+}
+
+impl RdmaDesc {
+    /// Decodes.
+    pub fn decode(b: &[u8; SEND_DESC_SIZE as usize]) -> Self {
+        RdmaDesc {
+            opcode: u16_at(b, 0),
+            flags: u16_at(b, 2),
+            len: u32_at(b, 4),
+            cookie: Cookie {
+                node: u32_at(b, 8),
+                aperture: u32_at(b, 12),
+                generation: u32_at(b, 16),
+                key: u64_at(b, 32),
+            },
+            user_id: u64_at(b, 24),
+            remote_offset: u64_at(b, 40),
+            local_offset: u64_at(b, 48),
+            immediate: u64_at(b, 56),
+        }
+    }
+    /// Encodes into the first 64 bytes of a send slot.
+    pub fn encode(&self, b: &mut [u8]) {
+        put16(b, 0, self.opcode);
+        put16(b, 2, self.flags);
+        put32(b, 4, self.len);
+        put32(b, 8, self.cookie.node);
+        put32(b, 12, self.cookie.aperture);
+        put32(b, 16, self.cookie.generation);
+        put32(b, 20, 0);
+        put64(b, 24, self.user_id);
+        put64(b, 32, self.cookie.key);
+        put64(b, 40, self.remote_offset);
+        put64(b, 48, self.local_offset);
+        put64(b, 56, self.immediate);
+    }
+}
+
 /// An event record (spec §5.6).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Event {
@@ -496,6 +649,8 @@ pub struct Event {
     pub port: u32,
     /// TX events: message length.
     pub len: u32,
+    /// TRIPWIRE events: the tripwire id (0 otherwise).
+    pub aux: u32,
 }
 
 impl Event {
@@ -508,13 +663,14 @@ impl Event {
             node: u32_at(b, 16),
             port: u32_at(b, 20),
             len: u32_at(b, 24),
+            aux: u32_at(b, 4),
         }
     }
     /// Encodes into a 32-byte slot.
     pub fn encode(&self, b: &mut [u8]) {
         put16(b, 0, self.kind);
         put16(b, 2, self.code);
-        put32(b, 4, 0);
+        put32(b, 4, self.aux);
         put64(b, 8, self.user_id);
         put32(b, 16, self.node);
         put32(b, 20, self.port);
@@ -663,11 +819,15 @@ pub struct DeviceInfo {
     pub nodes: u32,
     /// Implemented feature bits (`F_*`).
     pub features: u64,
+    /// Tripwires each endpoint may set.
+    pub max_tripwires: u32,
+    /// Apertures each endpoint may export.
+    pub max_apertures: u32,
 }
 
 impl DeviceInfo {
     /// Encoded size.
-    pub const SIZE: usize = 32;
+    pub const SIZE: usize = 40;
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; Self::SIZE];
@@ -679,6 +839,8 @@ impl DeviceInfo {
         put32(&mut b, 16, self.max_message);
         put32(&mut b, 20, self.nodes);
         put64(&mut b, 24, self.features);
+        put32(&mut b, 32, self.max_tripwires);
+        put32(&mut b, 36, self.max_apertures);
         b
     }
     /// Decodes.
@@ -692,12 +854,14 @@ impl DeviceInfo {
             max_message: u32_at(b, 16),
             nodes: u32_at(b, 20),
             features: u64_at(b, 24),
+            max_tripwires: u32_at(b, 32),
+            max_apertures: u32_at(b, 36),
         }
     }
 }
 
 /// `GET_STATS` result: per-endpoint counters, in this order, as u64.
-pub const STAT_NAMES: [&str; 13] = [
+pub const STAT_NAMES: [&str; 14] = [
     "tx_messages",
     "tx_bytes",
     "rx_messages",
@@ -711,6 +875,7 @@ pub const STAT_NAMES: [&str; 13] = [
     "events_lost",
     "notifications",
     "doorbells",
+    "tripwires_fired",
 ];
 
 /// Encodes a little-endian u32 (for command payloads).
@@ -828,10 +993,30 @@ mod tests {
             node: 1,
             port: 2,
             len: 3,
+            aux: 9,
         };
         let mut b = [0u8; 32];
         e.encode(&mut b);
         assert_eq!(Event::decode(&b), e);
+        let r = RdmaDesc {
+            opcode: op::WRITE_IMMEDIATE,
+            flags: send_flags::COMPLETION,
+            len: 8,
+            cookie: Cookie {
+                node: 1,
+                aperture: 2,
+                generation: 3,
+                key: 0xdead_beef_0bad_cafe,
+            },
+            user_id: 4,
+            remote_offset: 5,
+            local_offset: 6,
+            immediate: 7,
+        };
+        let mut b = [0u8; SEND_DESC_SIZE as usize];
+        r.encode(&mut b);
+        assert_eq!(RdmaDesc::decode(&b), r);
+        assert_eq!(Cookie::decode(&r.cookie.encode()), r.cookie);
         let c = CreateEndpoint {
             pd: 1,
             send_entries: 2,
@@ -853,6 +1038,8 @@ mod tests {
             max_message: 1 << 20,
             nodes: 3,
             features: 1,
+            max_tripwires: 64,
+            max_apertures: 64,
         };
         assert_eq!(DeviceInfo::decode(&i.encode()), i);
     }
@@ -888,7 +1075,7 @@ pub mod uapi {
     /// u32 out_len, then 512 data bytes (payload in, result out).
     pub const COMMAND_SIZE: u32 = 16 + 512;
     /// Read the device information (`DeviceInfo`, 32 bytes).
-    pub const IOC_INFO: u32 = ioc(READ, 1, 32);
+    pub const IOC_INFO: u32 = ioc(READ, 1, super::DeviceInfo::SIZE as u32);
     /// Create an endpoint in the file's protection domain (`CreateEp`).
     pub const IOC_CREATE_EP: u32 = ioc(READ | WRITE, 2, CREATE_EP_SIZE);
     /// Destroy one of the file's endpoints (u32 id).
@@ -953,6 +1140,10 @@ pub fn c_header() -> String {
         ("ULNIC_CMD_ARM", cmd::ARM.into()),
         ("ULNIC_CMD_DISARM", cmd::DISARM.into()),
         ("ULNIC_CMD_GET_STATS", cmd::GET_STATS.into()),
+        ("ULNIC_CMD_EXPORT", cmd::EXPORT.into()),
+        ("ULNIC_CMD_REVOKE", cmd::REVOKE.into()),
+        ("ULNIC_CMD_SET_TRIPWIRE", cmd::SET_TRIPWIRE.into()),
+        ("ULNIC_CMD_CLEAR_TRIPWIRE", cmd::CLEAR_TRIPWIRE.into()),
         ("ULNIC_STATUS_OK", status::OK.into()),
         (
             "ULNIC_STATUS_UNKNOWN_COMMAND",

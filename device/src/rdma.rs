@@ -1,0 +1,331 @@
+//! Remote memory (spec §5.12, §5.13): apertures exported from an endpoint's
+//! segment and named by cookies, RDMA write, read and write-immediate
+//! against them, and tripwires that fire on remote access.
+//!
+//! Everything here runs under the fabric lock, as commands do, so a REVOKE
+//! and an access never interleave: an access completes before a revocation
+//! or fails after it.
+
+use ulnic_abi::{
+    ctrl, event, op, perm, send_flags, tripwire_flags, tx_error, Cookie, Event, RdmaDesc,
+    MAX_APERTURES, MAX_RDMA, SEND_DESC_SIZE,
+};
+use vm_memory::GuestMemoryMmap;
+
+use crate::endpoint::Endpoint;
+use crate::fabric::{Fabric, Node};
+use crate::guest::{self, MemGuard};
+
+/// An exported range of one endpoint's segment.
+#[derive(Debug, Clone, Copy)]
+pub struct Aperture {
+    /// The exporting endpoint (on this node).
+    pub ep: u32,
+    /// Where the aperture starts in that endpoint's segment.
+    pub seg_offset: u64,
+    /// Its length.
+    pub len: u64,
+    /// `perm::*`.
+    pub perms: u32,
+    /// Reuse count of the slot, part of the cookie.
+    pub generation: u32,
+    /// The cookie's random key.
+    pub key: u64,
+}
+
+/// A tripwire set by an endpoint on one of its apertures.
+#[derive(Debug, Clone, Copy)]
+pub struct Tripwire {
+    /// Aperture id (on the endpoint's node).
+    pub aperture: u32,
+    /// Range inside the aperture.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+    /// `tripwire_flags::*`.
+    pub flags: u32,
+    /// The user's cookie, returned in the event.
+    pub user: u64,
+    /// False once a one-shot tripwire fired.
+    pub active: bool,
+}
+
+/// The per-node aperture table: slot id -> aperture, with each slot's
+/// generation kept across reuse.
+#[derive(Debug, Default)]
+pub struct ApertureTable {
+    slots: Vec<Option<Aperture>>,
+    generations: Vec<u32>,
+}
+
+impl ApertureTable {
+    /// A live aperture by id.
+    pub fn get(&self, id: u32) -> Option<&Aperture> {
+        self.slots.get(id as usize).and_then(|a| a.as_ref())
+    }
+
+    /// Exports `[seg_offset, +len)` of endpoint `ep` (checked by the
+    /// caller); None when the endpoint has `MAX_APERTURES` already.
+    pub fn export(&mut self, ep: u32, seg_offset: u64, len: u64, perms: u32) -> Option<Cookie> {
+        let owned = self.slots.iter().flatten().filter(|a| a.ep == ep).count();
+        if owned >= MAX_APERTURES as usize {
+            return None;
+        }
+        let id = match self.slots.iter().position(|s| s.is_none()) {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.generations.push(0);
+                self.slots.len() - 1
+            }
+        };
+        self.generations[id] = self.generations[id].wrapping_add(1);
+        let key = rand::RngCore::next_u64(&mut rand::rngs::OsRng);
+        let a = Aperture {
+            ep,
+            seg_offset,
+            len,
+            perms,
+            generation: self.generations[id],
+            key,
+        };
+        self.slots[id] = Some(a);
+        Some(Cookie {
+            node: 0, // filled in by the caller, which knows the node
+            aperture: id as u32,
+            generation: a.generation,
+            key,
+        })
+    }
+
+    /// Revokes aperture `id` of endpoint `ep`; false if it has no such one.
+    pub fn revoke(&mut self, ep: u32, id: u32) -> bool {
+        match self.slots.get_mut(id as usize) {
+            Some(slot) if slot.is_some_and(|a| a.ep == ep) => {
+                *slot = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Revokes every aperture of endpoint `ep` (it is being destroyed).
+    pub fn revoke_all(&mut self, ep: u32) {
+        for slot in &mut self.slots {
+            if slot.is_some_and(|a| a.ep == ep) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// Forgets everything (the port was reset); generations are kept, so
+    /// cookies from before stay dead.
+    pub fn clear(&mut self) {
+        self.slots.iter_mut().for_each(|s| *s = None);
+    }
+}
+
+/// What a matching access did, for the tripwire event.
+#[derive(Debug, Clone, Copy)]
+pub struct Access {
+    /// The aperture accessed.
+    pub aperture: u32,
+    /// Range inside it.
+    pub offset: u64,
+    /// Length.
+    pub len: u64,
+    /// A read (else a write).
+    pub read: bool,
+    /// The initiator's node and port.
+    pub from: (u32, u32),
+}
+
+impl Endpoint {
+    /// Sets a tripwire; None when the endpoint has `cap` already.
+    pub fn set_tripwire(&mut self, t: Tripwire, cap: u32) -> Option<u32> {
+        let id = match self.tripwires.iter().position(|s| s.is_none()) {
+            Some(i) => i,
+            None if (self.tripwires.len() as u32) < cap => {
+                self.tripwires.push(None);
+                self.tripwires.len() - 1
+            }
+            None => return None,
+        };
+        self.tripwires[id] = Some(t);
+        Some(id as u32)
+    }
+
+    /// Fires every active tripwire `access` matches: sets its fired byte,
+    /// posts its event if the byte was clear. True when an event was posted.
+    pub fn fire_tripwires(&mut self, mem: &GuestMemoryMmap<()>, access: &Access) -> bool {
+        let want = if access.read {
+            tripwire_flags::READ
+        } else {
+            tripwire_flags::WRITE
+        };
+        let mut fired = Vec::new();
+        for (id, slot) in self.tripwires.iter_mut().enumerate() {
+            let Some(t) = slot.as_mut() else { continue };
+            if !t.active || t.aperture != access.aperture || t.flags & want == 0 {
+                continue;
+            }
+            let start = access.offset.max(t.offset);
+            let end = (access.offset + access.len).min(t.offset + t.len);
+            if start >= end {
+                continue;
+            }
+            if t.flags & tripwire_flags::PERSISTENT == 0 {
+                t.active = false;
+            }
+            fired.push((id as u32, t.user, end - start));
+        }
+        let mut posted = false;
+        for (id, user, bytes) in fired {
+            self.stats.tripwires_fired += 1;
+            let flag = self.ctrl + ctrl::TRIPWIRE_FIRED + u64::from(id);
+            let mut was = [0u8];
+            // A driver that unmapped its control block loses the event, not
+            // the device its footing.
+            if guest::read(mem, flag, &mut was).is_err() || guest::write(mem, flag, &[1]).is_err() {
+                continue;
+            }
+            if was[0] == 0 {
+                posted |= self.post_event(
+                    mem,
+                    &Event {
+                        kind: event::TRIPWIRE,
+                        code: u16::from(access.read),
+                        user_id: user,
+                        node: access.from.0,
+                        port: access.from.1,
+                        len: bytes.min(u64::from(u32::MAX)) as u32,
+                        aux: id,
+                    },
+                );
+            }
+        }
+        posted
+    }
+}
+
+impl Node {
+    /// The aperture a cookie names on this node, if the cookie is right.
+    fn aperture_for(&self, c: &Cookie) -> Option<Aperture> {
+        let a = *self.apertures.get(c.aperture)?;
+        (a.generation == c.generation && a.key == c.key).then_some(a)
+    }
+}
+
+impl Fabric {
+    /// Carries out one RDMA descriptor of endpoint `e` on node `n` (taken
+    /// out of its slot as `ep`); the target's owner is woken when a
+    /// tripwire posted an event for it.
+    pub(crate) fn rdma(
+        &mut self,
+        mems: &[Option<MemGuard>],
+        n: u32,
+        e: u32,
+        ep: &mut Endpoint,
+        raw: &[u8; SEND_DESC_SIZE as usize],
+        wake: &mut Vec<(u32, u32)>,
+    ) -> Result<(), u16> {
+        let d = RdmaDesc::decode(raw);
+        let imm = d.opcode == op::WRITE_IMMEDIATE;
+        let read = d.opcode == op::RDMA_READ;
+        let len = u64::from(d.len);
+        if d.flags & !send_flags::COMPLETION != 0 {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        if imm {
+            if !(d.len == 4 || d.len == 8) || !d.remote_offset.is_multiple_of(len) {
+                return Err(tx_error::BAD_DESCRIPTOR);
+            }
+        } else {
+            if d.len == 0 || d.len > MAX_RDMA {
+                return Err(tx_error::BAD_DESCRIPTOR);
+            }
+            if !ep.segment.contains(d.local_offset, len) {
+                return Err(tx_error::BAD_ADDRESS);
+            }
+        }
+        let tn = d.cookie.node;
+        let tmem: &GuestMemoryMmap<()> = mems
+            .get(tn as usize)
+            .and_then(|m| m.as_deref())
+            .ok_or(tx_error::BAD_COOKIE)?;
+        let ap = self.nodes[tn as usize]
+            .aperture_for(&d.cookie)
+            .ok_or(tx_error::BAD_COOKIE)?;
+        let need = if read { perm::READ } else { perm::WRITE };
+        if ap.perms & need == 0 {
+            return Err(tx_error::PERMISSION_DENIED);
+        }
+        if d.remote_offset
+            .checked_add(len)
+            .is_none_or(|end| end > ap.len)
+        {
+            return Err(tx_error::OUT_OF_RANGE);
+        }
+        let target_off = ap.seg_offset + d.remote_offset;
+        let smem: &GuestMemoryMmap<()> =
+            mems[n as usize].as_deref().ok_or(tx_error::BAD_ADDRESS)?;
+        let access = Access {
+            aperture: d.cookie.aperture,
+            offset: d.remote_offset,
+            len,
+            read,
+            from: (n, ep.port.unwrap_or(0)),
+        };
+        let bad = |_| tx_error::BAD_ADDRESS;
+        if (tn, ap.ep) == (n, e) {
+            // The initiator's own aperture: one segment is both ends.
+            let seg = &ep.segment;
+            if imm {
+                guest::store_segment_word(smem, seg, target_off, d.immediate, d.len)
+                    .map_err(bad)?;
+            } else {
+                let (from, to) = if read {
+                    (target_off, d.local_offset)
+                } else {
+                    (d.local_offset, target_off)
+                };
+                let mut staged = vec![0u8; d.len as usize];
+                guest::read_segment(smem, seg, from, &mut staged).map_err(bad)?;
+                guest::write_segment(smem, seg, to, &staged).map_err(bad)?;
+            }
+            ep.fire_tripwires(smem, &access);
+            return Ok(());
+        }
+        let tgt = self.nodes[tn as usize]
+            .endpoint_mut(ap.ep)
+            .ok_or(tx_error::BAD_COOKIE)?;
+        if imm {
+            guest::store_segment_word(tmem, &tgt.segment, target_off, d.immediate, d.len)
+        } else if read {
+            guest::copy_between(
+                tmem,
+                &tgt.segment,
+                target_off,
+                smem,
+                &ep.segment,
+                d.local_offset,
+                len,
+            )
+        } else {
+            guest::copy_between(
+                smem,
+                &ep.segment,
+                d.local_offset,
+                tmem,
+                &tgt.segment,
+                target_off,
+                len,
+            )
+        }
+        .map_err(bad)?;
+        if tgt.fire_tripwires(tmem, &access) && tgt.take_arm(tmem) {
+            wake.push((tn, ap.ep));
+        }
+        Ok(())
+    }
+}
