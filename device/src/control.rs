@@ -374,9 +374,15 @@ mod tests {
         let m = mem(1 << 20);
         let mut f = Fabric::new(2, 4);
         assert_eq!(execute(&mut f, 1, &m, &[1, 2]).status, status::BAD_LENGTH);
+        for reserved in [0x21, 0x55] {
+            assert_eq!(
+                execute(&mut f, 1, &m, &req(reserved, &[])).status,
+                status::NOT_SUPPORTED
+            );
+        }
         assert_eq!(
-            execute(&mut f, 1, &m, &req(0x31, &[])).status,
-            status::NOT_SUPPORTED
+            execute(&mut f, 1, &m, &req(cmd::REVOKE, &[])).status,
+            status::BAD_LENGTH
         );
         assert_eq!(
             execute(&mut f, 1, &m, &req(0x60, &[])).status,
