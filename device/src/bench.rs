@@ -24,6 +24,18 @@ pub enum Workload {
     Pingpong,
     /// One-way messages as fast as flow control allows.
     Stream,
+    /// One-sided RDMA writes into another node's aperture (bandwidth),
+    /// against memcpy.
+    RdmaWrite,
+    /// One-sided RDMA reads from another node's aperture, against memcpy.
+    RdmaRead,
+}
+
+impl Workload {
+    /// Whether this is an RDMA workload (one process, no peer).
+    pub fn is_rdma(self) -> bool {
+        matches!(self, Workload::RdmaWrite | Workload::RdmaRead)
+    }
 }
 
 /// Which transport.
@@ -474,7 +486,7 @@ fn warmup(iters: u64) -> u64 {
     (iters / 10).clamp(10, 10_000)
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -537,11 +549,19 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
             rec.mbytes_per_s = Some(spec.iters as f64 * f64::from(spec.size) / s / 1e6);
             rec.msgs_per_s = Some(spec.iters as f64 / s);
         }
+        Workload::RdmaWrite | Workload::RdmaRead => return Err(rdma_has_no_peers()),
     }
     Ok(rec)
 }
 
+fn rdma_has_no_peers() -> io::Error {
+    io::Error::other("RDMA benchmarks run in one process (bench_rdma), not with peers")
+}
+
 fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
+    if spec.workload.is_rdma() {
+        return Err(rdma_has_no_peers());
+    }
     let size = spec.size as usize;
     let mut buf = vec![0u8; size.max(4)];
     let w = warmup(spec.iters);
@@ -562,6 +582,7 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
                 link.send(&[1])?;
             }
         }
+        Workload::RdmaWrite | Workload::RdmaRead => return Err(rdma_has_no_peers()),
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod bench_rdma;
 pub mod cluster;
 pub mod control;
 pub mod endpoint;

@@ -38,6 +38,7 @@ enum Cmd {
     ///   ulnic bench pingpong --size 8 --json
     ///   ulnic bench stream --size 65536 --transport ulnic,shm,tcp
     ///   ulnic bench pingpong --mode block --transport ulnic,unix
+    ///   ulnic bench rdma-write --size 65536 --json   # ulnic and memcpy lines
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
     /// Check the NIC end to end from this machine: inside a guest through
@@ -282,7 +283,8 @@ struct BenchArgs {
         default_value = "ulnic,shm,unix,tcp"
     )]
     transport: Vec<Transport>,
-    /// Message sizes in bytes.
+    /// Message sizes in bytes (RDMA workloads sweep 4096..1048576 unless
+    /// sizes are given).
     #[arg(long, value_delimiter = ',', default_value = "0,4,40,400,4096,65536")]
     size: Vec<u32>,
     /// Measured iterations per size (default: 5000 round trips; for stream,
@@ -687,11 +689,70 @@ fn run_image_build(force: bool, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// `--size`'s default, as parsed.
+const DEFAULT_SIZES: [u32; 6] = [0, 4, 40, 400, 4096, 65536];
+
 fn default_iters(w: Workload, size: u32) -> u64 {
     match w {
         Workload::Pingpong => 5000,
         Workload::Stream => (256_000_000 / u64::from(size.max(1))).clamp(2000, 200_000),
+        Workload::RdmaWrite | Workload::RdmaRead => {
+            (512_000_000 / u64::from(size.max(1))).clamp(200, 100_000)
+        }
     }
+}
+
+/// RDMA workloads: per size, ulnic between two nodes and memcpy in this
+/// process. Returns whether something failed.
+fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
+    use ulnic_device::bench_rdma::{self, Direction};
+    let d = if a.workload == Workload::RdmaWrite {
+        Direction::Write
+    } else {
+        Direction::Read
+    };
+    // The message-size default means nothing here: sweep 4 KiB..1 MiB.
+    let sizes: Vec<u32> = if a.size == DEFAULT_SIZES {
+        vec![4096, 16384, 65536, 262144, 1 << 20]
+    } else {
+        a.size.clone()
+    };
+    let mut failed = false;
+    for size in sizes {
+        if size == 0 || size > ulnic_abi::MAX_RDMA {
+            eprintln!(
+                "ulnic: RDMA sizes are 1..={} bytes; skipping {size}",
+                ulnic_abi::MAX_RDMA
+            );
+            failed = true;
+            continue;
+        }
+        let iters = a.iters.unwrap_or(default_iters(a.workload, size));
+        let lines = [
+            bench_rdma::ulnic_line(d, size, iters, dir).map_err(|e| e.to_string()),
+            Ok(bench_rdma::memcpy_line(d, size, iters)),
+        ];
+        for l in lines {
+            match l {
+                Ok(r) if a.json => println!("{}", serde_json::to_string(&r).unwrap_or_default()),
+                Ok(r) => println!(
+                    "{:<10} {:<6} {:>8} {:>8} {:>10} {:>10} {:>10.1}",
+                    r.bench,
+                    r.transport,
+                    r.size,
+                    r.iters,
+                    r.median_ns.unwrap_or(0),
+                    r.p95_ns.unwrap_or(0),
+                    r.mbytes_per_s.unwrap_or(0.0)
+                ),
+                Err(e) => {
+                    failed = true;
+                    eprintln!("ulnic: {} bytes: {e}", size);
+                }
+            }
+        }
+    }
+    failed
 }
 
 fn run_bench(a: BenchArgs) -> Result<(), String> {
@@ -712,15 +773,26 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         }
         None => scratch.clone(),
     };
-    if !a.json {
+    if !a.json && a.workload.is_rdma() {
+        println!(
+            "{:<10} {:<6} {:>8} {:>8} {:>10} {:>10} {:>10}",
+            "bench", "trans", "size", "iters", "op_med_ns", "op_p95_ns", "MB/s"
+        );
+    } else if !a.json {
         println!(
             "{:<9} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
             "bench", "trans", "mode", "size", "iters", "median_ns", "p95_ns", "MB/s"
         );
     }
     let mut failed = false;
+    if a.workload.is_rdma() {
+        failed = run_rdma_bench(&a, &dir);
+    }
     for &size in &a.size {
         for &t in &a.transport {
+            if a.workload.is_rdma() {
+                break; // done above: ulnic and memcpy lines per size
+            }
             let spec = Spec {
                 workload: a.workload,
                 transport: t,

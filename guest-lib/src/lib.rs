@@ -157,7 +157,18 @@ impl Nic {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(ulnic_host_attach::DEFAULT_MEMORY);
-        let hw = Arc::new(HostAttach::connect(socket, mem)?);
+        Nic::attach_with_memory(socket, mem)
+    }
+
+    /// Attaches with `bytes` of memory shared with the device (rings and
+    /// segments of every endpoint come out of it).
+    ///
+    /// ```no_run
+    /// let nic = ulnic::Nic::attach_with_memory("/tmp/ulnic/node0.sock".as_ref(), 256 << 20)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn attach_with_memory(socket: &Path, bytes: usize) -> Result<Nic, Error> {
+        let hw = Arc::new(HostAttach::connect(socket, bytes)?);
         Ok(Nic {
             info: *hw.info(),
             port: Port::Host(hw),
@@ -617,6 +628,53 @@ impl Endpoint {
     pub fn read_segment(&self, offset: usize, out: &mut [u8]) {
         self.seg_check(offset, out.len());
         self.mem.seg_read(offset, out);
+    }
+
+    /// The segment bytes at `offset` in place, for building a payload
+    /// without a copy (zero-copy sends and RDMA writes).
+    ///
+    /// # Safety
+    ///
+    /// While the slice lives the device must not touch the range: it is not
+    /// posted as a free buffer, not inside an aperture exported for remote
+    /// access, and no send or RDMA from or into it is in flight. The caller
+    /// must not create two overlapping slices.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// // SAFETY: bytes 0..4096 are this program's own, nothing in flight.
+    /// let buf = unsafe { ep.segment_mut(0, 4096) };
+    /// buf.fill(7);
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    #[allow(clippy::mut_from_ref)] // shared memory; exclusivity is the caller's promise
+    pub unsafe fn segment_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        self.seg_check(offset, len);
+        // SAFETY: in bounds (checked); exclusive use is the caller's
+        // obligation (see above); the mapping outlives `&self`.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.seg.add(offset), len) }
+    }
+
+    /// The segment bytes at `offset` in place, for reading a received
+    /// buffer or an RDMA read's data without a copy.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Endpoint::segment_mut`]: the device must not write the range
+    /// while the slice lives.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// // SAFETY: nothing can write bytes 0..16 now.
+    /// let first = unsafe { ep.segment(0, 16) }[0];
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub unsafe fn segment(&self, offset: usize, len: usize) -> &[u8] {
+        self.seg_check(offset, len);
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(self.mem.seg.add(offset), len) }
     }
 
     /// Send descriptors that can be posted now.

@@ -1,0 +1,182 @@
+//! `ulnic bench rdma-write` and `rdma-read`: bandwidth of one-sided RDMA
+//! between two nodes (two host attachments, each with its own memory, as
+//! two machines would have), against `memcpy` between two buffers of one
+//! process for the same sizes in the same run: the copy the device does,
+//! without the device.
+//!
+//! Payloads are touched as an application would: a writer fills each
+//! buffer before it is written out, a reader reads each buffer it fetched;
+//! the memcpy line does the same work around its copy.
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ulnic::{Endpoint, EndpointConfig, Event, Nic, Permissions};
+
+use crate::bench::{percentile, Record};
+
+/// Largest amount of buffer space per side.
+const SPACE: usize = 32 << 20;
+/// Most operations in flight.
+const WINDOW: usize = 16;
+
+/// Which direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Local buffer to remote aperture.
+    Write,
+    /// Remote aperture to local buffer.
+    Read,
+}
+
+impl Direction {
+    fn name(self) -> &'static str {
+        match self {
+            Direction::Write => "rdma-write",
+            Direction::Read => "rdma-read",
+        }
+    }
+}
+
+fn window(size: usize) -> usize {
+    (SPACE / size).clamp(1, WINDOW)
+}
+
+fn fill(buf: &mut [u8], i: u64) {
+    // Touch every cache line (not every byte: that would measure the fill).
+    let b = i as u8;
+    for chunk in buf.chunks_mut(64) {
+        chunk[0] = b;
+    }
+}
+
+fn touch(buf: &[u8]) -> u64 {
+    buf.chunks(64).map(|c| u64::from(c[0])).sum()
+}
+
+fn record(dir: Direction, transport: &str, size: u32, lat: &mut [u64], secs: f64) -> Record {
+    lat.sort_unstable();
+    let iters = lat.len() as u64;
+    Record {
+        bench: dir.name().into(),
+        transport: transport.into(),
+        size,
+        iters,
+        mode: "poll".into(),
+        median_ns: Some(percentile(lat, 0.5)),
+        p95_ns: Some(percentile(lat, 0.95)),
+        p99_ns: Some(percentile(lat, 0.99)),
+        min_ns: lat.first().copied(),
+        mbytes_per_s: Some(iters as f64 * f64::from(size) / secs / 1e6),
+        msgs_per_s: Some(iters as f64 / secs),
+    }
+}
+
+/// The memcpy baseline: the same buffers, touches and window of slots.
+pub fn memcpy_line(dir: Direction, size: u32, iters: u64) -> Record {
+    let s = size as usize;
+    let w = window(s);
+    let mut src = vec![1u8; s * w];
+    let mut dst = vec![0u8; s * w];
+    let mut lat = Vec::with_capacity(iters as usize);
+    let mut sink = 0u64;
+    let start = Instant::now();
+    for i in 0..iters {
+        let slot = (i as usize % w) * s;
+        let t = Instant::now();
+        if dir == Direction::Write {
+            fill(&mut src[slot..slot + s], i);
+        }
+        dst[slot..slot + s].copy_from_slice(&src[slot..slot + s]);
+        if dir == Direction::Read {
+            sink = sink.wrapping_add(touch(&dst[slot..slot + s]));
+        }
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    std::hint::black_box(sink);
+    record(dir, "memcpy", size, &mut lat, secs)
+}
+
+fn endpoint(nic: &Nic, bytes: usize) -> io::Result<Endpoint> {
+    let pd = nic.alloc_pd().map_err(io::Error::other)?;
+    pd.create_endpoint(&EndpointConfig {
+        segment_bytes: bytes.next_multiple_of(4096),
+        ..Default::default()
+    })
+    .map_err(io::Error::other)
+}
+
+/// RDMA between node 0 (initiator) and node 1 (exporter) of the device
+/// whose sockets are in `dir`.
+pub fn ulnic_line(dir: Direction, size: u32, iters: u64, sockets: &Path) -> io::Result<Record> {
+    let s = size as usize;
+    let w = window(s);
+    let memory = (s * w * 2).max(64 << 20);
+    let a =
+        Nic::attach_with_memory(&sockets.join("node0.sock"), memory).map_err(io::Error::other)?;
+    let b =
+        Nic::attach_with_memory(&sockets.join("node1.sock"), memory).map_err(io::Error::other)?;
+    let mut init = endpoint(&a, s * w)?;
+    let target = endpoint(&b, s * w)?;
+    let perms = match dir {
+        Direction::Write => Permissions::WRITE,
+        Direction::Read => Permissions::READ,
+    };
+    let cookie = target
+        .export(0, (s * w) as u64, perms)
+        .map_err(io::Error::other)?;
+    target.write_segment(0, &vec![1u8; s * w]);
+    let mut posted_at = vec![Instant::now(); w];
+    let mut lat = Vec::with_capacity(iters as usize);
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut sink = 0u64;
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(120);
+    while completed < iters {
+        if posted < iters && (posted - completed) < w as u64 {
+            let slot = (posted as usize % w) * s;
+            posted_at[posted as usize % w] = Instant::now();
+            if dir == Direction::Write {
+                // SAFETY: the slot's previous RDMA completed (at most `w`
+                // in flight, completions in order); it is not exported.
+                fill(unsafe { init.segment_mut(slot, s) }, posted);
+            }
+            let r = match dir {
+                Direction::Write => {
+                    init.rdma_write(&cookie, slot as u64, slot as u64, size, posted, true)
+                }
+                Direction::Read => {
+                    init.rdma_read(&cookie, slot as u64, slot as u64, size, posted, true)
+                }
+            };
+            if r.is_ok() {
+                posted += 1;
+                continue;
+            }
+        }
+        match init.poll_event() {
+            Some(Event::SendDone { id }) if id == completed => {
+                lat.push(posted_at[id as usize % w].elapsed().as_nanos() as u64);
+                if dir == Direction::Read {
+                    let slot = (id as usize % w) * s;
+                    // SAFETY: this read completed; the slot is reused only
+                    // by a later post, after this borrow ends.
+                    sink = sink.wrapping_add(touch(unsafe { init.segment(slot, s) }));
+                }
+                completed += 1;
+            }
+            Some(other) => return Err(io::Error::other(format!("unexpected {other:?}"))),
+            None => {
+                if Instant::now() > deadline {
+                    return Err(io::Error::other("RDMA benchmark stalled"));
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    std::hint::black_box(sink);
+    Ok(record(dir, "ulnic", size, &mut lat, secs))
+}
