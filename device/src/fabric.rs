@@ -835,6 +835,40 @@ mod tests {
         );
     }
 
+    #[test]
+    fn rdma_immediate_lands_at_the_target() {
+        let (mut f, m) = setup();
+        let mut c = f.nodes[1]
+            .apertures
+            .export(0, 0, 8192, ulnic_abi::perm::ALL)
+            .unwrap();
+        c.node = 1;
+        let d = ulnic_abi::RdmaDesc {
+            opcode: op::WRITE_IMMEDIATE,
+            flags: send_flags::COMPLETION,
+            len: 8,
+            cookie: c,
+            user_id: 9,
+            remote_offset: 16,
+            local_offset: 0,
+            immediate: 0x1122_3344_5566_7788,
+        };
+        let mut b = [0u8; 64];
+        d.encode(&mut b);
+        m.write_slice(&b, GuestAddress(CTRL[0] + layout().send_offset()))
+            .unwrap();
+        guest::store_u32(&m, CTRL[0] + ctrl::SEND_PRODUCER, 1).unwrap();
+        assert_eq!(f.poll(), 1);
+        let mut got = [0u8; 8];
+        m.read_slice(&mut got, GuestAddress(SEG[1] + 16)).unwrap();
+        assert_eq!(u64::from_le_bytes(got), 0x1122_3344_5566_7788);
+        let mut ev = [0u8; 32];
+        m.read_slice(&mut ev, GuestAddress(CTRL[0] + layout().event_offset()))
+            .unwrap();
+        let ev = Event::decode(&ev);
+        assert_eq!((ev.kind, ev.user_id), (event::TX_DONE, 9));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         /// Whatever a hostile driver writes into its rings and indices, the
@@ -846,8 +880,21 @@ mod tests {
             indices in proptest::collection::vec((0usize..2, 0usize..4, any::<u32>()), 0..3),
             offered in proptest::collection::vec((0u32..=4, 0u32..=4), 2),
             descs in proptest::collection::vec((0usize..2, 0u64..4, any::<[u8; 40]>(), any::<bool>()), 0..12),
+            rdma in proptest::collection::vec(
+                (0usize..2, 0u64..4, 2u16..=4, (0u64..0x2400, 0u64..0x2400, 0u32..0x2100), proptest::bool::weighted(0.9), any::<bool>()),
+                0..8),
         ) {
             let (mut f, m) = setup();
+            // Each endpoint exports its whole segment and sets a tripwire, so
+            // RDMA descriptors with the right cookie reach the data path.
+            let mut cookies = Vec::new();
+            for n in 0..2u32 {
+                let mut c = f.nodes[n as usize].apertures.export(0, 0, 8192, ulnic_abi::perm::ALL).unwrap();
+                c.node = n;
+                cookies.push(c);
+                let t = crate::rdma::Tripwire { aperture: c.aperture, offset: 0, len: 64, flags: ulnic_abi::tripwire_flags::ALL, user: 1, active: true };
+                f.nodes[n as usize].endpoints[0].as_mut().unwrap().set_tripwire(t, 4).unwrap();
+            }
             for (n, off, bytes) in writes {
                 let off = off % layout().region_size();
                 let len = bytes.len().min((layout().region_size() - off) as usize);
@@ -886,6 +933,28 @@ mod tests {
                     fd[10..12].fill(0);
                 }
                 m.write_slice(&fd, GuestAddress(free)).unwrap();
+            }
+            for (n, slot, opcode, (remote, local, len), right_key, other_node) in rdma {
+                // Offsets and lengths around the 8 KiB segment and aperture:
+                // mostly inside, sometimes past the end.
+                let mut cookie = cookies[if other_node { 1 - n } else { n }];
+                if !right_key {
+                    cookie.key ^= remote | 1;
+                }
+                let d = ulnic_abi::RdmaDesc {
+                    opcode,
+                    flags: ulnic_abi::send_flags::COMPLETION,
+                    len: if opcode == ulnic_abi::op::WRITE_IMMEDIATE { 4 << (len & 1) } else { len },
+                    cookie,
+                    user_id: 0,
+                    remote_offset: if opcode == ulnic_abi::op::WRITE_IMMEDIATE { remote & !7 } else { remote },
+                    local_offset: local,
+                    immediate: 0x0123_4567_89ab_cdef, // not the sentinel
+                };
+                let mut b = [0u8; 64];
+                d.encode(&mut b);
+                let base = CTRL[n] + layout().send_offset() + slot * 128;
+                m.write_slice(&b, GuestAddress(base)).unwrap();
             }
             for (n, (sends, frees)) in offered.into_iter().enumerate() {
                 guest::store_u32(&m, CTRL[n] + ctrl::SEND_PRODUCER, sends).unwrap();

@@ -6,7 +6,10 @@
 
 use std::time::Duration;
 
-use ulnic::{Address, EndpointConfig, Event, Nic, Payload};
+use ulnic::{
+    Address, Cookie, EndpointConfig, Event, Immediate, Nic, Payload, Permissions, SendError,
+    TripwireOn,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -123,6 +126,8 @@ pub fn run() -> Result<Vec<String>, String> {
         }
     ));
 
+    report.push(rdma_check(&mut a, &mut b)?);
+
     // Ownership: a fresh open (another domain) cannot touch endpoint `a`.
     #[cfg(target_os = "linux")]
     if let Some(msg) = ownership_check(a.id())? {
@@ -204,4 +209,68 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
         .map_err(|e| format!("destroy after unmap: {e}"))?;
     report.push_str("; a mapped endpoint cannot be destroyed (EBUSY) until unmapped");
     Ok(Some(report))
+}
+
+/// Remote memory between the two domains: `b` exports part of its segment,
+/// `a` writes, flags with an immediate (a tripwire wakes `b`), reads back;
+/// wrong and revoked cookies are refused.
+fn rdma_check(a: &mut ulnic::Endpoint, b: &mut ulnic::Endpoint) -> Result<String, String> {
+    let e = |x: ulnic::Error| x.to_string();
+    let base = 512 * 1024u64; // clear of b's free buffers
+    let cookie = b.export(base, 65536, Permissions::READ_WRITE).map_err(e)?;
+    let tw = b
+        .set_tripwire(&cookie, 0, 8, TripwireOn::Writes, false, 42)
+        .map_err(e)?;
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    a.write_segment(200_000, &data);
+    let next = |a: &mut ulnic::Endpoint| -> Result<Event, String> {
+        loop {
+            if let Some(ev) = a.poll_event() {
+                return Ok(ev);
+            }
+            if !a.wait(WAIT).map_err(|x| x.to_string())? {
+                return Err("no RDMA completion within 10 s".into());
+            }
+        }
+    };
+    a.rdma_write(&cookie, 4096, 200_000, data.len() as u32, 1, false)
+        .map_err(e)?;
+    a.write_immediate(&cookie, 0, Immediate::U64(1), 2, true)
+        .map_err(e)?;
+    if !b.wait_tripwire(tw, base, 0, WAIT).map_err(e)? {
+        return Err("the tripwire did not wake the owner".into());
+    }
+    let mut got = vec![0u8; data.len()];
+    b.read_segment((base + 4096) as usize, &mut got);
+    if got != data || b.read_u64(base) != 1 {
+        return Err("RDMA write or immediate wrong at the target".into());
+    }
+    if next(a)? != (Event::SendDone { id: 2 }) {
+        return Err("no completion for the immediate".into());
+    }
+    a.rdma_read(&cookie, 4096, 300_000, data.len() as u32, 3, true)
+        .map_err(e)?;
+    if next(a)? != (Event::SendDone { id: 3 }) {
+        return Err("no completion for the RDMA read".into());
+    }
+    a.read_segment(300_000, &mut got);
+    if got != data {
+        return Err("RDMA read brought back other bytes".into());
+    }
+    let forged = Cookie {
+        key: cookie.key ^ 1,
+        ..cookie
+    };
+    b.revoke(&cookie).map_err(e)?;
+    for (c, id) in [(forged, 4), (cookie, 5)] {
+        a.rdma_write(&c, 0, 200_000, 8, id, true).map_err(e)?;
+        match next(a)? {
+            Event::SendFailed {
+                reason: SendError::BadCookie,
+                ..
+            } => {}
+            other => return Err(format!("a bad cookie gave {other:?}")),
+        }
+    }
+    Ok("RDMA write, immediate and read through a cookie; the tripwire woke the owner; forged and revoked cookies refused".into())
 }
