@@ -29,12 +29,18 @@ pub enum Workload {
     RdmaWrite,
     /// One-sided RDMA reads from another node's aperture, against memcpy.
     RdmaRead,
+    /// Latency from a remote write to the blocked owner of a tripwire
+    /// running, against a thread woken by a Unix socket.
+    Tripwire,
 }
 
 impl Workload {
     /// Whether this is an RDMA workload (one process, no peer).
     pub fn is_rdma(self) -> bool {
-        matches!(self, Workload::RdmaWrite | Workload::RdmaRead)
+        matches!(
+            self,
+            Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire
+        )
     }
 }
 
@@ -549,7 +555,9 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
             rec.mbytes_per_s = Some(spec.iters as f64 * f64::from(spec.size) / s / 1e6);
             rec.msgs_per_s = Some(spec.iters as f64 / s);
         }
-        Workload::RdmaWrite | Workload::RdmaRead => return Err(rdma_has_no_peers()),
+        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire => {
+            return Err(rdma_has_no_peers())
+        }
     }
     Ok(rec)
 }
@@ -582,7 +590,9 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
                 link.send(&[1])?;
             }
         }
-        Workload::RdmaWrite | Workload::RdmaRead => return Err(rdma_has_no_peers()),
+        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire => {
+            return Err(rdma_has_no_peers())
+        }
     }
     Ok(())
 }

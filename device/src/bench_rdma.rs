@@ -180,3 +180,96 @@ pub fn ulnic_line(dir: Direction, size: u32, iters: u64, sockets: &Path) -> io::
     std::hint::black_box(sink);
     Ok(record(dir, "ulnic", size, &mut lat, secs))
 }
+
+/// How long the waiter is given to block again before the next write.
+const SETTLE: Duration = Duration::from_micros(200);
+
+/// Latency from a remote write-immediate to its tripwire's blocked owner
+/// running (CLAN's synchronisation path: device, notification, wake-up),
+/// one way, measured on one clock (the owner is a thread of this process,
+/// attached to another node).
+pub fn tripwire_line(iters: u64, sockets: &Path) -> io::Result<Record> {
+    let a = Nic::attach(&sockets.join("node0.sock")).map_err(io::Error::other)?;
+    let b = Nic::attach(&sockets.join("node1.sock")).map_err(io::Error::other)?;
+    let mut init = endpoint(&a, 4096)?;
+    let mut owner = endpoint(&b, 4096)?;
+    let cookie = owner
+        .export(0, 4096, Permissions::WRITE)
+        .map_err(io::Error::other)?;
+    let tw = owner
+        .set_tripwire(&cookie, 0, 8, ulnic::TripwireOn::Writes, true, 0)
+        .map_err(io::Error::other)?;
+    let (woke_tx, woke_rx) = std::sync::mpsc::channel::<Instant>();
+    let waiter = std::thread::spawn(move || -> io::Result<()> {
+        for i in 1..=iters {
+            if !owner
+                .wait_tripwire(tw, 0, i - 1, Duration::from_secs(10))
+                .map_err(io::Error::other)?
+            {
+                return Err(io::Error::other("tripwire never fired"));
+            }
+            let now = Instant::now();
+            while owner.poll_event().is_some() {}
+            if woke_tx.send(now).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let mut lat = Vec::with_capacity(iters as usize);
+    let start = Instant::now();
+    for i in 1..=iters {
+        std::thread::sleep(SETTLE);
+        let t0 = Instant::now();
+        init.write_immediate(&cookie, 0, ulnic::Immediate::U64(i), i, false)
+            .map_err(io::Error::other)?;
+        let woke = woke_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| io::Error::other("the owner did not wake"))?;
+        lat.push(woke.saturating_duration_since(t0).as_nanos() as u64);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    waiter
+        .join()
+        .map_err(|_| io::Error::other("waiter panicked"))??;
+    let mut r = record(Direction::Write, "ulnic", 8, &mut lat, secs);
+    r.bench = "tripwire".into();
+    r.mode = "block".into();
+    r.mbytes_per_s = None;
+    Ok(r)
+}
+
+/// The kernel baseline for `tripwire_line`: a thread blocked reading a
+/// Unix socket, woken by an 8-byte write.
+pub fn unix_wake_line(iters: u64) -> io::Result<Record> {
+    use std::io::{Read, Write};
+    let (mut rd, mut wr) = std::os::unix::net::UnixStream::pair()?;
+    let (woke_tx, woke_rx) = std::sync::mpsc::channel::<Instant>();
+    let waiter = std::thread::spawn(move || {
+        let mut b = [0u8; 8];
+        while rd.read_exact(&mut b).is_ok() {
+            if woke_tx.send(Instant::now()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lat = Vec::with_capacity(iters as usize);
+    let start = Instant::now();
+    for i in 1..=iters {
+        std::thread::sleep(SETTLE);
+        let t0 = Instant::now();
+        wr.write_all(&i.to_le_bytes())?;
+        let woke = woke_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| io::Error::other("the reader did not wake"))?;
+        lat.push(woke.saturating_duration_since(t0).as_nanos() as u64);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drop(wr);
+    let _ = waiter.join();
+    let mut r = record(Direction::Write, "unix", 8, &mut lat, secs);
+    r.bench = "tripwire".into();
+    r.mode = "block".into();
+    r.mbytes_per_s = None;
+    Ok(r)
+}

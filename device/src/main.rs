@@ -39,6 +39,7 @@ enum Cmd {
     ///   ulnic bench stream --size 65536 --transport ulnic,shm,tcp
     ///   ulnic bench pingpong --mode block --transport ulnic,unix
     ///   ulnic bench rdma-write --size 65536 --json   # ulnic and memcpy lines
+    ///   ulnic bench tripwire                         # remote write -> blocked owner runs
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
     /// Check the NIC end to end from this machine: inside a guest through
@@ -699,6 +700,7 @@ fn default_iters(w: Workload, size: u32) -> u64 {
         Workload::RdmaWrite | Workload::RdmaRead => {
             (512_000_000 / u64::from(size.max(1))).clamp(200, 100_000)
         }
+        Workload::Tripwire => 2000,
     }
 }
 
@@ -706,6 +708,32 @@ fn default_iters(w: Workload, size: u32) -> u64 {
 /// process. Returns whether something failed.
 fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
     use ulnic_device::bench_rdma::{self, Direction};
+    if a.workload == Workload::Tripwire {
+        let iters = a.iters.unwrap_or(default_iters(a.workload, 8));
+        let mut failed = false;
+        for l in [
+            bench_rdma::tripwire_line(iters, dir),
+            bench_rdma::unix_wake_line(iters),
+        ] {
+            match l {
+                Ok(r) if a.json => println!("{}", serde_json::to_string(&r).unwrap_or_default()),
+                Ok(r) => println!(
+                    "{:<10} {:<6} {:>8} {:>8} {:>10} {:>10}",
+                    r.bench,
+                    r.transport,
+                    r.size,
+                    r.iters,
+                    r.median_ns.unwrap_or(0),
+                    r.p95_ns.unwrap_or(0)
+                ),
+                Err(e) => {
+                    failed = true;
+                    eprintln!("ulnic: tripwire benchmark: {e}");
+                }
+            }
+        }
+        return failed;
+    }
     let d = if a.workload == Workload::RdmaWrite {
         Direction::Write
     } else {

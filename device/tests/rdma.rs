@@ -540,3 +540,32 @@ fn rdma_benchmarks_print_ulnic_and_memcpy_lines() {
         }
     }
 }
+
+#[test]
+fn tripwire_benchmark_prints_ulnic_and_unix_lines() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ulnic"))
+        .args(["bench", "tripwire", "--iters", "200", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let transports: Vec<&str> = lines
+        .iter()
+        .map(|l| l["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(transports, ["ulnic", "unix"]);
+    for l in &lines {
+        assert_eq!(
+            (l["bench"].as_str(), l["iters"].as_u64()),
+            (Some("tripwire"), Some(200))
+        );
+        assert!(l["median_ns"].as_u64().unwrap() > 0, "{l}");
+    }
+}
