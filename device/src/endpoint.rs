@@ -276,6 +276,11 @@ impl Endpoint {
         if !self.notify_enabled {
             return false;
         }
+        // Dekker with the driver's "arm, fence, re-check the rings": the
+        // producer index just published must be visible before the arm
+        // request is read, or both sides can miss each other (a store-load
+        // reordering that x86 allows) and the owner sleeps through it.
+        guest::full_fence();
         match guest::load_u32(mem, self.word(ctrl::ARM_REQUEST)) {
             Ok(req) if req != self.arm_ack => {
                 self.arm_ack = req;

@@ -29,10 +29,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod backend;
+mod dmq;
 mod host;
 mod kernel;
 mod rdma;
 
+pub use dmq::{DmqKind, DmqReceiver, DmqSender};
 pub use rdma::{Immediate, Permissions, TripwireOn};
 
 use backend::{Domain, EpMemory};
@@ -71,6 +73,9 @@ pub enum Error {
     /// An argument is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// A remote access (RDMA) a library structure made failed.
+    #[error("remote access failed: {0}")]
+    Remote(SendError),
 }
 
 /// A network address: a node of the fabric and a port bound on it.
