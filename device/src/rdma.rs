@@ -179,6 +179,14 @@ impl Endpoint {
             }
             fired.push((id as u32, t.user, end - start));
         }
+        if fired.is_empty() {
+            return false;
+        }
+        // Dekker with the owner's "clear the flag, fence, read the data": the
+        // access's stores must be visible before its flags are read, or the
+        // owner can read old data after clearing while the device reads the
+        // old flag (set) and posts nothing: a lost wake-up.
+        guest::full_fence();
         let mut posted = false;
         for (id, user, bytes) in fired {
             self.stats.tripwires_fired += 1;

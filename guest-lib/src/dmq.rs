@@ -20,9 +20,10 @@ use crate::{Cookie, Endpoint, Error, Event, Immediate, Permissions, SendError, T
 const HEADER: u64 = 64;
 /// Length prefix of each message.
 const LEN_BYTES: u64 = 4;
-/// Longest single block: a guard, because a lost tripwire wake-up was
-/// seen under two-way traffic (rarely; not yet explained, see the issue
-/// notes). Costs nothing when wake-ups arrive, bounds the damage if not.
+/// Longest single block: a guard, because a lost tripwire wake-up is seen
+/// under two-way traffic when several devices run in one process (not yet
+/// explained; see the issue notes). Costs nothing when wake-ups arrive and
+/// bounds the damage to this slice if one is lost.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 fn pad8(n: u64) -> u64 {
@@ -182,14 +183,26 @@ impl DmqReceiver {
             return Ok(());
         };
         if self.read != self.published && (empty || self.read - self.published >= self.ring / 4) {
-            match self
-                .ep
-                .write_immediate(&sender, 0, Immediate::U64(self.read), 0, false)
-            {
-                Ok(()) => self.published = self.read,
-                Err(Error::WouldBlock) => {} // next time
-                Err(e) => return Err(e),
+            // Never skip it: a receiver that then blocks with its read index
+            // unpublished would leave a sender waiting for room forever.
+            loop {
+                match self
+                    .ep
+                    .write_immediate(&sender, 0, Immediate::U64(self.read), 0, false)
+                {
+                    Ok(()) => break,
+                    Err(Error::WouldBlock) => {
+                        // The device is behind; its events may be what it waits on.
+                        if drain(&mut self.ep).is_some() {
+                            self.sender = None;
+                            return Ok(());
+                        }
+                        std::thread::yield_now();
+                    }
+                    Err(e) => return Err(e),
+                }
             }
+            self.published = self.read;
         }
         Ok(())
     }

@@ -306,6 +306,10 @@ impl Endpoint {
         if id < ulnic_abi::MAX_TRIPWIRES_LIMIT {
             self.mem
                 .ctrl_write(ctrl::TRIPWIRE_FIRED + u64::from(id), &[0]);
+            // The clear must be visible before the caller reads the watched
+            // data (the device fences between writing data and reading the
+            // flag): otherwise both read stale values and the firing is lost.
+            std::sync::atomic::fence(Ordering::SeqCst);
         }
     }
 
