@@ -32,6 +32,9 @@ pub enum Workload {
     /// Latency from a remote write to the blocked owner of a tripwire
     /// running, against a thread woken by a Unix socket.
     Tripwire,
+    /// Ping-pong and stream over the distributed message queue (RDMA and
+    /// tripwires), against a Unix socket pair.
+    Dmq,
 }
 
 impl Workload {
@@ -39,7 +42,7 @@ impl Workload {
     pub fn is_rdma(self) -> bool {
         matches!(
             self,
-            Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire
+            Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire | Workload::Dmq
         )
     }
 }
@@ -555,7 +558,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
             rec.mbytes_per_s = Some(spec.iters as f64 * f64::from(spec.size) / s / 1e6);
             rec.msgs_per_s = Some(spec.iters as f64 / s);
         }
-        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire => {
+        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire | Workload::Dmq => {
             return Err(rdma_has_no_peers())
         }
     }
@@ -590,7 +593,7 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
                 link.send(&[1])?;
             }
         }
-        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire => {
+        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire | Workload::Dmq => {
             return Err(rdma_has_no_peers())
         }
     }

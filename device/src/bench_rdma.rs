@@ -273,3 +273,154 @@ pub fn unix_wake_line(iters: u64) -> io::Result<Record> {
     r.mbytes_per_s = None;
     Ok(r)
 }
+
+/// `ulnic bench dmq`: ping-pong (a queue each way) and stream over the
+/// distributed message queue between two nodes, with a Unix socket pair
+/// doing the same in the same run. Each message is written by its sender
+/// and read by its receiver.
+pub fn dmq_lines(size: u32, iters: u64, sockets: &Path) -> io::Result<Vec<Record>> {
+    use std::io::{Read, Write};
+    use ulnic::{DmqKind, DmqReceiver, DmqSender};
+    const RING: u64 = 256 << 10;
+    const T: Duration = Duration::from_secs(30);
+    let e = io::Error::other;
+    let seg = (2 * (RING + 4096)) as usize;
+    let a = Nic::attach(&sockets.join("node0.sock")).map_err(e)?;
+    let b = Nic::attach(&sockets.join("node1.sock")).map_err(e)?;
+    // A queue each way: a->b lives in b's memory, b->a in a's.
+    let (a_tx, a_rx) = (endpoint(&a, seg)?, endpoint(&a, seg)?);
+    let (b_tx, b_rx) = (endpoint(&b, seg)?, endpoint(&b, seg)?);
+    let mut rx_b = DmqReceiver::new(b_rx, 0, RING, DmqKind::Bytes).map_err(e)?;
+    let mut tx_a = DmqSender::new(a_tx, 0, RING, rx_b.cookie(), DmqKind::Bytes).map_err(e)?;
+    rx_b.connect(tx_a.cookie());
+    let mut rx_a = DmqReceiver::new(a_rx, 0, RING, DmqKind::Bytes).map_err(e)?;
+    let mut tx_b = DmqSender::new(b_tx, 0, RING, rx_a.cookie(), DmqKind::Bytes).map_err(e)?;
+    rx_a.connect(tx_b.cookie());
+    let s = size as usize;
+    let mut out = Vec::new();
+
+    // Ping-pong over the queues; then over a socket pair.
+    let echo = std::thread::spawn(move || -> io::Result<(DmqReceiver, DmqSender)> {
+        let mut m = Vec::new();
+        for _ in 0..iters {
+            if !rx_b.recv(&mut m, T).map_err(io::Error::other)? {
+                return Err(io::Error::other("dmq ping lost"));
+            }
+            std::hint::black_box(touch(&m));
+            tx_b.send(&m, T).map_err(io::Error::other)?;
+        }
+        Ok((rx_b, tx_b))
+    });
+    let mut msg = vec![0u8; s];
+    let mut back = vec![0u8; s];
+    let mut lat = Vec::with_capacity(iters as usize);
+    let start = Instant::now();
+    for i in 0..iters {
+        fill(&mut msg, i);
+        let t = Instant::now();
+        tx_a.send(&msg, T).map_err(e)?;
+        if !rx_a.recv(&mut back, T).map_err(e)? || back != msg {
+            return Err(io::Error::other("dmq pong lost or changed"));
+        }
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let (mut rx_b, _tx_b) = echo
+        .join()
+        .map_err(|_| io::Error::other("echo panicked"))??;
+    let mut r = record(Direction::Write, "ulnic", size, &mut lat, secs);
+    (r.bench, r.mode, r.mbytes_per_s) = ("dmq-pingpong".into(), "block".into(), None);
+    out.push(r);
+
+    let (mut p, mut q) = std::os::unix::net::UnixStream::pair()?;
+    let echo = std::thread::spawn(move || -> io::Result<()> {
+        let mut m = vec![0u8; s];
+        for _ in 0..iters {
+            q.read_exact(&mut m)?;
+            std::hint::black_box(touch(&m));
+            q.write_all(&m)?;
+        }
+        Ok(())
+    });
+    let mut lat = Vec::with_capacity(iters as usize);
+    let start = Instant::now();
+    for i in 0..iters {
+        fill(&mut msg, i);
+        let t = Instant::now();
+        p.write_all(&msg)?;
+        p.read_exact(&mut back[..s])?;
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    echo.join()
+        .map_err(|_| io::Error::other("echo panicked"))??;
+    let mut r = record(Direction::Write, "unix", size, &mut lat, secs);
+    (r.bench, r.mode, r.mbytes_per_s) = ("dmq-pingpong".into(), "block".into(), None);
+    out.push(r);
+
+    // Stream: a->b as fast as the ring allows; the receiver reads all.
+    let n = iters * 10;
+    let sink = std::thread::spawn(move || -> io::Result<u64> {
+        let (mut m, mut sum) = (Vec::new(), 0u64);
+        for _ in 0..n {
+            if !rx_b.recv(&mut m, T).map_err(io::Error::other)? {
+                return Err(io::Error::other("dmq stream stalled"));
+            }
+            sum = sum.wrapping_add(touch(&m));
+        }
+        Ok(sum)
+    });
+    let start = Instant::now();
+    for i in 0..n {
+        fill(&mut msg, i);
+        tx_a.send(&msg, T).map_err(e)?;
+    }
+    sink.join()
+        .map_err(|_| io::Error::other("sink panicked"))??;
+    out.push(stream_record(
+        "ulnic",
+        size,
+        n,
+        start.elapsed().as_secs_f64(),
+    ));
+
+    let (mut p, mut q) = std::os::unix::net::UnixStream::pair()?;
+    let sink = std::thread::spawn(move || -> io::Result<u64> {
+        let (mut m, mut sum) = (vec![0u8; s], 0u64);
+        for _ in 0..n {
+            q.read_exact(&mut m)?;
+            sum = sum.wrapping_add(touch(&m));
+        }
+        Ok(sum)
+    });
+    let start = Instant::now();
+    for i in 0..n {
+        fill(&mut msg, i);
+        p.write_all(&msg)?;
+    }
+    sink.join()
+        .map_err(|_| io::Error::other("sink panicked"))??;
+    out.push(stream_record(
+        "unix",
+        size,
+        n,
+        start.elapsed().as_secs_f64(),
+    ));
+    Ok(out)
+}
+
+fn stream_record(transport: &str, size: u32, n: u64, secs: f64) -> Record {
+    Record {
+        bench: "dmq-stream".into(),
+        transport: transport.into(),
+        size,
+        iters: n,
+        mode: "block".into(),
+        median_ns: None,
+        p95_ns: None,
+        p99_ns: None,
+        min_ns: None,
+        mbytes_per_s: Some(n as f64 * f64::from(size) / secs / 1e6),
+        msgs_per_s: Some(n as f64 / secs),
+    }
+}

@@ -40,6 +40,7 @@ enum Cmd {
     ///   ulnic bench pingpong --mode block --transport ulnic,unix
     ///   ulnic bench rdma-write --size 65536 --json   # ulnic and memcpy lines
     ///   ulnic bench tripwire                         # remote write -> blocked owner runs
+    ///   ulnic bench dmq --json                       # distributed message queue
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
     /// Check the NIC end to end from this machine: inside a guest through
@@ -701,6 +702,7 @@ fn default_iters(w: Workload, size: u32) -> u64 {
             (512_000_000 / u64::from(size.max(1))).clamp(200, 100_000)
         }
         Workload::Tripwire => 2000,
+        Workload::Dmq => 2000,
     }
 }
 
@@ -708,6 +710,44 @@ fn default_iters(w: Workload, size: u32) -> u64 {
 /// process. Returns whether something failed.
 fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
     use ulnic_device::bench_rdma::{self, Direction};
+    if a.workload == Workload::Dmq {
+        let sizes: Vec<u32> = if a.size == DEFAULT_SIZES {
+            vec![8, 1024, 16384]
+        } else {
+            a.size.clone()
+        };
+        let mut failed = false;
+        for size in sizes {
+            let iters = a.iters.unwrap_or(default_iters(a.workload, size));
+            match bench_rdma::dmq_lines(size, iters, dir) {
+                Ok(lines) => {
+                    for r in lines {
+                        if a.json {
+                            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                        } else {
+                            println!(
+                                "{:<12} {:<6} {:>8} {:>8} {:>10} {:>10} {:>10}",
+                                r.bench,
+                                r.transport,
+                                r.size,
+                                r.iters,
+                                r.median_ns.map(|v| v.to_string()).unwrap_or_default(),
+                                r.p95_ns.map(|v| v.to_string()).unwrap_or_default(),
+                                r.mbytes_per_s
+                                    .map(|v| format!("{v:.1}"))
+                                    .unwrap_or_default()
+                            );
+                        }
+                    }
+                }
+                Err(e) => {
+                    failed = true;
+                    eprintln!("ulnic: dmq benchmark at {size} bytes: {e}");
+                }
+            }
+        }
+        return failed;
+    }
     if a.workload == Workload::Tripwire {
         let iters = a.iters.unwrap_or(default_iters(a.workload, 8));
         let mut failed = false;
