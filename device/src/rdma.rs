@@ -194,23 +194,27 @@ impl Endpoint {
             let mut was = [0u8];
             // A driver that unmapped its control block loses the event, not
             // the device its footing.
-            if guest::read(mem, flag, &mut was).is_err() || guest::write(mem, flag, &[1]).is_err() {
+            if guest::read(mem, flag, &mut was).is_err() {
                 continue;
             }
-            if was[0] == 0 {
-                posted |= self.post_event(
-                    mem,
-                    &Event {
-                        kind: event::TRIPWIRE,
-                        code: u16::from(access.read),
-                        user_id: user,
-                        node: access.from.0,
-                        port: access.from.1,
-                        len: bytes.min(u64::from(u32::MAX)) as u32,
-                        aux: id,
-                    },
-                );
+            // Set only a clear flag: re-writing 1 over a flag just read as 1
+            // could land after the owner's clear and leave it set with no
+            // event behind it, so no later firing would post one.
+            if was[0] != 0 || guest::write(mem, flag, &[1]).is_err() {
+                continue;
             }
+            posted |= self.post_event(
+                mem,
+                &Event {
+                    kind: event::TRIPWIRE,
+                    code: u16::from(access.read),
+                    user_id: user,
+                    node: access.from.0,
+                    port: access.from.1,
+                    len: bytes.min(u64::from(u32::MAX)) as u32,
+                    aux: id,
+                },
+            );
         }
         posted
     }

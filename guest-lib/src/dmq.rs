@@ -20,11 +20,6 @@ use crate::{Cookie, Endpoint, Error, Event, Immediate, Permissions, SendError, T
 const HEADER: u64 = 64;
 /// Length prefix of each message.
 const LEN_BYTES: u64 = 4;
-/// Longest single block: a guard, because a lost tripwire wake-up is seen
-/// under two-way traffic when several devices run in one process (not yet
-/// explained; see the issue notes). Costs nothing when wake-ups arrive and
-/// bounds the damage to this slice if one is lost.
-const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 fn pad8(n: u64) -> u64 {
     n.next_multiple_of(8)
@@ -275,7 +270,7 @@ impl DmqReceiver {
                 return Ok(false);
             }
             let (tw, at, read) = (self.tripwire, self.base, self.read);
-            self.ep.wait_tripwire(tw, at, read, left.min(WAIT_SLICE))?;
+            self.ep.wait_tripwire(tw, at, read, left)?;
         }
     }
 }
@@ -400,7 +395,7 @@ impl DmqSender {
                 return Err(Error::WouldBlock);
             }
             let (tw, at, read) = (self.tripwire, self.base, self.read);
-            self.ep.wait_tripwire(tw, at, read, left.min(WAIT_SLICE))?;
+            self.ep.wait_tripwire(tw, at, read, left)?;
         }
         // Stage the message in the mirror at its ring position: that space
         // was consumed by the receiver, so no RDMA still reads it.
