@@ -706,117 +706,66 @@ fn default_iters(w: Workload, size: u32) -> u64 {
     }
 }
 
-/// RDMA workloads: per size, ulnic between two nodes and memcpy in this
-/// process. Returns whether something failed.
+/// Prints one result line: JSON, or a row of the table.
+fn print_record(r: &bench::Record, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        return;
+    }
+    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+    println!(
+        "{:<12} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
+        r.bench,
+        r.transport,
+        r.mode,
+        r.size,
+        r.iters,
+        opt(r.median_ns),
+        opt(r.p95_ns),
+        r.mbytes_per_s
+            .map(|v| format!("{v:.1}"))
+            .unwrap_or_default()
+    );
+}
+
+/// The one-process workloads (RDMA, tripwire, DMQ): per size, the ulnic
+/// lines and their baseline from the same run. Returns whether something
+/// failed.
 fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
     use ulnic_device::bench_rdma::{self, Direction};
-    if a.workload == Workload::Dmq {
-        let sizes: Vec<u32> = if a.size == DEFAULT_SIZES {
-            vec![8, 1024, 16384]
-        } else {
-            a.size.clone()
-        };
-        let mut failed = false;
-        for size in sizes {
-            let iters = a.iters.unwrap_or(default_iters(a.workload, size));
-            match bench_rdma::dmq_lines(size, iters, dir) {
-                Ok(lines) => {
-                    for r in lines {
-                        if a.json {
-                            println!("{}", serde_json::to_string(&r).unwrap_or_default());
-                        } else {
-                            println!(
-                                "{:<12} {:<6} {:>8} {:>8} {:>10} {:>10} {:>10}",
-                                r.bench,
-                                r.transport,
-                                r.size,
-                                r.iters,
-                                r.median_ns.map(|v| v.to_string()).unwrap_or_default(),
-                                r.p95_ns.map(|v| v.to_string()).unwrap_or_default(),
-                                r.mbytes_per_s
-                                    .map(|v| format!("{v:.1}"))
-                                    .unwrap_or_default()
-                            );
-                        }
-                    }
-                }
-                Err(e) => {
-                    failed = true;
-                    eprintln!("ulnic: dmq benchmark at {size} bytes: {e}");
-                }
-            }
-        }
-        return failed;
-    }
-    if a.workload == Workload::Tripwire {
-        let iters = a.iters.unwrap_or(default_iters(a.workload, 8));
-        let mut failed = false;
-        for l in [
-            bench_rdma::tripwire_line(iters, dir),
-            bench_rdma::unix_wake_line(iters),
-        ] {
-            match l {
-                Ok(r) if a.json => println!("{}", serde_json::to_string(&r).unwrap_or_default()),
-                Ok(r) => println!(
-                    "{:<10} {:<6} {:>8} {:>8} {:>10} {:>10}",
-                    r.bench,
-                    r.transport,
-                    r.size,
-                    r.iters,
-                    r.median_ns.unwrap_or(0),
-                    r.p95_ns.unwrap_or(0)
-                ),
-                Err(e) => {
-                    failed = true;
-                    eprintln!("ulnic: tripwire benchmark: {e}");
-                }
-            }
-        }
-        return failed;
-    }
-    let d = if a.workload == Workload::RdmaWrite {
-        Direction::Write
-    } else {
-        Direction::Read
-    };
-    // The message-size default means nothing here: sweep 4 KiB..1 MiB.
-    let sizes: Vec<u32> = if a.size == DEFAULT_SIZES {
-        vec![4096, 16384, 65536, 262144, 1 << 20]
-    } else {
-        a.size.clone()
+    // The message-size default means nothing here: each workload has its own.
+    let sizes: Vec<u32> = match a.workload {
+        Workload::Tripwire => vec![8], // one word is written
+        _ if a.size != DEFAULT_SIZES => a.size.clone(),
+        Workload::Dmq => vec![8, 1024, 16384],
+        _ => vec![4096, 16384, 65536, 262144, 1 << 20],
     };
     let mut failed = false;
     for size in sizes {
-        if size == 0 || size > ulnic_abi::MAX_RDMA {
-            eprintln!(
-                "ulnic: RDMA sizes are 1..={} bytes; skipping {size}",
-                ulnic_abi::MAX_RDMA
-            );
-            failed = true;
-            continue;
-        }
         let iters = a.iters.unwrap_or(default_iters(a.workload, size));
-        let lines = [
-            bench_rdma::ulnic_line(d, size, iters, dir).map_err(|e| e.to_string()),
-            Ok(bench_rdma::memcpy_line(d, size, iters)),
-        ];
-        for l in lines {
-            match l {
-                Ok(r) if a.json => println!("{}", serde_json::to_string(&r).unwrap_or_default()),
-                Ok(r) => println!(
-                    "{:<10} {:<6} {:>8} {:>8} {:>10} {:>10} {:>10.1}",
-                    r.bench,
-                    r.transport,
-                    r.size,
-                    r.iters,
-                    r.median_ns.unwrap_or(0),
-                    r.p95_ns.unwrap_or(0),
-                    r.mbytes_per_s.unwrap_or(0.0)
-                ),
-                Err(e) => {
-                    failed = true;
-                    eprintln!("ulnic: {} bytes: {e}", size);
-                }
+        let lines: std::io::Result<Vec<bench::Record>> = match a.workload {
+            Workload::Tripwire => bench_rdma::tripwire_line(iters, dir)
+                .and_then(|u| Ok(vec![u, bench_rdma::unix_wake_line(iters)?])),
+            Workload::Dmq => bench_rdma::dmq_lines(size, iters, dir),
+            w if size == 0 || size > ulnic_abi::MAX_RDMA => Err(std::io::Error::other(format!(
+                "{w:?} sizes are 1..={} bytes",
+                ulnic_abi::MAX_RDMA
+            ))),
+            w => {
+                let d = if w == Workload::RdmaWrite {
+                    Direction::Write
+                } else {
+                    Direction::Read
+                };
+                bench_rdma::ulnic_line(d, size, iters, dir)
+                    .map(|u| vec![u, bench_rdma::memcpy_line(d, size, iters)])
+            }
+        };
+        match lines {
+            Ok(lines) => lines.iter().for_each(|r| print_record(r, a.json)),
+            Err(e) => {
+                failed = true;
+                eprintln!("ulnic: {:?} at {size} bytes: {e}", a.workload);
             }
         }
     }
@@ -841,14 +790,9 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         }
         None => scratch.clone(),
     };
-    if !a.json && a.workload.is_rdma() {
+    if !a.json {
         println!(
-            "{:<10} {:<6} {:>8} {:>8} {:>10} {:>10} {:>10}",
-            "bench", "trans", "size", "iters", "op_med_ns", "op_p95_ns", "MB/s"
-        );
-    } else if !a.json {
-        println!(
-            "{:<9} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
+            "{:<12} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
             "bench", "trans", "mode", "size", "iters", "median_ns", "p95_ns", "MB/s"
         );
     }
@@ -877,22 +821,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 eprint!("{:60}\r", "");
             }
             match result {
-                Ok(r) if a.json => {
-                    println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?)
-                }
-                Ok(r) => println!(
-                    "{:<9} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
-                    r.bench,
-                    r.transport,
-                    r.mode,
-                    r.size,
-                    r.iters,
-                    r.median_ns.map(|v| v.to_string()).unwrap_or_default(),
-                    r.p95_ns.map(|v| v.to_string()).unwrap_or_default(),
-                    r.mbytes_per_s
-                        .map(|v| format!("{v:.1}"))
-                        .unwrap_or_default()
-                ),
+                Ok(r) => print_record(&r, a.json),
                 Err(e) => {
                     failed = true;
                     eprintln!(
