@@ -201,14 +201,20 @@ pub fn tripwire_line(iters: u64, sockets: &Path) -> io::Result<Record> {
         .map_err(io::Error::other)?;
     let (woke_tx, woke_rx) = std::sync::mpsc::channel::<Instant>();
     let waiter = std::thread::spawn(move || -> io::Result<()> {
-        for i in 1..=iters {
-            if !owner
-                .wait_tripwire(tw, 0, i - 1, Duration::from_secs(10))
-                .map_err(io::Error::other)?
-            {
-                return Err(io::Error::other("tripwire never fired"));
+        let mut seen = 0;
+        for _ in 1..=iters {
+            // The word is the truth; a firing may be reported for a write
+            // already seen (its flag or event outlives the value check).
+            while owner.read_u64(0) == seen {
+                if !owner
+                    .wait_tripwire(tw, 0, seen, Duration::from_secs(10))
+                    .map_err(io::Error::other)?
+                {
+                    return Err(io::Error::other("tripwire never fired"));
+                }
             }
             let now = Instant::now();
+            seen = owner.read_u64(0);
             while owner.poll_event().is_some() {}
             if woke_tx.send(now).is_err() {
                 break;
@@ -223,9 +229,14 @@ pub fn tripwire_line(iters: u64, sockets: &Path) -> io::Result<Record> {
         let t0 = Instant::now();
         init.write_immediate(&cookie, 0, ulnic::Immediate::U64(i), i, false)
             .map_err(io::Error::other)?;
-        let woke = woke_rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| io::Error::other("the owner did not wake"))?;
+        let Ok(woke) = woke_rx.recv_timeout(Duration::from_secs(20)) else {
+            // Report the waiter's own error (why it stopped), not just ours.
+            drop(woke_rx);
+            return Err(match waiter.join() {
+                Ok(Err(e)) => e,
+                _ => io::Error::other(format!("the owner did not wake for write {i}")),
+            });
+        };
         lat.push(woke.saturating_duration_since(t0).as_nanos() as u64);
     }
     let secs = start.elapsed().as_secs_f64();

@@ -350,7 +350,9 @@ impl Endpoint {
 
     /// CLAN's blocking primitive: returns once the 64-bit word at `offset`
     /// in the segment is no longer `unchanged` or tripwire `id` fired
-    /// (true), or after `timeout` (false). It checks, arms, re-checks and
+    /// (true), or after `timeout` (false). The word is the truth and the
+    /// flag only a hint: a firing may be reported for a write already seen,
+    /// so after `true` read the word again and wait again if it is unchanged. It checks, arms, re-checks and
     /// only then blocks, so a write landing at any moment is never slept
     /// through. Other events stay queued for [`Endpoint::poll_event`]
     /// (while some are, this waits by polling).
@@ -372,7 +374,7 @@ impl Endpoint {
     ) -> Result<bool, Error> {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.read_u64(offset) != unchanged || self.take_tripwire_fired(id) {
+            if self.fired_or_changed(id, offset, unchanged) {
                 return Ok(true);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -380,12 +382,22 @@ impl Endpoint {
                 return Ok(false);
             }
             if self.wait(left)? {
-                // Woken, or other work queued: look again (and do not spin
-                // hot when unrelated events wait for the application).
-                if self.read_u64(offset) == unchanged && !self.take_tripwire_fired(id) {
-                    std::thread::sleep(Duration::from_micros(50));
+                if self.fired_or_changed(id, offset, unchanged) {
+                    return Ok(true);
                 }
+                // Other work queued: do not spin hot while unrelated events
+                // wait for the application.
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
+    }
+
+    /// Clears the fired flag first and reads the word second: the device
+    /// stores the word, fences, then reads the flag, so either it sees the
+    /// clear (and posts an event, waking the owner) or this read sees the
+    /// new word. Reading the word first would let a firing slip between.
+    fn fired_or_changed(&self, id: u32, offset: u64, unchanged: u64) -> bool {
+        let fired = self.take_tripwire_fired(id);
+        fired || self.read_u64(offset) != unchanged
     }
 }
