@@ -78,6 +78,8 @@ pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &
         cmd::REVOKE => revoke(fabric, node, p),
         cmd::SET_TRIPWIRE => set_tripwire(fabric, node, mem, p),
         cmd::CLEAR_TRIPWIRE => clear_tripwire(fabric, node, p),
+        cmd::UTLB_SET_TABLE => utlb_set_table(fabric, node, mem, p),
+        cmd::UTLB_INVALIDATE => utlb_invalidate(fabric, node, p),
         op if cmd::is_reserved(op) => Err(Response::err(status::NOT_SUPPORTED)),
         _ => Err(Response::err(status::UNKNOWN_COMMAND)),
     };
@@ -134,6 +136,45 @@ fn destroy_pd(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Resp
     for id in ids {
         fabric.close_endpoint(node, id);
     }
+    fabric.utlb_tables.remove((node, pd));
+    fabric.utlb_cache.invalidate_domain((node, pd));
+    Ok(Response::ok(Vec::new()))
+}
+
+/// UTLB_SET_TABLE: u32 pd, u32 entries, u64 table gpa (spec §5.14).
+fn utlb_set_table(
+    fabric: &mut Fabric,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    need(p, 16)?;
+    let (pd, entries, gpa) = (read_le32(p, 0), read_le32(p, 4), read_le64(p, 8));
+    if !fabric.nodes[node as usize].pds.contains(&pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    if entries == 0 || entries > ulnic_abi::MAX_UTLB_ENTRIES || !gpa.is_multiple_of(8) {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    if !crate::guest::range_ok(mem, gpa, u64::from(entries) * 8) {
+        return Err(Response::err(status::BAD_ADDRESS));
+    }
+    fabric.utlb_cache.invalidate_domain((node, pd));
+    fabric
+        .utlb_tables
+        .set((node, pd), crate::utlb::Table { gpa, entries });
+    Ok(Response::ok(Vec::new()))
+}
+
+/// UTLB_INVALIDATE: u32 pd, u32 first, u32 count. Runs under the fabric
+/// lock, so once it returns no descriptor uses the old translations.
+fn utlb_invalidate(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 12)?;
+    let (pd, first, count) = (read_le32(p, 0), read_le32(p, 4), read_le32(p, 8));
+    if !fabric.nodes[node as usize].pds.contains(&pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    fabric.utlb_cache.invalidate((node, pd), first, count);
     Ok(Response::ok(Vec::new()))
 }
 
@@ -374,7 +415,7 @@ mod tests {
         let m = mem(1 << 20);
         let mut f = Fabric::new(2, 4);
         assert_eq!(execute(&mut f, 1, &m, &[1, 2]).status, status::BAD_LENGTH);
-        for reserved in [0x21, 0x55] {
+        for reserved in [0x22, 0x55] {
             assert_eq!(
                 execute(&mut f, 1, &m, &req(reserved, &[])).status,
                 status::NOT_SUPPORTED

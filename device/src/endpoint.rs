@@ -27,11 +27,14 @@ pub struct Stats {
     pub notifications: u64,
     pub doorbells: u64,
     pub tripwires_fired: u64,
+    pub utlb_hits: u64,
+    pub utlb_misses: u64,
+    pub utlb_fetch_ns: u64,
 }
 
 impl Stats {
     /// The counters in wire order.
-    pub fn to_array(&self) -> [u64; 14] {
+    pub fn to_array(&self) -> [u64; ulnic_abi::STAT_NAMES.len()] {
         [
             self.tx_messages,
             self.tx_bytes,
@@ -47,6 +50,9 @@ impl Stats {
             self.notifications,
             self.doorbells,
             self.tripwires_fired,
+            self.utlb_hits,
+            self.utlb_misses,
+            self.utlb_fetch_ns,
         ]
     }
 }

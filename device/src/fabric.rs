@@ -11,6 +11,7 @@ use log::{debug, warn};
 use ulnic_abi::{
     condition, ctrl, event, op, recv_flags, send_flags, tx_error, Event, FreeDesc, RecvDesc,
     SendDesc, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, RECV_DESC_SIZE, SEND_DESC_SIZE,
+    SEND_UTLB_REF_OFFSET,
 };
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
@@ -18,6 +19,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::endpoint::Endpoint;
 use crate::guest::{self, MemGuard, PortMemory, Segment};
+use crate::utlb::UtlbRef;
 
 /// Send descriptors served per endpoint per pass, for fairness.
 const SEND_BATCH: u32 = 32;
@@ -149,6 +151,10 @@ pub struct Fabric {
     pending_closes: VecDeque<PendingClose>,
     /// Tripwires each endpoint may set.
     pub max_tripwires: u32,
+    /// Every protection domain's UTLB table, by (node, domain).
+    pub utlb_tables: crate::utlb::Tables,
+    /// The device's translation cache in front of them.
+    pub utlb_cache: crate::utlb::TranslationCache,
 }
 
 /// Where a message's payload comes from.
@@ -183,6 +189,8 @@ impl Fabric {
             mems: Vec::new(),
             pending_closes: VecDeque::new(),
             max_tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
+            utlb_tables: Default::default(),
+            utlb_cache: crate::utlb::TranslationCache::new(Default::default()),
         }
     }
 
@@ -249,6 +257,8 @@ impl Fabric {
             self.close_endpoint(n, id);
         }
         self.nodes[n as usize].reset();
+        self.utlb_tables.remove_node(n);
+        self.utlb_cache.invalidate_node(n);
     }
 
     /// Tries to deliver every waiting close message once; one whose
@@ -486,11 +496,35 @@ impl Fabric {
         if inline && d.len > INLINE_MAX {
             return Err(tx_error::BAD_DESCRIPTOR);
         }
-        if !inline && !ep.segment.contains(d.seg_offset, u64::from(d.len)) {
+        let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
+        let by_utlb = d.flags & send_flags::UTLB != 0;
+        if inline && by_utlb {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        // The payload's source: a range of the segment, or a user buffer
+        // named by UTLB entries (translated as a segment of its own).
+        let translated = if by_utlb {
+            let r = UtlbRef::decode(raw, SEND_UTLB_REF_OFFSET, d.seg_offset);
+            let tag = (n, ep.pd);
+            Some(self.utlb_cache.translate(
+                smem,
+                self.utlb_tables.get(tag),
+                tag,
+                r,
+                u64::from(d.len),
+                &mut ep.stats,
+            )?)
+        } else {
+            None
+        };
+        let (src_seg, src_off) = match &translated {
+            Some(seg) => (seg, d.seg_offset),
+            None => (&ep.segment, d.seg_offset),
+        };
+        if !inline && !src_seg.contains(src_off, u64::from(d.len)) {
             return Err(tx_error::BAD_ADDRESS);
         }
         let src_port = ep.port.ok_or(tx_error::NOT_BOUND)?;
-        let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
         let dn = d.dest_node;
         let dmem = mems
             .get(dn as usize)
@@ -508,7 +542,7 @@ impl Fabric {
                 &raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize]
             } else {
                 staged.resize(d.len as usize, 0);
-                guest::read_segment(smem, &ep.segment, d.seg_offset, &mut staged)
+                guest::read_segment(smem, src_seg, src_off, &mut staged)
                     .map_err(|_| tx_error::BAD_ADDRESS)?;
                 &staged
             };
@@ -527,8 +561,8 @@ impl Fabric {
             } else {
                 Payload::Segment {
                     mem: smem,
-                    seg: &ep.segment,
-                    offset: d.seg_offset,
+                    seg: src_seg,
+                    offset: src_off,
                 }
             };
             let msg = Message {

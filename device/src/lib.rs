@@ -18,6 +18,7 @@ pub mod guest;
 pub mod rdma;
 pub mod selftest;
 pub mod transfer;
+pub mod utlb;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -71,6 +72,8 @@ pub struct Configuration {
     pub poll_for: Duration,
     /// Tripwires each endpoint may set.
     pub tripwires: u32,
+    /// Shape of the device's UTLB translation cache.
+    pub utlb_cache: utlb::CacheConfig,
 }
 
 impl Configuration {
@@ -85,6 +88,7 @@ impl Configuration {
                 ulnic_abi::MAX_TRIPWIRES_LIMIT
             )));
         }
+        self.utlb_cache.validate().map_err(Error::Config)?;
         if !(1..=ulnic_abi::MAX_ENDPOINTS_LIMIT).contains(&self.max_endpoints) {
             return Err(Error::Config(format!(
                 "--endpoints must be between 1 and {}",
@@ -155,6 +159,7 @@ impl Device {
             fabric: Mutex::new({
                 let mut f = Fabric::new(nodes, config.max_endpoints);
                 f.max_tripwires = config.tripwires;
+                f.utlb_cache = utlb::TranslationCache::new(config.utlb_cache);
                 f
             }),
             wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {

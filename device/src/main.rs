@@ -270,6 +270,43 @@ struct DeviceArgs {
     /// endpoint's control block, so at most 3072).
     #[arg(long, default_value_t = ulnic_abi::DEFAULT_TRIPWIRES, value_name = "N")]
     tripwires: u32,
+    #[command(flatten)]
+    utlb_cache: UtlbCacheArgs,
+}
+
+/// The device's UTLB translation cache (VMMC-2's NI cache).
+#[derive(clap::Args, Debug, Clone)]
+struct UtlbCacheArgs {
+    /// Lines in the device's UTLB translation cache (VMMC-2: 8192).
+    #[arg(long, default_value_t = ulnic_abi::DEFAULT_UTLB_CACHE, value_name = "N")]
+    utlb_cache_entries: u32,
+    /// Lines per set: 1 is direct-mapped (VMMC-2), N fully associative.
+    #[arg(long, default_value_t = 1, value_name = "WAYS")]
+    utlb_cache_ways: u32,
+    /// Which line of a full set a miss replaces.
+    #[arg(long, value_enum, default_value_t = UtlbReplacement::Lru)]
+    utlb_replacement: UtlbReplacement,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum UtlbReplacement {
+    /// Least recently used.
+    Lru,
+    /// Pseudo-random.
+    Random,
+}
+
+impl UtlbCacheArgs {
+    fn config(&self) -> ulnic_device::utlb::CacheConfig {
+        ulnic_device::utlb::CacheConfig {
+            entries: self.utlb_cache_entries,
+            ways: self.utlb_cache_ways,
+            replacement: match self.utlb_replacement {
+                UtlbReplacement::Lru => ulnic_device::utlb::Replacement::Lru,
+                UtlbReplacement::Random => ulnic_device::utlb::Replacement::Random,
+            },
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -304,6 +341,9 @@ struct BenchArgs {
     /// Print one JSON object per result line.
     #[arg(long)]
     json: bool,
+    /// The device this benchmark starts (not with --device-dir).
+    #[command(flatten)]
+    utlb_cache: UtlbCacheArgs,
 }
 
 fn main() -> ExitCode {
@@ -550,6 +590,7 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
         max_endpoints: a.endpoints,
         poll_for: Duration::from_micros(a.poll_us),
         tripwires: a.tripwires,
+        utlb_cache: a.utlb_cache.config(),
     };
     let dev = Device::start(config).map_err(|e| e.to_string())?;
     eprintln!(
@@ -784,6 +825,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 max_endpoints: 4,
                 poll_for: Duration::from_micros(500),
                 tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
+                utlb_cache: a.utlb_cache.config(),
             };
             own = Some(Device::start(config).map_err(|e| e.to_string())?);
             scratch.clone()

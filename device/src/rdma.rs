@@ -8,9 +8,11 @@
 
 use ulnic_abi::{
     ctrl, event, op, perm, send_flags, tripwire_flags, tx_error, Cookie, Event, RdmaDesc,
-    MAX_APERTURES, MAX_RDMA, SEND_DESC_SIZE,
+    MAX_APERTURES, MAX_RDMA, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::GuestMemoryMmap;
+
+use crate::utlb::UtlbRef;
 
 use crate::endpoint::Endpoint;
 use crate::fabric::{Fabric, Node};
@@ -245,18 +247,37 @@ impl Fabric {
         let imm = d.opcode == op::WRITE_IMMEDIATE;
         let read = d.opcode == op::RDMA_READ;
         let len = u64::from(d.len);
-        if d.flags & !send_flags::COMPLETION != 0 {
+        if d.flags & !(send_flags::COMPLETION | send_flags::UTLB) != 0 {
             return Err(tx_error::BAD_DESCRIPTOR);
         }
+        let by_utlb = d.flags & send_flags::UTLB != 0;
+        let smem: &GuestMemoryMmap<()> =
+            mems[n as usize].as_deref().ok_or(tx_error::BAD_ADDRESS)?;
+        // The local buffer: the segment, or a user buffer named by UTLB
+        // entries (its offset field is then the offset in the first page).
+        let mut translated = None;
         if imm {
-            if !(d.len == 4 || d.len == 8) || !d.remote_offset.is_multiple_of(len) {
+            if by_utlb || !(d.len == 4 || d.len == 8) || !d.remote_offset.is_multiple_of(len) {
                 return Err(tx_error::BAD_DESCRIPTOR);
             }
         } else {
             if d.len == 0 || d.len > MAX_RDMA {
                 return Err(tx_error::BAD_DESCRIPTOR);
             }
-            if !ep.segment.contains(d.local_offset, len) {
+            if by_utlb {
+                let r = UtlbRef::decode(raw, RDMA_UTLB_REF_OFFSET, d.local_offset);
+                let tag = (n, ep.pd);
+                translated = Some(self.utlb_cache.translate(
+                    smem,
+                    self.utlb_tables.get(tag),
+                    tag,
+                    r,
+                    len,
+                    &mut ep.stats,
+                )?);
+            }
+            let local = translated.as_ref().unwrap_or(&ep.segment);
+            if !local.contains(d.local_offset, len) {
                 return Err(tx_error::BAD_ADDRESS);
             }
         }
@@ -279,8 +300,6 @@ impl Fabric {
             return Err(tx_error::OUT_OF_RANGE);
         }
         let target_off = ap.seg_offset + d.remote_offset;
-        let smem: &GuestMemoryMmap<()> =
-            mems[n as usize].as_deref().ok_or(tx_error::BAD_ADDRESS)?;
         let access = Access {
             aperture: d.cookie.aperture,
             offset: d.remote_offset,
@@ -292,22 +311,24 @@ impl Fabric {
         if (tn, ap.ep) == (n, e) {
             // The initiator's own aperture: one segment is both ends.
             let seg = &ep.segment;
+            let local = translated.as_ref().unwrap_or(seg);
             if imm {
                 guest::store_segment_word(smem, seg, target_off, d.immediate, d.len)
                     .map_err(bad)?;
             } else {
-                let (from, to) = if read {
-                    (target_off, d.local_offset)
+                let ((from_seg, from), (to_seg, to)) = if read {
+                    ((seg, target_off), (local, d.local_offset))
                 } else {
-                    (d.local_offset, target_off)
+                    ((local, d.local_offset), (seg, target_off))
                 };
                 let mut staged = vec![0u8; d.len as usize];
-                guest::read_segment(smem, seg, from, &mut staged).map_err(bad)?;
-                guest::write_segment(smem, seg, to, &staged).map_err(bad)?;
+                guest::read_segment(smem, from_seg, from, &mut staged).map_err(bad)?;
+                guest::write_segment(smem, to_seg, to, &staged).map_err(bad)?;
             }
             ep.fire_tripwires(smem, &access);
             return Ok(());
         }
+        let local = translated.as_ref().unwrap_or(&ep.segment);
         let tgt = self.nodes[tn as usize]
             .endpoint_mut(ap.ep)
             .ok_or(tx_error::BAD_COOKIE)?;
@@ -319,14 +340,14 @@ impl Fabric {
                 &tgt.segment,
                 target_off,
                 smem,
-                &ep.segment,
+                local,
                 d.local_offset,
                 len,
             )
         } else {
             guest::copy_between(
                 smem,
-                &ep.segment,
+                local,
                 d.local_offset,
                 tmem,
                 &tgt.segment,

@@ -421,3 +421,159 @@ fn malformed_descriptors_and_indices_are_contained() {
     b.memory().read(eb.seg.gpa, &mut seg);
     assert!(seg.iter().all(|&x| x == 0));
 }
+
+/// A send descriptor naming UTLB entries (with a completion event).
+fn utlb_send(first: u32, count: u32, offset: u64, len: u32) -> [u8; 128] {
+    let mut b = desc(SendDesc {
+        flags: send_flags::UTLB | send_flags::COMPLETION,
+        seg_offset: offset,
+        len,
+        ..good(3, 0)
+    });
+    b[ulnic_abi::SEND_UTLB_REF_OFFSET..][..4].copy_from_slice(&first.to_le_bytes());
+    b[ulnic_abi::SEND_UTLB_REF_OFFSET + 4..][..4].copy_from_slice(&count.to_le_bytes());
+    b
+}
+
+fn stat(hw: &HostAttach, ep: u32, name: &str) -> u64 {
+    let r = hw.command(cmd::GET_STATS, &ep.to_le_bytes()).unwrap();
+    let i = ulnic_abi::STAT_NAMES
+        .iter()
+        .position(|n| *n == name)
+        .unwrap();
+    ulnic_abi::read_le64(&r, i * 8)
+}
+
+#[test]
+fn utlb_tables_and_references_are_checked() {
+    let (dev, _dir) = common::device(2);
+    let a = HostAttach::connect(&common::socket(&dev, 0), 1 << 20).unwrap();
+    let b = HostAttach::connect(&common::socket(&dev, 1), 1 << 20).unwrap();
+    let pa = ulnic_abi::read_le32(&a.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let pb = ulnic_abi::read_le32(&b.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let mut ea = raw_endpoint(&a, pa);
+    let eb = raw_endpoint(&b, pb);
+    for (hw, ep, port) in [(&a, ea.id, 1u32), (&b, eb.id, 3)] {
+        let mut p = ep.to_le_bytes().to_vec();
+        p.extend_from_slice(&port.to_le_bytes());
+        hw.command(cmd::BIND_PORT, &p).unwrap();
+    }
+    let done = (event::TX_DONE, 0);
+    let err = |code| (event::TX_ERROR, code);
+    let ea_id = ea.id;
+    let mut send = |d: [u8; 128]| {
+        ea.send_raw(&a, &d);
+        let ev = ea.next_event(&a);
+        (ev.kind, ev.code)
+    };
+    assert_eq!(
+        send(utlb_send(0, 1, 0, 8)),
+        err(tx_error::NO_TRANSLATION),
+        "no table yet"
+    );
+
+    let set_table = |pd: u32, entries: u32, gpa: u64| {
+        let mut p = pd.to_le_bytes().to_vec();
+        p.extend_from_slice(&entries.to_le_bytes());
+        p.extend_from_slice(&gpa.to_le_bytes());
+        status_of(a.command(cmd::UTLB_SET_TABLE, &p))
+    };
+    let mem = a.memory();
+    let table = mem.alloc(4096).unwrap();
+    let page = mem.alloc(8192).unwrap();
+    assert_eq!(set_table(77, 8, table.gpa), status::NOT_FOUND);
+    assert_eq!(set_table(pa, 0, table.gpa), status::INVALID_ARGUMENT);
+    assert_eq!(
+        set_table(pa, ulnic_abi::MAX_UTLB_ENTRIES + 1, table.gpa),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(set_table(pa, 8, table.gpa + 4), status::INVALID_ARGUMENT);
+    assert_eq!(set_table(pa, 8, (1 << 20) - 16), status::BAD_ADDRESS);
+    assert_eq!(set_table(pa, 8, u64::MAX - 7), status::BAD_ADDRESS);
+    assert_eq!(
+        status_of(a.command(cmd::UTLB_SET_TABLE, &[0; 8])),
+        status::BAD_LENGTH
+    );
+    assert_eq!(set_table(pa, 8, table.gpa), status::OK);
+    let entries: Vec<u8> = [
+        page.gpa,
+        page.gpa + 4096,
+        0,
+        0x1234,
+        1 << 40,
+        page.gpa,
+        0,
+        0,
+    ]
+    .iter()
+    .flat_map(|e| e.to_le_bytes())
+    .collect();
+    mem.write(table.gpa, &entries);
+
+    assert_eq!(send(utlb_send(0, 1, 100, 50)), done);
+    assert_eq!(send(utlb_send(0, 2, 4000, 96)), done, "across two pages");
+    let cases = [
+        (utlb_send(8, 1, 0, 8), err(tx_error::NO_TRANSLATION)),
+        (utlb_send(7, 2, 0, 8), err(tx_error::NO_TRANSLATION)),
+        (utlb_send(0, 0, 0, 0), err(tx_error::NO_TRANSLATION)),
+        (utlb_send(u32::MAX, 2, 0, 8), err(tx_error::NO_TRANSLATION)),
+        (
+            utlb_send(0, ulnic_abi::MAX_UTLB_RUN + 1, 0, 8),
+            err(tx_error::NO_TRANSLATION),
+        ),
+        (utlb_send(0, 1, 4096, 8), err(tx_error::NO_TRANSLATION)),
+        (utlb_send(0, 1, 100, 4000), err(tx_error::NO_TRANSLATION)),
+        (utlb_send(2, 1, 0, 8), err(tx_error::NO_TRANSLATION)),
+        (utlb_send(3, 1, 0, 8), err(tx_error::BAD_ADDRESS)),
+        (utlb_send(4, 1, 0, 8), err(tx_error::BAD_ADDRESS)),
+        (
+            {
+                let mut d = utlb_send(0, 1, 0, 8);
+                d[2] |= send_flags::INLINE as u8;
+                d
+            },
+            err(tx_error::BAD_DESCRIPTOR),
+        ),
+    ];
+    for (i, (d, want)) in cases.into_iter().enumerate() {
+        assert_eq!(send(d), want, "case {i}");
+    }
+
+    // The device caches translations until the driver invalidates them.
+    let misses = stat(&a, ea_id, "utlb_misses");
+    assert_eq!(send(utlb_send(5, 1, 0, 8)), done);
+    assert_eq!(stat(&a, ea_id, "utlb_misses"), misses + 1);
+    assert_eq!(send(utlb_send(5, 1, 0, 8)), done);
+    assert_eq!(
+        stat(&a, ea_id, "utlb_misses"),
+        misses + 1,
+        "second use hits"
+    );
+    mem.write(table.gpa + 5 * 8, &0u64.to_le_bytes());
+    assert_eq!(send(utlb_send(5, 1, 0, 8)), done, "stale until invalidated");
+    let inval = |pd: u32, first: u32, count: u32| {
+        let mut p = pd.to_le_bytes().to_vec();
+        p.extend_from_slice(&first.to_le_bytes());
+        p.extend_from_slice(&count.to_le_bytes());
+        status_of(a.command(cmd::UTLB_INVALIDATE, &p))
+    };
+    assert_eq!(inval(77, 5, 1), status::NOT_FOUND);
+    assert_eq!(
+        status_of(a.command(cmd::UTLB_INVALIDATE, &[0; 4])),
+        status::BAD_LENGTH
+    );
+    assert_eq!(inval(pa, 0, u32::MAX), status::OK, "any range is fine");
+    assert_eq!(send(utlb_send(5, 1, 0, 8)), err(tx_error::NO_TRANSLATION));
+
+    // Another domain on the same node does not see this table.
+    let pc = ulnic_abi::read_le32(&a.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let mut ec = raw_endpoint(&a, pc);
+    let mut p = ec.id.to_le_bytes().to_vec();
+    p.extend_from_slice(&2u32.to_le_bytes());
+    a.command(cmd::BIND_PORT, &p).unwrap();
+    ec.send_raw(&a, &utlb_send(0, 1, 0, 8));
+    let ev = ec.next_event(&a);
+    assert_eq!((ev.kind, ev.code), err(tx_error::NO_TRANSLATION));
+    // Everything still works for everyone.
+    assert_eq!(send(utlb_send(0, 1, 0, 8)), done);
+}

@@ -108,4 +108,29 @@ pub(crate) trait Domain: Send + Sync {
     fn ring_doorbell(&self, ep: &EpMemory);
     /// Blocks until the endpoint is notified (true) or `timeout` (false).
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error>;
+    /// Memory for user buffers the device can reach once their pages are
+    /// installed in the UTLB (page aligned, zeroed).
+    fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error>;
+    /// Returns memory from `alloc_user_memory`.
+    fn free_user_memory(&self, m: &UserMemory);
+    /// Gives the domain a UTLB of `entries` entries (driver: allocates the
+    /// table, UTLB_SET_TABLE).
+    fn utlb_init(&self, entries: u32) -> Result<(), Error>;
+    /// Installs the `count` pages from virtual address `va` at entries
+    /// `first..first+count` (driver: pins them, writes the table,
+    /// UTLB_INVALIDATE, unpins what was there). The library guarantees no
+    /// posted descriptor uses these entries.
+    fn utlb_install(&self, first: u32, va: usize, count: u32) -> Result<(), Error>;
 }
+
+/// User memory from `Domain::alloc_user_memory`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UserMemory {
+    pub ptr: std::ptr::NonNull<u8>,
+    pub len: usize,
+}
+
+// SAFETY: a description of a mapping owned by a `UserBuffer`.
+unsafe impl Send for UserMemory {}
+// SAFETY: as above.
+unsafe impl Sync for UserMemory {}

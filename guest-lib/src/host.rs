@@ -8,7 +8,7 @@ use std::time::Duration;
 use ulnic_abi::{cmd, CreateEndpoint, DeviceInfo, RingLayout};
 use ulnic_host_attach::{DmaBuffer, HostAttach};
 
-use crate::backend::{Domain, EpMemory};
+use crate::backend::{Domain, EpMemory, UserMemory};
 use crate::Error;
 
 pub(crate) struct HostDomain {
@@ -16,6 +16,9 @@ pub(crate) struct HostDomain {
     pd: u32,
     /// Memory of each endpoint: control, segment, page table.
     buffers: Mutex<HashMap<u32, [DmaBuffer; 3]>>,
+    /// User buffers by address, and the UTLB table once created.
+    user: Mutex<HashMap<usize, DmaBuffer>>,
+    utlb_table: Mutex<Option<(DmaBuffer, u32)>>,
 }
 
 impl HostDomain {
@@ -29,14 +32,30 @@ impl HostDomain {
             hw,
             pd,
             buffers: Mutex::new(HashMap::new()),
+            user: Mutex::new(HashMap::new()),
+            utlb_table: Mutex::new(None),
         })
     }
 }
 
 impl Drop for HostDomain {
     fn drop(&mut self) {
-        let _ = self.hw.command(cmd::DESTROY_PD, &self.pd.to_le_bytes());
+        if self
+            .hw
+            .command(cmd::DESTROY_PD, &self.pd.to_le_bytes())
+            .is_ok()
+        {
+            // The device has let go of the table; user buffers were freed
+            // by their owners.
+            if let Some((t, _)) = lock(&self.utlb_table).take() {
+                self.hw.memory().free(t);
+            }
+        }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Domain for HostDomain {
@@ -126,5 +145,68 @@ impl Domain for HostDomain {
 
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {
         Ok(self.hw.wait_notification(ep, timeout))
+    }
+
+    fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error> {
+        let b = self.hw.memory().alloc(bytes)?;
+        lock(&self.user).insert(b.ptr.as_ptr() as usize, b);
+        Ok(UserMemory {
+            ptr: b.ptr,
+            len: b.len,
+        })
+    }
+
+    fn free_user_memory(&self, m: &UserMemory) {
+        if let Some(b) = lock(&self.user).remove(&(m.ptr.as_ptr() as usize)) {
+            self.hw.memory().free(b);
+        }
+    }
+
+    fn utlb_init(&self, entries: u32) -> Result<(), Error> {
+        let mut t = lock(&self.utlb_table);
+        if t.is_some() {
+            return Err(Error::InvalidArgument("this domain already has a UTLB"));
+        }
+        let table = self.hw.memory().alloc(entries as usize * 8)?;
+        let mut req = Vec::with_capacity(16);
+        req.extend_from_slice(&self.pd.to_le_bytes());
+        req.extend_from_slice(&entries.to_le_bytes());
+        req.extend_from_slice(&table.gpa.to_le_bytes());
+        if let Err(e) = self.hw.command(cmd::UTLB_SET_TABLE, &req) {
+            self.hw.memory().free(table);
+            return Err(e.into());
+        }
+        *t = Some((table, entries));
+        Ok(())
+    }
+
+    fn utlb_install(&self, first: u32, va: usize, count: u32) -> Result<(), Error> {
+        let t = lock(&self.utlb_table);
+        let Some((table, entries)) = t.as_ref() else {
+            return Err(Error::InvalidArgument("no UTLB: call enable_utlb first"));
+        };
+        if u64::from(first) + u64::from(count) > u64::from(*entries) {
+            return Err(Error::InvalidArgument("UTLB entries past the table"));
+        }
+        // Host attach "pins" nothing: the device can reach exactly the
+        // shared memory, so a page is translatable iff it lies there.
+        let mem = self.hw.memory();
+        let base = mem.host_base() as usize;
+        let end = va.checked_add(count as usize * 4096);
+        if va < base || !va.is_multiple_of(4096) || end.is_none_or(|e| e > base + mem.len()) {
+            return Err(Error::InvalidArgument(
+                "host attach: a UTLB buffer must come from alloc_buffer",
+            ));
+        }
+        let gpas: Vec<u8> = (0..count as usize)
+            .flat_map(|k| ((va - base + k * 4096) as u64).to_le_bytes())
+            .collect();
+        mem.write(table.gpa + u64::from(first) * 8, &gpas);
+        let mut req = Vec::with_capacity(12);
+        req.extend_from_slice(&self.pd.to_le_bytes());
+        req.extend_from_slice(&first.to_le_bytes());
+        req.extend_from_slice(&count.to_le_bytes());
+        self.hw.command(cmd::UTLB_INVALIDATE, &req)?;
+        Ok(())
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ulnic_abi::{uapi, DeviceInfo, RingLayout};
 
-use crate::backend::{Domain, EpMemory};
+use crate::backend::{Domain, EpMemory, UserMemory};
 use crate::Error;
 
 fn ioctl(f: &File, req: u32, arg: *mut u8) -> Result<i32, Error> {
@@ -164,5 +164,48 @@ impl Domain for KernelDomain {
             Err(Error::Os(e)) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error> {
+        let len = bytes.max(1).next_multiple_of(ulnic_abi::PAGE_SIZE as usize);
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Os(std::io::Error::last_os_error()));
+        }
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>())
+            .ok_or(Error::InvalidArgument("mmap returned null"))?;
+        Ok(UserMemory { ptr, len })
+    }
+
+    fn free_user_memory(&self, m: &UserMemory) {
+        // SAFETY: the mapping from `alloc_user_memory`, no longer referenced
+        // (its UserBuffer is being dropped). Pages the driver pinned stay
+        // allocated until their UTLB entries are replaced or the file closes.
+        unsafe { libc::munmap(m.ptr.as_ptr().cast(), m.len) };
+    }
+
+    fn utlb_init(&self, entries: u32) -> Result<(), Error> {
+        let mut a = entries.to_le_bytes();
+        ioctl(&self.file, uapi::IOC_UTLB_INIT, a.as_mut_ptr())?;
+        Ok(())
+    }
+
+    fn utlb_install(&self, first: u32, va: usize, count: u32) -> Result<(), Error> {
+        let mut a = [0u8; 16];
+        a[0..4].copy_from_slice(&first.to_le_bytes());
+        a[4..8].copy_from_slice(&count.to_le_bytes());
+        a[8..16].copy_from_slice(&(va as u64).to_le_bytes());
+        ioctl(&self.file, uapi::IOC_UTLB_INSTALL, a.as_mut_ptr())?;
+        Ok(())
     }
 }

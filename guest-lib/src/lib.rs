@@ -33,9 +33,12 @@ mod dmq;
 mod host;
 mod kernel;
 mod rdma;
+mod utlb;
+mod zero_copy;
 
 pub use dmq::{DmqKind, DmqReceiver, DmqSender};
 pub use rdma::{Immediate, Permissions, TripwireOn};
+pub use utlb::{Registration, Translation, UserBuffer, UtlbConfig, UtlbStats};
 
 use backend::{Domain, EpMemory};
 use ulnic_abi::{
@@ -225,7 +228,10 @@ impl Nic {
             Port::Host(hw) => Arc::new(host::HostDomain::new(hw.clone())?),
             Port::Kernel(path) => Arc::new(kernel::KernelDomain::open(path, self.info)?),
         };
-        Ok(ProtectionDomain { inner })
+        Ok(ProtectionDomain {
+            inner,
+            utlb: Default::default(),
+        })
     }
 }
 
@@ -239,6 +245,7 @@ impl Nic {
 /// ```
 pub struct ProtectionDomain {
     inner: Arc<dyn Domain>,
+    utlb: utlb::SharedTranslations,
 }
 
 /// Sizes of a new endpoint's rings and segment.
@@ -458,6 +465,8 @@ impl std::fmt::Display for SendError {
 pub struct Endpoint {
     dom: Arc<dyn Domain>,
     mem: EpMemory,
+    utlb: utlb::SharedTranslations,
+    zc: zero_copy::EndpointUtlb,
     id: u32,
     port: Option<u32>,
     layout: RingLayout,
@@ -470,6 +479,107 @@ pub struct Endpoint {
 }
 
 impl ProtectionDomain {
+    /// Gives the domain a UTLB (VMMC-2): afterwards endpoints can send and
+    /// RDMA from any [`UserBuffer`] of the domain without copying it into
+    /// their segment; the driver installs translations as they are needed.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// let pd = nic.alloc_pd()?;
+    /// pd.enable_utlb(ulnic::UtlbConfig { entries: 4096, ..Default::default() })?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn enable_utlb(&self, cfg: UtlbConfig) -> Result<(), Error> {
+        if cfg.entries == 0 || cfg.entries > ulnic_abi::MAX_UTLB_ENTRIES {
+            return Err(Error::InvalidArgument(
+                "UTLB entries must be 1..=MAX_UTLB_ENTRIES",
+            ));
+        }
+        if self.utlb.get().is_some() {
+            return Err(Error::InvalidArgument("this domain already has a UTLB"));
+        }
+        self.inner.utlb_init(cfg.entries)?;
+        let _ = self
+            .utlb
+            .set(std::sync::Mutex::new(utlb::Translations::new(cfg)));
+        Ok(())
+    }
+
+    /// Allocates memory the device can reach through the UTLB (with host
+    /// attach it must come from the shared memory; in a guest any pages
+    /// would do, and these are anonymous ones).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// let pd = nic.alloc_pd()?;
+    /// let buf = pd.alloc_buffer(1 << 20)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn alloc_buffer(&self, bytes: usize) -> Result<UserBuffer, Error> {
+        UserBuffer::new(self.inner.clone(), self.utlb.clone(), bytes)
+    }
+
+    /// Makes sure `range` of `buf` is translated (the explicit "service
+    /// this miss now" call), and says what it cost.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # pd.enable_utlb(Default::default())?;
+    /// let buf = pd.alloc_buffer(16 * 4096)?;
+    /// let first = pd.register(&buf, 0..buf.len())?;
+    /// assert!(!first.hit);
+    /// assert!(pd.register(&buf, 0..buf.len())?.hit);
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn register(
+        &self,
+        buf: &UserBuffer,
+        range: std::ops::Range<usize>,
+    ) -> Result<Registration, Error> {
+        let (va, len) = buf.span(&range)?;
+        let t = self
+            .utlb
+            .get()
+            .ok_or(Error::InvalidArgument("no UTLB: call enable_utlb first"))?;
+        let t0 = Instant::now();
+        let mut t = utlb::lock(t);
+        t.stats.lookups += 1;
+        if t.lookup(va, len).is_some() {
+            t.stats.hits += 1;
+            return Ok(Registration {
+                hit: true,
+                library: t0.elapsed(),
+                driver: Duration::ZERO,
+            });
+        }
+        t.stats.misses += 1;
+        let before = t.stats.driver_ns;
+        t.install(&*self.inner, va, len)?;
+        let driver = Duration::from_nanos(t.stats.driver_ns - before);
+        Ok(Registration {
+            hit: false,
+            library: t0.elapsed().saturating_sub(driver),
+            driver,
+        })
+    }
+
+    /// The library's UTLB counters (the device's are in
+    /// [`Endpoint::stats`]: `utlb_hits`, `utlb_misses`, `utlb_fetch_ns`).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// println!("{:?}", pd.utlb_stats());
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn utlb_stats(&self) -> UtlbStats {
+        self.utlb
+            .get()
+            .map(|t| utlb::lock(t).stats)
+            .unwrap_or_default()
+    }
+
     /// Creates an endpoint: allocates and registers its rings and segment.
     ///
     /// ```no_run
@@ -492,6 +602,8 @@ impl ProtectionDomain {
         let mem = self.inner.create_endpoint(&layout, cfg.segment_bytes)?;
         Ok(Endpoint {
             dom: self.inner.clone(),
+            utlb: self.utlb.clone(),
+            zc: Default::default(),
             id: mem.id,
             mem,
             port: None,
@@ -517,6 +629,8 @@ impl Drop for Endpoint {
             std::thread::yield_now();
         }
         self.dom.destroy_endpoint(&self.mem);
+        // The device has let go of the endpoint: its UTLB holds can go.
+        self.release_utlb();
     }
 }
 

@@ -190,6 +190,7 @@ pub fn run(
         max_endpoints: opts.endpoints,
         poll_for: Duration::from_micros(500),
         tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
+        utlb_cache: Default::default(),
     };
     let device = Device::start(config).map_err(|e| e.to_string())?;
     let segment = dir.join("segment");

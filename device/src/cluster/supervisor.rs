@@ -166,6 +166,7 @@ pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
         max_endpoints: a.endpoints,
         poll_for: Duration::from_micros(500),
         tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
+        utlb_cache: Default::default(),
     };
     let device = Device::start(config).map_err(|e| e.to_string())?;
     let _switch = super::start_segment(&image, &a.dir.join("segment"))?;

@@ -15,6 +15,7 @@ pub fn device(nodes: u32) -> (Device, tempdir::TempDir) {
         max_endpoints: 8,
         poll_for: Duration::from_micros(200),
         tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
+        utlb_cache: Default::default(),
     };
     (Device::start(config).expect("device starts"), dir)
 }

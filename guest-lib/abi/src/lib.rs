@@ -11,7 +11,7 @@
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 2;
+pub const SPEC_VERSION_MINOR: u16 = 4;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -38,7 +38,7 @@ pub const F_CLOSE_MESSAGE: u64 = 1 << 4;
 /// Device feature bit: out-of-band messages (not implemented yet).
 pub const F_OOB: u64 = 1 << 5;
 /// Feature bits this version of the device implements.
-pub const F_IMPLEMENTED: u64 = F_MESSAGING | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE;
+pub const F_IMPLEMENTED: u64 = F_MESSAGING | F_UTLB | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE;
 
 /// Apertures one endpoint may export at once.
 pub const MAX_APERTURES: u32 = 64;
@@ -49,6 +49,19 @@ pub const MAX_TRIPWIRES_LIMIT: u32 = 3072;
 pub const DEFAULT_TRIPWIRES: u32 = 64;
 /// Longest RDMA read or write one descriptor may ask for.
 pub const MAX_RDMA: u32 = 16 << 20;
+/// Largest UTLB translation table per protection domain, in entries.
+pub const MAX_UTLB_ENTRIES: u32 = 1 << 20;
+/// Most UTLB entries one descriptor may name (a `MAX_RDMA` buffer at any
+/// page offset).
+pub const MAX_UTLB_RUN: u32 = MAX_RDMA / PAGE_SIZE as u32 + 1;
+/// Default size of the device's translation cache (VMMC-2's 8192 lines).
+pub const DEFAULT_UTLB_CACHE: u32 = 8192;
+/// Where a send descriptor with `send_flags::UTLB` names its buffer's
+/// entries (u32 first index, u32 count); its offset field is then the
+/// offset into the first entry's page.
+pub const SEND_UTLB_REF_OFFSET: usize = 40;
+/// The same for RDMA descriptors (after their 64 bytes).
+pub const RDMA_UTLB_REF_OFFSET: usize = 64;
 
 /// Queue 0: control queue (driver -> device request, device -> driver response).
 pub const CONTROL_QUEUE: u16 = 0;
@@ -213,10 +226,15 @@ pub mod cmd {
     pub const SET_TRIPWIRE: u32 = 0x40;
     /// Remove a tripwire.
     pub const CLEAR_TRIPWIRE: u32 = 0x41;
-    /// Opcodes reserved for features not implemented yet (UTLB 0x20..=0x2f,
+    /// Driver only: give a protection domain its UTLB translation table.
+    pub const UTLB_SET_TABLE: u32 = 0x20;
+    /// Driver only: drop cached translations of UTLB entries (after
+    /// rewriting them, before unpinning the old pages).
+    pub const UTLB_INVALIDATE: u32 = 0x21;
+    /// Opcodes reserved for features not implemented yet (UTLB 0x22..=0x2f,
     /// out-of-band messages 0x50..=0x5f); they answer `NOT_SUPPORTED`.
     pub fn is_reserved(opcode: u32) -> bool {
-        (0x20..=0x2f).contains(&opcode) || (0x50..=0x5f).contains(&opcode)
+        (0x22..=0x2f).contains(&opcode) || (0x50..=0x5f).contains(&opcode)
     }
 }
 
@@ -298,8 +316,10 @@ pub mod send_flags {
     pub const INLINE: u16 = 1 << 0;
     /// Post a `TX_DONE` event when the message was delivered.
     pub const COMPLETION: u16 = 1 << 1;
+    /// The local buffer is named by UTLB entries, not a segment offset.
+    pub const UTLB: u16 = 1 << 2;
     /// All flags defined.
-    pub const ALL: u16 = INLINE | COMPLETION;
+    pub const ALL: u16 = INLINE | COMPLETION | UTLB;
 }
 
 /// Receive descriptor flags.
@@ -346,6 +366,9 @@ pub mod tx_error {
     pub const PERMISSION_DENIED: u16 = 9;
     /// RDMA: the range runs past the aperture's end.
     pub const OUT_OF_RANGE: u16 = 10;
+    /// UTLB: an entry outside the domain's table, not installed, or a
+    /// buffer longer than its entries.
+    pub const NO_TRANSLATION: u16 = 11;
 
     /// A short name for a TX error code.
     pub fn name(code: u16) -> &'static str {
@@ -360,6 +383,7 @@ pub mod tx_error {
             BAD_COOKIE => "no such aperture (bad or revoked cookie)",
             PERMISSION_DENIED => "aperture does not permit this access",
             OUT_OF_RANGE => "range outside the aperture",
+            NO_TRANSLATION => "UTLB entries missing or too few",
             _ => "unknown error",
         }
     }
@@ -861,7 +885,7 @@ impl DeviceInfo {
 }
 
 /// `GET_STATS` result: per-endpoint counters, in this order, as u64.
-pub const STAT_NAMES: [&str; 14] = [
+pub const STAT_NAMES: [&str; 17] = [
     "tx_messages",
     "tx_bytes",
     "rx_messages",
@@ -876,6 +900,9 @@ pub const STAT_NAMES: [&str; 14] = [
     "notifications",
     "doorbells",
     "tripwires_fired",
+    "utlb_hits",
+    "utlb_misses",
+    "utlb_fetch_ns",
 ];
 
 /// Encodes a little-endian u32 (for command payloads).
@@ -1099,10 +1126,19 @@ pub mod uapi {
     /// MMAP_DOORBELL`, one page; writing the doorbell queue index (u16) to
     /// its start rings the doorbell without a system call.
     pub const MMAP_DOORBELL: u64 = 1 << 30;
+    /// Give the file's protection domain a UTLB of `entries` (u32) entries.
+    pub const IOC_UTLB_INIT: u32 = ioc(WRITE, 7, 4);
+    /// Pin `count` pages of this process from virtual address `va` (page
+    /// aligned) and install them at UTLB entries `first..first+count`,
+    /// unpinning what was there: u32 first, u32 count, u64 va.
+    pub const IOC_UTLB_INSTALL: u32 = ioc(WRITE, 8, 16);
     /// Largest control region the driver allocates (physically contiguous).
     pub const MAX_CTRL_BYTES: u64 = 4 << 20;
     /// Largest segment the driver allocates.
     pub const MAX_SEGMENT_BYTES: u64 = 64 << 20;
+    /// Largest UTLB table the driver allocates (physically contiguous):
+    /// 65536 entries.
+    pub const MAX_UTLB_TABLE_BYTES: u64 = 512 << 10;
 }
 
 /// The C header for the Linux driver (`guest-driver/linux/ulnic_abi.h`),
@@ -1144,6 +1180,9 @@ pub fn c_header() -> String {
         ("ULNIC_CMD_REVOKE", cmd::REVOKE.into()),
         ("ULNIC_CMD_SET_TRIPWIRE", cmd::SET_TRIPWIRE.into()),
         ("ULNIC_CMD_CLEAR_TRIPWIRE", cmd::CLEAR_TRIPWIRE.into()),
+        ("ULNIC_CMD_UTLB_SET_TABLE", cmd::UTLB_SET_TABLE.into()),
+        ("ULNIC_CMD_UTLB_INVALIDATE", cmd::UTLB_INVALIDATE.into()),
+        ("ULNIC_MAX_UTLB_ENTRIES", MAX_UTLB_ENTRIES.into()),
         ("ULNIC_STATUS_OK", status::OK.into()),
         (
             "ULNIC_STATUS_UNKNOWN_COMMAND",
@@ -1176,12 +1215,15 @@ pub fn c_header() -> String {
         ("ULNIC_IOC_COMMAND", uapi::IOC_COMMAND.into()),
         ("ULNIC_IOC_KICK", uapi::IOC_KICK.into()),
         ("ULNIC_IOC_WAIT", uapi::IOC_WAIT.into()),
+        ("ULNIC_IOC_UTLB_INIT", uapi::IOC_UTLB_INIT.into()),
+        ("ULNIC_IOC_UTLB_INSTALL", uapi::IOC_UTLB_INSTALL.into()),
         ("ULNIC_CREATE_EP_SIZE", uapi::CREATE_EP_SIZE.into()),
         ("ULNIC_COMMAND_SIZE", uapi::COMMAND_SIZE.into()),
         ("ULNIC_MMAP_SEGMENT", uapi::MMAP_SEGMENT),
         ("ULNIC_MMAP_DOORBELL", uapi::MMAP_DOORBELL),
         ("ULNIC_MAX_CTRL_BYTES", uapi::MAX_CTRL_BYTES),
         ("ULNIC_MAX_SEGMENT_BYTES", uapi::MAX_SEGMENT_BYTES),
+        ("ULNIC_MAX_UTLB_TABLE_BYTES", uapi::MAX_UTLB_TABLE_BYTES),
         ("ULNIC_CTRL_RING_OFFSET", ctrl::CONTROL_BLOCK_SIZE),
     ];
     defs.sort_by_key(|d| d.0);

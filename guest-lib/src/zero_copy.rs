@@ -1,0 +1,398 @@
+//! Transfers from user buffers named through the UTLB (spec §5.14): sends
+//! and RDMA whose local side is any registered memory, not the segment.
+//!
+//! Every descriptor that names UTLB entries holds them (a count per entry)
+//! until the device's send consumer passes it, so the library never
+//! reinstalls an entry the device may still read (VMMC-2's requirement,
+//! kept by reference counts rather than Schoinas & Hill's table-size rule).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+
+use ulnic_abi::{
+    ctrl, op, send_flags, Cookie, RdmaDesc, SendDesc, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
+    SEND_UTLB_REF_OFFSET,
+};
+
+use crate::backend::UserMemory;
+use crate::utlb::{lock, Translation, UserBuffer, UtlbRef};
+use crate::{Address, Endpoint, Error};
+
+/// A posted descriptor's hold on UTLB entries.
+pub(crate) struct InFlight {
+    seq: u32,
+    entries: UtlbRef,
+    /// For a fallback: where its copy ends in the bounce ring.
+    bounce_end: Option<u64>,
+}
+
+/// An endpoint's bounce buffer: registered once, used as a ring.
+pub(crate) struct Bounce {
+    mem: UserMemory,
+    entries: UtlbRef,
+    /// Bytes ever allocated / ever released (positions in the ring).
+    head: u64,
+    tail: u64,
+}
+
+/// The UTLB state an endpoint keeps.
+#[derive(Default)]
+pub(crate) struct EndpointUtlb {
+    in_flight: VecDeque<InFlight>,
+    bounce: Option<Bounce>,
+}
+
+/// Where a transfer's local bytes are.
+struct Local {
+    entries: UtlbRef,
+    /// For a fallback: the bounce ring's head before and after the copy.
+    bounce: Option<(u64, u64)>,
+    how: Translation,
+}
+
+impl Endpoint {
+    /// Releases the entries of descriptors the device has retired.
+    pub(crate) fn reap_utlb(&mut self) {
+        if self.zc.in_flight.is_empty() {
+            return;
+        }
+        let done = u32::from_le(self.word(ctrl::SEND_CONSUMER).load(Ordering::Acquire));
+        let Some(t) = self.utlb.get() else { return };
+        let mut t = lock(t);
+        while let Some(f) = self.zc.in_flight.front() {
+            // Retired when the consumer has moved past its slot.
+            if (done.wrapping_sub(f.seq) as i32) <= 0 {
+                break;
+            }
+            t.release(&f.entries);
+            if let (Some(end), Some(b)) = (f.bounce_end, self.zc.bounce.as_mut()) {
+                b.tail = end;
+            }
+            self.zc.in_flight.pop_front();
+        }
+    }
+
+    /// Releases everything (the endpoint is going away).
+    pub(crate) fn release_utlb(&mut self) {
+        let Some(t) = self.utlb.get() else { return };
+        let mut t = lock(t);
+        for f in self.zc.in_flight.drain(..) {
+            t.release(&f.entries);
+        }
+        if let Some(b) = self.zc.bounce.take() {
+            t.release(&b.entries);
+            let (va, len) = (b.mem.ptr.as_ptr() as usize, b.mem.len);
+            t.forget(va, len);
+            drop(t);
+            self.dom.free_user_memory(&b.mem);
+        }
+    }
+
+    /// Finds (or makes) the translation of `[va, va+len)`; with `copy`
+    /// allowed, a miss may be served by copying into the bounce buffer.
+    fn local_for(&mut self, va: usize, len: usize, copy: bool) -> Result<Local, Error> {
+        self.reap_utlb();
+        if self.send_space() == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let shared = self.utlb.clone();
+        let table = shared.get().ok_or(Error::InvalidArgument(
+            "no UTLB: call enable_utlb on the domain",
+        ))?;
+        let mut t = lock(table);
+        t.stats.lookups += 1;
+        t.transferred(len as u64);
+        if let Some(r) = t.lookup(va, len) {
+            t.stats.hits += 1;
+            t.acquire(&r);
+            t.service_deferred(&*self.dom);
+            return Ok(Local {
+                entries: r,
+                bounce: None,
+                how: Translation::Hit,
+            });
+        }
+        t.stats.misses += 1;
+        let cfg = t.cfg;
+        if copy && cfg.fallback && len <= cfg.bounce_bytes {
+            drop(t);
+            let copied = self.copy_to_bounce(va, len)?;
+            t = lock(table);
+            if let Some(local) = copied {
+                t.stats.fallback_sends += 1;
+                t.stats.fallback_bytes += len as u64;
+                t.defer(va, len);
+                // After the copy, off this message's critical path.
+                t.service_deferred(&*self.dom);
+                return Ok(local);
+            }
+        }
+        let r = t.install(&*self.dom, va, len)?;
+        t.acquire(&r);
+        Ok(Local {
+            entries: r,
+            bounce: None,
+            how: Translation::Miss,
+        })
+    }
+
+    /// Copies the bytes into the bounce ring; `None` when it has no room
+    /// now (the caller then services the miss instead).
+    fn copy_to_bounce(&mut self, va: usize, len: usize) -> Result<Option<Local>, Error> {
+        if self.zc.bounce.is_none() {
+            self.zc.bounce = Some(self.make_bounce()?);
+        }
+        let b = self.zc.bounce.as_mut().ok_or(Error::WouldBlock)?;
+        let cap = b.mem.len as u64;
+        let mut at = b.head;
+        if at % cap + len as u64 > cap {
+            at = at.next_multiple_of(cap); // do not split a message
+        }
+        if at + len as u64 - b.tail > cap {
+            return Ok(None);
+        }
+        let off = (at % cap) as usize;
+        // SAFETY: `va..va+len` lies in a live UserBuffer (checked by the
+        // caller's `span`); `off + len <= cap` lies in the bounce mapping,
+        // which no retired-or-posted descriptor covers (ring accounting).
+        unsafe {
+            std::ptr::copy_nonoverlapping(va as *const u8, b.mem.ptr.as_ptr().add(off), len);
+        }
+        let before = b.head;
+        b.head = at + len as u64;
+        let base = b.entries;
+        let (first_page, offset) = (off / 4096, (off % 4096) as u64);
+        let count = (offset as usize + len).div_ceil(4096) as u32;
+        let entries = UtlbRef {
+            first: base.first + first_page as u32,
+            count,
+            offset,
+        };
+        // The bounce entries are held for the endpoint's life; take one
+        // more hold so the accounting stays uniform.
+        if let Some(t) = self.utlb.get() {
+            lock(t).acquire(&entries);
+        }
+        Ok(Some(Local {
+            entries,
+            bounce: Some((before, at + len as u64)),
+            how: Translation::Fallback,
+        }))
+    }
+
+    fn make_bounce(&mut self) -> Result<Bounce, Error> {
+        let t = self.utlb.get().ok_or(Error::WouldBlock)?;
+        let bytes = lock(t).cfg.bounce_bytes;
+        let mem = self.dom.alloc_user_memory(bytes)?;
+        let mut t = lock(t);
+        let entries = match t.install(&*self.dom, mem.ptr.as_ptr() as usize, mem.len) {
+            Ok(r) => r,
+            Err(e) => {
+                drop(t);
+                self.dom.free_user_memory(&mem);
+                return Err(e);
+            }
+        };
+        t.acquire(&entries); // never recycled while the endpoint lives
+        Ok(Bounce {
+            mem,
+            entries,
+            head: 0,
+            tail: 0,
+        })
+    }
+
+    fn post_with(
+        &mut self,
+        mut slot: [u8; SEND_DESC_SIZE as usize],
+        at: usize,
+        local: Local,
+    ) -> Result<Translation, Error> {
+        slot[at..at + 4].copy_from_slice(&local.entries.first.to_le_bytes());
+        slot[at + 4..at + 8].copy_from_slice(&local.entries.count.to_le_bytes());
+        let seq = self.send_producer;
+        match self.push_slot(&slot[..at + 8]) {
+            Ok(()) => {
+                self.zc.in_flight.push_back(InFlight {
+                    seq,
+                    entries: local.entries,
+                    bounce_end: local.bounce.map(|(_, end)| end),
+                });
+                Ok(local.how)
+            }
+            Err(e) => {
+                // Nothing was posted: give back the holds and the copy.
+                if let Some(t) = self.utlb.get() {
+                    lock(t).release(&local.entries);
+                }
+                if let (Some(b), Some((before, _))) = (self.zc.bounce.as_mut(), local.bounce) {
+                    b.head = before;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends `range` of `buf` to `dest` without copying it into the
+    /// segment: the device reads it through the domain's UTLB (VMMC-2's
+    /// send from any user buffer). A page not installed yet is a miss:
+    /// serviced before sending, or (with fallback) copied through the
+    /// bounce buffer; the result says which. Keep `buf` alive until the
+    /// send retires ([`Endpoint::sends_done`] or its completion event).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// pd.enable_utlb(Default::default())?;
+    /// let mut ep = pd.create_endpoint(&Default::default())?;
+    /// let mut buf = pd.alloc_buffer(65536)?;
+    /// buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+    /// let how = ep.post_send_buffer(ulnic::Address { node: 1, port: 7 }, 0, &buf, 0..5, 1, true)?;
+    /// println!("{how:?}");
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn post_send_buffer(
+        &mut self,
+        dest: Address,
+        tag: u32,
+        buf: &UserBuffer,
+        range: Range<usize>,
+        id: u64,
+        completion: bool,
+    ) -> Result<Translation, Error> {
+        let (va, len) = buf.span(&range)?;
+        if len > self.dom.info().max_message as usize {
+            return Err(Error::InvalidArgument("message longer than MAX_MESSAGE"));
+        }
+        let local = self.local_for(va, len, true)?;
+        let mut slot = [0u8; SEND_DESC_SIZE as usize];
+        SendDesc {
+            opcode: op::SEND,
+            flags: send_flags::UTLB
+                | if completion {
+                    send_flags::COMPLETION
+                } else {
+                    0
+                },
+            len: len as u32,
+            dest_node: dest.node,
+            dest_port: dest.port,
+            tag,
+            user_id: id,
+            seg_offset: local.entries.offset,
+        }
+        .encode_header(&mut slot);
+        self.post_with(slot, SEND_UTLB_REF_OFFSET, local)
+    }
+
+    /// RDMA-writes `range` of `buf` to `remote_offset` of the aperture
+    /// `cookie` names, reading it through the UTLB (misses as for
+    /// [`Endpoint::post_send_buffer`]).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # pd.enable_utlb(Default::default())?;
+    /// # let mut ep = pd.create_endpoint(&Default::default())?;
+    /// # let cookie = ep.export(0, 4096, ulnic::Permissions::WRITE)?;
+    /// let buf = pd.alloc_buffer(4096)?;
+    /// ep.rdma_write_buffer(&cookie, 0, &buf, 0..4096, 9, true)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn rdma_write_buffer(
+        &mut self,
+        cookie: &Cookie,
+        remote_offset: u64,
+        buf: &UserBuffer,
+        range: Range<usize>,
+        id: u64,
+        completion: bool,
+    ) -> Result<Translation, Error> {
+        let (va, len) = buf.span(&range)?;
+        let local = self.local_for(va, len, true)?;
+        self.post_rdma_utlb(
+            op::RDMA_WRITE,
+            cookie,
+            remote_offset,
+            len,
+            id,
+            completion,
+            local,
+        )
+    }
+
+    /// RDMA-reads `range.len()` bytes at `remote_offset` of the aperture
+    /// into `range` of `buf`, writing it through the UTLB. A miss is
+    /// serviced before posting (incoming data has no fallback here).
+    ///
+    /// # Safety
+    /// The device writes into `buf` until the read completes (its
+    /// [`crate::Event::SendDone`] with `completion`, or
+    /// [`Endpoint::sends_done`]): do not read or write that range
+    /// meanwhile, and keep `buf` alive.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # pd.enable_utlb(Default::default())?;
+    /// # let mut ep = pd.create_endpoint(&Default::default())?;
+    /// # let cookie = ep.export(0, 4096, ulnic::Permissions::READ)?;
+    /// let buf = pd.alloc_buffer(4096)?;
+    /// // SAFETY: `buf` is not touched until the read completed.
+    /// unsafe { ep.rdma_read_buffer(&cookie, 0, &buf, 0..4096, 3, true)? };
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub unsafe fn rdma_read_buffer(
+        &mut self,
+        cookie: &Cookie,
+        remote_offset: u64,
+        buf: &UserBuffer,
+        range: Range<usize>,
+        id: u64,
+        completion: bool,
+    ) -> Result<Translation, Error> {
+        let (va, len) = buf.span(&range)?;
+        let local = self.local_for(va, len, false)?;
+        self.post_rdma_utlb(
+            op::RDMA_READ,
+            cookie,
+            remote_offset,
+            len,
+            id,
+            completion,
+            local,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_rdma_utlb(
+        &mut self,
+        opcode: u16,
+        cookie: &Cookie,
+        remote_offset: u64,
+        len: usize,
+        id: u64,
+        completion: bool,
+        local: Local,
+    ) -> Result<Translation, Error> {
+        let mut slot = [0u8; SEND_DESC_SIZE as usize];
+        RdmaDesc {
+            opcode,
+            flags: send_flags::UTLB
+                | if completion {
+                    send_flags::COMPLETION
+                } else {
+                    0
+                },
+            len: len as u32,
+            cookie: *cookie,
+            user_id: id,
+            remote_offset,
+            local_offset: local.entries.offset,
+            immediate: 0,
+        }
+        .encode(&mut slot);
+        self.post_with(slot, RDMA_UTLB_REF_OFFSET, local)
+    }
+}
