@@ -117,8 +117,14 @@ impl TranslationCache {
         self.config
     }
 
-    fn set_of(&self, index: u32) -> std::ops::Range<usize> {
-        let first = (index % self.sets) as usize * self.config.ways as usize;
+    /// The set of entry `index` of `tag`'s table: consecutive entries of
+    /// one domain go to consecutive sets, and each domain starts at its
+    /// own hashed offset, so domains that all use their low entries do not
+    /// evict each other line for line (VMMC-2 leaves the mapping open).
+    fn set_of(&self, tag: Tag, index: u32) -> std::ops::Range<usize> {
+        let offset = tag.0.wrapping_mul(0x9e37_79b1) ^ tag.1.wrapping_mul(0x85eb_ca6b);
+        let set = (u64::from(index) + u64::from(offset)) % u64::from(self.sets);
+        let first = set as usize * self.config.ways as usize;
         first..first + self.config.ways as usize
     }
 
@@ -126,7 +132,7 @@ impl TranslationCache {
     fn lookup(&mut self, tag: Tag, index: u32) -> Option<u64> {
         self.clock += 1;
         let now = self.clock;
-        let set = self.set_of(index);
+        let set = self.set_of(tag, index);
         self.lines[set].iter_mut().flatten().find_map(|l| {
             (l.tag == tag && l.index == index).then(|| {
                 l.used = now;
@@ -136,7 +142,7 @@ impl TranslationCache {
     }
 
     fn insert(&mut self, tag: Tag, index: u32, page: u64) {
-        let set = self.set_of(index);
+        let set = self.set_of(tag, index);
         let ways = set.len();
         let slot = match self.lines[set.clone()].iter().position(Option::is_none) {
             Some(free) => free,
@@ -173,7 +179,7 @@ impl TranslationCache {
             return;
         }
         for index in first..first.saturating_add(count) {
-            let set = self.set_of(index);
+            let set = self.set_of(tag, index);
             for l in &mut self.lines[set] {
                 if l.is_some_and(|l| l.tag == tag && l.index == index) {
                     *l = None;
@@ -390,7 +396,7 @@ mod tests {
         let m = mem(4 << 20);
         let pages: Vec<u64> = (1..=16).map(|p| p * 4096).collect();
         let t = table_with(&m, &pages);
-        // 4 lines, 2 ways, LRU: entries 0, 2, 4 share set 0.
+        // 4 lines, 2 ways, LRU: entries 0, 2, 4 share a set.
         let mut c = TranslationCache::new(CacheConfig {
             entries: 4,
             ways: 2,

@@ -83,12 +83,24 @@ struct ulnic {
 	phys_addr_t *doorbell_pa;
 };
 
+/*
+ * A domain's UTLB (spec 5.14): the table the device reads by physical
+ * address, and the page each entry holds pinned.
+ */
+struct ulnic_utlb {
+	__le64 *table;		/* physically contiguous; NULL until IOC_UTLB_INIT */
+	size_t table_bytes;
+	struct page **pages;	/* by entry */
+	u32 entries;
+};
+
 /* An open /dev/ulnicN: one protection domain and its endpoints. */
 struct ulnic_file {
 	struct ulnic *u;
 	u32 pd;
 	struct mutex lock;
 	struct ulnic_ep **eps;	/* by endpoint id */
+	struct ulnic_utlb utlb;	/* under lock */
 };
 
 static DEFINE_IDA(ulnic_ida);
@@ -291,6 +303,29 @@ static void ulnic_disown(struct ulnic *u, u32 id)
 	spin_unlock_irq(&u->owners_lock);
 }
 
+/* Unpins the non-NULL pages of @pages[0..n) (they may have been written). */
+static void ulnic_unpin(struct page **pages, u32 n)
+{
+	u32 i, kept = 0;
+
+	for (i = 0; i < n; i++)
+		if (pages[i])
+			pages[kept++] = pages[i];
+	if (kept)
+		unpin_user_pages_dirty_lock(pages, kept, true);
+}
+
+/* Frees the UTLB once the device no longer reads it (after DESTROY_PD). */
+static void ulnic_utlb_free(struct ulnic_utlb *t)
+{
+	if (!t->table)
+		return;
+	ulnic_unpin(t->pages, t->entries);
+	kvfree(t->pages);
+	free_pages_exact(t->table, t->table_bytes);
+	t->table = NULL;
+}
+
 static int ulnic_release(struct inode *inode, struct file *f)
 {
 	struct ulnic_file *uf = f->private_data;
@@ -313,6 +348,9 @@ static int ulnic_release(struct inode *inode, struct file *f)
 		if (err >= 0 || !u->vdev)
 			ulnic_free_ep(uf->eps[i]);
 	}
+	/* Same rule for the table and the pages it pins. */
+	if (err >= 0 || !u->vdev)
+		ulnic_utlb_free(&uf->utlb);
 	kfree(uf->eps);
 	kfree(uf);
 	kref_put(&u->ref, ulnic_release_dev);
@@ -532,6 +570,126 @@ static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
 	return left > 0 ? 1 : 0;
 }
 
+/* IOC_UTLB_INIT: gives the file's domain a translation table (spec 9). */
+static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
+{
+	struct ulnic_utlb t = {};
+	u32 entries, status = 0;
+	__le32 req32[2];
+	__le64 gpa;
+	u8 req[16];
+	long err;
+
+	if (get_user(entries, arg))
+		return -EFAULT;
+	if (!entries || (u64)entries * 8 > ULNIC_MAX_UTLB_TABLE_BYTES)
+		return -EINVAL;
+	t.entries = entries;
+	t.table_bytes = PAGE_ALIGN((size_t)entries * 8);
+	t.table = alloc_pages_exact(t.table_bytes, GFP_KERNEL | __GFP_ZERO);
+	t.pages = kvcalloc(entries, sizeof(*t.pages), GFP_KERNEL);
+	if (!t.table || !t.pages) {
+		err = -ENOMEM;
+		goto err_free;
+	}
+	req32[0] = cpu_to_le32(uf->pd);
+	req32[1] = cpu_to_le32(entries);
+	gpa = cpu_to_le64(virt_to_phys(t.table));
+	memcpy(req, req32, 8);
+	memcpy(req + 8, &gpa, 8);
+
+	mutex_lock(&uf->lock);
+	if (uf->utlb.table) {
+		mutex_unlock(&uf->lock);
+		err = -EEXIST;
+		goto err_free;
+	}
+	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_SET_TABLE, req, sizeof(req),
+			    NULL, 0, &status);
+	if (err < 0) {
+		mutex_unlock(&uf->lock);
+		if (err == -ETIMEDOUT)
+			return err;	/* the device may read it: leak */
+		err = err == -EIO ? ulnic_status_errno(status) : err;
+		goto err_free;
+	}
+	uf->utlb = t;
+	mutex_unlock(&uf->lock);
+	return 0;
+
+err_free:
+	kvfree(t.pages);
+	if (t.table)
+		free_pages_exact(t.table, t.table_bytes);
+	return err;
+}
+
+/*
+ * IOC_UTLB_INSTALL: pins the caller's pages and installs them (spec 9).
+ * The old pages are unpinned only after the device dropped its cached
+ * translations of them (UTLB_INVALIDATE).
+ */
+static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
+{
+	u32 first, count, status = 0, i;
+	struct page **pages;
+	__le32 req[3];
+	__le64 va_le;
+	u8 a[16];
+	u64 va;
+	long err;
+	int pinned;
+
+	if (copy_from_user(a, arg, sizeof(a)))
+		return -EFAULT;
+	memcpy(req, a, 8);
+	first = le32_to_cpu(req[0]);
+	count = le32_to_cpu(req[1]);
+	memcpy(&va_le, a + 8, 8);
+	va = le64_to_cpu(va_le);
+	/* The table holds at most ULNIC_MAX_UTLB_TABLE_BYTES / 8 entries. */
+	if (!count || count > ULNIC_MAX_UTLB_TABLE_BYTES / 8 || va & ~PAGE_MASK)
+		return -EINVAL;
+	pages = kvcalloc(count, sizeof(*pages), GFP_KERNEL);
+	if (!pages)
+		return -ENOMEM;
+	pinned = pin_user_pages_fast(va, count, FOLL_WRITE | FOLL_LONGTERM, pages);
+	if (pinned != (int)count) {
+		if (pinned > 0)
+			unpin_user_pages(pages, pinned);
+		kvfree(pages);
+		return pinned < 0 ? pinned : -EFAULT;
+	}
+
+	mutex_lock(&uf->lock);
+	if (!uf->utlb.table || first >= uf->utlb.entries ||
+	    count > uf->utlb.entries - first) {
+		mutex_unlock(&uf->lock);
+		unpin_user_pages(pages, count);
+		kvfree(pages);
+		return -EINVAL;
+	}
+	/* Install the new pages; @pages then holds the old ones. */
+	for (i = 0; i < count; i++) {
+		swap(pages[i], uf->utlb.pages[first + i]);
+		WRITE_ONCE(uf->utlb.table[first + i],
+			   cpu_to_le64(page_to_phys(uf->utlb.pages[first + i])));
+	}
+	req[0] = cpu_to_le32(uf->pd);
+	req[1] = cpu_to_le32(first);
+	req[2] = cpu_to_le32(count);
+	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_INVALIDATE, req, sizeof(req),
+			    NULL, 0, &status);
+	/* If the device was not told, it may still use the old pages. */
+	if (err >= 0 || !uf->u->vdev)
+		ulnic_unpin(pages, count);
+	mutex_unlock(&uf->lock);
+	kvfree(pages);
+	if (err < 0)
+		return err == -EIO ? ulnic_status_errno(status) : err;
+	return 0;
+}
+
 static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 {
 	struct ulnic_file *uf = f->private_data;
@@ -570,6 +728,10 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		return n;
 	case ULNIC_IOC_WAIT:
 		return ulnic_wait(uf, p);
+	case ULNIC_IOC_UTLB_INIT:
+		return ulnic_utlb_init(uf, p);
+	case ULNIC_IOC_UTLB_INSTALL:
+		return ulnic_utlb_install(uf, p);
 	default:
 		return -ENOTTY;
 	}
