@@ -35,6 +35,11 @@ pub enum Workload {
     /// Ping-pong and stream over the distributed message queue (RDMA and
     /// tripwires), against a Unix socket pair.
     Dmq,
+    /// The UTLB: translation costs for 1, 4 and 16 pages (VMMC-2 Table 1)
+    /// against memcpy, then a stream from N distinct pages swept past the
+    /// table size under each miss policy (Schoinas & Hill), against
+    /// single-copy.
+    Utlb,
 }
 
 impl Workload {
@@ -42,7 +47,11 @@ impl Workload {
     pub fn is_rdma(self) -> bool {
         matches!(
             self,
-            Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire | Workload::Dmq
+            Workload::RdmaWrite
+                | Workload::RdmaRead
+                | Workload::Tripwire
+                | Workload::Dmq
+                | Workload::Utlb
         )
     }
 }
@@ -87,7 +96,7 @@ pub struct Spec {
 }
 
 /// One result line.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct Record {
     /// "pingpong" or "stream".
     pub bench: String,
@@ -117,6 +126,24 @@ pub struct Record {
     /// Stream: messages per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub msgs_per_s: Option<f64>,
+    /// UTLB: pages per buffer.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pages: Option<u32>,
+    /// UTLB stress: distinct one-page buffers swept.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub buffers: Option<u32>,
+    /// UTLB stress: entries in the domain's table.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub table_entries: Option<u32>,
+    /// UTLB: share of the library's lookups that hit.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub hit_ratio: Option<f64>,
+    /// UTLB: misses the driver serviced.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub misses_serviced: Option<u64>,
+    /// UTLB: bytes copied through the bounce buffer.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub fallback_bytes: Option<u64>,
 }
 
 /// A message link between the two peers; `recv` reads every payload byte.
@@ -514,8 +541,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         p95_ns: None,
         p99_ns: None,
         min_ns: None,
-        mbytes_per_s: None,
-        msgs_per_s: None,
+        ..Default::default()
     };
     match spec.workload {
         Workload::Pingpong => {
@@ -558,9 +584,11 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
             rec.mbytes_per_s = Some(spec.iters as f64 * f64::from(spec.size) / s / 1e6);
             rec.msgs_per_s = Some(spec.iters as f64 / s);
         }
-        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire | Workload::Dmq => {
-            return Err(rdma_has_no_peers())
-        }
+        Workload::RdmaWrite
+        | Workload::RdmaRead
+        | Workload::Tripwire
+        | Workload::Dmq
+        | Workload::Utlb => return Err(rdma_has_no_peers()),
     }
     Ok(rec)
 }
@@ -593,9 +621,11 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
                 link.send(&[1])?;
             }
         }
-        Workload::RdmaWrite | Workload::RdmaRead | Workload::Tripwire | Workload::Dmq => {
-            return Err(rdma_has_no_peers())
-        }
+        Workload::RdmaWrite
+        | Workload::RdmaRead
+        | Workload::Tripwire
+        | Workload::Dmq
+        | Workload::Utlb => return Err(rdma_has_no_peers()),
     }
     Ok(())
 }

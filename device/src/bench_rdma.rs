@@ -43,7 +43,7 @@ fn window(size: usize) -> usize {
     (SPACE / size).clamp(1, WINDOW)
 }
 
-fn fill(buf: &mut [u8], i: u64) {
+pub(crate) fn fill(buf: &mut [u8], i: u64) {
     // Touch every cache line (not every byte: that would measure the fill).
     let b = i as u8;
     for chunk in buf.chunks_mut(64) {
@@ -51,7 +51,7 @@ fn fill(buf: &mut [u8], i: u64) {
     }
 }
 
-fn touch(buf: &[u8]) -> u64 {
+pub(crate) fn touch(buf: &[u8]) -> u64 {
     buf.chunks(64).map(|c| u64::from(c[0])).sum()
 }
 
@@ -70,6 +70,7 @@ fn record(dir: Direction, transport: &str, size: u32, lat: &mut [u64], secs: f64
         min_ns: lat.first().copied(),
         mbytes_per_s: Some(iters as f64 * f64::from(size) / secs / 1e6),
         msgs_per_s: Some(iters as f64 / secs),
+        ..Default::default()
     }
 }
 
@@ -433,5 +434,6 @@ fn stream_record(transport: &str, size: u32, n: u64, secs: f64) -> Record {
         min_ns: None,
         mbytes_per_s: Some(n as f64 * f64::from(size) / secs / 1e6),
         msgs_per_s: Some(n as f64 / secs),
+        ..Default::default()
     }
 }

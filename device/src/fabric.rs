@@ -578,6 +578,9 @@ impl Fabric {
                 .ok_or(tx_error::NO_ENDPOINT)?;
             deliver_and_arm(dmem, rx, &msg)
         };
+        if let Some(seg) = translated {
+            self.utlb_cache.recycle(seg);
+        }
         if r.1 {
             wake.push((dn, de));
         }

@@ -100,23 +100,35 @@ impl Segment {
     ) -> Result<Segment, BadAddress> {
         let mut seg = Segment::default();
         for gpa in pages {
-            if !gpa.is_multiple_of(PAGE_SIZE) || !range_ok(mem, gpa, PAGE_SIZE) {
-                return Err(BadAddress {
-                    addr: gpa,
-                    len: PAGE_SIZE,
-                });
-            }
-            match seg.extents.last_mut() {
-                Some(last) if last.gpa + last.len == gpa => last.len += PAGE_SIZE,
-                _ => seg.extents.push(Extent {
-                    seg_offset: seg.len,
-                    gpa,
-                    len: PAGE_SIZE,
-                }),
-            }
-            seg.len += PAGE_SIZE;
+            seg.push_page(mem, gpa)?;
         }
         Ok(seg)
+    }
+
+    /// Appends a page, checking it lies in shared memory and is aligned.
+    pub fn push_page(&mut self, mem: &GuestMemoryMmap<()>, gpa: u64) -> Result<(), BadAddress> {
+        if !gpa.is_multiple_of(PAGE_SIZE) || !range_ok(mem, gpa, PAGE_SIZE) {
+            return Err(BadAddress {
+                addr: gpa,
+                len: PAGE_SIZE,
+            });
+        }
+        match self.extents.last_mut() {
+            Some(last) if last.gpa + last.len == gpa => last.len += PAGE_SIZE,
+            _ => self.extents.push(Extent {
+                seg_offset: self.len,
+                gpa,
+                len: PAGE_SIZE,
+            }),
+        }
+        self.len += PAGE_SIZE;
+        Ok(())
+    }
+
+    /// Empties the segment, keeping its allocation.
+    pub fn clear(&mut self) {
+        self.extents.clear();
+        self.len = 0;
     }
 
     /// Segment length in bytes.

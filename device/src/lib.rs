@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod bench;
 pub mod bench_rdma;
+pub mod bench_utlb;
 pub mod cluster;
 pub mod control;
 pub mod endpoint;

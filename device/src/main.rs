@@ -344,6 +344,13 @@ struct BenchArgs {
     /// The device this benchmark starts (not with --device-dir).
     #[command(flatten)]
     utlb_cache: UtlbCacheArgs,
+    /// utlb stress: numbers of distinct one-page buffers to sweep.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256,512,1024")]
+    buffers: Vec<u32>,
+    /// utlb stress: entries in the sender's UTLB table (the "cache" the
+    /// buffers are swept past).
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    utlb_entries: u32,
 }
 
 fn main() -> ExitCode {
@@ -744,6 +751,7 @@ fn default_iters(w: Workload, size: u32) -> u64 {
         }
         Workload::Tripwire => 2000,
         Workload::Dmq => 2000,
+        Workload::Utlb => 20_000,
     }
 }
 
@@ -775,6 +783,9 @@ fn print_record(r: &bench::Record, json: bool) {
 fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
     use ulnic_device::bench_rdma::{self, Direction};
     // The message-size default means nothing here: each workload has its own.
+    if a.workload == Workload::Utlb {
+        return run_utlb_bench(a, dir);
+    }
     let sizes: Vec<u32> = match a.workload {
         Workload::Tripwire => vec![8], // one word is written
         _ if a.size != DEFAULT_SIZES => a.size.clone(),
@@ -808,6 +819,40 @@ fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
                 failed = true;
                 eprintln!("ulnic: {:?} at {size} bytes: {e}", a.workload);
             }
+        }
+    }
+    failed
+}
+
+/// `bench utlb`: the translation cost table, then the stress sweep.
+fn run_utlb_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
+    use ulnic_device::bench_utlb;
+    let mut failed = false;
+    let mut report = |what: String, lines: std::io::Result<Vec<bench::Record>>| match lines {
+        Ok(lines) => lines.iter().for_each(|r| print_record(r, a.json)),
+        Err(e) => {
+            failed = true;
+            eprintln!("ulnic: utlb {what}: {e}");
+        }
+    };
+    let iters = a.iters.unwrap_or(default_iters(Workload::Utlb, 0));
+    for pages in [1, 4, 16] {
+        report(
+            format!("table, {pages} pages"),
+            bench_utlb::table_lines(pages, iters, dir),
+        );
+    }
+    let sizes = if a.size == DEFAULT_SIZES {
+        vec![512, 2048]
+    } else {
+        a.size.clone()
+    };
+    for size in sizes {
+        for &n in &a.buffers {
+            report(
+                format!("stress, {size} bytes from {n} buffers"),
+                bench_utlb::stress_lines(size, n, a.utlb_entries, iters, dir),
+            );
         }
     }
     failed

@@ -359,6 +359,9 @@ impl Fabric {
         if tgt.fire_tripwires(tmem, &access) && tgt.take_arm(tmem) {
             wake.push((tn, ap.ep));
         }
+        if let Some(seg) = translated {
+            self.utlb_cache.recycle(seg);
+        }
         Ok(())
     }
 }

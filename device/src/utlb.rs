@@ -93,6 +93,9 @@ pub struct TranslationCache {
     lines: Vec<Option<Line>>,
     clock: u64,
     rng: u64,
+    /// A translated segment handed back for reuse (no allocation per
+    /// descriptor on the data path).
+    spare: Segment,
 }
 
 impl TranslationCache {
@@ -109,6 +112,7 @@ impl TranslationCache {
             config,
             clock: 0,
             rng: 0x9e37_79b9_7f4a_7c15,
+            spare: Segment::default(),
         }
     }
 
@@ -233,7 +237,8 @@ impl TranslationCache {
         {
             return Err(tx_error::NO_TRANSLATION);
         }
-        let mut pages = Vec::with_capacity(r.count as usize);
+        let mut seg = std::mem::take(&mut self.spare);
+        seg.clear();
         for index in r.first..r.first + r.count {
             let page = match self.lookup(tag, index) {
                 Some(p) => {
@@ -261,9 +266,15 @@ impl TranslationCache {
                     p
                 }
             };
-            pages.push(page);
+            seg.push_page(mem, page)
+                .map_err(|_| tx_error::BAD_ADDRESS)?;
         }
-        Segment::from_pages(mem, pages).map_err(|_| tx_error::BAD_ADDRESS)
+        Ok(seg)
+    }
+
+    /// Takes back a segment `translate` returned, to reuse its memory.
+    pub fn recycle(&mut self, seg: Segment) {
+        self.spare = seg;
     }
 }
 

@@ -495,6 +495,11 @@ impl ProtectionDomain {
                 "UTLB entries must be 1..=MAX_UTLB_ENTRIES",
             ));
         }
+        if cfg.fallback && cfg.bounce_bytes.div_ceil(4096) as u64 * 2 > u64::from(cfg.entries) {
+            return Err(Error::InvalidArgument(
+                "the bounce buffer would take more than half the UTLB: lower bounce_bytes or raise entries",
+            ));
+        }
         if self.utlb.get().is_some() {
             return Err(Error::InvalidArgument("this domain already has a UTLB"));
         }

@@ -16,7 +16,7 @@ use ulnic_abi::{
 };
 
 use crate::backend::UserMemory;
-use crate::utlb::{lock, Translation, UserBuffer, UtlbRef};
+use crate::utlb::{lock, Translation, Translations, UserBuffer, UtlbRef};
 use crate::{Address, Endpoint, Error};
 
 /// A posted descriptor's hold on UTLB entries.
@@ -51,28 +51,25 @@ struct Local {
     how: Translation,
 }
 
-impl Endpoint {
-    /// Releases the entries of descriptors the device has retired.
-    pub(crate) fn reap_utlb(&mut self) {
-        if self.zc.in_flight.is_empty() {
-            return;
-        }
-        let done = u32::from_le(self.word(ctrl::SEND_CONSUMER).load(Ordering::Acquire));
-        let Some(t) = self.utlb.get() else { return };
-        let mut t = lock(t);
-        while let Some(f) = self.zc.in_flight.front() {
+impl EndpointUtlb {
+    /// Releases the entries of descriptors the device has retired (the
+    /// send consumer index is `done`).
+    fn reap(&mut self, done: u32, t: &mut Translations) {
+        while let Some(f) = self.in_flight.front() {
             // Retired when the consumer has moved past its slot.
             if (done.wrapping_sub(f.seq) as i32) <= 0 {
                 break;
             }
             t.release(&f.entries);
-            if let (Some(end), Some(b)) = (f.bounce_end, self.zc.bounce.as_mut()) {
+            if let (Some(end), Some(b)) = (f.bounce_end, self.bounce.as_mut()) {
                 b.tail = end;
             }
-            self.zc.in_flight.pop_front();
+            self.in_flight.pop_front();
         }
     }
+}
 
+impl Endpoint {
     /// Releases everything (the endpoint is going away).
     pub(crate) fn release_utlb(&mut self) {
         let Some(t) = self.utlb.get() else { return };
@@ -92,15 +89,17 @@ impl Endpoint {
     /// Finds (or makes) the translation of `[va, va+len)`; with `copy`
     /// allowed, a miss may be served by copying into the bounce buffer.
     fn local_for(&mut self, va: usize, len: usize, copy: bool) -> Result<Local, Error> {
-        self.reap_utlb();
-        if self.send_space() == 0 {
-            return Err(Error::WouldBlock);
-        }
         let shared = self.utlb.clone();
         let table = shared.get().ok_or(Error::InvalidArgument(
             "no UTLB: call enable_utlb on the domain",
         ))?;
+        // One lock per post: retire finished descriptors, then look up.
+        let done = u32::from_le(self.word(ctrl::SEND_CONSUMER).load(Ordering::Acquire));
         let mut t = lock(table);
+        self.zc.reap(done, &mut t);
+        if self.send_space() == 0 {
+            return Err(Error::WouldBlock);
+        }
         t.stats.lookups += 1;
         t.transferred(len as u64);
         if let Some(r) = t.lookup(va, len) {
