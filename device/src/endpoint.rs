@@ -85,6 +85,8 @@ pub struct Endpoint {
     pub stats: Stats,
     /// Tripwires by id (at most the device's per-endpoint cap).
     pub tripwires: Vec<Option<crate::rdma::Tripwire>>,
+    /// Active transfer redirections (at most `MAX_REDIRECTS`).
+    pub redirects: Vec<crate::redirect::Redirect>,
 }
 
 impl Endpoint {
@@ -105,6 +107,7 @@ impl Endpoint {
             arm_ack: 0,
             stats: Stats::default(),
             tripwires: Vec::new(),
+            redirects: Vec::new(),
         }
     }
 

@@ -417,6 +417,14 @@ impl Fabric {
             Ok(()) => SendDesc::decode(&raw),
             Err(_) => SendDesc::default(), // unreadable slot: reported as a bad descriptor below
         };
+        if matches!(desc.opcode, op::REDIRECT | op::REDIRECT_END) {
+            let ev = self.redirect_op(mems, n, e, ep, &raw);
+            if ev.kind != 0 {
+                ep.post_event(smem, &ev);
+            }
+            ep.complete_send(smem);
+            return;
+        }
         let result = self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake);
         // The event is posted before the send consumer moves past the
         // descriptor: a retired send with no event succeeded (spec §5.6).
@@ -776,7 +784,22 @@ mod tests {
     // Per node: control region at CTRL, segment pages at SEG (two pages).
     const CTRL: [u64; 2] = [0x10000, 0x40000];
     const SEG: [u64; 2] = [0x80000, 0xa0000];
+    /// Per node: the UTLB table of endpoint 0's domain (the device only
+    /// reads it): entries name the segment's pages, a page outside memory,
+    /// a misaligned one, and nothing.
+    const TABLE: [u64; 2] = [0xc0000, 0xc1000];
     const SENTINEL: u8 = 0xa5;
+
+    fn utlb_entries(n: usize) -> [u64; 6] {
+        [
+            SEG[n],
+            SEG[n] + 4096,
+            SEG[1 - n] + 4096,
+            0,
+            1 << 40,
+            SEG[n] + 8,
+        ]
+    }
 
     fn layout() -> RingLayout {
         RingLayout {
@@ -805,6 +828,18 @@ mod tests {
             f.nodes[n].mem = Some(atomic.clone());
             f.nodes[n].ports.insert(7, 0);
             f.nodes[n].endpoints[0] = Some(ep);
+            let entries: Vec<u8> = utlb_entries(n)
+                .iter()
+                .flat_map(|e| e.to_le_bytes())
+                .collect();
+            m.write_slice(&entries, GuestAddress(TABLE[n])).unwrap();
+            f.utlb_tables.set(
+                (n as u32, 1),
+                crate::utlb::Table {
+                    gpa: TABLE[n],
+                    entries: 6,
+                },
+            );
         }
         (f, m)
     }
@@ -918,8 +953,9 @@ mod tests {
             offered in proptest::collection::vec((0u32..=4, 0u32..=4), 2),
             descs in proptest::collection::vec((0usize..2, 0u64..4, any::<[u8; 40]>(), any::<bool>()), 0..12),
             rdma in proptest::collection::vec(
-                (0usize..2, 0u64..4, 2u16..=4, (0u64..0x2400, 0u64..0x2400, 0u32..0x2100), proptest::bool::weighted(0.9), any::<bool>()),
+                (0usize..2, 0u64..4, 2u16..=6, (0u64..0x2400, 0u64..0x2400, 0u32..0x2100), proptest::bool::weighted(0.9), any::<bool>()),
                 0..8),
+            utlb in proptest::collection::vec(proptest::option::weighted(0.4, (0u32..7, 0u32..4)), 8),
         ) {
             let (mut f, m) = setup();
             // Each endpoint exports its whole segment and sets a tripwire, so
@@ -971,7 +1007,7 @@ mod tests {
                 }
                 m.write_slice(&fd, GuestAddress(free)).unwrap();
             }
-            for (n, slot, opcode, (remote, local, len), right_key, other_node) in rdma {
+            for ((n, slot, opcode, (remote, local, len), right_key, other_node), by_utlb) in rdma.into_iter().zip(utlb) {
                 // Offsets and lengths around the 8 KiB segment and aperture:
                 // mostly inside, sometimes past the end.
                 let mut cookie = cookies[if other_node { 1 - n } else { n }];
@@ -988,8 +1024,17 @@ mod tests {
                     local_offset: local,
                     immediate: 0x0123_4567_89ab_cdef, // not the sentinel
                 };
-                let mut b = [0u8; 64];
+                let mut b = [0u8; 72];
                 d.encode(&mut b);
+                // Some name their local buffer (or, for REDIRECT, the user
+                // buffer) through the UTLB instead: first entry, count.
+                if let Some((first, count)) = by_utlb {
+                    let flags = ulnic_abi::send_flags::COMPLETION | ulnic_abi::send_flags::UTLB;
+                    b[2..4].copy_from_slice(&flags.to_le_bytes());
+                    b[48..56].copy_from_slice(&(local % 4200).to_le_bytes());
+                    b[64..68].copy_from_slice(&first.to_le_bytes());
+                    b[68..72].copy_from_slice(&count.to_le_bytes());
+                }
                 let base = CTRL[n] + layout().send_offset() + slot * 128;
                 m.write_slice(&b, GuestAddress(base)).unwrap();
             }
@@ -1003,6 +1048,15 @@ mod tests {
             }
             for _ in 0..8 {
                 f.poll();
+            }
+            // The device never writes a UTLB table; then forget the tables
+            // for the scan below.
+            for (n, &table) in TABLE.iter().enumerate() {
+                let mut t = [0u8; 48];
+                m.read_slice(&mut t, GuestAddress(table)).unwrap();
+                let want: Vec<u8> = utlb_entries(n).iter().flat_map(|e| e.to_le_bytes()).collect();
+                prop_assert_eq!(&t[..], &want[..]);
+                m.write_slice(&[SENTINEL; 48], GuestAddress(table)).unwrap();
             }
             let mut all = vec![0u8; MEM];
             m.read_slice(&mut all, GuestAddress(0)).unwrap();

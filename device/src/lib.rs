@@ -17,6 +17,7 @@ pub mod engine;
 pub mod fabric;
 pub mod guest;
 pub mod rdma;
+pub mod redirect;
 pub mod selftest;
 pub mod transfer;
 pub mod utlb;

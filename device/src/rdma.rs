@@ -7,11 +7,12 @@
 //! or fails after it.
 
 use ulnic_abi::{
-    ctrl, event, op, perm, send_flags, tripwire_flags, tx_error, Cookie, Event, RdmaDesc,
+    ctrl, event, op, perm, redirect, send_flags, tripwire_flags, tx_error, Cookie, Event, RdmaDesc,
     MAX_APERTURES, MAX_RDMA, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::GuestMemoryMmap;
 
+use crate::redirect::Landing;
 use crate::utlb::UtlbRef;
 
 use crate::endpoint::Endpoint;
@@ -323,12 +324,39 @@ impl Fabric {
                 };
                 let mut staged = vec![0u8; d.len as usize];
                 guest::read_segment(smem, from_seg, from, &mut staged).map_err(bad)?;
-                guest::write_segment(smem, to_seg, to, &staged).map_err(bad)?;
+                if read || ep.redirects.is_empty() {
+                    guest::write_segment(smem, to_seg, to, &staged).map_err(bad)?;
+                } else {
+                    let mut landing = Landing {
+                        cache: &mut self.utlb_cache,
+                        tables: &self.utlb_tables,
+                        tag: (n, ep.pd),
+                        mem: smem,
+                        segment: &ep.segment,
+                        redirects: &mut ep.redirects,
+                        stats: &mut ep.stats,
+                        aperture: d.cookie.aperture,
+                        ap_seg_offset: ap.seg_offset,
+                    };
+                    let done = landing.write(
+                        d.remote_offset,
+                        len,
+                        access.from,
+                        &mut |seg, dst, rel, count| {
+                            let bytes = &staged[rel as usize..(rel + count) as usize];
+                            guest::write_segment(smem, seg, dst, bytes).map_err(bad)
+                        },
+                    )?;
+                    for r in done {
+                        ep.post_event(smem, &r.report(redirect::FULL));
+                    }
+                }
             }
             ep.fire_tripwires(smem, &access);
             return Ok(());
         }
         let local = translated.as_ref().unwrap_or(&ep.segment);
+        let mut redirected = false;
         let tgt = self.nodes[tn as usize]
             .endpoint_mut(ap.ep)
             .ok_or(tx_error::BAD_COOKIE)?;
@@ -344,7 +372,7 @@ impl Fabric {
                 d.local_offset,
                 len,
             )
-        } else {
+        } else if tgt.redirects.is_empty() {
             guest::copy_between(
                 smem,
                 local,
@@ -354,9 +382,36 @@ impl Fabric {
                 target_off,
                 len,
             )
+        } else {
+            // Parts the owner redirected go to its user buffers (§5.15).
+            let mut landing = Landing {
+                cache: &mut self.utlb_cache,
+                tables: &self.utlb_tables,
+                tag: (tn, tgt.pd),
+                mem: tmem,
+                segment: &tgt.segment,
+                redirects: &mut tgt.redirects,
+                stats: &mut tgt.stats,
+                aperture: d.cookie.aperture,
+                ap_seg_offset: ap.seg_offset,
+            };
+            let done = landing.write(
+                d.remote_offset,
+                len,
+                access.from,
+                &mut |seg, dst, rel, count| {
+                    guest::copy_between(smem, local, d.local_offset + rel, tmem, seg, dst, count)
+                        .map_err(bad)
+                },
+            )?;
+            for r in done {
+                redirected |= tgt.post_event(tmem, &r.report(redirect::FULL));
+            }
+            Ok(())
         }
         .map_err(bad)?;
-        if tgt.fire_tripwires(tmem, &access) && tgt.take_arm(tmem) {
+        let fired = tgt.fire_tripwires(tmem, &access);
+        if (fired || redirected) && tgt.take_arm(tmem) {
             wake.push((tn, ap.ep));
         }
         if let Some(seg) = translated {

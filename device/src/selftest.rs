@@ -229,7 +229,7 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
             send_entries: 64,
             recv_entries: 64,
             free_entries: 16,
-            segment_bytes: 4096,
+            segment_bytes: 65536,
         })
         .map_err(e)?;
     u.bind(3).map_err(e)?;
@@ -308,6 +308,50 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
         return Err("RDMA read into a user buffer brought other bytes".into());
     }
     b.revoke(&cookie).map_err(e)?;
+
+    // Transfer redirection: `u`'s default buffer, part of it redirected
+    // into a user buffer before `b` writes there.
+    let default = u.export(0, 65536, Permissions::WRITE).map_err(e)?;
+    let landing = pd.alloc_buffer(2 * 4096).map_err(e)?;
+    // SAFETY: `landing` is not read before the redirection's report.
+    unsafe { u.post_redirect(&default, 1024, &landing, 300..5300, 77) }.map_err(e)?;
+    let deadline = std::time::Instant::now() + WAIT;
+    while !u.sends_done() {
+        if std::time::Instant::now() > deadline {
+            return Err("the device did not take the redirection".into());
+        }
+        std::thread::yield_now();
+    }
+    b.rdma_write(&default, 1024, 600_000, 5000, 78, true)
+        .map_err(e)?;
+    let mut seen = (false, false);
+    while seen != (true, true) {
+        if let Some(ev) = u.poll_event() {
+            match ev {
+                Event::Redirected {
+                    id: 77,
+                    outcome: ulnic::RedirectOutcome::Full,
+                    start: 0,
+                    bytes: 5000,
+                    ..
+                } => seen.0 = true,
+                other => return Err(format!("redirection reported {other:?}")),
+            }
+        } else if let Some(ev) = b.poll_event() {
+            match ev {
+                Event::SendDone { id: 78 } => seen.1 = true,
+                other => return Err(format!("RDMA write into the default buffer: {other:?}")),
+            }
+        } else {
+            let woke = if seen.0 { b.wait(WAIT) } else { u.wait(WAIT) };
+            if !woke.map_err(e)? {
+                return Err("no redirection report or completion within 10 s".into());
+            }
+        }
+    }
+    if landing.as_slice()[300..5300] != data[..5000] {
+        return Err("redirected bytes differ".into());
+    }
     let lib = pd.utlb_stats();
     let dev = u.stats().map_err(e)?;
     let get = |n: &str| dev.iter().find(|(k, _)| *k == n).map_or(0, |(_, v)| *v);
@@ -321,7 +365,7 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
         ));
     }
     Ok(format!(
-        "UTLB: sends and an RDMA read through user buffers; {} misses serviced, {} entries replaced; device cache {} hits, {} misses",
+        "UTLB: sends and an RDMA read through user buffers, a write redirected into one; {} misses serviced, {} entries replaced; device cache {} hits, {} misses",
         lib.misses_serviced,
         lib.evictions,
         get("utlb_hits"),

@@ -42,9 +42,9 @@ pub use utlb::{Registration, Translation, UserBuffer, UtlbConfig, UtlbStats};
 
 use backend::{Domain, EpMemory};
 use ulnic_abi::{
-    cmd, ctrl, event, recv_flags, send_flags, tx_error, DeviceInfo, FreeDesc, RecvDesc, RingLayout,
-    SendDesc, CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET, RECV_DESC_SIZE,
-    SEND_DESC_SIZE,
+    cmd, ctrl, event, recv_flags, redirect, send_flags, tx_error, DeviceInfo, FreeDesc, RecvDesc,
+    RingLayout, SendDesc, CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET,
+    RECV_DESC_SIZE, SEND_DESC_SIZE,
 };
 pub use ulnic_abi::{Cookie, Event as RawEvent, FilterEntry, ANY, INLINE_MAX};
 use ulnic_host_attach::HostAttach;
@@ -376,8 +376,40 @@ pub enum Event {
         /// A read (else a write).
         read: bool,
     },
+    /// A transfer redirection ended ([`Endpoint::post_redirect`]): exactly
+    /// which part of it went to the user buffer.
+    Redirected {
+        /// The redirection's id.
+        id: u64,
+        /// Full, partial, none, or refused.
+        outcome: RedirectOutcome,
+        /// Offset of the redirected part from the redirection's start.
+        start: u64,
+        /// Bytes redirected (`start..start + bytes`); the rest of the
+        /// redirection's range is in the aperture.
+        bytes: u64,
+        /// Who wrote the last redirected bytes.
+        from: Address,
+    },
     /// An event this library version does not know.
     Unknown(RawEvent),
+}
+
+/// How a transfer redirection ended (VMMC-2 §3).
+///
+/// ```
+/// assert_ne!(ulnic::RedirectOutcome::Full, ulnic::RedirectOutcome::Partial);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedirectOutcome {
+    /// Everything went to the user buffer: no copy needed.
+    Full,
+    /// One contiguous part did; copy the rest from the aperture.
+    Partial,
+    /// Nothing did (the data came before the redirection, or not at all).
+    None,
+    /// The device refused the redirection.
+    Refused(SendError),
 }
 
 /// Why a send failed.
@@ -407,6 +439,10 @@ pub enum SendError {
     PermissionDenied,
     /// RDMA: the range runs past the aperture's end.
     OutOfRange,
+    /// UTLB: the buffer's translations are missing.
+    NoTranslation,
+    /// Redirection: too many are active on the endpoint.
+    TooManyRedirects,
     /// A code this library does not know.
     Other(u16),
 }
@@ -424,6 +460,8 @@ impl SendError {
             tx_error::BAD_COOKIE => SendError::BadCookie,
             tx_error::PERMISSION_DENIED => SendError::PermissionDenied,
             tx_error::OUT_OF_RANGE => SendError::OutOfRange,
+            tx_error::NO_TRANSLATION => SendError::NoTranslation,
+            tx_error::TOO_MANY_REDIRECTS => SendError::TooManyRedirects,
             c => SendError::Other(c),
         }
     }
@@ -439,6 +477,8 @@ impl SendError {
             SendError::BadCookie => tx_error::BAD_COOKIE,
             SendError::PermissionDenied => tx_error::PERMISSION_DENIED,
             SendError::OutOfRange => tx_error::OUT_OF_RANGE,
+            SendError::NoTranslation => tx_error::NO_TRANSLATION,
+            SendError::TooManyRedirects => tx_error::TOO_MANY_REDIRECTS,
             SendError::Other(c) => *c,
         }
     }
@@ -600,7 +640,10 @@ impl ProtectionDomain {
             free_entries: cfg.free_entries,
             // Room for every send's event, the conditions, and one pending
             // event per tripwire (spec §5.13).
-            event_entries: (cfg.send_entries + CONDITION_RESERVE + self.inner.info().max_tripwires)
+            event_entries: (cfg.send_entries
+                + CONDITION_RESERVE
+                + self.inner.info().max_tripwires
+                + ulnic_abi::MAX_REDIRECTS)
                 .next_power_of_two(),
         };
         layout.validate().map_err(Error::InvalidArgument)?;
@@ -1168,6 +1211,24 @@ impl Endpoint {
                     },
                     len: e.len,
                     read: e.code != 0,
+                }
+            }
+            event::REDIRECTED => {
+                self.redirect_ended(e.user_id);
+                Event::Redirected {
+                    id: e.user_id,
+                    outcome: match e.code {
+                        redirect::FULL => RedirectOutcome::Full,
+                        redirect::PARTIAL => RedirectOutcome::Partial,
+                        redirect::NONE => RedirectOutcome::None,
+                        _ => RedirectOutcome::Refused(SendError::from_code(e.aux as u16)),
+                    },
+                    start: u64::from(e.aux) * u64::from(e.code != redirect::REFUSED),
+                    bytes: u64::from(e.len),
+                    from: Address {
+                        node: e.node,
+                        port: e.port,
+                    },
                 }
             }
             _ => Event::Unknown(e),

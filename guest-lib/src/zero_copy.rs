@@ -6,7 +6,7 @@
 //! reinstalls an entry the device may still read (VMMC-2's requirement,
 //! kept by reference counts rather than Schoinas & Hill's table-size rule).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
@@ -41,6 +41,8 @@ pub(crate) struct Bounce {
 pub(crate) struct EndpointUtlb {
     in_flight: VecDeque<InFlight>,
     bounce: Option<Bounce>,
+    /// Entries held by active redirections, until their REDIRECTED event.
+    redirects: HashMap<u64, UtlbRef>,
 }
 
 /// Where a transfer's local bytes are.
@@ -76,6 +78,9 @@ impl Endpoint {
         let mut t = lock(t);
         for f in self.zc.in_flight.drain(..) {
             t.release(&f.entries);
+        }
+        for (_, r) in self.zc.redirects.drain() {
+            t.release(&r);
         }
         if let Some(b) = self.zc.bounce.take() {
             t.release(&b.entries);
@@ -362,6 +367,86 @@ impl Endpoint {
             completion,
             local,
         )
+    }
+
+    /// Redirects `len` bytes at `offset` of this endpoint's aperture
+    /// `aperture` (the default receive buffer) into `range` of `buf`
+    /// (VMMC-2 transfer redirection): bytes written there by RDMA after
+    /// the device takes this go straight to `buf`. An
+    /// [`crate::Event::Redirected`] with this `id` reports exactly what was
+    /// redirected: at once when all of it was, otherwise after
+    /// [`Endpoint::end_redirect`].
+    ///
+    /// # Safety
+    /// The device writes into `range` of `buf` until that event: do not
+    /// read or write it meanwhile, and keep `buf` alive.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # pd.enable_utlb(Default::default())?;
+    /// # let mut ep = pd.create_endpoint(&ulnic::EndpointConfig { segment_bytes: 1 << 20, ..Default::default() })?;
+    /// let default = ep.export(0, 1 << 20, ulnic::Permissions::WRITE)?;
+    /// let buf = pd.alloc_buffer(65536)?;
+    /// // SAFETY: `buf` is left alone until the Redirected event.
+    /// unsafe { ep.post_redirect(&default, 4096, &buf, 0..65536, 7)? };
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub unsafe fn post_redirect(
+        &mut self,
+        aperture: &Cookie,
+        offset: u64,
+        buf: &UserBuffer,
+        range: Range<usize>,
+        id: u64,
+    ) -> Result<(), Error> {
+        if self.zc.redirects.contains_key(&id) {
+            return Err(Error::InvalidArgument(
+                "a redirection with this id is active",
+            ));
+        }
+        let (va, len) = buf.span(&range)?;
+        let local = self.local_for(va, len, false)?;
+        let entries = local.entries;
+        let mut slot = [0u8; SEND_DESC_SIZE as usize];
+        slot[0..2].copy_from_slice(&op::REDIRECT.to_le_bytes());
+        slot[2..4].copy_from_slice(&send_flags::UTLB.to_le_bytes());
+        slot[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+        slot[8..12].copy_from_slice(&aperture.aperture.to_le_bytes());
+        slot[24..32].copy_from_slice(&id.to_le_bytes());
+        slot[40..48].copy_from_slice(&offset.to_le_bytes());
+        slot[48..56].copy_from_slice(&entries.offset.to_le_bytes());
+        self.post_with(slot, RDMA_UTLB_REF_OFFSET, local)?;
+        // Held beyond the descriptor's retirement: until the report.
+        if let Some(t) = self.utlb.get() {
+            lock(t).acquire(&entries);
+        }
+        self.zc.redirects.insert(id, entries);
+        Ok(())
+    }
+
+    /// Ends redirection `id`: the device stops redirecting and reports
+    /// (partial or none) with an [`crate::Event::Redirected`]. A
+    /// redirection that completed has reported already.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// ep.end_redirect(7)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn end_redirect(&mut self, id: u64) -> Result<(), Error> {
+        let mut slot = [0u8; 32];
+        slot[0..2].copy_from_slice(&op::REDIRECT_END.to_le_bytes());
+        slot[24..32].copy_from_slice(&id.to_le_bytes());
+        self.push_slot(&slot)
+    }
+
+    /// A redirection's report arrived: its entries may be reused.
+    pub(crate) fn redirect_ended(&mut self, id: u64) {
+        if let (Some(r), Some(t)) = (self.zc.redirects.remove(&id), self.utlb.get()) {
+            lock(t).release(&r);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

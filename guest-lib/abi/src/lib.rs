@@ -286,6 +286,26 @@ pub mod op {
     pub const RDMA_READ: u16 = 3;
     /// Store a 4- or 8-byte value into a remote aperture.
     pub const WRITE_IMMEDIATE: u16 = 4;
+    /// Redirect part of one of this endpoint's apertures into a user
+    /// buffer (VMMC-2 transfer redirection).
+    pub const REDIRECT: u16 = 5;
+    /// End a redirection and get its report.
+    pub const REDIRECT_END: u16 = 6;
+}
+
+/// Active redirections per endpoint (spec §5.15).
+pub const MAX_REDIRECTS: u32 = 16;
+
+/// Outcomes in `event::REDIRECTED`'s code.
+pub mod redirect {
+    /// Every byte of the redirection went to the user buffer.
+    pub const FULL: u16 = 0;
+    /// Some did (one contiguous part).
+    pub const PARTIAL: u16 = 1;
+    /// None did.
+    pub const NONE: u16 = 2;
+    /// The redirection was refused; `aux` holds the `tx_error` code.
+    pub const REFUSED: u16 = 3;
 }
 
 /// Aperture permissions (EXPORT).
@@ -342,6 +362,9 @@ pub mod event {
     /// A tripwire fired; code 0 for a write, 1 for a read; `aux` is the
     /// tripwire id, `user_id` its user cookie, node/port the initiator.
     pub const TRIPWIRE: u16 = 4;
+    /// A redirection ended; `code` is a `redirect` outcome, `len` the bytes
+    /// redirected, `aux` their offset from the redirection's start.
+    pub const REDIRECTED: u16 = 5;
 }
 
 /// Codes of `TX_ERROR` events.
@@ -369,6 +392,8 @@ pub mod tx_error {
     /// UTLB: an entry outside the domain's table, not installed, or a
     /// buffer longer than its entries.
     pub const NO_TRANSLATION: u16 = 11;
+    /// Redirection: `MAX_REDIRECTS` are active on the endpoint already.
+    pub const TOO_MANY_REDIRECTS: u16 = 12;
 
     /// A short name for a TX error code.
     pub fn name(code: u16) -> &'static str {
@@ -384,6 +409,7 @@ pub mod tx_error {
             PERMISSION_DENIED => "aperture does not permit this access",
             OUT_OF_RANGE => "range outside the aperture",
             NO_TRANSLATION => "UTLB entries missing or too few",
+            TOO_MANY_REDIRECTS => "too many redirections active",
             _ => "unknown error",
         }
     }
