@@ -692,6 +692,17 @@ fn connect_guest(n: u32) -> io::Result<TcpStream> {
 /// Runs one side of a benchmark (in a child process). The server prints
 /// READY when the client may start; the client prints its JSON record.
 pub fn peer(a: &PeerArgs) -> io::Result<()> {
+    if a.workload == Workload::RdmaWrite && a.transport == Transport::Ulnic {
+        // One-sided: the exporter (server) and the writer meet over ulnic.
+        let rec = crate::bench_rdma::rdma_peer(a.role == "server", a.size, a.iters)?;
+        if let Some(rec) = rec {
+            println!(
+                "RESULT {}",
+                serde_json::to_string(&rec).map_err(io::Error::other)?
+            );
+        }
+        return Ok(());
+    }
     let spec = Spec {
         workload: a.workload,
         transport: a.transport,

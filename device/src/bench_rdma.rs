@@ -129,6 +129,23 @@ pub fn ulnic_line(dir: Direction, size: u32, iters: u64, sockets: &Path) -> io::
         .export(0, (s * w) as u64, perms)
         .map_err(io::Error::other)?;
     target.write_segment(0, &vec![1u8; s * w]);
+    run_window(&mut init, &cookie, dir, size, iters)
+}
+
+/// Keeps `window(size)` RDMA operations of `size` bytes in flight between
+/// `init`'s segment and the aperture, slot by slot, until `iters` have
+/// completed; the payload is touched on this side (filled before a write,
+/// read after a read).
+fn run_window(
+    init: &mut Endpoint,
+    cookie: &ulnic::Cookie,
+    dir: Direction,
+    size: u32,
+    iters: u64,
+) -> io::Result<Record> {
+    let s = size as usize;
+    let w = window(s);
+    let cookie = *cookie;
     let mut posted_at = vec![Instant::now(); w];
     let mut lat = Vec::with_capacity(iters as usize);
     let (mut posted, mut completed) = (0u64, 0u64);
@@ -436,4 +453,140 @@ fn stream_record(transport: &str, size: u32, n: u64, secs: f64) -> Record {
         msgs_per_s: Some(n as f64 / secs),
         ..Default::default()
     }
+}
+
+/// Port the cross-guest RDMA benchmark's exporter binds.
+const RDMA_PEER_PORT: u32 = 7002;
+const TAG_HELLO: u32 = 0x4845;
+const TAG_COOKIE: u32 = 0x434b;
+const TAG_VERDICT: u32 = 0x5644;
+
+/// The next message from anyone, waiting up to `timeout`.
+fn next_message(ep: &mut Endpoint, timeout: Duration) -> io::Result<ulnic::Received> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(m) = ep.poll_recv() {
+            return Ok(m);
+        }
+        while ep.poll_event().is_some() {}
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::other("the other node never answered"));
+        }
+        ep.wait(left.min(Duration::from_millis(20)))
+            .map_err(io::Error::other)?;
+    }
+}
+
+fn inline_bytes(m: &ulnic::Received) -> &[u8] {
+    match &m.payload {
+        ulnic::Payload::Inline(b) => &b[..(m.len as usize).min(b.len())],
+        ulnic::Payload::Buffer { .. } => &[],
+    }
+}
+
+/// `cluster bench rdma-write` between two guests (each side in its own
+/// guest, through the kernel driver): node 1 exports a window of slots
+/// and hands its cookie to node 0 in a message; node 0 RDMA-writes
+/// `iters` buffers of `size` bytes (filling each first) and then an
+/// immediate with the count; node 1, woken by a tripwire on that word,
+/// reads every slot, checks each holds the last buffer written to it, and
+/// answers with its verdict. Node 0 returns the result line.
+pub fn rdma_peer(server: bool, size: u32, iters: u64) -> io::Result<Option<Record>> {
+    let e = io::Error::other;
+    let s = size as usize;
+    let w = window(s);
+    let flag = (s * w).next_multiple_of(4096) as u64;
+    let nic = Nic::open().map_err(e)?;
+    let mut ep = endpoint(&nic, flag as usize + 4096)?;
+    ep.bind(RDMA_PEER_PORT).map_err(e)?;
+    // Node 1 exports, node 0 writes.
+    let peer = ulnic::Address {
+        node: if server { 0 } else { 1 },
+        port: RDMA_PEER_PORT,
+    };
+    if server {
+        let cookie = ep.export(0, flag + 4096, Permissions::WRITE).map_err(e)?;
+        let tw = ep
+            .set_tripwire(&cookie, flag, 8, ulnic::TripwireOn::Writes, true, 0)
+            .map_err(e)?;
+        // Whoever says hello gets the cookie (the client retries until
+        // this side is up).
+        loop {
+            let m = next_message(&mut ep, Duration::from_secs(120))?;
+            if m.tag == TAG_HELLO {
+                break;
+            }
+        }
+        ep.post_send_inline(peer, TAG_COOKIE, &cookie.encode(), 0)
+            .map_err(e)?;
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let seen = ep.read_u64(flag);
+            if seen == iters {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::other(format!(
+                    "only {seen} of {iters} writes were announced"
+                )));
+            }
+            ep.wait_tripwire(tw, flag, seen, left).map_err(e)?;
+            while ep.poll_event().is_some() {}
+        }
+        // Slot k holds the last buffer i < iters with i % w == k, whose
+        // every cache line starts with the byte i.
+        let mut bad = 0u64;
+        for k in 0..(w as u64).min(iters) {
+            let last = k + (iters - 1 - k) / w as u64 * w as u64;
+            // SAFETY: the writer is done (it announced the count), and
+            // nothing else writes this window.
+            let slot = unsafe { ep.segment(k as usize * s, s) };
+            bad += slot.chunks(64).filter(|c| c[0] != last as u8).count() as u64;
+        }
+        ep.post_send_inline(peer, TAG_VERDICT, &bad.to_le_bytes(), 1)
+            .map_err(e)?;
+        // Let the verdict leave before the endpoint goes.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ep.sends_done() && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        return if bad == 0 {
+            Ok(None)
+        } else {
+            Err(io::Error::other(format!(
+                "{bad} cache lines held other bytes"
+            )))
+        };
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let cookie = loop {
+        if Instant::now() > deadline {
+            return Err(io::Error::other("node 1 never sent its cookie"));
+        }
+        ep.post_send_inline(peer, TAG_HELLO, &[], 0).map_err(e)?;
+        match next_message(&mut ep, Duration::from_millis(200)) {
+            Ok(m) if m.tag == TAG_COOKIE && inline_bytes(&m).len() == ulnic::Cookie::SIZE => {
+                break ulnic::Cookie::decode(inline_bytes(&m));
+            }
+            _ => continue,
+        }
+    };
+    let mut rec = run_window(&mut ep, &cookie, Direction::Write, size, iters)?;
+    ep.write_immediate(&cookie, flag, ulnic::Immediate::U64(iters), u64::MAX, true)
+        .map_err(e)?;
+    let verdict = loop {
+        let m = next_message(&mut ep, Duration::from_secs(60))?;
+        if m.tag == TAG_VERDICT {
+            break u64::from_le_bytes(inline_bytes(&m).try_into().unwrap_or([0xff; 8]));
+        }
+    };
+    if verdict != 0 {
+        return Err(io::Error::other(format!(
+            "node 1 found {verdict} cache lines holding other bytes"
+        )));
+    }
+    rec.mode = "block".into();
+    Ok(Some(rec))
 }

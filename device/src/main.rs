@@ -186,9 +186,15 @@ enum ClusterCmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Ping-pong between processes on two guests over ulnic.
+    /// Ping-pong, stream or RDMA writes between processes on two guests,
+    /// over ulnic and over kernel TCP on the guests' virtio-net link.
     ///
-    /// Example: ulnic cluster bench pingpong --size 8 --json
+    /// rdma-write: node 1 exports, node 0 writes and node 1 checks every
+    /// byte that landed; its TCP baseline is a stream of the same sizes.
+    ///
+    /// Examples:
+    ///   ulnic cluster bench pingpong --size 8 --json
+    ///   ulnic cluster bench rdma-write --size 65536 --iters 200
     Bench {
         /// Workload.
         #[arg(value_enum)]
@@ -684,15 +690,31 @@ fn run_cluster_bench(
     if o.nodes < 2 {
         return Err("a cluster benchmark needs --nodes 2 or more (nodes 0 and 1 take part)".into());
     }
+    if !matches!(
+        w,
+        Workload::Pingpong | Workload::Stream | Workload::RdmaWrite
+    ) {
+        return Err(format!(
+            "cluster bench runs pingpong, stream and rdma-write between guests, not {w:?}"
+        ));
+    }
     // Same VMs, same sizes: ulnic through the device, then kernel TCP over
     // the virtio-net segment.
     let mut script = String::from("set -e\n");
-    let wl = format!("{w:?}").to_lowercase();
+    let wl = clap::ValueEnum::to_possible_value(&w)
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
     for s in sizes {
         for (t, client_at, server_at) in
             [("ulnic", "device", "device"), ("tcp", "node=1", "listen")]
         {
             let m = format!("{mode:?}").to_lowercase();
+            // RDMA's baseline is a TCP stream of the same buffers.
+            let wl = if t == "tcp" && w == Workload::RdmaWrite {
+                "stream"
+            } else {
+                &wl
+            };
             let common =
                 format!("--workload {wl} --transport {t} --size {s} --iters {iters} --mode {m}");
             script.push_str(&format!(

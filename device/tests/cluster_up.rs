@@ -143,6 +143,26 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         assert_eq!(r["bytes"], u64::from(count) * u64::from(size));
     }
 
+    // RDMA across guests: node 1 exports and hands its cookie over in a
+    // message, node 0 writes 300 buffers of 64 KiB and an immediate, node 1
+    // (woken by a tripwire) checks every cache line that landed.
+    let common =
+        "--workload rdma-write --transport ulnic --size 65536 --iters 300 --mode block --at device";
+    let server = exec_in_background("1", format!("ulnic bench-peer --role server {common}"));
+    let client = exec("0", &format!("ulnic bench-peer --role client {common}"));
+    let server = server.join().unwrap();
+    assert!(client.status.success(), "writer:\n{}", text(&client));
+    assert!(server.status.success(), "exporter:\n{}", text(&server));
+    let line = String::from_utf8_lossy(&client.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT ").map(str::to_string))
+        .expect("a result line");
+    let r: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (r["bench"].as_str(), r["iters"].as_u64()),
+        (Some("rdma-write"), Some(300))
+    );
+
     // A guest process killed mid-stream: the driver tears its endpoint down
     // and the device sends the close message it left.
     let (tx, _rx) = stream(
