@@ -327,18 +327,16 @@ impl Fabric {
                 if read || ep.redirects.is_empty() {
                     guest::write_segment(smem, to_seg, to, &staged).map_err(bad)?;
                 } else {
-                    let mut landing = Landing {
-                        cache: &mut self.utlb_cache,
-                        tables: &self.utlb_tables,
-                        tag: (n, ep.pd),
-                        mem: smem,
-                        segment: &ep.segment,
-                        redirects: &mut ep.redirects,
-                        stats: &mut ep.stats,
-                        aperture: d.cookie.aperture,
-                        ap_seg_offset: ap.seg_offset,
-                    };
-                    let done = landing.write(
+                    let done = Landing::new(
+                        &mut self.utlb_cache,
+                        &self.utlb_tables,
+                        n,
+                        ep,
+                        smem,
+                        d.cookie.aperture,
+                        ap.seg_offset,
+                    )
+                    .write(
                         d.remote_offset,
                         len,
                         access.from,
@@ -384,18 +382,16 @@ impl Fabric {
             )
         } else {
             // Parts the owner redirected go to its user buffers (§5.15).
-            let mut landing = Landing {
-                cache: &mut self.utlb_cache,
-                tables: &self.utlb_tables,
-                tag: (tn, tgt.pd),
-                mem: tmem,
-                segment: &tgt.segment,
-                redirects: &mut tgt.redirects,
-                stats: &mut tgt.stats,
-                aperture: d.cookie.aperture,
-                ap_seg_offset: ap.seg_offset,
-            };
-            let done = landing.write(
+            let done = Landing::new(
+                &mut self.utlb_cache,
+                &self.utlb_tables,
+                tn,
+                tgt,
+                tmem,
+                d.cookie.aperture,
+                ap.seg_offset,
+            )
+            .write(
                 d.remote_offset,
                 len,
                 access.from,

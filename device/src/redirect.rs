@@ -189,7 +189,31 @@ pub(crate) struct Landing<'a> {
     pub ap_seg_offset: u64,
 }
 
-impl Landing<'_> {
+impl<'a> Landing<'a> {
+    /// Where writes into aperture `aperture` (at `ap_seg_offset` of the
+    /// segment) of `owner`, on node `node` with memory `mem`, land.
+    pub fn new(
+        cache: &'a mut TranslationCache,
+        tables: &'a Tables,
+        node: u32,
+        owner: &'a mut Endpoint,
+        mem: &'a GuestMemoryMmap<()>,
+        aperture: u32,
+        ap_seg_offset: u64,
+    ) -> Self {
+        Landing {
+            cache,
+            tables,
+            tag: (node, owner.pd),
+            mem,
+            segment: &owner.segment,
+            redirects: &mut owner.redirects,
+            stats: &mut owner.stats,
+            aperture,
+            ap_seg_offset,
+        }
+    }
+
     /// Lands a write of `len` bytes at aperture offset `at`; `copy(seg,
     /// dst_offset, src_relative, n)` moves `n` source bytes starting
     /// `src_relative` into the write into `seg` at `dst_offset`. Returns

@@ -93,25 +93,16 @@ fn arguments_are_checked() {
 
 #[test]
 fn dmq_benchmark_prints_queue_and_socket_lines() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args(["bench", "dmq", "--size", "1024", "--iters", "50", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (
-                v["bench"].as_str().unwrap().to_string(),
-                v["transport"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let got: Vec<(String, String)> =
+        common::bench_json(&["bench", "dmq", "--size", "1024", "--iters", "50", "--json"])
+            .iter()
+            .map(|v| {
+                (
+                    v["bench"].as_str().unwrap().to_string(),
+                    v["transport"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
     let want: Vec<(String, String)> = [
         ("dmq-pingpong", "ulnic"),
         ("dmq-pingpong", "unix"),

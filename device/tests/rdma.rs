@@ -2,6 +2,8 @@
 //! (host attach): two nodes, each a separate frontend with its own memory.
 mod common;
 
+use common::{bench_json, next_event};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,18 +22,6 @@ fn endpoint(nic: &Nic) -> Endpoint {
         ..Default::default()
     })
     .unwrap()
-}
-
-/// Waits for the next event of `ep`.
-fn next_event(ep: &mut Endpoint) -> Event {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(e) = ep.poll_event() {
-            return e;
-        }
-        assert!(Instant::now() < deadline, "no event within 10 s");
-        ep.wait(Duration::from_millis(100)).unwrap();
-    }
 }
 
 fn failed(ep: &mut Endpoint, id: u64) -> SendError {
@@ -490,27 +480,15 @@ fn tripwire_and_export_arguments_are_checked() {
 #[test]
 fn rdma_benchmarks_print_ulnic_and_memcpy_lines() {
     for workload in ["rdma-write", "rdma-read"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ulnic"))
-            .args([
-                "bench",
-                workload,
-                "--size",
-                "65536,4096",
-                "--iters",
-                "300",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let lines = bench_json(&[
+            "bench",
+            workload,
+            "--size",
+            "65536,4096",
+            "--iters",
+            "300",
+            "--json",
+        ]);
         let got: Vec<(String, u64)> = lines
             .iter()
             .map(|l| {
@@ -543,19 +521,7 @@ fn rdma_benchmarks_print_ulnic_and_memcpy_lines() {
 
 #[test]
 fn tripwire_benchmark_prints_ulnic_and_unix_lines() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args(["bench", "tripwire", "--iters", "200", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = bench_json(&["bench", "tripwire", "--iters", "200", "--json"]);
     let transports: Vec<&str> = lines
         .iter()
         .map(|l| l["transport"].as_str().unwrap())

@@ -3,6 +3,8 @@
 //! and bytes land where the report says.
 mod common;
 
+use common::next_event;
+
 use std::time::{Duration, Instant};
 
 use ulnic::{
@@ -43,17 +45,6 @@ fn sender(nic: &Nic) -> Endpoint {
         .unwrap();
     ep.bind(1).unwrap();
     ep
-}
-
-fn next_event(ep: &mut Endpoint) -> Event {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(e) = ep.poll_event() {
-            return e;
-        }
-        assert!(Instant::now() < deadline, "no event within 10 s");
-        ep.wait(Duration::from_millis(100)).unwrap();
-    }
 }
 
 /// Waits until the device has taken every posted descriptor.

@@ -3,6 +3,8 @@
 //! control, the device's cache, and entries never recycled while in use.
 mod common;
 
+use common::{bench_json, next_event};
+
 use std::time::{Duration, Instant};
 
 use ulnic::{
@@ -58,17 +60,6 @@ fn recv(ep: &mut Endpoint) -> (u32, Vec<u8>) {
             return (m.tag, bytes);
         }
         assert!(Instant::now() < deadline, "no message within 10 s");
-        ep.wait(Duration::from_millis(100)).unwrap();
-    }
-}
-
-fn next_event(ep: &mut Endpoint) -> Event {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(e) = ep.poll_event() {
-            return e;
-        }
-        assert!(Instant::now() < deadline, "no event within 10 s");
         ep.wait(Duration::from_millis(100)).unwrap();
     }
 }
@@ -319,31 +310,19 @@ fn entries_in_use_are_never_recycled_under_pressure() {
 
 #[test]
 fn utlb_benchmark_prints_the_table_and_the_stress() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args([
-            "bench",
-            "utlb",
-            "--iters",
-            "200",
-            "--size",
-            "512",
-            "--buffers",
-            "16,64",
-            "--utlb-entries",
-            "32",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = bench_json(&[
+        "bench",
+        "utlb",
+        "--iters",
+        "200",
+        "--size",
+        "512",
+        "--buffers",
+        "16,64",
+        "--utlb-entries",
+        "32",
+        "--json",
+    ]);
     let table: Vec<(&str, u64, u64)> = lines
         .iter()
         .filter(|l| l["bench"] == "utlb")

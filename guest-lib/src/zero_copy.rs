@@ -313,16 +313,14 @@ impl Endpoint {
         id: u64,
         completion: bool,
     ) -> Result<Translation, Error> {
-        let (va, len) = buf.span(&range)?;
-        let local = self.local_for(va, len, true)?;
-        self.post_rdma_utlb(
+        self.rdma_buffer(
             op::RDMA_WRITE,
             cookie,
             remote_offset,
-            len,
+            buf,
+            range,
             id,
             completion,
-            local,
         )
     }
 
@@ -356,16 +354,14 @@ impl Endpoint {
         id: u64,
         completion: bool,
     ) -> Result<Translation, Error> {
-        let (va, len) = buf.span(&range)?;
-        let local = self.local_for(va, len, false)?;
-        self.post_rdma_utlb(
+        self.rdma_buffer(
             op::RDMA_READ,
             cookie,
             remote_offset,
-            len,
+            buf,
+            range,
             id,
             completion,
-            local,
         )
     }
 
@@ -449,17 +445,21 @@ impl Endpoint {
         }
     }
 
+    /// RDMA between `range` of `buf` and the aperture; only writes (the
+    /// device reads `buf`) may fall back to a copy.
     #[allow(clippy::too_many_arguments)]
-    fn post_rdma_utlb(
+    fn rdma_buffer(
         &mut self,
         opcode: u16,
         cookie: &Cookie,
         remote_offset: u64,
-        len: usize,
+        buf: &UserBuffer,
+        range: Range<usize>,
         id: u64,
         completion: bool,
-        local: Local,
     ) -> Result<Translation, Error> {
+        let (va, len) = buf.span(&range)?;
+        let local = self.local_for(va, len, opcode == op::RDMA_WRITE)?;
         let mut slot = [0u8; SEND_DESC_SIZE as usize];
         RdmaDesc {
             opcode,

@@ -47,3 +47,33 @@ pub mod tempdir {
         }
     }
 }
+
+/// The next event of `ep`, waiting up to 10 s.
+pub fn next_event(ep: &mut ulnic::Endpoint) -> ulnic::Event {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(e) = ep.poll_event() {
+            return e;
+        }
+        assert!(std::time::Instant::now() < deadline, "no event within 10 s");
+        ep.wait(Duration::from_millis(100)).unwrap();
+    }
+}
+
+/// Runs `ulnic ARGS` (a benchmark with `--json`), checks it succeeded,
+/// and returns its JSON lines.
+pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ulnic"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
