@@ -76,6 +76,7 @@ pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &
         cmd::GET_STATS => get_stats(fabric, node, p),
         cmd::EXPORT => export(fabric, node, p),
         cmd::REVOKE => revoke(fabric, node, p),
+        cmd::EXPORT_BUFFER => export_buffer(fabric, node, mem, p),
         cmd::SET_TRIPWIRE => set_tripwire(fabric, node, mem, p),
         cmd::CLEAR_TRIPWIRE => clear_tripwire(fabric, node, p),
         cmd::UTLB_SET_TABLE => utlb_set_table(fabric, node, mem, p),
@@ -322,10 +323,52 @@ fn export(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response
     }
     let mut cookie = n
         .apertures
-        .export(id, offset, len, perms)
+        .export(id, offset, len, perms, None)
         .ok_or(Response::err(status::NO_RESOURCES))?;
     cookie.node = node;
     debug!("node {node} ep {id}: exported aperture {}", cookie.aperture);
+    Ok(Response::ok(cookie.encode().to_vec()))
+}
+
+/// EXPORT_BUFFER: u32 ep, u32 permissions, u64 offset into the first
+/// page, u64 len, u32 first entry, u32 count (spec §5.12).
+fn export_buffer(
+    fabric: &mut Fabric,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    need(p, 32)?;
+    let (id, perms) = (read_le32(p, 0), read_le32(p, 4));
+    let r = crate::utlb::UtlbRef::decode(p, 24, read_le64(p, 8));
+    let len = read_le64(p, 16);
+    let n = &mut fabric.nodes[node as usize];
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if perms == 0 || perms & !perm::ALL != 0 || len == 0 || !r.offset.is_multiple_of(8) {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    // The entries must translate now; each access translates them again.
+    let tag = (node, ep.pd);
+    let seg = fabric
+        .utlb_cache
+        .translate(mem, fabric.utlb_tables.get(tag), tag, r, len, &mut ep.stats)
+        .map_err(|code| {
+            Response::err(if code == ulnic_abi::tx_error::BAD_ADDRESS {
+                status::BAD_ADDRESS
+            } else {
+                status::INVALID_ARGUMENT
+            })
+        })?;
+    fabric.utlb_cache.recycle(seg);
+    let mut cookie = n
+        .apertures
+        .export(id, r.offset, len, perms, Some(r))
+        .ok_or(Response::err(status::NO_RESOURCES))?;
+    cookie.node = node;
+    debug!(
+        "node {node} ep {id}: exported a user buffer as aperture {}",
+        cookie.aperture
+    );
     Ok(Response::ok(cookie.encode().to_vec()))
 }
 

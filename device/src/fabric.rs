@@ -912,7 +912,7 @@ mod tests {
         let (mut f, m) = setup();
         let mut c = f.nodes[1]
             .apertures
-            .export(0, 0, 8192, ulnic_abi::perm::ALL)
+            .export(0, 0, 8192, ulnic_abi::perm::ALL, None)
             .unwrap();
         c.node = 1;
         let d = ulnic_abi::RdmaDesc {
@@ -961,10 +961,17 @@ mod tests {
             // Each endpoint exports its whole segment and sets a tripwire, so
             // RDMA descriptors with the right cookie reach the data path.
             let mut cookies = Vec::new();
+            let mut buffers = Vec::new();
             for n in 0..2u32 {
-                let mut c = f.nodes[n as usize].apertures.export(0, 0, 8192, ulnic_abi::perm::ALL).unwrap();
+                let mut c = f.nodes[n as usize].apertures.export(0, 0, 8192, ulnic_abi::perm::ALL, None).unwrap();
                 c.node = n;
                 cookies.push(c);
+                // And a user buffer through the UTLB (entries 0..3 of its
+                // table: two pages of the segment and the other node's).
+                let r = crate::utlb::UtlbRef { first: 0, count: 3, offset: 8 };
+                let mut b = f.nodes[n as usize].apertures.export(0, 8, 3 * 4096 - 8, ulnic_abi::perm::ALL, Some(r)).unwrap();
+                b.node = n;
+                buffers.push(b);
                 let t = crate::rdma::Tripwire { aperture: c.aperture, offset: 0, len: 64, flags: ulnic_abi::tripwire_flags::ALL, user: 1, active: true };
                 f.nodes[n as usize].endpoints[0].as_mut().unwrap().set_tripwire(t, 4).unwrap();
             }
@@ -1010,7 +1017,8 @@ mod tests {
             for ((n, slot, opcode, (remote, local, len), right_key, other_node), by_utlb) in rdma.into_iter().zip(utlb) {
                 // Offsets and lengths around the 8 KiB segment and aperture:
                 // mostly inside, sometimes past the end.
-                let mut cookie = cookies[if other_node { 1 - n } else { n }];
+                let to = if other_node { 1 - n } else { n };
+                let mut cookie = if local % 3 == 0 { buffers[to] } else { cookies[to] };
                 if !right_key {
                     cookie.key ^= remote | 1;
                 }

@@ -8,7 +8,7 @@
 
 use ulnic_abi::{
     ctrl, event, op, perm, redirect, send_flags, tripwire_flags, tx_error, Cookie, Event, RdmaDesc,
-    MAX_APERTURES, MAX_RDMA, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
+    MAX_APERTURES, MAX_RDMA, PAGE_SIZE, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::GuestMemoryMmap;
 
@@ -34,6 +34,9 @@ pub struct Aperture {
     pub generation: u32,
     /// The cookie's random key.
     pub key: u64,
+    /// A user buffer's UTLB entries, when the aperture is one (spec
+    /// §5.12); `seg_offset` is then the offset into the translated pages.
+    pub buffer: Option<UtlbRef>,
 }
 
 /// A tripwire set by an endpoint on one of its apertures.
@@ -69,7 +72,14 @@ impl ApertureTable {
 
     /// Exports `[seg_offset, +len)` of endpoint `ep` (checked by the
     /// caller); None when the endpoint has `MAX_APERTURES` already.
-    pub fn export(&mut self, ep: u32, seg_offset: u64, len: u64, perms: u32) -> Option<Cookie> {
+    pub fn export(
+        &mut self,
+        ep: u32,
+        seg_offset: u64,
+        len: u64,
+        perms: u32,
+        buffer: Option<UtlbRef>,
+    ) -> Option<Cookie> {
         let owned = self.slots.iter().flatten().filter(|a| a.ep == ep).count();
         if owned >= MAX_APERTURES as usize {
             return None;
@@ -91,6 +101,7 @@ impl ApertureTable {
             perms,
             generation: self.generations[id],
             key,
+            buffer,
         };
         self.slots[id] = Some(a);
         Some(Cookie {
@@ -300,7 +311,40 @@ impl Fabric {
         {
             return Err(tx_error::OUT_OF_RANGE);
         }
-        let target_off = ap.seg_offset + d.remote_offset;
+        let mut target_off = ap.seg_offset + d.remote_offset;
+        // A user buffer exported through the UTLB: the pages this access
+        // touches, translated in the owner's domain now.
+        let buffer = match ap.buffer {
+            Some(r) => {
+                let owner_pd = if (tn, ap.ep) == (n, e) {
+                    Some(ep.pd)
+                } else {
+                    self.nodes[tn as usize].endpoint_mut(ap.ep).map(|o| o.pd)
+                };
+                let tag = (tn, owner_pd.ok_or(tx_error::BAD_COOKIE)?);
+                let page = target_off / PAGE_SIZE;
+                let touched = UtlbRef {
+                    first: r.first.saturating_add(page as u32),
+                    count: (target_off % PAGE_SIZE + len).div_ceil(PAGE_SIZE) as u32,
+                    offset: target_off % PAGE_SIZE,
+                };
+                target_off = touched.offset;
+                let stats = &mut ep.stats;
+                Some(self.utlb_cache.translate(
+                    tmem,
+                    self.utlb_tables.get(tag),
+                    tag,
+                    touched,
+                    len,
+                    stats,
+                )?)
+            }
+            None => None,
+        };
+        // Where aperture offset 0 would be in the segment used (for a
+        // buffer, relative to the touched pages: it may lie before them,
+        // hence modular arithmetic; only offsets of this access are used).
+        let ap_base = target_off.wrapping_sub(d.remote_offset);
         let access = Access {
             aperture: d.cookie.aperture,
             offset: d.remote_offset,
@@ -311,7 +355,7 @@ impl Fabric {
         let bad = |_| tx_error::BAD_ADDRESS;
         if (tn, ap.ep) == (n, e) {
             // The initiator's own aperture: one segment is both ends.
-            let seg = &ep.segment;
+            let seg = buffer.as_ref().unwrap_or(&ep.segment);
             let local = translated.as_ref().unwrap_or(seg);
             if imm {
                 guest::store_segment_word(smem, seg, target_off, d.immediate, d.len)
@@ -334,7 +378,7 @@ impl Fabric {
                         ep,
                         smem,
                         d.cookie.aperture,
-                        ap.seg_offset,
+                        (buffer.as_ref(), ap_base),
                     )
                     .write(
                         d.remote_offset,
@@ -358,28 +402,13 @@ impl Fabric {
         let tgt = self.nodes[tn as usize]
             .endpoint_mut(ap.ep)
             .ok_or(tx_error::BAD_COOKIE)?;
+        let tseg = buffer.as_ref().unwrap_or(&tgt.segment);
         if imm {
-            guest::store_segment_word(tmem, &tgt.segment, target_off, d.immediate, d.len)
+            guest::store_segment_word(tmem, tseg, target_off, d.immediate, d.len)
         } else if read {
-            guest::copy_between(
-                tmem,
-                &tgt.segment,
-                target_off,
-                smem,
-                local,
-                d.local_offset,
-                len,
-            )
+            guest::copy_between(tmem, tseg, target_off, smem, local, d.local_offset, len)
         } else if tgt.redirects.is_empty() {
-            guest::copy_between(
-                smem,
-                local,
-                d.local_offset,
-                tmem,
-                &tgt.segment,
-                target_off,
-                len,
-            )
+            guest::copy_between(smem, local, d.local_offset, tmem, tseg, target_off, len)
         } else {
             // Parts the owner redirected go to its user buffers (§5.15).
             let done = Landing::new(
@@ -389,7 +418,7 @@ impl Fabric {
                 tgt,
                 tmem,
                 d.cookie.aperture,
-                ap.seg_offset,
+                (buffer.as_ref(), ap_base),
             )
             .write(
                 d.remote_offset,

@@ -190,8 +190,9 @@ pub(crate) struct Landing<'a> {
 }
 
 impl<'a> Landing<'a> {
-    /// Where writes into aperture `aperture` (at `ap_seg_offset` of the
-    /// segment) of `owner`, on node `node` with memory `mem`, land.
+    /// Where writes into aperture `aperture` of `owner`, on node `node`
+    /// with memory `mem`, land: at `ap_seg_offset` of the owner's segment,
+    /// or of `buffer` (the translated user buffer of a buffer aperture).
     pub fn new(
         cache: &'a mut TranslationCache,
         tables: &'a Tables,
@@ -199,14 +200,14 @@ impl<'a> Landing<'a> {
         owner: &'a mut Endpoint,
         mem: &'a GuestMemoryMmap<()>,
         aperture: u32,
-        ap_seg_offset: u64,
+        (buffer, ap_seg_offset): (Option<&'a Segment>, u64),
     ) -> Self {
         Landing {
             cache,
             tables,
             tag: (node, owner.pd),
             mem,
-            segment: &owner.segment,
+            segment: buffer.unwrap_or(&owner.segment),
             redirects: &mut owner.redirects,
             stats: &mut owner.stats,
             aperture,
@@ -262,7 +263,7 @@ impl<'a> Landing<'a> {
                 .min(end);
             copy(
                 self.segment,
-                self.ap_seg_offset + cursor,
+                self.ap_seg_offset.wrapping_add(cursor),
                 cursor - at,
                 next - cursor,
             )?;

@@ -352,6 +352,34 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
     if landing.as_slice()[300..5300] != data[..5000] {
         return Err("redirected bytes differ".into());
     }
+
+    // A user buffer exported as an aperture: `b` writes into it and reads
+    // it back, through `u`'s UTLB.
+    let exported = pd.alloc_buffer(3 * 4096).map_err(e)?;
+    // SAFETY: `exported` outlives the export (revoked below) and is read
+    // only after the write completed.
+    let c = unsafe { u.export_buffer(&exported, 104..9104, Permissions::READ_WRITE) }.map_err(e)?;
+    b.rdma_write(&c, 0, 600_000, 9000, 80, true).map_err(e)?;
+    b.rdma_read(&c, 0, 700_000, 9000, 81, true).map_err(e)?;
+    for want in [80, 81] {
+        loop {
+            match b.poll_event() {
+                Some(Event::SendDone { id }) if id == want => break,
+                Some(other) => return Err(format!("RDMA on an exported user buffer: {other:?}")),
+                None => {
+                    if !b.wait(WAIT).map_err(e)? {
+                        return Err("no completion for RDMA on an exported user buffer".into());
+                    }
+                }
+            }
+        }
+    }
+    let mut back = vec![0u8; 9000];
+    b.read_segment(700_000, &mut back);
+    if exported.as_slice()[104..9104] != data[..] || back != data {
+        return Err("RDMA on an exported user buffer moved other bytes".into());
+    }
+    u.revoke(&c).map_err(e)?;
     let lib = pd.utlb_stats();
     let dev = u.stats().map_err(e)?;
     let get = |n: &str| dev.iter().find(|(k, _)| *k == n).map_or(0, |(_, v)| *v);
@@ -365,7 +393,7 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
         ));
     }
     Ok(format!(
-        "UTLB: sends and an RDMA read through user buffers, a write redirected into one; {} misses serviced, {} entries replaced; device cache {} hits, {} misses",
+        "UTLB: sends and an RDMA read through user buffers, a write redirected into one, one exported; {} misses serviced, {} entries replaced; device cache {} hits, {} misses",
         lib.misses_serviced,
         lib.evictions,
         get("utlb_hits"),

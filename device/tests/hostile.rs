@@ -574,6 +574,34 @@ fn utlb_tables_and_references_are_checked() {
     ec.send_raw(&a, &utlb_send(0, 1, 0, 8));
     let ev = ec.next_event(&a);
     assert_eq!((ev.kind, ev.code), err(tx_error::NO_TRANSLATION));
+    // Exporting user buffers: the same translation checks, as statuses.
+    let export = |ep: u32, perms: u32, offset: u64, len: u64, first: u32, count: u32| {
+        let mut p = ep.to_le_bytes().to_vec();
+        p.extend_from_slice(&perms.to_le_bytes());
+        p.extend_from_slice(&offset.to_le_bytes());
+        p.extend_from_slice(&len.to_le_bytes());
+        p.extend_from_slice(&first.to_le_bytes());
+        p.extend_from_slice(&count.to_le_bytes());
+        status_of(a.command(cmd::EXPORT_BUFFER, &p))
+    };
+    let rw = ulnic_abi::perm::ALL;
+    assert_eq!(export(ea_id, rw, 8, 8000, 0, 2), status::OK);
+    assert_eq!(export(77, rw, 0, 8, 0, 1), status::NOT_FOUND);
+    assert_eq!(export(ea_id, 0, 0, 8, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, 8, 0, 8, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 0, 0, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 4, 8, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 0, 8193, 0, 2), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 0, 8, 2, 1), status::INVALID_ARGUMENT);
+    assert_eq!(
+        export(ea_id, rw, 0, 8, 7, u32::MAX),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(export(ea_id, rw, 0, 8, 4, 1), status::BAD_ADDRESS);
+    assert_eq!(
+        status_of(a.command(cmd::EXPORT_BUFFER, &[0; 28])),
+        status::BAD_LENGTH
+    );
     // Everything still works for everyone.
     assert_eq!(send(utlb_send(0, 1, 0, 8)), done);
 }

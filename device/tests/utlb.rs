@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ulnic::{
     Address, Endpoint, EndpointConfig, Event, Nic, Payload, Permissions, ProtectionDomain,
-    Translation, UserBuffer, UtlbConfig,
+    SendError, Translation, UserBuffer, UtlbConfig,
 };
 
 const SLOT: usize = 65536;
@@ -373,4 +373,100 @@ fn utlb_benchmark_prints_the_table_and_the_stress() {
             }
         }
     }
+}
+
+#[test]
+fn user_buffers_exported_as_apertures() {
+    let (dev, _dir) = common::device(2);
+    let (a, b) = (
+        Nic::attach(&common::socket(&dev, 0)).unwrap(),
+        Nic::attach(&common::socket(&dev, 1)).unwrap(),
+    );
+    // Node 1 exports 40 000 bytes of a user buffer, starting mid-page.
+    let (pd, mut owner) = sender(&b, UtlbConfig::default());
+    let mut buf = pd.alloc_buffer(16 * 4096).unwrap();
+    fill(&mut buf, 21);
+    // SAFETY: `buf` outlives the export; it is read after the writes
+    // completed.
+    let cookie =
+        unsafe { owner.export_buffer(&buf, 5000..45_000, Permissions::READ_WRITE) }.unwrap();
+    let tw = owner
+        .set_tripwire(&cookie, 39_992, 8, ulnic::TripwireOn::Writes, false, 5)
+        .unwrap();
+    let mut init = a
+        .alloc_pd()
+        .unwrap()
+        .create_endpoint(&EndpointConfig {
+            segment_bytes: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+    // Read it all, across pages, then write part of it and an immediate.
+    init.rdma_read(&cookie, 0, 0, 40_000, 1, true).unwrap();
+    assert_eq!(next_event(&mut init), Event::SendDone { id: 1 });
+    let mut got = vec![0u8; 40_000];
+    init.read_segment(0, &mut got);
+    assert!(got == buf.as_slice()[5000..45_000], "read other bytes");
+    let data: Vec<u8> = (0..9000u32).map(|i| (i * 11) as u8).collect();
+    init.write_segment(100_000, &data);
+    init.rdma_write(&cookie, 3000, 100_000, 9000, 2, true)
+        .unwrap();
+    assert_eq!(next_event(&mut init), Event::SendDone { id: 2 });
+    init.write_immediate(&cookie, 39_992, ulnic::Immediate::U64(77), 3, true)
+        .unwrap();
+    assert_eq!(next_event(&mut init), Event::SendDone { id: 3 });
+    assert!(owner
+        .wait_tripwire(tw, 0, 0, Duration::from_secs(10))
+        .unwrap());
+    assert!(
+        buf.as_slice()[8000..17_000] == data[..],
+        "write landed wrong"
+    );
+    assert_eq!(buf.as_slice()[44_992..45_000], 77u64.to_le_bytes());
+    // The bytes just before and after the exported range are untouched.
+    assert_eq!(
+        buf.as_slice()[4999],
+        (4999u32 as u8).wrapping_mul(13).wrapping_add(21)
+    );
+    assert_eq!(
+        buf.as_slice()[45_000],
+        (45_000u32 as u8).wrapping_mul(13).wrapping_add(21)
+    );
+    // Out of range and revoked accesses are refused and write nothing.
+    init.rdma_write(&cookie, 39_999, 0, 2, 4, true).unwrap();
+    assert!(matches!(
+        next_event(&mut init),
+        Event::SendFailed {
+            reason: SendError::OutOfRange,
+            ..
+        }
+    ));
+    owner.revoke(&cookie).unwrap();
+    init.rdma_write(&cookie, 0, 0, 8, 5, true).unwrap();
+    assert!(matches!(
+        next_event(&mut init),
+        Event::SendFailed {
+            reason: SendError::BadCookie,
+            ..
+        }
+    ));
+    // An export holds its entries until revoked.
+    let pd2 = b.alloc_pd().unwrap();
+    pd2.enable_utlb(UtlbConfig {
+        entries: 11,
+        fallback: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let owner2 = pd2.create_endpoint(&EndpointConfig::default()).unwrap();
+    let big = pd2.alloc_buffer(11 * 4096).unwrap();
+    // SAFETY: as above.
+    let c = unsafe { owner2.export_buffer(&big, 0..11 * 4096, Permissions::READ) }.unwrap();
+    let other = pd2.alloc_buffer(4096).unwrap();
+    assert!(
+        matches!(pd2.register(&other, 0..4096), Err(ulnic::Error::WouldBlock)),
+        "an exported buffer's entries were reused"
+    );
+    owner2.revoke(&c).unwrap();
+    assert!(!pd2.register(&other, 0..4096).unwrap().hit);
 }

@@ -514,6 +514,7 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	case ULNIC_CMD_GET_STATS:
 	case ULNIC_CMD_EXPORT:
 	case ULNIC_CMD_REVOKE:
+	case ULNIC_CMD_EXPORT_BUFFER:
 	case ULNIC_CMD_SET_TRIPWIRE:
 	case ULNIC_CMD_CLEAR_TRIPWIRE:
 		break;

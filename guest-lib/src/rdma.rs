@@ -19,6 +19,11 @@ use crate::{Endpoint, Error};
 pub struct Permissions(u32);
 
 impl Permissions {
+    /// The wire value (`ulnic_abi::perm`).
+    pub(crate) fn bits(self) -> u32 {
+        self.0
+    }
+
     /// Remote reads.
     pub const READ: Permissions = Permissions(perm::READ);
     /// Remote writes and immediates.
@@ -105,7 +110,9 @@ impl Endpoint {
     pub fn revoke(&self, cookie: &Cookie) -> Result<(), Error> {
         let mut p = self.id().to_le_bytes().to_vec();
         p.extend_from_slice(&cookie.aperture.to_le_bytes());
-        self.dom.ep_command(cmd::REVOKE, &p).map(|_| ())
+        self.dom.ep_command(cmd::REVOKE, &p)?;
+        self.export_revoked(cookie.aperture);
+        Ok(())
     }
 
     fn post_rdma(&mut self, d: RdmaDesc) -> Result<(), Error> {

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 use ulnic_abi::{
-    ctrl, op, send_flags, Cookie, RdmaDesc, SendDesc, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
+    cmd, ctrl, op, send_flags, Cookie, RdmaDesc, SendDesc, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
     SEND_UTLB_REF_OFFSET,
 };
 
@@ -43,6 +43,9 @@ pub(crate) struct EndpointUtlb {
     bounce: Option<Bounce>,
     /// Entries held by active redirections, until their REDIRECTED event.
     redirects: HashMap<u64, UtlbRef>,
+    /// Entries held by exported buffers, by aperture, until revoked.
+    /// (`revoke` takes `&self`, hence the lock.)
+    pub(crate) exports: std::sync::Mutex<HashMap<u32, UtlbRef>>,
 }
 
 /// Where a transfer's local bytes are.
@@ -80,6 +83,10 @@ impl Endpoint {
             t.release(&f.entries);
         }
         for (_, r) in self.zc.redirects.drain() {
+            t.release(&r);
+        }
+        let exports = std::mem::take(self.zc.exports.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (_, r) in exports {
             t.release(&r);
         }
         if let Some(b) = self.zc.bounce.take() {
@@ -436,6 +443,89 @@ impl Endpoint {
         slot[0..2].copy_from_slice(&op::REDIRECT_END.to_le_bytes());
         slot[24..32].copy_from_slice(&id.to_le_bytes());
         self.push_slot(&slot)
+    }
+
+    /// Exports `range` of `buf` as an aperture (like [`Endpoint::export`]
+    /// for the segment): remote nodes holding the cookie read or write it
+    /// directly, through this domain's UTLB. Its entries stay installed
+    /// until [`Endpoint::revoke`] (or the endpoint goes).
+    ///
+    /// # Safety
+    /// Keep `buf` alive until the export is revoked, and expect its bytes
+    /// to change under any view of them while it is exported with WRITE
+    /// (as with [`Endpoint::segment_mut`]).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// pd.enable_utlb(Default::default())?;
+    /// let ep = pd.create_endpoint(&Default::default())?;
+    /// let buf = pd.alloc_buffer(1 << 20)?;
+    /// // SAFETY: `buf` outlives the export; it is read only after writes
+    /// // were announced.
+    /// let cookie = unsafe { ep.export_buffer(&buf, 0..1 << 20, ulnic::Permissions::READ_WRITE)? };
+    /// ep.revoke(&cookie)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub unsafe fn export_buffer(
+        &self,
+        buf: &UserBuffer,
+        range: Range<usize>,
+        perms: crate::Permissions,
+    ) -> Result<Cookie, Error> {
+        let (va, len) = buf.span(&range)?;
+        if !va.is_multiple_of(8) {
+            return Err(Error::InvalidArgument(
+                "an exported buffer range must start 8-byte aligned",
+            ));
+        }
+        let table = self.utlb.get().ok_or(Error::InvalidArgument(
+            "no UTLB: call enable_utlb on the domain",
+        ))?;
+        let r = {
+            let mut t = lock(table);
+            let r = match t.lookup(va, len) {
+                Some(r) => r,
+                None => t.install(&*self.dom, va, len)?,
+            };
+            t.acquire(&r);
+            r
+        };
+        let mut p = self.id().to_le_bytes().to_vec();
+        p.extend_from_slice(&perms.bits().to_le_bytes());
+        p.extend_from_slice(&r.offset.to_le_bytes());
+        p.extend_from_slice(&(len as u64).to_le_bytes());
+        p.extend_from_slice(&r.first.to_le_bytes());
+        p.extend_from_slice(&r.count.to_le_bytes());
+        let cookie = match self.dom.ep_command(cmd::EXPORT_BUFFER, &p) {
+            Ok(resp) if resp.len() >= Cookie::SIZE => Cookie::decode(&resp),
+            other => {
+                lock(table).release(&r);
+                return Err(match other {
+                    Err(e) => e,
+                    Ok(_) => ulnic_host_attach::Error::BadResponse(cmd::EXPORT_BUFFER).into(),
+                });
+            }
+        };
+        self.zc
+            .exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cookie.aperture, r);
+        Ok(cookie)
+    }
+
+    /// An export was revoked: its entries may be reused.
+    pub(crate) fn export_revoked(&self, aperture: u32) {
+        let held = self
+            .zc
+            .exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&aperture);
+        if let (Some(r), Some(t)) = (held, self.utlb.get()) {
+            lock(t).release(&r);
+        }
     }
 
     /// A redirection's report arrived: its entries may be reused.

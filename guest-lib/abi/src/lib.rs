@@ -222,6 +222,8 @@ pub mod cmd {
     pub const EXPORT: u32 = 0x30;
     /// Revoke an aperture.
     pub const REVOKE: u32 = 0x31;
+    /// Export a user buffer named by UTLB entries as an aperture.
+    pub const EXPORT_BUFFER: u32 = 0x32;
     /// Set a tripwire on an aperture range.
     pub const SET_TRIPWIRE: u32 = 0x40;
     /// Remove a tripwire.
@@ -1207,6 +1209,7 @@ pub fn c_header() -> String {
         ("ULNIC_CMD_SET_TRIPWIRE", cmd::SET_TRIPWIRE.into()),
         ("ULNIC_CMD_CLEAR_TRIPWIRE", cmd::CLEAR_TRIPWIRE.into()),
         ("ULNIC_CMD_UTLB_SET_TABLE", cmd::UTLB_SET_TABLE.into()),
+        ("ULNIC_CMD_EXPORT_BUFFER", cmd::EXPORT_BUFFER.into()),
         ("ULNIC_CMD_UTLB_INVALIDATE", cmd::UTLB_INVALIDATE.into()),
         ("ULNIC_MAX_UTLB_ENTRIES", MAX_UTLB_ENTRIES.into()),
         ("ULNIC_STATUS_OK", status::OK.into()),
