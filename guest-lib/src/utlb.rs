@@ -14,7 +14,9 @@
 //! larger than the table degrades to single-copy, not to a system call per
 //! message.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -149,7 +151,7 @@ pub(crate) struct Translations {
     /// When each entry was last used (0: never).
     used: Vec<u64>,
     /// Entry of each installed page.
-    index_of: HashMap<usize, u32>,
+    index_of: FxHashMap<usize, u32>,
     clock: u64,
     /// Bytes transferred since a miss was last serviced.
     bytes_since_service: u64,
@@ -169,7 +171,7 @@ impl Translations {
             page_at: vec![0; n],
             refs: vec![0; n],
             used: vec![0; n],
-            index_of: HashMap::new(),
+            index_of: FxHashMap::default(),
             clock: 0,
             bytes_since_service: 0,
             deferred: VecDeque::new(),
