@@ -150,6 +150,9 @@ pub(crate) struct Translations {
     refs: Vec<u32>,
     /// When each entry was last used (0: never).
     used: Vec<u64>,
+    /// The same order as a list (S&H's doubly-linked LRU list), so a
+    /// one-page miss finds its victim without scanning the table.
+    lru: LruList,
     /// Entry of each installed page.
     index_of: FxHashMap<usize, u32>,
     clock: u64,
@@ -171,6 +174,7 @@ impl Translations {
             page_at: vec![0; n],
             refs: vec![0; n],
             used: vec![0; n],
+            lru: LruList::new(n),
             index_of: FxHashMap::default(),
             clock: 0,
             bytes_since_service: 0,
@@ -196,7 +200,10 @@ impl Translations {
             return None;
         }
         self.clock += 1;
-        self.used[run].fill(self.clock);
+        for i in run {
+            self.used[i] = self.clock;
+            self.lru.to_newest(i);
+        }
         Some(UtlbRef {
             first,
             count,
@@ -211,6 +218,10 @@ impl Translations {
         let len = self.page_at.len();
         if n == 0 || n > len {
             return None;
+        }
+        if n == 1 {
+            // Oldest first; only entries in use are passed over.
+            return self.lru.oldest_first().find(|&i| self.refs[i] == 0);
         }
         // Sliding window: busy entries in the window, and a deque of
         // indices whose `used` is decreasing (front: the window's newest).
@@ -264,6 +275,7 @@ impl Translations {
             }
             self.index_of.insert(p0 + k * PAGE, i as u32);
             self.used[i] = self.clock;
+            self.lru.to_newest(i);
         }
         let t1 = Instant::now();
         let r = dom.utlb_install(first as u32, p0, count);
@@ -276,6 +288,7 @@ impl Translations {
                 self.index_of.remove(&self.page_at[i]);
                 self.page_at[i] = 0;
                 self.used[i] = 0;
+                self.lru.to_oldest(i);
             }
             return Err(e);
         }
@@ -310,6 +323,7 @@ impl Translations {
             if let Some(i) = self.index_of.remove(&(p0 + k * PAGE)) {
                 self.page_at[i as usize] = 0;
                 self.used[i as usize] = 0;
+                self.lru.to_oldest(i as usize);
             }
         }
         self.deferred.retain(|&(d, l)| d + l <= va || d >= va + len);
@@ -343,6 +357,89 @@ impl Translations {
             }
             return;
         }
+    }
+}
+
+/// Entries from least to most recently used, as a doubly-linked list in
+/// two index arrays.
+struct LruList {
+    older: Vec<u32>,
+    newer: Vec<u32>,
+    oldest: u32,
+    newest: u32,
+}
+
+const NIL: u32 = u32::MAX;
+
+impl LruList {
+    /// Entries 0..n, 0 the oldest.
+    fn new(n: usize) -> Self {
+        let n = n as u32;
+        LruList {
+            older: (0..n).map(|i| if i == 0 { NIL } else { i - 1 }).collect(),
+            newer: (0..n)
+                .map(|i| if i + 1 == n { NIL } else { i + 1 })
+                .collect(),
+            oldest: if n == 0 { NIL } else { 0 },
+            newest: if n == 0 { NIL } else { n - 1 },
+        }
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (o, n) = (self.older[i as usize], self.newer[i as usize]);
+        match o {
+            NIL => self.oldest = n,
+            o => self.newer[o as usize] = n,
+        }
+        match n {
+            NIL => self.newest = o,
+            n => self.older[n as usize] = o,
+        }
+    }
+
+    fn to_newest(&mut self, i: usize) {
+        let i = i as u32;
+        if self.newest == i {
+            return;
+        }
+        self.unlink(i);
+        self.older[i as usize] = self.newest;
+        self.newer[i as usize] = NIL;
+        if self.newest != NIL {
+            self.newer[self.newest as usize] = i;
+        }
+        self.newest = i;
+        if self.oldest == NIL {
+            self.oldest = i;
+        }
+    }
+
+    fn to_oldest(&mut self, i: usize) {
+        let i = i as u32;
+        if self.oldest == i {
+            return;
+        }
+        self.unlink(i);
+        self.newer[i as usize] = self.oldest;
+        self.older[i as usize] = NIL;
+        if self.oldest != NIL {
+            self.older[self.oldest as usize] = i;
+        }
+        self.oldest = i;
+        if self.newest == NIL {
+            self.newest = i;
+        }
+    }
+
+    fn oldest_first(&self) -> impl Iterator<Item = usize> + '_ {
+        let mut at = self.oldest;
+        std::iter::from_fn(move || {
+            (at != NIL).then(|| {
+                let i = at;
+                at = self.newer[i as usize];
+                i as usize
+            })
+        })
     }
 }
 
@@ -575,6 +672,10 @@ mod tests {
                 };
                 t.acquire(&r);
                 held.push_back((r, va));
+                // The list picks a least recently used entry not in use,
+                // as a scan of the stamps would.
+                let oldest = (0..t.refs.len()).filter(|&i| t.refs[i] == 0).map(|i| t.used[i]).min();
+                prop_assert_eq!(t.choose_run(1).map(|i| t.used[i]), oldest);
                 // Every held run still maps the pages it was taken for.
                 for (r, va) in &held {
                     for k in 0..r.count as usize {
