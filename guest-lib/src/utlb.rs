@@ -202,7 +202,7 @@ impl Translations {
         self.clock += 1;
         for i in run {
             self.used[i] = self.clock;
-            self.lru.to_newest(i);
+            self.lru.make_newest(i);
         }
         Some(UtlbRef {
             first,
@@ -275,7 +275,7 @@ impl Translations {
             }
             self.index_of.insert(p0 + k * PAGE, i as u32);
             self.used[i] = self.clock;
-            self.lru.to_newest(i);
+            self.lru.make_newest(i);
         }
         let t1 = Instant::now();
         let r = dom.utlb_install(first as u32, p0, count);
@@ -288,7 +288,7 @@ impl Translations {
                 self.index_of.remove(&self.page_at[i]);
                 self.page_at[i] = 0;
                 self.used[i] = 0;
-                self.lru.to_oldest(i);
+                self.lru.make_oldest(i);
             }
             return Err(e);
         }
@@ -323,7 +323,7 @@ impl Translations {
             if let Some(i) = self.index_of.remove(&(p0 + k * PAGE)) {
                 self.page_at[i as usize] = 0;
                 self.used[i as usize] = 0;
-                self.lru.to_oldest(i as usize);
+                self.lru.make_oldest(i as usize);
             }
         }
         self.deferred.retain(|&(d, l)| d + l <= va || d >= va + len);
@@ -397,7 +397,7 @@ impl LruList {
         }
     }
 
-    fn to_newest(&mut self, i: usize) {
+    fn make_newest(&mut self, i: usize) {
         let i = i as u32;
         if self.newest == i {
             return;
@@ -414,7 +414,7 @@ impl LruList {
         }
     }
 
-    fn to_oldest(&mut self, i: usize) {
+    fn make_oldest(&mut self, i: usize) {
         let i = i as u32;
         if self.oldest == i {
             return;
