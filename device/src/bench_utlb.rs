@@ -26,8 +26,17 @@ fn err(e: ulnic::Error) -> io::Error {
     io::Error::other(e)
 }
 
-fn attach(sockets: &Path, node: u32) -> io::Result<Nic> {
-    Nic::attach_with_memory(&sockets.join(format!("node{node}.sock")), 128 << 20).map_err(err)
+/// The sender's and the receiver's NIC: nodes 0 and 1 of the device whose
+/// sockets are in `sockets`, or (None) this guest's device twice, the
+/// receiver on this same node.
+fn nics(sockets: Option<&Path>) -> io::Result<(Nic, Nic)> {
+    let attach = |node: u32, s: &Path| {
+        Nic::attach_with_memory(&s.join(format!("node{node}.sock")), 128 << 20).map_err(err)
+    };
+    match sockets {
+        Some(s) => Ok((attach(0, s)?, attach(1, s)?)),
+        None => Ok((Nic::open().map_err(err)?, Nic::open().map_err(err)?)),
+    }
 }
 
 /// A receiving endpoint on node 1 with buffers posted.
@@ -98,8 +107,9 @@ fn device_counter(ep: &Endpoint, name: &str) -> io::Result<u64> {
 /// hit, a host miss split into the library's and the driver's time, and
 /// the device's time to fetch the entries it misses on; with a memcpy of
 /// the same bytes (what the single-copy fallback pays instead) as baseline.
-pub fn table_lines(pages: u32, iters: u64, sockets: &Path) -> io::Result<Vec<Record>> {
-    let (a, b) = (attach(sockets, 0)?, attach(sockets, 1)?);
+pub fn table_lines(pages: u32, iters: u64, sockets: Option<&Path>) -> io::Result<Vec<Record>> {
+    let (a, b) = nics(sockets)?;
+    let rx_node = b.node();
     let mut rx = sink(&b)?;
     let pd = a.alloc_pd().map_err(err)?;
     let entries = 256u32;
@@ -121,7 +131,7 @@ pub fn table_lines(pages: u32, iters: u64, sockets: &Path) -> io::Result<Vec<Rec
         .collect::<io::Result<_>>()?;
     let size = bytes as u32;
     let to = Address {
-        node: 1,
+        node: rx_node,
         port: PORT,
     };
 
@@ -239,12 +249,12 @@ pub fn stress_lines(
     buffers: u32,
     entries: u32,
     iters: u64,
-    sockets: &Path,
+    sockets: Option<&Path>,
 ) -> io::Result<Vec<Record>> {
     if size == 0 || size as usize > PAGE {
         return Err(io::Error::other("utlb stress sizes are 1..=4096 bytes"));
     }
-    let (a, b) = (attach(sockets, 0)?, attach(sockets, 1)?);
+    let (a, b) = nics(sockets)?;
     let mut out = Vec::new();
     for policy in POLICIES {
         let mut rx = sink(&b)?;
@@ -260,7 +270,7 @@ pub fn stress_lines(
             bounce_bytes: (entries as usize / 4 * PAGE).clamp(PAGE, 256 << 10),
         })
         .map_err(err)?;
-        let mut r = stream(&pd, &mut rx, policy, size, buffers, iters)?;
+        let mut r = stream(&pd, &mut rx, b.node(), policy, size, buffers, iters)?;
         let s = pd.utlb_stats();
         r.buffers = Some(buffers);
         r.table_entries = Some(entries);
@@ -277,6 +287,7 @@ pub fn stress_lines(
 fn stream(
     pd: &ProtectionDomain,
     rx: &mut Endpoint,
+    rx_node: u32,
     policy: Policy,
     size: u32,
     buffers: u32,
@@ -295,7 +306,7 @@ fn stream(
         .map(|_| pd.alloc_buffer(PAGE).map_err(err))
         .collect::<io::Result<_>>()?;
     let to = Address {
-        node: 1,
+        node: rx_node,
         port: PORT,
     };
     let len = size as usize;

@@ -846,9 +846,12 @@ fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
     failed
 }
 
-/// `bench utlb`: the translation cost table, then the stress sweep.
+/// `bench utlb`: the translation cost table, then the stress sweep;
+/// inside a guest (its device file present, no --device-dir) through the
+/// kernel driver, sender and receiver on this node.
 fn run_utlb_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
     use ulnic_device::bench_utlb;
+    let dir = (!in_guest(a)).then_some(dir);
     let mut failed = false;
     let mut report = |what: String, lines: std::io::Result<Vec<bench::Record>>| match lines {
         Ok(lines) => lines.iter().for_each(|r| print_record(r, a.json)),
@@ -880,13 +883,23 @@ fn run_utlb_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
     failed
 }
 
+/// Whether `bench utlb` runs through this guest's kernel driver.
+fn in_guest(a: &BenchArgs) -> bool {
+    a.workload == Workload::Utlb
+        && a.device_dir.is_none()
+        && std::path::Path::new(
+            &std::env::var_os("ULNIC_DEVICE").unwrap_or_else(|| "/dev/ulnic0".into()),
+        )
+        .exists()
+}
+
 fn run_bench(a: BenchArgs) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!("ulnic-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
     let mut own = None;
     let dir = match &a.device_dir {
         Some(d) => d.clone(),
-        None if a.transport.contains(&Transport::Ulnic) => {
+        None if a.transport.contains(&Transport::Ulnic) && !in_guest(&a) => {
             let config = Configuration {
                 sockets: Configuration::socket_paths(&scratch, 2),
                 max_endpoints: 4,
