@@ -362,7 +362,8 @@ static struct ulnic_ep *ulnic_owned(struct ulnic_file *uf, u32 id)
 {
 	if (id >= uf->u->endpoints)
 		return NULL;
-	return uf->eps[id];
+	/* KICK, WAIT and poll look without the file's lock. */
+	return READ_ONCE(uf->eps[id]);
 }
 
 static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
@@ -442,7 +443,7 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 		goto err_free;
 	}
 	ep->id = id;
-	uf->eps[id] = ep;
+	WRITE_ONCE(uf->eps[id], ep);
 	spin_lock_irq(&u->owners_lock);
 	u->owners[id] = uf;
 	clear_bit(id, u->notified);
@@ -481,7 +482,7 @@ static long ulnic_destroy_ep(struct ulnic_file *uf, u32 id)
 	}
 	err = ulnic_cmd_ep(uf->u, ULNIC_CMD_DESTROY_ENDPOINT, id);
 	if (!err) {
-		uf->eps[id] = NULL;
+		WRITE_ONCE(uf->eps[id], NULL);
 		ulnic_disown(uf->u, id);
 		ulnic_free_ep(ep);
 	}
@@ -562,11 +563,11 @@ static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
 	if (!ulnic_owned(uf, w[0]))
 		return -EPERM;
 	left = wait_event_interruptible_timeout(u->wq,
-			test_and_clear_bit(w[0], u->notified) || !u->vdev,
+			test_and_clear_bit(w[0], u->notified) || !READ_ONCE(u->vdev),
 			msecs_to_jiffies(w[1]));
 	if (left < 0)
 		return left;
-	if (!u->vdev)
+	if (!READ_ONCE(u->vdev))
 		return -ENODEV;
 	return left > 0 ? 1 : 0;
 }
@@ -811,10 +812,10 @@ static __poll_t ulnic_poll(struct file *f, poll_table *wait)
 	u32 i;
 
 	poll_wait(f, &u->wq, wait);
-	if (!u->vdev)
+	if (!READ_ONCE(u->vdev))
 		return EPOLLERR;
 	for (i = 0; i < u->endpoints; i++)
-		if (uf->eps[i] && test_bit(i, u->notified))
+		if (READ_ONCE(uf->eps[i]) && test_bit(i, u->notified))
 			mask |= EPOLLIN | EPOLLRDNORM;
 	return mask;
 }
@@ -1032,7 +1033,7 @@ static void ulnic_remove(struct virtio_device *vdev)
 	virtio_reset_device(vdev);
 	/* Open files keep the struct; their calls now fail with ENODEV. */
 	mutex_lock(&u->cmd_lock);
-	u->vdev = NULL;
+	WRITE_ONCE(u->vdev, NULL);
 	mutex_unlock(&u->cmd_lock);
 	wake_up_interruptible_all(&u->wq);
 	vdev->config->del_vqs(vdev);
