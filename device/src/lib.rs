@@ -231,6 +231,26 @@ impl Drop for Device {
     }
 }
 
+/// Accepts and closes connections to a port that already has a frontend,
+/// until `connected` clears: one VM or process per port (spec §2).
+fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool) {
+    while connected.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the listener, which outlives the call.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 50) };
+        if ready > 0 && connected.load(Ordering::Relaxed) {
+            if let Ok(Some(extra)) = listener.accept() {
+                warn!("node {node}: refused a second frontend (the port is in use)");
+                drop(extra);
+            }
+        }
+    }
+}
+
 /// Serves one port forever: a connection at a time, freeing the port's state
 /// when a frontend goes away so a rebooted VM starts clean.
 fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Path) {
@@ -263,7 +283,16 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
                 f.nodes[node as usize].connections
             );
         }
-        match daemon.wait() {
+        // While this frontend is attached, others are told at once (their
+        // connection is closed) instead of waiting in the backlog.
+        let connected = AtomicBool::new(true);
+        let ended = std::thread::scope(|s| {
+            s.spawn(|| refuse_others(node, &listener, &connected));
+            let r = daemon.wait();
+            connected.store(false, Ordering::Relaxed);
+            r
+        });
+        match ended {
             Ok(())
             | Err(vhost_user_backend::Error::HandleRequest(
                 vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,

@@ -121,3 +121,40 @@ fn killed_peer_is_reported_and_port_recovers() {
     assert!(s["tx_errors"] >= 3);
     assert!(s["tx_messages"] >= 300);
 }
+
+#[test]
+fn a_second_frontend_on_a_busy_port_is_refused_at_once() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let first = Nic::attach(&sock).unwrap();
+    // Before the fix the second attach waited in the backlog until the
+    // first left (here: forever); a hang guard, not a timing check.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s2 = sock.clone();
+    std::thread::spawn(move || tx.send(Nic::attach(&s2).map(|_| ())));
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Err(ulnic::Error::Driver(ulnic_host_attach::Error::PortBusy(p)))) => {
+            assert_eq!(p, sock)
+        }
+        Ok(Err(e)) => panic!("expected port busy, got {e}"),
+        Ok(Ok(())) => panic!("a second frontend was attached to a busy port"),
+        Err(_) => panic!("the second attach blocked instead of being refused"),
+    }
+    // The first keeps working; once it leaves, the port takes a new one.
+    let pd = first.alloc_pd().unwrap();
+    drop(pd);
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Nic::attach(&sock) {
+            Ok(n) => {
+                n.alloc_pd().unwrap();
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "port did not free up: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}

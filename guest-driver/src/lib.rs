@@ -79,6 +79,10 @@ pub enum Error {
     /// The device answered with a malformed response.
     #[error("malformed response to command {0:#x}")]
     BadResponse(u32),
+    /// The port closed the connection at once: another frontend (a VM or
+    /// a process) is attached to it, and a port serves one at a time.
+    #[error("port {0} is in use by another frontend (one VM or process per port)")]
+    PortBusy(std::path::PathBuf),
 }
 
 fn proto(step: &'static str) -> impl FnOnce(vhost::Error) -> Error {
@@ -121,7 +125,16 @@ impl HostAttach {
     pub fn connect(path: &Path, memory_size: usize) -> Result<HostAttach, Error> {
         let mut fe = Frontend::connect(path, u64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT) + 2)
             .map_err(proto("connect"))?;
-        let features = fe.get_features().map_err(proto("GET_FEATURES"))?;
+        // The device closes a second frontend's connection before reading
+        // anything: the first request then finds the socket closed.
+        let features = fe.get_features().map_err(|e| match e {
+            vhost::Error::VhostUserProtocol(
+                vhost::vhost_user::Error::Disconnected
+                | vhost::vhost_user::Error::SocketBroken(_)
+                | vhost::vhost_user::Error::PartialMessage,
+            ) => Error::PortBusy(path.to_path_buf()),
+            e => proto("GET_FEATURES")(e),
+        })?;
         let want = VIRTIO_F_VERSION_1
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
             | ulnic_abi::F_MESSAGING;
