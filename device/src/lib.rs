@@ -231,6 +231,10 @@ impl Drop for Device {
     }
 }
 
+/// How long a pending connection waits for the current frontend to leave
+/// before it is refused.
+const REFUSE_GRACE: Duration = Duration::from_secs(2);
+
 /// Accepts and closes connections to a port that already has a frontend,
 /// until `connected` clears: one VM or process per port (spec §2).
 fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool) {
@@ -242,7 +246,17 @@ fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool) {
         };
         // SAFETY: one valid pollfd for the listener, which outlives the call.
         let ready = unsafe { libc::poll(&mut pfd, 1, 50) };
-        if ready > 0 && connected.load(Ordering::Relaxed) {
+        if ready <= 0 {
+            continue;
+        }
+        // A frontend that just left may not be noticed yet, and its
+        // successor (a process attaching again at once) is no intruder:
+        // give the current connection a moment to end before refusing.
+        let grace = std::time::Instant::now() + REFUSE_GRACE;
+        while connected.load(Ordering::Relaxed) && std::time::Instant::now() < grace {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if connected.load(Ordering::Relaxed) {
             if let Ok(Some(extra)) = listener.accept() {
                 warn!("node {node}: refused a second frontend (the port is in use)");
                 drop(extra);
