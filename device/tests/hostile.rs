@@ -605,3 +605,67 @@ fn utlb_tables_and_references_are_checked() {
     // Everything still works for everyone.
     assert_eq!(send(utlb_send(0, 1, 0, 8)), done);
 }
+
+#[test]
+fn malformed_control_chains_are_refused_and_the_queue_keeps_working() {
+    let (dev, _dir) = common::device(1);
+    let a = HostAttach::connect(&common::socket(&dev, 0), 1 << 20).unwrap();
+    let mem = a.memory();
+    let buf = mem.alloc(8192).unwrap();
+    let (req, resp) = (buf.gpa, buf.gpa + 4096);
+    // GET_INFO, its 8-byte header split over two readable buffers.
+    mem.write(req, &ulnic_abi::cmd::GET_INFO.to_le_bytes());
+    mem.write(req + 4, &0u32.to_le_bytes());
+    let good = a
+        .raw_control_chain(&[(req, 4), (req + 4, 4)], &[(resp, 512)])
+        .unwrap();
+    assert_eq!(
+        good as usize,
+        8 + ulnic_abi::DeviceInfo::SIZE,
+        "a split request works"
+    );
+    /// (address, length) buffers of a chain.
+    type Bufs<'a> = &'a [(u64, u32)];
+    let cases: [(Bufs, Bufs, &str); 6] = [
+        (&[(req, 8)], &[], "no writable buffer"),
+        (&[(req, 8)], &[(resp, 4)], "no room for a response header"),
+        (
+            &[(1 << 40, 8)],
+            &[(resp, 512)],
+            "request outside shared memory",
+        ),
+        (
+            &[(req, 8)],
+            &[(1 << 40, 512)],
+            "response outside shared memory",
+        ),
+        (&[(req, 3)], &[(resp, 512)], "request shorter than a header"),
+        (
+            &[(u64::MAX - 3, 8)],
+            &[(resp, 512)],
+            "request wrapping the address space",
+        ),
+    ];
+    for (readable, writable, what) in cases {
+        let used = a.raw_control_chain(readable, writable).unwrap();
+        if used >= 8 {
+            let mut st = [0u8; 4];
+            mem.read(resp, &mut st);
+            assert_ne!(u32::from_le_bytes(st), status::OK, "{what}: executed");
+        } else {
+            assert_eq!(used, 0, "{what}");
+        }
+    }
+    // A request longer than the device reads (8 + 512 bytes): it reads
+    // that much and no more; CREATE_PD takes no payload and succeeds.
+    let long = vec![0u8; 8 + 600];
+    mem.write(req, &long);
+    mem.write(req, &ulnic_abi::cmd::CREATE_PD.to_le_bytes());
+    let used = a.raw_control_chain(&[(req, 608)], &[(resp, 512)]).unwrap();
+    let mut st = [0u8; 4];
+    mem.read(resp, &mut st);
+    assert_eq!((used, u32::from_le_bytes(st)), (12, status::OK));
+    // Everything still works.
+    let pd = a.command(cmd::CREATE_PD, &[]).unwrap();
+    assert_eq!(pd.len(), 4);
+}

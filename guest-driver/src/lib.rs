@@ -298,28 +298,14 @@ impl HostAttach {
         req.extend_from_slice(payload);
         self.memory.write(c.buf.gpa, &req);
         let (req_gpa, resp_gpa) = (c.buf.gpa, c.buf.gpa + half as u64);
-        let ControlQueue {
-            queue, kick, call, ..
-        } = &mut *c;
-        queue.add(
+        let used = Self::submit(
             &self.memory,
+            &mut c,
             &[(req_gpa, req.len() as u32)],
             &[(resp_gpa, half as u32)],
-        );
-        let _ = kick.write(1);
-        let deadline = Instant::now() + COMMAND_TIMEOUT;
-        let used = loop {
-            if let Some(u) = queue.pop_used(&self.memory) {
-                break u;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Timeout(opcode));
-            }
-            wait_readable(call, left);
-            let _ = call.read();
-        };
-        let len = used.1 as usize;
+        )
+        .ok_or(Error::Timeout(opcode))?;
+        let len = used as usize;
         if len < RESP_HEADER_SIZE {
             return Err(Error::BadResponse(opcode));
         }
@@ -330,6 +316,46 @@ impl HostAttach {
             return Err(Error::Command { opcode, status: st });
         }
         Ok(resp[RESP_HEADER_SIZE..].to_vec())
+    }
+
+    /// Posts one chain on the control queue and waits for the device to
+    /// use it: the used length, or None after `COMMAND_TIMEOUT`.
+    fn submit(
+        memory: &DmaMemory,
+        c: &mut ControlQueue,
+        readable: &[(u64, u32)],
+        writable: &[(u64, u32)],
+    ) -> Option<u32> {
+        let ControlQueue {
+            queue, kick, call, ..
+        } = c;
+        queue.add(memory, readable, writable);
+        let _ = kick.write(1);
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        loop {
+            if let Some((_, len)) = queue.pop_used(memory) {
+                return Some(len);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            wait_readable(call, left);
+            let _ = call.read();
+        }
+    }
+
+    /// Posts a hand-made chain of (address, length) buffers on the
+    /// control queue and returns the length the device used (0: it found
+    /// the chain malformed and did nothing). For testing a device's
+    /// validation; drivers use [`HostAttach::command`].
+    pub fn raw_control_chain(
+        &self,
+        readable: &[(u64, u32)],
+        writable: &[(u64, u32)],
+    ) -> Result<u32, Error> {
+        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        Self::submit(&self.memory, &mut c, readable, writable).ok_or(Error::Timeout(0))
     }
 
     /// Rings endpoint `endpoint`'s doorbell.
