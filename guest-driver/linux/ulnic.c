@@ -18,6 +18,7 @@
 #include <linux/pci.h>
 #include <linux/poll.h>
 #include <linux/scatterlist.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/vmalloc.h>
@@ -92,6 +93,8 @@ struct ulnic_utlb {
 	size_t table_bytes;
 	struct page **pages;	/* by entry */
 	u32 entries;
+	/* Pinned pages count against this process's RLIMIT_MEMLOCK. */
+	struct mm_struct *mm;
 };
 
 /* An open /dev/ulnicN: one protection domain and its endpoints. */
@@ -303,16 +306,21 @@ static void ulnic_disown(struct ulnic *u, u32 id)
 	spin_unlock_irq(&u->owners_lock);
 }
 
-/* Unpins the non-NULL pages of @pages[0..n) (they may have been written). */
-static void ulnic_unpin(struct page **pages, u32 n)
+/*
+ * Unpins the non-NULL pages of @pages[0..n) (they may have been written)
+ * and gives them back to @mm's locked-memory account.
+ */
+static void ulnic_unpin(struct mm_struct *mm, struct page **pages, u32 n)
 {
 	u32 i, kept = 0;
 
 	for (i = 0; i < n; i++)
 		if (pages[i])
 			pages[kept++] = pages[i];
-	if (kept)
+	if (kept) {
 		unpin_user_pages_dirty_lock(pages, kept, true);
+		account_locked_vm(mm, kept, false);
+	}
 }
 
 /* Frees the UTLB once the device no longer reads it (after DESTROY_PD). */
@@ -320,10 +328,11 @@ static void ulnic_utlb_free(struct ulnic_utlb *t)
 {
 	if (!t->table)
 		return;
-	ulnic_unpin(t->pages, t->entries);
+	ulnic_unpin(t->mm, t->pages, t->entries);
 	kvfree(t->pages);
 	free_pages_exact(t->table, t->table_bytes);
 	t->table = NULL;
+	mmdrop(t->mm);
 }
 
 static int ulnic_release(struct inode *inode, struct file *f)
@@ -615,6 +624,8 @@ static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 		err = err == -EIO ? ulnic_status_errno(status) : err;
 		goto err_free;
 	}
+	t.mm = current->mm;
+	mmgrab(t.mm);
 	uf->utlb = t;
 	mutex_unlock(&uf->lock);
 	return 0;
@@ -671,6 +682,14 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 		kvfree(pages);
 		return -EINVAL;
 	}
+	/* Like other long-term pins (RDMA, VFIO): within RLIMIT_MEMLOCK. */
+	err = account_locked_vm(uf->utlb.mm, count, true);
+	if (err) {
+		mutex_unlock(&uf->lock);
+		unpin_user_pages(pages, count);
+		kvfree(pages);
+		return err;
+	}
 	/* Install the new pages; @pages then holds the old ones. */
 	for (i = 0; i < count; i++) {
 		swap(pages[i], uf->utlb.pages[first + i]);
@@ -684,7 +703,7 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 			    NULL, 0, &status);
 	/* If the device was not told, it may still use the old pages. */
 	if (err >= 0 || !uf->u->vdev)
-		ulnic_unpin(pages, count);
+		ulnic_unpin(uf->utlb.mm, pages, count);
 	mutex_unlock(&uf->lock);
 	kvfree(pages);
 	if (err < 0)
