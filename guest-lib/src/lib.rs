@@ -648,7 +648,7 @@ impl ProtectionDomain {
         };
         layout.validate().map_err(Error::InvalidArgument)?;
         let mem = self.inner.create_endpoint(&layout, cfg.segment_bytes)?;
-        Ok(Endpoint {
+        let mut ep = Endpoint {
             dom: self.inner.clone(),
             utlb: self.utlb.clone(),
             zc: Default::default(),
@@ -662,7 +662,9 @@ impl ProtectionDomain {
             event_consumer: 0,
             arm_seq: 0,
             notify_enabled: false,
-        })
+        };
+        ep.prepare_bounce();
+        Ok(ep)
     }
 }
 

@@ -192,6 +192,16 @@ impl Endpoint {
         }))
     }
 
+    /// Registers the bounce buffer ahead of the first miss when the
+    /// domain's UTLB falls back (best effort: a table with no room now
+    /// gets it registered at the first fallback instead).
+    pub(crate) fn prepare_bounce(&mut self) {
+        let falls_back = self.utlb.get().is_some_and(|t| lock(t).cfg.fallback);
+        if falls_back && self.zc.bounce.is_none() {
+            self.zc.bounce = self.make_bounce().ok();
+        }
+    }
+
     fn make_bounce(&mut self) -> Result<Bounce, Error> {
         let t = self.utlb.get().ok_or(Error::WouldBlock)?;
         let bytes = lock(t).cfg.bounce_bytes;
