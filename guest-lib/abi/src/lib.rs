@@ -852,7 +852,7 @@ impl FilterEntry {
     }
 }
 
-/// `GET_INFO` result (32 bytes).
+/// `GET_INFO` result (`DeviceInfo::SIZE` bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// Spec major version.
@@ -1129,7 +1129,7 @@ pub mod uapi {
     /// Size of the `COMMAND` argument: u32 opcode, u32 status, u32 in_len,
     /// u32 out_len, then 512 data bytes (payload in, result out).
     pub const COMMAND_SIZE: u32 = 16 + 512;
-    /// Read the device information (`DeviceInfo`, 32 bytes).
+    /// Read the device information (`DeviceInfo`, `DeviceInfo::SIZE` bytes).
     pub const IOC_INFO: u32 = ioc(READ, 1, super::DeviceInfo::SIZE as u32);
     /// Create an endpoint in the file's protection domain (`CreateEp`).
     pub const IOC_CREATE_EP: u32 = ioc(READ | WRITE, 2, CREATE_EP_SIZE);
