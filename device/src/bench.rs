@@ -146,6 +146,19 @@ pub struct Record {
     pub fallback_bytes: Option<u64>,
 }
 
+impl Record {
+    /// Sets `iters` and the latency fields (median, p95, p99, minimum)
+    /// from per-operation samples in nanoseconds, sorting them.
+    pub(crate) fn set_latencies(&mut self, samples: &mut [u64]) {
+        samples.sort_unstable();
+        self.iters = samples.len() as u64;
+        self.median_ns = Some(percentile(samples, 0.5));
+        self.p95_ns = Some(percentile(samples, 0.95));
+        self.p99_ns = Some(percentile(samples, 0.99));
+        self.min_ns = samples.first().copied();
+    }
+}
+
 /// A message link between the two peers; `recv` reads every payload byte.
 trait Link {
     fn send(&mut self, data: &[u8]) -> io::Result<()>;
@@ -522,7 +535,7 @@ fn warmup(iters: u64) -> u64 {
     (iters / 10).clamp(10, 10_000)
 }
 
-pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
+fn percentile(sorted: &[u64], p: f64) -> u64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -561,11 +574,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
                     samples.push(dt);
                 }
             }
-            samples.sort_unstable();
-            rec.median_ns = Some(percentile(&samples, 0.5));
-            rec.p95_ns = Some(percentile(&samples, 0.95));
-            rec.p99_ns = Some(percentile(&samples, 0.99));
-            rec.min_ns = Some(samples[0]);
+            rec.set_latencies(&mut samples);
         }
         Workload::Stream => {
             let w = warmup(spec.iters);

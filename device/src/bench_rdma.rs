@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ulnic::{Endpoint, EndpointConfig, Event, Nic, Permissions};
 
-use crate::bench::{percentile, Record};
+use crate::bench::Record;
 
 /// Largest amount of buffer space per side.
 const SPACE: usize = 32 << 20;
@@ -56,22 +56,18 @@ pub(crate) fn touch(buf: &[u8]) -> u64 {
 }
 
 fn record(dir: Direction, transport: &str, size: u32, lat: &mut [u64], secs: f64) -> Record {
-    lat.sort_unstable();
     let iters = lat.len() as u64;
-    Record {
+    let mut r = Record {
         bench: dir.name().into(),
         transport: transport.into(),
         size,
-        iters,
         mode: "poll".into(),
-        median_ns: Some(percentile(lat, 0.5)),
-        p95_ns: Some(percentile(lat, 0.95)),
-        p99_ns: Some(percentile(lat, 0.99)),
-        min_ns: lat.first().copied(),
         mbytes_per_s: Some(iters as f64 * f64::from(size) / secs / 1e6),
         msgs_per_s: Some(iters as f64 / secs),
         ..Default::default()
-    }
+    };
+    r.set_latencies(lat);
+    r
 }
 
 /// The memcpy baseline: the same buffers, touches and window of slots.

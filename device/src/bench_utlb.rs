@@ -13,7 +13,7 @@ use ulnic::{
     Address, Endpoint, EndpointConfig, Nic, Payload, ProtectionDomain, UserBuffer, UtlbConfig,
 };
 
-use crate::bench::{percentile, Record};
+use crate::bench::Record;
 use crate::bench_rdma::{fill, touch};
 
 const PAGE: usize = 4096;
@@ -79,19 +79,15 @@ fn drain_one(ep: &mut Endpoint, sink: &mut u64) -> io::Result<bool> {
 }
 
 fn line(mode: &str, transport: &str, size: u32, samples: &mut [u64]) -> Record {
-    samples.sort_unstable();
-    Record {
+    let mut r = Record {
         bench: "utlb".into(),
         transport: transport.into(),
         size,
-        iters: samples.len() as u64,
         mode: mode.into(),
-        median_ns: Some(percentile(samples, 0.5)),
-        p95_ns: Some(percentile(samples, 0.95)),
-        p99_ns: Some(percentile(samples, 0.99)),
-        min_ns: samples.first().copied(),
         ..Default::default()
-    }
+    };
+    r.set_latencies(samples);
+    r
 }
 
 fn device_counter(ep: &Endpoint, name: &str) -> io::Result<u64> {

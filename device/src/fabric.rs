@@ -525,10 +525,7 @@ impl Fabric {
         } else {
             None
         };
-        let (src_seg, src_off) = match &translated {
-            Some(seg) => (seg, d.seg_offset),
-            None => (&ep.segment, d.seg_offset),
-        };
+        let (src_seg, src_off) = (translated.as_ref().unwrap_or(&ep.segment), d.seg_offset);
         if !inline && !src_seg.contains(src_off, u64::from(d.len)) {
             return Err(tx_error::BAD_ADDRESS);
         }

@@ -18,6 +18,16 @@ fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
     }
 }
 
+fn create_pd(hw: &HostAttach) -> u32 {
+    ulnic_abi::read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0)
+}
+
+fn bind(hw: &HostAttach, ep: u32, port: u32) {
+    let mut p = ep.to_le_bytes().to_vec();
+    p.extend_from_slice(&port.to_le_bytes());
+    hw.command(cmd::BIND_PORT, &p).unwrap();
+}
+
 /// An endpoint built by hand, so the test can write raw descriptors.
 struct RawEp {
     id: u32,
@@ -141,7 +151,7 @@ fn malformed_commands_get_clear_errors() {
         status_of(hw.command(cmd::CREATE_ENDPOINT, &[0; 10])),
         status::BAD_LENGTH
     );
-    let pd = ulnic_abi::read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let pd = create_pd(&hw);
     let base = CreateEndpoint {
         pd,
         send_entries: 8,
@@ -259,15 +269,9 @@ fn malformed_descriptors_and_indices_are_contained() {
     let (dev, _dir) = common::device(2);
     let a = HostAttach::connect(&common::socket(&dev, 0), 1 << 20).unwrap();
     let b = HostAttach::connect(&common::socket(&dev, 1), 1 << 20).unwrap();
-    let pa = ulnic_abi::read_le32(&a.command(cmd::CREATE_PD, &[]).unwrap(), 0);
-    let pb = ulnic_abi::read_le32(&b.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let (pa, pb) = (create_pd(&a), create_pd(&b));
     let mut ea = raw_endpoint(&a, pa);
     let eb = raw_endpoint(&b, pb);
-    let bind = |hw: &HostAttach, ep: u32, port: u32| {
-        let mut p = ep.to_le_bytes().to_vec();
-        p.extend_from_slice(&port.to_le_bytes());
-        hw.command(cmd::BIND_PORT, &p).unwrap();
-    };
 
     // Unbound sender.
     ea.send_raw(&a, &desc(good(3, 4)));
@@ -449,15 +453,11 @@ fn utlb_tables_and_references_are_checked() {
     let (dev, _dir) = common::device(2);
     let a = HostAttach::connect(&common::socket(&dev, 0), 1 << 20).unwrap();
     let b = HostAttach::connect(&common::socket(&dev, 1), 1 << 20).unwrap();
-    let pa = ulnic_abi::read_le32(&a.command(cmd::CREATE_PD, &[]).unwrap(), 0);
-    let pb = ulnic_abi::read_le32(&b.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let (pa, pb) = (create_pd(&a), create_pd(&b));
     let mut ea = raw_endpoint(&a, pa);
     let eb = raw_endpoint(&b, pb);
-    for (hw, ep, port) in [(&a, ea.id, 1u32), (&b, eb.id, 3)] {
-        let mut p = ep.to_le_bytes().to_vec();
-        p.extend_from_slice(&port.to_le_bytes());
-        hw.command(cmd::BIND_PORT, &p).unwrap();
-    }
+    bind(&a, ea.id, 1);
+    bind(&b, eb.id, 3);
     let done = (event::TX_DONE, 0);
     let err = |code| (event::TX_ERROR, code);
     let ea_id = ea.id;
@@ -566,11 +566,8 @@ fn utlb_tables_and_references_are_checked() {
     assert_eq!(send(utlb_send(5, 1, 0, 8)), err(tx_error::NO_TRANSLATION));
 
     // Another domain on the same node does not see this table.
-    let pc = ulnic_abi::read_le32(&a.command(cmd::CREATE_PD, &[]).unwrap(), 0);
-    let mut ec = raw_endpoint(&a, pc);
-    let mut p = ec.id.to_le_bytes().to_vec();
-    p.extend_from_slice(&2u32.to_le_bytes());
-    a.command(cmd::BIND_PORT, &p).unwrap();
+    let mut ec = raw_endpoint(&a, create_pd(&a));
+    bind(&a, ec.id, 2);
     ec.send_raw(&a, &utlb_send(0, 1, 0, 8));
     let ev = ec.next_event(&a);
     assert_eq!((ev.kind, ev.code), err(tx_error::NO_TRANSLATION));

@@ -54,11 +54,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn write_read_and_immediate_between_nodes() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let target = endpoint(&b);
     let cookie = target
@@ -104,11 +100,7 @@ fn write_read_and_immediate_between_nodes() {
 
 #[test]
 fn payload_then_immediate_arrive_in_order() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let mut target = endpoint(&b);
     let cookie = target.export(0, SEG as u64, Permissions::WRITE).unwrap();
@@ -163,11 +155,7 @@ fn payload_then_immediate_arrive_in_order() {
 
 #[test]
 fn wrong_cookies_permissions_and_ranges_write_nothing() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let target = endpoint(&b);
     let rw = target.export(0, 65536, Permissions::READ_WRITE).unwrap();
@@ -268,11 +256,7 @@ fn wrong_cookies_permissions_and_ranges_write_nothing() {
 
 #[test]
 fn revocation_stops_racing_writes() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let target = endpoint(&b);
     let cookie = target.export(0, 65536, Permissions::WRITE).unwrap();
@@ -321,11 +305,7 @@ fn revocation_stops_racing_writes() {
 
 #[test]
 fn tripwires_fire_as_set() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     init.bind(3).unwrap();
     let mut target = endpoint(&b);

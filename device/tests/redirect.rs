@@ -90,16 +90,9 @@ fn segment(ep: &Endpoint, at: usize, len: usize) -> Vec<u8> {
     v
 }
 
-fn nodes() -> (common::tempdir::TempDir, ulnic_device::Device, Nic, Nic) {
-    let (dev, dir) = common::device(2);
-    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
-    let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
-    (dir, dev, a, b)
-}
-
 #[test]
 fn full_partial_and_no_redirection_are_exact() {
-    let (_dir, _dev, a, b) = nodes();
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let mut s = sender(&a);
     let buf: UserBuffer = r.pd.alloc_buffer(64 << 10).unwrap();
@@ -168,7 +161,7 @@ fn full_partial_and_no_redirection_are_exact() {
 
 #[test]
 fn a_write_straddling_a_redirection_is_split() {
-    let (_dir, _dev, a, b) = nodes();
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let mut s = sender(&a);
     let buf = r.pd.alloc_buffer(4096).unwrap();
@@ -197,7 +190,7 @@ fn a_write_straddling_a_redirection_is_split() {
 
 #[test]
 fn bad_redirections_are_refused() {
-    let (_dir, _dev, a, b) = nodes();
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let other = sender(&b);
     let theirs = other.export(0, 4096, Permissions::WRITE).unwrap();
@@ -243,7 +236,7 @@ fn bad_redirections_are_refused() {
 
 #[test]
 fn writes_into_ones_own_aperture_are_redirected_too() {
-    let (_dir, _dev, _a, b) = nodes();
+    let (_dir, _dev, _a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let buf = r.pd.alloc_buffer(4096).unwrap();
     // SAFETY: `buf` is not touched until the report.

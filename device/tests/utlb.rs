@@ -83,11 +83,7 @@ const DEST: Address = Address { node: 1, port: 9 };
 
 #[test]
 fn sends_from_user_buffers_miss_once_then_hit() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut rx = receiver(&b, 9);
     let (pd, mut tx) = sender(
         &a,
@@ -142,11 +138,7 @@ fn sends_from_user_buffers_miss_once_then_hit() {
 
 #[test]
 fn rdma_from_and_into_user_buffers() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let target = b
         .alloc_pd()
         .unwrap()
@@ -186,11 +178,7 @@ fn rdma_from_and_into_user_buffers() {
 
 #[test]
 fn fallback_copies_and_services_one_miss_per_budget() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut rx = receiver(&b, 9);
     let (pd, mut tx) = sender(
         &a,
@@ -242,11 +230,7 @@ fn fallback_copies_and_services_one_miss_per_budget() {
 
 #[test]
 fn entries_in_use_are_never_recycled_under_pressure() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     let mut rx = receiver(&b, 9);
     // 8 entries for 64 one-page buffers, with up to 64 sends in flight:
     // every miss must find entries that no posted send still reads.
@@ -377,11 +361,7 @@ fn utlb_benchmark_prints_the_table_and_the_stress() {
 
 #[test]
 fn user_buffers_exported_as_apertures() {
-    let (dev, _dir) = common::device(2);
-    let (a, b) = (
-        Nic::attach(&common::socket(&dev, 0)).unwrap(),
-        Nic::attach(&common::socket(&dev, 1)).unwrap(),
-    );
+    let (_dir, _dev, a, b) = common::two_nodes();
     // Node 1 exports 40 000 bytes of a user buffer, starting mid-page.
     let (pd, mut owner) = sender(&b, UtlbConfig::default());
     let mut buf = pd.alloc_buffer(16 * 4096).unwrap();

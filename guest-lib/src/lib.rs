@@ -589,21 +589,11 @@ impl ProtectionDomain {
             .ok_or(Error::InvalidArgument("no UTLB: call enable_utlb first"))?;
         let t0 = Instant::now();
         let mut t = utlb::lock(t);
-        t.stats.lookups += 1;
-        if t.lookup(va, len).is_some() {
-            t.stats.hits += 1;
-            return Ok(Registration {
-                hit: true,
-                library: t0.elapsed(),
-                driver: Duration::ZERO,
-            });
-        }
-        t.stats.misses += 1;
         let before = t.stats.driver_ns;
-        t.install(&*self.inner, va, len)?;
+        let (_, hit) = t.find_or_install(&*self.inner, va, len)?;
         let driver = Duration::from_nanos(t.stats.driver_ns - before);
         Ok(Registration {
-            hit: false,
+            hit,
             library: t0.elapsed().saturating_sub(driver),
             driver,
         })

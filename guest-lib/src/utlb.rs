@@ -300,6 +300,23 @@ impl Translations {
         })
     }
 
+    /// The entries of `[va, va+len)`, installing them on a miss (counted
+    /// in the stats), and whether they were there already.
+    pub fn find_or_install(
+        &mut self,
+        dom: &dyn Domain,
+        va: usize,
+        len: usize,
+    ) -> Result<(UtlbRef, bool), Error> {
+        self.stats.lookups += 1;
+        if let Some(r) = self.lookup(va, len) {
+            self.stats.hits += 1;
+            return Ok((r, true));
+        }
+        self.stats.misses += 1;
+        Ok((self.install(dom, va, len)?, false))
+    }
+
     /// Marks entries as used by one more posted descriptor.
     pub fn acquire(&mut self, r: &UtlbRef) {
         for i in r.first..r.first + r.count {

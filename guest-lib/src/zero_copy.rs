@@ -101,12 +101,11 @@ impl Endpoint {
     /// Finds (or makes) the translation of `[va, va+len)`; with `copy`
     /// allowed, a miss may be served by copying into the bounce buffer.
     fn local_for(&mut self, va: usize, len: usize, copy: bool) -> Result<Local, Error> {
-        let shared = self.utlb.clone();
-        let table = shared.get().ok_or(Error::InvalidArgument(
+        let done = u32::from_le(self.word(ctrl::SEND_CONSUMER).load(Ordering::Acquire));
+        let table = self.utlb.get().ok_or(Error::InvalidArgument(
             "no UTLB: call enable_utlb on the domain",
         ))?;
         // One lock per post: retire finished descriptors, then look up.
-        let done = u32::from_le(self.word(ctrl::SEND_CONSUMER).load(Ordering::Acquire));
         let mut t = lock(table);
         self.zc.reap(done, &mut t);
         if self.send_space() == 0 {
@@ -126,10 +125,11 @@ impl Endpoint {
         }
         t.stats.misses += 1;
         let cfg = t.cfg;
-        if copy && cfg.fallback && len <= cfg.bounce_bytes {
+        let mut t = if copy && cfg.fallback && len <= cfg.bounce_bytes {
+            // The copy needs the endpoint, not the table: unlock meanwhile.
             drop(t);
             let copied = self.copy_to_bounce(va, len)?;
-            t = lock(table);
+            let mut t = lock(self.utlb.get().ok_or(Error::WouldBlock)?);
             if let Some(local) = copied {
                 t.stats.fallback_sends += 1;
                 t.stats.fallback_bytes += len as u64;
@@ -138,7 +138,10 @@ impl Endpoint {
                 t.service_deferred(&*self.dom);
                 return Ok(local);
             }
-        }
+            t
+        } else {
+            t
+        };
         let r = t.install(&*self.dom, va, len)?;
         t.acquire(&r);
         Ok(Local {
@@ -494,10 +497,7 @@ impl Endpoint {
         ))?;
         let r = {
             let mut t = lock(table);
-            let r = match t.lookup(va, len) {
-                Some(r) => r,
-                None => t.install(&*self.dom, va, len)?,
-            };
+            let (r, _) = t.find_or_install(&*self.dom, va, len)?;
             t.acquire(&r);
             r
         };

@@ -77,3 +77,12 @@ pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// A two-node device and a host attachment to each node. Bind as
+/// `let (_dir, _dev, a, b)`: the attachments drop first, the directory last.
+pub fn two_nodes() -> (tempdir::TempDir, Device, ulnic::Nic, ulnic::Nic) {
+    let (dev, dir) = device(2);
+    let a = ulnic::Nic::attach(&socket(&dev, 0)).unwrap();
+    let b = ulnic::Nic::attach(&socket(&dev, 1)).unwrap();
+    (dir, dev, a, b)
+}
