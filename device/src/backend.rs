@@ -2,24 +2,29 @@
 //! control queue, and kicks that wake the data-path engine.
 
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
-use log::{debug, warn};
+use log::{debug, error, warn};
 use ulnic_abi::{
-    CMD_HEADER_SIZE, CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE, F_IMPLEMENTED,
-    INLINE_MAX, MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE, RESP_HEADER_SIZE,
-    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+    cmd, CMD_HEADER_SIZE, CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE,
+    F_IMPLEMENTED, INLINE_MAX, MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE,
+    RESP_HEADER_SIZE, SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{
+    GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use crate::chain::{pop_checked, RingFault};
 use crate::guest::PortMemory;
 use crate::Switch;
 
@@ -30,8 +35,13 @@ pub const MAX_QUEUE_SIZE: usize = 256;
 pub struct PortBackend {
     node: u32,
     switch: Arc<Switch>,
+    /// The frontend's memory as validated by `update_memory`. The
+    /// vhost-user handler installs a new table in its own copy before it
+    /// tells the backend, so the device never reads through that copy.
     mem: RwLock<Option<PortMemory>>,
     num_queues: usize,
+    /// Queues found broken (bit per queue index; spec §2.1), until reset.
+    broken: AtomicU32,
 }
 
 impl PortBackend {
@@ -43,14 +53,33 @@ impl PortBackend {
             switch,
             mem: RwLock::new(None),
             num_queues,
+            broken: AtomicU32::new(0),
         }
+    }
+
+    /// Marks queue `q` broken (a driver error the queue cannot recover
+    /// from until reset), counts and logs it once.
+    fn break_queue(&self, q: u16, fault: RingFault) {
+        let bit = 1u32 << q.min(31);
+        if self.broken.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+            error!(
+                "node {}: queue {q} stopped until the driver resets the device: {fault}",
+                self.node
+            );
+            self.switch.lock().nodes[self.node as usize].queue_errors += 1;
+        }
+    }
+
+    /// Queues found broken since the last reset (config space word).
+    pub fn broken_queues(&self) -> u32 {
+        self.broken.load(Ordering::Acquire)
     }
 
     /// The config space (spec §3.3).
     pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
         let mut c = [0u8; CONFIG_SIZE];
         let tripwires = self.switch.lock().max_tripwires;
-        let words: [(usize, u32); 11] = [
+        let words: [(usize, u32); 12] = [
             (0, CONFIG_MAGIC),
             (
                 4,
@@ -65,6 +94,7 @@ impl PortBackend {
             (32, self.switch.nodes),
             (36, tripwires),
             (48, ulnic_abi::MAX_APERTURES),
+            (52, self.broken_queues()),
         ];
         for (o, v) in words {
             c[o..o + 4].copy_from_slice(&v.to_le_bytes());
@@ -82,15 +112,36 @@ impl PortBackend {
         else {
             return Ok(());
         };
+        if self.broken_queues() & (1 << CONTROL_QUEUE) != 0 {
+            return Ok(());
+        }
         let mem = atomic.memory();
         let mut any = false;
         loop {
-            let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(&*mem);
-            let Some(chain) = chain else { break };
+            let mut state = vring.get_mut();
+            let queue = state.get_queue_mut();
+            let (head, used) = match pop_checked(queue, &mem) {
+                Ok(None) => break,
+                Ok(Some(chain)) => {
+                    let head = chain.head_index();
+                    (head, self.serve_command(&mem, chain))
+                }
+                Err(RingFault::Indirect { head }) => {
+                    warn!(
+                        "node {}: control chain {head} uses indirect descriptors (not offered); completed unexecuted",
+                        self.node
+                    );
+                    (head, 0)
+                }
+                Err(fault) => {
+                    drop(state);
+                    self.break_queue(CONTROL_QUEUE, fault);
+                    break;
+                }
+            };
             any = true;
-            let head = chain.head_index();
-            let used = self.serve_command(&mem, chain);
-            if vring.add_used(head, used).is_err() {
+            // Completed through the validated memory, never the handler's copy.
+            if queue.add_used(&*mem, head, used).is_err() {
                 warn!(
                     "node {}: cannot complete control descriptor {head}",
                     self.node
@@ -100,6 +151,7 @@ impl PortBackend {
         if any {
             vring.signal_used_queue()?;
         }
+        self.switch.disconnect_faulted();
         Ok(())
     }
 
@@ -122,29 +174,38 @@ impl PortBackend {
             );
             return 0;
         }
-        let n = reader
-            .available_bytes()
-            .min(CMD_HEADER_SIZE + MAX_CMD_PAYLOAD);
+        let n = reader.available_bytes();
+        if n > CMD_HEADER_SIZE + MAX_CMD_PAYLOAD {
+            // Longer than any command: refused unread (spec §4).
+            let bytes = crate::control::Response::err(ulnic_abi::status::BAD_LENGTH).encode();
+            return match writer.write_all(&bytes) {
+                Ok(()) => bytes.len() as u32,
+                Err(_) => 0,
+            };
+        }
         let mut req = vec![0u8; n];
+        let room = writer.available_bytes() - RESP_HEADER_SIZE;
         let resp = match reader.read_exact(&mut req) {
+            // All or nothing: a result that could not be returned is
+            // refused before the command runs, so nothing is left behind.
+            Ok(())
+                if req.len() >= CMD_HEADER_SIZE
+                    && cmd::result_len(ulnic_abi::read_le32(&req, 0)) > room =>
+            {
+                crate::control::Response::err(ulnic_abi::status::BAD_LENGTH)
+            }
             Ok(()) => {
                 let mut fabric = self.switch.lock();
                 crate::control::execute(&mut fabric, self.node, mem, &req)
             }
-            Err(_) => crate::control::Response {
-                status: ulnic_abi::status::BAD_LENGTH,
-                payload: Vec::new(),
-            },
+            Err(_) => crate::control::Response::err(ulnic_abi::status::BAD_LENGTH),
         };
         self.switch.wake();
         let mut bytes = resp.encode();
         if bytes.len() > writer.available_bytes() {
-            // The header always fits; a short payload buffer is a length error.
-            bytes = crate::control::Response {
-                status: ulnic_abi::status::BAD_LENGTH,
-                payload: Vec::new(),
-            }
-            .encode();
+            // Cannot happen for a known command (checked above); kept so a
+            // response never overruns the driver's buffer.
+            bytes = crate::control::Response::err(ulnic_abi::status::BAD_LENGTH).encode();
         }
         match writer.write_all(&bytes) {
             Ok(()) => bytes.len() as u32,
@@ -179,9 +240,17 @@ impl VhostUserBackend for PortBackend {
 
     fn set_event_idx(&self, _enabled: bool) {}
 
+    fn acked_features(&self, features: u64) {
+        // Only what the driver accepted is acted on (spec §2).
+        self.switch.lock().nodes[self.node as usize].features = features;
+    }
+
     fn reset_device(&self) {
         debug!("node {}: device reset", self.node);
-        self.switch.lock().reset_node(self.node);
+        let mut f = self.switch.lock();
+        f.reset_node(self.node);
+        f.nodes[self.node as usize].features = 0;
+        self.broken.store(0, Ordering::Release);
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
@@ -190,6 +259,9 @@ impl VhostUserBackend for PortBackend {
         if queue_index == u32::from(CONTROL_QUEUE) {
             self.switch.lock().reset_node(self.node);
         }
+        // A stopped queue starts again clean.
+        self.broken
+            .fetch_and(!(1u32 << queue_index.min(31)), Ordering::AcqRel);
         Ok(())
     }
 
@@ -203,8 +275,41 @@ impl VhostUserBackend for PortBackend {
     }
 
     fn update_memory(&self, mem: PortMemory) -> io::Result<()> {
-        *self.mem.write().map_err(|_| io::Error::other("poisoned"))? = Some(mem.clone());
-        self.switch.lock().nodes[self.node as usize].mem = Some(mem);
+        // Check every region before the device reads through any of it
+        // (spec §2.3); a bad one ends this connection and nothing else.
+        let table: GuestMemoryMmap<()> = (*mem.memory()).clone();
+        let mut ranges = Vec::new();
+        for region in table.iter() {
+            let refuse = |why: String| {
+                error!(
+                    "node {}: refused memory region at {:#x} ({} bytes): {why}",
+                    self.node,
+                    region.start_addr().0,
+                    region.len()
+                );
+                io::Error::other(why)
+            };
+            let file = region
+                .file_offset()
+                .ok_or_else(|| refuse("not backed by a file descriptor".into()))?;
+            let protection = crate::region::check_region(file.file(), file.start(), region.len())
+                .map_err(|e| refuse(e.to_string()))?;
+            let host = region
+                .get_host_address(MemoryRegionAddress(0))
+                .map_err(|e| refuse(e.to_string()))?;
+            debug!(
+                "node {}: memory region at {:#x}, {} bytes, {protection:?}",
+                self.node,
+                region.start_addr().0,
+                region.len()
+            );
+            ranges.push((host as usize, region.len() as usize));
+        }
+        crate::region::watch(self.switch.watch_base + self.node, &ranges)
+            .map_err(io::Error::other)?;
+        let validated = GuestMemoryAtomic::new(table);
+        *self.mem.write().map_err(|_| io::Error::other("poisoned"))? = Some(validated.clone());
+        self.switch.lock().nodes[self.node as usize].mem = Some(validated);
         Ok(())
     }
 

@@ -33,7 +33,8 @@ impl Response {
             payload,
         }
     }
-    fn err(status: u32) -> Self {
+    /// A failure with no payload.
+    pub fn err(status: u32) -> Self {
         Response {
             status,
             payload: Vec::new(),
@@ -49,24 +50,82 @@ impl Response {
     }
 }
 
+/// A payload must be exactly as long as its command's (spec §4): shorter
+/// cannot be read, longer would be ignored and so could never be given a
+/// meaning later.
 fn need(payload: &[u8], n: usize) -> Result<(), Response> {
-    if payload.len() < n {
+    if payload.len() != n {
         Err(Response::err(status::BAD_LENGTH))
     } else {
         Ok(())
     }
 }
 
-/// Executes the request `req` (header + payload) from node `node`.
+/// Whether `opcode` is a command this device implements.
+fn known(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        cmd::GET_INFO
+            | cmd::CREATE_PD
+            | cmd::DESTROY_PD
+            | cmd::CREATE_ENDPOINT
+            | cmd::DESTROY_ENDPOINT
+            | cmd::BIND_PORT
+            | cmd::SET_FILTER
+            | cmd::ARM
+            | cmd::DISARM
+            | cmd::GET_STATS
+            | cmd::EXPORT
+            | cmd::REVOKE
+            | cmd::EXPORT_BUFFER
+            | cmd::SET_TRIPWIRE
+            | cmd::CLEAR_TRIPWIRE
+            | cmd::UTLB_SET_TABLE
+            | cmd::UTLB_INVALIDATE
+    )
+}
+
+/// Executes the request `req` (header + payload) from node `node`. Every
+/// check comes before any effect: a refused command changes nothing.
 pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &[u8]) -> Response {
     if req.len() < CMD_HEADER_SIZE {
         return Response::err(status::BAD_LENGTH);
     }
     let opcode = read_le32(req, 0);
     let p = &req[CMD_HEADER_SIZE..];
-    let r = match opcode {
-        cmd::GET_INFO => Ok(get_info(fabric, node)),
-        cmd::CREATE_PD => create_pd(fabric, node),
+    let r = if !known(opcode) {
+        Err(Response::err(if cmd::is_reserved(opcode) {
+            status::NOT_SUPPORTED
+        } else {
+            status::UNKNOWN_COMMAND
+        }))
+    } else if read_le32(req, 4) != 0 {
+        Err(Response::err(status::INVALID_ARGUMENT))
+    } else if cmd::required_features(opcode) & !fabric.nodes[node as usize].features != 0 {
+        Err(Response::err(status::NOT_SUPPORTED))
+    } else {
+        run(fabric, node, mem, opcode, p)
+    };
+    let r = r.unwrap_or_else(|e| e);
+    if r.status != status::OK {
+        debug!(
+            "node {node}: command {opcode:#x} failed: {}",
+            status::name(r.status)
+        );
+    }
+    r
+}
+
+fn run(
+    fabric: &mut Fabric,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    opcode: u32,
+    p: &[u8],
+) -> Result<Response, Response> {
+    match opcode {
+        cmd::GET_INFO => need(p, 0).map(|()| get_info(fabric, node)),
+        cmd::CREATE_PD => need(p, 0).and_then(|()| create_pd(fabric, node)),
         cmd::DESTROY_PD => destroy_pd(fabric, node, p),
         cmd::CREATE_ENDPOINT => create_endpoint(fabric, node, mem, p),
         cmd::DESTROY_ENDPOINT => destroy_endpoint(fabric, node, p),
@@ -81,17 +140,8 @@ pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &
         cmd::CLEAR_TRIPWIRE => clear_tripwire(fabric, node, p),
         cmd::UTLB_SET_TABLE => utlb_set_table(fabric, node, mem, p),
         cmd::UTLB_INVALIDATE => utlb_invalidate(fabric, node, p),
-        op if cmd::is_reserved(op) => Err(Response::err(status::NOT_SUPPORTED)),
         _ => Err(Response::err(status::UNKNOWN_COMMAND)),
-    };
-    let r = r.unwrap_or_else(|e| e);
-    if r.status != status::OK {
-        debug!(
-            "node {node}: command {opcode:#x} failed: {}",
-            status::name(r.status)
-        );
     }
-    r
 }
 
 fn get_info(fabric: &Fabric, node: u32) -> Response {
@@ -195,10 +245,13 @@ fn create_endpoint(
     layout
         .validate()
         .map_err(|_| Response::err(status::INVALID_ARGUMENT))?;
-    if !c.ctrl_gpa.is_multiple_of(PAGE_SIZE) || c.ctrl_len < layout.region_size() {
+    if !c.ctrl_gpa.is_multiple_of(PAGE_SIZE)
+        || !c.ctrl_len.is_multiple_of(PAGE_SIZE)
+        || c.ctrl_len < layout.region_size()
+    {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    if !guest::range_ok(mem, c.ctrl_gpa, layout.region_size()) {
+    if !guest::range_ok(mem, c.ctrl_gpa, c.ctrl_len) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
     if c.seg_pages > MAX_SEGMENT_PAGES {
@@ -267,7 +320,9 @@ fn bind_port(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Respo
 }
 
 fn set_filter(fabric: &mut Fabric, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 8)?;
+    if p.len() < 8 {
+        return Err(Response::err(status::BAD_LENGTH));
+    }
     let (id, count) = (read_le32(p, 0), read_le32(p, 4) as usize);
     if count > MAX_FILTERS {
         return Err(Response::err(status::INVALID_ARGUMENT));
@@ -393,6 +448,9 @@ fn set_tripwire(
     let (id, aperture) = (read_le32(p, 0), read_le32(p, 4));
     let (offset, len, flags) = (read_le64(p, 8), read_le64(p, 16), read_le32(p, 24));
     let user = read_le64(p, 32);
+    if read_le32(p, 28) != 0 {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
     let cap = fabric.max_tripwires;
     let n = &mut fabric.nodes[node as usize];
     let ap = *n
@@ -457,6 +515,37 @@ mod tests {
     fn commands_on_mock_memory() {
         let m = mem(1 << 20);
         let mut f = Fabric::new(2, 4);
+        // Nothing but GET_INFO before the driver accepted the features.
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[])).status,
+            status::NOT_SUPPORTED
+        );
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::GET_INFO, &[])).status,
+            status::OK
+        );
+        f.nodes[1].features = ulnic_abi::F_MESSAGING;
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::EXPORT, &[0; 24])).status,
+            status::NOT_SUPPORTED,
+            "RDMA was not accepted"
+        );
+        f.nodes[1].features = F_IMPLEMENTED;
+        // A reserved header word must be zero; a payload must be exact.
+        let mut bad = req(cmd::CREATE_PD, &[]);
+        bad[4] = 1;
+        assert_eq!(
+            execute(&mut f, 1, &m, &bad).status,
+            status::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[0])).status,
+            status::BAD_LENGTH
+        );
+        assert!(
+            f.nodes[1].pds.is_empty(),
+            "refused commands created nothing"
+        );
         assert_eq!(execute(&mut f, 1, &m, &[1, 2]).status, status::BAD_LENGTH);
         for reserved in [0x22, 0x55] {
             assert_eq!(

@@ -18,6 +18,7 @@ const MAX_SLEEP: Duration = Duration::from_millis(100);
 pub fn run(switch: Arc<Switch>, poll_for: Duration) {
     let mut idle_since = Instant::now();
     while !switch.stop.load(Ordering::Relaxed) {
+        switch.disconnect_faulted();
         if switch.lock().poll() > 0 {
             idle_since = Instant::now();
             continue;

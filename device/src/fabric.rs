@@ -10,8 +10,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use log::{debug, warn};
 use ulnic_abi::{
     condition, ctrl, event, op, recv_flags, send_flags, tx_error, Event, FreeDesc, RecvDesc,
-    SendDesc, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, RECV_DESC_SIZE, SEND_DESC_SIZE,
-    SEND_UTLB_REF_OFFSET,
+    SendDesc, F_CLOSE_MESSAGE, F_MESSAGING, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE,
+    RECV_DESC_SIZE, SEND_DESC_SIZE, SEND_UTLB_REF_OFFSET,
 };
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
@@ -49,6 +49,15 @@ pub struct Node {
     pub connections: u64,
     /// Apertures exported by this node's endpoints.
     pub apertures: crate::rdma::ApertureTable,
+    /// Feature bits the frontend accepted (SET_FEATURES); only these are
+    /// acted on.
+    pub features: u64,
+    /// Virtqueues this port's frontend broke (impossible avail index).
+    pub queue_errors: u64,
+    /// Faults in this port's shared memory that cost it its connection.
+    pub memory_faults: u64,
+    /// Ends the current frontend's connection (set while one is attached).
+    pub disconnect: Option<vhost_user_backend::ShutdownHandle>,
 }
 
 impl Node {
@@ -64,6 +73,10 @@ impl Node {
             notify_backlog: VecDeque::new(),
             connections: 0,
             apertures: Default::default(),
+            features: 0,
+            queue_errors: 0,
+            memory_faults: 0,
+            disconnect: None,
         }
     }
 
@@ -87,6 +100,23 @@ impl Node {
         self.next_pd = 1;
     }
 
+    /// How many objects the frontend has created and not destroyed: a
+    /// refused command must leave these unchanged (spec §4).
+    pub fn object_counts(&self) -> ObjectCounts {
+        let eps = self.endpoints.iter().flatten();
+        ObjectCounts {
+            pds: self.pds.len(),
+            endpoints: eps.clone().count(),
+            ports: self.ports.len(),
+            apertures: self.apertures.live(),
+            tripwires: eps
+                .clone()
+                .map(|e| e.tripwires.iter().flatten().count())
+                .sum(),
+            filters: eps.map(|e| e.filters.len()).sum(),
+        }
+    }
+
     /// A live endpoint by id.
     pub fn endpoint_mut(&mut self, id: u32) -> Option<&mut Endpoint> {
         self.endpoints.get_mut(id as usize).and_then(|e| e.as_mut())
@@ -101,6 +131,23 @@ impl Node {
         self.apertures.revoke_all(id);
         Some(ep)
     }
+}
+
+/// Objects of one node (see [`Node::object_counts`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectCounts {
+    /// Protection domains.
+    pub pds: usize,
+    /// Endpoints.
+    pub endpoints: usize,
+    /// Bound port numbers.
+    pub ports: usize,
+    /// Exported apertures.
+    pub apertures: usize,
+    /// Tripwires set.
+    pub tripwires: usize,
+    /// Filter entries over all endpoints.
+    pub filters: usize,
 }
 
 /// Totals across the fabric, logged when a frontend disconnects.
@@ -211,8 +258,8 @@ impl Fabric {
             return true;
         }
         let d = SendDesc::decode(&raw);
-        if d.opcode == 0 {
-            return true; // none registered
+        if d.opcode == 0 || node.features & F_CLOSE_MESSAGE == 0 {
+            return true; // none registered, or the feature was not accepted
         }
         let well_formed = d.opcode == op::SEND
             && d.flags & send_flags::INLINE != 0
@@ -417,7 +464,8 @@ impl Fabric {
             Ok(()) => SendDesc::decode(&raw),
             Err(_) => SendDesc::default(), // unreadable slot: reported as a bad descriptor below
         };
-        if matches!(desc.opcode, op::REDIRECT | op::REDIRECT_END) {
+        let allowed = descriptor_allowed(&desc, &raw, self.nodes[n as usize].features);
+        if allowed && matches!(desc.opcode, op::REDIRECT | op::REDIRECT_END) {
             let ev = self.redirect_op(mems, n, e, ep, &raw);
             if ev.kind != 0 {
                 ep.post_event(smem, &ev);
@@ -491,6 +539,9 @@ impl Fabric {
         raw: &[u8; SEND_DESC_SIZE as usize],
         wake: &mut Vec<(u32, u32)>,
     ) -> Result<(), u16> {
+        if !descriptor_allowed(d, raw, self.nodes[n as usize].features) {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
         if matches!(
             d.opcode,
             op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE
@@ -632,6 +683,22 @@ fn deliver_and_arm(
     (r, wake)
 }
 
+/// Whether a send-ring descriptor may be served at all: its reserved word
+/// (offset 20) is zero, and it uses only features the driver accepted
+/// (spec §5.3, §5.9). Everything else about it is checked where it is served.
+fn descriptor_allowed(d: &SendDesc, raw: &[u8; SEND_DESC_SIZE as usize], features: u64) -> bool {
+    let mut need = F_MESSAGING;
+    match d.opcode {
+        op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => need |= F_RDMA,
+        op::REDIRECT | op::REDIRECT_END => need |= F_RDMA | F_UTLB,
+        _ => {}
+    }
+    if d.flags & send_flags::UTLB != 0 {
+        need |= F_UTLB;
+    }
+    ulnic_abi::read_le32(raw, 20) == 0 && features & need == need
+}
+
 /// Puts one notification record (endpoint id, reason) into the port's
 /// notification queue and signals the frontend; false when the driver has
 /// posted no buffer.
@@ -641,8 +708,19 @@ fn push_notification(vring: Option<&NotifyVring>, mem: &GuestMemoryMmap<()>, e: 
     if !st.get_queue().ready() {
         return false;
     }
-    let Some(chain) = st.get_queue_mut().pop_descriptor_chain(mem) else {
-        return false;
+    let chain = match crate::chain::pop_checked(st.get_queue_mut(), mem) {
+        Ok(Some(chain)) => chain,
+        Ok(None) => return false,
+        Err(crate::chain::RingFault::Indirect { head }) => {
+            warn!("notification buffer {head} uses indirect descriptors (not offered); completed empty");
+            let _ = st.get_queue_mut().add_used(mem, head, 0);
+            return false;
+        }
+        Err(fault) => {
+            // The driver broke its notification queue; it must reset.
+            debug!("notification queue stopped: {fault}");
+            return false;
+        }
     };
     let head = chain.head_index();
     let mut rec = [0u8; 8];
@@ -659,7 +737,8 @@ fn push_notification(vring: Option<&NotifyVring>, mem: &GuestMemoryMmap<()>, e: 
             0
         }
     };
-    if st.add_used(head, written).is_err() {
+    // Through the validated memory, never the vhost-user handler's copy.
+    if st.get_queue_mut().add_used(mem, head, written).is_err() {
         return false;
     }
     drop(st);
@@ -815,6 +894,7 @@ mod tests {
         let atomic = GuestMemoryAtomic::new(m.clone());
         let mut f = Fabric::new(2, 2);
         for n in 0..2 {
+            f.nodes[n].features = ulnic_abi::F_IMPLEMENTED;
             // Payload bytes differ from the sentinel, so a stray copy shows.
             let pattern: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8 ^ 0x5a).collect();
             m.write_slice(&pattern, GuestAddress(SEG[n])).unwrap();

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod bench;
 pub mod bench_rdma;
 pub mod bench_utlb;
+pub mod chain;
 pub mod cluster;
 pub mod control;
 pub mod endpoint;
@@ -18,6 +19,7 @@ pub mod fabric;
 pub mod guest;
 pub mod rdma;
 pub mod redirect;
+pub mod region;
 pub mod selftest;
 pub mod transfer;
 pub mod utlb;
@@ -84,6 +86,12 @@ impl Configuration {
         if self.sockets.is_empty() {
             return Err(Error::Config("at least one port socket is needed".into()));
         }
+        if self.sockets.len() > region::MAX_PORTS {
+            return Err(Error::Config(format!(
+                "at most {} ports (nodes) per device",
+                region::MAX_PORTS
+            )));
+        }
         if !(1..=ulnic_abi::MAX_TRIPWIRES_LIMIT).contains(&self.tripwires) {
             return Err(Error::Config(format!(
                 "--tripwires must be between 1 and {}",
@@ -116,6 +124,9 @@ pub struct Switch {
     pub max_endpoints: u32,
     /// Number of nodes.
     pub nodes: u32,
+    /// Node `i` watches its shared memory under key `watch_base + i`
+    /// (`region`).
+    pub watch_base: u32,
 }
 
 impl Switch {
@@ -128,6 +139,32 @@ impl Switch {
     /// Wakes the engine if it sleeps.
     pub fn wake(&self) {
         let _ = self.wake.write(1);
+    }
+
+    /// Ends the connection of every port whose shared memory faulted
+    /// (a file shrunk under the device, spec §2.3): that frontend loses its
+    /// port, everyone else goes on. Cheap when nothing faulted.
+    pub fn disconnect_faulted(&self) {
+        if !region::pending() {
+            return;
+        }
+        for key in region::take_faulted(self.watch_base, self.nodes) {
+            let node = key - self.watch_base;
+            let mut f = self.lock();
+            let Some(n) = f.nodes.get_mut(node as usize) else {
+                continue;
+            };
+            n.memory_faults += 1;
+            error!(
+                "node {node}: its shared memory shrank under the device (contained fault {} in all); disconnecting its frontend",
+                region::fault_count()
+            );
+            if let Some(d) = n.disconnect.take() {
+                d.shutdown();
+            }
+            // Nothing more is read from that memory.
+            f.reset_node(node);
+        }
     }
 
     /// Sleeps until woken or `timeout`.
@@ -156,6 +193,7 @@ impl Device {
     /// Clients may connect as soon as this returns.
     pub fn start(config: Configuration) -> Result<Device, Error> {
         config.validate()?;
+        region::install();
         let nodes = config.sockets.len() as u32;
         let switch = Arc::new(Switch {
             fabric: Mutex::new({
@@ -171,6 +209,7 @@ impl Device {
             stop: AtomicBool::new(false),
             max_endpoints: config.max_endpoints,
             nodes,
+            watch_base: region::reserve_keys(nodes).map_err(|e| Error::Config(e.to_string()))?,
         });
         for (node, path) in config.sockets.iter().enumerate() {
             let listener = Listener::new(path, true).map_err(|source| Error::Listen {
@@ -291,6 +330,7 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
         }
         {
             let mut f = switch.lock();
+            f.nodes[node as usize].disconnect = daemon.shutdown_handle();
             f.nodes[node as usize].connections += 1;
             info!(
                 "node {node}: frontend connected (connection {})",
@@ -321,6 +361,11 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
             "node {node}: state freed; fabric totals: {} delivered, {} returned to sender, {} notifications, {} close messages delivered, {} undeliverable",
             c.delivered, c.returned, c.notifications, c.closes_delivered, c.closes_undeliverable
         );
-        f.nodes[node as usize].mem = None;
+        let n = &mut f.nodes[node as usize];
+        n.mem = None;
+        n.features = 0;
+        n.disconnect = None;
+        drop(f);
+        region::unwatch(switch.watch_base + node);
     }
 }

@@ -65,6 +65,11 @@ pub struct ApertureTable {
 }
 
 impl ApertureTable {
+    /// Live apertures.
+    pub fn live(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
     /// A live aperture by id.
     pub fn get(&self, id: u32) -> Option<&Aperture> {
         self.slots.get(id as usize).and_then(|a| a.as_ref())

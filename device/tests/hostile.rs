@@ -653,15 +653,17 @@ fn malformed_control_chains_are_refused_and_the_queue_keeps_working() {
             assert_eq!(used, 0, "{what}");
         }
     }
-    // A request longer than the device reads (8 + 512 bytes): it reads
-    // that much and no more; CREATE_PD takes no payload and succeeds.
+    // A request longer than any command (8 + 512 bytes) is refused unread,
+    // and so is a CREATE_PD with a payload it does not take (spec §4).
     let long = vec![0u8; 8 + 600];
     mem.write(req, &long);
     mem.write(req, &ulnic_abi::cmd::CREATE_PD.to_le_bytes());
-    let used = a.raw_control_chain(&[(req, 608)], &[(resp, 512)]).unwrap();
-    let mut st = [0u8; 4];
-    mem.read(resp, &mut st);
-    assert_eq!((used, u32::from_le_bytes(st)), (12, status::OK));
+    for len in [608, 12] {
+        let used = a.raw_control_chain(&[(req, len)], &[(resp, 512)]).unwrap();
+        let mut st = [0u8; 4];
+        mem.read(resp, &mut st);
+        assert_eq!((used, u32::from_le_bytes(st)), (8, status::BAD_LENGTH));
+    }
     // Everything still works.
     let pd = a.command(cmd::CREATE_PD, &[]).unwrap();
     assert_eq!(pd.len(), 4);

@@ -1065,8 +1065,13 @@ static const struct virtio_device_id ulnic_id_table[] = {
 };
 MODULE_DEVICE_TABLE(virtio, ulnic_id_table);
 
+/* The device acts only on features the driver accepted (spec 2). */
 static unsigned int ulnic_features[] = {
 	ULNIC_F_MESSAGING_BIT,
+	ULNIC_F_UTLB_BIT,
+	ULNIC_F_RDMA_BIT,
+	ULNIC_F_TRIPWIRE_BIT,
+	ULNIC_F_CLOSE_MESSAGE_BIT,
 };
 
 static struct virtio_driver ulnic_driver = {

@@ -123,6 +123,22 @@ const NOTIFY_RECORD: u32 = 8;
 impl HostAttach {
     /// Connects to the port socket at `path`, sharing `memory_size` bytes.
     pub fn connect(path: &Path, memory_size: usize) -> Result<HostAttach, Error> {
+        Self::connect_with_memory(path, DmaMemory::new(memory_size)?)
+    }
+
+    /// Connects to the port socket at `path`, sharing `memory`.
+    pub fn connect_with_memory(path: &Path, memory: DmaMemory) -> Result<HostAttach, Error> {
+        Self::connect_accepting(path, memory, ulnic_abi::F_IMPLEMENTED)
+    }
+
+    /// As [`HostAttach::connect_with_memory`], accepting only the device
+    /// feature bits in `accept` (F_MESSAGING always): the device then
+    /// refuses what needs the others (spec §2). For testing that.
+    pub fn connect_accepting(
+        path: &Path,
+        memory: DmaMemory,
+        accept: u64,
+    ) -> Result<HostAttach, Error> {
         let mut fe = Frontend::connect(path, u64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT) + 2)
             .map_err(proto("connect"))?;
         // The device closes a second frontend's connection before reading
@@ -144,7 +160,10 @@ impl HostAttach {
             )));
         }
         fe.set_owner().map_err(proto("SET_OWNER"))?;
-        fe.set_features(want).map_err(proto("SET_FEATURES"))?;
+        // Accept every device feature this driver knows: the device acts
+        // only on accepted ones (spec §2).
+        fe.set_features(want | (features & accept & ulnic_abi::F_IMPLEMENTED))
+            .map_err(proto("SET_FEATURES"))?;
         let pf = fe
             .get_protocol_features()
             .map_err(proto("GET_PROTOCOL_FEATURES"))?;
@@ -162,7 +181,6 @@ impl HostAttach {
             return Err(Error::Incompatible(format!("device has {queues} queues")));
         }
 
-        let memory = DmaMemory::new(memory_size)?;
         let region = VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
             memory_size: memory.len() as u64,

@@ -44,12 +44,21 @@ unsafe impl Send for DmaMemory {}
 unsafe impl Sync for DmaMemory {}
 
 impl DmaMemory {
-    /// Creates and maps `len` bytes (rounded up to pages).
+    /// Creates and maps `len` bytes (rounded up to pages), sealed so that
+    /// its size can never change (spec §2.3: the device relies on it).
     pub fn new(len: usize) -> Result<DmaMemory, Error> {
+        Self::with_sealing(len, true)
+    }
+
+    /// As [`DmaMemory::new`]; `seal: false` leaves the file resizable and
+    /// unsealable, which the device tolerates by containing faults. For
+    /// testing that containment; drivers use [`DmaMemory::new`].
+    pub fn with_sealing(len: usize, seal: bool) -> Result<DmaMemory, Error> {
         let len = len.div_ceil(PAGE) * PAGE;
         let os = |what| move |source| Error::Os { what, source };
+        let flags = libc::MFD_CLOEXEC | if seal { libc::MFD_ALLOW_SEALING } else { 0 };
         // SAFETY: the name is a valid NUL-terminated string.
-        let raw = unsafe { libc::memfd_create(c"ulnic-host-attach".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(c"ulnic-host-attach".as_ptr(), flags) };
         if raw < 0 {
             return Err(os("memfd_create")(std::io::Error::last_os_error()));
         }
@@ -60,6 +69,11 @@ impl DmaMemory {
             return Err(os("ftruncate shared memory")(
                 std::io::Error::last_os_error(),
             ));
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor we own; no pointers.
+        if seal && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(os("seal shared memory")(std::io::Error::last_os_error()));
         }
         let p = map_shared(fd.as_raw_fd(), len, 0).map_err(os("mmap shared memory"))?;
         let base = NonNull::new(p).ok_or(Error::OutOfMemory(len))?;

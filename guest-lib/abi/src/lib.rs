@@ -11,7 +11,7 @@
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 4;
+pub const SPEC_VERSION_MINOR: u16 = 5;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -237,6 +237,34 @@ pub mod cmd {
     /// out-of-band messages 0x50..=0x5f); they answer `NOT_SUPPORTED`.
     pub fn is_reserved(opcode: u32) -> bool {
         (0x22..=0x2f).contains(&opcode) || (0x50..=0x5f).contains(&opcode)
+    }
+
+    /// Bytes of result payload a successful command returns (spec §4.2).
+    /// The device refuses a command with `BAD_LENGTH`, before running it,
+    /// when the response buffer has less room than this after the header.
+    pub fn result_len(opcode: u32) -> usize {
+        match opcode {
+            GET_INFO => crate::DeviceInfo::SIZE,
+            CREATE_PD => 4,
+            CREATE_ENDPOINT => 8,
+            GET_STATS => crate::STAT_NAMES.len() * 8,
+            EXPORT | EXPORT_BUFFER => crate::Cookie::SIZE,
+            SET_TRIPWIRE => 4,
+            _ => 0,
+        }
+    }
+
+    /// The feature bits a driver must have accepted (SET_FEATURES) for the
+    /// device to run a command; without them it answers `NOT_SUPPORTED`.
+    pub fn required_features(opcode: u32) -> u64 {
+        match opcode {
+            GET_INFO => 0,
+            UTLB_SET_TABLE | UTLB_INVALIDATE => crate::F_MESSAGING | crate::F_UTLB,
+            EXPORT | REVOKE => crate::F_MESSAGING | crate::F_RDMA,
+            EXPORT_BUFFER => crate::F_MESSAGING | crate::F_RDMA | crate::F_UTLB,
+            SET_TRIPWIRE | CLEAR_TRIPWIRE => crate::F_MESSAGING | crate::F_RDMA | crate::F_TRIPWIRE,
+            _ => crate::F_MESSAGING,
+        }
     }
 }
 
@@ -1181,6 +1209,13 @@ pub fn c_header() -> String {
         ("ULNIC_CONFIG_MAGIC", CONFIG_MAGIC.into()),
         ("ULNIC_CONFIG_SIZE", CONFIG_SIZE as u64),
         ("ULNIC_F_MESSAGING_BIT", F_MESSAGING.trailing_zeros().into()),
+        ("ULNIC_F_UTLB_BIT", F_UTLB.trailing_zeros().into()),
+        ("ULNIC_F_RDMA_BIT", F_RDMA.trailing_zeros().into()),
+        ("ULNIC_F_TRIPWIRE_BIT", F_TRIPWIRE.trailing_zeros().into()),
+        (
+            "ULNIC_F_CLOSE_MESSAGE_BIT",
+            F_CLOSE_MESSAGE.trailing_zeros().into(),
+        ),
         ("ULNIC_CONTROL_QUEUE", CONTROL_QUEUE.into()),
         ("ULNIC_NOTIFY_QUEUE", NOTIFY_QUEUE.into()),
         ("ULNIC_FIRST_DOORBELL_QUEUE", FIRST_DOORBELL_QUEUE.into()),

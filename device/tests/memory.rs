@@ -1,0 +1,204 @@
+//! Shared memory that would crash the device (SIGBUS) costs only the
+//! frontend that shared it (spec §2.3). Each attack is followed by a
+//! message exchange between two other ports of the same device, and by a
+//! good frontend attaching to the attacked port again.
+mod common;
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::time::{Duration, Instant};
+
+use ulnic::{Address, EndpointConfig, Nic};
+use ulnic_device::Device;
+use ulnic_host_attach::{DmaMemory, HostAttach};
+use vhost::vhost_user::message::{
+    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::EventFd;
+
+const MIB: u64 = 1 << 20;
+/// Where the attacker claims its memory lives in its own address space.
+const USER_BASE: u64 = 0x7000_0000_0000;
+
+fn memfd(len: u64) -> File {
+    // SAFETY: valid NUL-terminated name; the descriptor is ours.
+    let fd = unsafe { libc::memfd_create(c"ulnic-attacker".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor we own.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(len).unwrap();
+    f
+}
+
+/// Sends one region (`size` bytes of `file` from `offset`) as the memory
+/// table, then puts the control queue's rings at `rings` inside it and
+/// kicks: the device reads them at once if it accepted the region. Returns
+/// whether SET_MEM_TABLE was accepted.
+fn share_region_and_kick(
+    path: &std::path::Path,
+    file: &File,
+    size: u64,
+    offset: u64,
+    rings: u64,
+) -> bool {
+    let mut fe = Frontend::connect(path, 64).unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    fe.set_features(
+        (1 << 32)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | (features & ulnic_abi::F_MESSAGING),
+    )
+    .unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(
+        pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK),
+    )
+    .unwrap();
+    // Ask for a reply to each request, so a refusal is seen at once.
+    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: size,
+        userspace_addr: USER_BASE,
+        mmap_offset: offset,
+        mmap_handle: file.as_raw_fd(),
+    };
+    if fe.set_mem_table(&[region]).is_err() {
+        return false;
+    }
+    let (kick, call) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
+    let cfg = VringConfigData {
+        queue_max_size: 8,
+        queue_size: 8,
+        flags: 0,
+        desc_table_addr: USER_BASE + rings,
+        used_ring_addr: USER_BASE + rings + 0x1000,
+        avail_ring_addr: USER_BASE + rings + 0x800,
+        log_addr: None,
+    };
+    let setup = (|| -> Result<(), vhost::Error> {
+        fe.set_vring_num(0, 8)?;
+        fe.set_vring_addr(0, &cfg)?;
+        fe.set_vring_base(0, 0)?;
+        fe.set_vring_kick(0, &kick)?;
+        fe.set_vring_call(0, &call)?;
+        fe.set_vring_enable(0, true)?;
+        Ok(())
+    })();
+    if setup.is_ok() {
+        let _ = kick.write(1);
+        // Give the device time to read the rings (and, unprotected, die).
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    true
+}
+
+/// Node `from` sends a message to node `to`, which receives it.
+fn exchange(dev: &Device, from: usize, to: usize) {
+    let a = Nic::attach(&common::socket(dev, from)).unwrap();
+    let b = Nic::attach(&common::socket(dev, to)).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
+    let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
+    ea.bind(11).unwrap();
+    eb.bind(12).unwrap();
+    let dest = Address {
+        node: to as u32,
+        port: 12,
+    };
+    ea.post_send_inline(dest, 3, b"still here", 1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        if let Some(m) = eb.poll_recv() {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no message within 10 s");
+        eb.wait(Duration::from_millis(50)).unwrap();
+    };
+    assert_eq!((m.src.node, m.src.port, m.len), (from as u32, 11, 10));
+}
+
+/// The attacked port serves a well-behaved frontend again.
+fn port_usable_again(dev: &Device, node: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match HostAttach::connect(&common::socket(dev, node), 1 << 20) {
+            Ok(hw) => {
+                assert_eq!(hw.info().node, node as u32);
+                return;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "port {node} unusable: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_region_longer_than_its_file_is_refused() {
+    let (dev, _dir) = common::device(3);
+    let file = memfd(MIB);
+    // 2 MiB claimed over a 1 MiB file; rings in the missing half.
+    let accepted =
+        share_region_and_kick(&common::socket(&dev, 0), &file, 2 * MIB, 0, MIB + 0x10000);
+    assert!(!accepted, "SET_MEM_TABLE must fail");
+    exchange(&dev, 1, 2);
+    port_usable_again(&dev, 0);
+    exchange(&dev, 0, 1);
+}
+
+#[test]
+fn a_region_offset_past_the_end_of_its_file_is_refused() {
+    let (dev, _dir) = common::device(3);
+    let file = memfd(MIB);
+    let accepted = share_region_and_kick(&common::socket(&dev, 0), &file, MIB, 2 * MIB, 0);
+    assert!(!accepted, "SET_MEM_TABLE must fail");
+    exchange(&dev, 1, 2);
+    port_usable_again(&dev, 0);
+}
+
+#[test]
+fn a_file_shrunk_after_setup_costs_only_its_port() {
+    let (dev, _dir) = common::device(3);
+    // Memory the device cannot seal (no MFD_ALLOW_SEALING): it must
+    // contain the fault rather than prevent it.
+    let memory = DmaMemory::with_sealing(4 * MIB as usize, false).unwrap();
+    let fd = memory.as_raw_fd();
+    let hw = HostAttach::connect_with_memory(&common::socket(&dev, 0), memory).unwrap();
+    let resp = hw.memory().alloc(4096).unwrap();
+    // Keep the first MiB (the rings and `resp` live there), lose the rest.
+    // SAFETY: plain syscall on a descriptor the attachment holds.
+    assert_eq!(unsafe { libc::ftruncate(fd, MIB as libc::off_t) }, 0);
+    // A command whose request lies in the lost pages. The device answers
+    // nothing useful (its view of the port is gone), so do not wait for it.
+    let hw = std::sync::Arc::new(hw);
+    let attacker = hw.clone();
+    std::thread::spawn(move || attacker.raw_control_chain(&[(3 * MIB, 8)], &[(resp.gpa, 512)]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dev.switch().lock().nodes[0].memory_faults == 0 {
+        assert!(Instant::now() < deadline, "fault not contained");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    exchange(&dev, 1, 2);
+    drop(hw);
+    port_usable_again(&dev, 0);
+    exchange(&dev, 0, 2);
+}
+
+#[test]
+fn sealed_memory_cannot_shrink() {
+    let (dev, _dir) = common::device(1);
+    let hw = HostAttach::connect(&common::socket(&dev, 0), 4 * MIB as usize).unwrap();
+    let fd = hw.memory().as_raw_fd();
+    // SAFETY: plain syscall on a descriptor the attachment holds.
+    let r = unsafe { libc::ftruncate(fd, MIB as libc::off_t) };
+    assert_eq!(r, -1, "the shared memory is sealed against shrinking");
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPERM)
+    );
+}

@@ -1,0 +1,307 @@
+//! A refused command changes nothing (spec §4 "all or nothing"), inputs
+//! that used to be ignored are checked, and features the driver did not
+//! accept are not acted on (spec §2).
+mod common;
+
+use ulnic_abi::{
+    cmd, ctrl, event, op, perm, read_le32, send_flags, status, tx_error, CreateEndpoint,
+    RingLayout, SendDesc, SEND_DESC_SIZE,
+};
+use ulnic_device::fabric::ObjectCounts;
+use ulnic_device::Device;
+use ulnic_host_attach::{DmaMemory, Error, HostAttach};
+
+fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
+    match r {
+        Ok(_) => status::OK,
+        Err(Error::Command { status, .. }) => status,
+        Err(e) => panic!("unexpected error {e}"),
+    }
+}
+
+fn counts(dev: &Device, node: usize) -> ObjectCounts {
+    dev.switch().lock().nodes[node].object_counts()
+}
+
+/// A PD, an endpoint bound to port 5 with an aperture and a tripwire:
+/// something for refused commands to leave alone. Returns (pd, ep,
+/// aperture, create-endpoint payload).
+fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
+    let pd = read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let layout = RingLayout {
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        event_entries: 128,
+    };
+    let mem = hw.memory();
+    let ctrl = mem.alloc(layout.region_size() as usize).unwrap();
+    let seg = mem.alloc(4096).unwrap();
+    let table = mem.alloc(8).unwrap();
+    mem.write(table.gpa, &seg.gpa.to_le_bytes());
+    let create = CreateEndpoint {
+        pd,
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        event_entries: 128,
+        ctrl_gpa: ctrl.gpa,
+        ctrl_len: ctrl.len as u64,
+        seg_table_gpa: table.gpa,
+        seg_pages: 1,
+    }
+    .encode();
+    let ep = read_le32(&hw.command(cmd::CREATE_ENDPOINT, &create).unwrap(), 0);
+    let mut bind = ep.to_le_bytes().to_vec();
+    bind.extend_from_slice(&5u32.to_le_bytes());
+    hw.command(cmd::BIND_PORT, &bind).unwrap();
+    let cookie = hw.command(cmd::EXPORT, &export_payload(ep)).unwrap();
+    let aperture = read_le32(&cookie, 4);
+    hw.command(cmd::SET_TRIPWIRE, &tripwire_payload(ep, aperture))
+        .unwrap();
+    (pd, ep, aperture, create.to_vec())
+}
+
+fn export_payload(ep: u32) -> Vec<u8> {
+    let mut p = ep.to_le_bytes().to_vec();
+    p.extend_from_slice(&perm::ALL.to_le_bytes());
+    p.extend_from_slice(&0u64.to_le_bytes());
+    p.extend_from_slice(&4096u64.to_le_bytes());
+    p
+}
+
+fn tripwire_payload(ep: u32, aperture: u32) -> Vec<u8> {
+    let mut p = ep.to_le_bytes().to_vec();
+    p.extend_from_slice(&aperture.to_le_bytes());
+    p.extend_from_slice(&0u64.to_le_bytes());
+    p.extend_from_slice(&64u64.to_le_bytes());
+    p.extend_from_slice(&1u32.to_le_bytes()); // WRITE
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p.extend_from_slice(&7u64.to_le_bytes());
+    p
+}
+
+/// Sends `opcode` with `payload` and a response buffer of `room` bytes
+/// (header included); returns the status written, if any.
+fn raw(hw: &HostAttach, opcode: u32, reserved: u32, payload: &[u8], room: u32) -> Option<u32> {
+    let mem = hw.memory();
+    let buf = mem.alloc(8192).unwrap();
+    let mut req = opcode.to_le_bytes().to_vec();
+    req.extend_from_slice(&reserved.to_le_bytes());
+    req.extend_from_slice(payload);
+    mem.write(buf.gpa, &req);
+    let used = hw
+        .raw_control_chain(&[(buf.gpa, req.len() as u32)], &[(buf.gpa + 4096, room)])
+        .unwrap();
+    let mut st = [0u8; 4];
+    mem.read(buf.gpa + 4096, &mut st);
+    mem.free(buf);
+    (used >= 8).then(|| u32::from_le_bytes(st))
+}
+
+#[test]
+fn refused_commands_of_every_kind_change_nothing() {
+    let (dev, _dir) = common::device(1);
+    let hw = HostAttach::connect(&common::socket(&dev, 0), 4 << 20).unwrap();
+    let (pd, ep, aperture, create) = populate(&hw);
+    let stats = |hw: &HostAttach| hw.command(cmd::GET_STATS, &ep.to_le_bytes()).unwrap();
+    let before = counts(&dev, 0);
+    let stats_before = stats(&hw);
+    assert_eq!(
+        before,
+        ObjectCounts {
+            pds: 1,
+            endpoints: 1,
+            ports: 1,
+            apertures: 1,
+            tripwires: 1,
+            filters: 0
+        }
+    );
+    let mut filter = ep.to_le_bytes().to_vec();
+    filter.extend_from_slice(&1u32.to_le_bytes());
+    filter.extend_from_slice(&[0xff; 16]);
+    let mut revoke = ep.to_le_bytes().to_vec();
+    revoke.extend_from_slice(&aperture.to_le_bytes());
+    let mut bind = ep.to_le_bytes().to_vec();
+    bind.extend_from_slice(&6u32.to_le_bytes());
+    let mut utlb_table = pd.to_le_bytes().to_vec();
+    utlb_table.extend_from_slice(&8u32.to_le_bytes());
+    utlb_table.extend_from_slice(&0x1000u64.to_le_bytes());
+    let mut invalidate = pd.to_le_bytes().to_vec();
+    invalidate.extend_from_slice(&[0; 8]);
+    let mut export_buffer = export_payload(ep);
+    export_buffer.extend_from_slice(&[0; 8]);
+    let mut clear = ep.to_le_bytes().to_vec();
+    clear.extend_from_slice(&0u32.to_le_bytes());
+    // Every command, each valid as written (the device would run it).
+    let commands: Vec<(u32, Vec<u8>)> = vec![
+        (cmd::GET_INFO, vec![]),
+        (cmd::CREATE_PD, vec![]),
+        (cmd::DESTROY_PD, pd.to_le_bytes().to_vec()),
+        (cmd::CREATE_ENDPOINT, create.clone()),
+        (cmd::DESTROY_ENDPOINT, ep.to_le_bytes().to_vec()),
+        (cmd::BIND_PORT, bind),
+        (cmd::SET_FILTER, filter),
+        (cmd::ARM, ep.to_le_bytes().to_vec()),
+        (cmd::DISARM, ep.to_le_bytes().to_vec()),
+        (cmd::GET_STATS, ep.to_le_bytes().to_vec()),
+        (cmd::UTLB_SET_TABLE, utlb_table),
+        (cmd::UTLB_INVALIDATE, invalidate),
+        (cmd::EXPORT, export_payload(ep)),
+        (cmd::REVOKE, revoke),
+        (cmd::EXPORT_BUFFER, export_buffer),
+        (cmd::SET_TRIPWIRE, tripwire_payload(ep, aperture)),
+        (cmd::CLEAR_TRIPWIRE, clear),
+    ];
+    for (opcode, payload) in &commands {
+        let result = cmd::result_len(*opcode) as u32;
+        let mut longer = payload.clone();
+        longer.push(0);
+        let cases = [
+            (
+                "a reserved header word",
+                raw(&hw, *opcode, 1, payload, 512),
+                status::INVALID_ARGUMENT,
+            ),
+            (
+                "a byte too many",
+                raw(&hw, *opcode, 0, &longer, 512),
+                status::BAD_LENGTH,
+            ),
+            (
+                "a byte too few",
+                if payload.is_empty() {
+                    Some(status::BAD_LENGTH) // nothing to shorten
+                } else {
+                    raw(&hw, *opcode, 0, &payload[..payload.len() - 1], 512)
+                },
+                status::BAD_LENGTH,
+            ),
+            (
+                "no room for the result",
+                if result == 0 {
+                    Some(status::BAD_LENGTH) // no result to make room for
+                } else {
+                    raw(&hw, *opcode, 0, payload, 8 + result - 1)
+                },
+                status::BAD_LENGTH,
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(got, Some(want), "command {opcode:#x} with {what}");
+            assert_eq!(
+                counts(&dev, 0),
+                before,
+                "command {opcode:#x} with {what} changed the device's objects"
+            );
+        }
+    }
+    // SET_TRIPWIRE's reserved word, and a control region whose declared
+    // length reaches outside shared memory.
+    let mut tw = tripwire_payload(ep, aperture);
+    tw[28] = 1;
+    assert_eq!(
+        status_of(hw.command(cmd::SET_TRIPWIRE, &tw)),
+        status::INVALID_ARGUMENT
+    );
+    let mut c = create.clone();
+    c[32..40].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    assert_eq!(
+        status_of(hw.command(cmd::CREATE_ENDPOINT, &c)),
+        status::BAD_ADDRESS
+    );
+    c[32..40].copy_from_slice(&(0x10000u64 + 1).to_le_bytes());
+    assert_eq!(
+        status_of(hw.command(cmd::CREATE_ENDPOINT, &c)),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(counts(&dev, 0), before);
+    // The endpoint's counters too (GET_STATS itself changes none).
+    assert_eq!(stats(&hw), stats_before);
+    // And the same commands, well formed, still work.
+    assert_eq!(status_of(hw.command(cmd::CREATE_PD, &[])), status::OK);
+    assert_eq!(counts(&dev, 0).pds, 2);
+}
+
+#[test]
+fn features_not_accepted_are_refused() {
+    let (dev, _dir) = common::device(2);
+    let memory = DmaMemory::new(4 << 20).unwrap();
+    // Accepts messaging only: no RDMA, UTLB, tripwires or close messages.
+    let hw =
+        HostAttach::connect_accepting(&common::socket(&dev, 0), memory, ulnic_abi::F_MESSAGING)
+            .unwrap();
+    let pd = read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let mut table = pd.to_le_bytes().to_vec();
+    table.extend_from_slice(&8u32.to_le_bytes());
+    table.extend_from_slice(&0x1000u64.to_le_bytes());
+    assert_eq!(
+        status_of(hw.command(cmd::UTLB_SET_TABLE, &table)),
+        status::NOT_SUPPORTED
+    );
+    let layout = RingLayout {
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        event_entries: 128,
+    };
+    let mem = hw.memory();
+    let ctrl_buf = mem.alloc(layout.region_size() as usize).unwrap();
+    let seg = mem.alloc(4096).unwrap();
+    let tab = mem.alloc(8).unwrap();
+    mem.write(tab.gpa, &seg.gpa.to_le_bytes());
+    let create = CreateEndpoint {
+        pd,
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        event_entries: 128,
+        ctrl_gpa: ctrl_buf.gpa,
+        ctrl_len: ctrl_buf.len as u64,
+        seg_table_gpa: tab.gpa,
+        seg_pages: 1,
+    };
+    let ep = read_le32(
+        &hw.command(cmd::CREATE_ENDPOINT, &create.encode()).unwrap(),
+        0,
+    );
+    assert_eq!(
+        status_of(hw.command(cmd::EXPORT, &export_payload(ep))),
+        status::NOT_SUPPORTED
+    );
+    assert_eq!(counts(&dev, 0).apertures, 0);
+    // An RDMA write in the send ring fails as a bad descriptor.
+    let mut d = [0u8; SEND_DESC_SIZE as usize];
+    SendDesc {
+        opcode: op::RDMA_WRITE,
+        flags: send_flags::COMPLETION,
+        len: 8,
+        dest_node: 1,
+        dest_port: 0,
+        tag: 0,
+        user_id: 42,
+        seg_offset: 0,
+    }
+    .encode_header(&mut d);
+    mem.write(ctrl_buf.gpa + layout.send_offset(), &d);
+    mem.atomic_u32(ctrl_buf.gpa + ctrl::SEND_PRODUCER)
+        .store(1, std::sync::atomic::Ordering::Release);
+    hw.ring_doorbell(ep);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while mem
+        .atomic_u32(ctrl_buf.gpa + ctrl::EVENT_PRODUCER)
+        .load(std::sync::atomic::Ordering::Acquire)
+        == 0
+    {
+        assert!(std::time::Instant::now() < deadline, "no event");
+        std::thread::yield_now();
+    }
+    let mut e = [0u8; 32];
+    mem.read(ctrl_buf.gpa + layout.event_offset(), &mut e);
+    let ev = ulnic_abi::Event::decode(&e);
+    assert_eq!(
+        (ev.kind, ev.code, ev.user_id),
+        (event::TX_ERROR, tx_error::BAD_DESCRIPTOR, 42)
+    );
+}
