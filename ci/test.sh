@@ -45,6 +45,9 @@ cargo build --workspace --release
 step "benchmark smoke (ulnic vs tcp, 8 bytes)"
 ./target/release/ulnic bench pingpong --size 8 --iters 2000 --transport ulnic,tcp --json
 
+step "fuzzing (bounded; ci/fuzz.sh, ULNIC_FUZZ_SECONDS per target)"
+bash ci/fuzz.sh
+
 step "tests"
 cargo test --workspace --release
 

@@ -194,6 +194,22 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
         a[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
     }
     a[16..24].copy_from_slice(&4096u64.to_le_bytes());
+    // A failed allocation is a clean ENOMEM (it used to free a NULL
+    // control region and crash the guest kernel): the driver's fault
+    // injection parameter makes the next allocations fail.
+    let inject = "/sys/module/ulnic/parameters/fail_alloc";
+    let mut injected = false;
+    if std::fs::write(inject, "1").is_ok() {
+        let mut b = a;
+        let r = ioctl(ulnic_abi::uapi::IOC_CREATE_EP, b.as_mut_ptr());
+        std::fs::write(inject, "0").map_err(|e| format!("{inject}: {e}"))?;
+        if r.as_ref().err().and_then(|e| e.raw_os_error()) != Some(libc::ENOMEM) {
+            return Err(format!(
+                "CREATE_EP with a failing allocation gave {r:?}, not ENOMEM"
+            ));
+        }
+        injected = true;
+    }
     ioctl(ulnic_abi::uapi::IOC_CREATE_EP, a.as_mut_ptr())
         .map_err(|e| format!("raw CREATE_EP: {e}"))?;
     let id = ulnic_abi::read_le32(&a, 24);
@@ -209,6 +225,9 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
     ioctl(ulnic_abi::uapi::IOC_DESTROY_EP, idb.as_mut_ptr())
         .map_err(|e| format!("destroy after unmap: {e}"))?;
     report.push_str("; a mapped endpoint cannot be destroyed (EBUSY) until unmapped");
+    if injected {
+        report.push_str("; a failed endpoint allocation is ENOMEM");
+    }
     Ok(Some(report))
 }
 

@@ -32,6 +32,11 @@ fn two_guests_run_commands_talk_over_ulnic_and_report_failures() {
             err.contains(&format!("[node {n}] ulnic-selftest: ok")),
             "node {n} selftest:\n{err}"
         );
+        // The kernel driver's allocation-failure path (fault injected).
+        assert!(
+            err.contains("a failed endpoint allocation is ENOMEM"),
+            "node {n} fault injection:\n{err}"
+        );
         assert!(
             err.contains(&format!("[node {n}] node={n}/2")),
             "node {n} env:\n{err}"

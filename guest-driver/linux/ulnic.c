@@ -68,6 +68,12 @@ struct ulnic {
 	u32 nodes;
 	u32 endpoints;
 
+	/*
+	 * Queue lifetime for doorbells: IOC_KICK holds it for reading, so a
+	 * kick never waits behind a slow command; remove() for writing.
+	 */
+	struct rw_semaphore vq_sem;
+
 	/* One control command at a time; the response lands in cmd_buf. */
 	struct mutex cmd_lock;
 	struct completion cmd_done;
@@ -107,6 +113,11 @@ struct ulnic_file {
 };
 
 static DEFINE_IDA(ulnic_ida);
+
+/* Fault injection for tests: while set, endpoint allocations fail (ENOMEM). */
+static bool fail_alloc;
+module_param(fail_alloc, bool, 0644);
+MODULE_PARM_DESC(fail_alloc, "test only: make endpoint memory allocation fail");
 
 static void ulnic_release_dev(struct kref *ref)
 {
@@ -235,7 +246,8 @@ static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
 
 static void ulnic_free_ep(struct ulnic_ep *ep)
 {
-	free_pages_exact(ep->ctrl, ep->ctrl_len);
+	if (ep->ctrl)
+		free_pages_exact(ep->ctrl, ep->ctrl_len);
 	vfree(ep->seg);
 	kfree(ep);
 }
@@ -413,7 +425,8 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 		return -ENOMEM;
 	ep->ctrl_len = ctrl_bytes;
 	ep->seg_len = seg_bytes;
-	ep->ctrl = alloc_pages_exact(ctrl_bytes, GFP_KERNEL | __GFP_ZERO);
+	if (!READ_ONCE(fail_alloc))
+		ep->ctrl = alloc_pages_exact(ctrl_bytes, GFP_KERNEL | __GFP_ZERO);
 	ep->seg = vmalloc_user(seg_bytes);
 	/* Linear memory: the device reads the table by physical address. */
 	table = kmalloc_array(pages, sizeof(*table), GFP_KERNEL);
@@ -440,6 +453,15 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 			    sizeof(out), &status);
 	if (err < (long)sizeof(out)) {
 		mutex_unlock(&uf->lock);
+		if (err == -ETIMEDOUT) {
+			/*
+			 * The rule everywhere: memory the device was given is
+			 * never freed after a timeout, as it may still write it.
+			 */
+			pr_warn("ulnic: leaking an endpoint's memory after a command timeout\n");
+			kfree(ep);
+			return err;
+		}
 		err = err == -EIO ? ulnic_status_errno(status) :
 				    (err < 0 ? err : -EPROTO);
 		goto err_free;
@@ -619,8 +641,11 @@ static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 			    NULL, 0, &status);
 	if (err < 0) {
 		mutex_unlock(&uf->lock);
-		if (err == -ETIMEDOUT)
-			return err;	/* the device may read it: leak */
+		if (err == -ETIMEDOUT) {
+			/* The device may read the table: leak it (the rule). */
+			kvfree(t.pages);
+			return err;
+		}
 		err = err == -EIO ? ulnic_status_errno(status) : err;
 		goto err_free;
 	}
@@ -740,12 +765,12 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 			return -EFAULT;
 		if (!ulnic_owned(uf, id))
 			return -EPERM;
-		/* Under the command lock: remove() frees the queues. */
-		mutex_lock(&u->cmd_lock);
-		n = u->vdev ? 0 : -ENODEV;
+		/* remove() frees the queues under vq_sem held for writing. */
+		down_read(&u->vq_sem);
+		n = READ_ONCE(u->vdev) ? 0 : -ENODEV;
 		if (!n)
 			virtqueue_notify(u->vqs[ULNIC_FIRST_DOORBELL_QUEUE + id]);
-		mutex_unlock(&u->cmd_lock);
+		up_read(&u->vq_sem);
 		return n;
 	case ULNIC_IOC_WAIT:
 		return ulnic_wait(uf, p);
@@ -970,6 +995,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	init_waitqueue_head(&u->wq);
 	u->index = -1;
 	mutex_init(&u->cmd_lock);
+	init_rwsem(&u->vq_sem);
 	init_completion(&u->cmd_done);
 	u->node = virtio_cread32(vdev, ULNIC_CFG_NODE);
 	u->nodes = virtio_cread32(vdev, ULNIC_CFG_NODES);
@@ -1051,9 +1077,11 @@ static void ulnic_remove(struct virtio_device *vdev)
 	ida_free(&ulnic_ida, u->index);
 	virtio_reset_device(vdev);
 	/* Open files keep the struct; their calls now fail with ENODEV. */
+	down_write(&u->vq_sem);
 	mutex_lock(&u->cmd_lock);
 	WRITE_ONCE(u->vdev, NULL);
 	mutex_unlock(&u->cmd_lock);
+	up_write(&u->vq_sem);
 	wake_up_interruptible_all(&u->wq);
 	vdev->config->del_vqs(vdev);
 	kref_put(&u->ref, ulnic_release_dev);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of the device's untrusted inputs (issue 9):
+# builds the cargo-fuzz targets in device/fuzz and runs each for a bounded
+# time on the corpus kept in the repo. A crash fails the run and leaves
+# its input in device/fuzz/artifacts/<target>/ (make it a regression test).
+#   ULNIC_FUZZ_SECONDS  seconds per target (default 25)
+#   ULNIC_FUZZ_TARGETS  which targets (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${ULNIC_FUZZ_SECONDS:-25}
+targets=${ULNIC_FUZZ_TARGETS:-"control chain descriptors"}
+
+if ! command -v cargo-fuzz >/dev/null; then
+  echo "installing cargo-fuzz"
+  cargo install cargo-fuzz --locked --quiet
+fi
+# cargo fuzz needs nightly flags (-Z sanitizer): use the nightly toolchain
+# where it is installed, else let stable accept them.
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  tc=(+nightly)
+else
+  tc=()
+  export RUSTC_BOOTSTRAP=1
+fi
+cd device/fuzz
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for t in $targets; do
+  mkdir -p "corpus/$t"
+  echo "fuzzing $t for ${secs}s"
+  if ! cargo "${tc[@]}" fuzz run "$t" "corpus/$t" -- \
+      -max_total_time="$secs" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
+    tail -n 60 "$log" >&2
+    echo "fuzz target $t failed (a crash leaves its input in device/fuzz/artifacts/$t/)" >&2
+    exit 1
+  fi
+  grep -E '^stat::(number_of_executed_units|new_units_added)' "$log" | sed "s/^/  $t: /"
+done
