@@ -9,7 +9,7 @@ use ulnic_abi::{
 };
 use ulnic_device::fabric::ObjectCounts;
 use ulnic_device::Device;
-use ulnic_host_attach::{DmaMemory, Error, HostAttach};
+use ulnic_host_attach::{DmaBuffer, DmaMemory, Error, HostAttach};
 
 fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
     match r {
@@ -23,11 +23,9 @@ fn counts(dev: &Device, node: usize) -> ObjectCounts {
     dev.switch().lock().nodes[node].object_counts()
 }
 
-/// A PD, an endpoint bound to port 5 with an aperture and a tripwire:
-/// something for refused commands to leave alone. Returns (pd, ep,
-/// aperture, create-endpoint payload).
-fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
-    let pd = read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+/// An endpoint of `pd` made by hand: (id, its control region, its layout,
+/// the CREATE_ENDPOINT payload that made it).
+fn endpoint(hw: &HostAttach, pd: u32) -> (u32, DmaBuffer, RingLayout, Vec<u8>) {
     let layout = RingLayout {
         send_entries: 8,
         recv_entries: 8,
@@ -41,17 +39,27 @@ fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
     mem.write(table.gpa, &seg.gpa.to_le_bytes());
     let create = CreateEndpoint {
         pd,
-        send_entries: 8,
-        recv_entries: 8,
-        free_entries: 8,
-        event_entries: 128,
+        send_entries: layout.send_entries,
+        recv_entries: layout.recv_entries,
+        free_entries: layout.free_entries,
+        event_entries: layout.event_entries,
         ctrl_gpa: ctrl.gpa,
         ctrl_len: ctrl.len as u64,
         seg_table_gpa: table.gpa,
         seg_pages: 1,
     }
-    .encode();
+    .encode()
+    .to_vec();
     let ep = read_le32(&hw.command(cmd::CREATE_ENDPOINT, &create).unwrap(), 0);
+    (ep, ctrl, layout, create)
+}
+
+/// A PD, an endpoint bound to port 5 with an aperture and a tripwire:
+/// something for refused commands to leave alone. Returns (pd, ep,
+/// aperture, create-endpoint payload).
+fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
+    let pd = read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let (ep, _, _, create) = endpoint(hw, pd);
     let mut bind = ep.to_le_bytes().to_vec();
     bind.extend_from_slice(&5u32.to_le_bytes());
     hw.command(cmd::BIND_PORT, &bind).unwrap();
@@ -59,7 +67,7 @@ fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
     let aperture = read_le32(&cookie, 4);
     hw.command(cmd::SET_TRIPWIRE, &tripwire_payload(ep, aperture))
         .unwrap();
-    (pd, ep, aperture, create.to_vec())
+    (pd, ep, aperture, create)
 }
 
 fn export_payload(ep: u32) -> Vec<u8> {
@@ -240,32 +248,8 @@ fn features_not_accepted_are_refused() {
         status_of(hw.command(cmd::UTLB_SET_TABLE, &table)),
         status::NOT_SUPPORTED
     );
-    let layout = RingLayout {
-        send_entries: 8,
-        recv_entries: 8,
-        free_entries: 8,
-        event_entries: 128,
-    };
+    let (ep, ctrl_buf, layout, _) = endpoint(&hw, pd);
     let mem = hw.memory();
-    let ctrl_buf = mem.alloc(layout.region_size() as usize).unwrap();
-    let seg = mem.alloc(4096).unwrap();
-    let tab = mem.alloc(8).unwrap();
-    mem.write(tab.gpa, &seg.gpa.to_le_bytes());
-    let create = CreateEndpoint {
-        pd,
-        send_entries: 8,
-        recv_entries: 8,
-        free_entries: 8,
-        event_entries: 128,
-        ctrl_gpa: ctrl_buf.gpa,
-        ctrl_len: ctrl_buf.len as u64,
-        seg_table_gpa: tab.gpa,
-        seg_pages: 1,
-    };
-    let ep = read_le32(
-        &hw.command(cmd::CREATE_ENDPOINT, &create.encode()).unwrap(),
-        0,
-    );
     assert_eq!(
         status_of(hw.command(cmd::EXPORT, &export_payload(ep))),
         status::NOT_SUPPORTED
