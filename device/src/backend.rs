@@ -2,14 +2,13 @@
 //! control queue, and kicks that wake the data-path engine.
 
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
 use log::{debug, error, warn};
 use ulnic_abi::{
-    cmd, CMD_HEADER_SIZE, CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE,
-    F_IMPLEMENTED, INLINE_MAX, MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE,
-    RESP_HEADER_SIZE, SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+    CMD_HEADER_SIZE, CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE, F_IMPLEMENTED,
+    INLINE_MAX, MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE, RESP_HEADER_SIZE,
+    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -40,8 +39,6 @@ pub struct PortBackend {
     /// tells the backend, so the device never reads through that copy.
     mem: RwLock<Option<PortMemory>>,
     num_queues: usize,
-    /// Queues found broken (bit per queue index; spec §2.1), until reset.
-    broken: AtomicU32,
 }
 
 impl PortBackend {
@@ -53,32 +50,16 @@ impl PortBackend {
             switch,
             mem: RwLock::new(None),
             num_queues,
-            broken: AtomicU32::new(0),
         }
-    }
-
-    /// Marks queue `q` broken (a driver error the queue cannot recover
-    /// from until reset), counts and logs it once.
-    fn break_queue(&self, q: u16, fault: RingFault) {
-        let bit = 1u32 << q.min(31);
-        if self.broken.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
-            error!(
-                "node {}: queue {q} stopped until the driver resets the device: {fault}",
-                self.node
-            );
-            self.switch.lock().nodes[self.node as usize].queue_errors += 1;
-        }
-    }
-
-    /// Queues found broken since the last reset (config space word).
-    pub fn broken_queues(&self) -> u32 {
-        self.broken.load(Ordering::Acquire)
     }
 
     /// The config space (spec §3.3).
     pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
         let mut c = [0u8; CONFIG_SIZE];
-        let tripwires = self.switch.lock().max_tripwires;
+        let (tripwires, broken) = {
+            let f = self.switch.lock();
+            (f.max_tripwires, f.nodes[self.node as usize].broken_queues)
+        };
         let words: [(usize, u32); 12] = [
             (0, CONFIG_MAGIC),
             (
@@ -94,7 +75,7 @@ impl PortBackend {
             (32, self.switch.nodes),
             (36, tripwires),
             (48, ulnic_abi::MAX_APERTURES),
-            (52, self.broken_queues()),
+            (52, broken),
         ];
         for (o, v) in words {
             c[o..o + 4].copy_from_slice(&v.to_le_bytes());
@@ -112,7 +93,7 @@ impl PortBackend {
         else {
             return Ok(());
         };
-        if self.broken_queues() & (1 << CONTROL_QUEUE) != 0 {
+        if self.switch.lock().nodes[self.node as usize].queue_broken(CONTROL_QUEUE) {
             return Ok(());
         }
         let mem = atomic.memory();
@@ -135,7 +116,7 @@ impl PortBackend {
                 }
                 Err(fault) => {
                     drop(state);
-                    self.break_queue(CONTROL_QUEUE, fault);
+                    self.switch.lock().nodes[self.node as usize].break_queue(CONTROL_QUEUE, fault);
                     break;
                 }
             };
@@ -184,19 +165,12 @@ impl PortBackend {
             };
         }
         let mut req = vec![0u8; n];
+        // Checked against the result's length before the command runs.
         let room = writer.available_bytes() - RESP_HEADER_SIZE;
         let resp = match reader.read_exact(&mut req) {
-            // All or nothing: a result that could not be returned is
-            // refused before the command runs, so nothing is left behind.
-            Ok(())
-                if req.len() >= CMD_HEADER_SIZE
-                    && cmd::result_len(ulnic_abi::read_le32(&req, 0)) > room =>
-            {
-                crate::control::Response::err(ulnic_abi::status::BAD_LENGTH)
-            }
             Ok(()) => {
                 let mut fabric = self.switch.lock();
-                crate::control::execute(&mut fabric, self.node, mem, &req)
+                crate::control::execute(&mut fabric, self.node, mem, &req, room)
             }
             Err(_) => crate::control::Response::err(ulnic_abi::status::BAD_LENGTH),
         };
@@ -250,18 +224,17 @@ impl VhostUserBackend for PortBackend {
         let mut f = self.switch.lock();
         f.reset_node(self.node);
         f.nodes[self.node as usize].features = 0;
-        self.broken.store(0, Ordering::Release);
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         // The driver stops the control queue when it resets the device or
         // the VM reboots: everything it created is gone with it.
+        let mut f = self.switch.lock();
         if queue_index == u32::from(CONTROL_QUEUE) {
-            self.switch.lock().reset_node(self.node);
+            f.reset_node(self.node);
         }
         // A stopped queue starts again clean.
-        self.broken
-            .fetch_and(!(1u32 << queue_index.min(31)), Ordering::AcqRel);
+        f.nodes[self.node as usize].broken_queues &= !(1u32 << queue_index.min(31));
         Ok(())
     }
 

@@ -85,9 +85,17 @@ fn known(opcode: u32) -> bool {
     )
 }
 
-/// Executes the request `req` (header + payload) from node `node`. Every
-/// check comes before any effect: a refused command changes nothing.
-pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &[u8]) -> Response {
+/// Executes the request `req` (header + payload) from node `node`, whose
+/// response buffer has `room` bytes after the response header. Every check
+/// comes before any effect, in the order of spec §4: a refused command
+/// changes nothing.
+pub fn execute(
+    fabric: &mut Fabric,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    req: &[u8],
+    room: usize,
+) -> Response {
     if req.len() < CMD_HEADER_SIZE {
         return Response::err(status::BAD_LENGTH);
     }
@@ -103,6 +111,8 @@ pub fn execute(fabric: &mut Fabric, node: u32, mem: &GuestMemoryMmap<()>, req: &
         Err(Response::err(status::INVALID_ARGUMENT))
     } else if cmd::required_features(opcode) & !fabric.nodes[node as usize].features != 0 {
         Err(Response::err(status::NOT_SUPPORTED))
+    } else if cmd::result_len(opcode) > room {
+        Err(Response::err(status::BAD_LENGTH))
     } else {
         run(fabric, node, mem, opcode, p)
     };
@@ -504,6 +514,11 @@ mod tests {
     use crate::guest::tests::mem;
     use ulnic_abi::{cmd, status, CreateEndpoint};
 
+    /// Runs a request from node 1 with a response buffer of 512 bytes.
+    fn exec(f: &mut Fabric, m: &GuestMemoryMmap<()>, r: &[u8]) -> Response {
+        execute(f, 1, m, r, 512)
+    }
+
     fn req(opcode: u32, payload: &[u8]) -> Vec<u8> {
         let mut r = opcode.to_le_bytes().to_vec();
         r.extend_from_slice(&[0; 4]);
@@ -517,16 +532,16 @@ mod tests {
         let mut f = Fabric::new(2, 4);
         // Nothing but GET_INFO before the driver accepted the features.
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[])).status,
+            exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).status,
             status::NOT_SUPPORTED
         );
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::GET_INFO, &[])).status,
+            exec(&mut f, &m, &req(cmd::GET_INFO, &[])).status,
             status::OK
         );
         f.nodes[1].features = ulnic_abi::F_MESSAGING;
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::EXPORT, &[0; 24])).status,
+            exec(&mut f, &m, &req(cmd::EXPORT, &[0; 24])).status,
             status::NOT_SUPPORTED,
             "RDMA was not accepted"
         );
@@ -534,40 +549,44 @@ mod tests {
         // A reserved header word must be zero; a payload must be exact.
         let mut bad = req(cmd::CREATE_PD, &[]);
         bad[4] = 1;
+        assert_eq!(exec(&mut f, &m, &bad).status, status::INVALID_ARGUMENT);
         assert_eq!(
-            execute(&mut f, 1, &m, &bad).status,
-            status::INVALID_ARGUMENT
+            exec(&mut f, &m, &req(cmd::CREATE_PD, &[0])).status,
+            status::BAD_LENGTH
+        );
+        // No room for the result: refused before it runs, after the
+        // header and feature checks (spec §4 order).
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[]), 3).status,
+            status::BAD_LENGTH
         );
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[0])).status,
-            status::BAD_LENGTH
+            execute(&mut f, 1, &m, &bad, 0).status,
+            status::INVALID_ARGUMENT
         );
         assert!(
             f.nodes[1].pds.is_empty(),
             "refused commands created nothing"
         );
-        assert_eq!(execute(&mut f, 1, &m, &[1, 2]).status, status::BAD_LENGTH);
+        assert_eq!(exec(&mut f, &m, &[1, 2]).status, status::BAD_LENGTH);
         for reserved in [0x22, 0x55] {
             assert_eq!(
-                execute(&mut f, 1, &m, &req(reserved, &[])).status,
+                exec(&mut f, &m, &req(reserved, &[])).status,
                 status::NOT_SUPPORTED
             );
         }
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::REVOKE, &[])).status,
+            exec(&mut f, &m, &req(cmd::REVOKE, &[])).status,
             status::BAD_LENGTH
         );
         assert_eq!(
-            execute(&mut f, 1, &m, &req(0x60, &[])).status,
+            exec(&mut f, &m, &req(0x60, &[])).status,
             status::UNKNOWN_COMMAND
         );
-        let info = execute(&mut f, 1, &m, &req(cmd::GET_INFO, &[]));
+        let info = exec(&mut f, &m, &req(cmd::GET_INFO, &[]));
         let info = DeviceInfo::decode(&info.payload);
         assert_eq!((info.node, info.nodes, info.max_endpoints), (1, 2, 4));
-        let pd = read_le32(
-            &execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[])).payload,
-            0,
-        );
+        let pd = read_le32(&exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).payload, 0);
         guest::write(&m, 0x80000, &0x90000u64.to_le_bytes()).unwrap();
         let c = CreateEndpoint {
             pd,
@@ -582,35 +601,35 @@ mod tests {
         };
         for _ in 0..4 {
             assert_eq!(
-                execute(&mut f, 1, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
+                exec(&mut f, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
                 status::OK
             );
         }
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
+            exec(&mut f, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
             status::NO_RESOURCES
         );
         let mut bind = 2u32.to_le_bytes().to_vec();
         bind.extend_from_slice(&9u32.to_le_bytes());
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::BIND_PORT, &bind)).status,
+            exec(&mut f, &m, &req(cmd::BIND_PORT, &bind)).status,
             status::OK
         );
         assert_eq!(f.nodes[1].ports.get(&9), Some(&2));
         // A bound port is in use: for this endpoint again, and for another.
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::BIND_PORT, &bind)).status,
+            exec(&mut f, &m, &req(cmd::BIND_PORT, &bind)).status,
             status::ADDRESS_IN_USE
         );
         let mut other = 1u32.to_le_bytes().to_vec();
         other.extend_from_slice(&9u32.to_le_bytes());
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::BIND_PORT, &other)).status,
+            exec(&mut f, &m, &req(cmd::BIND_PORT, &other)).status,
             status::ADDRESS_IN_USE
         );
         // Destroying the PD frees its endpoints and their ports.
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::DESTROY_PD, &pd.to_le_bytes())).status,
+            exec(&mut f, &m, &req(cmd::DESTROY_PD, &pd.to_le_bytes())).status,
             status::OK
         );
         assert!(f.nodes[1].endpoints.iter().all(|e| e.is_none()));

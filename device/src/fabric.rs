@@ -7,11 +7,11 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use log::{debug, warn};
+use log::{debug, error, warn};
 use ulnic_abi::{
     condition, ctrl, event, op, recv_flags, send_flags, tx_error, Event, FreeDesc, RecvDesc,
     SendDesc, F_CLOSE_MESSAGE, F_MESSAGING, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE,
-    RECV_DESC_SIZE, SEND_DESC_SIZE, SEND_UTLB_REF_OFFSET,
+    NOTIFY_QUEUE, RECV_DESC_SIZE, SEND_DESC_SIZE, SEND_UTLB_REF_OFFSET,
 };
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
@@ -52,8 +52,12 @@ pub struct Node {
     /// Feature bits the frontend accepted (SET_FEATURES); only these are
     /// acted on.
     pub features: u64,
-    /// Virtqueues this port's frontend broke (impossible avail index).
+    /// Virtqueues this port's frontend broke (impossible avail index),
+    /// counted over the device's life.
     pub queue_errors: u64,
+    /// The queues broken now, a bit per queue index (spec §2.1, config
+    /// space word 52); cleared when the queue is stopped or the node reset.
+    pub broken_queues: u32,
     /// Faults in this port's shared memory that cost it its connection.
     pub memory_faults: u64,
     /// Ends the current frontend's connection (set while one is attached).
@@ -75,6 +79,7 @@ impl Node {
             apertures: Default::default(),
             features: 0,
             queue_errors: 0,
+            broken_queues: 0,
             memory_faults: 0,
             disconnect: None,
         }
@@ -98,6 +103,79 @@ impl Node {
         self.notify = None;
         self.notify_backlog.clear();
         self.next_pd = 1;
+        self.broken_queues = 0;
+    }
+
+    /// Whether queue `q` is broken.
+    pub fn queue_broken(&self, q: u16) -> bool {
+        self.broken_queues & (1u32 << q.min(31)) != 0
+    }
+
+    /// Breaks queue `q` (a driver error it cannot recover from until it
+    /// is stopped or the device reset): counted and logged once.
+    pub fn break_queue(&mut self, q: u16, fault: crate::chain::RingFault) {
+        if !self.queue_broken(q) {
+            self.broken_queues |= 1u32 << q.min(31);
+            self.queue_errors += 1;
+            error!(
+                "node {}: queue {q} stopped until the driver resets it: {fault}",
+                self.id
+            );
+        }
+    }
+
+    /// Puts one notification record (endpoint id, reason) into the port's
+    /// notification queue and signals the frontend; false when the driver
+    /// has posted no buffer (or broke the queue).
+    fn push_notification(&mut self, mem: &GuestMemoryMmap<()>, e: u32) -> bool {
+        if self.queue_broken(NOTIFY_QUEUE) {
+            return false;
+        }
+        let Some(vring) = self.notify.as_ref() else {
+            return false;
+        };
+        let mut st = vring.get_mut();
+        if !st.get_queue().ready() {
+            return false;
+        }
+        let chain = match crate::chain::pop_checked(st.get_queue_mut(), mem) {
+            Ok(Some(chain)) => chain,
+            Ok(None) => return false,
+            Err(crate::chain::RingFault::Indirect { head }) => {
+                warn!("notification buffer {head} uses indirect descriptors (not offered); completed empty");
+                let _ = st.get_queue_mut().add_used(mem, head, 0);
+                return false;
+            }
+            Err(fault) => {
+                drop(st);
+                self.break_queue(NOTIFY_QUEUE, fault);
+                return false;
+            }
+        };
+        let head = chain.head_index();
+        let mut rec = [0u8; 8];
+        rec[..4].copy_from_slice(&e.to_le_bytes());
+        let written = match chain.writer(mem) {
+            Ok(mut w) if w.available_bytes() >= rec.len() => {
+                match std::io::Write::write_all(&mut w, &rec) {
+                    Ok(()) => rec.len() as u32,
+                    Err(_) => 0,
+                }
+            }
+            _ => {
+                warn!("notification buffer too small or malformed; completing it empty");
+                0
+            }
+        };
+        // Through the validated memory, never the vhost-user handler's copy.
+        if st.get_queue_mut().add_used(mem, head, written).is_err() {
+            return false;
+        }
+        drop(st);
+        if let Err(err) = vring.signal_used_queue() {
+            warn!("cannot signal the notification queue: {err}");
+        }
+        written > 0
     }
 
     /// How many objects the frontend has created and not destroyed: a
@@ -464,6 +542,7 @@ impl Fabric {
             Ok(()) => SendDesc::decode(&raw),
             Err(_) => SendDesc::default(), // unreadable slot: reported as a bad descriptor below
         };
+        // Checked once here; everything else where the descriptor is served.
         let allowed = descriptor_allowed(&desc, &raw, self.nodes[n as usize].features);
         if allowed && matches!(desc.opcode, op::REDIRECT | op::REDIRECT_END) {
             let ev = self.redirect_op(mems, n, e, ep, &raw);
@@ -473,7 +552,11 @@ impl Fabric {
             ep.complete_send(smem);
             return;
         }
-        let result = self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake);
+        let result = if allowed {
+            self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake)
+        } else {
+            Err(tx_error::BAD_DESCRIPTOR)
+        };
         // The event is posted before the send consumer moves past the
         // descriptor: a retired send with no event succeeded (spec §5.6).
         let ev = match result {
@@ -539,9 +622,6 @@ impl Fabric {
         raw: &[u8; SEND_DESC_SIZE as usize],
         wake: &mut Vec<(u32, u32)>,
     ) -> Result<(), u16> {
-        if !descriptor_allowed(d, raw, self.nodes[n as usize].features) {
-            return Err(tx_error::BAD_DESCRIPTOR);
-        }
         if matches!(
             d.opcode,
             op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE
@@ -653,7 +733,7 @@ impl Fabric {
             ep.stats.notifications += 1;
         }
         self.counters.notifications += 1;
-        if !push_notification(node.notify.as_ref(), mem, e) {
+        if !node.push_notification(mem, e) {
             node.notify_backlog.push_back(e);
         }
     }
@@ -661,7 +741,7 @@ impl Fabric {
     fn flush_backlog(&mut self, n: usize, mem: &GuestMemoryMmap<()>) {
         let node = &mut self.nodes[n];
         while let Some(&e) = node.notify_backlog.front() {
-            if !push_notification(node.notify.as_ref(), mem, e) {
+            if !node.push_notification(mem, e) {
                 break;
             }
             node.notify_backlog.pop_front();
@@ -697,55 +777,6 @@ fn descriptor_allowed(d: &SendDesc, raw: &[u8; SEND_DESC_SIZE as usize], feature
         need |= F_UTLB;
     }
     ulnic_abi::read_le32(raw, 20) == 0 && features & need == need
-}
-
-/// Puts one notification record (endpoint id, reason) into the port's
-/// notification queue and signals the frontend; false when the driver has
-/// posted no buffer.
-fn push_notification(vring: Option<&NotifyVring>, mem: &GuestMemoryMmap<()>, e: u32) -> bool {
-    let Some(vring) = vring else { return false };
-    let mut st = vring.get_mut();
-    if !st.get_queue().ready() {
-        return false;
-    }
-    let chain = match crate::chain::pop_checked(st.get_queue_mut(), mem) {
-        Ok(Some(chain)) => chain,
-        Ok(None) => return false,
-        Err(crate::chain::RingFault::Indirect { head }) => {
-            warn!("notification buffer {head} uses indirect descriptors (not offered); completed empty");
-            let _ = st.get_queue_mut().add_used(mem, head, 0);
-            return false;
-        }
-        Err(fault) => {
-            // The driver broke its notification queue; it must reset.
-            debug!("notification queue stopped: {fault}");
-            return false;
-        }
-    };
-    let head = chain.head_index();
-    let mut rec = [0u8; 8];
-    rec[..4].copy_from_slice(&e.to_le_bytes());
-    let written = match chain.writer(mem) {
-        Ok(mut w) if w.available_bytes() >= rec.len() => {
-            match std::io::Write::write_all(&mut w, &rec) {
-                Ok(()) => rec.len() as u32,
-                Err(_) => 0,
-            }
-        }
-        _ => {
-            warn!("notification buffer too small or malformed; completing it empty");
-            0
-        }
-    };
-    // Through the validated memory, never the vhost-user handler's copy.
-    if st.get_queue_mut().add_used(mem, head, written).is_err() {
-        return false;
-    }
-    drop(st);
-    if let Err(err) = vring.signal_used_queue() {
-        warn!("cannot signal the notification queue: {err}");
-    }
-    written > 0
 }
 
 /// Delivers a checked message into receiver `rx`: inline into the receive

@@ -3,71 +3,29 @@
 //! accept are not acted on (spec §2).
 mod common;
 
-use ulnic_abi::{
-    cmd, ctrl, event, op, perm, read_le32, send_flags, status, tx_error, CreateEndpoint,
-    RingLayout, SendDesc, SEND_DESC_SIZE,
-};
+use common::raw::{create_pd, raw_endpoint, status_of};
+use ulnic_abi::{cmd, event, op, perm, read_le32, send_flags, status, tx_error, SendDesc};
 use ulnic_device::fabric::ObjectCounts;
 use ulnic_device::Device;
-use ulnic_host_attach::{DmaBuffer, DmaMemory, Error, HostAttach};
-
-fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
-    match r {
-        Ok(_) => status::OK,
-        Err(Error::Command { status, .. }) => status,
-        Err(e) => panic!("unexpected error {e}"),
-    }
-}
+use ulnic_host_attach::{DmaMemory, HostAttach};
 
 fn counts(dev: &Device, node: usize) -> ObjectCounts {
     dev.switch().lock().nodes[node].object_counts()
-}
-
-/// An endpoint of `pd` made by hand: (id, its control region, its layout,
-/// the CREATE_ENDPOINT payload that made it).
-fn endpoint(hw: &HostAttach, pd: u32) -> (u32, DmaBuffer, RingLayout, Vec<u8>) {
-    let layout = RingLayout {
-        send_entries: 8,
-        recv_entries: 8,
-        free_entries: 8,
-        event_entries: 128,
-    };
-    let mem = hw.memory();
-    let ctrl = mem.alloc(layout.region_size() as usize).unwrap();
-    let seg = mem.alloc(4096).unwrap();
-    let table = mem.alloc(8).unwrap();
-    mem.write(table.gpa, &seg.gpa.to_le_bytes());
-    let create = CreateEndpoint {
-        pd,
-        send_entries: layout.send_entries,
-        recv_entries: layout.recv_entries,
-        free_entries: layout.free_entries,
-        event_entries: layout.event_entries,
-        ctrl_gpa: ctrl.gpa,
-        ctrl_len: ctrl.len as u64,
-        seg_table_gpa: table.gpa,
-        seg_pages: 1,
-    }
-    .encode()
-    .to_vec();
-    let ep = read_le32(&hw.command(cmd::CREATE_ENDPOINT, &create).unwrap(), 0);
-    (ep, ctrl, layout, create)
 }
 
 /// A PD, an endpoint bound to port 5 with an aperture and a tripwire:
 /// something for refused commands to leave alone. Returns (pd, ep,
 /// aperture, create-endpoint payload).
 fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
-    let pd = read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
-    let (ep, _, _, create) = endpoint(hw, pd);
-    let mut bind = ep.to_le_bytes().to_vec();
-    bind.extend_from_slice(&5u32.to_le_bytes());
-    hw.command(cmd::BIND_PORT, &bind).unwrap();
+    let pd = create_pd(hw);
+    let raw = raw_endpoint(hw, pd);
+    let ep = raw.id;
+    common::raw::bind(hw, ep, 5);
     let cookie = hw.command(cmd::EXPORT, &export_payload(ep)).unwrap();
     let aperture = read_le32(&cookie, 4);
     hw.command(cmd::SET_TRIPWIRE, &tripwire_payload(ep, aperture))
         .unwrap();
-    (pd, ep, aperture, create)
+    (pd, ep, aperture, raw.create.encode().to_vec())
 }
 
 fn export_payload(ep: u32) -> Vec<u8> {
@@ -240,7 +198,7 @@ fn features_not_accepted_are_refused() {
     let hw =
         HostAttach::connect_accepting(&common::socket(&dev, 0), memory, ulnic_abi::F_MESSAGING)
             .unwrap();
-    let pd = read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0);
+    let pd = create_pd(&hw);
     let mut table = pd.to_le_bytes().to_vec();
     table.extend_from_slice(&8u32.to_le_bytes());
     table.extend_from_slice(&0x1000u64.to_le_bytes());
@@ -248,15 +206,15 @@ fn features_not_accepted_are_refused() {
         status_of(hw.command(cmd::UTLB_SET_TABLE, &table)),
         status::NOT_SUPPORTED
     );
-    let (ep, ctrl_buf, layout, _) = endpoint(&hw, pd);
-    let mem = hw.memory();
+    let mut raw = raw_endpoint(&hw, pd);
+    let ep = raw.id;
     assert_eq!(
         status_of(hw.command(cmd::EXPORT, &export_payload(ep))),
         status::NOT_SUPPORTED
     );
     assert_eq!(counts(&dev, 0).apertures, 0);
     // An RDMA write in the send ring fails as a bad descriptor.
-    let mut d = [0u8; SEND_DESC_SIZE as usize];
+    let mut d = [0u8; 128];
     SendDesc {
         opcode: op::RDMA_WRITE,
         flags: send_flags::COMPLETION,
@@ -268,22 +226,8 @@ fn features_not_accepted_are_refused() {
         seg_offset: 0,
     }
     .encode_header(&mut d);
-    mem.write(ctrl_buf.gpa + layout.send_offset(), &d);
-    mem.atomic_u32(ctrl_buf.gpa + ctrl::SEND_PRODUCER)
-        .store(1, std::sync::atomic::Ordering::Release);
-    hw.ring_doorbell(ep);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while mem
-        .atomic_u32(ctrl_buf.gpa + ctrl::EVENT_PRODUCER)
-        .load(std::sync::atomic::Ordering::Acquire)
-        == 0
-    {
-        assert!(std::time::Instant::now() < deadline, "no event");
-        std::thread::yield_now();
-    }
-    let mut e = [0u8; 32];
-    mem.read(ctrl_buf.gpa + layout.event_offset(), &mut e);
-    let ev = ulnic_abi::Event::decode(&e);
+    raw.send_raw(&hw, &d);
+    let ev = raw.next_event(&hw);
     assert_eq!(
         (ev.kind, ev.code, ev.user_id),
         (event::TX_ERROR, tx_error::BAD_DESCRIPTOR, 42)

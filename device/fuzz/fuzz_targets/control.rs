@@ -30,7 +30,8 @@ fuzz_target!(|data: &[u8]| {
         let req = &rest[..len.min(rest.len())];
         rest = &rest[req.len()..];
         let before = fabric.nodes[0].object_counts();
-        let r = execute(&mut fabric, 0, &mem, req);
+        let room = usize::from(n & 0xf0) * 4; // 0..=960 bytes of response room
+        let r = execute(&mut fabric, 0, &mem, req, room);
         if r.status != ulnic_abi::status::OK {
             assert_eq!(fabric.nodes[0].object_counts(), before, "refused command changed state");
             assert!(r.payload.is_empty());

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use ulnic_device::{Configuration, Device};
 
+pub mod raw;
+
 /// A device with `nodes` ports in a fresh temporary directory.
 pub fn device(nodes: u32) -> (Device, tempdir::TempDir) {
     let _ = env_logger::builder().is_test(true).try_init();

@@ -1,0 +1,114 @@
+//! Raw control commands and hand-built endpoints, for tests that write
+//! descriptors and rings themselves (hostile and refused inputs).
+
+use std::time::{Duration, Instant};
+use ulnic_abi::{cmd, ctrl, status, CreateEndpoint, Event, RingLayout};
+use ulnic_host_attach::{DmaBuffer, Error, HostAttach};
+
+pub fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
+    match r {
+        Ok(_) => status::OK,
+        Err(Error::Command { status, .. }) => status,
+        Err(e) => panic!("unexpected error {e}"),
+    }
+}
+
+pub fn create_pd(hw: &HostAttach) -> u32 {
+    ulnic_abi::read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0)
+}
+
+pub fn bind(hw: &HostAttach, ep: u32, port: u32) {
+    let mut p = ep.to_le_bytes().to_vec();
+    p.extend_from_slice(&port.to_le_bytes());
+    hw.command(cmd::BIND_PORT, &p).unwrap();
+}
+
+/// An endpoint built by hand, so the test can write raw descriptors.
+pub struct RawEp {
+    pub id: u32,
+    pub layout: RingLayout,
+    pub ctrl: DmaBuffer,
+    pub seg: DmaBuffer,
+    /// The CREATE_ENDPOINT request that made it.
+    pub create: CreateEndpoint,
+    pub send_prod: u32,
+    pub event_cons: u32,
+}
+
+pub fn raw_endpoint(hw: &HostAttach, pd: u32) -> RawEp {
+    let layout = RingLayout {
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        event_entries: 64,
+    };
+    let mem = hw.memory();
+    let ctrl = mem.alloc(layout.region_size() as usize).unwrap();
+    let seg = mem.alloc(8192).unwrap();
+    let table = mem.alloc(16).unwrap();
+    let pages: Vec<u8> = [seg.gpa, seg.gpa + 4096]
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .collect();
+    mem.write(table.gpa, &pages);
+    let c = CreateEndpoint {
+        pd,
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        event_entries: 64,
+        ctrl_gpa: ctrl.gpa,
+        ctrl_len: ctrl.len as u64,
+        seg_table_gpa: table.gpa,
+        seg_pages: 2,
+    };
+    let r = hw.command(cmd::CREATE_ENDPOINT, &c.encode()).unwrap();
+    RawEp {
+        id: ulnic_abi::read_le32(&r, 0),
+        layout,
+        ctrl,
+        seg,
+        create: c,
+        send_prod: 0,
+        event_cons: 0,
+    }
+}
+
+impl RawEp {
+    pub fn word(&self, hw: &HostAttach, off: u64) -> u32 {
+        hw.memory()
+            .atomic_u32(self.ctrl.gpa + off)
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+    pub fn set(&self, hw: &HostAttach, off: u64, v: u32) {
+        hw.memory()
+            .atomic_u32(self.ctrl.gpa + off)
+            .store(v, std::sync::atomic::Ordering::Release);
+        hw.ring_doorbell(self.id);
+    }
+    pub fn send_raw(&mut self, hw: &HostAttach, desc: &[u8; 128]) {
+        let slot = u64::from(self.send_prod % self.layout.send_entries);
+        hw.memory()
+            .write(self.ctrl.gpa + self.layout.send_offset() + slot * 128, desc);
+        self.send_prod += 1;
+        let p = self.send_prod;
+        self.set(hw, ctrl::SEND_PRODUCER, p);
+    }
+    pub fn next_event(&mut self, hw: &HostAttach) -> Event {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.word(hw, ctrl::EVENT_PRODUCER) == self.event_cons {
+            assert!(Instant::now() < deadline, "no event within 5 s");
+            std::thread::yield_now();
+        }
+        let slot = u64::from(self.event_cons % self.layout.event_entries);
+        let mut b = [0u8; 32];
+        hw.memory().read(
+            self.ctrl.gpa + self.layout.event_offset() + slot * 32,
+            &mut b,
+        );
+        self.event_cons += 1;
+        let c = self.event_cons;
+        self.set(hw, ctrl::EVENT_CONSUMER, c);
+        Event::decode(&b)
+    }
+}
