@@ -3,12 +3,12 @@
 # builds the cargo-fuzz targets in device/fuzz and runs each for a bounded
 # time on the corpus kept in the repo. A crash fails the run and leaves
 # its input in device/fuzz/artifacts/<target>/ (make it a regression test).
-#   ULNIC_FUZZ_SECONDS  seconds per target (default 25)
+#   ULNIC_FUZZ_SECONDS  seconds per target (default 20)
 #   ULNIC_FUZZ_TARGETS  which targets (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${ULNIC_FUZZ_SECONDS:-25}
-targets=${ULNIC_FUZZ_TARGETS:-"control chain descriptors"}
+secs=${ULNIC_FUZZ_SECONDS:-20}
+targets=${ULNIC_FUZZ_TARGETS:-"control chain descriptors vhost_user"}
 
 if ! command -v cargo-fuzz >/dev/null; then
   echo "installing cargo-fuzz"

@@ -20,6 +20,8 @@ command -v make >/dev/null || missing+=(make)
 command -v gcc-12 >/dev/null || missing+=(gcc-12)
 # xz unpacks the guest kernel's virtio-net modules for the initramfs.
 command -v xz >/dev/null || missing+=(xz-utils)
+# sparse checks the module at every build (images::build_module, C=2).
+command -v sparse >/dev/null || missing+=(sparse)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

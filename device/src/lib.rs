@@ -13,6 +13,7 @@ pub mod bench_utlb;
 pub mod chain;
 pub mod cluster;
 pub mod control;
+pub mod driver_fuzz;
 pub mod endpoint;
 pub mod engine;
 pub mod fabric;
@@ -275,17 +276,26 @@ impl Drop for Device {
 const REFUSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Accepts and closes connections to a port that already has a frontend,
-/// until `connected` clears: one VM or process per port (spec §2).
-fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool) {
+/// until `connected` clears and `ended` is signalled: one VM or process per
+/// port (spec §2). Waiting on `ended` as well as the listener lets the port
+/// take its next frontend the moment the current one leaves.
+fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool, ended: &EventFd) {
     while connected.load(Ordering::Relaxed) {
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the listener, which outlives the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 50) };
-        if ready <= 0 {
+        let mut pfd = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: ended.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds for descriptors that outlive the call.
+        let ready = unsafe { libc::poll(pfd.as_mut_ptr(), 2, 1000) };
+        if ready <= 0 || pfd[0].revents == 0 {
             continue;
         }
         // A frontend that just left may not be noticed yet, and its
@@ -340,10 +350,18 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
         // While this frontend is attached, others are told at once (their
         // connection is closed) instead of waiting in the backlog.
         let connected = AtomicBool::new(true);
+        let left = match EventFd::new(EFD_NONBLOCK) {
+            Ok(e) => e,
+            Err(e) => {
+                error!("node {node}: eventfd: {e}");
+                return;
+            }
+        };
         let ended = std::thread::scope(|s| {
-            s.spawn(|| refuse_others(node, &listener, &connected));
+            s.spawn(|| refuse_others(node, &listener, &connected, &left));
             let r = daemon.wait();
             connected.store(false, Ordering::Relaxed);
+            let _ = left.write(1);
             r
         });
         match ended {

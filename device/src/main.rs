@@ -46,6 +46,30 @@ enum Cmd {
     /// Check the NIC end to end from this machine: inside a guest through
     /// /dev/ulnic0, or host-attached through ULNIC_SOCKET.
     Selftest,
+    /// Attack the Linux driver from this process (inside a guest): every
+    /// ioctl of the device with random and boundary arguments, random maps
+    /// and partial unmaps, scribbled rings, doorbells rung with any value.
+    /// Fails if the kernel log then shows an Oops, BUG or WARNING. Follow
+    /// it with `ulnic selftest` to show the node still works.
+    ///
+    /// Examples:
+    ///   ulnic driver-fuzz --seed 7 --operations 5000
+    ///   ulnic driver-fuzz --device /dev/ulnic0 --json
+    #[command(verbatim_doc_comment)]
+    DriverFuzz {
+        /// The device file.
+        #[arg(long, default_value = "/dev/ulnic0")]
+        device: String,
+        /// Seed of the operation sequence (the same seed, the same calls).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How many operations.
+        #[arg(long, default_value_t = 3000)]
+        operations: u64,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a counted, checked stream of messages to `ulnic recv` (like
     /// nc). Returned messages are resent in order (go-back-N).
     ///
@@ -394,6 +418,26 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(format!("selftest failed: {e}")),
         },
+        Cmd::DriverFuzz {
+            device,
+            seed,
+            operations,
+            json,
+        } => ulnic_device::driver_fuzz::run(&device, seed, operations).and_then(|report| {
+            if json {
+                println!("{}", serde_json::json!(report));
+            } else {
+                print!("{}", report.table());
+            }
+            if report.kernel_faults.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the kernel log shows {} fault line(s) after driver-fuzz (seed {seed})",
+                    report.kernel_faults.len()
+                ))
+            }
+        }),
         Cmd::BenchPeer(a) => bench::peer(&a).map_err(|e| e.to_string()),
         Cmd::Agent { port } => {
             match port.or_else(ulnic_device::cluster::agent::find_port) {

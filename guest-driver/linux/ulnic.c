@@ -47,6 +47,8 @@ struct ulnic_ep {
 	size_t ctrl_len;
 	void *seg;		/* vmalloc_user: any pages */
 	size_t seg_len;
+	/* Charged to the device's budget until freed (never, if leaked). */
+	atomic64_t *charged_to;
 	/* Live user mappings: the memory is never freed while mapped. */
 	atomic_t maps;
 };
@@ -67,6 +69,8 @@ struct ulnic {
 	u32 node;
 	u32 nodes;
 	u32 endpoints;
+	/* Endpoint memory allocated and not yet freed (see mem_limit_mb). */
+	atomic64_t mem_bytes;
 
 	/*
 	 * Queue lifetime for doorbells: IOC_KICK holds it for reading, so a
@@ -118,6 +122,15 @@ static DEFINE_IDA(ulnic_ida);
 static bool fail_alloc;
 module_param(fail_alloc, bool, 0644);
 MODULE_PARM_DESC(fail_alloc, "test only: make endpoint memory allocation fail");
+
+/*
+ * Endpoint memory is sized by the user and pinned in the kernel: without a
+ * bound, a few large endpoints run a small guest out of memory and wake the
+ * OOM killer. Past the budget, CREATE_EP is ENOMEM.
+ */
+static unsigned int mem_limit_mb;
+module_param(mem_limit_mb, uint, 0644);
+MODULE_PARM_DESC(mem_limit_mb, "endpoint memory per device in MiB (0: a quarter of RAM)");
 
 static void ulnic_release_dev(struct kref *ref)
 {
@@ -244,11 +257,20 @@ static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
 	return err < 0 ? err : 0;
 }
 
+static u64 ulnic_mem_limit(void)
+{
+	u64 mb = READ_ONCE(mem_limit_mb);
+
+	return mb ? mb << 20 : ((u64)totalram_pages() << PAGE_SHIFT) / 4;
+}
+
 static void ulnic_free_ep(struct ulnic_ep *ep)
 {
 	if (ep->ctrl)
 		free_pages_exact(ep->ctrl, ep->ctrl_len);
 	vfree(ep->seg);
+	if (ep->charged_to)
+		atomic64_sub(ep->ctrl_len + ep->seg_len, ep->charged_to);
 	kfree(ep);
 }
 
@@ -393,7 +415,8 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 	u8 a[ULNIC_CREATE_EP_SIZE], req[ULNIC_CREATE_ENDPOINT_SIZE], out[8];
 	u32 send, recv, fre, event, status = 0, id, pages, i;
 	struct ulnic_ep *ep;
-	u64 seg_bytes, ctrl_bytes, *table;
+	u64 seg_bytes, ctrl_bytes;
+	__le64 *table;
 	__le64 v64;
 	__le32 v32;
 	long err;
@@ -425,11 +448,20 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 		return -ENOMEM;
 	ep->ctrl_len = ctrl_bytes;
 	ep->seg_len = seg_bytes;
+	if (atomic64_add_return(ctrl_bytes + seg_bytes, &u->mem_bytes) >
+	    ulnic_mem_limit()) {
+		atomic64_sub(ctrl_bytes + seg_bytes, &u->mem_bytes);
+		kfree(ep);
+		return -ENOMEM;
+	}
+	ep->charged_to = &u->mem_bytes;
+	/* Sized by the user: a failure is ENOMEM for them, not a splat. */
 	if (!READ_ONCE(fail_alloc))
-		ep->ctrl = alloc_pages_exact(ctrl_bytes, GFP_KERNEL | __GFP_ZERO);
+		ep->ctrl = alloc_pages_exact(ctrl_bytes, GFP_KERNEL | __GFP_ZERO |
+					     __GFP_NOWARN);
 	ep->seg = vmalloc_user(seg_bytes);
 	/* Linear memory: the device reads the table by physical address. */
-	table = kmalloc_array(pages, sizeof(*table), GFP_KERNEL);
+	table = kmalloc_array(pages, sizeof(*table), GFP_KERNEL | __GFP_NOWARN);
 	if (!ep->ctrl || !ep->seg || !table) {
 		err = -ENOMEM;
 		goto err_free;
@@ -469,9 +501,11 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 	memcpy(&v32, out, 4);
 	id = le32_to_cpu(v32);
 	if (id >= u->endpoints || uf->eps[id]) {
+		/* The device holds an endpoint on this memory: leak it. */
 		mutex_unlock(&uf->lock);
-		err = -EPROTO;
-		goto err_free;
+		pr_warn("ulnic: device answered CREATE_ENDPOINT with unusable id %u\n", id);
+		kfree(table);
+		return -EPROTO;
 	}
 	ep->id = id;
 	WRITE_ONCE(uf->eps[id], ep);
@@ -619,7 +653,7 @@ static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 		return -EINVAL;
 	t.entries = entries;
 	t.table_bytes = PAGE_ALIGN((size_t)entries * 8);
-	t.table = alloc_pages_exact(t.table_bytes, GFP_KERNEL | __GFP_ZERO);
+	t.table = alloc_pages_exact(t.table_bytes, GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
 	t.pages = kvcalloc(entries, sizeof(*t.pages), GFP_KERNEL);
 	if (!t.table || !t.pages) {
 		err = -ENOMEM;
@@ -688,32 +722,32 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 	/* The table holds at most ULNIC_MAX_UTLB_TABLE_BYTES / 8 entries. */
 	if (!count || count > ULNIC_MAX_UTLB_TABLE_BYTES / 8 || va & ~PAGE_MASK)
 		return -EINVAL;
-	pages = kvcalloc(count, sizeof(*pages), GFP_KERNEL);
+	pages = kvcalloc(count, sizeof(*pages), GFP_KERNEL | __GFP_NOWARN);
 	if (!pages)
 		return -ENOMEM;
+
+	/*
+	 * Check the range and charge RLIMIT_MEMLOCK before pinning anything,
+	 * so that a refused request cannot fault in and pin @count pages
+	 * first (enough to run a small guest out of memory).
+	 */
+	mutex_lock(&uf->lock);
+	if (!uf->utlb.table || first >= uf->utlb.entries ||
+	    count > uf->utlb.entries - first) {
+		err = -EINVAL;
+		goto err_unlock;
+	}
+	/* Like other long-term pins (RDMA, VFIO): within RLIMIT_MEMLOCK. */
+	err = account_locked_vm(uf->utlb.mm, count, true);
+	if (err)
+		goto err_unlock;
 	pinned = pin_user_pages_fast(va, count, FOLL_WRITE | FOLL_LONGTERM, pages);
 	if (pinned != (int)count) {
 		if (pinned > 0)
 			unpin_user_pages(pages, pinned);
-		kvfree(pages);
-		return pinned < 0 ? pinned : -EFAULT;
-	}
-
-	mutex_lock(&uf->lock);
-	if (!uf->utlb.table || first >= uf->utlb.entries ||
-	    count > uf->utlb.entries - first) {
-		mutex_unlock(&uf->lock);
-		unpin_user_pages(pages, count);
-		kvfree(pages);
-		return -EINVAL;
-	}
-	/* Like other long-term pins (RDMA, VFIO): within RLIMIT_MEMLOCK. */
-	err = account_locked_vm(uf->utlb.mm, count, true);
-	if (err) {
-		mutex_unlock(&uf->lock);
-		unpin_user_pages(pages, count);
-		kvfree(pages);
-		return err;
+		account_locked_vm(uf->utlb.mm, count, false);
+		err = pinned < 0 ? pinned : -EFAULT;
+		goto err_unlock;
 	}
 	/* Install the new pages; @pages then holds the old ones. */
 	for (i = 0; i < count; i++) {
@@ -734,6 +768,11 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 	if (err < 0)
 		return err == -EIO ? ulnic_status_errno(status) : err;
 	return 0;
+
+err_unlock:
+	mutex_unlock(&uf->lock);
+	kvfree(pages);
+	return err;
 }
 
 static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)

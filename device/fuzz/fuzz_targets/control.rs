@@ -33,10 +33,17 @@ fuzz_target!(|data: &[u8]| {
         let room = usize::from(n & 0xf0) * 4; // 0..=960 bytes of response room
         let r = execute(&mut fabric, 0, &mem, req, room);
         if r.status != ulnic_abi::status::OK {
-            assert_eq!(fabric.nodes[0].object_counts(), before, "refused command changed state");
+            assert_eq!(
+                fabric.nodes[0].object_counts(),
+                before,
+                "refused command changed state"
+            );
             assert!(r.payload.is_empty());
         }
-        assert!(fabric.nodes[1].object_counts() == Default::default(), "another node changed");
+        assert!(
+            fabric.nodes[1].object_counts() == Default::default(),
+            "another node changed"
+        );
     }
     // Polling the data path over whatever was created must not panic.
     fabric.poll();
