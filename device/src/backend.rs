@@ -56,11 +56,12 @@ impl PortBackend {
     /// The config space (spec §3.3).
     pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
         let mut c = [0u8; CONFIG_SIZE];
-        let (tripwires, broken) = {
+        let (tripwires, broken, epoch) = {
             let f = self.switch.lock();
-            (f.max_tripwires, f.nodes[self.node as usize].broken_queues)
+            let n = &f.nodes[self.node as usize];
+            (f.max_tripwires, n.broken_queues, n.epoch)
         };
-        let words: [(usize, u32); 12] = [
+        let words: [(usize, u32); 13] = [
             (0, CONFIG_MAGIC),
             (
                 4,
@@ -76,6 +77,7 @@ impl PortBackend {
             (36, tripwires),
             (48, ulnic_abi::MAX_APERTURES),
             (52, broken),
+            (56, epoch),
         ];
         for (o, v) in words {
             c[o..o + 4].copy_from_slice(&v.to_le_bytes());
@@ -232,6 +234,7 @@ impl VhostUserBackend for PortBackend {
         let mut f = self.switch.lock();
         if queue_index == u32::from(CONTROL_QUEUE) {
             f.reset_node(self.node);
+            f.nodes[self.node as usize].renew_epoch();
         }
         // A stopped queue starts again clean.
         f.nodes[self.node as usize].broken_queues &= !(1u32 << queue_index.min(31));

@@ -320,7 +320,10 @@ impl Fuzzer {
                 let (param, value) = if self.rng.gen_bool(0.5) {
                     (FAIL_ALLOC, if self.rng.gen_bool(0.5) { "1" } else { "0" })
                 } else {
-                    (MEM_LIMIT, *["0", "1", "2", "8"].choose(&mut self.rng).unwrap_or(&"0"))
+                    (
+                        MEM_LIMIT,
+                        *["0", "1", "2", "8"].choose(&mut self.rng).unwrap_or(&"0"),
+                    )
                 };
                 let r = std::fs::write(param, value).map(|_| 0);
                 self.record("inject", r);
@@ -354,7 +357,9 @@ impl Fuzzer {
             a[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
         }
         let seg = if sane {
-            *[1u64, 4096, 65536, 1 << 20].choose(&mut self.rng).unwrap_or(&4096)
+            *[1u64, 4096, 65536, 1 << 20]
+                .choose(&mut self.rng)
+                .unwrap_or(&4096)
         } else {
             boundary_u64(&mut self.rng)
         };
@@ -406,12 +411,16 @@ impl Fuzzer {
             Some(e) if self.rng.gen_bool(0.8) => e.id,
             _ => self.endpoint_id(d),
         };
-        let (ctrl_len, seg_len) = ep.map_or((PAGE as u64, PAGE as u64), |e| (e.ctrl_len, e.seg_len));
+        let (ctrl_len, seg_len) =
+            ep.map_or((PAGE as u64, PAGE as u64), |e| (e.ctrl_len, e.seg_len));
         let (region, full) = match self.rng.gen_range(0..4) {
             0 => (0, ctrl_len),
             1 => (uapi::MMAP_SEGMENT, seg_len),
             2 => (uapi::MMAP_DOORBELL, PAGE as u64),
-            _ => (self.rng.gen_range(0..0x1_0000u64) * PAGE as u64, PAGE as u64),
+            _ => (
+                self.rng.gen_range(0..0x1_0000u64) * PAGE as u64,
+                PAGE as u64,
+            ),
         };
         let len = match self.rng.gen_range(0..5) {
             0 => PAGE as u64,
@@ -423,6 +432,12 @@ impl Fuzzer {
         // Offsets past off_t's range reach the kernel as negative numbers:
         // that is one more boundary to try.
         let offset = (uapi::mmap_ctrl(id) + region) as libc::off_t;
+        // Private copies are refused (the device must see what is written).
+        let share = if self.rng.gen_bool(0.1) {
+            libc::MAP_PRIVATE
+        } else {
+            libc::MAP_SHARED
+        };
         // SAFETY: a new mapping at an address the kernel picks aliases
         // nothing of ours; the result is checked before use.
         let p = unsafe {
@@ -430,7 +445,7 @@ impl Fuzzer {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                share,
                 self.domains[d].file.as_raw_fd(),
                 offset,
             )

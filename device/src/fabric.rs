@@ -62,6 +62,9 @@ pub struct Node {
     pub memory_faults: u64,
     /// Ends the current frontend's connection (set while one is attached).
     pub disconnect: Option<vhost_user_backend::ShutdownHandle>,
+    /// Config-space connection epoch (spec §2.2): new for each connection,
+    /// so a driver can tell that the device it talks to forgot its state.
+    pub epoch: u32,
 }
 
 impl Node {
@@ -82,7 +85,19 @@ impl Node {
             broken_queues: 0,
             memory_faults: 0,
             disconnect: None,
+            epoch: 0,
         }
+    }
+
+    /// Gives the port a new nonzero epoch, unlikely to repeat one the
+    /// driver has seen: from now on nothing created before exists.
+    pub fn renew_epoch(&mut self) {
+        self.epoch = loop {
+            let e: u32 = rand::random();
+            if e != 0 && e != self.epoch {
+                break e;
+            }
+        };
     }
 
     /// Frees everything the last frontend created (disconnect or reset).

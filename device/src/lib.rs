@@ -187,6 +187,7 @@ pub struct Device {
     switch: Arc<Switch>,
     sockets: Vec<PathBuf>,
     engine: Option<JoinHandle<()>>,
+    ports: Vec<JoinHandle<()>>,
 }
 
 impl Device {
@@ -212,6 +213,7 @@ impl Device {
             nodes,
             watch_base: region::reserve_keys(nodes).map_err(|e| Error::Config(e.to_string()))?,
         });
+        let mut ports = Vec::new();
         for (node, path) in config.sockets.iter().enumerate() {
             let listener = Listener::new(path, true).map_err(|source| Error::Listen {
                 path: path.clone(),
@@ -219,13 +221,14 @@ impl Device {
             })?;
             let sw = switch.clone();
             let path = path.clone();
-            std::thread::Builder::new()
+            let port = std::thread::Builder::new()
                 .name(format!("ulnic-port{node}"))
                 .spawn(move || serve_port(node as u32, sw, listener, &path))
                 .map_err(|source| Error::Os {
                     what: "port thread",
                     source,
                 })?;
+            ports.push(port);
             info!(
                 "node {node}: listening on {}",
                 config.sockets[node].display()
@@ -244,6 +247,7 @@ impl Device {
             switch,
             sockets: config.sockets,
             engine: Some(engine),
+            ports,
         })
     }
 
@@ -258,12 +262,45 @@ impl Device {
     }
 }
 
+/// How long stopping a device waits for each port thread to finish.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
 impl Drop for Device {
+    /// Stops the device as a crash would, but in order: every frontend's
+    /// connection is closed (a QEMU with a reconnecting chardev waits for
+    /// the next device on the same socket), the port threads and the engine
+    /// end, and the sockets are removed.
     fn drop(&mut self) {
         self.switch.stop.store(true, Ordering::Relaxed);
+        let handles: Vec<_> = self
+            .switch
+            .lock()
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.disconnect.take())
+            .collect();
+        for h in handles {
+            h.shutdown();
+        }
+        // A port thread waiting in accept() is woken by a connection that
+        // ends at once; it then sees `stop`.
+        for s in &self.sockets {
+            let _ = std::os::unix::net::UnixStream::connect(s);
+        }
         self.switch.wake();
         if let Some(e) = self.engine.take() {
             let _ = e.join();
+        }
+        let deadline = std::time::Instant::now() + STOP_GRACE;
+        for p in self.ports.drain(..) {
+            while !p.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if p.is_finished() {
+                let _ = p.join();
+            } else {
+                warn!("a port thread did not stop within {STOP_GRACE:?}");
+            }
         }
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);
@@ -342,6 +379,9 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
             let mut f = switch.lock();
             f.nodes[node as usize].disconnect = daemon.shutdown_handle();
             f.nodes[node as usize].connections += 1;
+            // A new connection is a new device as far as the driver can
+            // tell: nothing it created before exists (spec §2.2, §2.5).
+            f.nodes[node as usize].renew_epoch();
             info!(
                 "node {node}: frontend connected (connection {})",
                 f.nodes[node as usize].connections

@@ -32,7 +32,9 @@ fn two_guests_run_commands_talk_over_ulnic_and_report_failures() {
     assert!(ok, "cluster run failed:\n{err}");
     for n in 0..2 {
         assert!(
-            err.contains(&format!("[node {n}] driver-fuzz: 3000 operations from seed {n}")),
+            err.contains(&format!(
+                "[node {n}] driver-fuzz: 3000 operations from seed {n}"
+            )),
             "node {n} driver-fuzz:\n{err}"
         );
         assert!(

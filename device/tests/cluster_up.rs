@@ -214,6 +214,63 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     );
     assert_eq!(json(&rx)["messages"], 5000);
 
+    // Restart the device under the running guests (issue 9): a receiver
+    // blocked in a wait on node 1 wakes with the library's clear error,
+    // nobody reboots, and the nodes exchange messages again.
+    let rx = exec_in_background("1", "ulnic recv --port 7".into());
+    let listening = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !exec("1", "ps | grep -v grep | grep -q 'recv --port 7'")
+        .status
+        .success()
+    {
+        assert!(
+            std::time::Instant::now() < listening,
+            "no receiver on node 1"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Give it time to create its endpoint and block in its wait.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let o = ulnic(&["cluster", "restart-device", "--name", &n, "--json"]);
+    assert!(o.status.success(), "restart-device:\n{}", text(&o));
+    let r = json(&o);
+    assert_eq!(r["nodes"], serde_json::json!([0, 1]), "{r}");
+    let r = rx.join().unwrap();
+    assert!(
+        !r.status.success(),
+        "the old receiver should fail:\n{}",
+        text(&r)
+    );
+    assert!(
+        text(&r).contains("the ulnic device went away (removed or restarted)"),
+        "the old receiver's error:\n{}",
+        text(&r)
+    );
+    let o = ulnic(&["cluster", "status", "--name", &n, "--json"]);
+    let s = json(&o);
+    assert_eq!(s["nodes"][0]["boots"], 1, "no reboot: {s}");
+    assert_eq!(s["nodes"][1]["boots"], 2, "no reboot: {s}");
+    let (tx, rx) = stream(5000, 64, "", "");
+    assert!(
+        tx.status.success() && rx.status.success(),
+        "after the device restart:\n{}\n{}",
+        text(&tx),
+        text(&rx)
+    );
+    assert_eq!(json(&rx)["messages"], 5000);
+    let o = exec("all", "ulnic selftest");
+    assert!(
+        o.status.success(),
+        "after the device restart:\n{}",
+        text(&o)
+    );
+    let o = exec("all", "dmesg | grep -E 'Oops|BUG:|WARNING:' || true");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).trim().is_empty(),
+        "kernel faults after the restart:\n{}",
+        text(&o)
+    );
+
     let o = ulnic(&["cluster", "down", "--name", &n]);
     assert!(o.status.success(), "{}", text(&o));
     let o = ulnic(&["cluster", "status", "--name", &n]);

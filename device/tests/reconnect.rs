@@ -158,3 +158,48 @@ fn a_second_frontend_on_a_busy_port_is_refused_at_once() {
         }
     }
 }
+
+/// Reads config-space word 56, the connection epoch (spec §2.2, §2.5),
+/// over a fresh vhost-user connection to `path`.
+fn connection_epoch(path: &std::path::Path) -> u32 {
+    use vhost::vhost_user::message::{
+        VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+    };
+    use vhost::vhost_user::{Frontend, VhostUserFrontend};
+    use vhost::VhostBackend;
+    let mut fe = Frontend::connect(path, 64).unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    fe.set_features(
+        (1 << 32)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | (features & ulnic_abi::F_MESSAGING),
+    )
+    .unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(pf & VhostUserProtocolFeatures::CONFIG)
+        .unwrap();
+    let (_, word) = fe
+        .get_config(56, 4, VhostUserConfigFlags::WRITABLE, &[0; 4])
+        .unwrap();
+    u32::from_le_bytes(word[..4].try_into().unwrap())
+}
+
+#[test]
+fn every_connection_has_a_new_epoch() {
+    let (dev, _dir) = common::device(1);
+    let path = common::socket(&dev, 0);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let e = connection_epoch(&path);
+        assert_ne!(e, 0, "the epoch is never 0");
+        assert!(!seen.contains(&e), "epoch {e:#x} repeated: {seen:x?}");
+        seen.push(e);
+        // The next connection is accepted once this one is gone.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dev.switch().lock().nodes[0].disconnect.is_some() {
+            assert!(Instant::now() < deadline, "the port was not released");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}

@@ -92,6 +92,15 @@ struct ulnic {
 	 * 0 when doorbells share pages and cannot be given to one process.
 	 */
 	phys_addr_t *doorbell_pa;
+	/*
+	 * Where doorbell pages are mapped (the device node's address space,
+	 * set by the first doorbell mmap), so that remove() can revoke them:
+	 * after removal the BAR behind them may belong to another device.
+	 * A revoked doorbell faults in @dummy instead, so a late store lands
+	 * in a page nobody reads rather than killing the process.
+	 */
+	struct address_space *mapping;
+	struct page *dummy;
 };
 
 /*
@@ -142,6 +151,8 @@ static void ulnic_release_dev(struct kref *ref)
 	kfree(u->notify_bufs);
 	kfree(u->cmd_buf);
 	kfree(u->vqs);
+	if (u->dummy)
+		__free_page(u->dummy);
 	kfree(u);
 }
 
@@ -388,11 +399,11 @@ static int ulnic_release(struct inode *inode, struct file *f)
 		 * If the device could not be told, it may still write this
 		 * memory: leak it rather than hand it back to the allocator.
 		 */
-		if (err >= 0 || !u->vdev)
+		if (err >= 0 || !READ_ONCE(u->vdev))
 			ulnic_free_ep(uf->eps[i]);
 	}
 	/* Same rule for the table and the pages it pins. */
-	if (err >= 0 || !u->vdev)
+	if (err >= 0 || !READ_ONCE(u->vdev))
 		ulnic_utlb_free(&uf->utlb);
 	kfree(uf->eps);
 	kfree(uf);
@@ -761,7 +772,7 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_INVALIDATE, req, sizeof(req),
 			    NULL, 0, &status);
 	/* If the device was not told, it may still use the old pages. */
-	if (err >= 0 || !uf->u->vdev)
+	if (err >= 0 || !READ_ONCE(uf->u->vdev))
 		ulnic_unpin(uf->utlb.mm, pages, count);
 	mutex_unlock(&uf->lock);
 	kvfree(pages);
@@ -836,10 +847,38 @@ static void ulnic_vma_close(struct vm_area_struct *vma)
 	atomic_dec(&ep->maps);
 }
 
+/*
+ * Every region is mapped whole at mmap time, so only a doorbell page that
+ * remove() revoked can fault: it gets the device's dummy page (cached,
+ * never read), and the process learns of the removal from its next call.
+ */
+static vm_fault_t ulnic_vma_fault(struct vm_fault *vmf)
+{
+	struct ulnic_file *uf = vmf->vma->vm_file->private_data;
+
+	return vmf_insert_pfn_prot(vmf->vma, vmf->address & PAGE_MASK,
+				   page_to_pfn(uf->u->dummy),
+				   vm_get_page_prot(vmf->vma->vm_flags));
+}
+
 static const struct vm_operations_struct ulnic_vm_ops = {
 	.open = ulnic_vma_open,
 	.close = ulnic_vma_close,
+	.fault = ulnic_vma_fault,
 };
+
+/* Revokes every doorbell mapping of @u (see struct ulnic.mapping). */
+static void ulnic_revoke_doorbells(struct ulnic *u)
+{
+	struct address_space *mapping = READ_ONCE(u->mapping);
+	u32 i;
+
+	if (!mapping)
+		return;
+	for (i = 0; i < u->endpoints; i++)
+		unmap_mapping_range(mapping, ((loff_t)i << 32) + ULNIC_MMAP_DOORBELL,
+				    PAGE_SIZE, 1);
+}
 
 static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 {
@@ -849,6 +888,9 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 	struct ulnic_ep *ep;
 	int err = -EINVAL;
 
+	/* The device writes what the user wrote: private copies make no sense. */
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
 	mutex_lock(&uf->lock);
 	ep = ulnic_owned(uf, off >> 32);
 	if (!ep) {
@@ -865,10 +907,22 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 	} else if ((off & 0xffffffffULL) == ULNIC_MMAP_DOORBELL &&
 		   len == PAGE_SIZE) {
 		/* The endpoint's own doorbell page, and nothing else. */
-		phys_addr_t pa = uf->u->doorbell_pa ? uf->u->doorbell_pa[ep->id] : 0;
+		struct ulnic *u = uf->u;
+		phys_addr_t pa = u->doorbell_pa ? u->doorbell_pa[ep->id] : 0;
 
-		if (!pa || !uf->u->vdev) {
+		/*
+		 * Under vq_sem: remove() clears vdev under it for writing and
+		 * revokes afterwards, so a mapping made here is either refused
+		 * or complete before the revocation.
+		 */
+		down_read(&u->vq_sem);
+		if (!READ_ONCE(u->mapping))
+			cmpxchg(&u->mapping, NULL, f->f_mapping);
+		if (!pa || !READ_ONCE(u->vdev)) {
 			err = -ENODEV;
+		} else if (READ_ONCE(u->mapping) != f->f_mapping) {
+			/* Another device node for the same device: cannot revoke. */
+			err = -EINVAL;
 		} else {
 			vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP |
 					  VM_DONTCOPY);
@@ -877,6 +931,7 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 						 pa >> PAGE_SHIFT, PAGE_SIZE,
 						 vma->vm_page_prot);
 		}
+		up_read(&u->vq_sem);
 	}
 	if (!err) {
 		vma->vm_private_data = ep;
@@ -1049,7 +1104,9 @@ static int ulnic_probe(struct virtio_device *vdev)
 				 GFP_KERNEL);
 	u->owners = kcalloc(u->endpoints, sizeof(*u->owners), GFP_KERNEL);
 	u->notified = bitmap_zalloc(u->endpoints, GFP_KERNEL);
-	if (!u->cmd_buf || !u->notify_bufs || !u->owners || !u->notified) {
+	u->dummy = alloc_page(GFP_KERNEL | __GFP_ZERO);
+	if (!u->cmd_buf || !u->notify_bufs || !u->owners || !u->notified ||
+	    !u->dummy) {
 		err = -ENOMEM;
 		goto err_free;
 	}
@@ -1121,6 +1178,7 @@ static void ulnic_remove(struct virtio_device *vdev)
 	WRITE_ONCE(u->vdev, NULL);
 	mutex_unlock(&u->cmd_lock);
 	up_write(&u->vq_sem);
+	ulnic_revoke_doorbells(u);
 	wake_up_interruptible_all(&u->wq);
 	vdev->config->del_vqs(vdev);
 	kref_put(&u->ref, ulnic_release_dev);

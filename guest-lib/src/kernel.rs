@@ -16,9 +16,18 @@ fn ioctl(f: &File, req: u32, arg: *mut u8) -> Result<i32, Error> {
     // for the call; the driver checks everything it reads.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), req as libc::c_ulong, arg) };
     if r < 0 {
-        return Err(Error::Os(std::io::Error::last_os_error()));
+        return Err(os_error(std::io::Error::last_os_error()));
     }
     Ok(r)
+}
+
+/// The driver answers ENODEV once its device was removed (spec §9).
+fn os_error(e: std::io::Error) -> Error {
+    if e.raw_os_error() == Some(libc::ENODEV) {
+        Error::DeviceGone
+    } else {
+        Error::Os(e)
+    }
 }
 
 /// Reads the device information through a fresh open.
@@ -50,7 +59,7 @@ impl KernelDomain {
 
     fn map(&self, offset: u64, len: usize) -> Result<*mut u8, Error> {
         // The driver checks the offset names one of this file's regions.
-        ulnic_host_attach::map_shared(self.file.as_raw_fd(), len, offset).map_err(Error::Os)
+        ulnic_host_attach::map_shared(self.file.as_raw_fd(), len, offset).map_err(os_error)
     }
 }
 

@@ -70,6 +70,19 @@ pub enum Error {
     /// A call to the kernel driver failed.
     #[error("ulnic driver: {0}")]
     Os(std::io::Error),
+    /// The NIC this handle was opened on is gone: the device was removed,
+    /// or restarted (`ulnic cluster restart-device` replugs it). Its
+    /// endpoints and everything created with them no longer exist; open
+    /// the NIC again ([`Nic::open`]) to continue.
+    ///
+    /// ```
+    /// let e = ulnic::Error::DeviceGone;
+    /// assert!(e.to_string().contains("open it again"));
+    /// ```
+    #[error(
+        "the ulnic device went away (removed or restarted): its endpoints are gone; open it again"
+    )]
+    DeviceGone,
     /// A ring is full; retry after polling.
     #[error("ring full; poll events or receives and retry")]
     WouldBlock,

@@ -472,11 +472,7 @@ pub fn build_module(dir: &Path, headers: &Path) -> Result<PathBuf, Error> {
         .arg("-C")
         .arg(headers)
         .arg(format!("M={}", dir.display()))
-        .args([
-            "W=1",
-            "KCFLAGS=-Werror",
-            "CONFIG_DEBUG_INFO_BTF_MODULES=",
-        ])
+        .args(["W=1", "KCFLAGS=-Werror", "CONFIG_DEBUG_INFO_BTF_MODULES="])
         .args(sparse.then_some("C=2"))
         .arg("modules")
         .output()

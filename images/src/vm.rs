@@ -15,6 +15,17 @@ pub struct VmConfig {
     pub memory_mb: u32,
     /// The ulnic port socket, if the guest gets a ulnic NIC.
     pub ulnic_socket: Option<PathBuf>,
+    /// Give the guest its NIC by hotplug, so that a restarted device can be
+    /// plugged in again while the guest runs: the guest starts paused
+    /// (`-S`) with a PCIe root port and no NIC; the caller adds it over QMP
+    /// ([`ulnic_device_add`]) and continues the guest.
+    ///
+    /// (QEMU's own reconnect, the chardev's `reconnect-ms`, does not work
+    /// with vhost-user-test-device in QEMU 11: the initial connection is
+    /// asynchronous, so realize fails ("Failed to set msg fds"), and on a
+    /// reconnect vhost_dev_start asserts on `hdev->vhost_ops` and QEMU
+    /// aborts.)
+    pub ulnic_hotplug: bool,
     /// Queues of the ulnic device (2 + endpoints per port).
     pub ulnic_queues: u32,
     /// Accelerator: "tcg" or "kvm".
@@ -49,6 +60,7 @@ impl Default for VmConfig {
         VmConfig {
             memory_mb: 512,
             ulnic_socket: None,
+            ulnic_hotplug: false,
             ulnic_queues: 18,
             accel: "tcg".into(),
             append: String::new(),
@@ -58,6 +70,45 @@ impl Default for VmConfig {
             allow_reboot: false,
         }
     }
+}
+
+/// The PCIe root port a reconnecting guest's NIC is added behind.
+pub const ULNIC_ROOT_PORT: &str = "ulnic-rp";
+
+/// The QMP `device_add` command of the ulnic NIC of a guest started with
+/// `ulnic_hotplug` (see [`VmConfig::ulnic_hotplug`]).
+pub fn ulnic_device_add(cfg: &VmConfig) -> serde_json::Value {
+    serde_json::json!({
+        "execute": "device_add",
+        "arguments": {
+            "driver": "vhost-user-test-device-pci",
+            "id": "ulnic0dev",
+            "bus": ULNIC_ROOT_PORT,
+            "chardev": "ulnic0",
+            "virtio-id": VIRTIO_ID_ULNIC,
+            "num_vqs": cfg.ulnic_queues,
+            "config_size": CONFIG_SIZE,
+            "page-per-vq": true,
+        }
+    })
+}
+
+/// The QMP `chardev-add` command that connects a guest's NIC chardev to the
+/// port socket `sock` again (after `chardev-remove`).
+pub fn ulnic_chardev_add(sock: &std::path::Path) -> serde_json::Value {
+    serde_json::json!({
+        "execute": "chardev-add",
+        "arguments": {
+            "id": "ulnic0",
+            "backend": {
+                "type": "socket",
+                "data": {
+                    "addr": { "type": "unix", "data": { "path": sock.to_string_lossy() } },
+                    "server": false
+                }
+            }
+        }
+    })
 }
 
 /// A command that boots `image` with `cfg`, console on stdio.
@@ -105,12 +156,22 @@ pub fn command(image: &Image, cfg: &VmConfig) -> Command {
             .arg(format!("virtio-net-pci,netdev=net0,mac={}", node_mac(*n)));
     }
     if let Some(sock) = &cfg.ulnic_socket {
-        c.arg("-chardev")
-            .arg(format!("socket,id=ulnic0,path={}", sock.display()));
-        c.arg("-device").arg(format!(
-            "vhost-user-test-device-pci,chardev=ulnic0,virtio-id={},num_vqs={},config_size={},page-per-vq=on",
-            VIRTIO_ID_ULNIC, cfg.ulnic_queues, CONFIG_SIZE
-        ));
+        if cfg.ulnic_hotplug {
+            c.arg("-chardev")
+                .arg(format!("socket,id=ulnic0,path={}", sock.display()));
+            c.arg("-S");
+            c.args([
+                "-device",
+                &format!("pcie-root-port,id={ULNIC_ROOT_PORT},chassis=9,bus=pcie.0"),
+            ]);
+        } else {
+            c.arg("-chardev")
+                .arg(format!("socket,id=ulnic0,path={}", sock.display()));
+            c.arg("-device").arg(format!(
+                "vhost-user-test-device-pci,chardev=ulnic0,virtio-id={},num_vqs={},config_size={},page-per-vq=on",
+                VIRTIO_ID_ULNIC, cfg.ulnic_queues, CONFIG_SIZE
+            ));
+        }
     }
     c
 }

@@ -207,6 +207,25 @@ pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> Result<f64, String> {
     Ok(secs)
 }
 
+/// Stops the cluster's device and starts a new one under the running
+/// guests; returns the supervisor's report (seconds to stop, seconds until
+/// every guest reconnected, which nodes).
+pub fn restart_device(dir: &Path, timeout: Duration) -> Result<Value, String> {
+    let mut s = request(
+        dir,
+        &json!({ "op": "restart-device", "timeout": timeout.as_secs() }),
+    )?;
+    let mut report = Value::Null;
+    finish(&mut s, |f| {
+        if f.kind == kind::INFO {
+            if let Ok(v) = serde_json::from_slice::<Value>(&f.data) {
+                report = v;
+            }
+        }
+    })?;
+    Ok(report)
+}
+
 /// Stops every guest and the supervisor.
 pub fn down(dir: &Path) -> Result<(), String> {
     let mut s = request(dir, &json!({ "op": "down" }))?;

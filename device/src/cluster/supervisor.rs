@@ -67,6 +67,11 @@ struct Sup {
     /// Write side of each node's agent channel, once connected.
     agents: Vec<Mutex<Option<UnixStream>>>,
     stopping: AtomicBool,
+    /// The device, and how to start it again (`cluster restart-device`).
+    device: Mutex<Option<Device>>,
+    device_config: Configuration,
+    /// Each guest's VM configuration (to plug its NIC again).
+    vms: Mutex<Vec<VmConfig>>,
 }
 
 /// Options of the supervisor process (`ulnic cluster supervise`).
@@ -168,7 +173,8 @@ pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
         tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
         utlb_cache: Default::default(),
     };
-    let device = Device::start(config).map_err(|e| e.to_string())?;
+    let device = Device::start(config.clone()).map_err(|e| e.to_string())?;
+    let sockets = device.sockets().to_vec();
     let _switch = super::start_segment(&image, &a.dir.join("segment"))?;
     let listener = UnixListener::bind(control_socket(&a.dir))
         .map_err(|e| format!("{}: {e}", control_socket(&a.dir).display()))?;
@@ -181,11 +187,16 @@ pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
         next_id: AtomicU32::new(1),
         agents: (0..a.nodes).map(|_| Mutex::new(None)).collect(),
         stopping: AtomicBool::new(false),
+        device: Mutex::new(Some(device)),
+        device_config: config,
+        vms: Mutex::new(Vec::new()),
     });
     for n in 0..a.nodes {
         let cfg = VmConfig {
             memory_mb: a.memory,
-            ulnic_socket: Some(device.sockets()[n as usize].clone()),
+            ulnic_socket: Some(sockets[n as usize].clone()),
+            // The NIC is hotplugged, so restart-device can plug it again.
+            ulnic_hotplug: true,
             ulnic_queues: 2 + a.endpoints,
             accel: a.accel.clone(),
             append: format!("ulnic.node={n} ulnic.nodes={} ulnic.agent", a.nodes),
@@ -206,7 +217,15 @@ pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| format!("cannot start QEMU: {e}"))?;
+        let mut child = cmd.spawn().map_err(|e| format!("cannot start QEMU: {e}"))?;
+        if let Err(e) = plug_nic(&sup, n, &cfg, false) {
+            let _ = child.kill();
+            return Err(e);
+        }
+        sup.vms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(cfg.clone());
         sup.slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -407,6 +426,16 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 Err(e) => err(&mut conn, format!("node {n}: {e}")),
             }
         }
+        "restart-device" => {
+            let timeout = Duration::from_secs(req["timeout"].as_u64().unwrap_or(60));
+            match restart_device(sup, timeout) {
+                Ok(v) => {
+                    let _ = reply(&mut conn, kind::INFO, v.to_string());
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                }
+                Err(e) => err(&mut conn, e),
+            }
+        }
         "down" => {
             sup.stopping.store(true, Ordering::Release);
             let pids: Vec<u32> = sup
@@ -433,6 +462,61 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
         }
         other => err(&mut conn, format!("unknown request '{other}'")),
     }
+}
+
+/// Stops the device (every guest's connection closes, as if it had
+/// crashed), starts a new one on the same sockets and plugs each running
+/// guest's NIC again: the guest's driver sees the old NIC removed (what was
+/// open fails with ENODEV, waiters wake) and a new one appear, without a
+/// reboot. Waits until every driver has started the new NIC.
+fn restart_device(sup: &Sup, timeout: Duration) -> Result<Value, String> {
+    let mut slot = sup.device.lock().unwrap_or_else(|p| p.into_inner());
+    let t0 = Instant::now();
+    drop(slot.take());
+    let stopped = t0.elapsed().as_secs_f64();
+    let device = Device::start(sup.device_config.clone())
+        .map_err(|e| format!("the new device did not start: {e}"))?;
+    let switch = device.switch().clone();
+    *slot = Some(device);
+    drop(slot);
+    let running: Vec<u32> = (0..sup.agents.len() as u32)
+        .filter(|&n| matches!(sup.phase(n), Some(Phase::Ready { .. } | Phase::Booting(_))))
+        .collect();
+    let vms = sup.vms.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for &n in &running {
+        plug_nic(sup, n, &vms[n as usize], true)?;
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        // A driver that accepted features has started the new NIC.
+        let waiting: Vec<u32> = {
+            let f = switch.lock();
+            running
+                .iter()
+                .copied()
+                .filter(|&n| f.nodes[n as usize].features == 0)
+                .collect()
+        };
+        if waiting.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the device restarted, but the driver of node(s) {waiting:?} did not start the new NIC within {} s",
+                timeout.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "supervisor: device restarted; {} guest NIC(s) plugged again",
+        running.len()
+    );
+    Ok(json!({
+        "stopped_seconds": stopped,
+        "reconnected_seconds": t0.elapsed().as_secs_f64(),
+        "nodes": running,
+    }))
 }
 
 fn phase_name(p: Option<Phase>) -> String {
@@ -511,8 +595,28 @@ fn wait_ready(sup: &Sup, n: u32, timeout: Duration) -> Result<f64, String> {
 /// Resets a guest through QEMU's QMP socket (a hardware reset: the guest
 /// reboots without its cooperation; the device sees the port reset).
 fn qmp_reset(path: &Path) -> Result<(), String> {
-    let s = UnixStream::connect(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
+    qmp(path, &[json!({ "execute": "system_reset" })])
+}
+
+/// Runs QMP `commands` in order on the socket at `path` (waiting up to 10 s
+/// for QEMU to create it); the first error stops.
+fn qmp(path: &Path, commands: &[Value]) -> Result<(), String> {
+    let steps: Vec<(Value, Option<&[&str]>)> = commands.iter().map(|c| (c.clone(), None)).collect();
+    qmp_steps(path, &steps)
+}
+
+/// Like [`qmp`], and after a command with an event pattern, waits (up to
+/// 60 s) for an event line that contains every string of the pattern.
+fn qmp_steps(path: &Path, steps: &[(Value, Option<&[&str]>)]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        match UnixStream::connect(path) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => return Err(format!("{}: {e}", path.display())),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(|e| e.to_string())?;
     let mut w = s.try_clone().map_err(|e| e.to_string())?;
     let mut lines = BufReader::new(s).lines();
@@ -531,8 +635,70 @@ fn qmp_reset(path: &Path) -> Result<(), String> {
     lines.next(); // greeting
     writeln!(w, "{{\"execute\":\"qmp_capabilities\"}}").map_err(|e| e.to_string())?;
     expect_return(&mut lines)?;
-    writeln!(w, "{{\"execute\":\"system_reset\"}}").map_err(|e| e.to_string())?;
-    expect_return(&mut lines)
+    for (c, event) in steps {
+        writeln!(w, "{c}").map_err(|e| e.to_string())?;
+        expect_return(&mut lines)?;
+        if let Some(pattern) = event {
+            loop {
+                match lines.next() {
+                    Some(Ok(l)) if pattern.iter().all(|p| l.contains(p)) => break,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(format!("waiting for {pattern:?}: {e}")),
+                    None => return Err(format!("QMP closed before {pattern:?}")),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives a guest its NIC over QMP: at start (the guest is paused with
+/// `ulnic_hotplug`; it then runs) or again after a device restart
+/// (`replug`: the old NIC is removed, which the guest's driver sees as a
+/// device removal, and its chardev connected to the new device).
+fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), String> {
+    let qmp_path = sup.dir.join(format!("node{n}.qmp"));
+    if replug {
+        let sock = cfg.ulnic_socket.as_deref().ok_or("the guest has no NIC")?;
+        qmp_steps(
+            &qmp_path,
+            &[
+                (
+                    json!({ "execute": "device_del", "arguments": { "id": "ulnic0dev" } }),
+                    Some(&["\"event\": \"DEVICE_DELETED\"", "\"device\": \"ulnic0dev\""][..]),
+                ),
+                (
+                    json!({ "execute": "chardev-remove", "arguments": { "id": "ulnic0" } }),
+                    None,
+                ),
+                (vm::ulnic_chardev_add(sock), None),
+            ],
+        )
+        .map_err(|e| format!("node {n}: removing the old NIC: {e}"))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let connected = sup
+            .device
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|d| d.switch().lock().nodes[n as usize].disconnect.is_some());
+        if connected {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "node {n}: QEMU did not connect to the device within 30 s"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut steps = vec![vm::ulnic_device_add(cfg)];
+    if !replug {
+        steps.push(json!({ "execute": "cont" }));
+    }
+    qmp(&qmp_path, &steps).map_err(|e| format!("node {n}: adding the NIC: {e}"))
 }
 
 // ---- the client side: what `ulnic cluster up/exec/...` call ----
