@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 use ulnic::{Address, EndpointConfig, Nic};
 use ulnic_device::Device;
 use ulnic_host_attach::{DmaMemory, HostAttach};
-use vhost::vhost_user::message::{
-    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
-};
-use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
+use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -43,20 +41,10 @@ fn share_region_and_kick(
     offset: u64,
     rings: u64,
 ) -> bool {
-    let mut fe = Frontend::connect(path, 64).unwrap();
-    let features = fe.get_features().unwrap();
-    fe.set_owner().unwrap();
-    fe.set_features(
-        (1 << 32)
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-            | (features & ulnic_abi::F_MESSAGING),
-    )
-    .unwrap();
-    let pf = fe.get_protocol_features().unwrap();
-    fe.set_protocol_features(
-        pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK),
-    )
-    .unwrap();
+    let mut fe = common::frontend(
+        path,
+        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK,
+    );
     // Ask for a reply to each request, so a refusal is seen at once.
     fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
     let region = VhostUserMemoryRegionInfo {

@@ -162,23 +162,9 @@ fn a_second_frontend_on_a_busy_port_is_refused_at_once() {
 /// Reads config-space word 56, the connection epoch (spec §2.2, §2.5),
 /// over a fresh vhost-user connection to `path`.
 fn connection_epoch(path: &std::path::Path) -> u32 {
-    use vhost::vhost_user::message::{
-        VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
-    };
-    use vhost::vhost_user::{Frontend, VhostUserFrontend};
-    use vhost::VhostBackend;
-    let mut fe = Frontend::connect(path, 64).unwrap();
-    let features = fe.get_features().unwrap();
-    fe.set_owner().unwrap();
-    fe.set_features(
-        (1 << 32)
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-            | (features & ulnic_abi::F_MESSAGING),
-    )
-    .unwrap();
-    let pf = fe.get_protocol_features().unwrap();
-    fe.set_protocol_features(pf & VhostUserProtocolFeatures::CONFIG)
-        .unwrap();
+    use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+    use vhost::vhost_user::VhostUserFrontend;
+    let mut fe = common::frontend(path, VhostUserProtocolFeatures::CONFIG);
     let (_, word) = fe
         .get_config(56, 4, VhostUserConfigFlags::WRITABLE, &[0; 4])
         .unwrap();

@@ -88,3 +88,27 @@ pub fn two_nodes() -> (tempdir::TempDir, Device, ulnic::Nic, ulnic::Nic) {
     let b = ulnic::Nic::attach(&socket(&dev, 1)).unwrap();
     (dir, dev, a, b)
 }
+
+/// A raw vhost-user frontend on `path` that has negotiated version 1,
+/// protocol features and messaging, and the protocol features of
+/// `protocols` the device offers: where tests speak vhost-user themselves.
+pub fn frontend(
+    path: &std::path::Path,
+    protocols: vhost::vhost_user::message::VhostUserProtocolFeatures,
+) -> vhost::vhost_user::Frontend {
+    use vhost::vhost_user::message::VhostUserVirtioFeatures;
+    use vhost::vhost_user::{Frontend, VhostUserFrontend};
+    use vhost::VhostBackend;
+    let mut fe = Frontend::connect(path, 64).unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    fe.set_features(
+        (1 << 32)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | (features & ulnic_abi::F_MESSAGING),
+    )
+    .unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(pf & protocols).unwrap();
+    fe
+}
