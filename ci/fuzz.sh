@@ -28,8 +28,13 @@ trap 'rm -f "$log"' EXIT
 for t in $targets; do
   mkdir -p "corpus/$t"
   echo "fuzzing $t for ${secs}s"
+  # The vhost-user target's device starts threads per connection that
+  # outlive a case; glibc's per-thread destructor list (32 bytes) then
+  # reads as a leak. Leaks are checked in the other targets.
+  extra=()
+  [ "$t" = vhost_user ] && extra=(-detect_leaks=0)
   if ! cargo "${tc[@]}" fuzz run "$t" "corpus/$t" -- \
-      -max_total_time="$secs" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
+      -max_total_time="$secs" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 "${extra[@]}" >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     echo "fuzz target $t failed (a crash leaves its input in device/fuzz/artifacts/$t/)" >&2
     exit 1
