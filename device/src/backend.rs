@@ -237,7 +237,7 @@ impl VhostUserBackend for PortBackend {
             f.nodes[self.node as usize].renew_epoch();
         }
         // A stopped queue starts again clean.
-        f.nodes[self.node as usize].broken_queues &= !(1u32 << queue_index.min(31));
+        f.nodes[self.node as usize].broken_queues &= !crate::fabric::queue_bit(queue_index);
         Ok(())
     }
 

@@ -36,13 +36,6 @@ pub enum RingFault {
     },
 }
 
-impl RingFault {
-    /// Whether the queue can go on after this fault (only the chain is bad).
-    pub fn chain_only(&self) -> bool {
-        matches!(self, RingFault::Indirect { .. })
-    }
-}
-
 /// The next available chain, checked: `Ok(None)` when there is none,
 /// `Err(AvailIndex)` when the queue is broken (nothing is consumed), and
 /// `Err(Indirect)` for a refused chain, which has been consumed and must be
@@ -185,7 +178,6 @@ mod tests {
                 size: 8
             }
         );
-        assert!(!err.chain_only());
         assert_eq!(q.next_avail(), 0, "nothing consumed");
     }
 }

@@ -61,28 +61,32 @@ fn need(payload: &[u8], n: usize) -> Result<(), Response> {
     }
 }
 
-/// Whether `opcode` is a command this device implements.
-fn known(opcode: u32) -> bool {
-    matches!(
-        opcode,
-        cmd::GET_INFO
-            | cmd::CREATE_PD
-            | cmd::DESTROY_PD
-            | cmd::CREATE_ENDPOINT
-            | cmd::DESTROY_ENDPOINT
-            | cmd::BIND_PORT
-            | cmd::SET_FILTER
-            | cmd::ARM
-            | cmd::DISARM
-            | cmd::GET_STATS
-            | cmd::EXPORT
-            | cmd::REVOKE
-            | cmd::EXPORT_BUFFER
-            | cmd::SET_TRIPWIRE
-            | cmd::CLEAR_TRIPWIRE
-            | cmd::UTLB_SET_TABLE
-            | cmd::UTLB_INVALIDATE
-    )
+/// What runs one command: (fabric, node, guest memory, payload).
+type Handler = fn(&mut Fabric, u32, &GuestMemoryMmap<()>, &[u8]) -> Result<Response, Response>;
+
+/// The handler of every command this device implements; `None` for any
+/// other opcode. The one list of implemented commands.
+fn handler(opcode: u32) -> Option<Handler> {
+    Some(match opcode {
+        cmd::GET_INFO => |f, n, _, p| need(p, 0).map(|()| get_info(f, n)),
+        cmd::CREATE_PD => |f, n, _, p| need(p, 0).and_then(|()| create_pd(f, n)),
+        cmd::DESTROY_PD => |f, n, _, p| destroy_pd(f, n, p),
+        cmd::CREATE_ENDPOINT => create_endpoint,
+        cmd::DESTROY_ENDPOINT => |f, n, _, p| destroy_endpoint(f, n, p),
+        cmd::BIND_PORT => |f, n, _, p| bind_port(f, n, p),
+        cmd::SET_FILTER => |f, n, _, p| set_filter(f, n, p),
+        cmd::ARM => |f, n, _, p| arm(f, n, p, true),
+        cmd::DISARM => |f, n, _, p| arm(f, n, p, false),
+        cmd::GET_STATS => |f, n, _, p| get_stats(f, n, p),
+        cmd::EXPORT => |f, n, _, p| export(f, n, p),
+        cmd::REVOKE => |f, n, _, p| revoke(f, n, p),
+        cmd::EXPORT_BUFFER => export_buffer,
+        cmd::SET_TRIPWIRE => set_tripwire,
+        cmd::CLEAR_TRIPWIRE => |f, n, _, p| clear_tripwire(f, n, p),
+        cmd::UTLB_SET_TABLE => utlb_set_table,
+        cmd::UTLB_INVALIDATE => |f, n, _, p| utlb_invalidate(f, n, p),
+        _ => return None,
+    })
 }
 
 /// Executes the request `req` (header + payload) from node `node`, whose
@@ -101,20 +105,15 @@ pub fn execute(
     }
     let opcode = read_le32(req, 0);
     let p = &req[CMD_HEADER_SIZE..];
-    let r = if !known(opcode) {
-        Err(Response::err(if cmd::is_reserved(opcode) {
-            status::NOT_SUPPORTED
-        } else {
-            status::UNKNOWN_COMMAND
-        }))
-    } else if read_le32(req, 4) != 0 {
-        Err(Response::err(status::INVALID_ARGUMENT))
-    } else if cmd::required_features(opcode) & !fabric.nodes[node as usize].features != 0 {
-        Err(Response::err(status::NOT_SUPPORTED))
-    } else if cmd::result_len(opcode) > room {
-        Err(Response::err(status::BAD_LENGTH))
-    } else {
-        run(fabric, node, mem, opcode, p)
+    let r = match handler(opcode) {
+        None if cmd::is_reserved(opcode) => Err(Response::err(status::NOT_SUPPORTED)),
+        None => Err(Response::err(status::UNKNOWN_COMMAND)),
+        Some(_) if read_le32(req, 4) != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
+        Some(_) if cmd::required_features(opcode) & !fabric.nodes[node as usize].features != 0 => {
+            Err(Response::err(status::NOT_SUPPORTED))
+        }
+        Some(_) if cmd::result_len(opcode) > room => Err(Response::err(status::BAD_LENGTH)),
+        Some(run) => run(fabric, node, mem, p),
     };
     let r = r.unwrap_or_else(|e| e);
     if r.status != status::OK {
@@ -124,34 +123,6 @@ pub fn execute(
         );
     }
     r
-}
-
-fn run(
-    fabric: &mut Fabric,
-    node: u32,
-    mem: &GuestMemoryMmap<()>,
-    opcode: u32,
-    p: &[u8],
-) -> Result<Response, Response> {
-    match opcode {
-        cmd::GET_INFO => need(p, 0).map(|()| get_info(fabric, node)),
-        cmd::CREATE_PD => need(p, 0).and_then(|()| create_pd(fabric, node)),
-        cmd::DESTROY_PD => destroy_pd(fabric, node, p),
-        cmd::CREATE_ENDPOINT => create_endpoint(fabric, node, mem, p),
-        cmd::DESTROY_ENDPOINT => destroy_endpoint(fabric, node, p),
-        cmd::BIND_PORT => bind_port(fabric, node, p),
-        cmd::SET_FILTER => set_filter(fabric, node, p),
-        cmd::ARM | cmd::DISARM => arm(fabric, node, p, opcode == cmd::ARM),
-        cmd::GET_STATS => get_stats(fabric, node, p),
-        cmd::EXPORT => export(fabric, node, p),
-        cmd::REVOKE => revoke(fabric, node, p),
-        cmd::EXPORT_BUFFER => export_buffer(fabric, node, mem, p),
-        cmd::SET_TRIPWIRE => set_tripwire(fabric, node, mem, p),
-        cmd::CLEAR_TRIPWIRE => clear_tripwire(fabric, node, p),
-        cmd::UTLB_SET_TABLE => utlb_set_table(fabric, node, mem, p),
-        cmd::UTLB_INVALIDATE => utlb_invalidate(fabric, node, p),
-        _ => Err(Response::err(status::UNKNOWN_COMMAND)),
-    }
 }
 
 fn get_info(fabric: &Fabric, node: u32) -> Response {

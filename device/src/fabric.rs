@@ -123,14 +123,14 @@ impl Node {
 
     /// Whether queue `q` is broken.
     pub fn queue_broken(&self, q: u16) -> bool {
-        self.broken_queues & (1u32 << q.min(31)) != 0
+        self.broken_queues & queue_bit(u32::from(q)) != 0
     }
 
     /// Breaks queue `q` (a driver error it cannot recover from until it
     /// is stopped or the device reset): counted and logged once.
     pub fn break_queue(&mut self, q: u16, fault: crate::chain::RingFault) {
         if !self.queue_broken(q) {
-            self.broken_queues |= 1u32 << q.min(31);
+            self.broken_queues |= queue_bit(u32::from(q));
             self.queue_errors += 1;
             error!(
                 "node {}: queue {q} stopped until the driver resets it: {fault}",
@@ -224,6 +224,12 @@ impl Node {
         self.apertures.revoke_all(id);
         Some(ep)
     }
+}
+
+/// Queue `q`'s bit in [`Node::broken_queues`]; 0 for queues past 31,
+/// which (being doorbell queues the device never walks) cannot break.
+pub fn queue_bit(q: u32) -> u32 {
+    1u32.checked_shl(q).unwrap_or(0)
 }
 
 /// Objects of one node (see [`Node::object_counts`]).

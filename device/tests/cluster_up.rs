@@ -55,6 +55,25 @@ impl Drop for Down {
 }
 
 /// A receiver on node 1 and a sender on node 0; returns (send, recv).
+/// After a node reset or a device restart: each node booted as often as
+/// `boots` says, both pass their selftest, and 5000 checked messages cross.
+fn back_to_work(name: &str, boots: [u64; 2], when: &str) {
+    let s = json(&ulnic(&["cluster", "status", "--name", name, "--json"]));
+    for (node, b) in boots.iter().enumerate() {
+        assert_eq!(s["nodes"][node]["boots"], *b, "{when}: {s}");
+    }
+    let o = exec("all", "ulnic selftest");
+    assert!(o.status.success(), "{when}:\n{}", text(&o));
+    let (tx, rx) = stream(5000, 64, "", "");
+    assert!(
+        tx.status.success() && rx.status.success(),
+        "{when}:\n{}\n{}",
+        text(&tx),
+        text(&rx)
+    );
+    assert_eq!(json(&rx)["messages"], 5000, "{when}");
+}
+
 fn stream(count: u32, size: u32, recv_extra: &str, send_extra: &str) -> (Output, Output) {
     let rx = exec_in_background("1", format!("ulnic recv --port 5 --json {recv_extra}"));
     // The sender finds no endpoint until the receiver binds: wait for it.
@@ -199,20 +218,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         "the receiver's exec should end with the reboot:\n{}",
         text(&r)
     );
-    let o = ulnic(&["cluster", "status", "--name", &n, "--json"]);
-    let s = json(&o);
-    assert_eq!(s["nodes"][1]["boots"], 2, "{s}");
-    assert_eq!(s["nodes"][0]["boots"], 1, "{s}");
-    let o = exec("all", "ulnic selftest");
-    assert!(o.status.success(), "after the reset:\n{}", text(&o));
-    let (tx, rx) = stream(5000, 64, "", "");
-    assert!(
-        tx.status.success() && rx.status.success(),
-        "{}\n{}",
-        text(&tx),
-        text(&rx)
-    );
-    assert_eq!(json(&rx)["messages"], 5000);
+    back_to_work(&n, [1, 2], "after the reset");
 
     // Restart the device under the running guests (issue 9): a receiver
     // blocked in a wait on node 1 wakes with the library's clear error,
@@ -246,24 +252,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         "the old receiver's error:\n{}",
         text(&r)
     );
-    let o = ulnic(&["cluster", "status", "--name", &n, "--json"]);
-    let s = json(&o);
-    assert_eq!(s["nodes"][0]["boots"], 1, "no reboot: {s}");
-    assert_eq!(s["nodes"][1]["boots"], 2, "no reboot: {s}");
-    let (tx, rx) = stream(5000, 64, "", "");
-    assert!(
-        tx.status.success() && rx.status.success(),
-        "after the device restart:\n{}\n{}",
-        text(&tx),
-        text(&rx)
-    );
-    assert_eq!(json(&rx)["messages"], 5000);
-    let o = exec("all", "ulnic selftest");
-    assert!(
-        o.status.success(),
-        "after the device restart:\n{}",
-        text(&o)
-    );
+    back_to_work(&n, [1, 2], "after the device restart (no reboot)");
     let o = exec("all", "dmesg | grep -E 'Oops|BUG:|WARNING:' || true");
     assert!(
         String::from_utf8_lossy(&o.stdout).trim().is_empty(),

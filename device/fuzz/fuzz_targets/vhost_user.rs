@@ -179,20 +179,10 @@ fn bring_up(sock: &UnixStream, input: &mut Input<'_>) -> (File, EventFd, u32) {
     send(sock, SET_VRING_BASE, VERSION, &pair(queue, 0), &[]);
     let kick = EventFd::new(libc::EFD_NONBLOCK).expect("eventfd");
     let call = EventFd::new(libc::EFD_NONBLOCK).expect("eventfd");
-    send(
-        sock,
-        SET_VRING_KICK,
-        VERSION,
-        &u64::from(queue).to_le_bytes(),
-        &[kick.as_raw_fd()],
-    );
-    send(
-        sock,
-        SET_VRING_CALL,
-        VERSION,
-        &u64::from(queue).to_le_bytes(),
-        &[call.as_raw_fd()],
-    );
+    for (request, fd) in [(SET_VRING_KICK, &kick), (SET_VRING_CALL, &call)] {
+        let index = u64::from(queue).to_le_bytes();
+        send(sock, request, VERSION, &index, &[fd.as_raw_fd()]);
+    }
     send(sock, SET_VRING_ENABLE, VERSION, &pair(queue, 1), &[]);
     (mem, kick, queue)
 }
