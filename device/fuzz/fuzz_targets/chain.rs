@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::io::{Read, Write};
-use ulnic_device::chain::pop_checked;
+use ulnic_device::chain::{pop_checked, RingFault};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             Ok(None) => break,
-            Err(f) if f.chain_only() => continue,
+            Err(RingFault::Indirect { .. }) => continue,
             Err(_) => break,
         }
     }
