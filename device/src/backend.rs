@@ -95,8 +95,13 @@ impl PortBackend {
         else {
             return Ok(());
         };
-        if self.switch.lock().nodes[self.node as usize].queue_broken(CONTROL_QUEUE) {
-            return Ok(());
+        {
+            let mut f = self.switch.lock();
+            let node = &mut f.nodes[self.node as usize];
+            node.control = Some(vring.clone());
+            if node.queue_broken(CONTROL_QUEUE) || node.control_stalled {
+                return Ok(());
+            }
         }
         let mem = atomic.memory();
         let mut any = false;

@@ -113,7 +113,7 @@ fn boundary_u64(rng: &mut StdRng) -> u64 {
     }
 }
 
-fn errno_name(e: &std::io::Error) -> String {
+pub(crate) fn errno_name(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::EPERM) => "EPERM".into(),
         Some(libc::ENOENT) => "ENOENT".into(),
@@ -534,7 +534,7 @@ impl Fuzzer {
 }
 
 /// Kernel log lines that mean the kernel or a driver faulted.
-fn kernel_faults() -> Vec<String> {
+pub(crate) fn kernel_faults() -> Vec<String> {
     const SIGNS: [&str; 7] = [
         "Oops",
         "BUG:",

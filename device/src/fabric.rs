@@ -24,8 +24,8 @@ use crate::utlb::UtlbRef;
 /// Send descriptors served per endpoint per pass, for fairness.
 const SEND_BATCH: u32 = 32;
 
-/// The notification queue of a port, as handed over by the vhost-user backend.
-pub type NotifyVring = VringRwLock<PortMemory>;
+/// A virtqueue of a port, as handed over by the vhost-user backend.
+pub type PortVring = VringRwLock<PortMemory>;
 
 /// One port of the device: a node of the fabric.
 pub struct Node {
@@ -42,8 +42,9 @@ pub struct Node {
     /// Bound ports: port number -> endpoint id.
     pub ports: HashMap<u32, u32>,
     /// The notification queue, once the frontend set it up.
-    pub notify: Option<NotifyVring>,
-    /// Endpoints owed a notification that found no notification buffer.
+    pub notify: Option<PortVring>,
+    /// Endpoints owed a notification that found no notification buffer,
+    /// each at most once (so at most one per endpoint slot).
     pub notify_backlog: VecDeque<u32>,
     /// Connections served so far (for logs).
     pub connections: u64,
@@ -65,6 +66,12 @@ pub struct Node {
     /// Config-space connection epoch (spec §2.2): new for each connection,
     /// so a driver can tell that the device it talks to forgot its state.
     pub epoch: u32,
+    /// While set, the control queue is left unserved: a fault injected on
+    /// purpose (`Switch::stall_control`), kept across resets.
+    pub control_stalled: bool,
+    /// The control queue, once the frontend kicked it (to serve it again
+    /// when a stall ends).
+    pub control: Option<PortVring>,
 }
 
 impl Node {
@@ -86,6 +93,8 @@ impl Node {
             memory_faults: 0,
             disconnect: None,
             epoch: 0,
+            control_stalled: false,
+            control: None,
         }
     }
 
@@ -116,6 +125,7 @@ impl Node {
         self.ports.clear();
         self.apertures.clear();
         self.notify = None;
+        self.control = None;
         self.notify_backlog.clear();
         self.next_pd = 1;
         self.broken_queues = 0;
@@ -754,7 +764,9 @@ impl Fabric {
             ep.stats.notifications += 1;
         }
         self.counters.notifications += 1;
-        if !node.push_notification(mem, e) {
+        // One kept record per endpoint says all a second would (spec §6),
+        // and bounds what a driver that posts no buffers can make us hold.
+        if !node.push_notification(mem, e) && !node.notify_backlog.contains(&e) {
             node.notify_backlog.push_back(e);
         }
     }
@@ -1019,6 +1031,24 @@ mod tests {
         assert_eq!(d.flags, recv_flags::INLINE | recv_flags::CLOSE);
         assert_eq!((d.src_node, d.src_port, d.tag, d.len), (0, 7, 9, 3));
         assert_eq!(&raw[INLINE_OFFSET..INLINE_OFFSET + 3], b"bye");
+    }
+
+    #[test]
+    fn a_driver_without_notification_buffers_costs_one_record_per_endpoint() {
+        let (mut f, _m) = setup();
+        let mems: Vec<Option<MemGuard>> = f
+            .nodes
+            .iter()
+            .map(|n| n.mem.as_ref().map(|m| m.memory()))
+            .collect();
+        // No notification queue: every notification is kept, merged per
+        // endpoint however often the endpoint is notified.
+        for _ in 0..10_000 {
+            f.notify(1, 0, &mems);
+            f.notify(1, 1, &mems);
+        }
+        assert_eq!(f.nodes[1].notify_backlog, [0, 1]);
+        assert_eq!(f.counters.notifications, 20_000);
     }
 
     #[test]

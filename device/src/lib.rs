@@ -13,6 +13,7 @@ pub mod bench_utlb;
 pub mod chain;
 pub mod cluster;
 pub mod control;
+pub mod driver_check;
 pub mod driver_fuzz;
 pub mod endpoint;
 pub mod engine;
@@ -34,7 +35,7 @@ use std::time::Duration;
 
 use log::{error, info, warn};
 use vhost::vhost_user::Listener;
-use vhost_user_backend::VhostUserDaemon;
+use vhost_user_backend::{VhostUserDaemon, VringT};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -166,6 +167,42 @@ impl Switch {
             // Nothing more is read from that memory.
             f.reset_node(node);
         }
+    }
+
+    /// Stops serving port `node`'s control queue (`stalled`), or serves it
+    /// again: a fault injected on purpose, to see how a driver copes with
+    /// a device that stops answering commands. Commands wait in the ring
+    /// while doorbells, data and notifications go on; when the stall ends
+    /// the waiting commands run. Kept across resets of the port.
+    pub fn stall_control(&self, node: u32, stalled: bool) -> Result<(), Error> {
+        let mut f = self.lock();
+        let n = f
+            .nodes
+            .get_mut(node as usize)
+            .ok_or_else(|| Error::Config(format!("no node {node} (there are {})", self.nodes)))?;
+        n.control_stalled = stalled;
+        info!(
+            "node {node}: control queue {}",
+            if stalled {
+                "stalled (fault injected)"
+            } else {
+                "served again"
+            }
+        );
+        if !stalled {
+            if let Some(vring) = &n.control {
+                // Kicks the queue as the driver would, so the port's own
+                // thread serves what waited.
+                if let Some(kick) = vring.get_ref().get_kick() {
+                    let one = 1u64.to_ne_bytes();
+                    // SAFETY: writes 8 bytes from a live buffer to the kick
+                    // fd the port thread polls; if the frontend gave some
+                    // other kind of fd the write just fails.
+                    unsafe { libc::write(kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sleeps until woken or `timeout`.

@@ -70,6 +70,40 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Check the Linux driver in a situation set up from the host while
+    /// the check waits: `stalled-device` (run it, wait for the file given
+    /// by --ready, stall the node's control queue, create the --go file;
+    /// the check expects a command to time out without holding up
+    /// doorbells or data, and EIO after) or `device-removal` (run it, wait
+    /// for --ready, restart the device; the check expects ENODEV and
+    /// harmless stores to its old doorbell page). Fails on a kernel fault.
+    ///
+    /// Example (from the host, with a cluster named ci):
+    ///   ulnic cluster exec 0 --name ci -- ulnic driver-check stalled-device &
+    ///   ulnic cluster exec 0 --name ci -- 'until test -e /tmp/ulnic-check.ready; do sleep 0.1; done'
+    ///   ulnic cluster stall-control 0 on --name ci
+    ///   ulnic cluster exec 0 --name ci -- touch /tmp/ulnic-check.go
+    #[command(verbatim_doc_comment)]
+    DriverCheck {
+        /// The situation.
+        #[arg(value_enum)]
+        check: ulnic_device::driver_check::Check,
+        /// The device file.
+        #[arg(long, default_value = "/dev/ulnic0")]
+        device: PathBuf,
+        /// Created once the check is set up.
+        #[arg(long, default_value = "/tmp/ulnic-check.ready")]
+        ready: PathBuf,
+        /// Waited for before a stalled-device check goes on.
+        #[arg(long, default_value = "/tmp/ulnic-check.go")]
+        go: PathBuf,
+        /// Seconds to wait for the situation.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a counted, checked stream of messages to `ulnic recv` (like
     /// nc). Returned messages are resent in order (go-back-N).
     ///
@@ -180,9 +214,11 @@ enum ClusterCmd {
         timeout: u64,
     },
     /// Stop the cluster's device and start a new one while the guests run
-    /// (as after a device crash). QEMU reconnects each guest; the drivers
-    /// fail the endpoints that were open (ENETRESET: "the NIC was reset")
-    /// and new ones work at once, without a reboot.
+    /// (as after a device crash). Each guest's NIC is unplugged and plugged
+    /// again over QMP: its driver sees the old NIC removed, so what was open
+    /// fails with ENODEV (the library says "the ulnic device went away")
+    /// and blocked waiters wake; new endpoints work at once, without a
+    /// reboot.
     ///
     /// Examples:
     ///   ulnic cluster restart-device
@@ -197,6 +233,27 @@ enum ClusterCmd {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Make one guest's NIC stop answering control commands (`on`), or
+    /// answer them again (`off`): an injected fault, to see how drivers and
+    /// programs cope with a device that hangs. Commands wait in the queue;
+    /// data, doorbells and the other nodes go on. The Linux driver gives up
+    /// on a command after 10 s (ETIMEDOUT) and then fails every later one
+    /// with EIO until the device is plugged again (`restart-device`).
+    ///
+    /// Examples:
+    ///   ulnic cluster stall-control 1 on
+    ///   ulnic cluster stall-control 1 off
+    #[command(verbatim_doc_comment)]
+    StallControl {
+        /// The node.
+        node: u32,
+        /// `on` stalls the control queue, `off` serves it again (commands
+        /// that waited run then).
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        #[command(flatten)]
+        name: ClusterName,
     },
     /// Show the guests' state, boot times and log paths.
     Status {
@@ -457,6 +514,33 @@ fn main() -> ExitCode {
                 ))
             }
         }),
+        Cmd::DriverCheck {
+            check,
+            device,
+            ready,
+            go,
+            timeout,
+            json,
+        } => {
+            let hs = ulnic_device::driver_check::Handshake {
+                ready: &ready,
+                go: &go,
+                timeout: Duration::from_secs(timeout),
+            };
+            ulnic_device::driver_check::run(check, &device, &hs).and_then(|report| {
+                if json {
+                    println!("{}", serde_json::json!(report));
+                } else {
+                    print!("{}", report.table());
+                }
+                let bad = report.failures.len() + report.kernel_faults.len();
+                if bad == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("driver-check {}: {bad} problem(s)", report.check))
+                }
+            })
+        }
         Cmd::BenchPeer(a) => bench::peer(&a).map_err(|e| e.to_string()),
         Cmd::Agent { port } => {
             match port.or_else(ulnic_device::cluster::agent::find_port) {
@@ -488,6 +572,15 @@ fn main() -> ExitCode {
             eprintln!("[node {node}] resetting");
             client::reboot(&dir, node, Duration::from_secs(timeout)).map(|s| {
                 eprintln!("[node {node}] ready again after {s:.1} s");
+            })
+        }
+        Cmd::Cluster(ClusterCmd::StallControl { node, state, name }) => {
+            let stalled = state == "on";
+            client::stall_control(&state_dir(&name.name), node, stalled).map(|()| {
+                eprintln!(
+                    "[node {node}] control queue {}",
+                    if stalled { "stalled" } else { "served again" }
+                )
             })
         }
         Cmd::Cluster(ClusterCmd::RestartDevice {

@@ -82,6 +82,11 @@ struct ulnic {
 	struct mutex cmd_lock;
 	struct completion cmd_done;
 	u8 *cmd_buf;
+	/*
+	 * Set by remove() once the device is reset: a command in flight will
+	 * never be answered, and ends with ENODEV rather than a timeout.
+	 */
+	bool removing;
 
 	/* Notification records, one per endpoint (spec 6). */
 	u8 *notify_bufs;
@@ -199,8 +204,11 @@ static void ulnic_notify_done(struct virtqueue *vq)
 
 /*
  * Runs one control command (spec 4). On success returns the number of result
- * bytes copied to @result; a device status other than OK becomes -EIO and is
- * stored in @status.
+ * bytes copied to @result; a device status other than OK becomes -EREMOTEIO
+ * and is stored in @status. A command the device does not answer in time is
+ * -ETIMEDOUT and breaks the device: its buffer may still be written, and a
+ * late answer must not be read as the next command's, so every later command
+ * is -EIO (spec 9).
  */
 static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 			 size_t plen, void *result, size_t rlen, u32 *status)
@@ -208,6 +216,7 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	struct virtqueue *vq = u->vqs[ULNIC_CONTROL_QUEUE];
 	struct scatterlist out, in, *sgs[2] = { &out, &in };
 	u8 *req = u->cmd_buf, *resp = u->cmd_buf + ULNIC_CMD_BUF_SIZE / 2;
+	unsigned long answered;
 	unsigned int len;
 	__le32 word;
 	int err;
@@ -217,8 +226,12 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 		return -EINVAL;
 
 	mutex_lock(&u->cmd_lock);
-	if (!u->vdev) {
+	if (!u->vdev || READ_ONCE(u->removing)) {
 		err = -ENODEV;
+		goto out;
+	}
+	if (virtqueue_is_broken(vq)) {
+		err = -EIO;
 		goto out;
 	}
 	word = cpu_to_le32(opcode);
@@ -233,8 +246,13 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	if (err)
 		goto out;
 	virtqueue_kick(vq);
-	if (!wait_for_completion_timeout(&u->cmd_done, ULNIC_CMD_TIMEOUT) ||
-	    !virtqueue_get_buf(vq, &len)) {
+	answered = wait_for_completion_timeout(&u->cmd_done, ULNIC_CMD_TIMEOUT);
+	if (READ_ONCE(u->removing)) {
+		/* Reset by remove(): it can no longer touch the buffer. */
+		err = -ENODEV;
+		goto out;
+	}
+	if (!answered || !virtqueue_get_buf(vq, &len)) {
 		/* The buffer is still the device's: it can never be reused. */
 		dev_err(&u->vdev->dev, "command %#x timed out\n", opcode);
 		virtio_break_device(u->vdev);
@@ -248,7 +266,7 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	memcpy(&word, resp, 4);
 	*status = le32_to_cpu(word);
 	if (*status != ULNIC_STATUS_OK) {
-		err = -EIO;
+		err = -EREMOTEIO;
 		goto out;
 	}
 	len -= ULNIC_RESP_HEADER_SIZE;
@@ -257,32 +275,6 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 out:
 	mutex_unlock(&u->cmd_lock);
 	return err;
-}
-
-static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
-{
-	__le32 p = cpu_to_le32(id);
-	u32 status = 0;
-	int err = ulnic_command(u, opcode, &p, sizeof(p), NULL, 0, &status);
-
-	return err < 0 ? err : 0;
-}
-
-static u64 ulnic_mem_limit(void)
-{
-	u64 mb = READ_ONCE(mem_limit_mb);
-
-	return mb ? mb << 20 : ((u64)totalram_pages() << PAGE_SHIFT) / 4;
-}
-
-static void ulnic_free_ep(struct ulnic_ep *ep)
-{
-	if (ep->ctrl)
-		free_pages_exact(ep->ctrl, ep->ctrl_len);
-	vfree(ep->seg);
-	if (ep->charged_to)
-		atomic64_sub(ep->ctrl_len + ep->seg_len, ep->charged_to);
-	kfree(ep);
 }
 
 /* The errno for a device status (spec 4.1). */
@@ -303,8 +295,36 @@ static int ulnic_status_errno(u32 status)
 	case ULNIC_STATUS_NOT_SUPPORTED:
 		return -EOPNOTSUPP;
 	default:
-		return -EIO;
+		return -EPROTO;
 	}
+}
+
+static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
+{
+	__le32 p = cpu_to_le32(id);
+	u32 status = 0;
+	int err = ulnic_command(u, opcode, &p, sizeof(p), NULL, 0, &status);
+
+	if (err == -EREMOTEIO)
+		return ulnic_status_errno(status);
+	return err < 0 ? err : 0;
+}
+
+static u64 ulnic_mem_limit(void)
+{
+	u64 mb = READ_ONCE(mem_limit_mb);
+
+	return mb ? mb << 20 : ((u64)totalram_pages() << PAGE_SHIFT) / 4;
+}
+
+static void ulnic_free_ep(struct ulnic_ep *ep)
+{
+	if (ep->ctrl)
+		free_pages_exact(ep->ctrl, ep->ctrl_len);
+	vfree(ep->seg);
+	if (ep->charged_to)
+		atomic64_sub(ep->ctrl_len + ep->seg_len, ep->charged_to);
+	kfree(ep);
 }
 
 static int ulnic_open(struct inode *inode, struct file *f)
@@ -326,7 +346,8 @@ static int ulnic_open(struct inode *inode, struct file *f)
 	err = ulnic_command(u, ULNIC_CMD_CREATE_PD, NULL, 0, &pd, sizeof(pd),
 			    &status);
 	if (err < (int)sizeof(pd)) {
-		err = err < 0 ? err : -EPROTO;
+		err = err == -EREMOTEIO ? ulnic_status_errno(status) :
+					  (err < 0 ? err : -EPROTO);
 		goto err_free;
 	}
 	uf->pd = le32_to_cpu(pd);
@@ -505,7 +526,7 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 			kfree(ep);
 			return err;
 		}
-		err = err == -EIO ? ulnic_status_errno(status) :
+		err = err == -EREMOTEIO ? ulnic_status_errno(status) :
 				    (err < 0 ? err : -EPROTO);
 		goto err_free;
 	}
@@ -617,7 +638,7 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	memcpy(a + 4, &v32, 4);
 	v32 = cpu_to_le32(err < 0 ? 0 : (u32)err);
 	memcpy(a + 12, &v32, 4);
-	if (err == -EIO)
+	if (err == -EREMOTEIO)
 		err = 0;	/* the device's status says why */
 	if (err >= 0)
 		err = copy_to_user(arg, a, ULNIC_COMMAND_SIZE) ? -EFAULT : 0;
@@ -691,7 +712,7 @@ static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 			kvfree(t.pages);
 			return err;
 		}
-		err = err == -EIO ? ulnic_status_errno(status) : err;
+		err = err == -EREMOTEIO ? ulnic_status_errno(status) : err;
 		goto err_free;
 	}
 	t.mm = current->mm;
@@ -777,7 +798,7 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 	mutex_unlock(&uf->lock);
 	kvfree(pages);
 	if (err < 0)
-		return err == -EIO ? ulnic_status_errno(status) : err;
+		return err == -EREMOTEIO ? ulnic_status_errno(status) : err;
 	return 0;
 
 err_unlock:
@@ -800,7 +821,7 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		n = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, info,
 				  sizeof(info), &status);
 		if (n < 0)
-			return n;
+			return n == -EREMOTEIO ? ulnic_status_errno(status) : n;
 		return copy_to_user(p, info, sizeof(info)) ? -EFAULT : 0;
 	case ULNIC_IOC_CREATE_EP:
 		return ulnic_create_ep(uf, p);
@@ -1172,6 +1193,9 @@ static void ulnic_remove(struct virtio_device *vdev)
 	misc_deregister(&u->misc);
 	ida_free(&ulnic_ida, u->index);
 	virtio_reset_device(vdev);
+	/* A command in flight (its device may be dead) ends now, not in 10 s. */
+	WRITE_ONCE(u->removing, true);
+	complete(&u->cmd_done);
 	/* Open files keep the struct; their calls now fail with ENODEV. */
 	down_write(&u->vq_sem);
 	mutex_lock(&u->cmd_lock);

@@ -74,8 +74,13 @@ pub enum Error {
         status: u32,
     },
     /// The device did not answer in time.
-    #[error("device did not answer command {0:#x} within {COMMAND_TIMEOUT:?}")]
+    #[error("device did not answer command {0:#x} within {COMMAND_TIMEOUT:?}; this attachment runs no more commands (attach again)")]
     Timeout(u32),
+    /// An earlier command timed out, so no command is sent any more: the
+    /// device may still answer the old one late, and that answer must not
+    /// be read as this one's (spec §4). Data and doorbells go on.
+    #[error("command {0:#x} not sent: an earlier command timed out and this attachment runs no more commands (attach again)")]
+    ControlQueueDead(u32),
     /// The device answered with a malformed response.
     #[error("malformed response to command {0:#x}")]
     BadResponse(u32),
@@ -109,6 +114,9 @@ struct ControlQueue {
     kick: EventFd,
     call: EventFd,
     buf: DmaBuffer,
+    /// A command timed out: the device may still answer it, into `buf`
+    /// and the used ring, so the queue is never used again (spec §4).
+    dead: bool,
 }
 
 struct NotifyQueue {
@@ -239,6 +247,7 @@ impl HostAttach {
                         kick,
                         call,
                         buf,
+                        dead: false,
                     });
                 }
                 (NOTIFY_QUEUE, Some(call)) => {
@@ -314,15 +323,18 @@ impl HostAttach {
         req.extend_from_slice(&opcode.to_le_bytes());
         req.extend_from_slice(&0u32.to_le_bytes());
         req.extend_from_slice(payload);
+        if c.dead {
+            return Err(Error::ControlQueueDead(opcode));
+        }
         self.memory.write(c.buf.gpa, &req);
         let (req_gpa, resp_gpa) = (c.buf.gpa, c.buf.gpa + half as u64);
         let used = Self::submit(
             &self.memory,
             &mut c,
+            opcode,
             &[(req_gpa, req.len() as u32)],
             &[(resp_gpa, half as u32)],
-        )
-        .ok_or(Error::Timeout(opcode))?;
+        )?;
         let len = used as usize;
         if len < RESP_HEADER_SIZE {
             return Err(Error::BadResponse(opcode));
@@ -337,26 +349,36 @@ impl HostAttach {
     }
 
     /// Posts one chain on the control queue and waits for the device to
-    /// use it: the used length, or None after `COMMAND_TIMEOUT`.
+    /// use it: the used length. After `COMMAND_TIMEOUT` the queue is dead
+    /// for good (spec §4).
     fn submit(
         memory: &DmaMemory,
         c: &mut ControlQueue,
+        opcode: u32,
         readable: &[(u64, u32)],
         writable: &[(u64, u32)],
-    ) -> Option<u32> {
+    ) -> Result<u32, Error> {
+        if c.dead {
+            return Err(Error::ControlQueueDead(opcode));
+        }
         let ControlQueue {
-            queue, kick, call, ..
+            queue,
+            kick,
+            call,
+            dead,
+            ..
         } = c;
         queue.add(memory, readable, writable);
         let _ = kick.write(1);
         let deadline = Instant::now() + COMMAND_TIMEOUT;
         loop {
             if let Some((_, len)) = queue.pop_used(memory) {
-                return Some(len);
+                return Ok(len);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return None;
+                *dead = true;
+                return Err(Error::Timeout(opcode));
             }
             wait_readable(call, left);
             let _ = call.read();
@@ -373,7 +395,7 @@ impl HostAttach {
         writable: &[(u64, u32)],
     ) -> Result<u32, Error> {
         let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
-        Self::submit(&self.memory, &mut c, readable, writable).ok_or(Error::Timeout(0))
+        Self::submit(&self.memory, &mut c, 0, readable, writable)
     }
 
     /// Rings endpoint `endpoint`'s doorbell.

@@ -21,12 +21,14 @@ fn ioctl(f: &File, req: u32, arg: *mut u8) -> Result<i32, Error> {
     Ok(r)
 }
 
-/// The driver answers ENODEV once its device was removed (spec §9).
+/// The driver answers ENODEV once its device was removed, ETIMEDOUT for a
+/// command the device did not answer and EIO for every command after that
+/// (spec §9).
 fn os_error(e: std::io::Error) -> Error {
-    if e.raw_os_error() == Some(libc::ENODEV) {
-        Error::DeviceGone
-    } else {
-        Error::Os(e)
+    match e.raw_os_error() {
+        Some(libc::ENODEV) => Error::DeviceGone,
+        Some(libc::ETIMEDOUT | libc::EIO) => Error::DeviceNotAnswering,
+        _ => Error::Os(e),
     }
 }
 

@@ -83,6 +83,20 @@ pub enum Error {
         "the ulnic device went away (removed or restarted): its endpoints are gone; open it again"
     )]
     DeviceGone,
+    /// The device stopped answering commands: one timed out (ETIMEDOUT),
+    /// and the driver has run none since (EIO), as the device may still
+    /// answer the old one late (spec §4, §9). Endpoints already open still
+    /// move data; nothing can be created or changed until the device is
+    /// plugged again (`ulnic cluster restart-device`).
+    ///
+    /// ```
+    /// let e = ulnic::Error::DeviceNotAnswering;
+    /// assert!(e.to_string().contains("stopped answering"));
+    /// ```
+    #[error(
+        "the ulnic device stopped answering commands (one timed out): open endpoints still move data, but nothing can be set up until the device is restarted"
+    )]
+    DeviceNotAnswering,
     /// A ring is full; retry after polling.
     #[error("ring full; poll events or receives and retry")]
     WouldBlock,

@@ -226,6 +226,16 @@ pub fn restart_device(dir: &Path, timeout: Duration) -> Result<Value, String> {
     Ok(report)
 }
 
+/// Stalls node `node`'s control queue on the cluster's device, or serves
+/// it again (`Switch::stall_control`).
+pub fn stall_control(dir: &Path, node: u32, stalled: bool) -> Result<(), String> {
+    let mut s = request(
+        dir,
+        &json!({ "op": "stall-control", "node": node, "stalled": stalled }),
+    )?;
+    finish(&mut s, |_| {}).map(|_| ())
+}
+
 /// Stops every guest and the supervisor.
 pub fn down(dir: &Path) -> Result<(), String> {
     let mut s = request(dir, &json!({ "op": "down" }))?;

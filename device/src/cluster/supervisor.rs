@@ -426,6 +426,28 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 Err(e) => err(&mut conn, format!("node {n}: {e}")),
             }
         }
+        "stall-control" => {
+            let n = node.ok_or("no node given")?;
+            let stalled = req["stalled"].as_bool().ok_or("no state given")?;
+            let done = match sup
+                .device
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                Some(d) => d
+                    .switch()
+                    .stall_control(n, stalled)
+                    .map_err(|e| e.to_string()),
+                None => Err("the device is not running".to_string()),
+            };
+            match done {
+                Ok(()) => {
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                }
+                Err(e) => err(&mut conn, e),
+            }
+        }
         "restart-device" => {
             let timeout = Duration::from_secs(req["timeout"].as_u64().unwrap_or(60));
             match restart_device(sup, timeout) {
