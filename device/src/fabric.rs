@@ -900,7 +900,9 @@ fn take_free_buffer(
         let mut raw = [0u8; ulnic_abi::FREE_DESC_SIZE as usize];
         let ok = guest::read(mem, rx.free_slot(), &mut raw).is_ok();
         let f = FreeDesc::decode(&raw);
-        if ok && f.len > 0 && rx.segment.contains(f.seg_offset, u64::from(f.len)) {
+        let reserved_zero =
+            ulnic_abi::read_le32(&raw, 12) == 0 && ulnic_abi::read_le64(&raw, 24) == 0;
+        if ok && reserved_zero && f.len > 0 && rx.segment.contains(f.seg_offset, u64::from(f.len)) {
             if f.len < len {
                 return Err(tx_error::BUFFER_TOO_SMALL);
             }
@@ -1049,6 +1051,36 @@ mod tests {
         }
         assert_eq!(f.nodes[1].notify_backlog, [0, 1]);
         assert_eq!(f.counters.notifications, 20_000);
+    }
+
+    #[test]
+    fn free_descriptors_with_reserved_bits_are_discarded() {
+        let (mut f, m) = setup();
+        let rx = f.nodes[1].endpoints[0].as_mut().unwrap();
+        let free = CTRL[1] + layout().free_offset();
+        let good = |b: &mut [u8; 32]| {
+            FreeDesc {
+                seg_offset: 0,
+                len: 4096,
+                user_id: 7,
+            }
+            .encode(b)
+        };
+        for (slot, reserved_at) in [(0u64, 12usize), (1, 24), (2, 31)] {
+            let mut b = [0u8; 32];
+            good(&mut b);
+            b[reserved_at] = 1;
+            m.write_slice(&b, GuestAddress(free + slot * FREE_DESC_SIZE))
+                .unwrap();
+        }
+        let mut b = [0u8; 32];
+        good(&mut b);
+        m.write_slice(&b, GuestAddress(free + 3 * FREE_DESC_SIZE))
+            .unwrap();
+        guest::store_u32(&m, CTRL[1] + ctrl::FREE_PRODUCER, 4).unwrap();
+        let taken = take_free_buffer(&m, rx, 100).unwrap();
+        assert_eq!((taken.seg_offset, taken.user_id), (0, 7));
+        assert_eq!(rx.stats.bad_descriptors, 3, "three discarded first");
     }
 
     #[test]
