@@ -8,7 +8,6 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::{Duration, Instant};
 
-use ulnic::{Address, EndpointConfig, Nic};
 use ulnic_device::Device;
 use ulnic_host_attach::{DmaMemory, HostAttach};
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
@@ -84,46 +83,9 @@ fn share_region_and_kick(
     true
 }
 
-/// Node `from` sends a message to node `to`, which receives it.
-fn exchange(dev: &Device, from: usize, to: usize) {
-    let a = Nic::attach(&common::socket(dev, from)).unwrap();
-    let b = Nic::attach(&common::socket(dev, to)).unwrap();
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
-    let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
-    ea.bind(11).unwrap();
-    eb.bind(12).unwrap();
-    let dest = Address {
-        node: to as u32,
-        port: 12,
-    };
-    ea.post_send_inline(dest, 3, b"still here", 1).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let m = loop {
-        if let Some(m) = eb.poll_recv() {
-            break m;
-        }
-        assert!(Instant::now() < deadline, "no message within 10 s");
-        eb.wait(Duration::from_millis(50)).unwrap();
-    };
-    assert_eq!((m.src.node, m.src.port, m.len), (from as u32, 11, 10));
-}
-
 /// The attacked port serves a well-behaved frontend again.
 fn port_usable_again(dev: &Device, node: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match HostAttach::connect(&common::socket(dev, node), 1 << 20) {
-            Ok(hw) => {
-                assert_eq!(hw.info().node, node as u32);
-                return;
-            }
-            Err(e) => {
-                assert!(Instant::now() < deadline, "port {node} unusable: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
+    assert_eq!(common::attach_again(dev, node).node(), node as u32);
 }
 
 #[test]
@@ -134,9 +96,9 @@ fn a_region_longer_than_its_file_is_refused() {
     let accepted =
         share_region_and_kick(&common::socket(&dev, 0), &file, 2 * MIB, 0, MIB + 0x10000);
     assert!(!accepted, "SET_MEM_TABLE must fail");
-    exchange(&dev, 1, 2);
+    common::exchange(&dev, 1, 2);
     port_usable_again(&dev, 0);
-    exchange(&dev, 0, 1);
+    common::exchange(&dev, 0, 1);
 }
 
 #[test]
@@ -145,7 +107,7 @@ fn a_region_offset_past_the_end_of_its_file_is_refused() {
     let file = memfd(MIB);
     let accepted = share_region_and_kick(&common::socket(&dev, 0), &file, MIB, 2 * MIB, 0);
     assert!(!accepted, "SET_MEM_TABLE must fail");
-    exchange(&dev, 1, 2);
+    common::exchange(&dev, 1, 2);
     port_usable_again(&dev, 0);
 }
 
@@ -171,10 +133,10 @@ fn a_file_shrunk_after_setup_costs_only_its_port() {
         assert!(Instant::now() < deadline, "fault not contained");
         std::thread::sleep(Duration::from_millis(10));
     }
-    exchange(&dev, 1, 2);
+    common::exchange(&dev, 1, 2);
     drop(hw);
     port_usable_again(&dev, 0);
-    exchange(&dev, 0, 2);
+    common::exchange(&dev, 0, 2);
 }
 
 #[test]

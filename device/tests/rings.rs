@@ -11,7 +11,6 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::{Duration, Instant};
 
-use ulnic::{Address, EndpointConfig, Nic};
 use ulnic_abi::{cmd, status};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -185,27 +184,6 @@ impl Drop for Rings {
     }
 }
 
-/// Nodes `from` and `to` exchange a message: the rest of the device works.
-fn exchange(dev: &ulnic_device::Device, from: usize, to: usize) {
-    let a = Nic::attach(&common::socket(dev, from)).unwrap();
-    let b = Nic::attach(&common::socket(dev, to)).unwrap();
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
-    let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
-    ea.bind(11).unwrap();
-    eb.bind(12).unwrap();
-    let to_b = Address {
-        node: to as u32,
-        port: 12,
-    };
-    ea.post_send_inline(to_b, 3, b"unaffected", 1).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while eb.poll_recv().is_none() {
-        assert!(Instant::now() < deadline, "no message within 10 s");
-        std::thread::yield_now();
-    }
-}
-
 #[test]
 fn indirect_descriptors_are_refused_and_loops_end() {
     let (dev, _dir) = common::device(3);
@@ -233,7 +211,7 @@ fn indirect_descriptors_are_refused_and_loops_end() {
     assert_eq!(r.used(2), (3, 8 + ulnic_abi::DeviceInfo::SIZE as u32));
     assert_eq!(r.read(RESP, 4), status::OK.to_le_bytes());
     assert_eq!(r.config_word(52), 0, "no queue broken");
-    exchange(&dev, 1, 2);
+    common::exchange(&dev, 1, 2);
 }
 
 #[test]
@@ -257,19 +235,10 @@ fn an_impossible_avail_index_breaks_only_that_queue_visibly() {
     assert_eq!(r.u16_at(USED + 2), 1, "nothing used after the jump");
     assert_eq!(r.read(RESP, 4), [0xee; 4], "nothing executed");
     // The rest of the device never noticed.
-    exchange(&dev, 1, 2);
+    common::exchange(&dev, 1, 2);
     // The port serves its next frontend with a working control queue.
     drop(r);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let nic = loop {
-        match Nic::attach(&common::socket(&dev, 0)) {
-            Ok(n) => break n,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "port 0 unusable: {e}");
-                std::thread::yield_now();
-            }
-        }
-    };
+    let nic = common::attach_again(&dev, 0);
     nic.alloc_pd().unwrap();
     assert_eq!(dev.switch().lock().nodes[0].broken_queues, 0);
 }

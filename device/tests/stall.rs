@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::mpsc;
 use std::time::Duration;
-use ulnic::{Address, Endpoint, EndpointConfig, Nic, Payload};
+use ulnic::{Address, Endpoint, EndpointConfig, Nic, Payload, ProtectionDomain};
 
 /// Sends `count` inline messages from `tx` to `rx` (bound at `to`) and
 /// checks each arrives intact.
@@ -32,17 +32,24 @@ fn exchange(tx: &mut Endpoint, rx: &mut Endpoint, to: Address, count: u64) {
     }
 }
 
+fn attach(dev: &ulnic_device::Device, node: usize) -> Nic {
+    Nic::attach(&common::socket(dev, node)).unwrap()
+}
+
+/// A new domain of `nic` and an endpoint in it bound to `port`.
+fn bound(nic: &Nic, port: u32) -> (ProtectionDomain, Endpoint) {
+    let pd = nic.alloc_pd().unwrap();
+    let mut ep = pd.create_endpoint(&EndpointConfig::default()).unwrap();
+    ep.bind(port).unwrap();
+    (pd, ep)
+}
+
 #[test]
 fn stalled_control_queue_holds_commands_and_nothing_else() {
     let (dev, _dir) = common::device(2);
-    let nic0 = Nic::attach(&common::socket(&dev, 0)).unwrap();
-    let nic1 = Nic::attach(&common::socket(&dev, 1)).unwrap();
-    let pd0 = nic0.alloc_pd().unwrap();
-    let pd1 = nic1.alloc_pd().unwrap();
-    let mut a = pd0.create_endpoint(&EndpointConfig::default()).unwrap();
-    let mut b = pd1.create_endpoint(&EndpointConfig::default()).unwrap();
-    a.bind(1).unwrap();
-    b.bind(2).unwrap();
+    let (nic0, nic1) = (attach(&dev, 0), attach(&dev, 1));
+    let (_pd0, mut a) = bound(&nic0, 1);
+    let (pd1, mut b) = bound(&nic1, 2);
     let to_b = Address { node: 1, port: 2 };
     exchange(&mut a, &mut b, to_b, 10);
 
@@ -75,14 +82,9 @@ fn stalled_control_queue_holds_commands_and_nothing_else() {
 #[test]
 fn timed_out_command_kills_the_control_queue_not_the_data_path() {
     let (dev, _dir) = common::device(2);
-    let nic0 = Nic::attach(&common::socket(&dev, 0)).unwrap();
-    let nic1 = Nic::attach(&common::socket(&dev, 1)).unwrap();
-    let pd0 = nic0.alloc_pd().unwrap();
-    let pd1 = nic1.alloc_pd().unwrap();
-    let mut a = pd0.create_endpoint(&EndpointConfig::default()).unwrap();
-    let mut b = pd1.create_endpoint(&EndpointConfig::default()).unwrap();
-    a.bind(1).unwrap();
-    b.bind(2).unwrap();
+    let (nic0, nic1) = (attach(&dev, 0), attach(&dev, 1));
+    let (pd0, mut a) = bound(&nic0, 1);
+    let (_pd1, mut b) = bound(&nic1, 2);
     let to_b = Address { node: 1, port: 2 };
 
     dev.switch().stall_control(0, true).unwrap();
@@ -112,20 +114,7 @@ fn timed_out_command_kills_the_control_queue_not_the_data_path() {
     exchange(&mut a, &mut b, to_b, 50);
     // A new attachment to the same port works (the device is fine).
     drop((a, pd0, nic0));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let nic0 = loop {
-        match Nic::attach(&common::socket(&dev, 0)) {
-            Ok(n) => break n,
-            // The device may not have seen the old connection end yet.
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("attach again: {e}");
-                std::thread::yield_now();
-            }
-            Err(e) => panic!("attach again: {e}"),
-        }
-    };
-    let pd0 = nic0.alloc_pd().unwrap();
-    let mut a = pd0.create_endpoint(&EndpointConfig::default()).unwrap();
-    a.bind(1).unwrap();
+    let nic0 = common::attach_again(&dev, 0);
+    let (_pd0, mut a) = bound(&nic0, 1);
     exchange(&mut a, &mut b, to_b, 10);
 }

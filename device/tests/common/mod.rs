@@ -112,3 +112,51 @@ pub fn frontend(
     fe.set_protocol_features(pf & protocols).unwrap();
     fe
 }
+
+/// Node `from` sends a message to node `to` through fresh attachments and
+/// endpoints, and `to` receives it: the device still serves those ports.
+pub fn exchange(dev: &Device, from: usize, to: usize) {
+    use ulnic::{Address, EndpointConfig, Nic};
+    let a = Nic::attach(&socket(dev, from)).unwrap();
+    let b = Nic::attach(&socket(dev, to)).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
+    let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
+    ea.bind(11).unwrap();
+    eb.bind(12).unwrap();
+    let dest = Address {
+        node: to as u32,
+        port: 12,
+    };
+    ea.post_send_inline(dest, 3, b"still here", 1).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        if let Some(m) = eb.poll_recv() {
+            break m;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no message within 10 s"
+        );
+        eb.wait(Duration::from_millis(50)).unwrap();
+    };
+    assert_eq!((m.src.node, m.src.port, m.len), (from as u32, 11, 10));
+}
+
+/// Attaches to port `node` once the device has seen its last frontend
+/// leave (a port serves one at a time), waiting up to 10 s.
+pub fn attach_again(dev: &Device, node: usize) -> ulnic::Nic {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match ulnic::Nic::attach(&socket(dev, node)) {
+            Ok(nic) => return nic,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "port {node} unusable: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
