@@ -1,8 +1,9 @@
 //! A persistent 2-guest cluster (TCG) through the real `ulnic cluster`
 //! commands: exec and put, checked delivery between processes on one guest
 //! and across guests, ownership enforced by the driver, a guest process
-//! killed mid-stream reaching its peer as a close message, and one guest
-//! reset while the other and the device keep working.
+//! killed mid-stream reaching its peer as a close message, one guest
+//! reset while the other and the device keep working, a device that stops
+//! answering one guest's commands, and the device restarted under both.
 use std::process::{Command, Output};
 use std::thread::JoinHandle;
 
