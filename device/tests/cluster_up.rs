@@ -310,13 +310,12 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     );
     let c = removal.join().unwrap();
     assert!(c.status.success(), "device-removal check:\n{}", text(&c));
-    assert_eq!(
-        json(&c)["facts"]["doorbell_stores_after_removal"],
-        1000,
-        "{}",
-        text(&c)
-    );
+    let facts = &json(&c)["facts"];
+    assert_eq!(facts["errno_after_removal"], "ENODEV", "{facts}");
+    assert_eq!(facts["doorbell_stores_after_removal"], 1000, "{facts}");
+    assert_eq!(facts["doorbell_reads_back_last_store"], true, "{facts}");
     back_to_work(&n, [1, 2], "after the device restart (no reboot)");
+
     let o = exec("all", "dmesg | grep -E 'Oops|BUG:|WARNING:' || true");
     assert!(
         String::from_utf8_lossy(&o.stdout).trim().is_empty(),
