@@ -2,7 +2,8 @@
 //! control queue, and kicks that wake the data-path engine.
 
 use std::io::{self, Read, Write};
-use std::sync::{Arc, RwLock};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, error, warn};
 use ulnic_abi::{
@@ -39,6 +40,13 @@ pub struct PortBackend {
     /// tells the backend, so the device never reads through that copy.
     mem: RwLock<Option<PortMemory>>,
     num_queues: usize,
+    /// Exit-event consumers handed to the vhost-user worker threads.
+    /// vhost-user-backend 0.24 turns each into a raw fd for its epoll and
+    /// never closes it (VringEpollHandler::new): one eventfd per connection
+    /// would leak until the device ran out of descriptors (found by the
+    /// vhost_user fuzz target after ~20,000 connections). The port closes
+    /// them once the connection's daemon is gone: `close_exit_events`.
+    exit_events: Mutex<Vec<RawFd>>,
 }
 
 impl PortBackend {
@@ -50,6 +58,21 @@ impl PortBackend {
             switch,
             mem: RwLock::new(None),
             num_queues,
+            exit_events: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Closes the exit-event consumers handed out for this connection.
+    /// Call only after its daemon, and so every worker thread and epoll
+    /// that used them, is gone.
+    pub fn close_exit_events(&self) {
+        let fds = std::mem::take(&mut *self.exit_events.lock().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            // SAFETY: `fd` is a consumer this backend created and gave away
+            // in `exit_event`; vhost-user-backend 0.24 keeps it only as a
+            // raw number in an epoll that no longer exists, so nothing else
+            // owns or will close it.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
         }
     }
 
@@ -295,7 +318,12 @@ impl VhostUserBackend for PortBackend {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
+        self.exit_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
     }
 
     fn handle_event(

@@ -398,7 +398,7 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
         let backend = Arc::new(PortBackend::new(node, switch.clone()));
         let mut daemon = match VhostUserDaemon::new(
             format!("ulnic-node{node}"),
-            backend,
+            backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         ) {
             Ok(d) => d,
@@ -408,6 +408,8 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
             }
         };
         if let Err(e) = daemon.start(&mut listener) {
+            drop(daemon);
+            backend.close_exit_events();
             error!("node {node}: accept on {} failed: {e}", path.display());
             std::thread::sleep(Duration::from_millis(100));
             continue;
@@ -448,6 +450,8 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
             )) => info!("node {node}: frontend disconnected"),
             Err(e) => warn!("node {node}: frontend connection ended: {e}"),
         }
+        drop(daemon);
+        backend.close_exit_events();
         let mut f = switch.lock();
         // Closing the node's endpoints sends their close messages first.
         f.reset_node(node);
