@@ -54,18 +54,7 @@ impl Rings {
         // SAFETY: a fresh descriptor we own.
         let file = unsafe { File::from_raw_fd(fd) };
         file.set_len(MEM as u64).unwrap();
-        // SAFETY: maps the whole memfd we just sized, shared with the device.
-        let mem = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                MEM,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(mem, libc::MAP_FAILED);
+        let mem = ulnic_host_attach::map_shared(file.as_raw_fd(), MEM, 0).unwrap();
         let base = mem as u64;
         fe.set_mem_table(&[VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
