@@ -308,14 +308,24 @@ fn device_removal(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
         std::thread::sleep(Duration::from_millis(50));
     };
     report.fact("errno_after_removal", errno_name(&gone));
-    // Stores to the revoked doorbell land in a scratch page of memory: no
-    // fault, and (unlike a device register, or nothing) it reads back.
+    // Stores to the old doorbell: each must land harmlessly. remove()
+    // revokes the mapping just after calls start failing, and before it
+    // returns (so before the BAR can go to anyone else): from then on the
+    // page is a scratch page, which (unlike a device register, or nothing)
+    // reads back what was stored.
     let stores = 1000u16;
-    for v in 0..stores {
-        ring(v);
-    }
-    // SAFETY: as for `ring`; reading our own mapping.
-    let last = u16::from_le(unsafe { std::ptr::read_volatile(doorbell) });
+    let revoked_by = Instant::now() + Duration::from_secs(10);
+    let last = loop {
+        for v in 0..stores {
+            ring(v);
+        }
+        // SAFETY: as for `ring`; reading our own mapping.
+        let last = u16::from_le(unsafe { std::ptr::read_volatile(doorbell) });
+        if last == stores - 1 || Instant::now() >= revoked_by {
+            break last;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     report.fact("doorbell_stores_after_removal", stores);
     report.fact("doorbell_reads_back_last_store", last == stores - 1);
     // SAFETY: unmapping the page mapped above; nothing uses it after.
