@@ -22,6 +22,7 @@ use ulnic::{Address, Endpoint, EndpointConfig, Nic, Payload};
 use ulnic_abi::uapi;
 
 use crate::driver_fuzz::{errno_name, kernel_faults};
+use crate::raw_driver::{create_small_endpoint, ioctl};
 
 /// Which situation to check.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -98,34 +99,11 @@ pub fn run(check: Check, device: &Path, hs: &Handshake<'_>) -> Result<Report, St
     Ok(report)
 }
 
-fn ioctl(f: &File, req: u32, arg: &mut [u8]) -> Result<i32, std::io::Error> {
-    // SAFETY: `arg` is a live buffer at least as large as the size the
-    // request encodes (the callers size it from `uapi`).
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), req as libc::c_ulong, arg.as_mut_ptr()) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 fn outcome(r: &Result<i32, std::io::Error>) -> String {
     match r {
         Ok(_) => "ok".into(),
         Err(e) => errno_name(e),
     }
-}
-
-/// A small endpoint through the raw interface: its id.
-fn raw_endpoint(f: &File) -> Result<u32, std::io::Error> {
-    let mut a = [0u8; uapi::CREATE_EP_SIZE as usize];
-    // send, receive, free, event entries (spec §5.2: events >= send + 32).
-    for (w, n) in [8u32, 8, 8, 64].into_iter().enumerate() {
-        a[w * 4..w * 4 + 4].copy_from_slice(&n.to_le_bytes());
-    }
-    a[16..24].copy_from_slice(&4096u64.to_le_bytes());
-    ioctl(f, uapi::IOC_CREATE_EP, &mut a)?;
-    Ok(ulnic_abi::read_le32(&a, 24))
 }
 
 fn open_raw(device: &Path) -> Result<File, String> {
@@ -196,7 +174,7 @@ fn stalled_device(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
         ..Default::default()
     };
     let raw = open_raw(device)?;
-    let kicked = raw_endpoint(&raw).map_err(|e| format!("IOC_CREATE_EP: {e}"))?;
+    let kicked = create_small_endpoint(&raw).map_err(|e| format!("IOC_CREATE_EP: {e}"))?;
     let nic = Nic::open_device(device).map_err(|e| e.to_string())?;
     let (_pd, mut a, mut b, to) = pair(&nic)?;
     if !exchange(&mut a, &mut b, to, 0) {
@@ -210,7 +188,7 @@ fn stalled_device(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
     let start = Instant::now();
     let (command, command_secs) = std::thread::scope(|s| {
         let waiting = s.spawn(|| {
-            let r = raw_endpoint(&raw);
+            let r = create_small_endpoint(&raw);
             done.store(true, Ordering::Release);
             (r, start.elapsed())
         });
@@ -277,7 +255,7 @@ fn device_removal(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
         ..Default::default()
     };
     let raw = open_raw(device)?;
-    let id = raw_endpoint(&raw).map_err(|e| format!("IOC_CREATE_EP: {e}"))?;
+    let id = create_small_endpoint(&raw).map_err(|e| format!("IOC_CREATE_EP: {e}"))?;
     let page = ulnic_abi::PAGE_SIZE as usize;
     let doorbell = ulnic_host_attach::map_shared(
         raw.as_raw_fd(),

@@ -203,17 +203,10 @@ impl Fuzzer {
     }
 
     fn ioctl(&self, d: usize, req: u32, arg: *mut u8) -> Result<i32, std::io::Error> {
-        // SAFETY: the driver reads or writes at most the size `req` encodes
-        // at `arg`; every buffer passed is at least that large, and the bad
-        // pointers (NULL, kernel, unmapped) are what this tool is for: the
-        // kernel must refuse them with EFAULT, never touch our memory
-        // outside the buffer.
-        let r = unsafe { libc::ioctl(self.domains[d].file.as_raw_fd(), req as libc::c_ulong, arg) };
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(r)
-        }
+        // SAFETY: every buffer passed is at least the size `req` encodes,
+        // and the bad pointers (NULL, kernel, unmapped) are what this tool
+        // is for: the kernel must refuse them with EFAULT.
+        unsafe { crate::raw_driver::ioctl_ptr(&self.domains[d].file, req, arg) }
     }
 
     fn step(&mut self) {

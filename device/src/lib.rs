@@ -19,6 +19,7 @@ pub mod endpoint;
 pub mod engine;
 pub mod fabric;
 pub mod guest;
+pub mod raw_driver;
 pub mod rdma;
 pub mod redirect;
 pub mod region;
@@ -42,7 +43,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::backend::PortBackend;
 use crate::fabric::Fabric;
 
-/// Errors starting the device.
+/// Errors starting or steering the device.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration is not usable.
@@ -55,6 +56,14 @@ pub enum Error {
         path: PathBuf,
         /// Why.
         source: vhost::vhost_user::Error,
+    },
+    /// A node number past the device's last port.
+    #[error("no node {node}: the device has {nodes} node(s), numbered from 0")]
+    NoSuchNode {
+        /// The number asked for.
+        node: u32,
+        /// How many nodes there are.
+        nodes: u32,
     },
     /// An OS resource could not be created.
     #[error("cannot create {what}: {source}")]
@@ -176,10 +185,10 @@ impl Switch {
     /// the waiting commands run. Kept across resets of the port.
     pub fn stall_control(&self, node: u32, stalled: bool) -> Result<(), Error> {
         let mut f = self.lock();
-        let n = f
-            .nodes
-            .get_mut(node as usize)
-            .ok_or_else(|| Error::Config(format!("no node {node} (there are {})", self.nodes)))?;
+        let n = f.nodes.get_mut(node as usize).ok_or(Error::NoSuchNode {
+            node,
+            nodes: self.nodes,
+        })?;
         n.control_stalled = stalled;
         info!(
             "node {node}: control queue {}",
@@ -304,9 +313,8 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 
 impl Drop for Device {
     /// Stops the device as a crash would, but in order: every frontend's
-    /// connection is closed (a QEMU with a reconnecting chardev waits for
-    /// the next device on the same socket), the port threads and the engine
-    /// end, and the sockets are removed.
+    /// connection is closed (to QEMU its backend is gone), the port threads
+    /// and the engine end, and the sockets are removed.
     fn drop(&mut self) {
         self.switch.stop.store(true, Ordering::Relaxed);
         let handles: Vec<_> = self
@@ -391,6 +399,14 @@ fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool, ended: 
 /// Serves one port forever: a connection at a time, freeing the port's state
 /// when a frontend goes away so a rebooted VM starts clean.
 fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Path) {
+    // Written when a connection ends, so `refuse_others` stops at once.
+    let left = match EventFd::new(EFD_NONBLOCK) {
+        Ok(e) => e,
+        Err(e) => {
+            error!("node {node}: eventfd: {e}");
+            return;
+        }
+    };
     loop {
         if switch.stop.load(Ordering::Relaxed) {
             return;
@@ -429,13 +445,8 @@ fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Pat
         // While this frontend is attached, others are told at once (their
         // connection is closed) instead of waiting in the backlog.
         let connected = AtomicBool::new(true);
-        let left = match EventFd::new(EFD_NONBLOCK) {
-            Ok(e) => e,
-            Err(e) => {
-                error!("node {node}: eventfd: {e}");
-                return;
-            }
-        };
+        // The last connection's signal, if nobody consumed it.
+        let _ = left.read();
         let ended = std::thread::scope(|s| {
             s.spawn(|| refuse_others(node, &listener, &connected, &left));
             let r = daemon.wait();

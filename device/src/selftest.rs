@@ -4,6 +4,7 @@
 //! through the driver; and one domain must not be able to touch the other's
 //! endpoint.
 
+use crate::raw_driver::{create_small_endpoint, ioctl};
 use std::time::Duration;
 
 use ulnic::{
@@ -146,16 +147,11 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
         return Ok(None); // host attach: processes do not share a port
     };
     let mut id = ep.to_le_bytes();
-    // SAFETY: a 4-byte argument, as IOC_KICK encodes.
-    let r = unsafe {
-        libc::ioctl(
-            f.as_raw_fd(),
-            ulnic_abi::uapi::IOC_KICK as libc::c_ulong,
-            id.as_mut_ptr(),
-        )
+    let kick = match ioctl(&f, ulnic_abi::uapi::IOC_KICK, &mut id) {
+        Ok(_) => std::io::Error::other("it succeeded"),
+        Err(e) => e,
     };
-    let kick = std::io::Error::last_os_error();
-    if r == 0 || kick.raw_os_error() != Some(libc::EPERM) {
+    if kick.raw_os_error() != Some(libc::EPERM) {
         return Err(format!(
             "another domain could ring endpoint {ep}'s doorbell ({kick})"
         ));
@@ -178,30 +174,13 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
     let mut report =
         format!("another domain cannot kick or map endpoint {ep}'s rings or doorbell (EPERM)");
 
-    // Its own endpoint: destroying it while mapped is refused (the pages
-    // would otherwise be freed under the process's feet).
-    let ioctl = |req: u32, arg: *mut u8| {
-        // SAFETY: `arg` is sized as `req` encodes.
-        let r = unsafe { libc::ioctl(f.as_raw_fd(), req as libc::c_ulong, arg) };
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(r)
-        }
-    };
-    let mut a = [0u8; ulnic_abi::uapi::CREATE_EP_SIZE as usize];
-    for (i, v) in [8u32, 8, 8, 64].iter().enumerate() {
-        a[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
-    }
-    a[16..24].copy_from_slice(&4096u64.to_le_bytes());
     // A failed allocation is a clean ENOMEM (it used to free a NULL
     // control region and crash the guest kernel): the driver's fault
     // injection parameter makes the next allocations fail.
     let inject = "/sys/module/ulnic/parameters/fail_alloc";
     let mut injected = false;
     if std::fs::write(inject, "1").is_ok() {
-        let mut b = a;
-        let r = ioctl(ulnic_abi::uapi::IOC_CREATE_EP, b.as_mut_ptr());
+        let r = create_small_endpoint(&f);
         std::fs::write(inject, "0").map_err(|e| format!("{inject}: {e}"))?;
         if r.as_ref().err().and_then(|e| e.raw_os_error()) != Some(libc::ENOMEM) {
             return Err(format!(
@@ -210,19 +189,19 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
         }
         injected = true;
     }
-    ioctl(ulnic_abi::uapi::IOC_CREATE_EP, a.as_mut_ptr())
-        .map_err(|e| format!("raw CREATE_EP: {e}"))?;
-    let id = ulnic_abi::read_le32(&a, 24);
+    // Its own endpoint: destroying it while mapped is refused (the pages
+    // would otherwise be freed under the process's feet).
+    let id = create_small_endpoint(&f).map_err(|e| format!("raw CREATE_EP: {e}"))?;
     let p = map(id).map_err(|e| format!("own endpoint {id} could not be mapped: {e}"))?;
     let mut idb = id.to_le_bytes();
-    let busy = ioctl(ulnic_abi::uapi::IOC_DESTROY_EP, idb.as_mut_ptr());
+    let busy = ioctl(&f, ulnic_abi::uapi::IOC_DESTROY_EP, &mut idb);
     unmap(p);
     if busy.as_ref().err().and_then(|e| e.raw_os_error()) != Some(libc::EBUSY) {
         return Err(format!(
             "destroying a mapped endpoint gave {busy:?}, not EBUSY"
         ));
     }
-    ioctl(ulnic_abi::uapi::IOC_DESTROY_EP, idb.as_mut_ptr())
+    ioctl(&f, ulnic_abi::uapi::IOC_DESTROY_EP, &mut idb)
         .map_err(|e| format!("destroy after unmap: {e}"))?;
     report.push_str("; a mapped endpoint cannot be destroyed (EBUSY) until unmapped");
     if injected {

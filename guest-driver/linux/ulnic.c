@@ -47,8 +47,6 @@ struct ulnic_ep {
 	size_t ctrl_len;
 	void *seg;		/* vmalloc_user: any pages */
 	size_t seg_len;
-	/* Charged to the device's budget until freed (never, if leaked). */
-	atomic64_t *charged_to;
 	/* Live user mappings: the memory is never freed while mapped. */
 	atomic_t maps;
 };
@@ -202,10 +200,32 @@ static void ulnic_notify_done(struct virtqueue *vq)
 	virtqueue_kick(vq);
 }
 
+/* The errno for a device status (spec 4.1). */
+static int ulnic_status_errno(u32 status)
+{
+	switch (status) {
+	case ULNIC_STATUS_INVALID_ARGUMENT:
+	case ULNIC_STATUS_BAD_LENGTH:
+		return -EINVAL;
+	case ULNIC_STATUS_NO_RESOURCES:
+		return -ENOSPC;
+	case ULNIC_STATUS_NOT_FOUND:
+		return -ENOENT;
+	case ULNIC_STATUS_ADDRESS_IN_USE:
+		return -EADDRINUSE;
+	case ULNIC_STATUS_BAD_ADDRESS:
+		return -EFAULT;
+	case ULNIC_STATUS_NOT_SUPPORTED:
+		return -EOPNOTSUPP;
+	default:
+		return -EPROTO;
+	}
+}
+
 /*
  * Runs one control command (spec 4). On success returns the number of result
- * bytes copied to @result; a device status other than OK becomes -EREMOTEIO
- * and is stored in @status. A command the device does not answer in time is
+ * bytes copied to @result; a device status other than OK is stored in
+ * @status (which callers set to OK first) and becomes its errno. A command the device does not answer in time is
  * -ETIMEDOUT and breaks the device: its buffer may still be written, and a
  * late answer must not be read as the next command's, so every later command
  * is -EIO (spec 9).
@@ -266,7 +286,7 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	memcpy(&word, resp, 4);
 	*status = le32_to_cpu(word);
 	if (*status != ULNIC_STATUS_OK) {
-		err = -EREMOTEIO;
+		err = ulnic_status_errno(*status);
 		goto out;
 	}
 	len -= ULNIC_RESP_HEADER_SIZE;
@@ -277,36 +297,12 @@ out:
 	return err;
 }
 
-/* The errno for a device status (spec 4.1). */
-static int ulnic_status_errno(u32 status)
-{
-	switch (status) {
-	case ULNIC_STATUS_INVALID_ARGUMENT:
-	case ULNIC_STATUS_BAD_LENGTH:
-		return -EINVAL;
-	case ULNIC_STATUS_NO_RESOURCES:
-		return -ENOSPC;
-	case ULNIC_STATUS_NOT_FOUND:
-		return -ENOENT;
-	case ULNIC_STATUS_ADDRESS_IN_USE:
-		return -EADDRINUSE;
-	case ULNIC_STATUS_BAD_ADDRESS:
-		return -EFAULT;
-	case ULNIC_STATUS_NOT_SUPPORTED:
-		return -EOPNOTSUPP;
-	default:
-		return -EPROTO;
-	}
-}
-
 static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
 {
 	__le32 p = cpu_to_le32(id);
 	u32 status = 0;
 	int err = ulnic_command(u, opcode, &p, sizeof(p), NULL, 0, &status);
 
-	if (err == -EREMOTEIO)
-		return ulnic_status_errno(status);
 	return err < 0 ? err : 0;
 }
 
@@ -317,13 +313,13 @@ static u64 ulnic_mem_limit(void)
 	return mb ? mb << 20 : ((u64)totalram_pages() << PAGE_SHIFT) / 4;
 }
 
-static void ulnic_free_ep(struct ulnic_ep *ep)
+/* Frees @ep and gives its size back to @u's budget (a leaked one keeps it). */
+static void ulnic_free_ep(struct ulnic *u, struct ulnic_ep *ep)
 {
 	if (ep->ctrl)
 		free_pages_exact(ep->ctrl, ep->ctrl_len);
 	vfree(ep->seg);
-	if (ep->charged_to)
-		atomic64_sub(ep->ctrl_len + ep->seg_len, ep->charged_to);
+	atomic64_sub(ep->ctrl_len + ep->seg_len, &u->mem_bytes);
 	kfree(ep);
 }
 
@@ -346,8 +342,7 @@ static int ulnic_open(struct inode *inode, struct file *f)
 	err = ulnic_command(u, ULNIC_CMD_CREATE_PD, NULL, 0, &pd, sizeof(pd),
 			    &status);
 	if (err < (int)sizeof(pd)) {
-		err = err == -EREMOTEIO ? ulnic_status_errno(status) :
-					  (err < 0 ? err : -EPROTO);
+		err = err < 0 ? err : -EPROTO;
 		goto err_free;
 	}
 	uf->pd = le32_to_cpu(pd);
@@ -421,7 +416,7 @@ static int ulnic_release(struct inode *inode, struct file *f)
 		 * memory: leak it rather than hand it back to the allocator.
 		 */
 		if (err >= 0 || !READ_ONCE(u->vdev))
-			ulnic_free_ep(uf->eps[i]);
+			ulnic_free_ep(u, uf->eps[i]);
 	}
 	/* Same rule for the table and the pages it pins. */
 	if (err >= 0 || !READ_ONCE(u->vdev))
@@ -486,7 +481,6 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 		kfree(ep);
 		return -ENOMEM;
 	}
-	ep->charged_to = &u->mem_bytes;
 	/* Sized by the user: a failure is ENOMEM for them, not a splat. */
 	if (!READ_ONCE(fail_alloc))
 		ep->ctrl = alloc_pages_exact(ctrl_bytes, GFP_KERNEL | __GFP_ZERO |
@@ -526,8 +520,7 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 			kfree(ep);
 			return err;
 		}
-		err = err == -EREMOTEIO ? ulnic_status_errno(status) :
-				    (err < 0 ? err : -EPROTO);
+		err = err < 0 ? err : -EPROTO;
 		goto err_free;
 	}
 	memcpy(&v32, out, 4);
@@ -557,7 +550,7 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 
 err_free:
 	kfree(table);
-	ulnic_free_ep(ep);
+	ulnic_free_ep(u, ep);
 	return err;
 }
 
@@ -581,7 +574,7 @@ static long ulnic_destroy_ep(struct ulnic_file *uf, u32 id)
 	if (!err) {
 		WRITE_ONCE(uf->eps[id], NULL);
 		ulnic_disown(uf->u, id);
-		ulnic_free_ep(ep);
+		ulnic_free_ep(uf->u, ep);
 	}
 	mutex_unlock(&uf->lock);
 	return err;
@@ -638,7 +631,7 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	memcpy(a + 4, &v32, 4);
 	v32 = cpu_to_le32(err < 0 ? 0 : (u32)err);
 	memcpy(a + 12, &v32, 4);
-	if (err == -EREMOTEIO)
+	if (err < 0 && status != ULNIC_STATUS_OK)
 		err = 0;	/* the device's status says why */
 	if (err >= 0)
 		err = copy_to_user(arg, a, ULNIC_COMMAND_SIZE) ? -EFAULT : 0;
@@ -712,7 +705,6 @@ static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 			kvfree(t.pages);
 			return err;
 		}
-		err = err == -EREMOTEIO ? ulnic_status_errno(status) : err;
 		goto err_free;
 	}
 	t.mm = current->mm;
@@ -797,9 +789,7 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 		ulnic_unpin(uf->utlb.mm, pages, count);
 	mutex_unlock(&uf->lock);
 	kvfree(pages);
-	if (err < 0)
-		return err == -EREMOTEIO ? ulnic_status_errno(status) : err;
-	return 0;
+	return err < 0 ? err : 0;
 
 err_unlock:
 	mutex_unlock(&uf->lock);
@@ -821,7 +811,7 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		n = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, info,
 				  sizeof(info), &status);
 		if (n < 0)
-			return n == -EREMOTEIO ? ulnic_status_errno(status) : n;
+			return n;
 		return copy_to_user(p, info, sizeof(info)) ? -EFAULT : 0;
 	case ULNIC_IOC_CREATE_EP:
 		return ulnic_create_ep(uf, p);

@@ -72,8 +72,12 @@ impl Default for VmConfig {
     }
 }
 
-/// The PCIe root port a reconnecting guest's NIC is added behind.
+/// The PCIe root port a hotplugged NIC is added behind.
 pub const ULNIC_ROOT_PORT: &str = "ulnic-rp";
+/// QEMU's id of the guest's ulnic NIC (for `device_del`).
+pub const ULNIC_DEVICE_ID: &str = "ulnic0dev";
+/// QEMU's id of the chardev joining that NIC to its port socket.
+pub const ULNIC_CHARDEV_ID: &str = "ulnic0";
 
 /// The QMP `device_add` command of the ulnic NIC of a guest started with
 /// `ulnic_hotplug` (see [`VmConfig::ulnic_hotplug`]).
@@ -82,9 +86,9 @@ pub fn ulnic_device_add(cfg: &VmConfig) -> serde_json::Value {
         "execute": "device_add",
         "arguments": {
             "driver": "vhost-user-test-device-pci",
-            "id": "ulnic0dev",
+            "id": ULNIC_DEVICE_ID,
             "bus": ULNIC_ROOT_PORT,
-            "chardev": "ulnic0",
+            "chardev": ULNIC_CHARDEV_ID,
             "virtio-id": VIRTIO_ID_ULNIC,
             "num_vqs": cfg.ulnic_queues,
             "config_size": CONFIG_SIZE,
@@ -99,7 +103,7 @@ pub fn ulnic_chardev_add(sock: &std::path::Path) -> serde_json::Value {
     serde_json::json!({
         "execute": "chardev-add",
         "arguments": {
-            "id": "ulnic0",
+            "id": ULNIC_CHARDEV_ID,
             "backend": {
                 "type": "socket",
                 "data": {
@@ -156,19 +160,19 @@ pub fn command(image: &Image, cfg: &VmConfig) -> Command {
             .arg(format!("virtio-net-pci,netdev=net0,mac={}", node_mac(*n)));
     }
     if let Some(sock) = &cfg.ulnic_socket {
+        c.arg("-chardev").arg(format!(
+            "socket,id={ULNIC_CHARDEV_ID},path={}",
+            sock.display()
+        ));
         if cfg.ulnic_hotplug {
-            c.arg("-chardev")
-                .arg(format!("socket,id=ulnic0,path={}", sock.display()));
             c.arg("-S");
             c.args([
                 "-device",
                 &format!("pcie-root-port,id={ULNIC_ROOT_PORT},chassis=9,bus=pcie.0"),
             ]);
         } else {
-            c.arg("-chardev")
-                .arg(format!("socket,id=ulnic0,path={}", sock.display()));
             c.arg("-device").arg(format!(
-                "vhost-user-test-device-pci,chardev=ulnic0,virtio-id={},num_vqs={},config_size={},page-per-vq=on",
+                "vhost-user-test-device-pci,chardev={ULNIC_CHARDEV_ID},virtio-id={},num_vqs={},config_size={},page-per-vq=on",
                 VIRTIO_ID_ULNIC, cfg.ulnic_queues, CONFIG_SIZE
             ));
         }

@@ -682,15 +682,16 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), Strin
     let qmp_path = sup.dir.join(format!("node{n}.qmp"));
     if replug {
         let sock = cfg.ulnic_socket.as_deref().ok_or("the guest has no NIC")?;
+        let deleted = format!("\"device\": \"{}\"", vm::ULNIC_DEVICE_ID);
         qmp_steps(
             &qmp_path,
             &[
                 (
-                    json!({ "execute": "device_del", "arguments": { "id": "ulnic0dev" } }),
-                    Some(&["\"event\": \"DEVICE_DELETED\"", "\"device\": \"ulnic0dev\""][..]),
+                    json!({ "execute": "device_del", "arguments": { "id": vm::ULNIC_DEVICE_ID } }),
+                    Some(&["\"event\": \"DEVICE_DELETED\"", &deleted][..]),
                 ),
                 (
-                    json!({ "execute": "chardev-remove", "arguments": { "id": "ulnic0" } }),
+                    json!({ "execute": "chardev-remove", "arguments": { "id": vm::ULNIC_CHARDEV_ID } }),
                     None,
                 ),
                 (vm::ulnic_chardev_add(sock), None),

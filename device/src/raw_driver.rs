@@ -1,0 +1,60 @@
+//! Raw calls on the Linux driver's device file (spec §9), for the tools
+//! that test the driver rather than use it: `ulnic selftest`,
+//! `ulnic driver-fuzz` and `ulnic driver-check`. Programs use the library.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+use ulnic_abi::uapi;
+
+/// The argument size an ioctl request encodes (its `_IOC_SIZE`).
+fn arg_size(req: u32) -> usize {
+    ((req >> 16) & 0x3fff) as usize
+}
+
+/// Calls ioctl `req` on `f` with `arg` as its argument buffer; refuses a
+/// buffer shorter than the request encodes (the driver would write past it).
+pub fn ioctl(f: &File, req: u32, arg: &mut [u8]) -> io::Result<i32> {
+    if arg.len() < arg_size(req) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "ioctl {req:#x} takes {} bytes, got {}",
+                arg_size(req),
+                arg.len()
+            ),
+        ));
+    }
+    // SAFETY: `arg` is a live buffer at least as large as `req` encodes.
+    unsafe { ioctl_ptr(f, req, arg.as_mut_ptr()) }
+}
+
+/// Calls ioctl `req` on `f` with any pointer, bad ones included: what a
+/// hostile process does.
+///
+/// # Safety
+/// `arg` must be null, outside this process's memory, or point to at least
+/// as many writable bytes as `req` encodes: the kernel refuses the first
+/// two with EFAULT, and writes the third.
+pub unsafe fn ioctl_ptr(f: &File, req: u32, arg: *mut u8) -> io::Result<i32> {
+    // SAFETY: the caller's contract above.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), req as libc::c_ulong, arg) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Creates the smallest useful endpoint on `f` (rings of 8, an event ring
+/// of 64 as spec §5.2 requires, a 4 KiB segment); returns its id.
+pub fn create_small_endpoint(f: &File) -> io::Result<u32> {
+    let mut a = [0u8; uapi::CREATE_EP_SIZE as usize];
+    for (i, n) in [8u32, 8, 8, 64].into_iter().enumerate() {
+        a[i * 4..i * 4 + 4].copy_from_slice(&n.to_le_bytes());
+    }
+    a[16..24].copy_from_slice(&4096u64.to_le_bytes());
+    ioctl(f, uapi::IOC_CREATE_EP, &mut a)?;
+    Ok(ulnic_abi::read_le32(&a, 24))
+}
