@@ -90,27 +90,3 @@ fn arguments_are_checked() {
         "entry does not divide the ring"
     );
 }
-
-#[test]
-fn dmq_benchmark_prints_queue_and_socket_lines() {
-    let got: Vec<(String, String)> =
-        common::bench_json(&["bench", "dmq", "--size", "1024", "--iters", "50", "--json"])
-            .iter()
-            .map(|v| {
-                (
-                    v["bench"].as_str().unwrap().to_string(),
-                    v["transport"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect();
-    let want: Vec<(String, String)> = [
-        ("dmq-pingpong", "ulnic"),
-        ("dmq-pingpong", "unix"),
-        ("dmq-stream", "ulnic"),
-        ("dmq-stream", "unix"),
-    ]
-    .iter()
-    .map(|(b, t)| (b.to_string(), t.to_string()))
-    .collect();
-    assert_eq!(got, want);
-}

@@ -5,7 +5,7 @@ mod common;
 
 use common::raw::{create_pd, raw_endpoint, status_of};
 use ulnic_abi::{cmd, event, op, perm, read_le32, send_flags, status, tx_error, SendDesc};
-use ulnic_device::fabric::ObjectCounts;
+use ulnic_device::nic::node::ObjectCounts;
 use ulnic_device::Device;
 use ulnic_host_attach::{DmaMemory, HostAttach};
 

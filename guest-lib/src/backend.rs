@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ulnic_abi::{DeviceInfo, RingLayout};
 
-use crate::Error;
+use crate::error::Error;
 
 /// An endpoint's memory as mapped in this process.
 pub(crate) struct EpMemory {

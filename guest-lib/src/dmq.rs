@@ -14,7 +14,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Cookie, Endpoint, Error, Event, Immediate, Permissions, SendError, TripwireOn};
+use ulnic_abi::Cookie;
+
+use crate::endpoint::Endpoint;
+use crate::error::Error;
+use crate::types::{Event, Immediate, Permissions, SendError, TripwireOn};
 
 /// Bytes before the ring in the receiver's aperture.
 const HEADER: u64 = 64;

@@ -9,7 +9,7 @@ use ulnic_abi::{cmd, CreateEndpoint, DeviceInfo, RingLayout};
 use ulnic_host_attach::{DmaBuffer, HostAttach};
 
 use crate::backend::{Domain, EpMemory, UserMemory};
-use crate::Error;
+use crate::error::Error;
 
 pub(crate) struct HostDomain {
     hw: Arc<HostAttach>,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ulnic_abi::{uapi, DeviceInfo, RingLayout};
 
 use crate::backend::{Domain, EpMemory, UserMemory};
-use crate::Error;
+use crate::error::Error;
 
 fn ioctl(f: &File, req: u32, arg: *mut u8) -> Result<i32, Error> {
     // SAFETY: `arg` points to a buffer of the size encoded in `req`, valid

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Domain, UserMemory};
-use crate::Error;
+use crate::error::Error;
 
 const PAGE: usize = ulnic_abi::PAGE_SIZE as usize;
 

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::Error;
+use crate::error::Error;
 
 /// One private apt root.
 pub struct Apt {

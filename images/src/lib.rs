@@ -14,6 +14,7 @@
 //! versions or this builder's own files.
 
 mod apt;
+mod error;
 pub mod newc;
 pub mod vm;
 
@@ -23,38 +24,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-/// Errors of image building.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A file operation failed.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// An external tool failed.
-    #[error("{tool} failed: {detail}")]
-    Tool {
-        /// The command.
-        tool: String,
-        /// Its last error lines.
-        detail: String,
-    },
-    /// A package could not be resolved.
-    #[error("cannot resolve packages: {0}")]
-    Resolve(String),
-}
-
-impl Error {
-    fn io(path: impl AsRef<Path>, source: std::io::Error) -> Error {
-        Error::Io {
-            path: path.as_ref().to_path_buf(),
-            source,
-        }
-    }
-}
+pub use error::Error;
 
 /// Bumped when the build recipe changes in a way the inputs do not show.
 const RECIPE: u32 = 2;

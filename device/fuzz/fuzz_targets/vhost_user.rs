@@ -70,14 +70,12 @@ fn target() -> &'static Target {
         let dir = std::env::temp_dir().join(format!("ulnic-fuzz-vhost-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let sockets = Configuration::socket_paths(&dir, 2);
-        let device = Device::start(Configuration {
-            sockets: sockets.clone(),
-            max_endpoints: 4,
-            poll_for: Duration::from_micros(50),
-            tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
-            utlb_cache: Default::default(),
-        })
-        .expect("device starts");
+        let config = Configuration::builder(sockets.clone())
+            .max_endpoints(4)
+            .poll_for(Duration::from_micros(50))
+            .build()
+            .expect("a valid configuration");
+        let device = Device::start(config).expect("device starts");
         Target {
             device: device,
             _dir: TempDir(dir),

@@ -8,46 +8,23 @@ use ulnic_device::{Configuration, Device};
 
 pub mod raw;
 
-/// A device with `nodes` ports in a fresh temporary directory.
-pub fn device(nodes: u32) -> (Device, tempdir::TempDir) {
+/// A device with `nodes` ports on sockets in a fresh temporary directory
+/// (removed when the returned guard drops).
+pub fn device(nodes: u32) -> (Device, tempfile::TempDir) {
     let _ = env_logger::builder().is_test(true).try_init();
-    let dir = tempdir::TempDir::new();
-    let config = Configuration {
-        sockets: Configuration::socket_paths(&dir.0, nodes),
-        max_endpoints: 8,
-        poll_for: Duration::from_micros(200),
-        tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
-        utlb_cache: Default::default(),
-    };
+    let dir = tempfile::Builder::new()
+        .prefix("ulnic-test-")
+        .tempdir()
+        .unwrap();
+    let config = Configuration::builder(Configuration::socket_paths(dir.path(), nodes))
+        .poll_for(Duration::from_micros(200))
+        .build()
+        .expect("a valid configuration");
     (Device::start(config).expect("device starts"), dir)
 }
 
 pub fn socket(dev: &Device, node: usize) -> PathBuf {
     dev.sockets()[node].clone()
-}
-
-pub mod tempdir {
-    use std::path::PathBuf;
-    /// A directory removed on drop.
-    pub struct TempDir(pub PathBuf);
-    impl TempDir {
-        pub fn new() -> Self {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "ulnic-test-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir_all(&p).unwrap();
-            TempDir(p)
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// The next event of `ep`, waiting up to 10 s.
@@ -62,27 +39,9 @@ pub fn next_event(ep: &mut ulnic::Endpoint) -> ulnic::Event {
     }
 }
 
-/// Runs `ulnic ARGS` (a benchmark with `--json`), checks it succeeded,
-/// and returns its JSON lines.
-pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// A two-node device and a host attachment to each node. Bind as
 /// `let (_dir, _dev, a, b)`: the attachments drop first, the directory last.
-pub fn two_nodes() -> (tempdir::TempDir, Device, ulnic::Nic, ulnic::Nic) {
+pub fn two_nodes() -> (tempfile::TempDir, Device, ulnic::Nic, ulnic::Nic) {
     let (dev, dir) = device(2);
     let a = ulnic::Nic::attach(&socket(&dev, 0)).unwrap();
     let b = ulnic::Nic::attach(&socket(&dev, 1)).unwrap();

@@ -1,0 +1,166 @@
+//! The device's configuration (validated before anything starts) and the
+//! errors of starting and steering it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::memory::region;
+use crate::nic::utlb::CacheConfig;
+
+/// Errors starting or steering the device.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is not usable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A port socket could not be created.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        source: vhost::vhost_user::Error,
+    },
+    /// A node number past the device's last port.
+    #[error("no node {node}: the device has {nodes} node(s), numbered from 0")]
+    NoSuchNode {
+        /// The number asked for.
+        node: u32,
+        /// How many nodes there are.
+        nodes: u32,
+    },
+    /// An OS resource could not be created.
+    #[error("cannot create {what}: {source}")]
+    Os {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A validated device configuration, made with [`Configuration::builder`].
+#[derive(Debug, Clone)]
+pub struct Configuration {
+    sockets: Vec<PathBuf>,
+    max_endpoints: u32,
+    poll_for: Duration,
+    tripwires: u32,
+    utlb_cache: CacheConfig,
+}
+
+impl Configuration {
+    /// A builder for a device with one port per socket (port `i` is node
+    /// `i`), with the defaults: 8 endpoints per port, 500 us of polling
+    /// before sleeping, the default tripwire cap and UTLB cache.
+    pub fn builder(sockets: Vec<PathBuf>) -> ConfigurationBuilder {
+        ConfigurationBuilder(Configuration {
+            sockets,
+            max_endpoints: DEFAULT_ENDPOINTS,
+            poll_for: DEFAULT_POLL_FOR,
+            tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
+            utlb_cache: CacheConfig::default(),
+        })
+    }
+
+    /// Socket paths `dir/node0.sock` ... for `n` nodes.
+    pub fn socket_paths(dir: &Path, n: u32) -> Vec<PathBuf> {
+        (0..n).map(|i| dir.join(format!("node{i}.sock"))).collect()
+    }
+
+    /// One socket per port; port `i` is node `i`.
+    pub fn sockets(&self) -> &[PathBuf] {
+        &self.sockets
+    }
+
+    /// Endpoints per port.
+    pub fn max_endpoints(&self) -> u32 {
+        self.max_endpoints
+    }
+
+    /// How long the engine keeps polling after the last work before it
+    /// asks for doorbells and sleeps.
+    pub fn poll_for(&self) -> Duration {
+        self.poll_for
+    }
+
+    /// Tripwires each endpoint may set.
+    pub fn tripwires(&self) -> u32 {
+        self.tripwires
+    }
+
+    /// Shape of the device's UTLB translation cache.
+    pub fn utlb_cache(&self) -> CacheConfig {
+        self.utlb_cache
+    }
+
+    /// Checks the limits of spec §3.
+    fn validate(&self) -> Result<(), Error> {
+        if self.sockets.is_empty() {
+            return Err(Error::Config("at least one port socket is needed".into()));
+        }
+        if self.sockets.len() > region::MAX_PORTS {
+            return Err(Error::Config(format!(
+                "at most {} ports (nodes) per device",
+                region::MAX_PORTS
+            )));
+        }
+        if !(1..=ulnic_abi::MAX_TRIPWIRES_LIMIT).contains(&self.tripwires) {
+            return Err(Error::Config(format!(
+                "--tripwires must be between 1 and {}",
+                ulnic_abi::MAX_TRIPWIRES_LIMIT
+            )));
+        }
+        self.utlb_cache.validate().map_err(Error::Config)?;
+        if !(1..=ulnic_abi::MAX_ENDPOINTS_LIMIT).contains(&self.max_endpoints) {
+            return Err(Error::Config(format!(
+                "--endpoints must be between 1 and {}",
+                ulnic_abi::MAX_ENDPOINTS_LIMIT
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Endpoints per port unless set.
+pub const DEFAULT_ENDPOINTS: u32 = 8;
+
+/// Polling time before the engine sleeps, unless set.
+pub const DEFAULT_POLL_FOR: Duration = Duration::from_micros(500);
+
+/// Builds a [`Configuration`]; [`ConfigurationBuilder::build`] checks it.
+#[derive(Debug, Clone)]
+pub struct ConfigurationBuilder(Configuration);
+
+impl ConfigurationBuilder {
+    /// Endpoints per port (1 to `ulnic_abi::MAX_ENDPOINTS_LIMIT`).
+    pub fn max_endpoints(mut self, n: u32) -> Self {
+        self.0.max_endpoints = n;
+        self
+    }
+
+    /// How long the engine polls after the last work before it sleeps.
+    pub fn poll_for(mut self, d: Duration) -> Self {
+        self.0.poll_for = d;
+        self
+    }
+
+    /// Tripwires each endpoint may set (1 to
+    /// `ulnic_abi::MAX_TRIPWIRES_LIMIT`).
+    pub fn tripwires(mut self, n: u32) -> Self {
+        self.0.tripwires = n;
+        self
+    }
+
+    /// Shape of the UTLB translation cache.
+    pub fn utlb_cache(mut self, c: CacheConfig) -> Self {
+        self.0.utlb_cache = c;
+        self
+    }
+
+    /// The configuration, if it is within the limits of spec §3.
+    pub fn build(self) -> Result<Configuration, Error> {
+        self.0.validate()?;
+        Ok(self.0)
+    }
+}

@@ -1,0 +1,12 @@
+//! The per-port NIC: the state of one port and its endpoints, and what an
+//! endpoint does on its own (its rings, receiving, counters, UTLB
+//! translation, apertures, tripwires, redirection). Nothing here reaches
+//! across ports; `switch` does that.
+
+pub mod aperture;
+pub mod endpoint;
+pub mod node;
+pub mod receive;
+pub mod redirect;
+pub mod stats;
+pub mod utlb;

@@ -1,0 +1,259 @@
+//! One port of the device (a node of the switch): its endpoint slots,
+//! protection domains, bound port numbers, exported apertures, the
+//! notification queue, and what its frontend broke.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use log::{debug, error, warn};
+use ulnic_abi::{Cookie, NOTIFY_QUEUE};
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::GuestMemoryMmap;
+
+use crate::chain::{self, RingFault};
+use crate::memory::guest::PortMemory;
+use crate::nic::aperture::{Aperture, ApertureTable};
+use crate::nic::endpoint::Endpoint;
+
+/// A virtqueue of a port, as handed over by the vhost-user backend.
+pub type PortVring = VringRwLock<PortMemory>;
+
+/// One port of the device: a node of the fabric.
+pub struct Node {
+    /// Node address.
+    pub id: u32,
+    /// The connected frontend's memory, while connected.
+    pub mem: Option<PortMemory>,
+    /// Endpoint slots; the index is the endpoint id.
+    pub endpoints: Vec<Option<Endpoint>>,
+    /// Live protection domains.
+    pub pds: HashSet<u32>,
+    /// Next protection domain id to hand out.
+    pub next_pd: u32,
+    /// Bound ports: port number -> endpoint id.
+    pub ports: HashMap<u32, u32>,
+    /// The notification queue, once the frontend set it up.
+    pub notify: Option<PortVring>,
+    /// Endpoints owed a notification that found no notification buffer,
+    /// each at most once (so at most one per endpoint slot).
+    pub notify_backlog: VecDeque<u32>,
+    /// Connections served so far (for logs).
+    pub connections: u64,
+    /// Apertures exported by this node's endpoints.
+    pub apertures: ApertureTable,
+    /// Feature bits the frontend accepted (SET_FEATURES); only these are
+    /// acted on.
+    pub features: u64,
+    /// Virtqueues this port's frontend broke (impossible avail index),
+    /// counted over the device's life.
+    pub queue_errors: u64,
+    /// The queues broken now, a bit per queue index (spec §2.1, config
+    /// space word 52); cleared when the queue is stopped or the node reset.
+    pub broken_queues: u32,
+    /// Faults in this port's shared memory that cost it its connection.
+    pub memory_faults: u64,
+    /// Ends the current frontend's connection (set while one is attached).
+    pub disconnect: Option<vhost_user_backend::ShutdownHandle>,
+    /// Config-space connection epoch (spec §2.2): new for each connection,
+    /// so a driver can tell that the device it talks to forgot its state.
+    pub epoch: u32,
+    /// While set, the control queue is left unserved: a fault injected on
+    /// purpose (`Switch::stall_control`), kept across resets.
+    pub control_stalled: bool,
+    /// The control queue, once the frontend kicked it (to serve it again
+    /// when a stall ends).
+    pub control: Option<PortVring>,
+}
+
+impl Node {
+    pub fn new(id: u32, max_endpoints: u32) -> Self {
+        Node {
+            id,
+            mem: None,
+            endpoints: (0..max_endpoints).map(|_| None).collect(),
+            pds: HashSet::new(),
+            next_pd: 1,
+            ports: HashMap::new(),
+            notify: None,
+            notify_backlog: VecDeque::new(),
+            connections: 0,
+            apertures: Default::default(),
+            features: 0,
+            queue_errors: 0,
+            broken_queues: 0,
+            memory_faults: 0,
+            disconnect: None,
+            epoch: 0,
+            control_stalled: false,
+            control: None,
+        }
+    }
+
+    /// Gives the port a new nonzero epoch, unlikely to repeat one the
+    /// driver has seen: from now on nothing created before exists.
+    pub fn renew_epoch(&mut self) {
+        self.epoch = loop {
+            let e: u32 = rand::random();
+            if e != 0 && e != self.epoch {
+                break e;
+            }
+        };
+    }
+
+    /// Frees everything the last frontend created (disconnect or reset).
+    pub fn reset(&mut self) {
+        let live = self.endpoints.iter().filter(|e| e.is_some()).count();
+        if live > 0 || !self.pds.is_empty() {
+            debug!(
+                "node {}: freeing {} endpoints and {} protection domains",
+                self.id,
+                live,
+                self.pds.len()
+            );
+        }
+        self.endpoints.iter_mut().for_each(|e| *e = None);
+        self.pds.clear();
+        self.ports.clear();
+        self.apertures.clear();
+        self.notify = None;
+        self.control = None;
+        self.notify_backlog.clear();
+        self.next_pd = 1;
+        self.broken_queues = 0;
+    }
+
+    /// Whether queue `q` is broken.
+    pub fn queue_broken(&self, q: u16) -> bool {
+        self.broken_queues & queue_bit(u32::from(q)) != 0
+    }
+
+    /// Breaks queue `q` (a driver error it cannot recover from until it
+    /// is stopped or the device reset): counted and logged once.
+    pub fn break_queue(&mut self, q: u16, fault: RingFault) {
+        if !self.queue_broken(q) {
+            self.broken_queues |= queue_bit(u32::from(q));
+            self.queue_errors += 1;
+            error!(
+                "node {}: queue {q} stopped until the driver resets it: {fault}",
+                self.id
+            );
+        }
+    }
+
+    /// Puts one notification record (endpoint id, reason) into the port's
+    /// notification queue and signals the frontend; false when the driver
+    /// has posted no buffer (or broke the queue).
+    pub fn push_notification(&mut self, mem: &GuestMemoryMmap<()>, e: u32) -> bool {
+        if self.queue_broken(NOTIFY_QUEUE) {
+            return false;
+        }
+        let Some(vring) = self.notify.as_ref() else {
+            return false;
+        };
+        let mut st = vring.get_mut();
+        if !st.get_queue().ready() {
+            return false;
+        }
+        let chain = match chain::pop_checked(st.get_queue_mut(), mem) {
+            Ok(Some(chain)) => chain,
+            Ok(None) => return false,
+            Err(RingFault::Indirect { head }) => {
+                warn!("notification buffer {head} uses indirect descriptors (not offered); completed empty");
+                let _ = st.get_queue_mut().add_used(mem, head, 0);
+                return false;
+            }
+            Err(fault) => {
+                drop(st);
+                self.break_queue(NOTIFY_QUEUE, fault);
+                return false;
+            }
+        };
+        let head = chain.head_index();
+        let mut rec = [0u8; 8];
+        rec[..4].copy_from_slice(&e.to_le_bytes());
+        let written = match chain.writer(mem) {
+            Ok(mut w) if w.available_bytes() >= rec.len() => {
+                match std::io::Write::write_all(&mut w, &rec) {
+                    Ok(()) => rec.len() as u32,
+                    Err(_) => 0,
+                }
+            }
+            _ => {
+                warn!("notification buffer too small or malformed; completing it empty");
+                0
+            }
+        };
+        // Through the validated memory, never the vhost-user handler's copy.
+        if st.get_queue_mut().add_used(mem, head, written).is_err() {
+            return false;
+        }
+        drop(st);
+        if let Err(err) = vring.signal_used_queue() {
+            warn!("cannot signal the notification queue: {err}");
+        }
+        written > 0
+    }
+
+    /// How many objects the frontend has created and not destroyed: a
+    /// refused command must leave these unchanged (spec §4).
+    pub fn object_counts(&self) -> ObjectCounts {
+        let eps = self.endpoints.iter().flatten();
+        ObjectCounts {
+            pds: self.pds.len(),
+            endpoints: eps.clone().count(),
+            ports: self.ports.len(),
+            apertures: self.apertures.live(),
+            tripwires: eps
+                .clone()
+                .map(|e| e.tripwires.iter().flatten().count())
+                .sum(),
+            filters: eps.map(|e| e.filters.len()).sum(),
+        }
+    }
+
+    /// A live endpoint by id.
+    pub fn endpoint_mut(&mut self, id: u32) -> Option<&mut Endpoint> {
+        self.endpoints.get_mut(id as usize).and_then(|e| e.as_mut())
+    }
+
+    /// Removes an endpoint and its port binding.
+    pub fn remove_endpoint(&mut self, id: u32) -> Option<Endpoint> {
+        let ep = self.endpoints.get_mut(id as usize)?.take()?;
+        if let Some(p) = ep.port {
+            self.ports.remove(&p);
+        }
+        self.apertures.revoke_all(id);
+        Some(ep)
+    }
+}
+
+/// Queue `q`'s bit in [`Node::broken_queues`]; 0 for queues past 31,
+/// which (being doorbell queues the device never walks) cannot break.
+pub fn queue_bit(q: u32) -> u32 {
+    1u32.checked_shl(q).unwrap_or(0)
+}
+
+/// Objects of one node (see [`Node::object_counts`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectCounts {
+    /// Protection domains.
+    pub pds: usize,
+    /// Endpoints.
+    pub endpoints: usize,
+    /// Bound port numbers.
+    pub ports: usize,
+    /// Exported apertures.
+    pub apertures: usize,
+    /// Tripwires set.
+    pub tripwires: usize,
+    /// Filter entries over all endpoints.
+    pub filters: usize,
+}
+
+impl Node {
+    /// The aperture a cookie names on this node, if the cookie is right.
+    pub fn aperture_for(&self, c: &Cookie) -> Option<Aperture> {
+        let a = *self.apertures.get(c.aperture)?;
+        (a.generation == c.generation && a.key == c.key).then_some(a)
+    }
+}

@@ -1,0 +1,42 @@
+//! The data-path engine: one thread that polls every endpoint while there is
+//! work, yields the core between passes, and after `poll_for` of idleness asks
+//! for doorbells and sleeps until one rings.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use log::debug;
+
+use crate::memory::guest::full_fence;
+use crate::switch::Switch;
+
+/// Longest sleep without a doorbell: a safety net, not part of the protocol.
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+
+/// Runs until the switch is stopped.
+pub fn run(switch: Arc<Switch>, poll_for: Duration) {
+    let mut idle_since = Instant::now();
+    while !switch.stop.load(Ordering::Relaxed) {
+        switch.disconnect_faulted();
+        if switch.lock().poll() > 0 {
+            idle_since = Instant::now();
+            continue;
+        }
+        if idle_since.elapsed() < poll_for {
+            std::thread::yield_now();
+            continue;
+        }
+        // Dekker handshake with the drivers: publish "doorbell wanted", then
+        // look again, so a descriptor published meanwhile is never missed.
+        switch.lock().set_doorbell_wanted(true);
+        full_fence();
+        let late = switch.lock().poll();
+        if late == 0 {
+            switch.sleep(MAX_SLEEP);
+        }
+        switch.lock().set_doorbell_wanted(false);
+        idle_since = Instant::now();
+    }
+    debug!("engine stopped");
+}

@@ -1,0 +1,144 @@
+//! The switch: the state every port thread and the engine share (the
+//! ports behind one lock, the engine's wake-up, fault injection), the
+//! data path between ports (`ports`), remote memory (`rdma`) and the
+//! engine thread (`engine`).
+
+pub mod engine;
+pub mod ports;
+pub mod rdma;
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use log::{error, info};
+use vhost_user_backend::VringT;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::config::{Configuration, Error};
+use crate::memory::region;
+use crate::nic::utlb::TranslationCache;
+use crate::switch::ports::Ports;
+
+/// State shared by every port thread and the engine.
+pub struct Switch {
+    ports: Mutex<Ports>,
+    wake: EventFd,
+    /// Set to stop the engine.
+    pub stop: AtomicBool,
+    /// Endpoints per port.
+    pub max_endpoints: u32,
+    /// Number of nodes.
+    pub nodes: u32,
+    /// Node `i` watches its shared memory under key `watch_base + i`
+    /// (`region`).
+    pub watch_base: u32,
+}
+
+impl Switch {
+    /// The switch of a device configured by `config`, its ports empty.
+    pub fn new(config: &Configuration) -> Result<Switch, Error> {
+        let nodes = config.sockets().len() as u32;
+        let mut ports = Ports::new(nodes, config.max_endpoints());
+        ports.max_tripwires = config.tripwires();
+        ports.utlb.cache = TranslationCache::new(config.utlb_cache());
+        Ok(Switch {
+            ports: Mutex::new(ports),
+            wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
+                what: "eventfd",
+                source,
+            })?,
+            stop: AtomicBool::new(false),
+            max_endpoints: config.max_endpoints(),
+            nodes,
+            watch_base: region::reserve_keys(nodes).map_err(|e| Error::Config(e.to_string()))?,
+        })
+    }
+
+    /// Locks the ports. A panic elsewhere cannot leave it half-updated in a
+    /// way that matters more than stopping would, so poisoning is ignored.
+    pub fn lock(&self) -> MutexGuard<'_, Ports> {
+        self.ports.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the engine if it sleeps.
+    pub fn wake(&self) {
+        let _ = self.wake.write(1);
+    }
+
+    /// Ends the connection of every port whose shared memory faulted
+    /// (a file shrunk under the device, spec §2.3): that frontend loses its
+    /// port, everyone else goes on. Cheap when nothing faulted.
+    pub fn disconnect_faulted(&self) {
+        if !region::pending() {
+            return;
+        }
+        for key in region::take_faulted(self.watch_base, self.nodes) {
+            let node = key - self.watch_base;
+            let mut f = self.lock();
+            let Some(n) = f.nodes.get_mut(node as usize) else {
+                continue;
+            };
+            n.memory_faults += 1;
+            error!(
+                "node {node}: its shared memory shrank under the device (contained fault {} in all); disconnecting its frontend",
+                region::fault_count()
+            );
+            if let Some(d) = n.disconnect.take() {
+                d.shutdown();
+            }
+            // Nothing more is read from that memory.
+            f.reset_node(node);
+        }
+    }
+
+    /// Stops serving port `node`'s control queue (`stalled`), or serves it
+    /// again: a fault injected on purpose, to see how a driver copes with
+    /// a device that stops answering commands. Commands wait in the ring
+    /// while doorbells, data and notifications go on; when the stall ends
+    /// the waiting commands run. Kept across resets of the port.
+    pub fn stall_control(&self, node: u32, stalled: bool) -> Result<(), Error> {
+        let mut f = self.lock();
+        let n = f.nodes.get_mut(node as usize).ok_or(Error::NoSuchNode {
+            node,
+            nodes: self.nodes,
+        })?;
+        n.control_stalled = stalled;
+        info!(
+            "node {node}: control queue {}",
+            if stalled {
+                "stalled (fault injected)"
+            } else {
+                "served again"
+            }
+        );
+        if !stalled {
+            if let Some(vring) = &n.control {
+                // Kicks the queue as the driver would, so the port's own
+                // thread serves what waited.
+                if let Some(kick) = vring.get_ref().get_kick() {
+                    let one = 1u64.to_ne_bytes();
+                    // SAFETY: writes 8 bytes from a live buffer to the kick
+                    // fd the port thread polls; if the frontend gave some
+                    // other kind of fd the write just fails.
+                    unsafe { libc::write(kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleeps until woken or `timeout`.
+    pub fn sleep(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd {
+            fd: self.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is a valid pollfd for the duration of the call, and
+        // the count passed is 1.
+        unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        let _ = self.wake.read();
+    }
+}

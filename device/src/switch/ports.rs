@@ -1,0 +1,897 @@
+//! The switch's data path: every port (node) of one device process, and
+//! the engine pass that serves their send rings and moves messages between
+//! their endpoints.
+//!
+//! One engine thread runs `Ports::poll`; control commands run on the port
+//! threads. Both hold the switch lock, so the data path sees a consistent
+//! endpoint table and never races a destroy.
+
+use std::collections::VecDeque;
+
+use log::{debug, warn};
+use ulnic_abi::{
+    ctrl, event, op, recv_flags, send_flags, tx_error, Event, SendDesc, F_CLOSE_MESSAGE,
+    F_MESSAGING, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, SEND_DESC_SIZE,
+    SEND_UTLB_REF_OFFSET,
+};
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+
+use crate::memory::guest::{self, MemGuard};
+use crate::nic::endpoint::Endpoint;
+use crate::nic::node::Node;
+use crate::nic::receive::{deliver_and_arm, Message, Payload};
+use crate::nic::utlb::{Utlb, UtlbRef};
+use crate::switch::rdma;
+
+/// Send descriptors served per endpoint per pass, for fairness.
+const SEND_BATCH: u32 = 32;
+
+/// Totals across the switch, logged when a frontend disconnects.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counters {
+    /// Messages delivered.
+    pub delivered: u64,
+    /// Messages returned to their sender.
+    pub returned: u64,
+    /// Notifications raised.
+    pub notifications: u64,
+    /// Close messages delivered.
+    pub closes_delivered: u64,
+    /// Close messages that could not be delivered (malformed, sender not
+    /// bound, receiver gone or its filter refused), or were discarded
+    /// because too many waited.
+    pub closes_undeliverable: u64,
+}
+
+/// Close messages waiting for room at their receiver, switch-wide; beyond
+/// this the oldest is discarded (and counted), so a receiver that never
+/// drains cannot make the device grow without bound.
+const MAX_PENDING_CLOSES: usize = 4096;
+
+/// A close message taken from a destroyed endpoint, waiting until its
+/// receiver has a free receive slot.
+#[derive(Debug, Clone)]
+struct PendingClose {
+    src_node: u32,
+    src_port: u32,
+    dest_node: u32,
+    dest_port: u32,
+    tag: u32,
+    len: u32,
+    bytes: [u8; INLINE_MAX as usize],
+}
+
+/// Every port of one device process, and what they share: the UTLB,
+/// close messages in flight, totals.
+pub struct Ports {
+    /// Nodes by address.
+    pub nodes: Vec<Node>,
+    /// Totals.
+    pub counters: Counters,
+    /// Scratch for `poll`'s memory snapshot (kept to avoid an allocation
+    /// per pass).
+    mems: Vec<Option<MemGuard>>,
+    /// Close messages whose receiver had no free receive slot yet.
+    pending_closes: VecDeque<PendingClose>,
+    /// Tripwires each endpoint may set.
+    pub max_tripwires: u32,
+    /// Every protection domain's UTLB table, and the device's translation
+    /// cache in front of them.
+    pub utlb: Utlb,
+}
+
+impl Ports {
+    /// Ports for `nodes` nodes with `max_endpoints` endpoint slots each.
+    pub fn new(nodes: u32, max_endpoints: u32) -> Self {
+        Ports {
+            nodes: (0..nodes).map(|i| Node::new(i, max_endpoints)).collect(),
+            counters: Counters::default(),
+            mems: Vec::new(),
+            pending_closes: VecDeque::new(),
+            max_tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
+            utlb: Utlb::default(),
+        }
+    }
+
+    /// Destroys endpoint `id` of node `n` and sends its close message, if
+    /// it left one (spec §5.11). False when there is no such endpoint.
+    pub fn close_endpoint(&mut self, n: u32, id: u32) -> bool {
+        let Some(node) = self.nodes.get_mut(n as usize) else {
+            return false;
+        };
+        let Some(ep) = node.remove_endpoint(id) else {
+            return false;
+        };
+        let Some(mem) = node.mem.as_ref().map(|m| m.memory()) else {
+            return true; // no memory to read a close message from
+        };
+        let mut raw = [0u8; SEND_DESC_SIZE as usize];
+        if guest::read(&mem, ep.ctrl + ctrl::CLOSE_MESSAGE, &mut raw).is_err() {
+            return true;
+        }
+        let d = SendDesc::decode(&raw);
+        if d.opcode == 0 || node.features & F_CLOSE_MESSAGE == 0 {
+            return true; // none registered, or the feature was not accepted
+        }
+        let well_formed = d.opcode == op::SEND
+            && d.flags & send_flags::INLINE != 0
+            && d.flags & !send_flags::ALL == 0
+            && d.len <= INLINE_MAX;
+        let (Some(src_port), true) = (ep.port, well_formed) else {
+            self.counters.closes_undeliverable += 1;
+            debug!("node {n} ep {id}: close message malformed or endpoint unbound; not sent");
+            return true;
+        };
+        let mut bytes = [0u8; INLINE_MAX as usize];
+        let len = d.len as usize;
+        bytes[..len].copy_from_slice(&raw[INLINE_OFFSET..INLINE_OFFSET + len]);
+        if self.pending_closes.len() >= MAX_PENDING_CLOSES {
+            self.pending_closes.pop_front();
+            self.counters.closes_undeliverable += 1;
+            warn!("too many close messages waiting for receive slots; discarded the oldest");
+        }
+        self.pending_closes.push_back(PendingClose {
+            src_node: n,
+            src_port,
+            dest_node: d.dest_node,
+            dest_port: d.dest_port,
+            tag: d.tag,
+            len: d.len,
+            bytes,
+        });
+        self.flush_closes();
+        true
+    }
+
+    /// Destroys every endpoint of node `n` (each sends its close message)
+    /// and frees the rest of its state: the frontend disconnected or reset.
+    pub fn reset_node(&mut self, n: u32) {
+        let Some(node) = self.nodes.get(n as usize) else {
+            return;
+        };
+        let live: Vec<u32> = (0..node.endpoints.len() as u32)
+            .filter(|&i| node.endpoints[i as usize].is_some())
+            .collect();
+        for id in live {
+            self.close_endpoint(n, id);
+        }
+        self.nodes[n as usize].reset();
+        self.utlb.tables.remove_node(n);
+        self.utlb.cache.invalidate_node(n);
+    }
+
+    /// Tries to deliver every waiting close message once; one whose
+    /// receiver still has no receive slot stays queued, in order.
+    fn flush_closes(&mut self) {
+        if self.pending_closes.is_empty() {
+            return;
+        }
+        let mems: Vec<Option<MemGuard>> = self
+            .nodes
+            .iter()
+            .map(|n| n.mem.as_ref().map(|m| m.memory()))
+            .collect();
+        let mut wake = Vec::new();
+        let mut keep = VecDeque::new();
+        while let Some(c) = self.pending_closes.pop_front() {
+            let target = mems
+                .get(c.dest_node as usize)
+                .and_then(|m| m.as_deref())
+                .and_then(|m| {
+                    let de = *self.nodes[c.dest_node as usize].ports.get(&c.dest_port)?;
+                    Some((m, de))
+                });
+            let Some((dmem, de)) = target else {
+                self.counters.closes_undeliverable += 1;
+                debug!(
+                    "close message to {}:{}: no such endpoint",
+                    c.dest_node, c.dest_port
+                );
+                continue;
+            };
+            let Some(rx) = self.nodes[c.dest_node as usize].endpoint_mut(de) else {
+                self.counters.closes_undeliverable += 1;
+                continue;
+            };
+            let msg = Message {
+                flags: recv_flags::CLOSE,
+                src_node: c.src_node,
+                src_port: c.src_port,
+                tag: c.tag,
+                len: c.len,
+                payload: Payload::Bytes(&c.bytes[..c.len as usize]),
+            };
+            let (r, w) = deliver_and_arm(dmem, rx, &msg);
+            if w {
+                wake.push((c.dest_node, de));
+            }
+            match r {
+                Ok(()) => self.counters.closes_delivered += 1,
+                Err(tx_error::NO_BUFFER) => keep.push_back(c),
+                Err(code) => {
+                    self.counters.closes_undeliverable += 1;
+                    debug!(
+                        "close message to {}:{}: {}",
+                        c.dest_node,
+                        c.dest_port,
+                        tx_error::name(code)
+                    );
+                }
+            }
+        }
+        self.pending_closes = keep;
+        for (n, e) in wake {
+            self.notify(n, e, &mems);
+        }
+    }
+
+    /// One pass of the data path over every endpoint; returns the number of
+    /// descriptors handled (0 means idle).
+    pub fn poll(&mut self) -> usize {
+        // The snapshot vector is reused: this runs in the engine's spin loop.
+        let mut mems = std::mem::take(&mut self.mems);
+        mems.extend(
+            self.nodes
+                .iter()
+                .map(|n| n.mem.as_ref().map(|m| m.memory())),
+        );
+        let mut work = 0;
+        let mut wake: Vec<(u32, u32)> = Vec::new();
+        for n in 0..self.nodes.len() {
+            let Some(smem) = mems[n].as_deref() else {
+                continue;
+            };
+            for e in 0..self.nodes[n].endpoints.len() {
+                // Look first; move the endpoint out of its slot (to borrow the
+                // switch for delivery) only when it has sends waiting.
+                let Some(ep) = self.nodes[n].endpoints[e].as_mut() else {
+                    continue;
+                };
+                let before = ep.posted_mark();
+                let pending = ep.send_pending(smem).min(SEND_BATCH);
+                let taken = if pending > 0 {
+                    self.nodes[n].endpoints[e].take()
+                } else {
+                    None
+                };
+                if let Some(mut owned) = taken {
+                    for _ in 0..pending {
+                        if !owned.event_room_for_send(smem) {
+                            break; // back-pressure: the owner must drain its events first
+                        }
+                        self.serve_send(&mems, n as u32, e as u32, &mut owned, &mut wake);
+                        work += 1;
+                    }
+                    self.nodes[n].endpoints[e] = Some(owned);
+                }
+                // Completions, errors and conditions all wake an armed owner.
+                let Some(ep) = self.nodes[n].endpoints[e].as_mut() else {
+                    continue;
+                };
+                if ep.posted_mark() != before && ep.take_arm(smem) {
+                    wake.push((n as u32, e as u32));
+                }
+            }
+            if !self.nodes[n].notify_backlog.is_empty() {
+                self.flush_backlog(n, smem);
+            }
+        }
+        for (n, e) in wake {
+            self.notify(n, e, &mems);
+        }
+        if !self.pending_closes.is_empty() {
+            self.flush_closes();
+        }
+        // Drop the guards (old memory maps are released) but keep capacity.
+        mems.clear();
+        self.mems = mems;
+        work
+    }
+
+    /// Tells every endpoint whether the engine needs doorbells (it is about
+    /// to sleep) or not.
+    pub fn set_doorbell_wanted(&self, wanted: bool) {
+        for node in &self.nodes {
+            let Some(m) = node.mem.as_ref() else { continue };
+            let mem = m.memory();
+            for ep in node.endpoints.iter().flatten() {
+                ep.set_doorbell_wanted(&mem, wanted);
+            }
+        }
+    }
+
+    /// Reads, checks and carries out one send descriptor of `ep` (node `n`,
+    /// id `e`, taken out of its slot by the caller).
+    fn serve_send(
+        &mut self,
+        mems: &[Option<MemGuard>],
+        n: u32,
+        e: u32,
+        ep: &mut Endpoint,
+        wake: &mut Vec<(u32, u32)>,
+    ) {
+        let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
+        let mut raw = [0u8; SEND_DESC_SIZE as usize];
+        let desc = match guest::read(smem, ep.send_slot(), &mut raw) {
+            Ok(()) => SendDesc::decode(&raw),
+            Err(_) => SendDesc::default(), // unreadable slot: reported as a bad descriptor below
+        };
+        // Checked once here; everything else where the descriptor is served.
+        let allowed = descriptor_allowed(&desc, &raw, self.nodes[n as usize].features);
+        if allowed && matches!(desc.opcode, op::REDIRECT | op::REDIRECT_END) {
+            let ev = rdma::redirect(&mut self.nodes, &mut self.utlb, mems, n, e, ep, &raw);
+            if ev.kind != 0 {
+                ep.post_event(smem, &ev);
+            }
+            ep.complete_send(smem);
+            return;
+        }
+        let result = if allowed {
+            self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake)
+        } else {
+            Err(tx_error::BAD_DESCRIPTOR)
+        };
+        // The event is posted before the send consumer moves past the
+        // descriptor: a retired send with no event succeeded (spec §5.6).
+        let ev = match result {
+            Ok(()) => {
+                ep.stats.tx_messages += 1;
+                ep.stats.tx_bytes += u64::from(desc.len);
+                self.counters.delivered += 1;
+                if desc.flags & send_flags::COMPLETION == 0 {
+                    ep.complete_send(smem);
+                    return;
+                }
+                Event {
+                    kind: event::TX_DONE,
+                    code: 0,
+                    user_id: desc.user_id,
+                    node: desc.dest_node,
+                    port: desc.dest_port,
+                    len: desc.len,
+                    aux: 0,
+                }
+            }
+            Err(code) => {
+                ep.stats.tx_errors += 1;
+                if code == tx_error::NO_BUFFER {
+                    ep.stats.returned_no_buffer += 1;
+                }
+                if matches!(code, tx_error::BAD_DESCRIPTOR | tx_error::BAD_ADDRESS) {
+                    ep.stats.bad_descriptors += 1;
+                }
+                self.counters.returned += 1;
+                debug!(
+                    "node {n} ep {e}: send {} to {}:{} failed: {}",
+                    desc.user_id,
+                    desc.dest_node,
+                    desc.dest_port,
+                    tx_error::name(code)
+                );
+                Event {
+                    kind: event::TX_ERROR,
+                    code,
+                    user_id: desc.user_id,
+                    node: desc.dest_node,
+                    port: desc.dest_port,
+                    len: desc.len,
+                    aux: 0,
+                }
+            }
+        };
+        ep.post_event(smem, &ev);
+        ep.complete_send(smem);
+    }
+
+    /// Validates a send and delivers it; on any failure nothing has been
+    /// written at the receiver and the error code is returned.
+    #[allow(clippy::too_many_arguments)]
+    fn check_and_deliver(
+        &mut self,
+        mems: &[Option<MemGuard>],
+        n: u32,
+        e: u32,
+        ep: &mut Endpoint,
+        d: &SendDesc,
+        raw: &[u8; SEND_DESC_SIZE as usize],
+        wake: &mut Vec<(u32, u32)>,
+    ) -> Result<(), u16> {
+        if matches!(
+            d.opcode,
+            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE
+        ) {
+            return rdma::execute(&mut self.nodes, &mut self.utlb, mems, (n, e), ep, raw, wake);
+        }
+        if d.opcode != op::SEND || d.flags & !send_flags::ALL != 0 || d.len > MAX_MESSAGE {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        let inline = d.flags & send_flags::INLINE != 0;
+        if inline && d.len > INLINE_MAX {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
+        let by_utlb = d.flags & send_flags::UTLB != 0;
+        if inline && by_utlb {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        // The payload's source: a range of the segment, or a user buffer
+        // named by UTLB entries (translated as a segment of its own).
+        let translated = if by_utlb {
+            let r = UtlbRef::decode(raw, SEND_UTLB_REF_OFFSET, d.seg_offset);
+            let tag = (n, ep.pd);
+            Some(self.utlb.cache.translate(
+                smem,
+                self.utlb.tables.get(tag),
+                tag,
+                r,
+                u64::from(d.len),
+                &mut ep.stats,
+            )?)
+        } else {
+            None
+        };
+        let (src_seg, src_off) = (translated.as_ref().unwrap_or(&ep.segment), d.seg_offset);
+        if !inline && !src_seg.contains(src_off, u64::from(d.len)) {
+            return Err(tx_error::BAD_ADDRESS);
+        }
+        let src_port = ep.port.ok_or(tx_error::NOT_BOUND)?;
+        let dn = d.dest_node;
+        let dmem = mems
+            .get(dn as usize)
+            .and_then(|m| m.as_deref())
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let de = *self.nodes[dn as usize]
+            .ports
+            .get(&d.dest_port)
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let r = if (dn, de) == (n, e) {
+            // A send to oneself: the segment is both source and destination,
+            // so stage the bytes (rare; keeps the borrow rules simple).
+            let mut staged = Vec::new();
+            let bytes: &[u8] = if inline {
+                &raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize]
+            } else {
+                staged.resize(d.len as usize, 0);
+                guest::read_segment(smem, src_seg, src_off, &mut staged)
+                    .map_err(|_| tx_error::BAD_ADDRESS)?;
+                &staged
+            };
+            let msg = Message {
+                flags: 0,
+                src_node: n,
+                src_port,
+                tag: d.tag,
+                len: d.len,
+                payload: Payload::Bytes(bytes),
+            };
+            deliver_and_arm(dmem, ep, &msg)
+        } else {
+            let payload = if inline {
+                Payload::Bytes(&raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize])
+            } else {
+                Payload::Segment {
+                    mem: smem,
+                    seg: src_seg,
+                    offset: src_off,
+                }
+            };
+            let msg = Message {
+                flags: 0,
+                src_node: n,
+                src_port,
+                tag: d.tag,
+                len: d.len,
+                payload,
+            };
+            let rx = self.nodes[dn as usize]
+                .endpoint_mut(de)
+                .ok_or(tx_error::NO_ENDPOINT)?;
+            deliver_and_arm(dmem, rx, &msg)
+        };
+        if let Some(seg) = translated {
+            self.utlb.cache.recycle(seg);
+        }
+        if r.1 {
+            wake.push((dn, de));
+        }
+        r.0
+    }
+
+    /// Raises a notification for endpoint `e` of node `n`.
+    fn notify(&mut self, n: u32, e: u32, mems: &[Option<MemGuard>]) {
+        let Some(mem) = mems[n as usize].as_deref() else {
+            return;
+        };
+        let node = &mut self.nodes[n as usize];
+        if let Some(ep) = node.endpoint_mut(e) {
+            ep.stats.notifications += 1;
+        }
+        self.counters.notifications += 1;
+        // One kept record per endpoint says all a second would (spec §6),
+        // and bounds what a driver that posts no buffers can make us hold.
+        if !node.push_notification(mem, e) && !node.notify_backlog.contains(&e) {
+            node.notify_backlog.push_back(e);
+        }
+    }
+
+    fn flush_backlog(&mut self, n: usize, mem: &GuestMemoryMmap<()>) {
+        let node = &mut self.nodes[n];
+        while let Some(&e) = node.notify_backlog.front() {
+            if !node.push_notification(mem, e) {
+                break;
+            }
+            node.notify_backlog.pop_front();
+        }
+    }
+}
+
+/// Whether a send-ring descriptor may be served at all: its reserved word
+/// (offset 20) is zero, and it uses only features the driver accepted
+/// (spec §5.3, §5.9). Everything else about it is checked where it is served.
+fn descriptor_allowed(d: &SendDesc, raw: &[u8; SEND_DESC_SIZE as usize], features: u64) -> bool {
+    let mut need = F_MESSAGING;
+    match d.opcode {
+        op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => need |= F_RDMA,
+        op::REDIRECT | op::REDIRECT_END => need |= F_RDMA | F_UTLB,
+        _ => {}
+    }
+    if d.flags & send_flags::UTLB != 0 {
+        need |= F_UTLB;
+    }
+    ulnic_abi::read_le32(raw, 20) == 0 && features & need == need
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::guest::tests::mem;
+    use crate::memory::guest::Segment;
+    use crate::nic::receive::take_free_buffer;
+    use proptest::prelude::*;
+    use ulnic_abi::{ctrl, RingLayout, FREE_DESC_SIZE};
+    use ulnic_abi::{FreeDesc, RecvDesc, RECV_DESC_SIZE};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
+
+    const MEM: usize = 1 << 20;
+    // Per node: control region at CTRL, segment pages at SEG (two pages).
+    const CTRL: [u64; 2] = [0x10000, 0x40000];
+    const SEG: [u64; 2] = [0x80000, 0xa0000];
+    /// Per node: the UTLB table of endpoint 0's domain (the device only
+    /// reads it): entries name the segment's pages, a page outside memory,
+    /// a misaligned one, and nothing.
+    const TABLE: [u64; 2] = [0xc0000, 0xc1000];
+    const SENTINEL: u8 = 0xa5;
+
+    fn utlb_entries(n: usize) -> [u64; 6] {
+        [
+            SEG[n],
+            SEG[n] + 4096,
+            SEG[1 - n] + 4096,
+            0,
+            1 << 40,
+            SEG[n] + 8,
+        ]
+    }
+
+    fn layout() -> RingLayout {
+        RingLayout {
+            send_entries: 4,
+            recv_entries: 4,
+            free_entries: 4,
+            event_entries: 64,
+        }
+    }
+
+    /// Two nodes sharing one mock memory, one bound endpoint each.
+    fn setup() -> (Ports, GuestMemoryMmap<()>) {
+        let m = mem(MEM);
+        m.write_slice(&vec![SENTINEL; MEM], GuestAddress(0))
+            .unwrap();
+        let atomic = GuestMemoryAtomic::new(m.clone());
+        let mut f = Ports::new(2, 2);
+        for n in 0..2 {
+            f.nodes[n].features = ulnic_abi::F_IMPLEMENTED;
+            // Payload bytes differ from the sentinel, so a stray copy shows.
+            let pattern: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+            m.write_slice(&pattern, GuestAddress(SEG[n])).unwrap();
+            let seg = Segment::from_pages(&m, [SEG[n], SEG[n] + 4096]).unwrap();
+            let mut ep = Endpoint::new(1, CTRL[n], layout(), seg);
+            ep.init_shared(&m).unwrap();
+            ep.port = Some(7);
+            f.nodes[n].mem = Some(atomic.clone());
+            f.nodes[n].ports.insert(7, 0);
+            f.nodes[n].endpoints[0] = Some(ep);
+            let entries: Vec<u8> = utlb_entries(n)
+                .iter()
+                .flat_map(|e| e.to_le_bytes())
+                .collect();
+            m.write_slice(&entries, GuestAddress(TABLE[n])).unwrap();
+            f.utlb.tables.set(
+                (n as u32, 1),
+                crate::nic::utlb::Table {
+                    gpa: TABLE[n],
+                    entries: 6,
+                },
+            );
+        }
+        (f, m)
+    }
+
+    fn granted(addr: u64) -> bool {
+        (0..2).any(|n| {
+            (CTRL[n]..CTRL[n] + layout().region_size()).contains(&addr)
+                || (SEG[n]..SEG[n] + 8192).contains(&addr)
+        })
+    }
+
+    fn write_close_message(m: &GuestMemoryMmap<()>, n: usize, flags: u16, data: &[u8]) {
+        let mut b = [0u8; SEND_DESC_SIZE as usize];
+        SendDesc {
+            opcode: op::SEND,
+            flags,
+            len: data.len() as u32,
+            dest_node: 1,
+            dest_port: 7,
+            tag: 9,
+            user_id: 0,
+            seg_offset: 0,
+        }
+        .encode_header(&mut b);
+        b[INLINE_OFFSET..INLINE_OFFSET + data.len()].copy_from_slice(data);
+        m.write_slice(&b, GuestAddress(CTRL[n] + ctrl::CLOSE_MESSAGE))
+            .unwrap();
+    }
+
+    #[test]
+    fn close_message_waits_for_a_receive_slot() {
+        let (mut f, m) = setup();
+        // The receiver's ring is full: 4 descriptors produced, none consumed.
+        f.nodes[1].endpoints[0].as_mut().unwrap().recv_producer = 4;
+        write_close_message(&m, 0, send_flags::INLINE, b"bye");
+        assert!(f.close_endpoint(0, 0));
+        assert!(!f.close_endpoint(0, 0), "closed twice");
+        assert_eq!(f.counters.closes_delivered, 0);
+        f.poll();
+        assert_eq!(f.counters.closes_delivered, 0, "delivered into a full ring");
+        guest::store_u32(&m, CTRL[1] + ctrl::RECV_CONSUMER, 1).unwrap();
+        f.poll();
+        assert_eq!(f.counters.closes_delivered, 1);
+        let slot = CTRL[1] + layout().recv_offset(); // index 4 mod 4
+        let mut raw = [0u8; RECV_DESC_SIZE as usize];
+        m.read_slice(&mut raw, GuestAddress(slot)).unwrap();
+        let d = RecvDesc::decode(&raw);
+        assert_eq!(d.flags, recv_flags::INLINE | recv_flags::CLOSE);
+        assert_eq!((d.src_node, d.src_port, d.tag, d.len), (0, 7, 9, 3));
+        assert_eq!(&raw[INLINE_OFFSET..INLINE_OFFSET + 3], b"bye");
+    }
+
+    #[test]
+    fn a_driver_without_notification_buffers_costs_one_record_per_endpoint() {
+        let (mut f, _m) = setup();
+        let mems: Vec<Option<MemGuard>> = f
+            .nodes
+            .iter()
+            .map(|n| n.mem.as_ref().map(|m| m.memory()))
+            .collect();
+        // No notification queue: every notification is kept, merged per
+        // endpoint however often the endpoint is notified.
+        for _ in 0..10_000 {
+            f.notify(1, 0, &mems);
+            f.notify(1, 1, &mems);
+        }
+        assert_eq!(f.nodes[1].notify_backlog, [0, 1]);
+        assert_eq!(f.counters.notifications, 20_000);
+    }
+
+    #[test]
+    fn free_descriptors_with_reserved_bits_are_discarded() {
+        let (mut f, m) = setup();
+        let rx = f.nodes[1].endpoints[0].as_mut().unwrap();
+        let free = CTRL[1] + layout().free_offset();
+        let good = |b: &mut [u8; 32]| {
+            FreeDesc {
+                seg_offset: 0,
+                len: 4096,
+                user_id: 7,
+            }
+            .encode(b)
+        };
+        for (slot, reserved_at) in [(0u64, 12usize), (1, 24), (2, 31)] {
+            let mut b = [0u8; 32];
+            good(&mut b);
+            b[reserved_at] = 1;
+            m.write_slice(&b, GuestAddress(free + slot * FREE_DESC_SIZE))
+                .unwrap();
+        }
+        let mut b = [0u8; 32];
+        good(&mut b);
+        m.write_slice(&b, GuestAddress(free + 3 * FREE_DESC_SIZE))
+            .unwrap();
+        guest::store_u32(&m, CTRL[1] + ctrl::FREE_PRODUCER, 4).unwrap();
+        let taken = take_free_buffer(&m, rx, 100).unwrap();
+        assert_eq!((taken.seg_offset, taken.user_id), (0, 7));
+        assert_eq!(rx.stats.bad_descriptors, 3, "three discarded first");
+    }
+
+    #[test]
+    fn malformed_close_message_is_not_sent() {
+        let (mut f, m) = setup();
+        // Not inline: a close message must carry its bytes itself.
+        write_close_message(&m, 0, 0, b"bye");
+        assert!(f.close_endpoint(0, 0));
+        f.poll();
+        assert_eq!(f.counters.closes_delivered, 0);
+        assert_eq!(f.counters.closes_undeliverable, 1);
+        assert_eq!(
+            guest::load_u32(&m, CTRL[1] + ctrl::RECV_PRODUCER).unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn rdma_immediate_lands_at_the_target() {
+        let (mut f, m) = setup();
+        let mut c = f.nodes[1]
+            .apertures
+            .export(0, 0, 8192, ulnic_abi::perm::ALL, None)
+            .unwrap();
+        c.node = 1;
+        let d = ulnic_abi::RdmaDesc {
+            opcode: op::WRITE_IMMEDIATE,
+            flags: send_flags::COMPLETION,
+            len: 8,
+            cookie: c,
+            user_id: 9,
+            remote_offset: 16,
+            local_offset: 0,
+            immediate: 0x1122_3344_5566_7788,
+        };
+        let mut b = [0u8; 64];
+        d.encode(&mut b);
+        m.write_slice(&b, GuestAddress(CTRL[0] + layout().send_offset()))
+            .unwrap();
+        guest::store_u32(&m, CTRL[0] + ctrl::SEND_PRODUCER, 1).unwrap();
+        assert_eq!(f.poll(), 1);
+        let mut got = [0u8; 8];
+        m.read_slice(&mut got, GuestAddress(SEG[1] + 16)).unwrap();
+        assert_eq!(u64::from_le_bytes(got), 0x1122_3344_5566_7788);
+        let mut ev = [0u8; 32];
+        m.read_slice(&mut ev, GuestAddress(CTRL[0] + layout().event_offset()))
+            .unwrap();
+        let ev = Event::decode(&ev);
+        assert_eq!((ev.kind, ev.user_id), (event::TX_DONE, 9));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Whatever a hostile driver writes into its rings and indices, the
+        /// device neither panics nor writes outside the granted memory.
+        #[test]
+        fn hostile_rings_stay_contained(
+            writes in proptest::collection::vec(
+                (0usize..2, 0u64..0x8000, proptest::collection::vec(any::<u8>(), 1..64)), 0..40),
+            indices in proptest::collection::vec((0usize..2, 0usize..4, any::<u32>()), 0..3),
+            offered in proptest::collection::vec((0u32..=4, 0u32..=4), 2),
+            descs in proptest::collection::vec((0usize..2, 0u64..4, any::<[u8; 40]>(), any::<bool>()), 0..12),
+            rdma in proptest::collection::vec(
+                (0usize..2, 0u64..4, 2u16..=6, (0u64..0x2400, 0u64..0x2400, 0u32..0x2100), proptest::bool::weighted(0.9), any::<bool>()),
+                0..8),
+            utlb in proptest::collection::vec(proptest::option::weighted(0.4, (0u32..7, 0u32..4)), 8),
+        ) {
+            let (mut f, m) = setup();
+            // Each endpoint exports its whole segment and sets a tripwire, so
+            // RDMA descriptors with the right cookie reach the data path.
+            let mut cookies = Vec::new();
+            let mut buffers = Vec::new();
+            for n in 0..2u32 {
+                let mut c = f.nodes[n as usize].apertures.export(0, 0, 8192, ulnic_abi::perm::ALL, None).unwrap();
+                c.node = n;
+                cookies.push(c);
+                // And a user buffer through the UTLB (entries 0..3 of its
+                // table: two pages of the segment and the other node's).
+                let r = crate::nic::utlb::UtlbRef { first: 0, count: 3, offset: 8 };
+                let mut b = f.nodes[n as usize].apertures.export(0, 8, 3 * 4096 - 8, ulnic_abi::perm::ALL, Some(r)).unwrap();
+                b.node = n;
+                buffers.push(b);
+                let t = crate::nic::aperture::Tripwire { aperture: c.aperture, offset: 0, len: 64, flags: ulnic_abi::tripwire_flags::ALL, user: 1, active: true };
+                f.nodes[n as usize].endpoints[0].as_mut().unwrap().set_tripwire(t, 4).unwrap();
+            }
+            for (n, off, bytes) in writes {
+                let off = off % layout().region_size();
+                let len = bytes.len().min((layout().region_size() - off) as usize);
+                m.write_slice(&bytes[..len], GuestAddress(CTRL[n] + off)).unwrap();
+            }
+            for (n, slot, mut d, plausible) in descs {
+                if plausible {
+                    // A mostly well-formed send (to either node, port 7) and a
+                    // free buffer somewhere near the segment, so delivery runs.
+                    d[0..2].copy_from_slice(&ulnic_abi::op::SEND.to_le_bytes());
+                    d[2] &= 3;
+                    d[3] = 0;
+                    d[5] &= 0x0f; // len < 4 KiB
+                    d[6..8].fill(0);
+                    if d[2] & 1 != 0 {
+                        d[4] %= 97; // inline: len <= INLINE_MAX
+                        d[5] = 0;
+                    }
+                    let node = u32::from(d[8] & 1);
+                    d[8..12].copy_from_slice(&node.to_le_bytes());
+                    d[12..16].copy_from_slice(&7u32.to_le_bytes());
+                    d[33..40].fill(0);
+                    d[32] &= 0x3f;
+                }
+                let base = CTRL[n] + layout().send_offset() + slot * 128;
+                m.write_slice(&d, GuestAddress(base)).unwrap();
+                let free = CTRL[n] + layout().free_offset() + slot * FREE_DESC_SIZE;
+                let mut fd = [0u8; 32];
+                fd.copy_from_slice(&d[..32]);
+                if plausible {
+                    // offset < 4 KiB, length in [4, 8) KiB: mostly valid in
+                    // the 8 KiB segment, sometimes running past its end
+                    fd[1] &= 0x0f;
+                    fd[2..8].fill(0);
+                    fd[9] = 0x10 | (fd[9] & 0x0f);
+                    fd[10..12].fill(0);
+                }
+                m.write_slice(&fd, GuestAddress(free)).unwrap();
+            }
+            for ((n, slot, opcode, (remote, local, len), right_key, other_node), by_utlb) in rdma.into_iter().zip(utlb) {
+                // Offsets and lengths around the 8 KiB segment and aperture:
+                // mostly inside, sometimes past the end.
+                let to = if other_node { 1 - n } else { n };
+                let mut cookie = if local % 3 == 0 { buffers[to] } else { cookies[to] };
+                if !right_key {
+                    cookie.key ^= remote | 1;
+                }
+                let d = ulnic_abi::RdmaDesc {
+                    opcode,
+                    flags: ulnic_abi::send_flags::COMPLETION,
+                    len: if opcode == ulnic_abi::op::WRITE_IMMEDIATE { 4 << (len & 1) } else { len },
+                    cookie,
+                    user_id: 0,
+                    remote_offset: if opcode == ulnic_abi::op::WRITE_IMMEDIATE { remote & !7 } else { remote },
+                    local_offset: local,
+                    immediate: 0x0123_4567_89ab_cdef, // not the sentinel
+                };
+                let mut b = [0u8; 72];
+                d.encode(&mut b);
+                // Some name their local buffer (or, for REDIRECT, the user
+                // buffer) through the UTLB instead: first entry, count.
+                if let Some((first, count)) = by_utlb {
+                    let flags = ulnic_abi::send_flags::COMPLETION | ulnic_abi::send_flags::UTLB;
+                    b[2..4].copy_from_slice(&flags.to_le_bytes());
+                    b[48..56].copy_from_slice(&(local % 4200).to_le_bytes());
+                    b[64..68].copy_from_slice(&first.to_le_bytes());
+                    b[68..72].copy_from_slice(&count.to_le_bytes());
+                }
+                let base = CTRL[n] + layout().send_offset() + slot * 128;
+                m.write_slice(&b, GuestAddress(base)).unwrap();
+            }
+            for (n, (sends, frees)) in offered.into_iter().enumerate() {
+                guest::store_u32(&m, CTRL[n] + ctrl::SEND_PRODUCER, sends).unwrap();
+                guest::store_u32(&m, CTRL[n] + ctrl::FREE_PRODUCER, frees).unwrap();
+            }
+            let words = [ctrl::SEND_PRODUCER, ctrl::FREE_PRODUCER, ctrl::RECV_CONSUMER, ctrl::EVENT_CONSUMER];
+            for (n, w, v) in indices {
+                guest::store_u32(&m, CTRL[n] + words[w], v).unwrap();
+            }
+            for _ in 0..8 {
+                f.poll();
+            }
+            // The device never writes a UTLB table; then forget the tables
+            // for the scan below.
+            for (n, &table) in TABLE.iter().enumerate() {
+                let mut t = [0u8; 48];
+                m.read_slice(&mut t, GuestAddress(table)).unwrap();
+                let want: Vec<u8> = utlb_entries(n).iter().flat_map(|e| e.to_le_bytes()).collect();
+                prop_assert_eq!(&t[..], &want[..]);
+                m.write_slice(&[SENTINEL; 48], GuestAddress(table)).unwrap();
+            }
+            let mut all = vec![0u8; MEM];
+            m.read_slice(&mut all, GuestAddress(0)).unwrap();
+            for (addr, b) in all.iter().enumerate() {
+                prop_assert!(*b == SENTINEL || granted(addr as u64), "device wrote outside the grant at {addr:#x}");
+            }
+        }
+    }
+}

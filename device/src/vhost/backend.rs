@@ -1,0 +1,370 @@
+//! The vhost-user backend of one port: virtio identity, config space, the
+//! control queue, and kicks that wake the data-path engine.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, RwLock};
+
+use log::{debug, error, warn};
+use ulnic_abi::{
+    CMD_HEADER_SIZE, CONFIG_MAGIC, CONFIG_SIZE, CONTROL_QUEUE, FIRST_DOORBELL_QUEUE, F_IMPLEMENTED,
+    INLINE_MAX, MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE, RESP_HEADER_SIZE,
+    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_queue::QueueT;
+use vm_memory::{
+    GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
+};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::chain::{pop_checked, RingFault};
+use crate::memory::guest::PortMemory;
+use crate::memory::region;
+use crate::nic::node::queue_bit;
+use crate::switch::Switch;
+use crate::vhost::control;
+
+/// Descriptors per virtqueue the device accepts.
+pub const MAX_QUEUE_SIZE: usize = 256;
+
+/// One port's backend; the state it acts on lives in the shared switch.
+pub struct PortBackend {
+    node: u32,
+    switch: Arc<Switch>,
+    /// The frontend's memory as validated by `update_memory`. The
+    /// vhost-user handler installs a new table in its own copy before it
+    /// tells the backend, so the device never reads through that copy.
+    mem: RwLock<Option<PortMemory>>,
+    num_queues: usize,
+    /// Exit-event consumers handed to the vhost-user worker threads.
+    /// vhost-user-backend 0.24 turns each into a raw fd for its epoll and
+    /// never closes it (VringEpollHandler::new): one eventfd per connection
+    /// would leak until the device ran out of descriptors (found by the
+    /// vhost_user fuzz target after ~20,000 connections). The port closes
+    /// them once the connection's daemon is gone: `close_exit_events`.
+    exit_events: Mutex<Vec<RawFd>>,
+}
+
+impl PortBackend {
+    /// A backend for node `node`.
+    pub fn new(node: u32, switch: Arc<Switch>) -> Self {
+        let num_queues = usize::from(FIRST_DOORBELL_QUEUE) + switch.max_endpoints as usize;
+        PortBackend {
+            node,
+            switch,
+            mem: RwLock::new(None),
+            num_queues,
+            exit_events: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Closes the exit-event consumers handed out for this connection.
+    /// Call only after its daemon, and so every worker thread and epoll
+    /// that used them, is gone.
+    pub fn close_exit_events(&self) {
+        let fds = std::mem::take(&mut *self.exit_events.lock().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            // SAFETY: `fd` is a consumer this backend created and gave away
+            // in `exit_event`; vhost-user-backend 0.24 keeps it only as a
+            // raw number in an epoll that no longer exists, so nothing else
+            // owns or will close it.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+
+    /// The config space (spec §3.3).
+    pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
+        let mut c = [0u8; CONFIG_SIZE];
+        let (tripwires, broken, epoch) = {
+            let f = self.switch.lock();
+            let n = &f.nodes[self.node as usize];
+            (f.max_tripwires, n.broken_queues, n.epoch)
+        };
+        let words: [(usize, u32); 13] = [
+            (0, CONFIG_MAGIC),
+            (
+                4,
+                u32::from(SPEC_VERSION_MAJOR) | (u32::from(SPEC_VERSION_MINOR) << 16),
+            ),
+            (8, self.node),
+            (12, self.switch.max_endpoints),
+            (16, INLINE_MAX),
+            (20, MAX_MESSAGE),
+            (24, u32::from(FIRST_DOORBELL_QUEUE)),
+            (28, MAX_RING_ENTRIES),
+            (32, self.switch.nodes),
+            (36, tripwires),
+            (48, ulnic_abi::MAX_APERTURES),
+            (52, broken),
+            (56, epoch),
+        ];
+        for (o, v) in words {
+            c[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        c[40..48].copy_from_slice(&F_IMPLEMENTED.to_le_bytes());
+        c
+    }
+
+    fn process_control(&self, vring: &VringRwLock<PortMemory>) -> io::Result<()> {
+        let Some(atomic) = self
+            .mem
+            .read()
+            .map_err(|_| io::Error::other("poisoned"))?
+            .clone()
+        else {
+            return Ok(());
+        };
+        {
+            let mut f = self.switch.lock();
+            let node = &mut f.nodes[self.node as usize];
+            node.control = Some(vring.clone());
+            if node.queue_broken(CONTROL_QUEUE) || node.control_stalled {
+                return Ok(());
+            }
+        }
+        let mem = atomic.memory();
+        let mut any = false;
+        loop {
+            let mut state = vring.get_mut();
+            let queue = state.get_queue_mut();
+            let (head, used) = match pop_checked(queue, &mem) {
+                Ok(None) => break,
+                Ok(Some(chain)) => {
+                    let head = chain.head_index();
+                    (head, self.serve_command(&mem, chain))
+                }
+                Err(RingFault::Indirect { head }) => {
+                    warn!(
+                        "node {}: control chain {head} uses indirect descriptors (not offered); completed unexecuted",
+                        self.node
+                    );
+                    (head, 0)
+                }
+                Err(fault) => {
+                    drop(state);
+                    self.switch.lock().nodes[self.node as usize].break_queue(CONTROL_QUEUE, fault);
+                    break;
+                }
+            };
+            any = true;
+            // Completed through the validated memory, never the handler's copy.
+            if queue.add_used(&*mem, head, used).is_err() {
+                warn!(
+                    "node {}: cannot complete control descriptor {head}",
+                    self.node
+                );
+            }
+        }
+        if any {
+            vring.signal_used_queue()?;
+        }
+        self.switch.disconnect_faulted();
+        Ok(())
+    }
+
+    /// Reads one request, executes it, writes the response; returns the
+    /// bytes written (0 when the chain cannot hold a response header).
+    fn serve_command(
+        &self,
+        mem: &GuestMemoryMmap<()>,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap<()>>,
+    ) -> u32 {
+        let (Ok(mut reader), Ok(mut writer)) = (chain.clone().reader(mem), chain.writer(mem))
+        else {
+            warn!("node {}: malformed control descriptor chain", self.node);
+            return 0;
+        };
+        if writer.available_bytes() < RESP_HEADER_SIZE {
+            warn!(
+                "node {}: control response buffer shorter than {RESP_HEADER_SIZE} bytes",
+                self.node
+            );
+            return 0;
+        }
+        let n = reader.available_bytes();
+        if n > CMD_HEADER_SIZE + MAX_CMD_PAYLOAD {
+            // Longer than any command: refused unread (spec §4).
+            let bytes = control::Response::err(ulnic_abi::status::BAD_LENGTH).encode();
+            return match writer.write_all(&bytes) {
+                Ok(()) => bytes.len() as u32,
+                Err(_) => 0,
+            };
+        }
+        let mut req = vec![0u8; n];
+        // Checked against the result's length before the command runs.
+        let room = writer.available_bytes() - RESP_HEADER_SIZE;
+        let resp = match reader.read_exact(&mut req) {
+            Ok(()) => {
+                let mut fabric = self.switch.lock();
+                control::execute(&mut fabric, self.node, mem, &req, room)
+            }
+            Err(_) => control::Response::err(ulnic_abi::status::BAD_LENGTH),
+        };
+        self.switch.wake();
+        let mut bytes = resp.encode();
+        if bytes.len() > writer.available_bytes() {
+            // Cannot happen for a known command (checked above); kept so a
+            // response never overruns the driver's buffer.
+            bytes = control::Response::err(ulnic_abi::status::BAD_LENGTH).encode();
+        }
+        match writer.write_all(&bytes) {
+            Ok(()) => bytes.len() as u32,
+            Err(_) => 0,
+        }
+    }
+}
+
+impl VhostUserBackend for PortBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock<PortMemory>;
+
+    fn num_queues(&self) -> usize {
+        self.num_queues
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | F_IMPLEMENTED
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {}
+
+    fn acked_features(&self, features: u64) {
+        // Only what the driver accepted is acted on (spec §2).
+        self.switch.lock().nodes[self.node as usize].features = features;
+    }
+
+    fn reset_device(&self) {
+        debug!("node {}: device reset", self.node);
+        let mut f = self.switch.lock();
+        f.reset_node(self.node);
+        f.nodes[self.node as usize].features = 0;
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // The driver stops the control queue when it resets the device or
+        // the VM reboots: everything it created is gone with it.
+        let mut f = self.switch.lock();
+        if queue_index == u32::from(CONTROL_QUEUE) {
+            f.reset_node(self.node);
+            f.nodes[self.node as usize].renew_epoch();
+        }
+        // A stopped queue starts again clean.
+        f.nodes[self.node as usize].broken_queues &= !queue_bit(queue_index);
+        Ok(())
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let c = self.config_space();
+        let (o, s) = (offset as usize, size as usize);
+        match o.checked_add(s) {
+            Some(end) if end <= c.len() => c[o..end].to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn update_memory(&self, mem: PortMemory) -> io::Result<()> {
+        // Check every region before the device reads through any of it
+        // (spec §2.3); a bad one ends this connection and nothing else.
+        let table: GuestMemoryMmap<()> = (*mem.memory()).clone();
+        let mut ranges = Vec::new();
+        for region in table.iter() {
+            let refuse = |why: String| {
+                error!(
+                    "node {}: refused memory region at {:#x} ({} bytes): {why}",
+                    self.node,
+                    region.start_addr().0,
+                    region.len()
+                );
+                io::Error::other(why)
+            };
+            let file = region
+                .file_offset()
+                .ok_or_else(|| refuse("not backed by a file descriptor".into()))?;
+            let protection = region::check_region(file.file(), file.start(), region.len())
+                .map_err(|e| refuse(e.to_string()))?;
+            let host = region
+                .get_host_address(MemoryRegionAddress(0))
+                .map_err(|e| refuse(e.to_string()))?;
+            debug!(
+                "node {}: memory region at {:#x}, {} bytes, {protection:?}",
+                self.node,
+                region.start_addr().0,
+                region.len()
+            );
+            ranges.push((host as usize, region.len() as usize));
+        }
+        region::watch(self.switch.watch_base + self.node, &ranges).map_err(io::Error::other)?;
+        let validated = GuestMemoryAtomic::new(table);
+        *self.mem.write().map_err(|_| io::Error::other("poisoned"))? = Some(validated.clone());
+        self.switch.lock().nodes[self.node as usize].mem = Some(validated);
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
+        self.exit_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Self::Vring],
+        _thread: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::other(format!("unexpected event set {evset:?}")));
+        }
+        match device_event {
+            CONTROL_QUEUE => {
+                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
+                    self.switch.lock().nodes[self.node as usize].notify = Some(v.clone());
+                }
+                let vring = vrings
+                    .get(usize::from(CONTROL_QUEUE))
+                    .ok_or_else(|| io::Error::other("no control queue"))?;
+                self.process_control(vring)
+            }
+            NOTIFY_QUEUE => {
+                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
+                    self.switch.lock().nodes[self.node as usize].notify = Some(v.clone());
+                }
+                self.switch.wake();
+                Ok(())
+            }
+            q => {
+                // A doorbell: counted for its endpoint (GET_STATS), then the
+                // engine wakes to poll.
+                let e = u32::from(q).wrapping_sub(u32::from(FIRST_DOORBELL_QUEUE));
+                if let Some(ep) = self.switch.lock().nodes[self.node as usize].endpoint_mut(e) {
+                    ep.stats.doorbells += 1;
+                }
+                self.switch.wake();
+                Ok(())
+            }
+        }
+    }
+}

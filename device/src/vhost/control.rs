@@ -1,0 +1,620 @@
+//! Control-queue commands (spec §4): parsing, validation and execution
+//! against one node of the fabric.
+
+use log::{debug, info};
+use ulnic_abi::{
+    cmd, perm, read_le32, read_le64, status, tripwire_flags, CreateEndpoint, DeviceInfo,
+    FilterEntry, CMD_HEADER_SIZE, F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE,
+    MAX_SEGMENT_PAGES, PAGE_SIZE, SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+};
+use vm_memory::GuestMemoryMmap;
+
+use crate::memory::guest::{self, Segment};
+use crate::nic::aperture::Tripwire;
+use crate::nic::endpoint::Endpoint;
+use crate::nic::utlb::{Table, UtlbRef};
+use crate::switch::ports::Ports;
+
+/// Most protection domains one port may hold.
+pub const MAX_PDS: usize = 64;
+
+/// The outcome of one command: a status and a result payload.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Response {
+    /// `status::*`.
+    pub status: u32,
+    /// Result payload (empty on error).
+    pub payload: Vec<u8>,
+}
+
+impl Response {
+    fn ok(payload: Vec<u8>) -> Self {
+        Response {
+            status: status::OK,
+            payload,
+        }
+    }
+    /// A failure with no payload.
+    pub fn err(status: u32) -> Self {
+        Response {
+            status,
+            payload: Vec::new(),
+        }
+    }
+    /// The bytes written into the driver's response buffer.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(8 + self.payload.len());
+        b.extend_from_slice(&self.status.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.payload);
+        b
+    }
+}
+
+/// A payload must be exactly as long as its command's (spec §4): shorter
+/// cannot be read, longer would be ignored and so could never be given a
+/// meaning later.
+fn need(payload: &[u8], n: usize) -> Result<(), Response> {
+    if payload.len() != n {
+        Err(Response::err(status::BAD_LENGTH))
+    } else {
+        Ok(())
+    }
+}
+
+/// What runs one command: (fabric, node, guest memory, payload).
+type Handler = fn(&mut Ports, u32, &GuestMemoryMmap<()>, &[u8]) -> Result<Response, Response>;
+
+/// The handler of every command this device implements; `None` for any
+/// other opcode. The one list of implemented commands.
+fn handler(opcode: u32) -> Option<Handler> {
+    Some(match opcode {
+        cmd::GET_INFO => |f, n, _, p| need(p, 0).map(|()| get_info(f, n)),
+        cmd::CREATE_PD => |f, n, _, p| need(p, 0).and_then(|()| create_pd(f, n)),
+        cmd::DESTROY_PD => |f, n, _, p| destroy_pd(f, n, p),
+        cmd::CREATE_ENDPOINT => create_endpoint,
+        cmd::DESTROY_ENDPOINT => |f, n, _, p| destroy_endpoint(f, n, p),
+        cmd::BIND_PORT => |f, n, _, p| bind_port(f, n, p),
+        cmd::SET_FILTER => |f, n, _, p| set_filter(f, n, p),
+        cmd::ARM => |f, n, _, p| arm(f, n, p, true),
+        cmd::DISARM => |f, n, _, p| arm(f, n, p, false),
+        cmd::GET_STATS => |f, n, _, p| get_stats(f, n, p),
+        cmd::EXPORT => |f, n, _, p| export(f, n, p),
+        cmd::REVOKE => |f, n, _, p| revoke(f, n, p),
+        cmd::EXPORT_BUFFER => export_buffer,
+        cmd::SET_TRIPWIRE => set_tripwire,
+        cmd::CLEAR_TRIPWIRE => |f, n, _, p| clear_tripwire(f, n, p),
+        cmd::UTLB_SET_TABLE => utlb_set_table,
+        cmd::UTLB_INVALIDATE => |f, n, _, p| utlb_invalidate(f, n, p),
+        _ => return None,
+    })
+}
+
+/// Executes the request `req` (header + payload) from node `node`, whose
+/// response buffer has `room` bytes after the response header. Every check
+/// comes before any effect, in the order of spec §4: a refused command
+/// changes nothing.
+pub fn execute(
+    fabric: &mut Ports,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    req: &[u8],
+    room: usize,
+) -> Response {
+    if req.len() < CMD_HEADER_SIZE {
+        return Response::err(status::BAD_LENGTH);
+    }
+    let opcode = read_le32(req, 0);
+    let p = &req[CMD_HEADER_SIZE..];
+    let r = match handler(opcode) {
+        None if cmd::is_reserved(opcode) => Err(Response::err(status::NOT_SUPPORTED)),
+        None => Err(Response::err(status::UNKNOWN_COMMAND)),
+        Some(_) if read_le32(req, 4) != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
+        Some(_) if cmd::required_features(opcode) & !fabric.nodes[node as usize].features != 0 => {
+            Err(Response::err(status::NOT_SUPPORTED))
+        }
+        Some(_) if cmd::result_len(opcode) > room => Err(Response::err(status::BAD_LENGTH)),
+        Some(run) => run(fabric, node, mem, p),
+    };
+    let r = r.unwrap_or_else(|e| e);
+    if r.status != status::OK {
+        debug!(
+            "node {node}: command {opcode:#x} failed: {}",
+            status::name(r.status)
+        );
+    }
+    r
+}
+
+fn get_info(fabric: &Ports, node: u32) -> Response {
+    let n = &fabric.nodes[node as usize];
+    Response::ok(
+        DeviceInfo {
+            version_major: SPEC_VERSION_MAJOR,
+            version_minor: SPEC_VERSION_MINOR,
+            node,
+            max_endpoints: n.endpoints.len() as u32,
+            inline_max: INLINE_MAX,
+            max_message: MAX_MESSAGE,
+            nodes: fabric.nodes.len() as u32,
+            features: F_IMPLEMENTED,
+            max_tripwires: fabric.max_tripwires,
+            max_apertures: ulnic_abi::MAX_APERTURES,
+        }
+        .encode(),
+    )
+}
+
+fn create_pd(fabric: &mut Ports, node: u32) -> Result<Response, Response> {
+    let n = &mut fabric.nodes[node as usize];
+    if n.pds.len() >= MAX_PDS {
+        return Err(Response::err(status::NO_RESOURCES));
+    }
+    let pd = n.next_pd;
+    n.next_pd = n.next_pd.wrapping_add(1).max(1);
+    n.pds.insert(pd);
+    Ok(Response::ok(pd.to_le_bytes().to_vec()))
+}
+
+fn destroy_pd(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 4)?;
+    let pd = read_le32(p, 0);
+    let n = &mut fabric.nodes[node as usize];
+    if !n.pds.remove(&pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    let ids: Vec<u32> = (0..n.endpoints.len() as u32)
+        .filter(|&i| n.endpoints[i as usize].as_ref().is_some_and(|e| e.pd == pd))
+        .collect();
+    for id in ids {
+        fabric.close_endpoint(node, id);
+    }
+    fabric.utlb.tables.remove((node, pd));
+    fabric.utlb.cache.invalidate_domain((node, pd));
+    Ok(Response::ok(Vec::new()))
+}
+
+/// UTLB_SET_TABLE: u32 pd, u32 entries, u64 table gpa (spec §5.14).
+fn utlb_set_table(
+    fabric: &mut Ports,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    need(p, 16)?;
+    let (pd, entries, gpa) = (read_le32(p, 0), read_le32(p, 4), read_le64(p, 8));
+    if !fabric.nodes[node as usize].pds.contains(&pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    if entries == 0 || entries > ulnic_abi::MAX_UTLB_ENTRIES || !gpa.is_multiple_of(8) {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    if !guest::range_ok(mem, gpa, u64::from(entries) * 8) {
+        return Err(Response::err(status::BAD_ADDRESS));
+    }
+    fabric.utlb.cache.invalidate_domain((node, pd));
+    fabric.utlb.tables.set((node, pd), Table { gpa, entries });
+    Ok(Response::ok(Vec::new()))
+}
+
+/// UTLB_INVALIDATE: u32 pd, u32 first, u32 count. Runs under the fabric
+/// lock, so once it returns no descriptor uses the old translations.
+fn utlb_invalidate(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 12)?;
+    let (pd, first, count) = (read_le32(p, 0), read_le32(p, 4), read_le32(p, 8));
+    if !fabric.nodes[node as usize].pds.contains(&pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    fabric.utlb.cache.invalidate((node, pd), first, count);
+    Ok(Response::ok(Vec::new()))
+}
+
+fn create_endpoint(
+    fabric: &mut Ports,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    need(p, CreateEndpoint::SIZE)?;
+    let c = CreateEndpoint::decode(p);
+    let n = &mut fabric.nodes[node as usize];
+    if !n.pds.contains(&c.pd) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    let layout = c.layout();
+    layout
+        .validate()
+        .map_err(|_| Response::err(status::INVALID_ARGUMENT))?;
+    if !c.ctrl_gpa.is_multiple_of(PAGE_SIZE)
+        || !c.ctrl_len.is_multiple_of(PAGE_SIZE)
+        || c.ctrl_len < layout.region_size()
+    {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    if !guest::range_ok(mem, c.ctrl_gpa, c.ctrl_len) {
+        return Err(Response::err(status::BAD_ADDRESS));
+    }
+    if c.seg_pages > MAX_SEGMENT_PAGES {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let table_len = u64::from(c.seg_pages) * 8;
+    if !guest::range_ok(mem, c.seg_table_gpa, table_len) {
+        return Err(Response::err(status::BAD_ADDRESS));
+    }
+    let mut table = vec![0u8; table_len as usize];
+    guest::read(mem, c.seg_table_gpa, &mut table)
+        .map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    let pages = table.chunks_exact(8).map(|b| ulnic_abi::read_le64(b, 0));
+    let segment =
+        Segment::from_pages(mem, pages).map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    let Some(id) = n.endpoints.iter().position(|e| e.is_none()) else {
+        return Err(Response::err(status::NO_RESOURCES));
+    };
+    let ep = Endpoint::new(c.pd, c.ctrl_gpa, layout, segment);
+    ep.init_shared(mem)
+        .map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    info!(
+        "node {node}: endpoint {id} created (pd {}, rings {}/{}/{}/{}, segment {} KiB in {} extents)",
+        c.pd,
+        layout.send_entries,
+        layout.recv_entries,
+        layout.free_entries,
+        layout.event_entries,
+        ep.segment.len() / 1024,
+        ep.segment.extents()
+    );
+    n.endpoints[id] = Some(ep);
+    let mut out = (id as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(&(u32::from(ulnic_abi::FIRST_DOORBELL_QUEUE) + id as u32).to_le_bytes());
+    Ok(Response::ok(out))
+}
+
+fn destroy_endpoint(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 4)?;
+    let id = read_le32(p, 0);
+    if !fabric.close_endpoint(node, id) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    info!("node {node}: endpoint {id} destroyed");
+    Ok(Response::ok(Vec::new()))
+}
+
+fn bind_port(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 8)?;
+    let (id, port) = (read_le32(p, 0), read_le32(p, 4));
+    if port == 0 || port == ulnic_abi::ANY {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let n = &mut fabric.nodes[node as usize];
+    // A port already bound, even by this endpoint, is in use.
+    if n.ports.contains_key(&port) {
+        return Err(Response::err(status::ADDRESS_IN_USE));
+    }
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    let old = ep.port.replace(port);
+    if let Some(old) = old {
+        n.ports.remove(&old);
+    }
+    n.ports.insert(port, id);
+    Ok(Response::ok(Vec::new()))
+}
+
+fn set_filter(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    if p.len() < 8 {
+        return Err(Response::err(status::BAD_LENGTH));
+    }
+    let (id, count) = (read_le32(p, 0), read_le32(p, 4) as usize);
+    if count > MAX_FILTERS {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    need(p, 8 + count * FilterEntry::SIZE)?;
+    let filters = p[8..8 + count * FilterEntry::SIZE]
+        .chunks_exact(FilterEntry::SIZE)
+        .map(FilterEntry::decode)
+        .collect();
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(id)
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    ep.filters = filters;
+    Ok(Response::ok(Vec::new()))
+}
+
+fn arm(fabric: &mut Ports, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
+    need(p, 4)?;
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(read_le32(p, 0))
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    ep.notify_enabled = on;
+    Ok(Response::ok(Vec::new()))
+}
+
+fn get_stats(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 4)?;
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(read_le32(p, 0))
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    Ok(Response::ok(
+        ep.stats
+            .to_array()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    ))
+}
+
+fn export(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 24)?;
+    let (id, perms) = (read_le32(p, 0), read_le32(p, 4));
+    let (offset, len) = (read_le64(p, 8), read_le64(p, 16));
+    let n = &mut fabric.nodes[node as usize];
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if perms == 0
+        || perms & !perm::ALL != 0
+        || len == 0
+        || !offset.is_multiple_of(8)
+        || !ep.segment.contains(offset, len)
+    {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let mut cookie = n
+        .apertures
+        .export(id, offset, len, perms, None)
+        .ok_or(Response::err(status::NO_RESOURCES))?;
+    cookie.node = node;
+    debug!("node {node} ep {id}: exported aperture {}", cookie.aperture);
+    Ok(Response::ok(cookie.encode().to_vec()))
+}
+
+/// EXPORT_BUFFER: u32 ep, u32 permissions, u64 offset into the first
+/// page, u64 len, u32 first entry, u32 count (spec §5.12).
+fn export_buffer(
+    fabric: &mut Ports,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    need(p, 32)?;
+    let (id, perms) = (read_le32(p, 0), read_le32(p, 4));
+    let r = UtlbRef::decode(p, 24, read_le64(p, 8));
+    let len = read_le64(p, 16);
+    let n = &mut fabric.nodes[node as usize];
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if perms == 0 || perms & !perm::ALL != 0 || len == 0 || !r.offset.is_multiple_of(8) {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    // The entries must translate now; each access translates them again.
+    let tag = (node, ep.pd);
+    let seg = fabric
+        .utlb
+        .cache
+        .translate(mem, fabric.utlb.tables.get(tag), tag, r, len, &mut ep.stats)
+        .map_err(|code| {
+            Response::err(if code == ulnic_abi::tx_error::BAD_ADDRESS {
+                status::BAD_ADDRESS
+            } else {
+                status::INVALID_ARGUMENT
+            })
+        })?;
+    fabric.utlb.cache.recycle(seg);
+    let mut cookie = n
+        .apertures
+        .export(id, r.offset, len, perms, Some(r))
+        .ok_or(Response::err(status::NO_RESOURCES))?;
+    cookie.node = node;
+    debug!(
+        "node {node} ep {id}: exported a user buffer as aperture {}",
+        cookie.aperture
+    );
+    Ok(Response::ok(cookie.encode().to_vec()))
+}
+
+fn revoke(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 8)?;
+    let (id, aperture) = (read_le32(p, 0), read_le32(p, 4));
+    let n = &mut fabric.nodes[node as usize];
+    n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if !n.apertures.revoke(id, aperture) {
+        return Err(Response::err(status::NOT_FOUND));
+    }
+    Ok(Response::ok(Vec::new()))
+}
+
+fn set_tripwire(
+    fabric: &mut Ports,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    need(p, 40)?;
+    let (id, aperture) = (read_le32(p, 0), read_le32(p, 4));
+    let (offset, len, flags) = (read_le64(p, 8), read_le64(p, 16), read_le32(p, 24));
+    let user = read_le64(p, 32);
+    if read_le32(p, 28) != 0 {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let cap = fabric.max_tripwires;
+    let n = &mut fabric.nodes[node as usize];
+    let ap = *n
+        .apertures
+        .get(aperture)
+        .filter(|a| a.ep == id)
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if flags & !tripwire_flags::ALL != 0
+        || flags & (tripwire_flags::READ | tripwire_flags::WRITE) == 0
+        || len == 0
+        || offset.checked_add(len).is_none_or(|end| end > ap.len)
+    {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let t = Tripwire {
+        aperture,
+        offset,
+        len,
+        flags,
+        user,
+        active: true,
+    };
+    let tid = ep
+        .set_tripwire(t, cap)
+        .ok_or(Response::err(status::NO_RESOURCES))?;
+    // A reused id starts unfired, so its first firing posts an event.
+    let flag = ep.ctrl + ulnic_abi::ctrl::TRIPWIRE_FIRED + u64::from(tid);
+    let _ = guest::write(mem, flag, &[0]);
+    Ok(Response::ok(tid.to_le_bytes().to_vec()))
+}
+
+fn clear_tripwire(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+    need(p, 8)?;
+    let (id, tid) = (read_le32(p, 0), read_le32(p, 4));
+    let ep = fabric.nodes[node as usize]
+        .endpoint_mut(id)
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    match ep.tripwires.get_mut(tid as usize) {
+        Some(slot) if slot.is_some() => {
+            *slot = None;
+            Ok(Response::ok(Vec::new()))
+        }
+        _ => Err(Response::err(status::NOT_FOUND)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::guest::tests::mem;
+    use ulnic_abi::{cmd, status, CreateEndpoint};
+
+    /// Runs a request from node 1 with a response buffer of 512 bytes.
+    fn exec(f: &mut Ports, m: &GuestMemoryMmap<()>, r: &[u8]) -> Response {
+        execute(f, 1, m, r, 512)
+    }
+
+    fn req(opcode: u32, payload: &[u8]) -> Vec<u8> {
+        let mut r = opcode.to_le_bytes().to_vec();
+        r.extend_from_slice(&[0; 4]);
+        r.extend_from_slice(payload);
+        r
+    }
+
+    #[test]
+    fn commands_on_mock_memory() {
+        let m = mem(1 << 20);
+        let mut f = Ports::new(2, 4);
+        // Nothing but GET_INFO before the driver accepted the features.
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).status,
+            status::NOT_SUPPORTED
+        );
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::GET_INFO, &[])).status,
+            status::OK
+        );
+        f.nodes[1].features = ulnic_abi::F_MESSAGING;
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::EXPORT, &[0; 24])).status,
+            status::NOT_SUPPORTED,
+            "RDMA was not accepted"
+        );
+        f.nodes[1].features = F_IMPLEMENTED;
+        // A reserved header word must be zero; a payload must be exact.
+        let mut bad = req(cmd::CREATE_PD, &[]);
+        bad[4] = 1;
+        assert_eq!(exec(&mut f, &m, &bad).status, status::INVALID_ARGUMENT);
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::CREATE_PD, &[0])).status,
+            status::BAD_LENGTH
+        );
+        // No room for the result: refused before it runs, after the
+        // header and feature checks (spec §4 order).
+        assert_eq!(
+            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[]), 3).status,
+            status::BAD_LENGTH
+        );
+        assert_eq!(
+            execute(&mut f, 1, &m, &bad, 0).status,
+            status::INVALID_ARGUMENT
+        );
+        assert!(
+            f.nodes[1].pds.is_empty(),
+            "refused commands created nothing"
+        );
+        assert_eq!(exec(&mut f, &m, &[1, 2]).status, status::BAD_LENGTH);
+        for reserved in [0x22, 0x55] {
+            assert_eq!(
+                exec(&mut f, &m, &req(reserved, &[])).status,
+                status::NOT_SUPPORTED
+            );
+        }
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::REVOKE, &[])).status,
+            status::BAD_LENGTH
+        );
+        assert_eq!(
+            exec(&mut f, &m, &req(0x60, &[])).status,
+            status::UNKNOWN_COMMAND
+        );
+        let info = exec(&mut f, &m, &req(cmd::GET_INFO, &[]));
+        let info = DeviceInfo::decode(&info.payload);
+        assert_eq!((info.node, info.nodes, info.max_endpoints), (1, 2, 4));
+        let pd = read_le32(&exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).payload, 0);
+        guest::write(&m, 0x80000, &0x90000u64.to_le_bytes()).unwrap();
+        let c = CreateEndpoint {
+            pd,
+            send_entries: 4,
+            recv_entries: 4,
+            free_entries: 4,
+            event_entries: 64,
+            ctrl_gpa: 0x10000,
+            ctrl_len: 0x10000,
+            seg_table_gpa: 0x80000,
+            seg_pages: 1,
+        };
+        for _ in 0..4 {
+            assert_eq!(
+                exec(&mut f, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
+                status::OK
+            );
+        }
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::CREATE_ENDPOINT, &c.encode())).status,
+            status::NO_RESOURCES
+        );
+        let mut bind = 2u32.to_le_bytes().to_vec();
+        bind.extend_from_slice(&9u32.to_le_bytes());
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::BIND_PORT, &bind)).status,
+            status::OK
+        );
+        assert_eq!(f.nodes[1].ports.get(&9), Some(&2));
+        // A bound port is in use: for this endpoint again, and for another.
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::BIND_PORT, &bind)).status,
+            status::ADDRESS_IN_USE
+        );
+        let mut other = 1u32.to_le_bytes().to_vec();
+        other.extend_from_slice(&9u32.to_le_bytes());
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::BIND_PORT, &other)).status,
+            status::ADDRESS_IN_USE
+        );
+        // Destroying the PD frees its endpoints and their ports.
+        assert_eq!(
+            exec(&mut f, &m, &req(cmd::DESTROY_PD, &pd.to_le_bytes())).status,
+            status::OK
+        );
+        assert!(f.nodes[1].endpoints.iter().all(|e| e.is_none()));
+        assert!(f.nodes[1].ports.is_empty());
+        // Other node untouched throughout.
+        assert!(f.nodes[0].pds.is_empty());
+    }
+
+    #[test]
+    fn response_encoding() {
+        let r = Response {
+            status: status::NOT_FOUND,
+            payload: vec![],
+        };
+        assert_eq!(r.encode(), vec![5, 0, 0, 0, 0, 0, 0, 0]);
+    }
+}

@@ -1,0 +1,6 @@
+//! Each port's vhost-user face: the backend QEMU or the host-attach driver
+//! talks to, the control commands it carries, and the port socket.
+
+pub mod backend;
+pub mod control;
+pub mod port;

@@ -1,0 +1,431 @@
+//! The ulnic host-attach driver: attaches an ordinary host process straight
+//! to a ulnic device port over vhost-user, the way DPDK's virtio-user does.
+//!
+//! The process plays the part a VM and its kernel driver play elsewhere: it
+//! creates memfd-backed "guest" memory, shares it with the device
+//! (`SET_MEM_TABLE`), sets up every virtqueue, and drives the control and
+//! notification queues exactly as docs/spec.md asks of the Linux driver.
+//! Addresses it hands the device are offsets into that memory (its
+//! guest-physical addresses start at 0).
+
+mod error;
+mod memory;
+mod virtqueue;
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use log::debug;
+use ulnic_abi::{
+    cmd, status, DeviceInfo, CMD_HEADER_SIZE, FIRST_DOORBELL_QUEUE, NOTIFY_QUEUE, RESP_HEADER_SIZE,
+};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+pub use error::{Error, COMMAND_TIMEOUT};
+pub use memory::{map_shared, DmaBuffer, DmaMemory};
+use virtqueue::DriverQueue;
+
+/// Default size of the memory a process shares with the device.
+pub const DEFAULT_MEMORY: usize = 64 << 20;
+/// Size of the control and notification virtqueues.
+const QUEUE_SIZE: u16 = 64;
+/// Size of the doorbell virtqueues (only their kick eventfds are used).
+const DOORBELL_QUEUE_SIZE: u16 = 2;
+/// virtio VERSION_1 feature bit.
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+
+fn proto(step: &'static str) -> impl FnOnce(vhost::Error) -> Error {
+    move |source| Error::Protocol { step, source }
+}
+
+/// A process attached to one device port.
+pub struct HostAttach {
+    frontend: Mutex<Frontend>,
+    memory: DmaMemory,
+    control: Mutex<ControlQueue>,
+    notify: Mutex<NotifyQueue>,
+    /// The notification queue's call eventfd; waited on without holding
+    /// `notify`, so waiters for different endpoints do not serialise.
+    notify_call: EventFd,
+    doorbells: Vec<EventFd>,
+    _unused_call: EventFd,
+    pending: AtomicU64,
+    info: DeviceInfo,
+}
+
+struct ControlQueue {
+    queue: DriverQueue,
+    kick: EventFd,
+    call: EventFd,
+    buf: DmaBuffer,
+    /// A command timed out: the device may still answer it, into `buf`
+    /// and the used ring, so the queue is never used again (spec §4).
+    dead: bool,
+}
+
+struct NotifyQueue {
+    queue: DriverQueue,
+    kick: EventFd,
+    bufs: DmaBuffer,
+}
+
+/// Size of one notification record buffer.
+const NOTIFY_RECORD: u32 = 8;
+
+impl HostAttach {
+    /// Connects to the port socket at `path`, sharing `memory_size` bytes.
+    pub fn connect(path: &Path, memory_size: usize) -> Result<HostAttach, Error> {
+        Self::connect_with_memory(path, DmaMemory::new(memory_size)?)
+    }
+
+    /// Connects to the port socket at `path`, sharing `memory`.
+    pub fn connect_with_memory(path: &Path, memory: DmaMemory) -> Result<HostAttach, Error> {
+        Self::connect_accepting(path, memory, ulnic_abi::F_IMPLEMENTED)
+    }
+
+    /// As [`HostAttach::connect_with_memory`], accepting only the device
+    /// feature bits in `accept` (F_MESSAGING always): the device then
+    /// refuses what needs the others (spec §2). For testing that.
+    pub fn connect_accepting(
+        path: &Path,
+        memory: DmaMemory,
+        accept: u64,
+    ) -> Result<HostAttach, Error> {
+        let mut fe = Frontend::connect(path, u64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT) + 2)
+            .map_err(proto("connect"))?;
+        // The device closes a second frontend's connection before reading
+        // anything: the first request then finds the socket closed.
+        let features = fe.get_features().map_err(|e| match e {
+            vhost::Error::VhostUserProtocol(
+                vhost::vhost_user::Error::Disconnected
+                | vhost::vhost_user::Error::SocketBroken(_)
+                | vhost::vhost_user::Error::PartialMessage,
+            ) => Error::PortBusy(path.to_path_buf()),
+            e => proto("GET_FEATURES")(e),
+        })?;
+        let want = VIRTIO_F_VERSION_1
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | ulnic_abi::F_MESSAGING;
+        if features & want != want {
+            return Err(Error::Incompatible(format!(
+                "device features {features:#x} lack {want:#x}"
+            )));
+        }
+        fe.set_owner().map_err(proto("SET_OWNER"))?;
+        // Accept every device feature this driver knows: the device acts
+        // only on accepted ones (spec §2).
+        fe.set_features(want | (features & accept & ulnic_abi::F_IMPLEMENTED))
+            .map_err(proto("SET_FEATURES"))?;
+        let pf = fe
+            .get_protocol_features()
+            .map_err(proto("GET_PROTOCOL_FEATURES"))?;
+        if !pf.contains(VhostUserProtocolFeatures::MQ) {
+            return Err(Error::Incompatible(
+                "device does not offer the MQ protocol feature".into(),
+            ));
+        }
+        fe.set_protocol_features(
+            pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG),
+        )
+        .map_err(proto("SET_PROTOCOL_FEATURES"))?;
+        let queues = fe.get_queue_num().map_err(proto("GET_QUEUE_NUM"))? as usize;
+        if queues < usize::from(FIRST_DOORBELL_QUEUE) + 1 || queues > 64 {
+            return Err(Error::Incompatible(format!("device has {queues} queues")));
+        }
+
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: memory.len() as u64,
+            userspace_addr: memory.host_base() as u64,
+            mmap_offset: 0,
+            mmap_handle: memory.as_raw_fd(),
+        };
+        fe.set_mem_table(&[region])
+            .map_err(proto("SET_MEM_TABLE"))?;
+
+        let os = |what| move |source| Error::Os { what, source };
+        let unused_call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
+        let mut control = None;
+        let mut notify = None;
+        let mut doorbells = Vec::new();
+        for q in 0..queues {
+            let size = if q < usize::from(FIRST_DOORBELL_QUEUE) {
+                QUEUE_SIZE
+            } else {
+                DOORBELL_QUEUE_SIZE
+            };
+            let queue = DriverQueue::new(&memory, size)?;
+            fe.set_vring_num(q, size).map_err(proto("SET_VRING_NUM"))?;
+            let cfg = VringConfigData {
+                queue_max_size: size,
+                queue_size: size,
+                flags: 0,
+                desc_table_addr: memory.host_base() as u64 + queue.desc_gpa(),
+                used_ring_addr: memory.host_base() as u64 + queue.used_gpa(),
+                avail_ring_addr: memory.host_base() as u64 + queue.avail_gpa(),
+                log_addr: None,
+            };
+            fe.set_vring_addr(q, &cfg)
+                .map_err(proto("SET_VRING_ADDR"))?;
+            fe.set_vring_base(q, 0).map_err(proto("SET_VRING_BASE"))?;
+            let kick = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
+            fe.set_vring_kick(q, &kick)
+                .map_err(proto("SET_VRING_KICK"))?;
+            let call = if q < usize::from(FIRST_DOORBELL_QUEUE) {
+                let call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
+                fe.set_vring_call(q, &call)
+                    .map_err(proto("SET_VRING_CALL"))?;
+                Some(call)
+            } else {
+                fe.set_vring_call(q, &unused_call)
+                    .map_err(proto("SET_VRING_CALL"))?;
+                None
+            };
+            fe.set_vring_enable(q, true)
+                .map_err(proto("SET_VRING_ENABLE"))?;
+            match (q as u16, call) {
+                (ulnic_abi::CONTROL_QUEUE, Some(call)) => {
+                    let buf = memory.alloc(4096)?;
+                    control = Some(ControlQueue {
+                        queue,
+                        kick,
+                        call,
+                        buf,
+                        dead: false,
+                    });
+                }
+                (NOTIFY_QUEUE, Some(call)) => {
+                    let bufs = memory.alloc(usize::from(QUEUE_SIZE) * NOTIFY_RECORD as usize)?;
+                    notify = Some((NotifyQueue { queue, kick, bufs }, call));
+                }
+                _ => doorbells.push(kick),
+            }
+        }
+        let (Some(control), Some((mut notify, notify_call))) = (control, notify) else {
+            return Err(Error::Incompatible(
+                "control or notification queue missing".into(),
+            ));
+        };
+        for i in 0..QUEUE_SIZE {
+            let gpa = notify.bufs.gpa + u64::from(i) * u64::from(NOTIFY_RECORD);
+            notify.queue.add(&memory, &[], &[(gpa, NOTIFY_RECORD)]);
+        }
+        let _ = notify.kick.write(1);
+        let mut this = HostAttach {
+            frontend: Mutex::new(fe),
+            memory,
+            control: Mutex::new(control),
+            notify: Mutex::new(notify),
+            notify_call,
+            doorbells,
+            _unused_call: unused_call,
+            pending: AtomicU64::new(0),
+            info: DeviceInfo::default(),
+        };
+        let info = this.command(cmd::GET_INFO, &[])?;
+        if info.len() < DeviceInfo::SIZE {
+            return Err(Error::BadResponse(cmd::GET_INFO));
+        }
+        this.info = DeviceInfo::decode(&info);
+        if this.info.version_major != ulnic_abi::SPEC_VERSION_MAJOR {
+            return Err(Error::Incompatible(format!(
+                "device implements spec {}.{}, this driver {}.{}",
+                this.info.version_major,
+                this.info.version_minor,
+                ulnic_abi::SPEC_VERSION_MAJOR,
+                ulnic_abi::SPEC_VERSION_MINOR
+            )));
+        }
+        debug!(
+            "attached to node {} ({} endpoints)",
+            this.info.node, this.info.max_endpoints
+        );
+        Ok(this)
+    }
+
+    /// What the device reported at attach time.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The shared memory.
+    pub fn memory(&self) -> &DmaMemory {
+        &self.memory
+    }
+
+    /// Runs one control command and returns its result payload.
+    pub fn command(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>, Error> {
+        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let half = c.buf.len / 2;
+        if CMD_HEADER_SIZE + payload.len() > half {
+            return Err(Error::Command {
+                opcode,
+                status: status::BAD_LENGTH,
+            });
+        }
+        let mut req = Vec::with_capacity(CMD_HEADER_SIZE + payload.len());
+        req.extend_from_slice(&opcode.to_le_bytes());
+        req.extend_from_slice(&0u32.to_le_bytes());
+        req.extend_from_slice(payload);
+        if c.dead {
+            return Err(Error::ControlQueueDead(opcode));
+        }
+        self.memory.write(c.buf.gpa, &req);
+        let (req_gpa, resp_gpa) = (c.buf.gpa, c.buf.gpa + half as u64);
+        let used = Self::submit(
+            &self.memory,
+            &mut c,
+            opcode,
+            &[(req_gpa, req.len() as u32)],
+            &[(resp_gpa, half as u32)],
+        )?;
+        let len = used as usize;
+        if len < RESP_HEADER_SIZE {
+            return Err(Error::BadResponse(opcode));
+        }
+        let mut resp = vec![0u8; len.min(half)];
+        self.memory.read(resp_gpa, &mut resp);
+        let st = ulnic_abi::read_le32(&resp, 0);
+        if st != status::OK {
+            return Err(Error::Command { opcode, status: st });
+        }
+        Ok(resp[RESP_HEADER_SIZE..].to_vec())
+    }
+
+    /// Posts one chain on the control queue and waits for the device to
+    /// use it: the used length. After `COMMAND_TIMEOUT` the queue is dead
+    /// for good (spec §4).
+    fn submit(
+        memory: &DmaMemory,
+        c: &mut ControlQueue,
+        opcode: u32,
+        readable: &[(u64, u32)],
+        writable: &[(u64, u32)],
+    ) -> Result<u32, Error> {
+        if c.dead {
+            return Err(Error::ControlQueueDead(opcode));
+        }
+        let ControlQueue {
+            queue,
+            kick,
+            call,
+            dead,
+            ..
+        } = c;
+        queue.add(memory, readable, writable);
+        let _ = kick.write(1);
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        loop {
+            if let Some((_, len)) = queue.pop_used(memory) {
+                return Ok(len);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                *dead = true;
+                return Err(Error::Timeout(opcode));
+            }
+            wait_readable(call, left);
+            let _ = call.read();
+        }
+    }
+
+    /// Posts a hand-made chain of (address, length) buffers on the
+    /// control queue and returns the length the device used (0: it found
+    /// the chain malformed and did nothing). For testing a device's
+    /// validation; drivers use [`HostAttach::command`].
+    pub fn raw_control_chain(
+        &self,
+        readable: &[(u64, u32)],
+        writable: &[(u64, u32)],
+    ) -> Result<u32, Error> {
+        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        Self::submit(&self.memory, &mut c, 0, readable, writable)
+    }
+
+    /// Rings endpoint `endpoint`'s doorbell.
+    pub fn ring_doorbell(&self, endpoint: u32) {
+        if let Some(k) = self.doorbells.get(endpoint as usize) {
+            let _ = k.write(1);
+        }
+    }
+
+    /// Waits up to `timeout` for a notification for `endpoint`; true when one
+    /// came. Notifications for other endpoints are kept for their waiters.
+    pub fn wait_notification(&self, endpoint: u32, timeout: Duration) -> bool {
+        let bit = 1u64 << (endpoint % 64);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.pending.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+                return true;
+            }
+            let (reposted, for_others) = self.drain_notifications(endpoint);
+            if for_others {
+                // Another thread may be asleep on the eventfd whose count
+                // this thread consumed: wake everyone to look again.
+                let _ = self.notify_call.write(1);
+            }
+            if reposted {
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            wait_readable(&self.notify_call, left);
+            let _ = self.notify_call.read();
+        }
+    }
+
+    /// Moves notification records into `pending` and reposts their buffers;
+    /// returns (any record, any record for an endpoint other than the
+    /// caller's). Records are only read under the lock, never waited for.
+    fn drain_notifications(&self, caller: u32) -> (bool, bool) {
+        let mut n = self.notify.lock().unwrap_or_else(|p| p.into_inner());
+        let NotifyQueue { queue, kick, bufs } = &mut *n;
+        let (mut any, mut others) = (false, false);
+        while let Some((id, len)) = queue.pop_used(&self.memory) {
+            let gpa = bufs.gpa + u64::from(id) * u64::from(NOTIFY_RECORD);
+            if len >= 4 {
+                let mut rec = [0u8; 4];
+                self.memory.read(gpa, &mut rec);
+                let ep = u32::from_le_bytes(rec);
+                self.pending.fetch_or(1u64 << (ep % 64), Ordering::AcqRel);
+                others |= ep != caller;
+            }
+            queue.add(&self.memory, &[], &[(gpa, NOTIFY_RECORD)]);
+            any = true;
+        }
+        if any {
+            let _ = kick.write(1);
+        }
+        (any, others)
+    }
+}
+
+impl Drop for HostAttach {
+    fn drop(&mut self) {
+        // Closing the socket is what tells the device we are gone; say so
+        // explicitly first so the device frees our state at once.
+        if let Ok(fe) = self.frontend.lock() {
+            let _ = fe.reset_owner();
+        }
+    }
+}
+
+/// Blocks until `fd` is readable or `timeout` passes.
+fn wait_readable(fd: &EventFd, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd, count 1.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
+}

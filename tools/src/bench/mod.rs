@@ -1,0 +1,14 @@
+//! `ulnic bench`: the benchmarks. `pingpong` (ping-pong and stream over
+//! ulnic and the baselines, and the peer processes), `rdma` (RDMA, the
+//! tripwire wake-up, the message queues), `utlb` (UTLB hits, misses and
+//! stress); `record` is the result line, `payload` how payloads are
+//! touched.
+
+pub mod payload;
+pub mod pingpong;
+pub mod rdma;
+pub mod record;
+pub mod utlb;
+
+pub use pingpong::{peer, run_one, Mode, PeerArgs, Spec, Transport, Workload};
+pub use record::Record;

@@ -1,0 +1,35 @@
+//! How benchmarks touch payloads: every byte written and checked (the
+//! message benchmarks), or one byte per cache line (RDMA and UTLB, where
+//! touching every byte would measure the loop rather than the transfer).
+
+use std::io;
+
+/// Writes every byte of a message with a value derived from its number.
+pub(crate) fn fill_bytes(buf: &mut [u8], seq: u64) {
+    let b = seq as u8;
+    buf.iter_mut().for_each(|x| *x = b);
+}
+
+pub(crate) fn check_bytes(buf: &[u8], seq: u64) -> io::Result<()> {
+    let b = seq as u8;
+    // Reads every byte, as the receiver of a real message would.
+    if buf.iter().any(|&x| x != b) {
+        return Err(io::Error::other(format!(
+            "payload corrupted in message {seq}"
+        )));
+    }
+    Ok(())
+}
+
+/// Marks every cache line of a buffer with a value derived from `i`.
+pub(crate) fn fill_lines(buf: &mut [u8], i: u64) {
+    // Touch every cache line (not every byte: that would measure the fill).
+    let b = i as u8;
+    for chunk in buf.chunks_mut(64) {
+        chunk[0] = b;
+    }
+}
+
+pub(crate) fn touch_lines(buf: &[u8]) -> u64 {
+    buf.chunks(64).map(|c| u64::from(c[0])).sum()
+}

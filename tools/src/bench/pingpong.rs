@@ -1,0 +1,820 @@
+//! `ulnic bench`: ping-pong and stream between two processes over ulnic and,
+//! in the same run, over the baselines (TCP loopback, a Unix socket, and a
+//! raw shared-memory ring, the physical limit of the machine).
+//!
+//! Every payload byte is written by the sender and read by the receiver.
+//! The parent process starts a device (unless pointed at one) and two child
+//! processes (`ulnic bench-peer`), collects their results and prints them.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::payload::{check_bytes, fill_bytes};
+use super::record::Record;
+
+/// Which workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Round trips of one message each way.
+    Pingpong,
+    /// One-way messages as fast as flow control allows.
+    Stream,
+    /// One-sided RDMA writes into another node's aperture (bandwidth),
+    /// against memcpy.
+    RdmaWrite,
+    /// One-sided RDMA reads from another node's aperture, against memcpy.
+    RdmaRead,
+    /// Latency from a remote write to the blocked owner of a tripwire
+    /// running, against a thread woken by a Unix socket.
+    Tripwire,
+    /// Ping-pong and stream over the distributed message queue (RDMA and
+    /// tripwires), against a Unix socket pair.
+    Dmq,
+    /// The UTLB: translation costs for 1, 4 and 16 pages (VMMC-2 Table 1)
+    /// against memcpy, then a stream from N distinct pages swept past the
+    /// table size under each miss policy (Schoinas & Hill), against
+    /// single-copy.
+    Utlb,
+}
+
+impl Workload {
+    /// Whether this is an RDMA workload (one process, no peer).
+    pub fn is_rdma(self) -> bool {
+        matches!(
+            self,
+            Workload::RdmaWrite
+                | Workload::RdmaRead
+                | Workload::Tripwire
+                | Workload::Dmq
+                | Workload::Utlb
+        )
+    }
+}
+
+/// Which transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// The ulnic device, host-attached.
+    Ulnic,
+    /// TCP over loopback.
+    Tcp,
+    /// A Unix stream socket.
+    Unix,
+    /// A shared-memory ring between the two processes.
+    Shm,
+}
+
+/// How a receiver waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Busy-poll, yielding the core to other runnable threads between polls.
+    Poll,
+    /// Block in the kernel until data arrives.
+    Block,
+}
+
+/// One benchmark to run.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Workload.
+    pub workload: Workload,
+    /// Transport.
+    pub transport: Transport,
+    /// Message size in bytes.
+    pub size: u32,
+    /// Measured iterations (round trips or messages).
+    pub iters: u64,
+    /// Receive mode.
+    pub mode: Mode,
+}
+
+/// A message link between the two peers; `recv` reads every payload byte.
+trait Link {
+    fn send(&mut self, data: &[u8]) -> io::Result<()>;
+    /// Receives one message into `buf`, returning its length.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// The mode that really runs.
+    fn mode(&self) -> Mode;
+}
+
+// ---------------------------------------------------------------- streams
+
+/// TCP and Unix sockets: length-prefixed messages.
+struct StreamLink<S: Read + Write> {
+    s: S,
+}
+
+impl<S: Read + Write> Link for StreamLink<S> {
+    fn send(&mut self, data: &[u8]) -> io::Result<()> {
+        let mut frame = Vec::with_capacity(4 + data.len());
+        frame.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        frame.extend_from_slice(data);
+        self.s.write_all(&frame)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut h = [0u8; 4];
+        self.s.read_exact(&mut h)?;
+        let n = u32::from_le_bytes(h) as usize;
+        if n > buf.len() {
+            return Err(io::Error::other("message larger than buffer"));
+        }
+        self.s.read_exact(&mut buf[..n])?;
+        Ok(n)
+    }
+    fn mode(&self) -> Mode {
+        Mode::Block
+    }
+}
+
+// ---------------------------------------------------------------- shm
+
+/// Bytes of each direction's ring in the shared-memory baseline.
+const SHM_RING: usize = 4 << 20;
+
+/// One direction of the shared-memory baseline: an SPSC byte ring with
+/// free-running head and tail counters, messages length-prefixed.
+struct ShmRing {
+    base: *mut u8,
+}
+
+impl ShmRing {
+    fn head(&self) -> &AtomicU64 {
+        // SAFETY: the mapping holds the two counters at offsets 0 and 64,
+        // aligned, for as long as the ring is used.
+        unsafe { &*(self.base as *const AtomicU64) }
+    }
+    fn tail(&self) -> &AtomicU64 {
+        // SAFETY: as above.
+        unsafe { &*(self.base.add(64) as *const AtomicU64) }
+    }
+    fn data(&self) -> *mut u8 {
+        // SAFETY: the data area follows the 128-byte header.
+        unsafe { self.base.add(128) }
+    }
+    fn copy_in(&self, pos: u64, src: &[u8]) {
+        let off = (pos % SHM_RING as u64) as usize;
+        let first = src.len().min(SHM_RING - off);
+        // SAFETY: both pieces lie inside the data area of SHM_RING bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data().add(off), first);
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data(), src.len() - first);
+        }
+    }
+    fn copy_out(&self, pos: u64, dst: &mut [u8]) {
+        let off = (pos % SHM_RING as u64) as usize;
+        let first = dst.len().min(SHM_RING - off);
+        let len = dst.len();
+        // SAFETY: both pieces lie inside the data area of SHM_RING bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.data().add(off), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(self.data(), dst.as_mut_ptr().add(first), len - first);
+        }
+    }
+}
+
+struct ShmLink {
+    tx: ShmRing,
+    rx: ShmRing,
+}
+
+impl ShmLink {
+    fn open(path: &Path, server: bool) -> io::Result<ShmLink> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let len = 2 * (128 + SHM_RING);
+        let p = ulnic_host_attach::map_shared(std::os::fd::AsRawFd::as_raw_fd(&f), len, 0)?;
+        let a = p;
+        // SAFETY: the second ring starts inside the mapping.
+        let b = unsafe { a.add(128 + SHM_RING) };
+        let (tx, rx) = if server { (b, a) } else { (a, b) };
+        Ok(ShmLink {
+            tx: ShmRing { base: tx },
+            rx: ShmRing { base: rx },
+        })
+    }
+}
+
+impl Link for ShmLink {
+    fn send(&mut self, data: &[u8]) -> io::Result<()> {
+        let need = 4 + data.len() as u64;
+        let head = self.tx.head().load(Ordering::Relaxed);
+        while head + need - self.tx.tail().load(Ordering::Acquire) > SHM_RING as u64 {
+            std::thread::yield_now();
+        }
+        self.tx.copy_in(head, &(data.len() as u32).to_le_bytes());
+        self.tx.copy_in(head + 4, data);
+        self.tx.head().store(head + need, Ordering::Release);
+        Ok(())
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let tail = self.rx.tail().load(Ordering::Relaxed);
+        while self.rx.head().load(Ordering::Acquire) == tail {
+            std::thread::yield_now();
+        }
+        let mut h = [0u8; 4];
+        self.rx.copy_out(tail, &mut h);
+        let n = u32::from_le_bytes(h) as usize;
+        if n > buf.len() {
+            return Err(io::Error::other("message larger than buffer"));
+        }
+        self.rx.copy_out(tail + 4, &mut buf[..n]);
+        self.rx.tail().store(tail + 4 + n as u64, Ordering::Release);
+        Ok(n)
+    }
+    fn mode(&self) -> Mode {
+        Mode::Poll
+    }
+}
+
+// ---------------------------------------------------------------- ulnic
+
+/// The port both bench peers bind on their nodes.
+const BENCH_PORT: u32 = 1;
+const TAG_DATA: u32 = 0;
+const TAG_CREDIT: u32 = 1;
+const TAG_HELLO: u32 = 2;
+/// Receive buffers the receiver keeps posted (and the sender's credits).
+const CREDITS: u32 = 64;
+
+/// ulnic: inline sends up to INLINE_MAX, segment sends beyond; credit-based
+/// flow control (the receiver returns credits every CREDITS/2 messages) so
+/// nothing is ever returned for lack of a buffer.
+struct UlnicLink {
+    ep: ulnic::Endpoint,
+    _nic: ulnic::Nic,
+    peer: ulnic::Address,
+    mode: Mode,
+    slot: u64,
+    send_seq: u64,
+    credits: u32,
+    consumed: u32,
+}
+
+impl UlnicLink {
+    /// `socket` None: the guest device (`Nic::open`).
+    fn open(socket: Option<&Path>, peer_node: u32, max: u32, mode: Mode) -> io::Result<UlnicLink> {
+        let slot = u64::from(max.max(1)).div_ceil(4096) * 4096;
+        let seg = (slot * u64::from(2 * CREDITS)) as usize;
+        std::env::set_var(ulnic::MEMORY_ENV, (seg + (16 << 20)).to_string());
+        let nic = match socket {
+            Some(s) => ulnic::Nic::attach(s),
+            None => ulnic::Nic::open(),
+        }
+        .map_err(io::Error::other)?;
+        let pd = nic.alloc_pd().map_err(io::Error::other)?;
+        let cfg = ulnic::EndpointConfig {
+            send_entries: CREDITS,
+            recv_entries: 2 * CREDITS,
+            free_entries: CREDITS,
+            segment_bytes: seg,
+        };
+        let mut ep = pd.create_endpoint(&cfg).map_err(io::Error::other)?;
+        ep.bind(BENCH_PORT).map_err(io::Error::other)?;
+        // Receive buffers live in the second half of the segment.
+        for i in 0..u64::from(CREDITS) {
+            ep.post_free(slot * (u64::from(CREDITS) + i), slot as u32, i)
+                .map_err(io::Error::other)?;
+        }
+        Ok(UlnicLink {
+            ep,
+            _nic: nic,
+            peer: ulnic::Address {
+                node: peer_node,
+                port: BENCH_PORT,
+            },
+            mode,
+            slot,
+            send_seq: 0,
+            credits: CREDITS,
+            consumed: 0,
+        })
+    }
+
+    /// Client: greet until the server answers (sends to a server not yet
+    /// bound come back as NO_ENDPOINT and are simply repeated). Server:
+    /// wait for the greeting and answer it.
+    fn handshake(&mut self, server: bool) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut last = Instant::now() - Duration::from_secs(1);
+        loop {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("the other node never answered"));
+            }
+            if !server && last.elapsed() > Duration::from_millis(20) && self.ep.send_space() > 0 {
+                self.ep
+                    .post_send_inline(self.peer, TAG_HELLO, &[], 0)
+                    .map_err(io::Error::other)?;
+                last = Instant::now();
+            }
+            while self.ep.poll_event().is_some() {}
+            if let Some(m) = self.ep.poll_recv() {
+                if m.tag == TAG_HELLO {
+                    if server {
+                        self.ep
+                            .post_send_inline(self.peer, TAG_HELLO, &[], 0)
+                            .map_err(io::Error::other)?;
+                    }
+                    return Ok(());
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn handle_events(&mut self) -> io::Result<()> {
+        while let Some(ev) = self.ep.poll_event() {
+            if let ulnic::Event::SendFailed { id, reason, .. } = ev {
+                return Err(io::Error::other(format!("send {id} failed: {reason}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn post(&mut self, tag: u32, data: &[u8]) -> io::Result<()> {
+        let inline = data.len() <= ulnic::INLINE_MAX as usize;
+        let off = (self.send_seq % u64::from(CREDITS)) * self.slot;
+        if !inline {
+            // Written once, before any retry. The slot is free: at most
+            // CREDITS messages are unconsumed by the peer, so the send that
+            // last used it has been delivered.
+            self.ep.write_segment(off as usize, data);
+        }
+        loop {
+            let r = if inline {
+                self.ep
+                    .post_send_inline(self.peer, tag, data, self.send_seq)
+            } else {
+                self.ep
+                    .post_send(self.peer, tag, off, data.len() as u32, self.send_seq, false)
+            };
+            match r {
+                Ok(()) => {
+                    self.send_seq += 1;
+                    return Ok(());
+                }
+                Err(ulnic::Error::WouldBlock) => {
+                    self.handle_events()?;
+                    std::thread::yield_now();
+                }
+                Err(e) => return Err(io::Error::other(e)),
+            }
+        }
+    }
+
+    /// Next message of any tag, waiting per the mode.
+    fn next(&mut self) -> io::Result<ulnic::Received> {
+        loop {
+            if let Some(m) = self.ep.poll_recv() {
+                return Ok(m);
+            }
+            self.handle_events()?;
+            match self.mode {
+                Mode::Poll => std::thread::yield_now(),
+                Mode::Block => {
+                    self.ep
+                        .wait(Duration::from_secs(1))
+                        .map_err(io::Error::other)?;
+                }
+            }
+        }
+    }
+}
+
+impl Link for UlnicLink {
+    fn send(&mut self, data: &[u8]) -> io::Result<()> {
+        while self.credits == 0 {
+            let m = self.next()?;
+            self.take(m, &mut [])?;
+        }
+        self.credits -= 1;
+        self.post(TAG_DATA, data)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let m = self.next()?;
+            if let Some(n) = self.take(m, buf)? {
+                return Ok(n);
+            }
+        }
+    }
+
+    fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+impl UlnicLink {
+    /// Consumes a received message: credits update the sender; data is
+    /// copied out (read) and its buffer reposted. Returns the data length.
+    fn take(&mut self, m: ulnic::Received, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if m.tag == TAG_HELLO {
+            return Ok(None); // a repeated greeting from the start-up handshake
+        }
+        if m.tag == TAG_CREDIT {
+            if let ulnic::Payload::Inline(d) = m.payload {
+                self.credits += u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+            }
+            return Ok(None);
+        }
+        let n = m.len as usize;
+        if n > buf.len() {
+            return Err(io::Error::other("message larger than buffer"));
+        }
+        match m.payload {
+            ulnic::Payload::Inline(d) => buf[..n].copy_from_slice(&d[..n]),
+            ulnic::Payload::Buffer { offset, id } => {
+                self.ep.read_segment(offset as usize, &mut buf[..n]);
+                self.ep
+                    .post_free(offset, self.slot as u32, id)
+                    .map_err(io::Error::other)?;
+            }
+        }
+        self.consumed += 1;
+        if self.consumed >= CREDITS / 2 {
+            let c = self.consumed;
+            self.consumed = 0;
+            self.post(TAG_CREDIT, &c.to_le_bytes())?;
+        }
+        Ok(Some(n))
+    }
+}
+
+// ---------------------------------------------------------------- workloads
+
+fn warmup(iters: u64) -> u64 {
+    (iters / 10).clamp(10, 10_000)
+}
+
+fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
+    let size = spec.size as usize;
+    let mut out = vec![0u8; size];
+    let mut inb = vec![0u8; size.max(4)];
+    let mut rec = Record {
+        bench: format!("{:?}", spec.workload).to_lowercase(),
+        transport: format!("{:?}", spec.transport).to_lowercase(),
+        size: spec.size,
+        iters: spec.iters,
+        mode: format!("{:?}", link.mode()).to_lowercase(),
+        median_ns: None,
+        p95_ns: None,
+        p99_ns: None,
+        min_ns: None,
+        ..Default::default()
+    };
+    match spec.workload {
+        Workload::Pingpong => {
+            let w = warmup(spec.iters);
+            let mut samples = Vec::with_capacity(spec.iters as usize);
+            for i in 0..w + spec.iters {
+                fill_bytes(&mut out, i);
+                let t = Instant::now();
+                link.send(&out)?;
+                let n = link.recv(&mut inb)?;
+                let dt = t.elapsed().as_nanos() as u64;
+                check_bytes(&inb[..n], i)?;
+                if n != size {
+                    return Err(io::Error::other("echo of wrong size"));
+                }
+                if i >= w {
+                    samples.push(dt);
+                }
+            }
+            rec.set_latencies(&mut samples);
+        }
+        Workload::Stream => {
+            let w = warmup(spec.iters);
+            for i in 0..w {
+                fill_bytes(&mut out, i);
+                link.send(&out)?;
+            }
+            link.recv(&mut inb)?; // the receiver drained the warm-up
+            let t = Instant::now();
+            for i in 0..spec.iters {
+                fill_bytes(&mut out, i);
+                link.send(&out)?;
+            }
+            link.recv(&mut inb)?; // the receiver has read everything
+            let s = t.elapsed().as_secs_f64();
+            rec.mbytes_per_s = Some(spec.iters as f64 * f64::from(spec.size) / s / 1e6);
+            rec.msgs_per_s = Some(spec.iters as f64 / s);
+        }
+        Workload::RdmaWrite
+        | Workload::RdmaRead
+        | Workload::Tripwire
+        | Workload::Dmq
+        | Workload::Utlb => return Err(rdma_has_no_peers()),
+    }
+    Ok(rec)
+}
+
+fn rdma_has_no_peers() -> io::Error {
+    io::Error::other("RDMA benchmarks run in one process (bench_rdma), not with peers")
+}
+
+fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
+    if spec.workload.is_rdma() {
+        return Err(rdma_has_no_peers());
+    }
+    let size = spec.size as usize;
+    let mut buf = vec![0u8; size.max(4)];
+    let w = warmup(spec.iters);
+    match spec.workload {
+        Workload::Pingpong => {
+            for i in 0..w + spec.iters {
+                let n = link.recv(&mut buf)?;
+                check_bytes(&buf[..n], i)?;
+                link.send(&buf[..n])?;
+            }
+        }
+        Workload::Stream => {
+            for (start, count) in [(0, w), (0, spec.iters)] {
+                for i in start..count {
+                    let n = link.recv(&mut buf)?;
+                    check_bytes(&buf[..n], i)?;
+                }
+                link.send(&[1])?;
+            }
+        }
+        Workload::RdmaWrite
+        | Workload::RdmaRead
+        | Workload::Tripwire
+        | Workload::Dmq
+        | Workload::Utlb => return Err(rdma_has_no_peers()),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- processes
+
+/// Arguments of the hidden `bench-peer` subcommand.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PeerArgs {
+    /// "server" or "client".
+    #[arg(long)]
+    pub role: String,
+    /// Workload.
+    #[arg(long, value_enum)]
+    pub workload: Workload,
+    /// Transport.
+    #[arg(long, value_enum)]
+    pub transport: Transport,
+    /// Size.
+    #[arg(long)]
+    pub size: u32,
+    /// Iterations.
+    #[arg(long)]
+    pub iters: u64,
+    /// Mode.
+    #[arg(long, value_enum)]
+    pub mode: Mode,
+    /// Rendezvous: socket path, TCP port, shm file, or ulnic port socket.
+    #[arg(long)]
+    pub at: String,
+}
+
+/// TCP port of the benchmark server inside guests.
+const GUEST_TCP_PORT: u16 = 7000;
+
+/// Connects to node `n`'s benchmark server over the guests' Ethernet
+/// segment, retrying while it boots (and while the link-local address is
+/// still tentative).
+fn connect_guest(n: u32) -> io::Result<TcpStream> {
+    let name = std::ffi::CString::new("eth0").map_err(io::Error::other)?;
+    // SAFETY: a valid NUL-terminated interface name.
+    let scope = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if scope == 0 {
+        return Err(io::Error::other(
+            "no eth0: the guest has no cluster network",
+        ));
+    }
+    let addr = std::net::SocketAddrV6::new(
+        ulnic_images::vm::node_link_local(n),
+        GUEST_TCP_PORT,
+        0,
+        scope,
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Runs one side of a benchmark (in a child process). The server prints
+/// READY when the client may start; the client prints its JSON record.
+pub fn peer(a: &PeerArgs) -> io::Result<()> {
+    if a.workload == Workload::RdmaWrite && a.transport == Transport::Ulnic {
+        // One-sided: the exporter (server) and the writer meet over ulnic.
+        let rec = super::rdma::rdma_peer(a.role == "server", a.size, a.iters)?;
+        if let Some(rec) = rec {
+            println!(
+                "RESULT {}",
+                serde_json::to_string(&rec).map_err(io::Error::other)?
+            );
+        }
+        return Ok(());
+    }
+    let spec = Spec {
+        workload: a.workload,
+        transport: a.transport,
+        size: a.size,
+        iters: a.iters,
+        mode: a.mode,
+    };
+    let is_server = a.role == "server";
+    let ready = || {
+        println!("READY");
+        let _ = io::stdout().flush();
+    };
+    let mut link: Box<dyn Link> = match a.transport {
+        Transport::Tcp => {
+            // `at`: a loopback port (host), or in guests "listen" (server)
+            // and "node=N" (client: node N's link-local address on eth0).
+            if is_server {
+                let l = if a.at == "listen" {
+                    TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, GUEST_TCP_PORT))?
+                } else {
+                    TcpListener::bind(("127.0.0.1", 0))?
+                };
+                println!("PORT {}", l.local_addr()?.port());
+                ready();
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                Box::new(StreamLink { s })
+            } else {
+                let s = match a.at.strip_prefix("node=") {
+                    Some(n) => connect_guest(n.parse().map_err(io::Error::other)?)?,
+                    None => TcpStream::connect((
+                        "127.0.0.1",
+                        a.at.parse::<u16>().map_err(io::Error::other)?,
+                    ))?,
+                };
+                s.set_nodelay(true)?;
+                Box::new(StreamLink { s })
+            }
+        }
+        Transport::Unix => {
+            if is_server {
+                let _ = std::fs::remove_file(&a.at);
+                let l = UnixListener::bind(&a.at)?;
+                ready();
+                Box::new(StreamLink { s: l.accept()?.0 })
+            } else {
+                Box::new(StreamLink {
+                    s: UnixStream::connect(&a.at)?,
+                })
+            }
+        }
+        Transport::Shm => {
+            let l = ShmLink::open(Path::new(&a.at), is_server)?;
+            if is_server {
+                ready();
+            }
+            Box::new(l)
+        }
+        Transport::Ulnic => {
+            // Node 0 is the client, node 1 the server; `at` is the socket
+            // dir, or "device" inside a guest (the device file).
+            let (mine, peer) = if is_server { (1, 0) } else { (0, 1) };
+            let sock = PathBuf::from(&a.at).join(format!("node{mine}.sock"));
+            let mut l = UlnicLink::open(
+                (a.at != "device").then_some(sock.as_path()),
+                peer,
+                spec.size,
+                spec.mode,
+            )?;
+            if a.at == "device" {
+                // Guests come up at different times: meet first.
+                l.handshake(is_server)?;
+            }
+            if is_server {
+                ready();
+            }
+            Box::new(l)
+        }
+    };
+    if is_server {
+        server(link.as_mut(), &spec)
+    } else {
+        let rec = client(link.as_mut(), &spec)?;
+        println!(
+            "RESULT {}",
+            serde_json::to_string(&rec).map_err(io::Error::other)?
+        );
+        Ok(())
+    }
+}
+
+fn spawn_peer(spec: &Spec, role: &str, at: &str) -> io::Result<Child> {
+    Command::new(std::env::current_exe()?)
+        .args(["bench-peer", "--role", role, "--at", at])
+        .args(["--workload", &format!("{:?}", spec.workload).to_lowercase()])
+        .args([
+            "--transport",
+            &format!("{:?}", spec.transport).to_lowercase(),
+        ])
+        .args([
+            "--size",
+            &spec.size.to_string(),
+            "--iters",
+            &spec.iters.to_string(),
+        ])
+        .args(["--mode", &format!("{:?}", spec.mode).to_lowercase()])
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+}
+
+/// Runs one benchmark with two child processes; `ulnic_dir` is the socket
+/// directory of a running device with at least two nodes.
+pub fn run_one(spec: &Spec, ulnic_dir: &Path, scratch: &Path) -> io::Result<Record> {
+    let at = match spec.transport {
+        Transport::Ulnic => ulnic_dir.display().to_string(),
+        Transport::Unix => scratch.join("bench.sock").display().to_string(),
+        Transport::Shm => {
+            let p = scratch.join("bench.shm");
+            let f = std::fs::File::create(&p)?;
+            f.set_len(2 * (128 + SHM_RING as u64))?;
+            p.display().to_string()
+        }
+        Transport::Tcp => String::new(),
+    };
+    let mut srv = spawn_peer(spec, "server", &at)?;
+    let mut out = BufReader::new(
+        srv.stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout"))?,
+    );
+    let mut at = at;
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line)? == 0 {
+            let _ = srv.wait();
+            return Err(io::Error::other(
+                "benchmark server exited before it was ready",
+            ));
+        }
+        if let Some(p) = line.strip_prefix("PORT ") {
+            at = p.trim().to_string();
+        }
+        if line.trim() == "READY" {
+            break;
+        }
+    }
+    let mut cli = spawn_peer(spec, "client", &at)?;
+    let mut cli_out = cli
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("no stdout"))?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = cli_out.read_to_string(&mut s);
+        s
+    });
+    // A peer that dies leaves the other waiting forever: give the survivor
+    // a grace period, then stop it.
+    let mut dead_since: Option<Instant> = None;
+    let (cli_status, srv_status) = loop {
+        match (cli.try_wait()?, srv.try_wait()?) {
+            (Some(c), Some(s)) => break (c, s),
+            (c, s) => {
+                let failed = c.is_some_and(|c| !c.success()) || s.is_some_and(|s| !s.success());
+                if c.is_some() || s.is_some() {
+                    let since = *dead_since.get_or_insert_with(Instant::now);
+                    if failed || since.elapsed() > Duration::from_secs(10) {
+                        let _ = cli.kill();
+                        let _ = srv.kill();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    let rec = text
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .ok_or_else(|| io::Error::other(format!("benchmark client failed ({cli_status})")))?;
+    if !srv_status.success() {
+        return Err(io::Error::other(format!(
+            "benchmark server failed ({srv_status})"
+        )));
+    }
+    serde_json::from_str(rec).map_err(io::Error::other)
+}

@@ -1,0 +1,344 @@
+//! `ulnic cluster run`: one device process, N QEMU guests each with a ulnic
+//! port, a command run on every node, output collected, all torn down.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use ulnic_images::vm::{self, VmConfig};
+use ulnic_images::Image;
+
+use ulnic_device::{Configuration, Device};
+
+pub mod agent;
+pub mod client;
+pub mod supervisor;
+
+/// Which accelerator to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Accel {
+    /// KVM if a guest really runs under it here, else TCG.
+    Auto,
+    /// Hardware virtualisation.
+    Kvm,
+    /// Software emulation (always works, slower).
+    Tcg,
+}
+
+/// Options of a cluster run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Number of guests (nodes).
+    pub nodes: u32,
+    /// Accelerator choice.
+    pub accel: Accel,
+    /// Guest RAM in MiB.
+    pub memory_mb: u32,
+    /// Give up on a node after this long.
+    pub timeout: Duration,
+    /// Endpoints per port.
+    pub endpoints: u32,
+}
+
+/// What happened on one node.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeResult {
+    /// Node number.
+    pub node: u32,
+    /// The command's exit status, if it ran to the end.
+    pub exit: Option<i32>,
+    /// Seconds from QEMU start to the guest's ready line.
+    pub boot_seconds: Option<f64>,
+    /// Where the full console log is.
+    pub console_log: PathBuf,
+    /// Why it failed, when it did (with the console tail).
+    pub error: Option<String>,
+}
+
+/// Picks the accelerator; `auto` boots a probe guest under KVM once per host
+/// boot and remembers the verdict (nested KVM may exist and still hang).
+pub fn choose_accel(image: &Image, accel: Accel, say: &mut dyn FnMut(&str)) -> &'static str {
+    match accel {
+        Accel::Kvm => return "kvm",
+        Accel::Tcg => return "tcg",
+        Accel::Auto => {}
+    }
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_err()
+    {
+        say("accelerator: tcg (no usable /dev/kvm)");
+        return "tcg";
+    }
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let memo = ulnic_images::cache_dir().join("kvm-probe");
+    if let Ok(m) = std::fs::read_to_string(&memo) {
+        if let Some((id, verdict)) = m.split_once('\n') {
+            if id == boot_id.trim() {
+                let v = if verdict.trim() == "kvm" {
+                    "kvm"
+                } else {
+                    "tcg"
+                };
+                say(&format!("accelerator: {v} (probed earlier on this boot)"));
+                return v;
+            }
+        }
+    }
+    say("accelerator: probing KVM with a test guest (up to 30 s)...");
+    let cfg = VmConfig {
+        accel: "kvm".into(),
+        append: "ulnic.poweroff".into(),
+        memory_mb: 256,
+        ..Default::default()
+    };
+    let ok = boot_until(image, &cfg, "ulnic-guest: ready", Duration::from_secs(30));
+    let v = if ok { "kvm" } else { "tcg" };
+    let _ = std::fs::write(&memo, format!("{}\n{v}\n", boot_id.trim()));
+    say(&format!(
+        "accelerator: {v} ({})",
+        if ok {
+            "KVM guest booted"
+        } else {
+            "KVM guest did not boot; falling back"
+        }
+    ));
+    v
+}
+
+fn boot_until(image: &Image, cfg: &VmConfig, marker: &str, limit: Duration) -> bool {
+    let Ok(mut child) = vm::command(image, cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take();
+    let marker = marker.to_string();
+    std::thread::spawn(move || {
+        if let Some(out) = out {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if l.contains(&marker) {
+                    let _ = tx.send(());
+                    return;
+                }
+            }
+        }
+    });
+    let ok = rx.recv_timeout(limit).is_ok();
+    let _ = child.kill();
+    let _ = child.wait();
+    ok
+}
+
+/// Starts the guests' private Ethernet segment: a VDE switch with no
+/// uplink at `segment`. It exits when its stdin (held by the returned
+/// child) closes, so it dies with its parent.
+pub fn start_segment(image: &Image, segment: &std::path::Path) -> Result<Child, String> {
+    let mut switch = std::process::Command::new(&image.vde_switch)
+        .arg("-s")
+        .arg(segment)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", image.vde_switch.display()))?;
+    let ready = Instant::now();
+    while !segment.join("ctl").exists() {
+        if ready.elapsed() > Duration::from_secs(10) {
+            let _ = switch.kill();
+            return Err("the VDE switch did not come up".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(switch)
+}
+
+/// The last `n` lines of a log file.
+pub fn log_tail(path: &std::path::Path, n: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(n).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+enum Line {
+    Console(u32, String),
+    Exited(u32),
+}
+
+/// Boots the cluster, runs `command` (a shell command line) on every node,
+/// streams its output prefixed by node, and tears everything down.
+pub fn run(
+    opts: &RunOptions,
+    image: &Image,
+    command: &str,
+    say: &mut dyn FnMut(&str),
+) -> Result<Vec<NodeResult>, String> {
+    let accel = choose_accel(image, opts.accel, say);
+    let dir = std::env::temp_dir().join(format!("ulnic-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let config = Configuration::builder(Configuration::socket_paths(&dir, opts.nodes))
+        .max_endpoints(opts.endpoints)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let device = Device::start(config).map_err(|e| e.to_string())?;
+    let segment = dir.join("segment");
+    let mut switch = start_segment(image, &segment)?;
+    let cmd64 = base64::engine::general_purpose::STANDARD.encode(command);
+    let (tx, rx) = mpsc::channel();
+    let mut children: Vec<Child> = Vec::new();
+    let mut results: Vec<NodeResult> = Vec::new();
+    let started = Instant::now();
+    for n in 0..opts.nodes {
+        let cfg = VmConfig {
+            memory_mb: opts.memory_mb,
+            ulnic_socket: Some(device.sockets()[n as usize].clone()),
+            ulnic_queues: 2 + opts.endpoints,
+            accel: accel.into(),
+            append: format!(
+                "ulnic.node={n} ulnic.nodes={} ulnic.cmd={cmd64} ulnic.poweroff",
+                opts.nodes
+            ),
+            vde: Some((segment.clone(), n)),
+            ..Default::default()
+        };
+        let mut child = vm::command(image, &cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start QEMU: {e}"))?;
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as _),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send(Line::Console(n, l));
+                }
+                let _ = tx.send(Line::Exited(n));
+            });
+        }
+        children.push(child);
+        results.push(NodeResult {
+            node: n,
+            exit: None,
+            boot_seconds: None,
+            console_log: dir.join(format!("node{n}.console.log")),
+            error: None,
+        });
+        say(&format!("[node {n}] booting ({accel})"));
+    }
+    drop(tx);
+    let mut logs: Vec<std::fs::File> = results
+        .iter()
+        .map(|r| {
+            std::fs::File::create(&r.console_log)
+                .map_err(|e| format!("{}: {e}", r.console_log.display()))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut closed = vec![0u8; opts.nodes as usize];
+    let deadline = started + opts.timeout;
+    while closed.iter().any(|&c| c < 2) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(Line::Console(n, l)) => {
+                let r = &mut results[n as usize];
+                let _ = writeln!(logs[n as usize], "{l}");
+                if let Some(out) = l.split("ulnic-out: ").nth(1) {
+                    say(&format!("[node {n}] {out}"));
+                } else if l.contains("ulnic-guest: ready") && r.boot_seconds.is_none() {
+                    r.boot_seconds = Some(started.elapsed().as_secs_f64());
+                    say(&format!(
+                        "[node {n}] ready after {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    ));
+                } else if let Some(code) = l.split("ulnic-guest: exit=").nth(1) {
+                    r.exit = code.trim().parse().ok();
+                }
+            }
+            Ok(Line::Exited(n)) => closed[n as usize] += 1,
+            Err(_) => {
+                say("timeout: stopping every node");
+                children.iter_mut().for_each(|c| {
+                    let _ = c.kill();
+                });
+                break;
+            }
+        }
+    }
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    drop(device);
+    let _ = switch.kill();
+    let _ = switch.wait();
+    for r in results.iter_mut() {
+        if r.exit.is_none() || r.exit != Some(0) {
+            let why = match (r.boot_seconds, r.exit) {
+                (None, _) => "did not boot",
+                (Some(_), None) => "command did not finish",
+                (Some(_), Some(_)) => "command failed",
+            };
+            r.error = Some(format!(
+                "{why}; console tail:\n{}",
+                log_tail(&r.console_log, 15)
+            ));
+        }
+    }
+    Ok(results)
+}
+
+/// One word is taken as a shell command line as it stands; several words
+/// are quoted as needed and joined.
+pub fn shell_join(words: &[String]) -> String {
+    if let [one] = words {
+        return one.clone();
+    }
+    words
+        .iter()
+        .map(|w| {
+            if !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+            {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shell_join_quotes() {
+        let w: Vec<String> = ["echo", "a b", "it's", "x=1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(super::shell_join(&w), "echo 'a b' 'it'\\''s' x=1");
+        assert_eq!(
+            super::shell_join(&["echo $X | wc".to_string()]),
+            "echo $X | wc"
+        );
+    }
+}

@@ -1,0 +1,808 @@
+//! A persistent cluster: `ulnic cluster up` starts a supervisor process
+//! that holds the device, the VDE segment and the QEMU guests, and serves
+//! `exec`, `put`, `reboot`, `status` and `down` requests on a Unix socket
+//! in the cluster's state directory. Commands reach the guests through the
+//! guest agent (see `agent`), files too; a reboot is a QMP `system_reset`.
+//!
+//! Client protocol: one JSON request line, answered with frames (the agent's
+//! framing): STDOUT/STDERR bytes, INFO JSON, and finally EXIT or ERROR.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use ulnic_images::vm::{self, VmConfig};
+use ulnic_images::Image;
+
+use super::agent::{kind, read_frame, write_frame, Frame};
+use ulnic_device::{Configuration, Device};
+
+/// Where cluster `name` keeps its sockets and logs.
+pub fn state_dir(name: &str) -> PathBuf {
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(|| {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            std::env::temp_dir().join(format!("ulnic-{uid}"))
+        });
+    base.join("ulnic-clusters").join(name)
+}
+
+fn control_socket(dir: &Path) -> PathBuf {
+    dir.join("control.sock")
+}
+
+/// Lifecycle of one guest.
+#[derive(Debug, Clone)]
+enum Phase {
+    Booting(Instant),
+    Ready { boot_seconds: f64 },
+    Stopped(String),
+}
+
+struct Slot {
+    phase: Phase,
+    qemu_pid: u32,
+    boots: u32,
+}
+
+/// The supervisor's shared state.
+struct Sup {
+    dir: PathBuf,
+    accel: String,
+    slots: Mutex<Vec<Slot>>,
+    changed: Condvar,
+    /// Open streams: id -> (node, where the agent's frames for it go).
+    routes: Mutex<HashMap<u32, (u32, mpsc::Sender<Frame>)>>,
+    next_id: AtomicU32,
+    /// Write side of each node's agent channel, once connected.
+    agents: Vec<Mutex<Option<UnixStream>>>,
+    stopping: AtomicBool,
+    /// The device, and how to start it again (`cluster restart-device`).
+    device: Mutex<Option<Device>>,
+    device_config: Configuration,
+    /// Each guest's VM configuration (to plug its NIC again).
+    vms: Mutex<Vec<VmConfig>>,
+}
+
+/// Options of the supervisor process (`ulnic cluster supervise`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SuperviseArgs {
+    /// State directory.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Number of guests.
+    #[arg(long)]
+    pub nodes: u32,
+    /// Accelerator already chosen: kvm or tcg.
+    #[arg(long)]
+    pub accel: String,
+    /// Guest RAM in MiB.
+    #[arg(long)]
+    pub memory: u32,
+    /// Endpoints per port.
+    #[arg(long, default_value_t = 8)]
+    pub endpoints: u32,
+}
+
+impl Sup {
+    fn set_phase(&self, n: u32, phase: Phase) {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = s.get_mut(n as usize) {
+            if matches!(phase, Phase::Booting(_)) {
+                slot.boots += 1;
+            }
+            slot.phase = phase;
+        }
+        self.changed.notify_all();
+    }
+
+    fn phase(&self, n: u32) -> Option<Phase> {
+        let s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.get(n as usize).map(|slot| slot.phase.clone())
+    }
+
+    /// Ends every open stream of node `n` with an error.
+    fn fail_routes(&self, n: u32, why: &str) {
+        let mut r = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|&id, (node, tx)| {
+            if *node == n {
+                let _ = tx.send(Frame::new(kind::ERROR, id, why));
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn to_agent(&self, n: u32, f: &Frame) -> Result<(), String> {
+        let mut g = self.agents[n as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let s = g
+            .as_mut()
+            .ok_or_else(|| format!("node {n}: agent not connected"))?;
+        write_frame(s, f).map_err(|e| format!("node {n}: agent channel: {e}"))
+    }
+
+    fn status(&self) -> Value {
+        let s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let nodes: Vec<Value> = s
+            .iter()
+            .enumerate()
+            .map(|(n, slot)| {
+                let (state, boot, reason) = match &slot.phase {
+                    Phase::Booting(_) => ("booting", None, None),
+                    Phase::Ready { boot_seconds } => ("ready", Some(*boot_seconds), None),
+                    Phase::Stopped(why) => ("stopped", None, Some(why.clone())),
+                };
+                json!({
+                    "node": n,
+                    "state": state,
+                    "boot_seconds": boot,
+                    "boots": slot.boots,
+                    "reason": reason,
+                    "console_log": self.dir.join(format!("node{n}.console.log")),
+                })
+            })
+            .collect();
+        json!({ "dir": self.dir, "accel": self.accel, "pid": std::process::id(), "nodes": nodes })
+    }
+}
+
+/// Runs the supervisor (the detached process `cluster up` starts) until a
+/// `down` request.
+pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
+    let image: Image = serde_json::from_slice(
+        &std::fs::read(a.dir.join("image.json")).map_err(|e| format!("image.json: {e}"))?,
+    )
+    .map_err(|e| format!("image.json: {e}"))?;
+    let config = Configuration::builder(Configuration::socket_paths(&a.dir, a.nodes))
+        .max_endpoints(a.endpoints)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let device = Device::start(config.clone()).map_err(|e| e.to_string())?;
+    let sockets = device.sockets().to_vec();
+    let _switch = super::start_segment(&image, &a.dir.join("segment"))?;
+    let listener = UnixListener::bind(control_socket(&a.dir))
+        .map_err(|e| format!("{}: {e}", control_socket(&a.dir).display()))?;
+    let sup = Arc::new(Sup {
+        dir: a.dir.clone(),
+        accel: a.accel.clone(),
+        slots: Mutex::new(Vec::new()),
+        changed: Condvar::new(),
+        routes: Mutex::new(HashMap::new()),
+        next_id: AtomicU32::new(1),
+        agents: (0..a.nodes).map(|_| Mutex::new(None)).collect(),
+        stopping: AtomicBool::new(false),
+        device: Mutex::new(Some(device)),
+        device_config: config,
+        vms: Mutex::new(Vec::new()),
+    });
+    for n in 0..a.nodes {
+        let cfg = VmConfig {
+            memory_mb: a.memory,
+            ulnic_socket: Some(sockets[n as usize].clone()),
+            // The NIC is hotplugged, so restart-device can plug it again.
+            ulnic_hotplug: true,
+            ulnic_queues: 2 + a.endpoints,
+            accel: a.accel.clone(),
+            append: format!("ulnic.node={n} ulnic.nodes={} ulnic.agent", a.nodes),
+            vde: Some((a.dir.join("segment"), n)),
+            agent_socket: Some(a.dir.join(format!("node{n}.agent"))),
+            qmp_socket: Some(a.dir.join(format!("node{n}.qmp"))),
+            allow_reboot: true,
+        };
+        let mut cmd = vm::command(&image, &cfg);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: prctl is async-signal-safe; the guest dies with the
+        // supervisor (this thread, the main one, lives until exit).
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("cannot start QEMU: {e}"))?;
+        if let Err(e) = plug_nic(&sup, n, &cfg, false) {
+            let _ = child.kill();
+            return Err(e);
+        }
+        sup.vms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(cfg.clone());
+        sup.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Slot {
+                phase: Phase::Booting(Instant::now()),
+                qemu_pid: child.id(),
+                boots: 1,
+            });
+        watch_guest(&sup, n, child);
+        let s = sup.clone();
+        std::thread::spawn(move || agent_link(&s, n));
+    }
+    eprintln!("supervisor: {} guests starting ({})", a.nodes, a.accel);
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let s = sup.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = serve_client(&s, conn) {
+                eprintln!("supervisor: request failed: {e}");
+            }
+        });
+        if sup.stopping.load(Ordering::Acquire) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Logs a guest's console and marks it stopped when QEMU exits.
+fn watch_guest(sup: &Arc<Sup>, n: u32, mut child: Child) {
+    let log_path = sup.dir.join(format!("node{n}.console.log"));
+    let log = Arc::new(Mutex::new(std::fs::File::create(&log_path).ok()));
+    let streams: Vec<Box<dyn Read + Send>> = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child.stderr.take().map(|s| Box::new(s) as _),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    for s in streams {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(s).lines().map_while(Result::ok) {
+                if let Some(f) = log.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                    let _ = writeln!(f, "{l}");
+                }
+            }
+        });
+    }
+    let sup = sup.clone();
+    std::thread::spawn(move || {
+        let status = child.wait();
+        let why = match status {
+            Ok(s) => format!("QEMU exited ({s})"),
+            Err(e) => format!("QEMU lost: {e}"),
+        };
+        if !sup.stopping.load(Ordering::Acquire) {
+            eprintln!("supervisor: node {n}: {why}");
+        }
+        sup.fail_routes(n, &why);
+        sup.set_phase(n, Phase::Stopped(why));
+    });
+}
+
+/// Connects to node `n`'s agent channel (QEMU listens) and dispatches what
+/// the agent sends: READY marks the node booted, the rest goes to streams.
+fn agent_link(sup: &Arc<Sup>, n: u32) {
+    let path = sup.dir.join(format!("node{n}.agent"));
+    let mut stream = loop {
+        if matches!(sup.phase(n), Some(Phase::Stopped(_))) || sup.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        match UnixStream::connect(&path) {
+            Ok(s) => break s,
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    if let Ok(w) = stream.try_clone() {
+        *sup.agents[n as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(w);
+    }
+    loop {
+        let f = match read_frame(&mut stream) {
+            Ok(f) => f,
+            Err(e) => {
+                if !sup.stopping.load(Ordering::Acquire) {
+                    eprintln!("supervisor: node {n}: agent channel closed: {e}");
+                }
+                return;
+            }
+        };
+        if f.kind == kind::READY {
+            let boot_seconds = match sup.phase(n) {
+                Some(Phase::Booting(t)) => t.elapsed().as_secs_f64(),
+                _ => 0.0,
+            };
+            // Streams from before a reboot cannot finish any more.
+            sup.fail_routes(n, "the guest rebooted");
+            eprintln!("supervisor: node {n}: ready after {boot_seconds:.1} s");
+            sup.set_phase(n, Phase::Ready { boot_seconds });
+            continue;
+        }
+        let mut routes = sup.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let last = matches!(f.kind, kind::EXIT | kind::ERROR);
+        if let Some((_, tx)) = routes.get(&f.id) {
+            let _ = tx.send(f.clone());
+        }
+        if last {
+            routes.remove(&f.id);
+        }
+    }
+}
+
+fn reply(w: &mut UnixStream, kind: u8, data: impl Into<Vec<u8>>) -> std::io::Result<()> {
+    write_frame(w, &Frame::new(kind, 0, data))
+}
+
+fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
+    let mut rd = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    let mut line = String::new();
+    rd.read_line(&mut line).map_err(|e| e.to_string())?;
+    let req: Value = serde_json::from_str(&line).map_err(|e| format!("bad request: {e}"))?;
+    let node = req["node"].as_u64().map(|n| n as u32);
+    let nodes = sup.agents.len() as u32;
+    let err = |conn: &mut UnixStream, msg: String| {
+        let _ = reply(conn, kind::ERROR, msg.clone());
+        Err::<(), String>(msg)
+    };
+    if let Some(n) = node {
+        if n >= nodes {
+            return err(
+                &mut conn,
+                format!("no node {n}: the cluster has nodes 0..{}", nodes - 1),
+            );
+        }
+    }
+    match req["op"].as_str().unwrap_or("") {
+        "status" => {
+            reply(&mut conn, kind::INFO, sup.status().to_string()).map_err(|e| e.to_string())
+        }
+        "exec" | "put" => {
+            let n = node.ok_or("no node given")?;
+            if !matches!(sup.phase(n), Some(Phase::Ready { .. })) {
+                return err(
+                    &mut conn,
+                    format!("node {n} is not ready ({})", phase_name(sup.phase(n))),
+                );
+            }
+            let id = sup.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = mpsc::channel();
+            sup.routes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, (n, tx));
+            let sent = if req["op"] == "exec" {
+                let cmd = req["command"].as_str().unwrap_or("");
+                sup.to_agent(n, &Frame::new(kind::EXEC, id, cmd))
+                    .map(|()| watch_hangup(sup, &conn, n, id))
+            } else {
+                put_file(sup, n, id, &req, &mut rd)
+            };
+            if let Err(e) = sent {
+                sup.routes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                return err(&mut conn, e);
+            }
+            for f in rx {
+                let last = matches!(f.kind, kind::EXIT | kind::ERROR);
+                if write_frame(&mut conn, &Frame::new(f.kind, 0, f.data)).is_err() || last {
+                    break;
+                }
+            }
+            Ok(())
+        }
+        "reboot" => {
+            let n = node.ok_or("no node given")?;
+            let timeout = Duration::from_secs(req["timeout"].as_u64().unwrap_or(300));
+            if let Err(e) = qmp_reset(&sup.dir.join(format!("node{n}.qmp"))) {
+                return err(&mut conn, format!("node {n}: reset failed: {e}"));
+            }
+            sup.fail_routes(n, "the guest rebooted");
+            sup.set_phase(n, Phase::Booting(Instant::now()));
+            match wait_ready(sup, n, timeout) {
+                Ok(secs) => {
+                    let _ = reply(
+                        &mut conn,
+                        kind::INFO,
+                        json!({ "boot_seconds": secs }).to_string(),
+                    );
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                }
+                Err(e) => err(&mut conn, format!("node {n}: {e}")),
+            }
+        }
+        "stall-control" => {
+            let n = node.ok_or("no node given")?;
+            let stalled = req["stalled"].as_bool().ok_or("no state given")?;
+            let done = match sup
+                .device
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                Some(d) => d
+                    .switch()
+                    .stall_control(n, stalled)
+                    .map_err(|e| e.to_string()),
+                None => Err("the device is not running".to_string()),
+            };
+            match done {
+                Ok(()) => {
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                }
+                Err(e) => err(&mut conn, e),
+            }
+        }
+        "restart-device" => {
+            let timeout = Duration::from_secs(req["timeout"].as_u64().unwrap_or(60));
+            match restart_device(sup, timeout) {
+                Ok(v) => {
+                    let _ = reply(&mut conn, kind::INFO, v.to_string());
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                }
+                Err(e) => err(&mut conn, e),
+            }
+        }
+        "down" => {
+            sup.stopping.store(true, Ordering::Release);
+            let pids: Vec<u32> = sup
+                .slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|s| s.qemu_pid)
+                .collect();
+            for pid in pids {
+                // SAFETY: kill(2) on a QEMU this process started.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline
+                && (0..nodes).any(|n| !matches!(sup.phase(n), Some(Phase::Stopped(_))))
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = std::fs::remove_file(control_socket(&sup.dir));
+            let _ = reply(&mut conn, kind::EXIT, 0i32.to_le_bytes());
+            eprintln!("supervisor: down");
+            std::process::exit(0);
+        }
+        other => err(&mut conn, format!("unknown request '{other}'")),
+    }
+}
+
+/// Stops the device (every guest's connection closes, as if it had
+/// crashed), starts a new one on the same sockets and plugs each running
+/// guest's NIC again: the guest's driver sees the old NIC removed (what was
+/// open fails with ENODEV, waiters wake) and a new one appear, without a
+/// reboot. Waits until every driver has started the new NIC.
+fn restart_device(sup: &Sup, timeout: Duration) -> Result<Value, String> {
+    let mut slot = sup.device.lock().unwrap_or_else(|p| p.into_inner());
+    let t0 = Instant::now();
+    drop(slot.take());
+    let stopped = t0.elapsed().as_secs_f64();
+    let device = Device::start(sup.device_config.clone())
+        .map_err(|e| format!("the new device did not start: {e}"))?;
+    let switch = device.switch().clone();
+    *slot = Some(device);
+    drop(slot);
+    let running: Vec<u32> = (0..sup.agents.len() as u32)
+        .filter(|&n| matches!(sup.phase(n), Some(Phase::Ready { .. } | Phase::Booting(_))))
+        .collect();
+    let vms = sup.vms.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for &n in &running {
+        plug_nic(sup, n, &vms[n as usize], true)?;
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        // A driver that accepted features has started the new NIC.
+        let waiting: Vec<u32> = {
+            let f = switch.lock();
+            running
+                .iter()
+                .copied()
+                .filter(|&n| f.nodes[n as usize].features == 0)
+                .collect()
+        };
+        if waiting.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the device restarted, but the driver of node(s) {waiting:?} did not start the new NIC within {} s",
+                timeout.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "supervisor: device restarted; {} guest NIC(s) plugged again",
+        running.len()
+    );
+    Ok(json!({
+        "stopped_seconds": stopped,
+        "reconnected_seconds": t0.elapsed().as_secs_f64(),
+        "nodes": running,
+    }))
+}
+
+fn phase_name(p: Option<Phase>) -> String {
+    match p {
+        Some(Phase::Booting(t)) => format!("booting for {:.0} s", t.elapsed().as_secs_f64()),
+        Some(Phase::Ready { .. }) => "ready".into(),
+        Some(Phase::Stopped(why)) => format!("stopped: {why}"),
+        None => "unknown".into(),
+    }
+}
+
+/// When the client goes away before its command ends (Ctrl-C), the
+/// command's process group in the guest is killed.
+fn watch_hangup(sup: &Arc<Sup>, conn: &UnixStream, n: u32, id: u32) {
+    let Ok(mut c) = conn.try_clone() else { return };
+    let sup = sup.clone();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        while matches!(c.read(&mut b), Ok(k) if k > 0) {}
+        let open = sup
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&id);
+        if open {
+            let _ = sup.to_agent(n, &Frame::new(kind::KILL, id, libc::SIGKILL.to_le_bytes()));
+        }
+    });
+}
+
+fn put_file(
+    sup: &Arc<Sup>,
+    n: u32,
+    id: u32,
+    req: &Value,
+    rd: &mut BufReader<UnixStream>,
+) -> Result<(), String> {
+    let path = req["path"].as_str().ok_or("no path given")?;
+    let mode = req["mode"].as_u64().unwrap_or(0o755) as u32;
+    let mut left = req["len"].as_u64().ok_or("no length given")?;
+    let mut begin = mode.to_le_bytes().to_vec();
+    begin.extend_from_slice(path.as_bytes());
+    sup.to_agent(n, &Frame::new(kind::PUT_BEGIN, id, begin))?;
+    let mut buf = vec![0u8; 256 << 10];
+    while left > 0 {
+        let k = (left as usize).min(buf.len());
+        rd.read_exact(&mut buf[..k])
+            .map_err(|e| format!("the client's file ended early: {e}"))?;
+        sup.to_agent(n, &Frame::new(kind::PUT_DATA, id, &buf[..k]))?;
+        left -= k as u64;
+    }
+    sup.to_agent(n, &Frame::new(kind::PUT_END, id, Vec::new()))
+}
+
+fn wait_ready(sup: &Sup, n: u32, timeout: Duration) -> Result<f64, String> {
+    let deadline = Instant::now() + timeout;
+    let mut s = sup.slots.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        match &s[n as usize].phase {
+            Phase::Ready { boot_seconds } => return Ok(*boot_seconds),
+            Phase::Stopped(why) => return Err(why.clone()),
+            Phase::Booting(_) => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("not ready after {} s", timeout.as_secs()));
+        }
+        s = sup
+            .changed
+            .wait_timeout(s, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+/// Resets a guest through QEMU's QMP socket (a hardware reset: the guest
+/// reboots without its cooperation; the device sees the port reset).
+fn qmp_reset(path: &Path) -> Result<(), String> {
+    qmp(path, &[json!({ "execute": "system_reset" })])
+}
+
+/// Runs QMP `commands` in order on the socket at `path` (waiting up to 10 s
+/// for QEMU to create it); the first error stops.
+fn qmp(path: &Path, commands: &[Value]) -> Result<(), String> {
+    let steps: Vec<(Value, Option<&[&str]>)> = commands.iter().map(|c| (c.clone(), None)).collect();
+    qmp_steps(path, &steps)
+}
+
+/// Like [`qmp`], and after a command with an event pattern, waits (up to
+/// 60 s) for an event line that contains every string of the pattern.
+fn qmp_steps(path: &Path, steps: &[(Value, Option<&[&str]>)]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        match UnixStream::connect(path) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => return Err(format!("{}: {e}", path.display())),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(s).lines();
+    let expect_return = |lines: &mut std::io::Lines<BufReader<UnixStream>>| {
+        for l in lines.by_ref() {
+            let l = l.map_err(|e| e.to_string())?;
+            if l.contains("\"return\"") {
+                return Ok(());
+            }
+            if l.contains("\"error\"") {
+                return Err(l);
+            }
+        }
+        Err("QMP closed".to_string())
+    };
+    lines.next(); // greeting
+    writeln!(w, "{{\"execute\":\"qmp_capabilities\"}}").map_err(|e| e.to_string())?;
+    expect_return(&mut lines)?;
+    for (c, event) in steps {
+        writeln!(w, "{c}").map_err(|e| e.to_string())?;
+        expect_return(&mut lines)?;
+        if let Some(pattern) = event {
+            loop {
+                match lines.next() {
+                    Some(Ok(l)) if pattern.iter().all(|p| l.contains(p)) => break,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(format!("waiting for {pattern:?}: {e}")),
+                    None => return Err(format!("QMP closed before {pattern:?}")),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives a guest its NIC over QMP: at start (the guest is paused with
+/// `ulnic_hotplug`; it then runs) or again after a device restart
+/// (`replug`: the old NIC is removed, which the guest's driver sees as a
+/// device removal, and its chardev connected to the new device).
+fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), String> {
+    let qmp_path = sup.dir.join(format!("node{n}.qmp"));
+    if replug {
+        let sock = cfg.ulnic_socket.as_deref().ok_or("the guest has no NIC")?;
+        let deleted = format!("\"device\": \"{}\"", vm::ULNIC_DEVICE_ID);
+        qmp_steps(
+            &qmp_path,
+            &[
+                (
+                    json!({ "execute": "device_del", "arguments": { "id": vm::ULNIC_DEVICE_ID } }),
+                    Some(&["\"event\": \"DEVICE_DELETED\"", &deleted][..]),
+                ),
+                (
+                    json!({ "execute": "chardev-remove", "arguments": { "id": vm::ULNIC_CHARDEV_ID } }),
+                    None,
+                ),
+                (vm::ulnic_chardev_add(sock), None),
+            ],
+        )
+        .map_err(|e| format!("node {n}: removing the old NIC: {e}"))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let connected = sup
+            .device
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|d| d.switch().lock().nodes[n as usize].disconnect.is_some());
+        if connected {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "node {n}: QEMU did not connect to the device within 30 s"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut steps = vec![vm::ulnic_device_add(cfg)];
+    if !replug {
+        steps.push(json!({ "execute": "cont" }));
+    }
+    qmp(&qmp_path, &steps).map_err(|e| format!("node {n}: adding the NIC: {e}"))
+}
+
+// ---- the client side: what `ulnic cluster up/exec/...` call ----
+
+/// Sends one request to cluster `dir`'s supervisor.
+pub fn request(dir: &Path, req: &Value) -> Result<UnixStream, String> {
+    let mut s = UnixStream::connect(control_socket(dir)).map_err(|e| {
+        format!(
+            "no cluster is up at {} ({e}); start one with `ulnic cluster up`",
+            dir.display()
+        )
+    })?;
+    writeln!(s, "{req}").map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// The cluster's status document.
+pub fn status(dir: &Path) -> Result<Value, String> {
+    let mut s = request(dir, &json!({ "op": "status" }))?;
+    let f = read_frame(&mut s).map_err(|e| format!("supervisor: {e}"))?;
+    match f.kind {
+        kind::INFO => serde_json::from_slice(&f.data).map_err(|e| e.to_string()),
+        _ => Err(String::from_utf8_lossy(&f.data).into_owned()),
+    }
+}
+
+/// Reads a stream's frames until EXIT (its status) or ERROR.
+pub fn finish(s: &mut UnixStream, mut on_frame: impl FnMut(&Frame)) -> Result<i32, String> {
+    loop {
+        let f = read_frame(s).map_err(|e| format!("supervisor: {e}"))?;
+        match f.kind {
+            kind::EXIT => return Ok(f.exit_code()),
+            kind::ERROR => return Err(String::from_utf8_lossy(&f.data).into_owned()),
+            _ => on_frame(&f),
+        }
+    }
+}
+
+/// Starts a supervisor for cluster `dir` and returns it; the caller polls
+/// `status` until the guests are ready.
+pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> Result<Child, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if UnixStream::connect(control_socket(dir)).is_ok() {
+        return Err(format!(
+            "a cluster is already up at {}; `ulnic cluster down` first, or pick another --name",
+            dir.display()
+        ));
+    }
+    // Leftovers of a cluster that was not taken down (its sockets refuse).
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                let _ = std::fs::remove_dir_all(&p);
+            } else {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    std::fs::write(
+        dir.join("image.json"),
+        serde_json::to_vec(image).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
+    let log = std::fs::File::create(dir.join("supervisor.log")).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["cluster", "supervise", "--dir"])
+        .arg(dir)
+        .args(["--nodes", &args.nodes.to_string()])
+        .args(["--accel", &args.accel])
+        .args(["--memory", &args.memory.to_string()])
+        .args(["--endpoints", &args.endpoints.to_string()])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; the supervisor leaves the
+    // caller's session so it outlives `cluster up` and its terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| format!("cannot start the supervisor: {e}"))
+}

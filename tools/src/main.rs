@@ -1,0 +1,1145 @@
+//! The `ulnic` command-line tool.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ulnic_device::{Configuration, Device};
+
+use crate::bench::{Mode, PeerArgs, Spec, Transport, Workload};
+use crate::cluster::client;
+use crate::cluster::supervisor::state_dir;
+
+mod bench;
+mod cluster;
+mod driver_check;
+mod driver_fuzz;
+mod raw_driver;
+mod selftest;
+mod transfer;
+
+/// ulnic: an emulated user-level network interface (U-Net / CLAN / VMMC
+/// style) served to QEMU guests and host processes over vhost-user.
+#[derive(Parser, Debug)]
+#[command(name = "ulnic", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the device: one vhost-user socket per port, each port a node of
+    /// one switch fabric.
+    ///
+    /// Examples:
+    ///   ulnic device --socket-dir /tmp/ulnic --nodes 2
+    ///   ULNIC_SOCKET=/tmp/ulnic/node0.sock my-app     # host attach
+    ///   qemu-system-x86_64 ... -chardev socket,id=u0,path=/tmp/ulnic/node0.sock
+    ///       -device vhost-user-test-device-pci,chardev=u0,virtio-id=21,num_vqs=18,config_size=64,page-per-vq=on
+    #[command(verbatim_doc_comment)]
+    Device(DeviceArgs),
+    /// Measure ping-pong latency or stream bandwidth between two processes,
+    /// over ulnic and over baselines in the same run.
+    ///
+    /// Examples:
+    ///   ulnic bench pingpong --size 8 --json
+    ///   ulnic bench stream --size 65536 --transport ulnic,shm,tcp
+    ///   ulnic bench pingpong --mode block --transport ulnic,unix
+    ///   ulnic bench rdma-write --size 65536 --json   # ulnic and memcpy lines
+    ///   ulnic bench tripwire                         # remote write -> blocked owner runs
+    ///   ulnic bench dmq --json                       # distributed message queue
+    #[command(verbatim_doc_comment)]
+    Bench(BenchArgs),
+    /// Check the NIC end to end from this machine: inside a guest through
+    /// /dev/ulnic0, or host-attached through ULNIC_SOCKET.
+    Selftest,
+    /// Attack the Linux driver from this process (inside a guest): every
+    /// ioctl of the device with random and boundary arguments, random maps
+    /// and partial unmaps, scribbled rings, doorbells rung with any value.
+    /// Fails if the kernel log then shows an Oops, BUG or WARNING. Follow
+    /// it with `ulnic selftest` to show the node still works.
+    ///
+    /// Examples:
+    ///   ulnic driver-fuzz --seed 7 --operations 5000
+    ///   ulnic driver-fuzz --device /dev/ulnic0 --json
+    #[command(verbatim_doc_comment)]
+    DriverFuzz {
+        /// The device file.
+        #[arg(long, default_value = "/dev/ulnic0")]
+        device: String,
+        /// Seed of the operation sequence (the same seed, the same calls).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How many operations.
+        #[arg(long, default_value_t = 3000)]
+        operations: u64,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the Linux driver in a situation set up from the host while
+    /// the check waits: `stalled-device` (run it, wait for the file given
+    /// by --ready, stall the node's control queue, create the --go file;
+    /// the check expects a command to time out without holding up
+    /// doorbells or data, and EIO after) or `device-removal` (run it, wait
+    /// for --ready, restart the device; the check expects ENODEV and
+    /// harmless stores to its old doorbell page). Fails on a kernel fault.
+    ///
+    /// Example (from the host, with a cluster named ci):
+    ///   ulnic cluster exec 0 --name ci -- ulnic driver-check stalled-device &
+    ///   ulnic cluster exec 0 --name ci -- 'until test -e /tmp/ulnic-check.ready; do sleep 0.1; done'
+    ///   ulnic cluster stall-control 0 on --name ci
+    ///   ulnic cluster exec 0 --name ci -- touch /tmp/ulnic-check.go
+    #[command(verbatim_doc_comment)]
+    DriverCheck {
+        /// The situation.
+        #[arg(value_enum)]
+        check: crate::driver_check::Check,
+        /// The device file.
+        #[arg(long, default_value = "/dev/ulnic0")]
+        device: PathBuf,
+        /// Created once the check is set up.
+        #[arg(long, default_value = "/tmp/ulnic-check.ready")]
+        ready: PathBuf,
+        /// Waited for before a stalled-device check goes on.
+        #[arg(long, default_value = "/tmp/ulnic-check.go")]
+        go: PathBuf,
+        /// Seconds to wait for the situation.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send a counted, checked stream of messages to `ulnic recv` (like
+    /// nc). Returned messages are resent in order (go-back-N).
+    ///
+    /// Examples:
+    ///   ulnic send --to 1:5 --count 100000 --size 64
+    ///   ulnic send --to 1:5 --size 8192 --json
+    #[command(verbatim_doc_comment)]
+    Send(crate::transfer::SendArgs),
+    /// Receive a stream from `ulnic send`, checking every message arrives
+    /// once, in order, intact; exits when the sender finishes.
+    ///
+    /// Examples:
+    ///   ulnic recv --port 5
+    ///   ulnic recv --port 5 --close-to 0:6   # tell 0:6 if this process dies
+    #[command(verbatim_doc_comment)]
+    Recv(crate::transfer::RecvArgs),
+    /// Clusters of QEMU guests joined by one ulnic device.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+    /// Guest images and the QEMU that runs them.
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// One side of a benchmark (started by `ulnic bench`).
+    #[command(hide = true)]
+    BenchPeer(PeerArgs),
+    /// The guest agent: serves `ulnic cluster exec/put` inside a guest
+    /// (started by the guest's init).
+    #[command(hide = true)]
+    Agent {
+        /// The virtio-serial port (default: the one named ulnic.agent).
+        #[arg(long)]
+        port: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct ClusterName {
+    /// Which cluster (several may be up at once).
+    #[arg(long, default_value = "default")]
+    name: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Boot N guests on one device and keep them running (a supervisor
+    /// process holds them) until `ulnic cluster down`.
+    ///
+    /// Each guest has a ulnic port and a virtio-net NIC on a private
+    /// segment (IPv6 link-local, no uplink); console logs are kept per node
+    /// in the cluster's directory (shown by `status`).
+    ///
+    /// Examples:
+    ///   ulnic cluster up --nodes 3
+    ///   ulnic cluster exec all -- 'ulnic selftest'
+    ///   ulnic cluster down
+    #[command(verbatim_doc_comment)]
+    Up {
+        #[command(flatten)]
+        opts: ClusterOpts,
+        #[command(flatten)]
+        name: ClusterName,
+        /// Print the cluster's status as JSON when it is up.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a shell command on one guest or all, with its output streamed
+    /// (prefixed by node when several) and its exit status returned (with
+    /// several nodes: the first non-zero). ULNIC_NODE and ULNIC_NODES are
+    /// set. Ctrl-C kills the command in the guest.
+    ///
+    /// Examples:
+    ///   ulnic cluster exec 1 -- ulnic recv --port 5
+    ///   ulnic cluster exec all -- 'echo $ULNIC_NODE; uname -r'
+    #[command(verbatim_doc_comment)]
+    Exec {
+        /// A node number, or `all`.
+        target: String,
+        #[command(flatten)]
+        name: ClusterName,
+        /// The command (a shell command line; words are joined).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Copy a file into guests (e.g. your own program; it runs with the
+    /// guest's libc, the one `ulnic` uses, or link it statically).
+    ///
+    /// Example: ulnic cluster put all ./target/release/my-app /bin/my-app
+    Put {
+        /// A node number, or `all`.
+        target: String,
+        /// The local file.
+        local: PathBuf,
+        /// Where it goes in the guest (default: /bin/<file name>).
+        remote: Option<String>,
+        #[command(flatten)]
+        name: ClusterName,
+    },
+    /// Reset one guest (like pressing its reset button) and wait until it
+    /// is ready again. Its ulnic port is reset: its endpoints go, their
+    /// close messages are sent; the other guests keep running.
+    Reboot {
+        /// The node.
+        node: u32,
+        #[command(flatten)]
+        name: ClusterName,
+        /// Seconds to wait for the guest.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Stop the cluster's device and start a new one while the guests run
+    /// (as after a device crash). Each guest's NIC is unplugged and plugged
+    /// again over QMP: its driver sees the old NIC removed, so what was open
+    /// fails with ENODEV (the library says "the ulnic device went away")
+    /// and blocked waiters wake; new endpoints work at once, without a
+    /// reboot.
+    ///
+    /// Examples:
+    ///   ulnic cluster restart-device
+    ///   ulnic cluster restart-device --name ci --json
+    #[command(verbatim_doc_comment)]
+    RestartDevice {
+        #[command(flatten)]
+        name: ClusterName,
+        /// Seconds to wait for every guest to reconnect.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make one guest's NIC stop answering control commands (`on`), or
+    /// answer them again (`off`): an injected fault, to see how drivers and
+    /// programs cope with a device that hangs. Commands wait in the queue;
+    /// data, doorbells and the other nodes go on. The Linux driver gives up
+    /// on a command after 10 s (ETIMEDOUT) and then fails every later one
+    /// with EIO until the device is plugged again (`restart-device`).
+    ///
+    /// Examples:
+    ///   ulnic cluster stall-control 1 on
+    ///   ulnic cluster stall-control 1 off
+    #[command(verbatim_doc_comment)]
+    StallControl {
+        /// The node.
+        node: u32,
+        /// `on` stalls the control queue, `off` serves it again (commands
+        /// that waited run then).
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        #[command(flatten)]
+        name: ClusterName,
+    },
+    /// Show the guests' state, boot times and log paths.
+    Status {
+        #[command(flatten)]
+        name: ClusterName,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every guest, the device and the supervisor.
+    Down {
+        #[command(flatten)]
+        name: ClusterName,
+    },
+    /// The supervisor process (started by `cluster up`).
+    #[command(hide = true)]
+    Supervise(crate::cluster::supervisor::SuperviseArgs),
+    /// Boot N guests on one device, run CMD on every node (with ULNIC_NODE
+    /// and ULNIC_NODES set), stream its output, tear down; exit non-zero if
+    /// any node failed.
+    ///
+    /// Examples:
+    ///   ulnic cluster run --nodes 2 -- ulnic selftest
+    ///   ulnic cluster run --nodes 2 -- 'echo node $ULNIC_NODE of $ULNIC_NODES'
+    #[command(verbatim_doc_comment)]
+    Run {
+        #[command(flatten)]
+        opts: ClusterOpts,
+        /// The command (a shell command line; words are joined).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Ping-pong, stream or RDMA writes between processes on two guests,
+    /// over ulnic and over kernel TCP on the guests' virtio-net link.
+    ///
+    /// rdma-write: node 1 exports, node 0 writes and node 1 checks every
+    /// byte that landed; its TCP baseline is a stream of the same sizes.
+    ///
+    /// Examples:
+    ///   ulnic cluster bench pingpong --size 8 --json
+    ///   ulnic cluster bench rdma-write --size 65536 --iters 200
+    Bench {
+        /// Workload.
+        #[arg(value_enum)]
+        workload: Workload,
+        #[command(flatten)]
+        opts: ClusterOpts,
+        /// Message sizes.
+        #[arg(long, value_delimiter = ',', default_value = "8")]
+        size: Vec<u32>,
+        /// Iterations per size.
+        #[arg(long, default_value_t = 2000)]
+        iters: u64,
+        /// How ulnic receivers wait: block (in the driver; halted vCPUs
+        /// leave the cores to others, best under TCG) or poll.
+        #[arg(long, value_enum, default_value = "block")]
+        mode: Mode,
+        /// Print the JSON result lines only.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct ClusterOpts {
+    /// Number of guests.
+    #[arg(long, default_value_t = 2)]
+    nodes: u32,
+    /// Accelerator: auto probes whether KVM really runs a guest here.
+    #[arg(long, value_enum, default_value = "auto")]
+    accel: crate::cluster::Accel,
+    /// Guest RAM in MiB.
+    #[arg(long, default_value_t = 512)]
+    memory: u32,
+    /// Seconds before the run is abandoned.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageCmd {
+    /// Fetch and build the default guest (Debian cloud kernel, busybox
+    /// initramfs) and QEMU into the cache; rebuilds only when an input
+    /// changed.
+    ///
+    /// Examples:
+    ///   ulnic image build
+    ///   ulnic image build --json
+    #[command(verbatim_doc_comment)]
+    Build {
+        /// Rebuild even when the cache is current.
+        #[arg(long)]
+        force: bool,
+        /// Print the result as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct DeviceArgs {
+    /// Directory for the port sockets: DIR/node0.sock, DIR/node1.sock, ...
+    #[arg(long, value_name = "DIR", required_unless_present = "socket")]
+    socket_dir: Option<PathBuf>,
+    /// Number of ports (nodes) to create in --socket-dir.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    nodes: u32,
+    /// Explicit socket path for a port; repeat for more. Port i is node i.
+    #[arg(long, value_name = "PATH", conflicts_with = "socket_dir")]
+    socket: Vec<PathBuf>,
+    /// Endpoints per port (each uses one doorbell queue: give QEMU
+    /// num_vqs = endpoints + 2).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    endpoints: u32,
+    /// Microseconds the data-path engine keeps polling after its last work
+    /// before it sleeps and asks drivers for doorbells.
+    #[arg(long, default_value_t = 200, value_name = "US")]
+    poll_us: u64,
+    /// Tripwires each endpoint may set (their fired flags live in the
+    /// endpoint's control block, so at most 3072).
+    #[arg(long, default_value_t = ulnic_abi::DEFAULT_TRIPWIRES, value_name = "N")]
+    tripwires: u32,
+    #[command(flatten)]
+    utlb_cache: UtlbCacheArgs,
+}
+
+/// The device's UTLB translation cache (VMMC-2's NI cache).
+#[derive(clap::Args, Debug, Clone)]
+struct UtlbCacheArgs {
+    /// Lines in the device's UTLB translation cache (VMMC-2: 8192).
+    #[arg(long, default_value_t = ulnic_abi::DEFAULT_UTLB_CACHE, value_name = "N")]
+    utlb_cache_entries: u32,
+    /// Lines per set: 1 is direct-mapped (VMMC-2), N fully associative.
+    #[arg(long, default_value_t = 1, value_name = "WAYS")]
+    utlb_cache_ways: u32,
+    /// Which line of a full set a miss replaces.
+    #[arg(long, value_enum, default_value_t = UtlbReplacement::Lru)]
+    utlb_replacement: UtlbReplacement,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum UtlbReplacement {
+    /// Least recently used.
+    Lru,
+    /// Pseudo-random.
+    Random,
+}
+
+impl UtlbCacheArgs {
+    fn config(&self) -> ulnic_device::nic::utlb::CacheConfig {
+        ulnic_device::nic::utlb::CacheConfig {
+            entries: self.utlb_cache_entries,
+            ways: self.utlb_cache_ways,
+            replacement: match self.utlb_replacement {
+                UtlbReplacement::Lru => ulnic_device::nic::utlb::Replacement::Lru,
+                UtlbReplacement::Random => ulnic_device::nic::utlb::Replacement::Random,
+            },
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct BenchArgs {
+    /// Workload.
+    #[arg(value_enum)]
+    workload: Workload,
+    /// Transports to compare, in this order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ulnic,shm,unix,tcp"
+    )]
+    transport: Vec<Transport>,
+    /// Message sizes in bytes (RDMA workloads sweep 4096..1048576 unless
+    /// sizes are given).
+    #[arg(long, value_delimiter = ',', default_value = "0,4,40,400,4096,65536")]
+    size: Vec<u32>,
+    /// Measured iterations per size (default: 5000 round trips; for stream,
+    /// about 256 MB of payload, at least 2000 messages).
+    #[arg(long)]
+    iters: Option<u64>,
+    /// How receivers wait: busy-poll (yielding) or block in the kernel.
+    /// Sockets always block; shm always polls; each line says what ran.
+    #[arg(long, value_enum, default_value = "poll")]
+    mode: Mode,
+    /// Use a running device's socket directory (nodes 0 and 1) instead of
+    /// starting one.
+    #[arg(long, value_name = "DIR")]
+    device_dir: Option<PathBuf>,
+    /// Print one JSON object per result line.
+    #[arg(long)]
+    json: bool,
+    /// The device this benchmark starts (not with --device-dir).
+    #[command(flatten)]
+    utlb_cache: UtlbCacheArgs,
+    /// utlb stress: numbers of distinct one-page buffers to sweep.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256,512,1024")]
+    buffers: Vec<u32>,
+    /// utlb stress: entries in the sender's UTLB table (the "cache" the
+    /// buffers are swept past).
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    utlb_entries: u32,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The device narrates; benchmarks print only their results.
+    let level = if matches!(
+        cli.command,
+        Cmd::Device(_) | Cmd::Cluster(ClusterCmd::Supervise(_))
+    ) {
+        "info"
+    } else {
+        "warn"
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    let r = match cli.command {
+        Cmd::Device(a) => run_device(a),
+        Cmd::Bench(a) => run_bench(a),
+        Cmd::Image(ImageCmd::Build { force, json }) => run_image_build(force, json),
+        Cmd::Cluster(ClusterCmd::Run { opts, command }) => {
+            run_cluster(&opts, &crate::cluster::shell_join(&command), false).map(|_| ())
+        }
+        Cmd::Cluster(ClusterCmd::Bench {
+            workload,
+            opts,
+            size,
+            iters,
+            mode,
+            json,
+        }) => run_cluster_bench(&opts, workload, &size, iters, mode, json),
+        Cmd::Selftest => match crate::selftest::run() {
+            Ok(lines) => {
+                lines.iter().for_each(|l| println!("ulnic-selftest: {l}"));
+                println!("ulnic-selftest: ok");
+                Ok(())
+            }
+            Err(e) => Err(format!("selftest failed: {e}")),
+        },
+        Cmd::DriverFuzz {
+            device,
+            seed,
+            operations,
+            json,
+        } => crate::driver_fuzz::run(&device, seed, operations).and_then(|report| {
+            if json {
+                println!("{}", serde_json::json!(report));
+            } else {
+                print!("{}", report.table());
+            }
+            if report.kernel_faults.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the kernel log shows {} fault line(s) after driver-fuzz (seed {seed})",
+                    report.kernel_faults.len()
+                ))
+            }
+        }),
+        Cmd::DriverCheck {
+            check,
+            device,
+            ready,
+            go,
+            timeout,
+            json,
+        } => {
+            let hs = crate::driver_check::Handshake {
+                ready: &ready,
+                go: &go,
+                timeout: Duration::from_secs(timeout),
+            };
+            crate::driver_check::run(check, &device, &hs).and_then(|report| {
+                if json {
+                    println!("{}", serde_json::json!(report));
+                } else {
+                    print!("{}", report.table());
+                }
+                let bad = report.failures.len() + report.kernel_faults.len();
+                if bad == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("driver-check {}: {bad} problem(s)", report.check))
+                }
+            })
+        }
+        Cmd::BenchPeer(a) => bench::peer(&a).map_err(|e| e.to_string()),
+        Cmd::Agent { port } => {
+            match port.or_else(crate::cluster::agent::find_port) {
+                Some(p) => crate::cluster::agent::run(&p),
+                None => Err(format!(
+                    "no virtio-serial port named {}",
+                    crate::cluster::agent::PORT_NAME
+                )),
+            }
+        }
+        Cmd::Cluster(ClusterCmd::Up { opts, name, json }) => cluster_up(&opts, &name.name, json),
+        Cmd::Cluster(ClusterCmd::Exec {
+            target,
+            name,
+            command,
+        }) => cluster_exec(&name.name, &target, &crate::cluster::shell_join(&command)),
+        Cmd::Cluster(ClusterCmd::Put {
+            target,
+            local,
+            remote,
+            name,
+        }) => cluster_put(&name.name, &target, &local, remote),
+        Cmd::Cluster(ClusterCmd::Reboot {
+            node,
+            name,
+            timeout,
+        }) => {
+            let dir = state_dir(&name.name);
+            eprintln!("[node {node}] resetting");
+            client::reboot(&dir, node, Duration::from_secs(timeout)).map(|s| {
+                eprintln!("[node {node}] ready again after {s:.1} s");
+            })
+        }
+        Cmd::Cluster(ClusterCmd::StallControl { node, state, name }) => {
+            let stalled = state == "on";
+            client::stall_control(&state_dir(&name.name), node, stalled).map(|()| {
+                eprintln!(
+                    "[node {node}] control queue {}",
+                    if stalled { "stalled" } else { "served again" }
+                )
+            })
+        }
+        Cmd::Cluster(ClusterCmd::RestartDevice {
+            name,
+            timeout,
+            json,
+        }) => client::restart_device(&state_dir(&name.name), Duration::from_secs(timeout)).map(
+            |r| {
+                if json {
+                    println!("{r}");
+                } else {
+                    eprintln!(
+                        "device restarted: stopped in {:.2} s, {} guest(s) reconnected after {:.2} s",
+                        r["stopped_seconds"].as_f64().unwrap_or(0.0),
+                        r["nodes"].as_array().map_or(0, |a| a.len()),
+                        r["reconnected_seconds"].as_f64().unwrap_or(0.0)
+                    );
+                }
+            },
+        ),
+        Cmd::Cluster(ClusterCmd::Status { name, json }) => cluster_status(&name.name, json),
+        Cmd::Cluster(ClusterCmd::Down { name }) => {
+            client::down(&state_dir(&name.name)).map(|()| eprintln!("cluster '{}' is down", name.name))
+        }
+        Cmd::Cluster(ClusterCmd::Supervise(a)) => crate::cluster::supervisor::supervise(&a),
+        Cmd::Send(a) => crate::transfer::send(&a).map(|r| {
+            if a.json {
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            } else {
+                println!(
+                    "ulnic send: {}: {} messages of {} bytes to {} in {:.2} s ({:.0} msg/s), {} returned and resent{}",
+                    r.outcome,
+                    r.messages,
+                    r.size,
+                    a.to,
+                    r.seconds,
+                    r.messages as f64 / r.seconds.max(1e-9),
+                    r.resent,
+                    r.close_message
+                        .as_deref()
+                        .map(|t| format!("; close message: \"{t}\""))
+                        .unwrap_or_default()
+                );
+            }
+        }),
+        Cmd::Recv(a) => crate::transfer::recv(&a).map(|r| {
+            if a.json {
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            } else {
+                println!(
+                    "ulnic recv: {} messages ({} bytes) from {} in order, each once, intact, in {:.2} s; {} discarded after a gap and resent",
+                    r.messages, r.bytes, r.from, r.seconds, r.discarded_after_gap
+                );
+            }
+        }),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ulnic: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> Result<(), String> {
+    let dir = state_dir(name);
+    let image = cluster_image(&mut |l| eprintln!("{l}"))?;
+    let accel = crate::cluster::choose_accel(&image, o.accel, &mut |l| eprintln!("{l}"));
+    let args = crate::cluster::supervisor::SuperviseArgs {
+        dir: dir.clone(),
+        nodes: o.nodes,
+        accel: accel.into(),
+        memory: o.memory,
+        endpoints: 8,
+    };
+    eprintln!("cluster '{name}': booting {} guests ({accel})", o.nodes);
+    let status = client::up(
+        &dir,
+        &image,
+        &args,
+        Duration::from_secs(o.timeout),
+        &mut |l| eprintln!("{l}"),
+    )?;
+    if json {
+        println!("{status}");
+    } else {
+        eprintln!(
+            "cluster '{name}' is up: {} nodes ({accel}); logs in {}\n  ulnic cluster exec all -- CMD    run a command\n  ulnic cluster put all FILE       copy a program in\n  ulnic cluster down               stop it",
+            o.nodes,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn cluster_exec(name: &str, target: &str, command: &str) -> Result<(), String> {
+    let dir = state_dir(name);
+    let nodes = client::nodes_of(&dir, target)?;
+    let results = client::exec(&dir, &nodes, command);
+    let mut code = 0;
+    for (n, r) in results {
+        match r {
+            Ok(0) => {}
+            Ok(c) => {
+                if nodes.len() > 1 {
+                    eprintln!("[node {n}] exit {c}");
+                }
+                if code == 0 {
+                    code = c;
+                }
+            }
+            Err(e) => {
+                eprintln!("[node {n}] {e}");
+                if code == 0 {
+                    code = 255;
+                }
+            }
+        }
+    }
+    if code != 0 {
+        // The remote status, like ssh (clamped into an exit code).
+        std::process::exit(code.clamp(1, 255));
+    }
+    Ok(())
+}
+
+fn cluster_put(
+    name: &str,
+    target: &str,
+    local: &std::path::Path,
+    remote: Option<String>,
+) -> Result<(), String> {
+    let dir = state_dir(name);
+    let remote = match remote {
+        Some(r) => r,
+        None => format!(
+            "/bin/{}",
+            local
+                .file_name()
+                .ok_or("the local path names no file")?
+                .to_string_lossy()
+        ),
+    };
+    for n in client::nodes_of(&dir, target)? {
+        client::put(&dir, n, local, &remote)?;
+        eprintln!("[node {n}] {} -> {remote}", local.display());
+    }
+    Ok(())
+}
+
+fn cluster_status(name: &str, json: bool) -> Result<(), String> {
+    let s = crate::cluster::supervisor::status(&state_dir(name))?;
+    if json {
+        println!("{s}");
+        return Ok(());
+    }
+    println!(
+        "cluster '{name}' ({}), {}",
+        s["accel"].as_str().unwrap_or("?"),
+        s["dir"].as_str().unwrap_or("")
+    );
+    for n in s["nodes"].as_array().into_iter().flatten() {
+        println!(
+            "  node {}: {}{}{}  boots {}  log {}",
+            n["node"],
+            n["state"].as_str().unwrap_or("?"),
+            n["boot_seconds"]
+                .as_f64()
+                .map(|b| format!(" (booted in {b:.1} s)"))
+                .unwrap_or_default(),
+            n["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default(),
+            n["boots"],
+            n["console_log"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+fn run_device(a: DeviceArgs) -> Result<(), String> {
+    let sockets = match &a.socket_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            Configuration::socket_paths(dir, a.nodes)
+        }
+        None => a.socket.clone(),
+    };
+    let config = Configuration::builder(sockets)
+        .max_endpoints(a.endpoints)
+        .poll_for(Duration::from_micros(a.poll_us))
+        .tripwires(a.tripwires)
+        .utlb_cache(a.utlb_cache.config())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let dev = Device::start(config).map_err(|e| e.to_string())?;
+    eprintln!(
+        "ulnic: serving {} nodes, {} endpoints each (QEMU: num_vqs={}, config_size={}, virtio-id={}); Ctrl-C stops",
+        dev.sockets().len(),
+        a.endpoints,
+        a.endpoints + 2,
+        ulnic_abi::CONFIG_SIZE,
+        ulnic_abi::VIRTIO_ID_ULNIC
+    );
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn cluster_image(say: &mut dyn FnMut(&str)) -> Result<ulnic_images::Image, String> {
+    let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
+    let r = ulnic_images::build(false, &tools, say).map_err(|e| e.to_string())?;
+    Ok(r.image)
+}
+
+/// Runs `command` on a cluster; returns each node's output lines.
+fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> Result<Vec<Vec<String>>, String> {
+    let mut outputs: Vec<Vec<String>> = vec![Vec::new(); o.nodes as usize];
+    let mut say = |l: &str| {
+        if let Some(rest) = l.strip_prefix("[node ") {
+            if let Some((n, text)) = rest.split_once("] ") {
+                if let Ok(n) = n.parse::<usize>() {
+                    if let Some(v) = outputs.get_mut(n) {
+                        v.push(text.to_string());
+                    }
+                }
+            }
+        }
+        if !quiet {
+            eprintln!("{l}");
+        }
+    };
+    let image = cluster_image(&mut |l| {
+        if !quiet {
+            eprintln!("{l}")
+        }
+    })?;
+    let opts = crate::cluster::RunOptions {
+        nodes: o.nodes,
+        accel: o.accel,
+        memory_mb: o.memory,
+        timeout: Duration::from_secs(o.timeout),
+        endpoints: 8,
+    };
+    let results = crate::cluster::run(&opts, &image, command, &mut say)?;
+    let mut failed = 0;
+    for r in &results {
+        match &r.error {
+            None => eprintln!(
+                "[node {}] exit 0 (booted in {:.1} s)",
+                r.node,
+                r.boot_seconds.unwrap_or(0.0)
+            ),
+            Some(e) => {
+                failed += 1;
+                eprintln!(
+                    "[node {}] FAILED: {e}\n  full console log: {}",
+                    r.node,
+                    r.console_log.display()
+                );
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of {} nodes failed", results.len()));
+    }
+    Ok(outputs)
+}
+
+fn run_cluster_bench(
+    o: &ClusterOpts,
+    w: Workload,
+    sizes: &[u32],
+    iters: u64,
+    mode: Mode,
+    json: bool,
+) -> Result<(), String> {
+    if o.nodes < 2 {
+        return Err("a cluster benchmark needs --nodes 2 or more (nodes 0 and 1 take part)".into());
+    }
+    if !matches!(
+        w,
+        Workload::Pingpong | Workload::Stream | Workload::RdmaWrite
+    ) {
+        return Err(format!(
+            "cluster bench runs pingpong, stream and rdma-write between guests, not {w:?}"
+        ));
+    }
+    // Same VMs, same sizes: ulnic through the device, then kernel TCP over
+    // the virtio-net segment.
+    let mut script = String::from("set -e\n");
+    let wl = clap::ValueEnum::to_possible_value(&w)
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    for s in sizes {
+        for (t, client_at, server_at) in
+            [("ulnic", "device", "device"), ("tcp", "node=1", "listen")]
+        {
+            let m = format!("{mode:?}").to_lowercase();
+            // RDMA's baseline is a TCP stream of the same buffers.
+            let wl = if t == "tcp" && w == Workload::RdmaWrite {
+                "stream"
+            } else {
+                &wl
+            };
+            let common =
+                format!("--workload {wl} --transport {t} --size {s} --iters {iters} --mode {m}");
+            script.push_str(&format!(
+                "if [ \"$ULNIC_NODE\" = 0 ]; then ulnic bench-peer --role client {common} --at {client_at}; \
+                 elif [ \"$ULNIC_NODE\" = 1 ]; then ulnic bench-peer --role server {common} --at {server_at} >/dev/null; fi\n"
+            ));
+        }
+    }
+    let outputs = run_cluster(o, &script, json)?;
+    for line in outputs.first().into_iter().flatten() {
+        if let Some(rec) = line.strip_prefix("RESULT ") {
+            let mut v: serde_json::Value = serde_json::from_str(rec).map_err(|e| e.to_string())?;
+            v["where"] = "two guests".into();
+            println!("{v}");
+        }
+    }
+    Ok(())
+}
+
+fn run_image_build(force: bool, json: bool) -> Result<(), String> {
+    // The guest gets this very binary, so `ulnic` runs the same inside.
+    let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
+    eprintln!(
+        "ulnic: building the guest image in {}",
+        ulnic_images::cache_dir().display()
+    );
+    let r = ulnic_images::build(force, &tools, &mut |line| eprintln!("{line}"))
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "image ready in {:.1} s ({}; {} packages, {:.1} MB fetched)\n  kernel    {} ({})\n  initramfs {}\n  qemu      {}",
+            r.seconds,
+            if r.rebuilt { "built" } else { "cached" },
+            r.packages.len(),
+            r.downloaded_bytes as f64 / 1e6,
+            r.image.kernel.display(),
+            r.image.kernel_release,
+            r.image.initramfs.display(),
+            r.image.qemu.version()
+        );
+    }
+    Ok(())
+}
+
+/// `--size`'s default, as parsed.
+const DEFAULT_SIZES: [u32; 6] = [0, 4, 40, 400, 4096, 65536];
+
+fn default_iters(w: Workload, size: u32) -> u64 {
+    match w {
+        Workload::Pingpong => 5000,
+        Workload::Stream => (256_000_000 / u64::from(size.max(1))).clamp(2000, 200_000),
+        Workload::RdmaWrite | Workload::RdmaRead => {
+            (512_000_000 / u64::from(size.max(1))).clamp(200, 100_000)
+        }
+        Workload::Tripwire => 2000,
+        Workload::Dmq => 2000,
+        Workload::Utlb => 20_000,
+    }
+}
+
+/// Prints one result line: JSON, or a row of the table.
+fn print_record(r: &bench::Record, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        return;
+    }
+    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+    println!(
+        "{:<12} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
+        r.bench,
+        r.transport,
+        r.mode,
+        r.size,
+        r.iters,
+        opt(r.median_ns),
+        opt(r.p95_ns),
+        r.mbytes_per_s
+            .map(|v| format!("{v:.1}"))
+            .unwrap_or_default()
+    );
+}
+
+/// The one-process workloads (RDMA, tripwire, DMQ): per size, the ulnic
+/// lines and their baseline from the same run. Returns whether something
+/// failed.
+fn run_rdma_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
+    use crate::bench::rdma::{self as bench_rdma, Direction};
+    // The message-size default means nothing here: each workload has its own.
+    if a.workload == Workload::Utlb {
+        return run_utlb_bench(a, dir);
+    }
+    let sizes: Vec<u32> = match a.workload {
+        Workload::Tripwire => vec![8], // one word is written
+        _ if a.size != DEFAULT_SIZES => a.size.clone(),
+        Workload::Dmq => vec![8, 1024, 16384],
+        _ => vec![4096, 16384, 65536, 262144, 1 << 20],
+    };
+    let mut failed = false;
+    for size in sizes {
+        let iters = a.iters.unwrap_or(default_iters(a.workload, size));
+        let lines: std::io::Result<Vec<bench::Record>> = match a.workload {
+            Workload::Tripwire => bench_rdma::tripwire_line(iters, dir)
+                .and_then(|u| Ok(vec![u, bench_rdma::unix_wake_line(iters)?])),
+            Workload::Dmq => bench_rdma::dmq_lines(size, iters, dir),
+            w if size == 0 || size > ulnic_abi::MAX_RDMA => Err(std::io::Error::other(format!(
+                "{w:?} sizes are 1..={} bytes",
+                ulnic_abi::MAX_RDMA
+            ))),
+            w => {
+                let d = if w == Workload::RdmaWrite {
+                    Direction::Write
+                } else {
+                    Direction::Read
+                };
+                bench_rdma::ulnic_line(d, size, iters, dir)
+                    .map(|u| vec![u, bench_rdma::memcpy_line(d, size, iters)])
+            }
+        };
+        match lines {
+            Ok(lines) => lines.iter().for_each(|r| print_record(r, a.json)),
+            Err(e) => {
+                failed = true;
+                eprintln!("ulnic: {:?} at {size} bytes: {e}", a.workload);
+            }
+        }
+    }
+    failed
+}
+
+/// `bench utlb`: the translation cost table, then the stress sweep;
+/// inside a guest (its device file present, no --device-dir) through the
+/// kernel driver, sender and receiver on this node.
+fn run_utlb_bench(a: &BenchArgs, dir: &std::path::Path) -> bool {
+    use crate::bench::utlb as bench_utlb;
+    let dir = (!in_guest(a)).then_some(dir);
+    let mut failed = false;
+    let mut report = |what: String, lines: std::io::Result<Vec<bench::Record>>| match lines {
+        Ok(lines) => lines.iter().for_each(|r| print_record(r, a.json)),
+        Err(e) => {
+            failed = true;
+            eprintln!("ulnic: utlb {what}: {e}");
+        }
+    };
+    let iters = a.iters.unwrap_or(default_iters(Workload::Utlb, 0));
+    for pages in [1, 4, 16] {
+        report(
+            format!("table, {pages} pages"),
+            bench_utlb::table_lines(pages, iters, dir),
+        );
+    }
+    let sizes = if a.size == DEFAULT_SIZES {
+        vec![512, 2048]
+    } else {
+        a.size.clone()
+    };
+    for size in sizes {
+        for &n in &a.buffers {
+            report(
+                format!("stress, {size} bytes from {n} buffers"),
+                bench_utlb::stress_lines(size, n, a.utlb_entries, iters, dir),
+            );
+        }
+    }
+    failed
+}
+
+/// Whether `bench utlb` runs through this guest's kernel driver.
+fn in_guest(a: &BenchArgs) -> bool {
+    a.workload == Workload::Utlb
+        && a.device_dir.is_none()
+        && std::path::Path::new(
+            &std::env::var_os("ULNIC_DEVICE").unwrap_or_else(|| "/dev/ulnic0".into()),
+        )
+        .exists()
+}
+
+fn run_bench(a: BenchArgs) -> Result<(), String> {
+    let scratch = std::env::temp_dir().join(format!("ulnic-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+    let mut own = None;
+    let dir = match &a.device_dir {
+        Some(d) => d.clone(),
+        None if a.transport.contains(&Transport::Ulnic) && !in_guest(&a) => {
+            let config = Configuration::builder(Configuration::socket_paths(&scratch, 2))
+                .max_endpoints(4)
+                .utlb_cache(a.utlb_cache.config())
+                .build()
+                .map_err(|e| e.to_string())?;
+            own = Some(Device::start(config).map_err(|e| e.to_string())?);
+            scratch.clone()
+        }
+        None => scratch.clone(),
+    };
+    if !a.json {
+        println!(
+            "{:<12} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
+            "bench", "trans", "mode", "size", "iters", "median_ns", "p95_ns", "MB/s"
+        );
+    }
+    let mut failed = false;
+    if a.workload.is_rdma() {
+        failed = run_rdma_bench(&a, &dir);
+    }
+    for &size in &a.size {
+        for &t in &a.transport {
+            if a.workload.is_rdma() {
+                break; // done above: ulnic and memcpy lines per size
+            }
+            let spec = Spec {
+                workload: a.workload,
+                transport: t,
+                size,
+                iters: a.iters.unwrap_or(default_iters(a.workload, size)),
+                mode: a.mode,
+            };
+            let progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+            if progress {
+                eprint!("running {:?} over {:?}, {} bytes...\r", a.workload, t, size);
+            }
+            let result = bench::run_one(&spec, &dir, &scratch);
+            if progress {
+                eprint!("{:60}\r", "");
+            }
+            match result {
+                Ok(r) => print_record(&r, a.json),
+                Err(e) => {
+                    failed = true;
+                    eprintln!(
+                        "ulnic: {:?} over {:?} at {} bytes failed: {e}",
+                        a.workload, t, size
+                    );
+                }
+            }
+        }
+    }
+    drop(own);
+    let _ = std::fs::remove_dir_all(&scratch);
+    if failed {
+        Err("some benchmarks failed".into())
+    } else {
+        Ok(())
+    }
+}
