@@ -32,11 +32,6 @@
 #define ULNIC_CMD_TIMEOUT (10 * HZ)
 #define ULNIC_CMD_BUF_SIZE 1024
 /* Config space offsets (spec 2.2). */
-#define ULNIC_CFG_MAGIC 0
-#define ULNIC_CFG_VERSION 4
-#define ULNIC_CFG_NODE 8
-#define ULNIC_CFG_ENDPOINTS 12
-#define ULNIC_CFG_NODES 32
 
 struct ulnic_file;
 
@@ -87,7 +82,7 @@ struct ulnic {
 	bool removing;
 
 	/* Notification records, one per endpoint (spec 6). */
-	u8 *notify_bufs;
+	struct ulnic_notify_record *notify_bufs;
 	unsigned long notifications;
 
 	/*
@@ -170,9 +165,9 @@ static void ulnic_control_done(struct virtqueue *vq)
 static int ulnic_post_notify(struct ulnic *u, unsigned int i)
 {
 	struct scatterlist sg;
-	u8 *rec = u->notify_bufs + i * ULNIC_NOTIFY_RECORD_SIZE;
+	struct ulnic_notify_record *rec = &u->notify_bufs[i];
 
-	sg_init_one(&sg, rec, ULNIC_NOTIFY_RECORD_SIZE);
+	sg_init_one(&sg, rec, sizeof(*rec));
 	return virtqueue_add_inbuf(u->vqs[ULNIC_NOTIFY_QUEUE], &sg, 1, rec,
 				   GFP_ATOMIC);
 }
@@ -180,22 +175,19 @@ static int ulnic_post_notify(struct ulnic *u, unsigned int i)
 static void ulnic_notify_done(struct virtqueue *vq)
 {
 	struct ulnic *u = vq->vdev->priv;
+	struct ulnic_notify_record *rec;
 	unsigned int len;
-	u8 *rec;
 
 	while ((rec = virtqueue_get_buf(vq, &len)) != NULL) {
-		u32 ep;
+		u32 ep = le32_to_cpu(rec->endpoint);
 
 		u->notifications++;
-		memcpy(&ep, rec, sizeof(ep));
-		ep = le32_to_cpu((__force __le32)ep);
 		/* The device names the endpoint; trust only ids we have. */
-		if (len >= sizeof(ep) && ep < u->endpoints) {
+		if (len >= sizeof(rec->endpoint) && ep < u->endpoints) {
 			set_bit(ep, u->notified);
 			wake_up_interruptible_all(&u->wq);
 		}
-		ulnic_post_notify(u, (rec - u->notify_bufs) /
-					     ULNIC_NOTIFY_RECORD_SIZE);
+		ulnic_post_notify(u, rec - u->notify_bufs);
 	}
 	virtqueue_kick(vq);
 }
@@ -236,13 +228,14 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	struct virtqueue *vq = u->vqs[ULNIC_CONTROL_QUEUE];
 	struct scatterlist out, in, *sgs[2] = { &out, &in };
 	u8 *req = u->cmd_buf, *resp = u->cmd_buf + ULNIC_CMD_BUF_SIZE / 2;
+	struct ulnic_cmd_header *hdr = (struct ulnic_cmd_header *)req;
+	struct ulnic_resp_header *rhdr = (struct ulnic_resp_header *)resp;
 	unsigned long answered;
 	unsigned int len;
-	__le32 word;
 	int err;
 
-	if (ULNIC_CMD_HEADER_SIZE + plen > ULNIC_CMD_BUF_SIZE / 2 ||
-	    ULNIC_RESP_HEADER_SIZE + rlen > ULNIC_CMD_BUF_SIZE / 2)
+	if (sizeof(*hdr) + plen > ULNIC_CMD_BUF_SIZE / 2 ||
+	    sizeof(*rhdr) + rlen > ULNIC_CMD_BUF_SIZE / 2)
 		return -EINVAL;
 
 	mutex_lock(&u->cmd_lock);
@@ -254,13 +247,12 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 		err = -EIO;
 		goto out;
 	}
-	word = cpu_to_le32(opcode);
-	memcpy(req, &word, 4);
-	memset(req + 4, 0, 4);
+	hdr->opcode = cpu_to_le32(opcode);
+	hdr->reserved = 0;
 	if (plen)
-		memcpy(req + ULNIC_CMD_HEADER_SIZE, payload, plen);
-	sg_init_one(&out, req, ULNIC_CMD_HEADER_SIZE + plen);
-	sg_init_one(&in, resp, ULNIC_RESP_HEADER_SIZE + rlen);
+		memcpy(hdr + 1, payload, plen);
+	sg_init_one(&out, req, sizeof(*hdr) + plen);
+	sg_init_one(&in, resp, sizeof(*rhdr) + rlen);
 	reinit_completion(&u->cmd_done);
 	err = virtqueue_add_sgs(vq, sgs, 1, 1, u, GFP_KERNEL);
 	if (err)
@@ -279,19 +271,18 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 		err = -ETIMEDOUT;
 		goto out;
 	}
-	if (len < ULNIC_RESP_HEADER_SIZE) {
+	if (len < sizeof(*rhdr)) {
 		err = -EPROTO;
 		goto out;
 	}
-	memcpy(&word, resp, 4);
-	*status = le32_to_cpu(word);
+	*status = le32_to_cpu(rhdr->status);
 	if (*status != ULNIC_STATUS_OK) {
 		err = ulnic_status_errno(*status);
 		goto out;
 	}
-	len -= ULNIC_RESP_HEADER_SIZE;
+	len -= sizeof(*rhdr);
 	err = min_t(size_t, len, rlen);
-	memcpy(result, resp + ULNIC_RESP_HEADER_SIZE, err);
+	memcpy(result, rhdr + 1, err);
 out:
 	mutex_unlock(&u->cmd_lock);
 	return err;
@@ -299,7 +290,7 @@ out:
 
 static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
 {
-	__le32 p = cpu_to_le32(id);
+	struct ulnic_object_id p = { .id = cpu_to_le32(id) };
 	u32 status = 0;
 	int err = ulnic_command(u, opcode, &p, sizeof(p), NULL, 0, &status);
 
@@ -327,7 +318,7 @@ static int ulnic_open(struct inode *inode, struct file *f)
 {
 	struct ulnic *u = container_of(f->private_data, struct ulnic, misc);
 	struct ulnic_file *uf;
-	__le32 pd;
+	struct ulnic_object_id pd;
 	u32 status = 0;
 	int err;
 
@@ -345,7 +336,7 @@ static int ulnic_open(struct inode *inode, struct file *f)
 		err = err < 0 ? err : -EPROTO;
 		goto err_free;
 	}
-	uf->pd = le32_to_cpu(pd);
+	uf->pd = le32_to_cpu(pd.id);
 	uf->u = u;
 	mutex_init(&uf->lock);
 	kref_get(&u->ref);
@@ -400,7 +391,7 @@ static int ulnic_release(struct inode *inode, struct file *f)
 {
 	struct ulnic_file *uf = f->private_data;
 	struct ulnic *u = uf->u;
-	__le32 pd = cpu_to_le32(uf->pd);
+	struct ulnic_object_id pd = { .id = cpu_to_le32(uf->pd) };
 	u32 status = 0, i;
 	int err;
 
@@ -439,31 +430,32 @@ static struct ulnic_ep *ulnic_owned(struct ulnic_file *uf, u32 id)
 static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 {
 	struct ulnic *u = uf->u;
-	u8 a[ULNIC_CREATE_EP_SIZE], req[ULNIC_CREATE_ENDPOINT_SIZE], out[8];
+	struct ulnic_ioc_create_ep a;
+	struct ulnic_create_endpoint req;
+	struct ulnic_endpoint_created out;
 	u32 send, recv, fre, event, status = 0, id, pages, i;
 	struct ulnic_ep *ep;
 	u64 seg_bytes, ctrl_bytes;
 	__le64 *table;
-	__le64 v64;
-	__le32 v32;
 	long err;
 
-	if (copy_from_user(a, arg, sizeof(a)))
+	if (copy_from_user(&a, arg, sizeof(a)))
 		return -EFAULT;
-	memcpy(&v32, a + 0, 4); send = le32_to_cpu(v32);
-	memcpy(&v32, a + 4, 4); recv = le32_to_cpu(v32);
-	memcpy(&v32, a + 8, 4); fre = le32_to_cpu(v32);
-	memcpy(&v32, a + 12, 4); event = le32_to_cpu(v32);
-	memcpy(&v64, a + 16, 8); seg_bytes = le64_to_cpu(v64);
+	send = le32_to_cpu(a.send_entries);
+	recv = le32_to_cpu(a.recv_entries);
+	fre = le32_to_cpu(a.free_entries);
+	event = le32_to_cpu(a.event_entries);
+	seg_bytes = le64_to_cpu(a.segment_bytes);
 	if (!send || !recv || !fre || !event ||
 	    send > ULNIC_MAX_RING_ENTRIES || recv > ULNIC_MAX_RING_ENTRIES ||
 	    fre > ULNIC_MAX_RING_ENTRIES || event > ULNIC_MAX_RING_ENTRIES ||
 	    !seg_bytes || seg_bytes > ULNIC_MAX_SEGMENT_BYTES)
 		return -EINVAL;
-	ctrl_bytes = ULNIC_CTRL_RING_OFFSET + (u64)send * ULNIC_SEND_DESC_SIZE +
-		     (u64)recv * ULNIC_RECV_DESC_SIZE +
-		     (u64)fre * ULNIC_FREE_DESC_SIZE +
-		     (u64)event * ULNIC_EVENT_SIZE;
+	ctrl_bytes = ULNIC_CTRL_RING_OFFSET +
+		     (u64)send * sizeof(struct ulnic_send_desc) +
+		     (u64)recv * sizeof(struct ulnic_recv_desc) +
+		     (u64)fre * sizeof(struct ulnic_free_desc) +
+		     (u64)event * sizeof(struct ulnic_event);
 	if (ctrl_bytes > ULNIC_MAX_CTRL_BYTES)
 		return -EINVAL;
 	ctrl_bytes = PAGE_ALIGN(ctrl_bytes);
@@ -495,19 +487,20 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 	for (i = 0; i < pages; i++)
 		table[i] = cpu_to_le64(page_to_phys(vmalloc_to_page(ep->seg + ((size_t)i << PAGE_SHIFT))));
 
-	memset(req, 0, sizeof(req));
-	v32 = cpu_to_le32(uf->pd); memcpy(req + 0, &v32, 4);
-	v32 = cpu_to_le32(send); memcpy(req + 4, &v32, 4);
-	v32 = cpu_to_le32(recv); memcpy(req + 8, &v32, 4);
-	v32 = cpu_to_le32(fre); memcpy(req + 12, &v32, 4);
-	v32 = cpu_to_le32(event); memcpy(req + 16, &v32, 4);
-	v32 = cpu_to_le32(pages); memcpy(req + 20, &v32, 4);
-	v64 = cpu_to_le64(virt_to_phys(ep->ctrl)); memcpy(req + 24, &v64, 8);
-	v64 = cpu_to_le64(ctrl_bytes); memcpy(req + 32, &v64, 8);
-	v64 = cpu_to_le64(virt_to_phys(table)); memcpy(req + 40, &v64, 8);
+	req = (struct ulnic_create_endpoint) {
+		.pd = cpu_to_le32(uf->pd),
+		.send_entries = cpu_to_le32(send),
+		.recv_entries = cpu_to_le32(recv),
+		.free_entries = cpu_to_le32(fre),
+		.event_entries = cpu_to_le32(event),
+		.seg_pages = cpu_to_le32(pages),
+		.ctrl_gpa = cpu_to_le64(virt_to_phys(ep->ctrl)),
+		.ctrl_len = cpu_to_le64(ctrl_bytes),
+		.seg_table_gpa = cpu_to_le64(virt_to_phys(table)),
+	};
 
 	mutex_lock(&uf->lock);
-	err = ulnic_command(u, ULNIC_CMD_CREATE_ENDPOINT, req, sizeof(req), out,
+	err = ulnic_command(u, ULNIC_CMD_CREATE_ENDPOINT, &req, sizeof(req), &out,
 			    sizeof(out), &status);
 	if (err < (long)sizeof(out)) {
 		mutex_unlock(&uf->lock);
@@ -523,8 +516,7 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 		err = err < 0 ? err : -EPROTO;
 		goto err_free;
 	}
-	memcpy(&v32, out, 4);
-	id = le32_to_cpu(v32);
+	id = le32_to_cpu(out.id);
 	if (id >= u->endpoints || uf->eps[id]) {
 		/* The device holds an endpoint on this memory: leak it. */
 		mutex_unlock(&uf->lock);
@@ -541,10 +533,11 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 	mutex_unlock(&uf->lock);
 	kfree(table);
 
-	memcpy(a + 24, out, 8);
-	v64 = cpu_to_le64(ctrl_bytes); memcpy(a + 32, &v64, 8);
-	v64 = cpu_to_le64(seg_bytes); memcpy(a + 40, &v64, 8);
-	if (copy_to_user(arg, a, sizeof(a)))
+	a.id = out.id;
+	a.doorbell_queue = out.doorbell_queue;
+	a.ctrl_len = cpu_to_le64(ctrl_bytes);
+	a.segment_len = cpu_to_le64(seg_bytes);
+	if (copy_to_user(arg, &a, sizeof(a)))
 		return -EFAULT;
 	return 0;
 
@@ -582,21 +575,23 @@ static long ulnic_destroy_ep(struct ulnic_file *uf, u32 id)
 
 static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 {
-	u8 *a;
+	struct ulnic_ioc_command *a;
+	/* Every command passed through names an endpoint first. */
+	const struct ulnic_object_id *ep_id;
 	u32 opcode, in_len, status = 0, id;
-	__le32 v32;
 	long err;
 
-	a = kmalloc(ULNIC_COMMAND_SIZE, GFP_KERNEL);
+	a = kmalloc(sizeof(*a), GFP_KERNEL);
 	if (!a)
 		return -ENOMEM;
-	if (copy_from_user(a, arg, ULNIC_COMMAND_SIZE)) {
+	if (copy_from_user(a, arg, sizeof(*a))) {
 		err = -EFAULT;
 		goto out;
 	}
-	memcpy(&v32, a, 4); opcode = le32_to_cpu(v32);
-	memcpy(&v32, a + 8, 4); in_len = le32_to_cpu(v32);
-	memcpy(&v32, a + 16, 4); id = le32_to_cpu(v32);
+	ep_id = (const struct ulnic_object_id *)a->data;
+	opcode = le32_to_cpu(a->opcode);
+	in_len = le32_to_cpu(a->in_len);
+	id = le32_to_cpu(ep_id->id);
 	switch (opcode) {
 	case ULNIC_CMD_BIND_PORT:
 	case ULNIC_CMD_SET_FILTER:
@@ -613,7 +608,7 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 		err = -EOPNOTSUPP;
 		goto out;
 	}
-	if (in_len < 4 || in_len > ULNIC_COMMAND_SIZE - 16) {
+	if (in_len < sizeof(*ep_id) || in_len > sizeof(a->data)) {
 		err = -EINVAL;
 		goto out;
 	}
@@ -623,18 +618,16 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 		err = -EPERM;
 		goto out;
 	}
-	err = ulnic_command(uf->u, opcode, a + 16, in_len, a + 16,
-			    ULNIC_COMMAND_SIZE - 16 - ULNIC_RESP_HEADER_SIZE,
+	err = ulnic_command(uf->u, opcode, a->data, in_len, a->data,
+			    sizeof(a->data) - sizeof(struct ulnic_resp_header),
 			    &status);
 	mutex_unlock(&uf->lock);
-	v32 = cpu_to_le32(status);
-	memcpy(a + 4, &v32, 4);
-	v32 = cpu_to_le32(err < 0 ? 0 : (u32)err);
-	memcpy(a + 12, &v32, 4);
+	a->status = cpu_to_le32(status);
+	a->out_len = cpu_to_le32(err < 0 ? 0 : (u32)err);
 	if (err < 0 && status != ULNIC_STATUS_OK)
 		err = 0;	/* the device's status says why */
 	if (err >= 0)
-		err = copy_to_user(arg, a, ULNIC_COMMAND_SIZE) ? -EFAULT : 0;
+		err = copy_to_user(arg, a, sizeof(*a)) ? -EFAULT : 0;
 out:
 	kfree(a);
 	return err;
@@ -643,18 +636,18 @@ out:
 static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
 {
 	struct ulnic *u = uf->u;
-	u32 w[2];
+	struct ulnic_ioc_wait w;
+	u32 id;
 	long left;
 
-	if (copy_from_user(w, arg, sizeof(w)))
+	if (copy_from_user(&w, arg, sizeof(w)))
 		return -EFAULT;
-	w[0] = le32_to_cpu((__force __le32)w[0]);
-	w[1] = le32_to_cpu((__force __le32)w[1]);
-	if (!ulnic_owned(uf, w[0]))
+	id = le32_to_cpu(w.id);
+	if (!ulnic_owned(uf, id))
 		return -EPERM;
 	left = wait_event_interruptible_timeout(u->wq,
-			test_and_clear_bit(w[0], u->notified) || !READ_ONCE(u->vdev),
-			msecs_to_jiffies(w[1]));
+			test_and_clear_bit(id, u->notified) || !READ_ONCE(u->vdev),
+			msecs_to_jiffies(le32_to_cpu(w.timeout_ms)));
 	if (left < 0)
 		return left;
 	if (!READ_ONCE(u->vdev))
@@ -666,29 +659,27 @@ static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
 static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 {
 	struct ulnic_utlb t = {};
+	struct ulnic_utlb_set_table req;
 	u32 entries, status = 0;
-	__le32 req32[2];
-	__le64 gpa;
-	u8 req[16];
 	long err;
 
 	if (get_user(entries, arg))
 		return -EFAULT;
-	if (!entries || (u64)entries * 8 > ULNIC_MAX_UTLB_TABLE_BYTES)
+	if (!entries || (u64)entries * sizeof(*t.table) > ULNIC_MAX_UTLB_TABLE_BYTES)
 		return -EINVAL;
 	t.entries = entries;
-	t.table_bytes = PAGE_ALIGN((size_t)entries * 8);
+	t.table_bytes = PAGE_ALIGN((size_t)entries * sizeof(*t.table));
 	t.table = alloc_pages_exact(t.table_bytes, GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
 	t.pages = kvcalloc(entries, sizeof(*t.pages), GFP_KERNEL);
 	if (!t.table || !t.pages) {
 		err = -ENOMEM;
 		goto err_free;
 	}
-	req32[0] = cpu_to_le32(uf->pd);
-	req32[1] = cpu_to_le32(entries);
-	gpa = cpu_to_le64(virt_to_phys(t.table));
-	memcpy(req, req32, 8);
-	memcpy(req + 8, &gpa, 8);
+	req = (struct ulnic_utlb_set_table) {
+		.pd = cpu_to_le32(uf->pd),
+		.entries = cpu_to_le32(entries),
+		.table_gpa = cpu_to_le64(virt_to_phys(t.table)),
+	};
 
 	mutex_lock(&uf->lock);
 	if (uf->utlb.table) {
@@ -696,7 +687,7 @@ static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 		err = -EEXIST;
 		goto err_free;
 	}
-	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_SET_TABLE, req, sizeof(req),
+	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_SET_TABLE, &req, sizeof(req),
 			    NULL, 0, &status);
 	if (err < 0) {
 		mutex_unlock(&uf->lock);
@@ -727,24 +718,22 @@ err_free:
  */
 static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 {
+	struct ulnic_ioc_utlb_install a;
+	struct ulnic_utlb_invalidate req;
 	u32 first, count, status = 0, i;
 	struct page **pages;
-	__le32 req[3];
-	__le64 va_le;
-	u8 a[16];
 	u64 va;
 	long err;
 	int pinned;
 
-	if (copy_from_user(a, arg, sizeof(a)))
+	if (copy_from_user(&a, arg, sizeof(a)))
 		return -EFAULT;
-	memcpy(req, a, 8);
-	first = le32_to_cpu(req[0]);
-	count = le32_to_cpu(req[1]);
-	memcpy(&va_le, a + 8, 8);
-	va = le64_to_cpu(va_le);
-	/* The table holds at most ULNIC_MAX_UTLB_TABLE_BYTES / 8 entries. */
-	if (!count || count > ULNIC_MAX_UTLB_TABLE_BYTES / 8 || va & ~PAGE_MASK)
+	first = le32_to_cpu(a.first);
+	count = le32_to_cpu(a.count);
+	va = le64_to_cpu(a.va);
+	/* No table holds more entries than the largest the driver allocates. */
+	if (!count || count > ULNIC_MAX_UTLB_TABLE_BYTES / sizeof(*uf->utlb.table) ||
+	    va & ~PAGE_MASK)
 		return -EINVAL;
 	pages = kvcalloc(count, sizeof(*pages), GFP_KERNEL | __GFP_NOWARN);
 	if (!pages)
@@ -779,10 +768,12 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 		WRITE_ONCE(uf->utlb.table[first + i],
 			   cpu_to_le64(page_to_phys(uf->utlb.pages[first + i])));
 	}
-	req[0] = cpu_to_le32(uf->pd);
-	req[1] = cpu_to_le32(first);
-	req[2] = cpu_to_le32(count);
-	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_INVALIDATE, req, sizeof(req),
+	req = (struct ulnic_utlb_invalidate) {
+		.pd = cpu_to_le32(uf->pd),
+		.first = cpu_to_le32(first),
+		.count = cpu_to_le32(count),
+	};
+	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_INVALIDATE, &req, sizeof(req),
 			    NULL, 0, &status);
 	/* If the device was not told, it may still use the old pages. */
 	if (err >= 0 || !READ_ONCE(uf->u->vdev))
@@ -802,17 +793,17 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	struct ulnic_file *uf = f->private_data;
 	struct ulnic *u = uf->u;
 	void __user *p = (void __user *)arg;
-	u8 info[ULNIC_DEVICE_INFO_SIZE];
+	struct ulnic_device_info info;
 	u32 status = 0, id;
 	int n;
 
 	switch (cmd) {
 	case ULNIC_IOC_INFO:
-		n = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, info,
+		n = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, &info,
 				  sizeof(info), &status);
 		if (n < 0)
 			return n;
-		return copy_to_user(p, info, sizeof(info)) ? -EFAULT : 0;
+		return copy_to_user(p, &info, sizeof(info)) ? -EFAULT : 0;
 	case ULNIC_IOC_CREATE_EP:
 		return ulnic_create_ep(uf, p);
 	case ULNIC_IOC_DESTROY_EP:
@@ -887,7 +878,7 @@ static void ulnic_revoke_doorbells(struct ulnic *u)
 	if (!mapping)
 		return;
 	for (i = 0; i < u->endpoints; i++)
-		unmap_mapping_range(mapping, ((loff_t)i << 32) + ULNIC_MMAP_DOORBELL,
+		unmap_mapping_range(mapping, ((loff_t)i << ULNIC_MMAP_ID_SHIFT) + ULNIC_MMAP_DOORBELL,
 				    PAGE_SIZE, 1);
 }
 
@@ -903,7 +894,7 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 	if (!(vma->vm_flags & VM_SHARED))
 		return -EINVAL;
 	mutex_lock(&uf->lock);
-	ep = ulnic_owned(uf, off >> 32);
+	ep = ulnic_owned(uf, off >> ULNIC_MMAP_ID_SHIFT);
 	if (!ep) {
 		err = -EPERM;
 	} else if ((off & 0xffffffffULL) == 0 && len <= ep->ctrl_len) {
@@ -974,6 +965,12 @@ static const struct file_operations ulnic_fops = {
 	.open = ulnic_open,
 	.release = ulnic_release,
 	.unlocked_ioctl = ulnic_ioctl,
+	/*
+	 * Every argument is a fixed-layout struct of naturally aligned
+	 * fixed-width fields (asserted in ulnic_abi.h), the same for 32-bit
+	 * programs: only the pointer needs converting.
+	 */
+	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = ulnic_mmap,
 	.poll = ulnic_poll,
 };
@@ -1071,9 +1068,10 @@ static void ulnic_find_doorbells(struct ulnic *u)
 
 static int ulnic_probe(struct virtio_device *vdev)
 {
-	u8 info[ULNIC_DEVICE_INFO_SIZE];
+	struct ulnic_device_info info;
 	struct ulnic *u;
-	u32 magic, version, status = 0;
+	u32 magic, status = 0;
+	u16 major, minor;
 	unsigned int i;
 	int err;
 
@@ -1081,12 +1079,12 @@ static int ulnic_probe(struct virtio_device *vdev)
 		dev_err(&vdev->dev, "device lacks the messaging feature\n");
 		return -ENODEV;
 	}
-	magic = virtio_cread32(vdev, ULNIC_CFG_MAGIC);
-	version = virtio_cread32(vdev, ULNIC_CFG_VERSION);
-	if (magic != ULNIC_CONFIG_MAGIC ||
-	    (version & 0xffff) != ULNIC_SPEC_VERSION_MAJOR) {
-		dev_err(&vdev->dev, "not a ulnic device of spec %u (magic %#x, version %#x)\n",
-			ULNIC_SPEC_VERSION_MAJOR, magic, version);
+	virtio_cread_le(vdev, struct ulnic_config, magic, &magic);
+	virtio_cread_le(vdev, struct ulnic_config, version_major, &major);
+	virtio_cread_le(vdev, struct ulnic_config, version_minor, &minor);
+	if (magic != ULNIC_CONFIG_MAGIC || major != ULNIC_SPEC_VERSION_MAJOR) {
+		dev_err(&vdev->dev, "not a ulnic device of spec %u (magic %#x, version %u.%u)\n",
+			ULNIC_SPEC_VERSION_MAJOR, magic, major, minor);
 		return -ENODEV;
 	}
 
@@ -1102,16 +1100,16 @@ static int ulnic_probe(struct virtio_device *vdev)
 	mutex_init(&u->cmd_lock);
 	init_rwsem(&u->vq_sem);
 	init_completion(&u->cmd_done);
-	u->node = virtio_cread32(vdev, ULNIC_CFG_NODE);
-	u->nodes = virtio_cread32(vdev, ULNIC_CFG_NODES);
-	u->endpoints = virtio_cread32(vdev, ULNIC_CFG_ENDPOINTS);
+	virtio_cread_le(vdev, struct ulnic_config, node, &u->node);
+	virtio_cread_le(vdev, struct ulnic_config, nodes, &u->nodes);
+	virtio_cread_le(vdev, struct ulnic_config, endpoints, &u->endpoints);
 	if (!u->endpoints || u->endpoints > ULNIC_MAX_ENDPOINTS_LIMIT) {
 		err = -ENODEV;
 		goto err_free;
 	}
 
 	u->cmd_buf = kzalloc(ULNIC_CMD_BUF_SIZE, GFP_KERNEL);
-	u->notify_bufs = kcalloc(u->endpoints, ULNIC_NOTIFY_RECORD_SIZE,
+	u->notify_bufs = kcalloc(u->endpoints, sizeof(*u->notify_bufs),
 				 GFP_KERNEL);
 	u->owners = kcalloc(u->endpoints, sizeof(*u->owners), GFP_KERNEL);
 	u->notified = bitmap_zalloc(u->endpoints, GFP_KERNEL);
@@ -1138,7 +1136,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	}
 	virtqueue_kick(u->vqs[ULNIC_NOTIFY_QUEUE]);
 
-	err = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, info, sizeof(info),
+	err = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, &info, sizeof(info),
 			    &status);
 	if (err < 0) {
 		dev_err(&vdev->dev, "GET_INFO failed: %d (status %u)\n", err,
@@ -1161,8 +1159,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 		goto err_ida;
 	dev_info(&vdev->dev,
 		 "ulnic: node %u of %u, %u endpoints, spec %u.%u, /dev/%s, doorbells %s\n",
-		 u->node, u->nodes, u->endpoints, version & 0xffff,
-		 version >> 16, u->name,
+		 u->node, u->nodes, u->endpoints, major, minor, u->name,
 		 u->doorbell_pa && u->doorbell_pa[0] ? "mapped" : "by ioctl");
 	return 0;
 

@@ -5,11 +5,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ulnic_abi::{cmd, CreateEndpoint, DeviceInfo, RingLayout};
+use ulnic_abi::{cmd, wire, CreateEndpoint, DeviceInfo, RingLayout, PAGE_SIZE};
 use ulnic_host_attach::{DmaBuffer, HostAttach};
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::backend::{Domain, EpMemory, UserMemory};
 use crate::error::Error;
+
+/// A page, as a length.
+const PAGE: usize = PAGE_SIZE as usize;
+/// Bytes of one page address in a UTLB or segment page table.
+const PAGE_ENTRY: usize = size_of::<u64>();
 
 pub(crate) struct HostDomain {
     hw: Arc<HostAttach>,
@@ -24,10 +30,9 @@ pub(crate) struct HostDomain {
 impl HostDomain {
     pub fn new(hw: Arc<HostAttach>) -> Result<HostDomain, Error> {
         let r = hw.command(cmd::CREATE_PD, &[])?;
-        let pd = r
-            .get(..4)
-            .map(|b| ulnic_abi::read_le32(b, 0))
-            .ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_PD))?;
+        let pd = wire::ObjectId::read_from_prefix(&r)
+            .map(|(pd, _)| pd.id.get())
+            .map_err(|_| ulnic_host_attach::Error::BadResponse(cmd::CREATE_PD))?;
         Ok(HostDomain {
             hw,
             pd,
@@ -42,7 +47,10 @@ impl Drop for HostDomain {
     fn drop(&mut self) {
         if self
             .hw
-            .command(cmd::DESTROY_PD, &self.pd.to_le_bytes())
+            .command(
+                cmd::DESTROY_PD,
+                wire::ObjectId { id: self.pd.into() }.as_bytes(),
+            )
             .is_ok()
         {
             // The device has let go of the table; user buffers were freed
@@ -70,11 +78,11 @@ impl Domain for HostDomain {
     ) -> Result<EpMemory, Error> {
         let mem = self.hw.memory();
         let ctrl = mem.alloc(layout.region_size() as usize)?;
-        let segment = mem.alloc(segment_bytes.max(4096))?;
-        let pages = segment.len / 4096;
-        let table = mem.alloc(pages * 8)?;
+        let segment = mem.alloc(segment_bytes.max(PAGE))?;
+        let pages = segment.len / PAGE;
+        let table = mem.alloc(pages * PAGE_ENTRY)?;
         let entries: Vec<u8> = (0..pages as u64)
-            .flat_map(|p| (segment.gpa + p * 4096).to_le_bytes())
+            .flat_map(|p| (segment.gpa + p * PAGE_SIZE).to_le_bytes())
             .collect();
         mem.write(table.gpa, &entries);
         let req = CreateEndpoint {
@@ -97,10 +105,9 @@ impl Domain for HostDomain {
                 return Err(e.into());
             }
         };
-        let id = r
-            .get(..4)
-            .map(|b| ulnic_abi::read_le32(b, 0))
-            .ok_or(ulnic_host_attach::Error::BadResponse(cmd::CREATE_ENDPOINT))?;
+        let id = wire::EndpointCreated::read_from_prefix(&r)
+            .map(|(created, _)| created.id.get())
+            .map_err(|_| ulnic_host_attach::Error::BadResponse(cmd::CREATE_ENDPOINT))?;
         self.buffers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -120,7 +127,10 @@ impl Domain for HostDomain {
     fn destroy_endpoint(&self, ep: &EpMemory) {
         if self
             .hw
-            .command(cmd::DESTROY_ENDPOINT, &ep.id.to_le_bytes())
+            .command(
+                cmd::DESTROY_ENDPOINT,
+                wire::ObjectId { id: ep.id.into() }.as_bytes(),
+            )
             .is_ok()
         {
             // Only reuse the memory once the device has let go of it.
@@ -167,12 +177,13 @@ impl Domain for HostDomain {
         if t.is_some() {
             return Err(Error::InvalidArgument("this domain already has a UTLB"));
         }
-        let table = self.hw.memory().alloc(entries as usize * 8)?;
-        let mut req = Vec::with_capacity(16);
-        req.extend_from_slice(&self.pd.to_le_bytes());
-        req.extend_from_slice(&entries.to_le_bytes());
-        req.extend_from_slice(&table.gpa.to_le_bytes());
-        if let Err(e) = self.hw.command(cmd::UTLB_SET_TABLE, &req) {
+        let table = self.hw.memory().alloc(entries as usize * PAGE_ENTRY)?;
+        let req = wire::UtlbSetTable {
+            pd: self.pd.into(),
+            entries: entries.into(),
+            table_gpa: table.gpa.into(),
+        };
+        if let Err(e) = self.hw.command(cmd::UTLB_SET_TABLE, req.as_bytes()) {
             self.hw.memory().free(table);
             return Err(e.into());
         }
@@ -192,21 +203,22 @@ impl Domain for HostDomain {
         // shared memory, so a page is translatable iff it lies there.
         let mem = self.hw.memory();
         let base = mem.host_base() as usize;
-        let end = va.checked_add(count as usize * 4096);
-        if va < base || !va.is_multiple_of(4096) || end.is_none_or(|e| e > base + mem.len()) {
+        let end = va.checked_add(count as usize * PAGE);
+        if va < base || !va.is_multiple_of(PAGE) || end.is_none_or(|e| e > base + mem.len()) {
             return Err(Error::InvalidArgument(
                 "host attach: a UTLB buffer must come from alloc_buffer",
             ));
         }
         let gpas: Vec<u8> = (0..count as usize)
-            .flat_map(|k| ((va - base + k * 4096) as u64).to_le_bytes())
+            .flat_map(|k| ((va - base + k * PAGE) as u64).to_le_bytes())
             .collect();
-        mem.write(table.gpa + u64::from(first) * 8, &gpas);
-        let mut req = Vec::with_capacity(12);
-        req.extend_from_slice(&self.pd.to_le_bytes());
-        req.extend_from_slice(&first.to_le_bytes());
-        req.extend_from_slice(&count.to_le_bytes());
-        self.hw.command(cmd::UTLB_INVALIDATE, &req)?;
+        mem.write(table.gpa + u64::from(first) * PAGE_ENTRY as u64, &gpas);
+        let req = wire::UtlbInvalidate {
+            pd: self.pd.into(),
+            first: first.into(),
+            count: count.into(),
+        };
+        self.hw.command(cmd::UTLB_INVALIDATE, req.as_bytes())?;
         Ok(())
     }
 }

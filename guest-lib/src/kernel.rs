@@ -6,15 +6,24 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
+use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, IocWait};
 use ulnic_abi::{uapi, DeviceInfo, RingLayout};
+use zerocopy::{FromZeros, IntoBytes};
 
 use crate::backend::{Domain, EpMemory, UserMemory};
 use crate::error::Error;
 
-fn ioctl(f: &File, req: u32, arg: *mut u8) -> Result<i32, Error> {
-    // SAFETY: `arg` points to a buffer of the size encoded in `req`, valid
-    // for the call; the driver checks everything it reads.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), req as libc::c_ulong, arg) };
+/// Runs ioctl `req` on `arg`, the argument struct `req` names (its size is
+/// encoded in `req`, and ulnic_abi.h asserts both agree).
+fn ioctl<T: IntoBytes + zerocopy::FromBytes>(
+    f: &File,
+    req: u32,
+    arg: &mut T,
+) -> Result<i32, Error> {
+    let bytes = arg.as_mut_bytes();
+    // SAFETY: `bytes` is the argument struct, live and writable for the
+    // call, of the size encoded in `req`; the driver checks what it reads.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), req as libc::c_ulong, bytes.as_mut_ptr()) };
     if r < 0 {
         return Err(os_error(std::io::Error::last_os_error()));
     }
@@ -39,9 +48,9 @@ pub(crate) fn device_info(path: &Path) -> Result<DeviceInfo, Error> {
         .write(true)
         .open(path)
         .map_err(Error::Os)?;
-    let mut b = [0u8; DeviceInfo::SIZE];
-    ioctl(&f, uapi::IOC_INFO, b.as_mut_ptr())?;
-    Ok(DeviceInfo::decode(&b))
+    let mut info = wire::DeviceInfo::new_zeroed();
+    ioctl(&f, uapi::IOC_INFO, &mut info)?;
+    Ok(DeviceInfo::decode(info.as_bytes()))
 }
 
 pub(crate) struct KernelDomain {
@@ -75,23 +84,18 @@ impl Domain for KernelDomain {
         layout: &RingLayout,
         segment_bytes: usize,
     ) -> Result<EpMemory, Error> {
-        let mut a = [0u8; uapi::CREATE_EP_SIZE as usize];
-        for (i, v) in [
-            layout.send_entries,
-            layout.recv_entries,
-            layout.free_entries,
-            layout.event_entries,
-        ]
-        .iter()
-        .enumerate()
-        {
-            a[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
-        }
-        a[16..24].copy_from_slice(&(segment_bytes as u64).to_le_bytes());
-        ioctl(&self.file, uapi::IOC_CREATE_EP, a.as_mut_ptr())?;
-        let id = ulnic_abi::read_le32(&a, 24);
-        let ctrl_len = ulnic_abi::read_le64(&a, 32) as usize;
-        let seg_len = ulnic_abi::read_le64(&a, 40) as usize;
+        let mut a = IocCreateEp {
+            send_entries: layout.send_entries.into(),
+            recv_entries: layout.recv_entries.into(),
+            free_entries: layout.free_entries.into(),
+            event_entries: layout.event_entries.into(),
+            segment_bytes: (segment_bytes as u64).into(),
+            ..FromZeros::new_zeroed()
+        };
+        ioctl(&self.file, uapi::IOC_CREATE_EP, &mut a)?;
+        let id = a.id.get();
+        let ctrl_len = a.ctrl_len.get() as usize;
+        let seg_len = a.segment_len.get() as usize;
         let ctrl = self.map(uapi::mmap_ctrl(id), ctrl_len)?;
         let seg = match self.map(uapi::mmap_ctrl(id) + uapi::MMAP_SEGMENT, seg_len) {
             Ok(s) => s,
@@ -116,7 +120,7 @@ impl Domain for KernelDomain {
             seg,
             seg_len,
             doorbell,
-            doorbell_queue: ulnic_abi::read_le32(&a, 28) as u16,
+            doorbell_queue: a.doorbell_queue.get() as u16,
         })
     }
 
@@ -130,25 +134,25 @@ impl Domain for KernelDomain {
                 libc::munmap(ep.doorbell.cast(), ulnic_abi::PAGE_SIZE as usize);
             }
         }
-        let mut id = ep.id.to_le_bytes();
-        let _ = ioctl(&self.file, uapi::IOC_DESTROY_EP, id.as_mut_ptr());
+        let mut id = ep.id;
+        let _ = ioctl(&self.file, uapi::IOC_DESTROY_EP, &mut id);
     }
 
     fn ep_command(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>, Error> {
-        let mut a = vec![0u8; uapi::COMMAND_SIZE as usize];
-        if payload.len() > a.len() - 16 {
+        let mut a = IocCommand::new_zeroed();
+        let Some(data) = a.data.get_mut(..payload.len()) else {
             return Err(Error::InvalidArgument("command payload too large"));
-        }
-        a[0..4].copy_from_slice(&opcode.to_le_bytes());
-        a[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-        a[16..16 + payload.len()].copy_from_slice(payload);
-        ioctl(&self.file, uapi::IOC_COMMAND, a.as_mut_ptr())?;
-        let status = ulnic_abi::read_le32(&a, 4);
+        };
+        data.copy_from_slice(payload);
+        a.opcode = opcode.into();
+        a.in_len = (payload.len() as u32).into();
+        ioctl(&self.file, uapi::IOC_COMMAND, &mut a)?;
+        let status = a.status.get();
         if status != ulnic_abi::status::OK {
             return Err(ulnic_host_attach::Error::Command { opcode, status }.into());
         }
-        let n = (ulnic_abi::read_le32(&a, 12) as usize).min(a.len() - 16);
-        Ok(a[16..16 + n].to_vec())
+        let n = (a.out_len.get() as usize).min(a.data.len());
+        Ok(a.data[..n].to_vec())
     }
 
     fn ring_doorbell(&self, ep: &EpMemory) {
@@ -161,16 +165,17 @@ impl Domain for KernelDomain {
             };
             return;
         }
-        let mut id = ep.id.to_le_bytes();
-        let _ = ioctl(&self.file, uapi::IOC_KICK, id.as_mut_ptr());
+        let mut id = ep.id;
+        let _ = ioctl(&self.file, uapi::IOC_KICK, &mut id);
     }
 
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {
-        let mut a = [0u8; 8];
-        a[..4].copy_from_slice(&ep.to_le_bytes());
         let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
-        a[4..].copy_from_slice(&ms.to_le_bytes());
-        match ioctl(&self.file, uapi::IOC_WAIT, a.as_mut_ptr()) {
+        let mut a = IocWait {
+            id: ep.into(),
+            timeout_ms: ms.into(),
+        };
+        match ioctl(&self.file, uapi::IOC_WAIT, &mut a) {
             Ok(r) => Ok(r > 0),
             Err(Error::Os(e)) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
             Err(e) => Err(e),
@@ -206,17 +211,18 @@ impl Domain for KernelDomain {
     }
 
     fn utlb_init(&self, entries: u32) -> Result<(), Error> {
-        let mut a = entries.to_le_bytes();
-        ioctl(&self.file, uapi::IOC_UTLB_INIT, a.as_mut_ptr())?;
+        let mut a = entries;
+        ioctl(&self.file, uapi::IOC_UTLB_INIT, &mut a)?;
         Ok(())
     }
 
     fn utlb_install(&self, first: u32, va: usize, count: u32) -> Result<(), Error> {
-        let mut a = [0u8; 16];
-        a[0..4].copy_from_slice(&first.to_le_bytes());
-        a[4..8].copy_from_slice(&count.to_le_bytes());
-        a[8..16].copy_from_slice(&(va as u64).to_le_bytes());
-        ioctl(&self.file, uapi::IOC_UTLB_INSTALL, a.as_mut_ptr())?;
+        let mut a = IocUtlbInstall {
+            first: first.into(),
+            count: count.into(),
+            va: (va as u64).into(),
+        };
+        ioctl(&self.file, uapi::IOC_UTLB_INSTALL, &mut a)?;
         Ok(())
     }
 }

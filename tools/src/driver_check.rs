@@ -264,7 +264,7 @@ fn device_removal(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
     )
     .map_err(|e| format!("the doorbell page cannot be mapped (needs page-per-vq): {e}"))?
     .cast::<u16>();
-    let queue = ulnic_abi::FIRST_DOORBELL_QUEUE + id as u16;
+    let queue = ulnic_abi::doorbell_queue(id) as u16;
     // SAFETY: `doorbell` is our live mapping of one page; the driver gives
     // doorbell pages only to the endpoint's owner, which we are.
     let ring = |v: u16| unsafe { std::ptr::write_volatile(doorbell, v.to_le()) };

@@ -17,6 +17,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use ulnic_abi::uapi;
+use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, ObjectId};
+use zerocopy::{FromZeros, IntoBytes};
 
 /// What one run did, by operation and outcome.
 #[derive(Debug, Default, serde::Serialize)]
@@ -248,13 +250,20 @@ impl Fuzzer {
                 self.record("DESTROY_EP", r);
             }
             32..=41 => {
-                let mut b = vec![0u8; uapi::COMMAND_SIZE as usize + 64];
-                self.rng.fill(&mut b[..]);
-                b[0..4].copy_from_slice(&self.rng.gen_range(0u32..24).to_le_bytes());
-                b[8..12].copy_from_slice(&boundary_u32(&mut self.rng).to_le_bytes());
-                b[12..16].copy_from_slice(&boundary_u32(&mut self.rng).to_le_bytes());
-                let id = self.endpoint_id(d);
-                b[16..20].copy_from_slice(&id.to_le_bytes());
+                // Random bytes with an opcode, lengths at the boundaries
+                // and (mostly) an endpoint of this file first.
+                let mut c = IocCommand::new_zeroed();
+                self.rng.fill(c.as_mut_bytes());
+                c.opcode = self.rng.gen_range(0u32..24).into();
+                c.in_len = boundary_u32(&mut self.rng).into();
+                c.out_len = boundary_u32(&mut self.rng).into();
+                let id: ObjectId = ObjectId {
+                    id: self.endpoint_id(d).into(),
+                };
+                c.data[..size_of::<ObjectId>()].copy_from_slice(id.as_bytes());
+                let mut b = c.as_bytes().to_vec();
+                b.resize(b.len() + 64, 0);
+                self.rng.fill(&mut b[size_of::<IocCommand>()..]);
                 let p = self.pointer(&mut b);
                 let r = self.ioctl(d, uapi::IOC_COMMAND, p);
                 self.record("COMMAND", r);
@@ -335,19 +344,18 @@ impl Fuzzer {
     }
 
     fn create_endpoint(&mut self, d: usize) {
-        let mut a = [0u8; uapi::CREATE_EP_SIZE as usize + 64];
         // Mostly sizes that fit a small guest; sometimes the boundaries.
         let sane = self.rng.gen_bool(0.6);
         // send, recv, free and event entries (spec §5.1: powers of two,
         // the event ring at least send + 32).
         let sane_entries: [&[u32]; 4] = [&[2, 8, 64], &[2, 8, 256], &[2, 8, 256], &[128, 512]];
-        for (i, choices) in sane_entries.iter().enumerate() {
-            let v = if sane {
+        let mut entries = [0u32; 4];
+        for (v, choices) in entries.iter_mut().zip(sane_entries) {
+            *v = if sane {
                 *choices.choose(&mut self.rng).unwrap_or(&128)
             } else {
                 boundary_u32(&mut self.rng)
             };
-            a[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
         }
         let seg = if sane {
             *[1u64, 4096, 65536, 1 << 20]
@@ -356,15 +364,25 @@ impl Fuzzer {
         } else {
             boundary_u64(&mut self.rng)
         };
-        a[16..24].copy_from_slice(&seg.to_le_bytes());
-        self.rng.fill(&mut a[24..64]);
+        // The output fields hold garbage on the way in: the driver must
+        // not read them.
+        let mut arg = IocCreateEp::new_zeroed();
+        self.rng.fill(arg.as_mut_bytes());
+        arg.send_entries = entries[0].into();
+        arg.recv_entries = entries[1].into();
+        arg.free_entries = entries[2].into();
+        arg.event_entries = entries[3].into();
+        arg.segment_bytes = seg.into();
+        let mut a = arg.as_bytes().to_vec();
+        a.resize(a.len() + 64, 0);
         let p = self.pointer(&mut a);
         let r = self.ioctl(d, uapi::IOC_CREATE_EP, p);
         if r.is_ok() && p == a.as_mut_ptr() {
+            let out: IocCreateEp = wire::read(&a);
             self.domains[d].endpoints.push(Endpoint {
-                id: ulnic_abi::read_le32(&a, 24),
-                ctrl_len: ulnic_abi::read_le64(&a, 32),
-                seg_len: ulnic_abi::read_le64(&a, 40),
+                id: out.id.get(),
+                ctrl_len: out.ctrl_len.get(),
+                seg_len: out.segment_len.get(),
             });
         }
         self.record("CREATE_EP", r);
@@ -389,10 +407,13 @@ impl Fuzzer {
             3 => self.rng.gen::<u64>() & !(PAGE as u64 - 1),
             _ => base + PAGE as u64 * self.rng.gen_range(0..BUFFER_PAGES as u64),
         };
-        let mut a = [0u8; 64];
-        a[0..4].copy_from_slice(&first.to_le_bytes());
-        a[4..8].copy_from_slice(&count.to_le_bytes());
-        a[8..16].copy_from_slice(&va.to_le_bytes());
+        let arg = IocUtlbInstall {
+            first: first.into(),
+            count: count.into(),
+            va: va.into(),
+        };
+        let mut a = arg.as_bytes().to_vec();
+        a.resize(a.len() + 64, 0);
         let p = self.pointer(&mut a);
         let r = self.ioctl(d, uapi::IOC_UTLB_INSTALL, p);
         self.record("UTLB_INSTALL", r);

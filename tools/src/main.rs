@@ -793,7 +793,7 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
         "ulnic: serving {} nodes, {} endpoints each (QEMU: num_vqs={}, config_size={}, virtio-id={}); Ctrl-C stops",
         dev.sockets().len(),
         a.endpoints,
-        a.endpoints + 2,
+        ulnic_abi::queue_count(a.endpoints),
         ulnic_abi::CONFIG_SIZE,
         ulnic_abi::VIRTIO_ID_ULNIC
     );

@@ -7,6 +7,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 
 use ulnic_abi::uapi;
+use ulnic_abi::wire::IocCreateEp;
+use zerocopy::{FromZeros, IntoBytes};
 
 /// The argument size an ioctl request encodes (its `_IOC_SIZE`).
 fn arg_size(req: u32) -> usize {
@@ -50,11 +52,14 @@ pub unsafe fn ioctl_ptr(f: &File, req: u32, arg: *mut u8) -> io::Result<i32> {
 /// Creates the smallest useful endpoint on `f` (rings of 8, an event ring
 /// of 64 as spec §5.2 requires, a 4 KiB segment); returns its id.
 pub fn create_small_endpoint(f: &File) -> io::Result<u32> {
-    let mut a = [0u8; uapi::CREATE_EP_SIZE as usize];
-    for (i, n) in [8u32, 8, 8, 64].into_iter().enumerate() {
-        a[i * 4..i * 4 + 4].copy_from_slice(&n.to_le_bytes());
-    }
-    a[16..24].copy_from_slice(&4096u64.to_le_bytes());
-    ioctl(f, uapi::IOC_CREATE_EP, &mut a)?;
-    Ok(ulnic_abi::read_le32(&a, 24))
+    let mut a = IocCreateEp {
+        send_entries: 8.into(),
+        recv_entries: 8.into(),
+        free_entries: 8.into(),
+        event_entries: 64.into(),
+        segment_bytes: 4096.into(),
+        ..FromZeros::new_zeroed()
+    };
+    ioctl(f, uapi::IOC_CREATE_EP, a.as_mut_bytes())?;
+    Ok(a.id.get())
 }

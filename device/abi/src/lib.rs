@@ -8,6 +8,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod wire;
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{Immutable, IntoBytes};
+
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
@@ -22,7 +27,7 @@ pub const VIRTIO_ID_ULNIC: u32 = 21;
 /// Magic at config offset 0: "ULNC" in little endian.
 pub const CONFIG_MAGIC: u32 = 0x434e_4c55;
 /// Size of the device config space in bytes.
-pub const CONFIG_SIZE: usize = 64;
+pub const CONFIG_SIZE: usize = core::mem::size_of::<wire::ConfigSpace>();
 
 /// Device feature bit: U-Net messaging (send/receive/free rings). Implemented.
 pub const F_MESSAGING: u64 = 1 << 0;
@@ -59,9 +64,10 @@ pub const DEFAULT_UTLB_CACHE: u32 = 8192;
 /// Where a send descriptor with `send_flags::UTLB` names its buffer's
 /// entries (u32 first index, u32 count); its offset field is then the
 /// offset into the first entry's page.
-pub const SEND_UTLB_REF_OFFSET: usize = 40;
+pub const SEND_UTLB_REF_OFFSET: usize = core::mem::offset_of!(wire::SendDesc, data)
+    + core::mem::offset_of!(wire::SendBuffer, utlb_first);
 /// The same for RDMA descriptors (after their 64 bytes).
-pub const RDMA_UTLB_REF_OFFSET: usize = 64;
+pub const RDMA_UTLB_REF_OFFSET: usize = core::mem::offset_of!(wire::RdmaDesc, utlb_first);
 
 /// Queue 0: control queue (driver -> device request, device -> driver response).
 pub const CONTROL_QUEUE: u16 = 0;
@@ -69,6 +75,15 @@ pub const CONTROL_QUEUE: u16 = 0;
 pub const NOTIFY_QUEUE: u16 = 1;
 /// Queue index of endpoint 0's doorbell; endpoint `e` rings queue `FIRST_DOORBELL_QUEUE + e`.
 pub const FIRST_DOORBELL_QUEUE: u16 = 2;
+/// Virtqueues of a port with `endpoints` endpoints: control, notification,
+/// and a doorbell queue per endpoint (QEMU's `num_vqs`).
+pub const fn queue_count(endpoints: u32) -> u32 {
+    FIRST_DOORBELL_QUEUE as u32 + endpoints
+}
+/// The doorbell queue of endpoint `id`.
+pub const fn doorbell_queue(id: u32) -> u32 {
+    FIRST_DOORBELL_QUEUE as u32 + id
+}
 /// Upper bound on endpoints per port (the vhost-user backend crate limits a
 /// port to 64 queues).
 pub const MAX_ENDPOINTS_LIMIT: u32 = 62;
@@ -135,13 +150,15 @@ pub mod ctrl {
 }
 
 /// Entry sizes of the four rings.
-pub const SEND_DESC_SIZE: u64 = 128;
+pub const SEND_DESC_SIZE: u64 = core::mem::size_of::<wire::SendDesc>() as u64;
 /// Receive descriptor size.
-pub const RECV_DESC_SIZE: u64 = 128;
+pub const RECV_DESC_SIZE: u64 = core::mem::size_of::<wire::RecvDesc>() as u64;
 /// Free descriptor size.
-pub const FREE_DESC_SIZE: u64 = 32;
+pub const FREE_DESC_SIZE: u64 = core::mem::size_of::<wire::FreeDesc>() as u64;
 /// Event record size.
-pub const EVENT_SIZE: u64 = 32;
+pub const EVENT_SIZE: u64 = core::mem::size_of::<wire::Event>() as u64;
+/// Size of a notification record (spec §6).
+pub const NOTIFY_RECORD_SIZE: usize = core::mem::size_of::<wire::NotifyRecord>();
 
 /// Ring sizes of one endpoint, and where each ring lives in its control region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -457,31 +474,17 @@ pub mod condition {
     pub const RECV_DROPPED: u16 = 2;
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(a)
-}
-fn put16(b: &mut [u8], o: usize, v: u16) {
-    b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-}
-fn put32(b: &mut [u8], o: usize, v: u32) {
-    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn put64(b: &mut [u8], o: usize, v: u64) {
-    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+/// Writes a wire struct over the start of `b` (which holds at least its
+/// size: the callers' slots are sized by the same structs).
+fn write_prefix<T: IntoBytes + Immutable>(b: &mut [u8], w: &T) {
+    let bytes = w.as_bytes();
+    b[..bytes.len()].copy_from_slice(bytes);
 }
 
 /// Offset of inline data in send and receive descriptors.
-pub const INLINE_OFFSET: usize = 32;
+pub const INLINE_OFFSET: usize = core::mem::offset_of!(wire::SendDesc, data);
 /// Offset of the segment offset in non-inline send and receive descriptors.
-pub const SEG_OFFSET_OFFSET: usize = 32;
+pub const SEG_OFFSET_OFFSET: usize = core::mem::offset_of!(wire::SendDesc, data);
 
 /// The 32-byte header of a send descriptor (spec §5.3). Bytes 32..128 hold
 /// either the inline payload or, at 32, the u64 segment offset.
@@ -508,30 +511,36 @@ pub struct SendDesc {
 impl SendDesc {
     /// Decodes the fixed fields of a descriptor.
     pub fn decode(b: &[u8; SEND_DESC_SIZE as usize]) -> Self {
+        let w: wire::SendDesc = wire::read(b);
+        let buf: wire::SendBuffer = wire::read(&w.data);
         SendDesc {
-            opcode: u16_at(b, 0),
-            flags: u16_at(b, 2),
-            len: u32_at(b, 4),
-            dest_node: u32_at(b, 8),
-            dest_port: u32_at(b, 12),
-            tag: u32_at(b, 16),
-            user_id: u64_at(b, 24),
-            seg_offset: u64_at(b, SEG_OFFSET_OFFSET),
+            opcode: w.opcode.get(),
+            flags: w.flags.get(),
+            len: w.len.get(),
+            dest_node: w.dest_node.get(),
+            dest_port: w.dest_port.get(),
+            tag: w.tag.get(),
+            user_id: w.user_id.get(),
+            seg_offset: buf.offset.get(),
         }
     }
-    /// Encodes the header (and, when not inline, the segment offset).
+    /// Encodes the header (and, when not inline, the segment offset),
+    /// leaving the rest of `b` (an inline payload) as it is.
     pub fn encode_header(&self, b: &mut [u8]) {
-        put16(b, 0, self.opcode);
-        put16(b, 2, self.flags);
-        put32(b, 4, self.len);
-        put32(b, 8, self.dest_node);
-        put32(b, 12, self.dest_port);
-        put32(b, 16, self.tag);
-        put32(b, 20, 0);
-        put64(b, 24, self.user_id);
+        let mut w: wire::SendDesc = wire::read(b);
+        w.opcode = self.opcode.into();
+        w.flags = self.flags.into();
+        w.len = self.len.into();
+        w.dest_node = self.dest_node.into();
+        w.dest_port = self.dest_port.into();
+        w.tag = self.tag.into();
+        w.reserved = 0.into();
+        w.user_id = self.user_id.into();
         if self.flags & send_flags::INLINE == 0 {
-            put64(b, SEG_OFFSET_OFFSET, self.seg_offset);
+            let offset = self.seg_offset.to_le_bytes();
+            w.data[..offset.len()].copy_from_slice(&offset);
         }
+        write_prefix(b, &w);
     }
 }
 
@@ -558,36 +567,42 @@ pub struct RecvDesc {
 
 impl RecvDesc {
     /// Offset of `buf_offset` in the descriptor.
-    pub const BUF_OFFSET_AT: usize = 32;
+    pub const BUF_OFFSET_AT: usize = core::mem::offset_of!(wire::RecvDesc, data);
     /// Decodes a descriptor.
     pub fn decode(b: &[u8]) -> Self {
+        let w: wire::RecvDesc = wire::read(b);
+        let flags = w.flags.get();
         RecvDesc {
-            flags: u16_at(b, 0),
-            len: u32_at(b, 4),
-            src_node: u32_at(b, 8),
-            src_port: u32_at(b, 12),
-            tag: u32_at(b, 16),
-            buf_id: u64_at(b, 24),
-            buf_offset: if u16_at(b, 0) & recv_flags::INLINE == 0 {
-                u64_at(b, Self::BUF_OFFSET_AT)
+            flags,
+            len: w.len.get(),
+            src_node: w.src_node.get(),
+            src_port: w.src_port.get(),
+            tag: w.tag.get(),
+            buf_id: w.buf_id.get(),
+            buf_offset: if flags & recv_flags::INLINE == 0 {
+                wire::read::<U64>(&w.data).get()
             } else {
                 0
             },
         }
     }
-    /// Encodes the header (and the buffer offset when not inline).
+    /// Encodes the header (and the buffer offset when not inline), leaving
+    /// the rest of `b` (an inline payload) as it is.
     pub fn encode_header(&self, b: &mut [u8]) {
-        put16(b, 0, self.flags);
-        put16(b, 2, 0);
-        put32(b, 4, self.len);
-        put32(b, 8, self.src_node);
-        put32(b, 12, self.src_port);
-        put32(b, 16, self.tag);
-        put32(b, 20, 0);
-        put64(b, 24, self.buf_id);
+        let mut w: wire::RecvDesc = wire::read(b);
+        w.flags = self.flags.into();
+        w.reserved0 = 0.into();
+        w.len = self.len.into();
+        w.src_node = self.src_node.into();
+        w.src_port = self.src_port.into();
+        w.tag = self.tag.into();
+        w.reserved1 = 0.into();
+        w.buf_id = self.buf_id.into();
         if self.flags & recv_flags::INLINE == 0 {
-            put64(b, Self::BUF_OFFSET_AT, self.buf_offset);
+            let offset = self.buf_offset.to_le_bytes();
+            w.data[..offset.len()].copy_from_slice(&offset);
         }
+        write_prefix(b, &w);
     }
 }
 
@@ -605,19 +620,28 @@ pub struct FreeDesc {
 impl FreeDesc {
     /// Decodes a descriptor.
     pub fn decode(b: &[u8]) -> Self {
+        let w: wire::FreeDesc = wire::read(b);
         FreeDesc {
-            seg_offset: u64_at(b, 0),
-            len: u32_at(b, 8),
-            user_id: u64_at(b, 16),
+            seg_offset: w.seg_offset.get(),
+            len: w.len.get(),
+            user_id: w.user_id.get(),
         }
+    }
+    /// Whether its reserved fields are 0 (spec §5.5).
+    pub fn reserved_zero(b: &[u8]) -> bool {
+        let w: wire::FreeDesc = wire::read(b);
+        w.reserved0.get() == 0 && w.reserved1.get() == 0
     }
     /// Encodes into a 32-byte slot.
     pub fn encode(&self, b: &mut [u8]) {
-        put64(b, 0, self.seg_offset);
-        put32(b, 8, self.len);
-        put32(b, 12, 0);
-        put64(b, 16, self.user_id);
-        put64(b, 24, 0);
+        let w = wire::FreeDesc {
+            seg_offset: self.seg_offset.into(),
+            len: self.len.into(),
+            reserved0: 0.into(),
+            user_id: self.user_id.into(),
+            reserved1: 0.into(),
+        };
+        write_prefix(b, &w);
     }
 }
 
@@ -636,23 +660,25 @@ pub struct Cookie {
 
 impl Cookie {
     /// Encoded size.
-    pub const SIZE: usize = 24;
+    pub const SIZE: usize = core::mem::size_of::<wire::Cookie>();
     /// Encodes.
     pub fn encode(&self) -> [u8; Self::SIZE] {
-        let mut b = [0u8; Self::SIZE];
-        put32(&mut b, 0, self.node);
-        put32(&mut b, 4, self.aperture);
-        put32(&mut b, 8, self.generation);
-        put64(&mut b, 16, self.key);
-        b
+        zerocopy::transmute!(wire::Cookie {
+            node: self.node.into(),
+            aperture: self.aperture.into(),
+            generation: self.generation.into(),
+            reserved: 0.into(),
+            key: self.key.into(),
+        })
     }
     /// Decodes (`b` holds at least `SIZE` bytes).
     pub fn decode(b: &[u8]) -> Self {
+        let w: wire::Cookie = wire::read(b);
         Cookie {
-            node: u32_at(b, 0),
-            aperture: u32_at(b, 4),
-            generation: u32_at(b, 8),
-            key: u64_at(b, 16),
+            node: w.node.get(),
+            aperture: w.aperture.get(),
+            generation: w.generation.get(),
+            key: w.key.get(),
         }
     }
 }
@@ -681,36 +707,42 @@ pub struct RdmaDesc {
 impl RdmaDesc {
     /// Decodes.
     pub fn decode(b: &[u8; SEND_DESC_SIZE as usize]) -> Self {
+        let w: wire::RdmaDesc = wire::read(b);
         RdmaDesc {
-            opcode: u16_at(b, 0),
-            flags: u16_at(b, 2),
-            len: u32_at(b, 4),
+            opcode: w.opcode.get(),
+            flags: w.flags.get(),
+            len: w.len.get(),
             cookie: Cookie {
-                node: u32_at(b, 8),
-                aperture: u32_at(b, 12),
-                generation: u32_at(b, 16),
-                key: u64_at(b, 32),
+                node: w.cookie_node.get(),
+                aperture: w.cookie_aperture.get(),
+                generation: w.cookie_generation.get(),
+                key: w.cookie_key.get(),
             },
-            user_id: u64_at(b, 24),
-            remote_offset: u64_at(b, 40),
-            local_offset: u64_at(b, 48),
-            immediate: u64_at(b, 56),
+            user_id: w.user_id.get(),
+            remote_offset: w.remote_offset.get(),
+            local_offset: w.local_offset.get(),
+            immediate: w.immediate.get(),
         }
     }
-    /// Encodes into the first 64 bytes of a send slot.
+    /// Encodes into the first 64 bytes of a send slot (up to the UTLB
+    /// reference, which it leaves as it is).
     pub fn encode(&self, b: &mut [u8]) {
-        put16(b, 0, self.opcode);
-        put16(b, 2, self.flags);
-        put32(b, 4, self.len);
-        put32(b, 8, self.cookie.node);
-        put32(b, 12, self.cookie.aperture);
-        put32(b, 16, self.cookie.generation);
-        put32(b, 20, 0);
-        put64(b, 24, self.user_id);
-        put64(b, 32, self.cookie.key);
-        put64(b, 40, self.remote_offset);
-        put64(b, 48, self.local_offset);
-        put64(b, 56, self.immediate);
+        let mut w: wire::RdmaDesc = wire::read(b);
+        w.opcode = self.opcode.into();
+        w.flags = self.flags.into();
+        w.len = self.len.into();
+        w.cookie_node = self.cookie.node.into();
+        w.cookie_aperture = self.cookie.aperture.into();
+        w.cookie_generation = self.cookie.generation.into();
+        w.reserved = 0.into();
+        w.user_id = self.user_id.into();
+        w.cookie_key = self.cookie.key.into();
+        w.remote_offset = self.remote_offset.into();
+        w.local_offset = self.local_offset.into();
+        w.immediate = self.immediate.into();
+        // Only up to the UTLB reference: `b` may be just that long.
+        let fields = &w.as_bytes()[..RDMA_UTLB_REF_OFFSET];
+        b[..fields.len()].copy_from_slice(fields);
     }
 }
 
@@ -736,34 +768,38 @@ pub struct Event {
 impl Event {
     /// Decodes an event.
     pub fn decode(b: &[u8]) -> Self {
+        let w: wire::Event = wire::read(b);
         Event {
-            kind: u16_at(b, 0),
-            code: u16_at(b, 2),
-            user_id: u64_at(b, 8),
-            node: u32_at(b, 16),
-            port: u32_at(b, 20),
-            len: u32_at(b, 24),
-            aux: u32_at(b, 4),
+            kind: w.kind.get(),
+            code: w.code.get(),
+            user_id: w.user_id.get(),
+            node: w.node.get(),
+            port: w.port.get(),
+            len: w.len.get(),
+            aux: w.aux.get(),
         }
     }
     /// Encodes into a 32-byte slot.
     pub fn encode(&self, b: &mut [u8]) {
-        put16(b, 0, self.kind);
-        put16(b, 2, self.code);
-        put32(b, 4, self.aux);
-        put64(b, 8, self.user_id);
-        put32(b, 16, self.node);
-        put32(b, 20, self.port);
-        put32(b, 24, self.len);
-        put32(b, 28, 0);
+        let w = wire::Event {
+            kind: self.kind.into(),
+            code: self.code.into(),
+            aux: self.aux.into(),
+            user_id: self.user_id.into(),
+            node: self.node.into(),
+            port: self.port.into(),
+            len: self.len.into(),
+            reserved: 0.into(),
+        };
+        write_prefix(b, &w);
     }
 }
 
 /// Header of every control request (8 bytes) followed by the command payload.
-pub const CMD_HEADER_SIZE: usize = 8;
+pub const CMD_HEADER_SIZE: usize = core::mem::size_of::<wire::CmdHeader>();
 /// Header of every control response (8 bytes: status, reserved) followed by
 /// the result payload.
-pub const RESP_HEADER_SIZE: usize = 8;
+pub const RESP_HEADER_SIZE: usize = core::mem::size_of::<wire::RespHeader>();
 /// Largest request payload the device reads.
 pub const MAX_CMD_PAYLOAD: usize = 512;
 
@@ -792,34 +828,37 @@ pub struct CreateEndpoint {
 
 impl CreateEndpoint {
     /// Encoded size.
-    pub const SIZE: usize = 48;
+    pub const SIZE: usize = core::mem::size_of::<wire::CreateEndpoint>();
     /// Decodes; `b` must hold `SIZE` bytes.
     pub fn decode(b: &[u8]) -> Self {
+        let w: wire::CreateEndpoint = wire::read(b);
         CreateEndpoint {
-            pd: u32_at(b, 0),
-            send_entries: u32_at(b, 4),
-            recv_entries: u32_at(b, 8),
-            free_entries: u32_at(b, 12),
-            event_entries: u32_at(b, 16),
-            ctrl_gpa: u64_at(b, 24),
-            ctrl_len: u64_at(b, 32),
-            seg_table_gpa: u64_at(b, 40),
-            seg_pages: u32_at(b, 20),
+            pd: w.pd.get(),
+            send_entries: w.send_entries.get(),
+            recv_entries: w.recv_entries.get(),
+            free_entries: w.free_entries.get(),
+            event_entries: w.event_entries.get(),
+            ctrl_gpa: w.ctrl_gpa.get(),
+            ctrl_len: w.ctrl_len.get(),
+            seg_table_gpa: w.seg_table_gpa.get(),
+            seg_pages: w.seg_pages.get(),
         }
     }
     /// Encodes into `SIZE` bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; Self::SIZE];
-        put32(&mut b, 0, self.pd);
-        put32(&mut b, 4, self.send_entries);
-        put32(&mut b, 8, self.recv_entries);
-        put32(&mut b, 12, self.free_entries);
-        put32(&mut b, 16, self.event_entries);
-        put32(&mut b, 20, self.seg_pages);
-        put64(&mut b, 24, self.ctrl_gpa);
-        put64(&mut b, 32, self.ctrl_len);
-        put64(&mut b, 40, self.seg_table_gpa);
-        b
+        wire::CreateEndpoint {
+            pd: self.pd.into(),
+            send_entries: self.send_entries.into(),
+            recv_entries: self.recv_entries.into(),
+            free_entries: self.free_entries.into(),
+            event_entries: self.event_entries.into(),
+            seg_pages: self.seg_pages.into(),
+            ctrl_gpa: self.ctrl_gpa.into(),
+            ctrl_len: self.ctrl_len.into(),
+            seg_table_gpa: self.seg_table_gpa.into(),
+        }
+        .as_bytes()
+        .to_vec()
     }
     /// The ring layout requested.
     pub fn layout(&self) -> RingLayout {
@@ -849,7 +888,7 @@ pub struct FilterEntry {
 
 impl FilterEntry {
     /// Encoded size.
-    pub const SIZE: usize = 16;
+    pub const SIZE: usize = core::mem::size_of::<wire::FilterEntry>();
     /// Accepts everything.
     pub const ACCEPT_ALL: FilterEntry = FilterEntry {
         node: ANY,
@@ -865,18 +904,23 @@ impl FilterEntry {
     }
     /// Decodes 16 bytes.
     pub fn decode(b: &[u8]) -> Self {
+        let w: wire::FilterEntry = wire::read(b);
         FilterEntry {
-            node: u32_at(b, 0),
-            port: u32_at(b, 4),
-            tag: u32_at(b, 8),
-            tag_mask: u32_at(b, 12),
+            node: w.node.get(),
+            port: w.port.get(),
+            tag: w.tag.get(),
+            tag_mask: w.tag_mask.get(),
         }
     }
     /// Appends the encoding to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        for v in [self.node, self.port, self.tag, self.tag_mask] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
+        let w = wire::FilterEntry {
+            node: self.node.into(),
+            port: self.port.into(),
+            tag: self.tag.into(),
+            tag_mask: self.tag_mask.into(),
+        };
+        out.extend_from_slice(w.as_bytes());
     }
 }
 
@@ -907,35 +951,38 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     /// Encoded size.
-    pub const SIZE: usize = 40;
+    pub const SIZE: usize = core::mem::size_of::<wire::DeviceInfo>();
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; Self::SIZE];
-        put16(&mut b, 0, self.version_major);
-        put16(&mut b, 2, self.version_minor);
-        put32(&mut b, 4, self.node);
-        put32(&mut b, 8, self.max_endpoints);
-        put32(&mut b, 12, self.inline_max);
-        put32(&mut b, 16, self.max_message);
-        put32(&mut b, 20, self.nodes);
-        put64(&mut b, 24, self.features);
-        put32(&mut b, 32, self.max_tripwires);
-        put32(&mut b, 36, self.max_apertures);
-        b
+        wire::DeviceInfo {
+            version_major: self.version_major.into(),
+            version_minor: self.version_minor.into(),
+            node: self.node.into(),
+            max_endpoints: self.max_endpoints.into(),
+            inline_max: self.inline_max.into(),
+            max_message: self.max_message.into(),
+            nodes: self.nodes.into(),
+            features: self.features.into(),
+            max_tripwires: self.max_tripwires.into(),
+            max_apertures: self.max_apertures.into(),
+        }
+        .as_bytes()
+        .to_vec()
     }
     /// Decodes.
     pub fn decode(b: &[u8]) -> Self {
+        let w: wire::DeviceInfo = wire::read(b);
         DeviceInfo {
-            version_major: u16_at(b, 0),
-            version_minor: u16_at(b, 2),
-            node: u32_at(b, 4),
-            max_endpoints: u32_at(b, 8),
-            inline_max: u32_at(b, 12),
-            max_message: u32_at(b, 16),
-            nodes: u32_at(b, 20),
-            features: u64_at(b, 24),
-            max_tripwires: u32_at(b, 32),
-            max_apertures: u32_at(b, 36),
+            version_major: w.version_major.get(),
+            version_minor: w.version_minor.get(),
+            node: w.node.get(),
+            max_endpoints: w.max_endpoints.get(),
+            inline_max: w.inline_max.get(),
+            max_message: w.max_message.get(),
+            nodes: w.nodes.get(),
+            features: w.features.get(),
+            max_tripwires: w.max_tripwires.get(),
+            max_apertures: w.max_apertures.get(),
         }
     }
 }
@@ -967,11 +1014,11 @@ pub fn le32(v: u32) -> [u8; 4] {
 }
 /// Reads a little-endian u32 at `o`; the caller checked the length.
 pub fn read_le32(b: &[u8], o: usize) -> u32 {
-    u32_at(b, o)
+    wire::read::<U32>(b.get(o..).unwrap_or_default()).get()
 }
 /// Reads a little-endian u64 at `o`; the caller checked the length.
 pub fn read_le64(b: &[u8], o: usize) -> u64 {
-    u64_at(b, o)
+    wire::read::<U64>(b.get(o..).unwrap_or_default()).get()
 }
 
 #[cfg(test)]
@@ -1151,31 +1198,39 @@ pub mod uapi {
         (dir << 30) | (size << 16) | (IOC_TYPE << 8) | nr
     }
     const WRITE: u32 = 1;
+    /// The argument of the ioctls that take one u32.
+    const U32_SIZE: u32 = 4;
     const READ: u32 = 2;
     /// Size of `CreateEp` (in and out fields).
-    pub const CREATE_EP_SIZE: u32 = 64;
+    pub const CREATE_EP_SIZE: u32 = core::mem::size_of::<super::wire::IocCreateEp>() as u32;
     /// Size of the `COMMAND` argument: u32 opcode, u32 status, u32 in_len,
     /// u32 out_len, then 512 data bytes (payload in, result out).
-    pub const COMMAND_SIZE: u32 = 16 + 512;
+    pub const COMMAND_SIZE: u32 = core::mem::size_of::<super::wire::IocCommand>() as u32;
     /// Read the device information (`DeviceInfo`, `DeviceInfo::SIZE` bytes).
     pub const IOC_INFO: u32 = ioc(READ, 1, super::DeviceInfo::SIZE as u32);
     /// Create an endpoint in the file's protection domain (`CreateEp`).
     pub const IOC_CREATE_EP: u32 = ioc(READ | WRITE, 2, CREATE_EP_SIZE);
     /// Destroy one of the file's endpoints (u32 id).
-    pub const IOC_DESTROY_EP: u32 = ioc(WRITE, 3, 4);
+    pub const IOC_DESTROY_EP: u32 = ioc(WRITE, 3, U32_SIZE);
     /// Run BIND_PORT, SET_FILTER, ARM, DISARM or GET_STATS on an endpoint
     /// the file owns (the payload's first u32).
     pub const IOC_COMMAND: u32 = ioc(READ | WRITE, 4, COMMAND_SIZE);
     /// Ring an owned endpoint's doorbell (u32 id).
-    pub const IOC_KICK: u32 = ioc(WRITE, 5, 4);
+    pub const IOC_KICK: u32 = ioc(WRITE, 5, U32_SIZE);
     /// Block until an owned endpoint is notified: u32 id, u32 timeout in
     /// ms; returns 1 when notified, 0 on timeout.
-    pub const IOC_WAIT: u32 = ioc(WRITE, 6, 8);
+    pub const IOC_WAIT: u32 = ioc(
+        WRITE,
+        6,
+        core::mem::size_of::<super::wire::IocWait>() as u32,
+    );
     /// mmap offset of endpoint `e`'s control region; its segment is at
     /// `+ MMAP_SEGMENT`.
     pub const fn mmap_ctrl(e: u32) -> u64 {
-        (e as u64) << 32
+        (e as u64) << MMAP_ID_SHIFT
     }
+    /// An mmap offset's endpoint id is the offset shifted right by this.
+    pub const MMAP_ID_SHIFT: u32 = 32;
     /// Added to `mmap_ctrl(e)` for the segment.
     pub const MMAP_SEGMENT: u64 = 1 << 31;
     /// mmap offset of an endpoint's doorbell page: `mmap_ctrl(id) +
@@ -1183,11 +1238,65 @@ pub mod uapi {
     /// its start rings the doorbell without a system call.
     pub const MMAP_DOORBELL: u64 = 1 << 30;
     /// Give the file's protection domain a UTLB of `entries` (u32) entries.
-    pub const IOC_UTLB_INIT: u32 = ioc(WRITE, 7, 4);
+    pub const IOC_UTLB_INIT: u32 = ioc(WRITE, 7, U32_SIZE);
     /// Pin `count` pages of this process from virtual address `va` (page
     /// aligned) and install them at UTLB entries `first..first+count`,
     /// unpinning what was there: u32 first, u32 count, u64 va.
-    pub const IOC_UTLB_INSTALL: u32 = ioc(WRITE, 8, 16);
+    pub const IOC_UTLB_INSTALL: u32 = ioc(
+        WRITE,
+        8,
+        core::mem::size_of::<super::wire::IocUtlbInstall>() as u32,
+    );
+    /// Direction of an ioctl's argument, as `_IOR`, `_IOW`, `_IOWR` say.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Dir {
+        /// The driver writes the argument.
+        Read,
+        /// The driver reads the argument.
+        Write,
+        /// Both.
+        ReadWrite,
+    }
+
+    /// Every ioctl: name, direction, number, C argument type, and the
+    /// number Rust computes (which the C header asserts equal to its own).
+    pub fn ioctls() -> [(&'static str, Dir, u32, &'static str, u32); 8] {
+        [
+            (
+                "IOC_INFO",
+                Dir::Read,
+                1,
+                "struct ulnic_device_info",
+                IOC_INFO,
+            ),
+            (
+                "IOC_CREATE_EP",
+                Dir::ReadWrite,
+                2,
+                "struct ulnic_ioc_create_ep",
+                IOC_CREATE_EP,
+            ),
+            ("IOC_DESTROY_EP", Dir::Write, 3, "__u32", IOC_DESTROY_EP),
+            (
+                "IOC_COMMAND",
+                Dir::ReadWrite,
+                4,
+                "struct ulnic_ioc_command",
+                IOC_COMMAND,
+            ),
+            ("IOC_KICK", Dir::Write, 5, "__u32", IOC_KICK),
+            ("IOC_WAIT", Dir::Write, 6, "struct ulnic_ioc_wait", IOC_WAIT),
+            ("IOC_UTLB_INIT", Dir::Write, 7, "__u32", IOC_UTLB_INIT),
+            (
+                "IOC_UTLB_INSTALL",
+                Dir::Write,
+                8,
+                "struct ulnic_ioc_utlb_install",
+                IOC_UTLB_INSTALL,
+            ),
+        ]
+    }
+
     /// Largest control region the driver allocates (physically contiguous).
     pub const MAX_CTRL_BYTES: u64 = 4 << 20;
     /// Largest segment the driver allocates.
@@ -1270,20 +1379,10 @@ pub fn c_header() -> String {
         ("ULNIC_RECV_DESC_SIZE", RECV_DESC_SIZE),
         ("ULNIC_FREE_DESC_SIZE", FREE_DESC_SIZE),
         ("ULNIC_EVENT_SIZE", EVENT_SIZE),
-        ("ULNIC_CREATE_ENDPOINT_SIZE", CreateEndpoint::SIZE as u64),
-        ("ULNIC_DEVICE_INFO_SIZE", DeviceInfo::SIZE as u64),
-        ("ULNIC_NOTIFY_RECORD_SIZE", 8),
-        ("ULNIC_IOC_INFO", uapi::IOC_INFO.into()),
-        ("ULNIC_IOC_CREATE_EP", uapi::IOC_CREATE_EP.into()),
-        ("ULNIC_IOC_DESTROY_EP", uapi::IOC_DESTROY_EP.into()),
-        ("ULNIC_IOC_COMMAND", uapi::IOC_COMMAND.into()),
-        ("ULNIC_IOC_KICK", uapi::IOC_KICK.into()),
-        ("ULNIC_IOC_WAIT", uapi::IOC_WAIT.into()),
-        ("ULNIC_IOC_UTLB_INIT", uapi::IOC_UTLB_INIT.into()),
-        ("ULNIC_IOC_UTLB_INSTALL", uapi::IOC_UTLB_INSTALL.into()),
-        ("ULNIC_CREATE_EP_SIZE", uapi::CREATE_EP_SIZE.into()),
-        ("ULNIC_COMMAND_SIZE", uapi::COMMAND_SIZE.into()),
+        ("ULNIC_NOTIFY_RECORD_SIZE", NOTIFY_RECORD_SIZE as u64),
+        ("ULNIC_IOC_TYPE", uapi::IOC_TYPE.into()),
         ("ULNIC_MMAP_SEGMENT", uapi::MMAP_SEGMENT),
+        ("ULNIC_MMAP_ID_SHIFT", uapi::MMAP_ID_SHIFT.into()),
         ("ULNIC_MMAP_DOORBELL", uapi::MMAP_DOORBELL),
         ("ULNIC_MAX_CTRL_BYTES", uapi::MAX_CTRL_BYTES),
         ("ULNIC_MAX_SEGMENT_BYTES", uapi::MAX_SEGMENT_BYTES),
@@ -1293,19 +1392,104 @@ pub fn c_header() -> String {
     defs.sort_by_key(|d| d.0);
     let mut h = String::from(
         "/* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */\n\
-         /* Generated from device/abi/src/lib.rs by ulnic_abi::c_header(); do not edit.\n \
+         /* Generated from device/abi/src/{lib,wire}.rs by ulnic_abi::c_header(); do not edit.\n \
          * Regenerate: ULNIC_BLESS=1 cargo test -p ulnic-abi */\n\
-         #ifndef ULNIC_ABI_H\n#define ULNIC_ABI_H\n\n",
+         #ifndef ULNIC_ABI_H\n#define ULNIC_ABI_H\n\n\
+         #include <linux/types.h>\n#include <linux/ioctl.h>\n\n",
     );
     for (name, v) in defs {
         h.push_str(&format!("#define {name} {v:#x}\n"));
+    }
+    h.push_str(&c_structs(&wire::all()));
+    h.push_str("\n/* ioctls of /dev/ulnicN (spec \u{a7}9); arguments are the structs above. */\n");
+    for (name, dir, nr, arg, value) in uapi::ioctls() {
+        let mac = match dir {
+            uapi::Dir::Read => "_IOR",
+            uapi::Dir::Write => "_IOW",
+            uapi::Dir::ReadWrite => "_IOWR",
+        };
+        h.push_str(&format!(
+            "#define ULNIC_{name} {mac}(ULNIC_IOC_TYPE, {nr}, {arg})\n\
+             _Static_assert(ULNIC_{name} == {value:#x}u, \"ULNIC_{name}\");\n"
+        ));
     }
     h.push_str("\n#endif /* ULNIC_ABI_H */\n");
     h
 }
 
+/// The C declarations of `structs` (as `wire::all` gives them), each with
+/// a `_Static_assert` of its size and of every field's offset.
+pub fn c_structs(structs: &[(&str, &str, usize, Vec<wire::Field>)]) -> String {
+    let mut h = String::new();
+    for (name, summary, size, fields) in structs {
+        h.push_str(&format!("\n/* {} */\nstruct {name} {{\n", summary.trim()));
+        for f in fields {
+            match f.array {
+                Some(n) => h.push_str(&format!("\t{} {}[{n}];\n", f.c_type, f.name)),
+                None => h.push_str(&format!("\t{} {};\n", f.c_type, f.name)),
+            }
+        }
+        h.push_str("};\n");
+        h.push_str(&format!(
+            "_Static_assert(sizeof(struct {name}) == {size}, \"struct {name}: size\");\n"
+        ));
+        for f in fields {
+            h.push_str(&format!(
+                "_Static_assert(__builtin_offsetof(struct {name}, {}) == {}, \"struct {name}: {}\");\n",
+                f.name, f.offset, f.name
+            ));
+        }
+    }
+    h
+}
+
 #[cfg(test)]
 mod header_tests {
+    use std::path::Path;
+    use std::process::Command;
+
+    /// Compiles `header` as C (`cc`, the kernel's `-std=gnu11`), in user
+    /// space with the UAPI headers: the compiler's error output, if any.
+    fn compile(dir: &Path, header: &str) -> Result<(), String> {
+        std::fs::write(dir.join("ulnic_abi.h"), header).unwrap();
+        std::fs::write(
+            dir.join("check.c"),
+            "#include \"ulnic_abi.h\"\nint main(void) { return 0; }\n",
+        )
+        .unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let out = Command::new(&cc)
+            .args(["-std=gnu11", "-Wall", "-Werror", "-fsyntax-only", "check.c"])
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// The C compiler lays every struct out as Rust does: the header's
+    /// asserts of every size, offset and ioctl number hold in C.
+    #[test]
+    fn c_compiler_agrees_with_every_size_and_offset() {
+        let dir = std::env::temp_dir().join(format!("ulnic-abi-cc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let result = compile(&dir, &super::c_header());
+        // The same check fails when Rust and C disagree: one offset moved.
+        let mut structs = super::wire::all();
+        structs[0].3[1].offset += 2;
+        let broken = format!(
+            "#include <linux/types.h>\n{}",
+            super::c_structs(&structs[..1])
+        );
+        let refused = compile(&dir, &broken);
+        let _ = std::fs::remove_dir_all(&dir);
+        result.unwrap();
+        let err = refused.expect_err("a wrong offset must not compile");
+        assert!(err.contains("version_major"), "{err}");
+    }
     #[test]
     fn committed_c_header_matches_the_rust_abi() {
         let path = concat!(

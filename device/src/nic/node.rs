@@ -5,10 +5,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use log::{debug, error, warn};
+use ulnic_abi::wire::NotifyRecord;
 use ulnic_abi::{Cookie, NOTIFY_QUEUE};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
+use zerocopy::IntoBytes;
 
 use crate::chain::{self, RingFault};
 use crate::memory::guest::PortMemory;
@@ -169,11 +171,14 @@ impl Node {
             }
         };
         let head = chain.head_index();
-        let mut rec = [0u8; 8];
-        rec[..4].copy_from_slice(&e.to_le_bytes());
+        let record = NotifyRecord {
+            endpoint: e.into(),
+            reason: 0.into(),
+        };
+        let rec = record.as_bytes();
         let written = match chain.writer(mem) {
             Ok(mut w) if w.available_bytes() >= rec.len() => {
-                match std::io::Write::write_all(&mut w, &rec) {
+                match std::io::Write::write_all(&mut w, rec) {
                     Ok(()) => rec.len() as u32,
                     Err(_) => 0,
                 }

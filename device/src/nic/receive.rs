@@ -140,8 +140,7 @@ pub fn take_free_buffer(
         let mut raw = [0u8; ulnic_abi::FREE_DESC_SIZE as usize];
         let ok = guest::read(mem, rx.free_slot(), &mut raw).is_ok();
         let f = FreeDesc::decode(&raw);
-        let reserved_zero =
-            ulnic_abi::read_le32(&raw, 12) == 0 && ulnic_abi::read_le64(&raw, 24) == 0;
+        let reserved_zero = FreeDesc::reserved_zero(&raw);
         if ok && reserved_zero && f.len > 0 && rx.segment.contains(f.seg_offset, u64::from(f.len)) {
             if f.len < len {
                 return Err(tx_error::BUFFER_TOO_SMALL);

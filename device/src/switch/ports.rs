@@ -538,7 +538,9 @@ fn descriptor_allowed(d: &SendDesc, raw: &[u8; SEND_DESC_SIZE as usize], feature
     if d.flags & send_flags::UTLB != 0 {
         need |= F_UTLB;
     }
-    ulnic_abi::read_le32(raw, 20) == 0 && features & need == need
+    // Every send-ring layout has its reserved word where SEND's is.
+    let reserved = ulnic_abi::wire::read::<ulnic_abi::wire::SendDesc>(raw).reserved;
+    reserved.get() == 0 && features & need == need
 }
 
 #[cfg(test)]

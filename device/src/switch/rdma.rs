@@ -7,6 +7,7 @@
 //! and an access never interleave: an access completes before a revocation
 //! or fails after it.
 
+use ulnic_abi::wire::{self, RedirectDesc};
 use ulnic_abi::{
     event, op, perm, redirect, send_flags, tx_error, Event, RdmaDesc, MAX_RDMA, MAX_REDIRECTS,
     PAGE_SIZE, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
@@ -235,8 +236,8 @@ pub fn redirect(
     ep: &mut Endpoint,
     raw: &[u8; SEND_DESC_SIZE as usize],
 ) -> Event {
-    let opcode = u16::from_le_bytes([raw[0], raw[1]]);
-    let id = ulnic_abi::read_le64(raw, 24);
+    let d: RedirectDesc = wire::read(raw);
+    let (opcode, id) = (d.opcode.get(), d.id.get());
     if opcode == op::REDIRECT_END {
         return match ep.redirects.iter().position(|r| r.id == id) {
             Some(i) => {
@@ -277,12 +278,15 @@ fn check_redirect(
     ep: &mut Endpoint,
     raw: &[u8; SEND_DESC_SIZE as usize],
 ) -> Result<Redirect, u16> {
-    let flags = u16::from_le_bytes([raw[2], raw[3]]);
-    let len = u64::from(ulnic_abi::read_le32(raw, 4));
-    let aperture = ulnic_abi::read_le32(raw, 8);
-    let id = ulnic_abi::read_le64(raw, 24);
-    let offset = ulnic_abi::read_le64(raw, 40);
-    let target = UtlbRef::decode(raw, RDMA_UTLB_REF_OFFSET, ulnic_abi::read_le64(raw, 48));
+    let d: RedirectDesc = wire::read(raw);
+    let flags = d.flags.get();
+    let len = u64::from(d.len.get());
+    let (aperture, id, offset) = (d.aperture.get(), d.id.get(), d.offset.get());
+    let target = UtlbRef {
+        first: d.utlb_first.get(),
+        count: d.utlb_count.get(),
+        offset: d.page_offset.get(),
+    };
     if flags & send_flags::UTLB == 0
         || flags & !(send_flags::UTLB | send_flags::COMPLETION) != 0
         || len == 0

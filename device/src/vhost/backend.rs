@@ -24,6 +24,8 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use ulnic_abi::wire::ConfigSpace;
+
 use crate::chain::{pop_checked, RingFault};
 use crate::memory::guest::PortMemory;
 use crate::memory::region;
@@ -55,7 +57,7 @@ pub struct PortBackend {
 impl PortBackend {
     /// A backend for node `node`.
     pub fn new(node: u32, switch: Arc<Switch>) -> Self {
-        let num_queues = usize::from(FIRST_DOORBELL_QUEUE) + switch.max_endpoints as usize;
+        let num_queues = ulnic_abi::queue_count(switch.max_endpoints) as usize;
         PortBackend {
             node,
             switch,
@@ -79,37 +81,31 @@ impl PortBackend {
         }
     }
 
-    /// The config space (spec §3.3).
+    /// The config space (spec §2.2).
     pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
-        let mut c = [0u8; CONFIG_SIZE];
         let (tripwires, broken, epoch) = {
             let f = self.switch.lock();
             let n = &f.nodes[self.node as usize];
             (f.max_tripwires, n.broken_queues, n.epoch)
         };
-        let words: [(usize, u32); 13] = [
-            (0, CONFIG_MAGIC),
-            (
-                4,
-                u32::from(SPEC_VERSION_MAJOR) | (u32::from(SPEC_VERSION_MINOR) << 16),
-            ),
-            (8, self.node),
-            (12, self.switch.max_endpoints),
-            (16, INLINE_MAX),
-            (20, MAX_MESSAGE),
-            (24, u32::from(FIRST_DOORBELL_QUEUE)),
-            (28, MAX_RING_ENTRIES),
-            (32, self.switch.nodes),
-            (36, tripwires),
-            (48, ulnic_abi::MAX_APERTURES),
-            (52, broken),
-            (56, epoch),
-        ];
-        for (o, v) in words {
-            c[o..o + 4].copy_from_slice(&v.to_le_bytes());
-        }
-        c[40..48].copy_from_slice(&F_IMPLEMENTED.to_le_bytes());
-        c
+        zerocopy::transmute!(ConfigSpace {
+            magic: CONFIG_MAGIC.into(),
+            version_major: SPEC_VERSION_MAJOR.into(),
+            version_minor: SPEC_VERSION_MINOR.into(),
+            node: self.node.into(),
+            endpoints: self.switch.max_endpoints.into(),
+            inline_max: INLINE_MAX.into(),
+            max_message: MAX_MESSAGE.into(),
+            first_doorbell_queue: u32::from(FIRST_DOORBELL_QUEUE).into(),
+            max_ring_entries: MAX_RING_ENTRIES.into(),
+            nodes: self.switch.nodes.into(),
+            tripwires: tripwires.into(),
+            features: F_IMPLEMENTED.into(),
+            apertures: ulnic_abi::MAX_APERTURES.into(),
+            broken_queues: broken.into(),
+            epoch: epoch.into(),
+            reserved: 0.into(),
+        })
     }
 
     fn process_control(&self, vring: &VringRwLock<PortMemory>) -> io::Result<()> {
@@ -358,7 +354,7 @@ impl VhostUserBackend for PortBackend {
             q => {
                 // A doorbell: counted for its endpoint (GET_STATS), then the
                 // engine wakes to poll.
-                let e = u32::from(q).wrapping_sub(u32::from(FIRST_DOORBELL_QUEUE));
+                let e = u32::from(q).wrapping_sub(ulnic_abi::doorbell_queue(0));
                 if let Some(ep) = self.switch.lock().nodes[self.node as usize].endpoint_mut(e) {
                     ep.stats.doorbells += 1;
                 }

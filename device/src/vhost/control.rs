@@ -2,12 +2,17 @@
 //! against one node of the fabric.
 
 use log::{debug, info};
+use ulnic_abi::wire::{
+    self, BindPort, ClearTripwire, CmdHeader, EndpointCreated, Export, ExportBuffer, ObjectId,
+    RespHeader, Revoke, SetFilter, SetTripwire, UtlbInvalidate, UtlbSetTable,
+};
 use ulnic_abi::{
-    cmd, perm, read_le32, read_le64, status, tripwire_flags, CreateEndpoint, DeviceInfo,
-    FilterEntry, CMD_HEADER_SIZE, F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE,
-    MAX_SEGMENT_PAGES, PAGE_SIZE, SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+    cmd, perm, status, tripwire_flags, CreateEndpoint, DeviceInfo, FilterEntry, CMD_HEADER_SIZE,
+    F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE, MAX_SEGMENT_PAGES, PAGE_SIZE,
+    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vm_memory::GuestMemoryMmap;
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::memory::guest::{self, Segment};
 use crate::nic::aperture::Tripwire;
@@ -43,9 +48,12 @@ impl Response {
     }
     /// The bytes written into the driver's response buffer.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(8 + self.payload.len());
-        b.extend_from_slice(&self.status.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        let header = RespHeader {
+            status: self.status.into(),
+            reserved: 0.into(),
+        };
+        let mut b = Vec::with_capacity(size_of::<RespHeader>() + self.payload.len());
+        b.extend_from_slice(header.as_bytes());
         b.extend_from_slice(&self.payload);
         b
     }
@@ -60,6 +68,15 @@ fn need(payload: &[u8], n: usize) -> Result<(), Response> {
     } else {
         Ok(())
     }
+}
+
+/// Bytes of one page address in a UTLB or segment page table.
+const PAGE_ENTRY: u64 = size_of::<u64>() as u64;
+
+/// The payload of a command whose payload is exactly one `T`.
+fn payload<T: FromBytes + IntoBytes>(p: &[u8]) -> Result<T, Response> {
+    need(p, size_of::<T>())?;
+    Ok(wire::read(p))
 }
 
 /// What runs one command: (fabric, node, guest memory, payload).
@@ -104,12 +121,13 @@ pub fn execute(
     if req.len() < CMD_HEADER_SIZE {
         return Response::err(status::BAD_LENGTH);
     }
-    let opcode = read_le32(req, 0);
+    let header: CmdHeader = wire::read(req);
+    let opcode = header.opcode.get();
     let p = &req[CMD_HEADER_SIZE..];
     let r = match handler(opcode) {
         None if cmd::is_reserved(opcode) => Err(Response::err(status::NOT_SUPPORTED)),
         None => Err(Response::err(status::UNKNOWN_COMMAND)),
-        Some(_) if read_le32(req, 4) != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
+        Some(_) if header.reserved.get() != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
         Some(_) if cmd::required_features(opcode) & !fabric.nodes[node as usize].features != 0 => {
             Err(Response::err(status::NOT_SUPPORTED))
         }
@@ -153,12 +171,11 @@ fn create_pd(fabric: &mut Ports, node: u32) -> Result<Response, Response> {
     let pd = n.next_pd;
     n.next_pd = n.next_pd.wrapping_add(1).max(1);
     n.pds.insert(pd);
-    Ok(Response::ok(pd.to_le_bytes().to_vec()))
+    Ok(Response::ok(ObjectId { id: pd.into() }.as_bytes().to_vec()))
 }
 
 fn destroy_pd(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 4)?;
-    let pd = read_le32(p, 0);
+    let pd = payload::<ObjectId>(p)?.id.get();
     let n = &mut fabric.nodes[node as usize];
     if !n.pds.remove(&pd) {
         return Err(Response::err(status::NOT_FOUND));
@@ -174,22 +191,22 @@ fn destroy_pd(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respo
     Ok(Response::ok(Vec::new()))
 }
 
-/// UTLB_SET_TABLE: u32 pd, u32 entries, u64 table gpa (spec §5.14).
+/// UTLB_SET_TABLE (spec §5.14).
 fn utlb_set_table(
     fabric: &mut Ports,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
-    need(p, 16)?;
-    let (pd, entries, gpa) = (read_le32(p, 0), read_le32(p, 4), read_le64(p, 8));
+    let a: UtlbSetTable = payload(p)?;
+    let (pd, entries, gpa) = (a.pd.get(), a.entries.get(), a.table_gpa.get());
     if !fabric.nodes[node as usize].pds.contains(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
-    if entries == 0 || entries > ulnic_abi::MAX_UTLB_ENTRIES || !gpa.is_multiple_of(8) {
+    if entries == 0 || entries > ulnic_abi::MAX_UTLB_ENTRIES || !gpa.is_multiple_of(PAGE_ENTRY) {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    if !guest::range_ok(mem, gpa, u64::from(entries) * 8) {
+    if !guest::range_ok(mem, gpa, u64::from(entries) * PAGE_ENTRY) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
     fabric.utlb.cache.invalidate_domain((node, pd));
@@ -197,11 +214,11 @@ fn utlb_set_table(
     Ok(Response::ok(Vec::new()))
 }
 
-/// UTLB_INVALIDATE: u32 pd, u32 first, u32 count. Runs under the fabric
+/// UTLB_INVALIDATE. Runs under the switch
 /// lock, so once it returns no descriptor uses the old translations.
 fn utlb_invalidate(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 12)?;
-    let (pd, first, count) = (read_le32(p, 0), read_le32(p, 4), read_le32(p, 8));
+    let a: UtlbInvalidate = payload(p)?;
+    let (pd, first, count) = (a.pd.get(), a.first.get(), a.count.get());
     if !fabric.nodes[node as usize].pds.contains(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
@@ -237,14 +254,16 @@ fn create_endpoint(
     if c.seg_pages > MAX_SEGMENT_PAGES {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let table_len = u64::from(c.seg_pages) * 8;
+    let table_len = u64::from(c.seg_pages) * PAGE_ENTRY;
     if !guest::range_ok(mem, c.seg_table_gpa, table_len) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
     let mut table = vec![0u8; table_len as usize];
     guest::read(mem, c.seg_table_gpa, &mut table)
         .map_err(|_| Response::err(status::BAD_ADDRESS))?;
-    let pages = table.chunks_exact(8).map(|b| ulnic_abi::read_le64(b, 0));
+    let pages = table
+        .chunks_exact(PAGE_ENTRY as usize)
+        .map(|b| ulnic_abi::read_le64(b, 0));
     let segment =
         Segment::from_pages(mem, pages).map_err(|_| Response::err(status::BAD_ADDRESS))?;
     let Some(id) = n.endpoints.iter().position(|e| e.is_none()) else {
@@ -264,14 +283,15 @@ fn create_endpoint(
         ep.segment.extents()
     );
     n.endpoints[id] = Some(ep);
-    let mut out = (id as u32).to_le_bytes().to_vec();
-    out.extend_from_slice(&(u32::from(ulnic_abi::FIRST_DOORBELL_QUEUE) + id as u32).to_le_bytes());
-    Ok(Response::ok(out))
+    let created = EndpointCreated {
+        id: (id as u32).into(),
+        doorbell_queue: ulnic_abi::doorbell_queue(id as u32).into(),
+    };
+    Ok(Response::ok(created.as_bytes().to_vec()))
 }
 
 fn destroy_endpoint(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 4)?;
-    let id = read_le32(p, 0);
+    let id = payload::<ObjectId>(p)?.id.get();
     if !fabric.close_endpoint(node, id) {
         return Err(Response::err(status::NOT_FOUND));
     }
@@ -280,8 +300,8 @@ fn destroy_endpoint(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response,
 }
 
 fn bind_port(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 8)?;
-    let (id, port) = (read_le32(p, 0), read_le32(p, 4));
+    let a: BindPort = payload(p)?;
+    let (id, port) = (a.endpoint.get(), a.port.get());
     if port == 0 || port == ulnic_abi::ANY {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
@@ -300,15 +320,17 @@ fn bind_port(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respon
 }
 
 fn set_filter(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    if p.len() < 8 {
+    let head = size_of::<SetFilter>();
+    if p.len() < head {
         return Err(Response::err(status::BAD_LENGTH));
     }
-    let (id, count) = (read_le32(p, 0), read_le32(p, 4) as usize);
+    let a: SetFilter = wire::read(p);
+    let (id, count) = (a.endpoint.get(), a.count.get() as usize);
     if count > MAX_FILTERS {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    need(p, 8 + count * FilterEntry::SIZE)?;
-    let filters = p[8..8 + count * FilterEntry::SIZE]
+    need(p, head + count * FilterEntry::SIZE)?;
+    let filters = p[head..]
         .chunks_exact(FilterEntry::SIZE)
         .map(FilterEntry::decode)
         .collect();
@@ -320,18 +342,18 @@ fn set_filter(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respo
 }
 
 fn arm(fabric: &mut Ports, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
-    need(p, 4)?;
+    let id = payload::<ObjectId>(p)?.id.get();
     let ep = fabric.nodes[node as usize]
-        .endpoint_mut(read_le32(p, 0))
+        .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     ep.notify_enabled = on;
     Ok(Response::ok(Vec::new()))
 }
 
 fn get_stats(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 4)?;
+    let id = payload::<ObjectId>(p)?.id.get();
     let ep = fabric.nodes[node as usize]
-        .endpoint_mut(read_le32(p, 0))
+        .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     Ok(Response::ok(
         ep.stats
@@ -343,9 +365,9 @@ fn get_stats(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respon
 }
 
 fn export(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 24)?;
-    let (id, perms) = (read_le32(p, 0), read_le32(p, 4));
-    let (offset, len) = (read_le64(p, 8), read_le64(p, 16));
+    let a: Export = payload(p)?;
+    let (id, perms) = (a.endpoint.get(), a.perms.get());
+    let (offset, len) = (a.offset.get(), a.len.get());
     let n = &mut fabric.nodes[node as usize];
     let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if perms == 0
@@ -365,18 +387,21 @@ fn export(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response>
     Ok(Response::ok(cookie.encode().to_vec()))
 }
 
-/// EXPORT_BUFFER: u32 ep, u32 permissions, u64 offset into the first
-/// page, u64 len, u32 first entry, u32 count (spec §5.12).
+/// EXPORT_BUFFER (spec §5.12, §5.14).
 fn export_buffer(
     fabric: &mut Ports,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
-    need(p, 32)?;
-    let (id, perms) = (read_le32(p, 0), read_le32(p, 4));
-    let r = UtlbRef::decode(p, 24, read_le64(p, 8));
-    let len = read_le64(p, 16);
+    let a: ExportBuffer = payload(p)?;
+    let (id, perms) = (a.endpoint.get(), a.perms.get());
+    let r = UtlbRef {
+        first: a.utlb_first.get(),
+        count: a.utlb_count.get(),
+        offset: a.page_offset.get(),
+    };
+    let len = a.len.get();
     let n = &mut fabric.nodes[node as usize];
     let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if perms == 0 || perms & !perm::ALL != 0 || len == 0 || !r.offset.is_multiple_of(8) {
@@ -409,8 +434,8 @@ fn export_buffer(
 }
 
 fn revoke(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 8)?;
-    let (id, aperture) = (read_le32(p, 0), read_le32(p, 4));
+    let a: Revoke = payload(p)?;
+    let (id, aperture) = (a.endpoint.get(), a.aperture.get());
     let n = &mut fabric.nodes[node as usize];
     n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if !n.apertures.revoke(id, aperture) {
@@ -425,11 +450,11 @@ fn set_tripwire(
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
-    need(p, 40)?;
-    let (id, aperture) = (read_le32(p, 0), read_le32(p, 4));
-    let (offset, len, flags) = (read_le64(p, 8), read_le64(p, 16), read_le32(p, 24));
-    let user = read_le64(p, 32);
-    if read_le32(p, 28) != 0 {
+    let a: SetTripwire = payload(p)?;
+    let (id, aperture) = (a.endpoint.get(), a.aperture.get());
+    let (offset, len, flags) = (a.offset.get(), a.len.get(), a.flags.get());
+    let user = a.user.get();
+    if a.reserved.get() != 0 {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
     let cap = fabric.max_tripwires;
@@ -461,12 +486,14 @@ fn set_tripwire(
     // A reused id starts unfired, so its first firing posts an event.
     let flag = ep.ctrl + ulnic_abi::ctrl::TRIPWIRE_FIRED + u64::from(tid);
     let _ = guest::write(mem, flag, &[0]);
-    Ok(Response::ok(tid.to_le_bytes().to_vec()))
+    Ok(Response::ok(
+        ObjectId { id: tid.into() }.as_bytes().to_vec(),
+    ))
 }
 
 fn clear_tripwire(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
-    need(p, 8)?;
-    let (id, tid) = (read_le32(p, 0), read_le32(p, 4));
+    let a: ClearTripwire = payload(p)?;
+    let (id, tid) = (a.endpoint.get(), a.tripwire.get());
     let ep = fabric.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
@@ -557,7 +584,7 @@ mod tests {
         let info = exec(&mut f, &m, &req(cmd::GET_INFO, &[]));
         let info = DeviceInfo::decode(&info.payload);
         assert_eq!((info.node, info.nodes, info.max_endpoints), (1, 2, 4));
-        let pd = read_le32(&exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).payload, 0);
+        let pd = ulnic_abi::read_le32(&exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).payload, 0);
         guest::write(&m, 0x80000, &0x90000u64.to_le_bytes()).unwrap();
         let c = CreateEndpoint {
             pd,

@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use log::debug;
+use ulnic_abi::wire::NotifyRecord;
 use ulnic_abi::{
     cmd, status, DeviceInfo, CMD_HEADER_SIZE, FIRST_DOORBELL_QUEUE, NOTIFY_QUEUE, RESP_HEADER_SIZE,
 };
@@ -26,6 +27,7 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use zerocopy::{FromZeros, IntoBytes};
 
 pub use error::{Error, COMMAND_TIMEOUT};
 pub use memory::{map_shared, DmaBuffer, DmaMemory};
@@ -76,7 +78,7 @@ struct NotifyQueue {
 }
 
 /// Size of one notification record buffer.
-const NOTIFY_RECORD: u32 = 8;
+const NOTIFY_RECORD: u32 = ulnic_abi::NOTIFY_RECORD_SIZE as u32;
 
 impl HostAttach {
     /// Connects to the port socket at `path`, sharing `memory_size` bytes.
@@ -97,8 +99,11 @@ impl HostAttach {
         memory: DmaMemory,
         accept: u64,
     ) -> Result<HostAttach, Error> {
-        let mut fe = Frontend::connect(path, u64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT) + 2)
-            .map_err(proto("connect"))?;
+        let mut fe = Frontend::connect(
+            path,
+            u64::from(ulnic_abi::queue_count(ulnic_abi::MAX_ENDPOINTS_LIMIT)),
+        )
+        .map_err(proto("connect"))?;
         // The device closes a second frontend's connection before reading
         // anything: the first request then finds the socket closed.
         let features = fe.get_features().map_err(|e| match e {
@@ -391,10 +396,10 @@ impl HostAttach {
         let (mut any, mut others) = (false, false);
         while let Some((id, len)) = queue.pop_used(&self.memory) {
             let gpa = bufs.gpa + u64::from(id) * u64::from(NOTIFY_RECORD);
-            if len >= 4 {
-                let mut rec = [0u8; 4];
-                self.memory.read(gpa, &mut rec);
-                let ep = u32::from_le_bytes(rec);
+            if len as usize >= std::mem::size_of::<NotifyRecord>() {
+                let mut rec = NotifyRecord::new_zeroed();
+                self.memory.read(gpa, rec.as_mut_bytes());
+                let ep = rec.endpoint.get();
                 self.pending.fetch_or(1u64 << (ep % 64), Ordering::AcqRel);
                 others |= ep != caller;
             }

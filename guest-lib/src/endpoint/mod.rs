@@ -9,11 +9,13 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ulnic_abi::wire;
 use ulnic_abi::{
     cmd, ctrl, event, recv_flags, redirect, send_flags, FreeDesc, RecvDesc, RingLayout, SendDesc,
     CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET, RECV_DESC_SIZE, SEND_DESC_SIZE,
 };
 use ulnic_abi::{Event as RawEvent, FilterEntry, INLINE_MAX};
+use zerocopy::IntoBytes;
 
 use crate::backend::{Domain, EpMemory};
 use crate::error::Error;
@@ -66,6 +68,11 @@ impl Drop for Endpoint {
 }
 
 impl Endpoint {
+    /// This endpoint, as the commands that name only it take it.
+    fn object_id(&self) -> wire::ObjectId {
+        wire::ObjectId { id: self.id.into() }
+    }
+
     fn word(&self, off: u64) -> &std::sync::atomic::AtomicU32 {
         self.mem.word(off)
     }
@@ -107,9 +114,11 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn bind(&mut self, port: u32) -> Result<(), Error> {
-        let mut p = self.id.to_le_bytes().to_vec();
-        p.extend_from_slice(&port.to_le_bytes());
-        self.dom.ep_command(cmd::BIND_PORT, &p)?;
+        let p = wire::BindPort {
+            endpoint: self.id.into(),
+            port: port.into(),
+        };
+        self.dom.ep_command(cmd::BIND_PORT, p.as_bytes())?;
         self.port = Some(port);
         Ok(())
     }
@@ -124,8 +133,11 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn set_filter(&self, filters: &[FilterEntry]) -> Result<(), Error> {
-        let mut p = self.id.to_le_bytes().to_vec();
-        p.extend_from_slice(&(filters.len() as u32).to_le_bytes());
+        let head = wire::SetFilter {
+            endpoint: self.id.into(),
+            count: (filters.len() as u32).into(),
+        };
+        let mut p = head.as_bytes().to_vec();
         filters.iter().for_each(|f| f.encode_into(&mut p));
         self.dom.ep_command(cmd::SET_FILTER, &p)?;
         Ok(())
@@ -641,7 +653,7 @@ impl Endpoint {
             return Ok(true);
         }
         if !self.notify_enabled {
-            self.dom.ep_command(cmd::ARM, &self.id.to_le_bytes())?;
+            self.dom.ep_command(cmd::ARM, self.object_id().as_bytes())?;
             self.notify_enabled = true;
         }
         let deadline = Instant::now() + timeout;
@@ -676,7 +688,7 @@ impl Endpoint {
     pub fn stats(&self) -> Result<Vec<(&'static str, u64)>, Error> {
         let r = self
             .dom
-            .ep_command(cmd::GET_STATS, &self.id.to_le_bytes())?;
+            .ep_command(cmd::GET_STATS, self.object_id().as_bytes())?;
         Ok(ulnic_abi::STAT_NAMES
             .iter()
             .enumerate()

@@ -5,7 +5,9 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use ulnic_abi::wire;
 use ulnic_abi::{cmd, ctrl, op, send_flags, tripwire_flags, Cookie, RdmaDesc};
+use zerocopy::{FromBytes, IntoBytes};
 
 use super::Endpoint;
 use crate::error::Error;
@@ -25,11 +27,13 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn export(&self, offset: u64, len: u64, perms: Permissions) -> Result<Cookie, Error> {
-        let mut p = self.id().to_le_bytes().to_vec();
-        p.extend_from_slice(&perms.0.to_le_bytes());
-        p.extend_from_slice(&offset.to_le_bytes());
-        p.extend_from_slice(&len.to_le_bytes());
-        let r = self.dom.ep_command(cmd::EXPORT, &p)?;
+        let p = wire::Export {
+            endpoint: self.id().into(),
+            perms: perms.0.into(),
+            offset: offset.into(),
+            len: len.into(),
+        };
+        let r = self.dom.ep_command(cmd::EXPORT, p.as_bytes())?;
         if r.len() < Cookie::SIZE {
             return Err(ulnic_host_attach::Error::BadResponse(cmd::EXPORT).into());
         }
@@ -47,9 +51,11 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn revoke(&self, cookie: &Cookie) -> Result<(), Error> {
-        let mut p = self.id().to_le_bytes().to_vec();
-        p.extend_from_slice(&cookie.aperture.to_le_bytes());
-        self.dom.ep_command(cmd::REVOKE, &p)?;
+        let p = wire::Revoke {
+            endpoint: self.id().into(),
+            aperture: cookie.aperture.into(),
+        };
+        self.dom.ep_command(cmd::REVOKE, p.as_bytes())?;
         self.export_revoked(cookie.aperture);
         Ok(())
     }
@@ -219,17 +225,19 @@ impl Endpoint {
         if persistent {
             flags |= tripwire_flags::PERSISTENT;
         }
-        let mut p = self.id().to_le_bytes().to_vec();
-        p.extend_from_slice(&cookie.aperture.to_le_bytes());
-        p.extend_from_slice(&offset.to_le_bytes());
-        p.extend_from_slice(&len.to_le_bytes());
-        p.extend_from_slice(&flags.to_le_bytes());
-        p.extend_from_slice(&0u32.to_le_bytes());
-        p.extend_from_slice(&user.to_le_bytes());
-        let r = self.dom.ep_command(cmd::SET_TRIPWIRE, &p)?;
-        r.get(..4)
-            .map(|b| ulnic_abi::read_le32(b, 0))
-            .ok_or(ulnic_host_attach::Error::BadResponse(cmd::SET_TRIPWIRE).into())
+        let p = wire::SetTripwire {
+            endpoint: self.id().into(),
+            aperture: cookie.aperture.into(),
+            offset: offset.into(),
+            len: len.into(),
+            flags: flags.into(),
+            reserved: 0.into(),
+            user: user.into(),
+        };
+        let r = self.dom.ep_command(cmd::SET_TRIPWIRE, p.as_bytes())?;
+        wire::ObjectId::read_from_prefix(&r)
+            .map(|(id, _)| id.id.get())
+            .map_err(|_| ulnic_host_attach::Error::BadResponse(cmd::SET_TRIPWIRE).into())
     }
 
     /// Removes a tripwire.
@@ -243,9 +251,13 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn clear_tripwire(&self, id: u32) -> Result<(), Error> {
-        let mut p = self.id().to_le_bytes().to_vec();
-        p.extend_from_slice(&id.to_le_bytes());
-        self.dom.ep_command(cmd::CLEAR_TRIPWIRE, &p).map(|_| ())
+        let p = wire::ClearTripwire {
+            endpoint: self.id().into(),
+            tripwire: id.into(),
+        };
+        self.dom
+            .ep_command(cmd::CLEAR_TRIPWIRE, p.as_bytes())
+            .map(|_| ())
     }
 
     pub(crate) fn clear_tripwire_flag(&self, id: u32) {

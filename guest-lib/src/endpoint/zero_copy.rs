@@ -19,6 +19,8 @@ use crate::error::Error;
 use crate::staging::{Bounce, InFlight, Local};
 use crate::types::Address;
 use crate::utlb::{lock, Translation, UserBuffer, UtlbRef};
+use ulnic_abi::wire;
+use zerocopy::IntoBytes;
 
 impl Endpoint {
     /// Releases everything (the endpoint is going away).
@@ -447,13 +449,15 @@ impl Endpoint {
             t.acquire(&r);
             r
         };
-        let mut p = self.id().to_le_bytes().to_vec();
-        p.extend_from_slice(&perms.bits().to_le_bytes());
-        p.extend_from_slice(&r.offset.to_le_bytes());
-        p.extend_from_slice(&(len as u64).to_le_bytes());
-        p.extend_from_slice(&r.first.to_le_bytes());
-        p.extend_from_slice(&r.count.to_le_bytes());
-        let cookie = match self.dom.ep_command(cmd::EXPORT_BUFFER, &p) {
+        let p = wire::ExportBuffer {
+            endpoint: self.id().into(),
+            perms: perms.bits().into(),
+            page_offset: r.offset.into(),
+            len: (len as u64).into(),
+            utlb_first: r.first.into(),
+            utlb_count: r.count.into(),
+        };
+        let cookie = match self.dom.ep_command(cmd::EXPORT_BUFFER, p.as_bytes()) {
             Ok(resp) if resp.len() >= Cookie::SIZE => Cookie::decode(&resp),
             other => {
                 lock(table).release(&r);

@@ -194,7 +194,7 @@ pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
             ulnic_socket: Some(sockets[n as usize].clone()),
             // The NIC is hotplugged, so restart-device can plug it again.
             ulnic_hotplug: true,
-            ulnic_queues: 2 + a.endpoints,
+            ulnic_queues: ulnic_abi::queue_count(a.endpoints),
             accel: a.accel.clone(),
             append: format!("ulnic.node={n} ulnic.nodes={} ulnic.agent", a.nodes),
             vde: Some((a.dir.join("segment"), n)),

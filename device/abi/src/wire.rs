@@ -1,0 +1,674 @@
+//! Every wire layout of the spec, defined once as a `#[repr(C)]` struct of
+//! little-endian fields: config space, control commands and their results,
+//! ring entries, events, the notification record, and the Linux driver's
+//! ioctl arguments. The C header (`guest-driver/linux/ulnic_abi.h`) is
+//! generated from these definitions (`crate::c_header`), with a
+//! `_Static_assert` for every size and offset, so C and Rust cannot
+//! disagree.
+//!
+//! The structs are plain bytes (zerocopy): any bytes are a valid value, so
+//! reading one from guest memory cannot fail or produce an invalid value;
+//! the device then checks the fields.
+//!
+//! ```
+//! use ulnic_abi::wire::{Event, Layout};
+//! use zerocopy::{FromBytes, IntoBytes};
+//! let e = Event { kind: 1.into(), user_id: 7.into(), ..FromZeros::new_zeroed() };
+//! # use zerocopy::FromZeros;
+//! let bytes = e.as_bytes();
+//! assert_eq!(bytes.len(), 32);
+//! assert_eq!(Event::read_from_bytes(bytes).unwrap().user_id.get(), 7);
+//! assert_eq!(Event::C_NAME, "ulnic_event");
+//! ```
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// One field of a wire struct, as the C header declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    /// Field name (the same in C and Rust).
+    pub name: &'static str,
+    /// C element type (`__le32`, `__u8`, `struct ulnic_cookie`).
+    pub c_type: &'static str,
+    /// Array length, for byte arrays.
+    pub array: Option<usize>,
+    /// Offset in the struct.
+    pub offset: usize,
+    /// Size in bytes.
+    pub size: usize,
+}
+
+/// A wire struct: its C name and fields, for the header generator.
+pub trait Layout: Sized {
+    /// The C struct's name (without `struct`).
+    const C_NAME: &'static str;
+    /// What it is, for the header's comment.
+    const SUMMARY: &'static str;
+    /// Its fields in order.
+    fn fields() -> Vec<Field>;
+    /// Its size.
+    fn size() -> usize {
+        core::mem::size_of::<Self>()
+    }
+}
+
+/// How a field type is spelled in C.
+pub trait CType {
+    /// The element type.
+    const C_TYPE: &'static str;
+    /// Array length, if an array.
+    const ARRAY: Option<usize> = None;
+}
+
+impl CType for U16 {
+    const C_TYPE: &'static str = "__le16";
+}
+impl CType for U32 {
+    const C_TYPE: &'static str = "__le32";
+}
+impl CType for U64 {
+    const C_TYPE: &'static str = "__le64";
+}
+impl<const N: usize> CType for [u8; N] {
+    const C_TYPE: &'static str = "__u8";
+    const ARRAY: Option<usize> = Some(N);
+}
+
+/// Defines a wire struct and its [`Layout`].
+macro_rules! wire {
+    ($(
+        $(#[doc = $doc:literal])*
+        pub struct $name:ident = $c:literal {
+            $( $(#[doc = $fdoc:literal])* pub $f:ident : $t:ty, )*
+        }
+    )*) => {$(
+        $(#[doc = $doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned)]
+        pub struct $name {
+            $( $(#[doc = $fdoc])* pub $f: $t, )*
+        }
+
+        impl CType for $name {
+            const C_TYPE: &'static str = concat!("struct ", $c);
+        }
+
+        impl Layout for $name {
+            const C_NAME: &'static str = $c;
+            const SUMMARY: &'static str = concat!($($doc),*);
+            fn fields() -> Vec<Field> {
+                vec![$(Field {
+                    name: stringify!($f),
+                    c_type: <$t as CType>::C_TYPE,
+                    array: <$t as CType>::ARRAY,
+                    offset: core::mem::offset_of!($name, $f),
+                    size: core::mem::size_of::<$t>(),
+                }),*]
+            }
+        }
+    )*};
+}
+
+wire! {
+    /// Device config space (spec §2.2), 64 bytes, read-only.
+    pub struct ConfigSpace = "ulnic_config" {
+        /// `CONFIG_MAGIC`.
+        pub magic: U32,
+        /// Spec major version.
+        pub version_major: U16,
+        /// Spec minor version.
+        pub version_minor: U16,
+        /// This port's node address.
+        pub node: U32,
+        /// Endpoints per port.
+        pub endpoints: U32,
+        /// `INLINE_MAX`.
+        pub inline_max: U32,
+        /// `MAX_MESSAGE`.
+        pub max_message: U32,
+        /// `FIRST_DOORBELL_QUEUE`.
+        pub first_doorbell_queue: U32,
+        /// `MAX_RING_ENTRIES`.
+        pub max_ring_entries: U32,
+        /// Nodes in the fabric.
+        pub nodes: U32,
+        /// Tripwires per endpoint.
+        pub tripwires: U32,
+        /// Implemented feature bits.
+        pub features: U64,
+        /// Apertures per endpoint.
+        pub apertures: U32,
+        /// Broken queues, a bit per queue (§2.1).
+        pub broken_queues: U32,
+        /// Connection epoch (§2.5).
+        pub epoch: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+    }
+
+    /// Control request header (spec §4), followed by the payload.
+    pub struct CmdHeader = "ulnic_cmd_header" {
+        /// `cmd::*`.
+        pub opcode: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+    }
+
+    /// Control response header (spec §4), followed by the result.
+    pub struct RespHeader = "ulnic_resp_header" {
+        /// `status::*`.
+        pub status: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+    }
+
+    /// A command payload naming one object: DESTROY_PD (a domain),
+    /// DESTROY_ENDPOINT, ARM, DISARM and GET_STATS (an endpoint); and the
+    /// CREATE_PD result (the new domain).
+    pub struct ObjectId = "ulnic_object_id" {
+        /// Domain or endpoint id.
+        pub id: U32,
+    }
+
+    /// CREATE_ENDPOINT payload (spec §4.3).
+    pub struct CreateEndpoint = "ulnic_create_endpoint" {
+        /// Protection domain.
+        pub pd: U32,
+        /// Send ring entries.
+        pub send_entries: U32,
+        /// Receive ring entries.
+        pub recv_entries: U32,
+        /// Free ring entries.
+        pub free_entries: U32,
+        /// Event ring entries.
+        pub event_entries: U32,
+        /// Pages in the segment.
+        pub seg_pages: U32,
+        /// Control region address (page aligned, contiguous).
+        pub ctrl_gpa: U64,
+        /// Control region length.
+        pub ctrl_len: U64,
+        /// Address of the segment's page table (`seg_pages` u64 addresses).
+        pub seg_table_gpa: U64,
+    }
+
+    /// CREATE_ENDPOINT result.
+    pub struct EndpointCreated = "ulnic_endpoint_created" {
+        /// The endpoint's id.
+        pub id: U32,
+        /// Its doorbell queue (`FIRST_DOORBELL_QUEUE + id`).
+        pub doorbell_queue: U32,
+    }
+
+    /// BIND_PORT payload.
+    pub struct BindPort = "ulnic_bind_port" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// Port number.
+        pub port: U32,
+    }
+
+    /// SET_FILTER payload header, followed by `count` filter entries.
+    pub struct SetFilter = "ulnic_set_filter" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// Filter entries that follow.
+        pub count: U32,
+    }
+
+    /// An accept-filter entry (spec §5.7).
+    pub struct FilterEntry = "ulnic_filter_entry" {
+        /// Source node or `ANY`.
+        pub node: U32,
+        /// Source port or `ANY`.
+        pub port: U32,
+        /// Tag value.
+        pub tag: U32,
+        /// Bits of the tag compared.
+        pub tag_mask: U32,
+    }
+
+    /// EXPORT payload (spec §5.12); the result is a cookie.
+    pub struct Export = "ulnic_export" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// `perm::*`.
+        pub perms: U32,
+        /// Offset in the segment.
+        pub offset: U64,
+        /// Length.
+        pub len: U64,
+    }
+
+    /// EXPORT_BUFFER payload (spec §5.14); the result is a cookie.
+    pub struct ExportBuffer = "ulnic_export_buffer" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// `perm::*`.
+        pub perms: U32,
+        /// Offset of the buffer in its first page.
+        pub page_offset: U64,
+        /// Length.
+        pub len: U64,
+        /// First UTLB entry.
+        pub utlb_first: U32,
+        /// UTLB entries.
+        pub utlb_count: U32,
+    }
+
+    /// REVOKE payload.
+    pub struct Revoke = "ulnic_revoke" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// Aperture.
+        pub aperture: U32,
+    }
+
+    /// SET_TRIPWIRE payload (spec §5.13); the result is the tripwire id
+    /// (`ObjectId`).
+    pub struct SetTripwire = "ulnic_set_tripwire" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// Aperture.
+        pub aperture: U32,
+        /// Offset in the aperture.
+        pub offset: U64,
+        /// Length.
+        pub len: U64,
+        /// `tripwire_flags::*`.
+        pub flags: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+        /// The user's cookie, returned in the event.
+        pub user: U64,
+    }
+
+    /// CLEAR_TRIPWIRE payload.
+    pub struct ClearTripwire = "ulnic_clear_tripwire" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// Tripwire id.
+        pub tripwire: U32,
+    }
+
+    /// UTLB_SET_TABLE payload (spec §5.14).
+    pub struct UtlbSetTable = "ulnic_utlb_set_table" {
+        /// Protection domain.
+        pub pd: U32,
+        /// Entries in the table.
+        pub entries: U32,
+        /// Table address.
+        pub table_gpa: U64,
+    }
+
+    /// UTLB_INVALIDATE payload (spec §5.14).
+    pub struct UtlbInvalidate = "ulnic_utlb_invalidate" {
+        /// Protection domain.
+        pub pd: U32,
+        /// First entry.
+        pub first: U32,
+        /// Entries.
+        pub count: U32,
+    }
+
+    /// GET_INFO result (spec §4.2).
+    pub struct DeviceInfo = "ulnic_device_info" {
+        /// Spec major version.
+        pub version_major: U16,
+        /// Spec minor version.
+        pub version_minor: U16,
+        /// This port's node address.
+        pub node: U32,
+        /// Endpoints per port.
+        pub max_endpoints: U32,
+        /// Inline payload limit.
+        pub inline_max: U32,
+        /// Message size limit.
+        pub max_message: U32,
+        /// Nodes in the fabric.
+        pub nodes: U32,
+        /// Implemented feature bits.
+        pub features: U64,
+        /// Tripwires per endpoint.
+        pub max_tripwires: U32,
+        /// Apertures per endpoint.
+        pub max_apertures: U32,
+    }
+
+    /// An aperture's cookie (spec §5.12).
+    pub struct Cookie = "ulnic_cookie" {
+        /// Exporting node.
+        pub node: U32,
+        /// Aperture id.
+        pub aperture: U32,
+        /// Reuse count of the slot.
+        pub generation: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+        /// 64 random bits.
+        pub key: U64,
+    }
+
+    /// A send descriptor (spec §5.3), 128 bytes.
+    pub struct SendDesc = "ulnic_send_desc" {
+        /// `op::SEND`.
+        pub opcode: U16,
+        /// `send_flags::*`.
+        pub flags: U16,
+        /// Payload length.
+        pub len: U32,
+        /// Destination node.
+        pub dest_node: U32,
+        /// Destination port.
+        pub dest_port: U32,
+        /// Tag.
+        pub tag: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+        /// The user's id, returned in events.
+        pub user_id: U64,
+        /// INLINE: the payload; otherwise a `SendBuffer`.
+        pub data: [u8; 96],
+    }
+
+    /// Where a non-inline send's payload is: the first bytes of
+    /// `SendDesc::data` (spec §5.3).
+    pub struct SendBuffer = "ulnic_send_buffer" {
+        /// Segment offset; with UTLB, the offset in the first entry's page.
+        pub offset: U64,
+        /// UTLB only: first entry.
+        pub utlb_first: U32,
+        /// UTLB only: entries.
+        pub utlb_count: U32,
+    }
+
+    /// An RDMA descriptor in the send ring (spec §5.12), 128 bytes.
+    pub struct RdmaDesc = "ulnic_rdma_desc" {
+        /// `op::RDMA_WRITE`, `RDMA_READ` or `WRITE_IMMEDIATE`.
+        pub opcode: U16,
+        /// `send_flags::*`.
+        pub flags: U16,
+        /// Bytes (immediates: 4 or 8).
+        pub len: U32,
+        /// Cookie: node.
+        pub cookie_node: U32,
+        /// Cookie: aperture.
+        pub cookie_aperture: U32,
+        /// Cookie: generation.
+        pub cookie_generation: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+        /// The user's id, returned in events.
+        pub user_id: U64,
+        /// Cookie: key.
+        pub cookie_key: U64,
+        /// Offset in the aperture.
+        pub remote_offset: U64,
+        /// Local segment offset (with UTLB: offset in the first page).
+        pub local_offset: U64,
+        /// The immediate value.
+        pub immediate: U64,
+        /// UTLB only: first entry.
+        pub utlb_first: U32,
+        /// UTLB only: entries.
+        pub utlb_count: U32,
+        /// Unused.
+        pub unused: [u8; 56],
+    }
+
+    /// A REDIRECT or REDIRECT_END descriptor (spec §5.15), 128 bytes.
+    pub struct RedirectDesc = "ulnic_redirect_desc" {
+        /// `op::REDIRECT` or `op::REDIRECT_END`.
+        pub opcode: U16,
+        /// `send_flags::*`.
+        pub flags: U16,
+        /// REDIRECT: length.
+        pub len: U32,
+        /// REDIRECT: aperture.
+        pub aperture: U32,
+        /// Unused.
+        pub unused0: [u8; 12],
+        /// The redirection's id.
+        pub id: U64,
+        /// Unused.
+        pub unused1: [u8; 8],
+        /// REDIRECT: offset in the aperture.
+        pub offset: U64,
+        /// REDIRECT: offset into the first UTLB entry's page.
+        pub page_offset: U64,
+        /// Unused.
+        pub unused2: [u8; 8],
+        /// REDIRECT: first UTLB entry.
+        pub utlb_first: U32,
+        /// REDIRECT: UTLB entries.
+        pub utlb_count: U32,
+        /// Unused.
+        pub unused3: [u8; 56],
+    }
+
+    /// A receive descriptor (spec §5.4), 128 bytes.
+    pub struct RecvDesc = "ulnic_recv_desc" {
+        /// `recv_flags::*`.
+        pub flags: U16,
+        /// Reserved, 0.
+        pub reserved0: U16,
+        /// Payload length.
+        pub len: U32,
+        /// Source node, stamped by the device.
+        pub src_node: U32,
+        /// Source port, stamped by the device.
+        pub src_port: U32,
+        /// The sender's tag.
+        pub tag: U32,
+        /// Reserved, 0.
+        pub reserved1: U32,
+        /// Id of the free buffer used (0 if inline).
+        pub buf_id: U64,
+        /// INLINE: the payload; otherwise the buffer's u64 segment offset.
+        pub data: [u8; 96],
+    }
+
+    /// A free descriptor (spec §5.5).
+    pub struct FreeDesc = "ulnic_free_desc" {
+        /// Buffer offset in the segment.
+        pub seg_offset: U64,
+        /// Buffer length.
+        pub len: U32,
+        /// Reserved, 0.
+        pub reserved0: U32,
+        /// The user's id, returned in the receive descriptor.
+        pub user_id: U64,
+        /// Reserved, 0.
+        pub reserved1: U64,
+    }
+
+    /// An event (spec §5.6).
+    pub struct Event = "ulnic_event" {
+        /// `event::*`.
+        pub kind: U16,
+        /// Error or condition code.
+        pub code: U16,
+        /// Tripwire id, redirection offset; else 0.
+        pub aux: U32,
+        /// The user's id.
+        pub user_id: U64,
+        /// Node.
+        pub node: U32,
+        /// Port.
+        pub port: U32,
+        /// Length.
+        pub len: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+    }
+
+    /// A notification record (spec §6).
+    pub struct NotifyRecord = "ulnic_notify_record" {
+        /// The endpoint notified.
+        pub endpoint: U32,
+        /// Reason, 0.
+        pub reason: U32,
+    }
+
+    /// `IOC_CREATE_EP` argument (spec §9).
+    pub struct IocCreateEp = "ulnic_ioc_create_ep" {
+        /// In: send ring entries.
+        pub send_entries: U32,
+        /// In: receive ring entries.
+        pub recv_entries: U32,
+        /// In: free ring entries.
+        pub free_entries: U32,
+        /// In: event ring entries.
+        pub event_entries: U32,
+        /// In: segment bytes asked for.
+        pub segment_bytes: U64,
+        /// Out: the endpoint's id.
+        pub id: U32,
+        /// Out: its doorbell queue.
+        pub doorbell_queue: U32,
+        /// Out: control region bytes (to mmap).
+        pub ctrl_len: U64,
+        /// Out: segment bytes (to mmap).
+        pub segment_len: U64,
+        /// Reserved, 0.
+        pub reserved: [u8; 16],
+    }
+
+    /// `IOC_COMMAND` argument (spec §9).
+    pub struct IocCommand = "ulnic_ioc_command" {
+        /// In: opcode.
+        pub opcode: U32,
+        /// Out: device status.
+        pub status: U32,
+        /// In: payload bytes.
+        pub in_len: U32,
+        /// Out: result bytes.
+        pub out_len: U32,
+        /// In: payload; out: result.
+        pub data: [u8; crate::MAX_CMD_PAYLOAD],
+    }
+
+    /// `IOC_WAIT` argument (spec §9).
+    pub struct IocWait = "ulnic_ioc_wait" {
+        /// Endpoint.
+        pub id: U32,
+        /// Timeout in milliseconds.
+        pub timeout_ms: U32,
+    }
+
+    /// `IOC_UTLB_INSTALL` argument (spec §9).
+    pub struct IocUtlbInstall = "ulnic_ioc_utlb_install" {
+        /// First entry.
+        pub first: U32,
+        /// Entries (pages).
+        pub count: U32,
+        /// Page-aligned virtual address of the first page.
+        pub va: U64,
+    }
+}
+
+/// Every wire struct, for the header generator and its tests: (C name,
+/// summary, size, fields).
+pub fn all() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
+    fn one<T: Layout>() -> (&'static str, &'static str, usize, Vec<Field>) {
+        (T::C_NAME, T::SUMMARY, T::size(), T::fields())
+    }
+    vec![
+        one::<ConfigSpace>(),
+        one::<CmdHeader>(),
+        one::<RespHeader>(),
+        one::<ObjectId>(),
+        one::<CreateEndpoint>(),
+        one::<EndpointCreated>(),
+        one::<BindPort>(),
+        one::<SetFilter>(),
+        one::<FilterEntry>(),
+        one::<Export>(),
+        one::<ExportBuffer>(),
+        one::<Revoke>(),
+        one::<SetTripwire>(),
+        one::<ClearTripwire>(),
+        one::<UtlbSetTable>(),
+        one::<UtlbInvalidate>(),
+        one::<DeviceInfo>(),
+        one::<Cookie>(),
+        one::<SendDesc>(),
+        one::<SendBuffer>(),
+        one::<RdmaDesc>(),
+        one::<RedirectDesc>(),
+        one::<RecvDesc>(),
+        one::<FreeDesc>(),
+        one::<Event>(),
+        one::<NotifyRecord>(),
+        one::<IocCreateEp>(),
+        one::<IocCommand>(),
+        one::<IocWait>(),
+        one::<IocUtlbInstall>(),
+    ]
+}
+
+/// A wire struct read from the start of `b`; bytes past the end of a
+/// short `b` read as zero (callers check lengths; this never panics).
+pub fn read<T: FromBytes + IntoBytes>(b: &[u8]) -> T {
+    let mut v = T::new_zeroed();
+    let n = b.len().min(core::mem::size_of::<T>());
+    v.as_mut_bytes()[..n].copy_from_slice(&b[..n]);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_those_of_the_spec() {
+        let want = [
+            ("ulnic_config", 64),
+            ("ulnic_create_endpoint", 48),
+            ("ulnic_device_info", 40),
+            ("ulnic_cookie", 24),
+            ("ulnic_send_desc", 128),
+            ("ulnic_rdma_desc", 128),
+            ("ulnic_redirect_desc", 128),
+            ("ulnic_recv_desc", 128),
+            ("ulnic_free_desc", 32),
+            ("ulnic_event", 32),
+            ("ulnic_notify_record", 8),
+            ("ulnic_ioc_create_ep", 64),
+            ("ulnic_ioc_command", 528),
+        ];
+        let all = all();
+        for (name, size) in want {
+            let got = all.iter().find(|s| s.0 == name).unwrap().2;
+            assert_eq!(got, size, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_field_is_naturally_aligned() {
+        // So the C compiler lays the struct out the same with no packing,
+        // on 64-bit and (compat_ioctl) 32-bit alike.
+        for (name, _, size, fields) in all() {
+            let mut end = 0;
+            for f in &fields {
+                let align = if f.array.is_some() || f.c_type.starts_with("struct") {
+                    1
+                } else {
+                    f.size
+                };
+                assert_eq!(f.offset % align, 0, "{name}.{}", f.name);
+                assert_eq!(f.offset, end, "{name}.{} leaves a gap", f.name);
+                end = f.offset + f.size;
+            }
+            assert_eq!(end, size, "{name}");
+            assert_eq!(size % 4, 0, "{name}");
+        }
+    }
+
+    #[test]
+    fn short_input_reads_as_zero_past_its_end() {
+        let e: Event = read(&[1, 0, 2]);
+        assert_eq!((e.kind.get(), e.code.get(), e.user_id.get()), (1, 2, 0));
+    }
+}
