@@ -372,13 +372,15 @@ fn tripwires_fire_as_set() {
     let tw = target
         .set_tripwire(&cookie, 32768, 8, TripwireOn::Writes, false, 14)
         .unwrap();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
+        tid_tx.send(common::thread_id()).unwrap();
         let woke = target
             .wait_tripwire(tw, 32768, 0, Duration::from_secs(20))
             .unwrap();
         (woke, target.read_u64(32768))
     });
-    std::thread::sleep(Duration::from_millis(200));
+    common::until_blocked(tid_rx.recv().unwrap());
     init.write_immediate(&cookie, 32768, Immediate::U64(77), 70, true)
         .unwrap();
     done(&mut init, 70);

@@ -46,12 +46,14 @@ fn blocked_receiver_is_woken_by_a_dropped_message() {
     let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
     ea.bind(1).unwrap();
     eb.bind(2).unwrap();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
+        tid_tx.send(common::thread_id()).unwrap();
         // No free buffer posted: a large message cannot land.
         let woke = eb.wait(Duration::from_secs(10)).unwrap();
         (woke, eb.poll_recv(), eb.poll_event())
     });
-    std::thread::sleep(Duration::from_millis(100));
+    common::until_blocked(tid_rx.recv().unwrap());
     ea.post_send(Address { node: 1, port: 2 }, 0, 0, 500, 9, false)
         .unwrap();
     let (woke, msg, ev) = waiter.join().unwrap();

@@ -108,6 +108,11 @@ pub(crate) trait Domain: Send + Sync {
     fn ring_doorbell(&self, ep: &EpMemory);
     /// Blocks until the endpoint is notified (true) or `timeout` (false).
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error>;
+    /// A file descriptor readable while one of the domain's endpoints is
+    /// notified (the Linux driver's open file); none under host attach.
+    fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
     /// Memory for user buffers the device can reach once their pages are
     /// installed in the UTLB (page aligned, zeroed).
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error>;

@@ -169,6 +169,10 @@ impl Domain for KernelDomain {
         let _ = ioctl(&self.file, uapi::IOC_KICK, &mut id);
     }
 
+    fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.file.as_raw_fd())
+    }
+
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {
         let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
         let mut a = IocWait {

@@ -18,6 +18,30 @@ pub struct Address {
     pub port: u32,
 }
 
+/// Parses `NODE:PORT`, the form [`Address`] displays as.
+///
+/// ```
+/// let a: ulnic::Address = "1:5".parse().unwrap();
+/// assert_eq!(a, ulnic::Address { node: 1, port: 5 });
+/// assert!("15".parse::<ulnic::Address>().is_err());
+/// ```
+impl std::str::FromStr for Address {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (n, p) = s
+            .split_once(':')
+            .ok_or_else(|| format!("'{s}': expected NODE:PORT, e.g. 1:5"))?;
+        let node = n
+            .parse()
+            .map_err(|_| format!("'{n}' is not a node number"))?;
+        let port = p
+            .parse()
+            .map_err(|_| format!("'{p}' is not a port number"))?;
+        Ok(Address { node, port })
+    }
+}
+
 impl std::fmt::Display for Address {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.node, self.port)

@@ -466,6 +466,11 @@ struct BenchArgs {
     /// buffers are swept past).
     #[arg(long, default_value_t = 256, value_name = "N")]
     utlb_entries: u32,
+    /// pingpong and stream: flip one byte of measured message N (from 0)
+    /// after the sender wrote it. The receiver checks every byte of every
+    /// message, so the run must fail: a check that the checks run.
+    #[arg(long, value_name = "N")]
+    corrupt_at: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -961,24 +966,74 @@ fn default_iters(w: Workload, size: u32) -> u64 {
 }
 
 /// Prints one result line: JSON, or a row of the table.
+/// The human table's header: fabtests' columns (bytes, iters, total,
+/// time, MB/s, usec/xfer, Mxfers/s), then the latency percentiles.
+fn print_header() {
+    println!(
+        "{:<12} {:<6} {:<5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>9} {:>9} {:>9}",
+        "bench",
+        "trans",
+        "mode",
+        "bytes",
+        "iters",
+        "total",
+        "time",
+        "MB/s",
+        "usec/xfer",
+        "Mxfers/s",
+        "p50_us",
+        "p95_us"
+    );
+}
+
+/// Bytes in human units, as fabtests prints them (1k = 1024).
+fn human_bytes(b: f64) -> String {
+    let units = ["", "k", "m", "g", "t"];
+    let mut v = b;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.0}{}", units[u])
+    }
+}
+
+/// One result: a JSON object with `--json`, else a table row.
 fn print_record(r: &bench::Record, json: bool) {
     if json {
         println!("{}", serde_json::to_string(r).unwrap_or_default());
         return;
     }
-    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+    let total = f64::from(r.size) * r.iters as f64;
+    let secs = r.seconds.unwrap_or(0.0);
+    let per = |v: f64| if secs > 0.0 { v / secs } else { 0.0 };
+    let mbps = r.mbytes_per_s.unwrap_or_else(|| per(total) / 1e6);
+    let usec = |v: Option<u64>| {
+        v.map(|ns| format!("{:.2}", ns as f64 / 1e3))
+            .unwrap_or_default()
+    };
     println!(
-        "{:<12} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
+        "{:<12} {:<6} {:<5} {:>8} {:>8} {:>8} {:>7.2}s {:>9.1} {:>10.2} {:>9.3} {:>9} {:>9}",
         r.bench,
         r.transport,
         r.mode,
         r.size,
         r.iters,
-        opt(r.median_ns),
-        opt(r.p95_ns),
-        r.mbytes_per_s
-            .map(|v| format!("{v:.1}"))
-            .unwrap_or_default()
+        human_bytes(total),
+        secs,
+        mbps,
+        if r.iters > 0 {
+            secs * 1e6 / r.iters as f64
+        } else {
+            0.0
+        },
+        per(r.iters as f64) / 1e6,
+        usec(r.median_ns),
+        usec(r.p95_ns),
     );
 }
 
@@ -1094,10 +1149,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         None => scratch.clone(),
     };
     if !a.json {
-        println!(
-            "{:<12} {:<6} {:<6} {:>8} {:>9} {:>12} {:>12} {:>12}",
-            "bench", "trans", "mode", "size", "iters", "median_ns", "p95_ns", "MB/s"
-        );
+        print_header();
     }
     let mut failed = false;
     if a.workload.is_rdma() {
@@ -1114,6 +1166,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
                 size,
                 iters: a.iters.unwrap_or(default_iters(a.workload, size)),
                 mode: a.mode,
+                corrupt_at: a.corrupt_at,
             };
             let progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
             if progress {

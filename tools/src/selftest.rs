@@ -5,7 +5,7 @@
 //! endpoint.
 
 use crate::raw_driver::{create_small_endpoint, ioctl};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ulnic::{
     Address, Cookie, EndpointConfig, Event, Immediate, Nic, Payload, Permissions, SendError,
@@ -127,6 +127,7 @@ pub fn run() -> Result<Vec<String>, String> {
         }
     ));
 
+    report.push(poll_check(&mut a, &mut b, to_b)?);
     report.push(rdma_check(&mut a, &mut b)?);
     report.push(utlb_check(&nic, &mut b, to_b)?);
 
@@ -136,6 +137,95 @@ pub fn run() -> Result<Vec<String>, String> {
         report.push(msg);
     }
     Ok(report)
+}
+
+/// Waits until thread `tid` of this process sleeps (state `S` in
+/// /proc/self/task/TID/stat): a thread that is about to block in a system
+/// call is blocked in it, not merely started.
+pub fn until_blocked(tid: i32) -> Result<(), String> {
+    let path = format!("/proc/self/task/{tid}/stat");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let stat = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        // The state follows the command name, which is in parentheses.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if state == Some('S') {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "thread {tid} did not block within 10 s (state {state:?})"
+            ));
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// With the Linux driver: a thread blocked in poll() on an armed
+/// endpoint's file is woken by a message to it, and the file is quiet
+/// again once the notification was taken.
+fn poll_check(
+    a: &mut ulnic::Endpoint,
+    b: &mut ulnic::Endpoint,
+    to_b: Address,
+) -> Result<String, String> {
+    let e = |x: ulnic::Error| x.to_string();
+    let Some(fd) = b.notification_fd() else {
+        return Ok("poll: not checked (host attach has no file to poll)".into());
+    };
+    while b.poll_recv().is_some() || b.poll_event().is_some() {}
+    b.take_notification().map_err(e)?;
+    if b.arm().map_err(e)? {
+        return Err("poll: work was waiting before anything was sent".into());
+    }
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let poller = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        let _ = tid_tx.send(unsafe { libc::gettid() });
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let t = Instant::now();
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, WAIT.as_millis() as i32) };
+        (n, p.revents, t.elapsed())
+    });
+    let tid = tid_rx
+        .recv()
+        .map_err(|_| "poll: the poller did not start")?;
+    until_blocked(tid)?;
+    a.post_send_inline(to_b, 7, b"poll", 77).map_err(e)?;
+    let (n, revents, blocked) = poller.join().map_err(|_| "poll: the poller panicked")?;
+    if n != 1 || revents & libc::POLLIN == 0 {
+        return Err(format!(
+            "poll: returned {n} with revents {revents:#x} after {blocked:?}, not readable"
+        ));
+    }
+    let m = recv(b)?;
+    if !matches!(m.payload, Payload::Inline(d) if &d[..4] == b"poll") {
+        return Err(format!("poll: woken, but the message is wrong: {m:?}"));
+    }
+    if !b.take_notification().map_err(e)? {
+        return Err("poll: readable, but no notification to take".into());
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout only looks.
+    let still = unsafe { libc::poll(&mut p, 1, 0) };
+    if still != 0 {
+        return Err("poll: still readable after the notification was taken".into());
+    }
+    Ok(format!(
+        "poll: a thread blocked in poll() for {:.1} ms was woken by a message; quiet once taken",
+        blocked.as_secs_f64() * 1e3
+    ))
 }
 
 /// With the Linux driver: another open of the device cannot kick, wait on

@@ -28,7 +28,7 @@ pub const CLOSE_TEXT: &[u8] = b"ulnic recv: endpoint closed";
 #[derive(Debug, Clone, clap::Args)]
 pub struct SendArgs {
     /// Destination NODE:PORT.
-    #[arg(long, value_parser = parse_address)]
+    #[arg(long)]
     pub to: Address,
     /// Port to bind this endpoint to (replies and close messages come here).
     #[arg(long, default_value_t = 6)]
@@ -62,28 +62,18 @@ pub struct RecvArgs {
     pub max_size: u32,
     /// Leave a close message for NODE:PORT: the device sends it when this
     /// endpoint goes away, even if this process is killed.
-    #[arg(long, value_parser = parse_address)]
+    #[arg(long)]
     pub close_to: Option<Address>,
     /// Give up after this many seconds without a finished stream.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Create this file once the port is bound and buffers are posted:
+    /// a sender started after it appears finds the receiver ready.
+    #[arg(long)]
+    pub ready_file: Option<std::path::PathBuf>,
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parses `NODE:PORT`.
-pub fn parse_address(s: &str) -> Result<Address, String> {
-    let (n, p) = s
-        .split_once(':')
-        .ok_or_else(|| format!("'{s}': expected NODE:PORT, e.g. 1:5"))?;
-    let node = n
-        .parse()
-        .map_err(|_| format!("'{n}' is not a node number"))?;
-    let port = p
-        .parse()
-        .map_err(|_| format!("'{p}' is not a port number"))?;
-    Ok(Address { node, port })
 }
 
 /// What the sender saw.
@@ -366,6 +356,9 @@ pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
     }
     // Announce readiness so scripts can start the sender.
     eprintln!("ulnic recv: listening on port {}", a.port);
+    if let Some(path) = &a.ready_file {
+        std::fs::write(path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     let deadline = Instant::now() + Duration::from_secs(a.timeout);
     let (mut expected, mut bytes, mut discarded) = (0u64, 0u64, 0u64);
     let mut from: Option<Address> = None;
@@ -473,12 +466,5 @@ mod tests {
         assert!(check(&b, 77));
         b[200] ^= 1;
         assert!(!check(&b, 77));
-    }
-
-    #[test]
-    fn addresses_parse() {
-        assert_eq!(parse_address("1:5"), Ok(Address { node: 1, port: 5 }));
-        assert!(parse_address("15").is_err());
-        assert!(parse_address("a:5").is_err());
     }
 }

@@ -21,18 +21,144 @@ pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// What every latency line must satisfy: exactly the iterations asked
+/// for, and ordered percentiles of real samples.
+fn assert_latency_line(l: &serde_json::Value, iters: u64) {
+    assert_eq!(l["iters"].as_u64(), Some(iters), "iterations honoured: {l}");
+    let ns = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("no {k}: {l}"));
+    let (min, p50, p95, p99, max) = (
+        ns("min_ns"),
+        ns("median_ns"),
+        ns("p95_ns"),
+        ns("p99_ns"),
+        ns("max_ns"),
+    );
+    assert!(
+        0 < min && min <= p50 && p50 <= p95 && p95 <= p99 && p99 <= max,
+        "percentiles out of order: {l}"
+    );
+}
+
+/// A line of one operation at a time (ping-pong): its time is the sum of
+/// its samples, so it lies between iterations x min and x max.
+fn assert_sequential_line(l: &serde_json::Value, iters: u64) {
+    assert_latency_line(l, iters);
+    let secs = l["seconds"].as_f64().unwrap();
+    let ns = |k: &str| l[k].as_u64().unwrap() as f64;
+    let (lo, hi) = (ns("min_ns") * iters as f64, ns("max_ns") * iters as f64);
+    assert!(
+        lo <= secs * 1e9 + 1.0 && secs * 1e9 <= hi + 1.0,
+        "time is not the samples' sum: {l}"
+    );
+}
+
+/// What every throughput line must satisfy: its rates agree with its
+/// size, iterations and measured time.
+fn assert_rate_line(l: &serde_json::Value, iters: u64) {
+    assert_eq!(l["iters"].as_u64(), Some(iters), "iterations honoured: {l}");
+    let secs = l["seconds"].as_f64().unwrap();
+    let size = l["size"].as_f64().unwrap();
+    let mbps = l["mbytes_per_s"].as_f64().unwrap();
+    let rate = l["msgs_per_s"].as_f64().unwrap();
+    assert!(secs > 0.0, "{l}");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.max(1.0);
+    assert!(close(rate, iters as f64 / secs), "message rate: {l}");
+    assert!(close(mbps, iters as f64 * size / secs / 1e6), "MB/s: {l}");
+}
+
+#[test]
+fn pingpong_and_stream_lines_hold_their_invariants() {
+    let lines = bench_json(&[
+        "bench",
+        "pingpong",
+        "--transport",
+        "ulnic,shm,unix,tcp",
+        "--size",
+        "8,4096",
+        "--iters",
+        "300",
+        "--json",
+    ]);
+    let got: Vec<(&str, u64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["transport"].as_str().unwrap(),
+                l["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(&str, u64)> = [8, 4096]
+        .iter()
+        .flat_map(|&s| ["ulnic", "shm", "unix", "tcp"].map(|t| (t, s)))
+        .collect();
+    assert_eq!(got, want);
+    for l in &lines {
+        assert_eq!(l["bench"], "pingpong");
+        assert_eq!(l["payload"], "write+verify", "{l}");
+        assert_sequential_line(l, 300);
+    }
+    let lines = bench_json(&[
+        "bench",
+        "stream",
+        "--transport",
+        "ulnic,unix",
+        "--size",
+        "4096",
+        "--iters",
+        "2000",
+        "--json",
+    ]);
+    assert_eq!(lines.len(), 2);
+    for l in &lines {
+        assert_eq!(l["payload"], "write+verify", "{l}");
+        assert_rate_line(l, 2000);
+    }
+}
+
+/// The payload really is checked, every message: one byte flipped on
+/// purpose in message 150 of 300 fails the run, for each transport and
+/// both workloads.
+#[test]
+fn a_corrupted_payload_fails_the_benchmark() {
+    for workload in ["pingpong", "stream"] {
+        for transport in ["ulnic", "shm", "unix"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_ulnic"))
+                .args(["bench", workload, "--transport", transport])
+                .args(["--size", "64", "--iters", "300", "--corrupt-at", "150"])
+                .args(["--json"])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{workload} over {transport} passed");
+            assert!(
+                err.contains("payload corrupted in message"),
+                "{workload} over {transport}: {err}"
+            );
+            assert!(out.stdout.is_empty(), "no result line for a failed run");
+        }
+    }
+}
+
 #[test]
 fn dmq_benchmark_prints_queue_and_socket_lines() {
-    let got: Vec<(String, String)> =
-        bench_json(&["bench", "dmq", "--size", "1024", "--iters", "50", "--json"])
-            .iter()
-            .map(|v| {
-                (
-                    v["bench"].as_str().unwrap().to_string(),
-                    v["transport"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect();
+    let lines = bench_json(&["bench", "dmq", "--size", "1024", "--iters", "50", "--json"]);
+    for l in &lines {
+        match l["bench"].as_str() {
+            Some("dmq-pingpong") => assert_latency_line(l, 50),
+            // The stream moves ten messages per iteration asked for.
+            _ => assert_rate_line(l, 500),
+        }
+    }
+    let got: Vec<(String, String)> = lines
+        .iter()
+        .map(|v| {
+            (
+                v["bench"].as_str().unwrap().to_string(),
+                v["transport"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
     let want: Vec<(String, String)> = [
         ("dmq-pingpong", "ulnic"),
         ("dmq-pingpong", "unix"),
@@ -78,11 +204,9 @@ fn rdma_benchmarks_print_ulnic_and_memcpy_lines() {
         assert_eq!(got, want, "{workload}");
         for l in &lines {
             assert_eq!(l["bench"], workload);
-            assert_eq!(l["iters"], 300);
-            assert!(
-                l["mbytes_per_s"].as_f64().unwrap() > 0.0 && l["median_ns"].as_u64().unwrap() > 0,
-                "{l}"
-            );
+            assert_eq!(l["payload"], "lines", "{l}");
+            assert_latency_line(l, 300);
+            assert_rate_line(l, 300);
         }
     }
 }
@@ -100,7 +224,7 @@ fn tripwire_benchmark_prints_ulnic_and_unix_lines() {
             (l["bench"].as_str(), l["iters"].as_u64()),
             (Some("tripwire"), Some(200))
         );
-        assert!(l["median_ns"].as_u64().unwrap() > 0, "{l}");
+        assert_latency_line(l, 200);
     }
 }
 
@@ -154,9 +278,11 @@ fn utlb_benchmark_prints_the_table_and_the_stress() {
         .flat_map(|&n| policies.iter().map(move |p| (*p, n)))
         .collect();
     assert_eq!(stress, want);
+    for l in lines.iter().filter(|l| l["bench"] == "utlb") {
+        assert_latency_line(l, 200);
+    }
     for l in lines.iter().filter(|l| l["bench"] == "utlb-stress") {
-        assert_eq!(l["iters"], 200, "{l}");
-        assert!(l["mbytes_per_s"].as_f64().unwrap() > 0.0, "{l}");
+        assert_rate_line(l, 200);
         if l["mode"] != "single-copy" {
             let ratio = l["hit_ratio"].as_f64().unwrap();
             // 16 buffers fit in 32 entries: once each miss is serviced all

@@ -88,23 +88,39 @@ fn wait_until(node: &str, cmd: &str, what: &str, program: &JoinHandle<Output>) {
     }
 }
 
+/// A guest command that succeeds once the process whose command line
+/// contains `args` sleeps in a call (State S), e.g. blocked in its wait.
+fn blocked(args: &str) -> String {
+    format!(
+        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
+         case \"$c\" in *'{args}'*) grep -q '^State:.*S' $p/status && exit 0;; esac; done; exit 1"
+    )
+}
+
+/// Where `ulnic recv --port PORT` says it is ready (`--ready-file`).
+fn ready_file(port: u32) -> String {
+    format!("/tmp/ulnic-recv-{port}.ready")
+}
+
+/// Starts `ulnic recv --port PORT ARGS` on node 1 and waits until it is
+/// bound with its buffers posted.
+fn receiver(port: u32, args: &str) -> JoinHandle<Output> {
+    let ready = ready_file(port);
+    let rx = exec_in_background(
+        "1",
+        format!("rm -f {ready}; ulnic recv --port {port} --ready-file {ready} {args}"),
+    );
+    wait_until("1", &format!("test -e {ready}"), "receiver", &rx);
+    rx
+}
+
 fn stream(count: u32, size: u32, recv_extra: &str, send_extra: &str) -> (Output, Output) {
-    let rx = exec_in_background("1", format!("ulnic recv --port 5 --json {recv_extra}"));
-    // The sender finds no endpoint until the receiver binds: wait for it.
-    let mut tries = 0;
-    loop {
-        std::thread::sleep(std::time::Duration::from_millis(1500));
-        let tx = exec(
-            "0",
-            &format!("ulnic send --to 1:5 --count {count} --size {size} --json {send_extra}"),
-        );
-        let gone = String::from_utf8_lossy(&tx.stderr).contains("no endpoint");
-        if gone && tries < 5 {
-            tries += 1;
-            continue;
-        }
-        return (tx, rx.join().unwrap());
-    }
+    let rx = receiver(5, &format!("--json {recv_extra}"));
+    let tx = exec(
+        "0",
+        &format!("ulnic send --to 1:5 --count {count} --size {size} --json {send_extra}"),
+    );
+    (tx, rx.join().unwrap())
 }
 
 #[test]
@@ -161,6 +177,13 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
             out.contains(&format!("[node {node}] ulnic-selftest: ok")),
             "{out}"
         );
+        // A thread blocked in poll() on /dev/ulnic0 was woken.
+        assert!(
+            out.contains(&format!(
+                "[node {node}] ulnic-selftest: poll: a thread blocked in poll()"
+            )),
+            "{out}"
+        );
     }
 
     // Across guests: every message once, in order, intact (checked by the
@@ -201,6 +224,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     let (tx, _rx) = stream(
         u32::MAX - 1,
         64,
+        // Killed a while into the stream (the sender starts at once).
         "--close-to 0:6 & sleep 4; kill -9 $!",
         "--expect-close",
     );
@@ -211,8 +235,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
 
     // Reset node 1 while node 0 streams to it: the sender hears the close
     // message, node 0 and the device keep working, node 1 comes back.
-    let rx = exec_in_background("1", "ulnic recv --port 5 --close-to 0:6".into());
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let rx = receiver(5, "--close-to 0:6");
     let tx = exec_in_background(
         "0",
         format!(
@@ -220,7 +243,15 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
             u32::MAX - 1
         ),
     );
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    wait_until(
+        "0",
+        "ps | grep -v grep | grep -q 'ulnic send'",
+        "sender",
+        &tx,
+    );
+    // Not readiness: the reset must land mid-stream, a while after the
+    // sender started.
+    std::thread::sleep(std::time::Duration::from_secs(1));
     let o = ulnic(&["cluster", "reboot", "1", "--name", &n]);
     assert!(o.status.success(), "reboot:\n{}", text(&o));
     let t = tx.join().unwrap();
@@ -277,13 +308,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     // blocked in a wait on node 1 wakes with the library's clear error,
     // stores to a doorbell page mapped before are harmless, nobody
     // reboots, and the nodes exchange messages again.
-    let rx = exec_in_background("1", "ulnic recv --port 7".into());
-    wait_until(
-        "1",
-        "ps | grep -v grep | grep -q 'recv --port 7'",
-        "receiver",
-        &rx,
-    );
+    let rx = receiver(7, "");
     let removal = exec_in_background("1", "ulnic driver-check device-removal --json".into());
     wait_until(
         "1",
@@ -291,8 +316,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         "device-removal check",
         &removal,
     );
-    // Give the receiver time to create its endpoint and block in its wait.
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    wait_until("1", &blocked("recv --port 7"), "blocked receiver", &rx);
     let o = ulnic(&["cluster", "restart-device", "--name", &n, "--json"]);
     assert!(o.status.success(), "restart-device:\n{}", text(&o));
     let r = json(&o);
@@ -315,6 +339,25 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     assert_eq!(facts["doorbell_stores_after_removal"], 1000, "{facts}");
     assert_eq!(facts["doorbell_reads_back_last_store"], true, "{facts}");
     back_to_work(&n, [1, 2], "after the device restart (no reboot)");
+
+    // A guest that reboots on its own: `cluster status` counts the boot
+    // and times it (it used to say "booted in 0.0 s, boots 1").
+    let _ = exec("0", "(sleep 1; reboot -f) >/dev/null 2>&1 &");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    loop {
+        let s = json(&ulnic(&["cluster", "status", "--name", &n, "--json"]));
+        let node = &s["nodes"][0];
+        if node["boots"] == 2 && node["state"] == "ready" {
+            assert!(node["boot_seconds"].as_f64() > Some(0.0), "{s}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 0 did not come back: {s}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    back_to_work(&n, [2, 2], "after node 0 rebooted itself");
 
     let o = exec("all", "dmesg | grep -E 'Oops|BUG:|WARNING:' || true");
     assert!(

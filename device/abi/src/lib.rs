@@ -801,7 +801,7 @@ pub const CMD_HEADER_SIZE: usize = core::mem::size_of::<wire::CmdHeader>();
 /// the result payload.
 pub const RESP_HEADER_SIZE: usize = core::mem::size_of::<wire::RespHeader>();
 /// Largest request payload the device reads.
-pub const MAX_CMD_PAYLOAD: usize = 512;
+pub use wire::MAX_CMD_PAYLOAD;
 
 /// Payload of `CREATE_ENDPOINT` (48 bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

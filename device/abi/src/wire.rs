@@ -24,6 +24,9 @@
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// Largest control request payload the device reads (spec §4).
+pub const MAX_CMD_PAYLOAD: usize = 512;
+
 /// One field of a wire struct, as the C header declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field {
@@ -546,7 +549,7 @@ wire! {
         /// Out: result bytes.
         pub out_len: U32,
         /// In: payload; out: result.
-        pub data: [u8; crate::MAX_CMD_PAYLOAD],
+        pub data: [u8; MAX_CMD_PAYLOAD],
     }
 
     /// `IOC_WAIT` argument (spec §9).

@@ -65,6 +65,9 @@ pub struct Node {
     /// The control queue, once the frontend kicked it (to serve it again
     /// when a stall ends).
     pub control: Option<PortVring>,
+    /// When the port was last reset (its frontend left, reset the device,
+    /// or its guest rebooted).
+    pub reset_at: Option<std::time::Instant>,
 }
 
 impl Node {
@@ -88,6 +91,7 @@ impl Node {
             epoch: 0,
             control_stalled: false,
             control: None,
+            reset_at: None,
         }
     }
 
@@ -122,6 +126,7 @@ impl Node {
         self.notify_backlog.clear();
         self.next_pd = 1;
         self.broken_queues = 0;
+        self.reset_at = Some(std::time::Instant::now());
     }
 
     /// Whether queue `q` is broken.

@@ -129,6 +129,15 @@ impl Switch {
         Ok(())
     }
 
+    /// When port `node` was last reset (its frontend left, reset the
+    /// device, or its guest rebooted); `None` if never.
+    pub fn last_reset(&self, node: u32) -> Option<std::time::Instant> {
+        self.lock()
+            .nodes
+            .get(node as usize)
+            .and_then(|n| n.reset_at)
+    }
+
     /// Sleeps until woken or `timeout`.
     pub fn sleep(&self, timeout: Duration) {
         let mut pfd = libc::pollfd {

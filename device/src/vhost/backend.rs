@@ -364,3 +364,129 @@ impl VhostUserBackend for PortBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Configuration;
+    use ulnic_abi::wire::{CmdHeader, RespHeader};
+    use ulnic_abi::{cmd, status, DeviceInfo};
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
+    use zerocopy::IntoBytes;
+
+    const REQUEST: u64 = 0x8000;
+    const RESPONSE: u64 = 0x9000;
+    const QUEUE_SIZE: u16 = 16;
+
+    /// A one-port backend whose frontend shared `mem` and accepted every
+    /// feature (what the vhost-user handshake would have done).
+    fn backend(mem: &GuestMemoryMmap<()>) -> PortBackend {
+        let config = Configuration::builder(vec!["unused.sock".into()])
+            .build()
+            .unwrap();
+        let b = PortBackend::new(0, Arc::new(Switch::new(&config).unwrap()));
+        *b.mem.write().unwrap() = Some(GuestMemoryAtomic::new(mem.clone()));
+        b.switch.lock().nodes[0].features = F_IMPLEMENTED;
+        b
+    }
+
+    /// The control queue as the vhost-user handler would hand it over,
+    /// built on `mock`'s rings.
+    fn vrings(
+        mem: &GuestMemoryMmap<()>,
+        mock: &MockSplitQueue<GuestMemoryMmap<()>>,
+    ) -> Vec<VringRwLock<PortMemory>> {
+        let control =
+            VringRwLock::new(GuestMemoryAtomic::new(mem.clone()), MAX_QUEUE_SIZE as u16).unwrap();
+        control.set_queue_size(QUEUE_SIZE);
+        control
+            .set_queue_info(
+                mock.desc_table_addr().0,
+                mock.avail_addr().0,
+                mock.used_addr().0,
+            )
+            .unwrap();
+        control.set_queue_ready(true);
+        vec![control]
+    }
+
+    fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+    }
+
+    /// Posts `opcode` with `payload` on the control queue, kicks it, and
+    /// returns the used length and the response (header, result).
+    fn command(opcode: u32, reserved: u32, payload: &[u8]) -> (u32, RespHeader, Vec<u8>) {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let b = backend(&mem);
+        let mock = MockSplitQueue::new(&mem, QUEUE_SIZE);
+        let header = CmdHeader {
+            opcode: opcode.into(),
+            reserved: reserved.into(),
+        };
+        let mut req = header.as_bytes().to_vec();
+        req.extend_from_slice(payload);
+        mem.write_slice(&req, GuestAddress(REQUEST)).unwrap();
+        mock.add_desc_chains(
+            &[
+                desc(REQUEST, req.len() as u32, VRING_DESC_F_NEXT, 1),
+                desc(RESPONSE, 128, VRING_DESC_F_WRITE, 0),
+            ],
+            0,
+        )
+        .unwrap();
+        let rings = vrings(&mem, &mock);
+        b.handle_event(CONTROL_QUEUE, EventSet::IN, &rings, 0)
+            .unwrap();
+        let used = mock.used();
+        assert_eq!(used.idx().load(), 1, "one chain completed");
+        let len = used.ring().ref_at(0).unwrap().load().len();
+        let mut out = vec![0u8; 128];
+        mem.read_slice(&mut out, GuestAddress(RESPONSE)).unwrap();
+        let resp: RespHeader = ulnic_abi::wire::read(&out);
+        (len, resp, out[size_of::<RespHeader>()..].to_vec())
+    }
+
+    #[test]
+    fn get_info_is_answered_through_the_control_queue() {
+        let (len, resp, result) = command(cmd::GET_INFO, 0, &[]);
+        assert_eq!(resp.status.get(), status::OK);
+        assert_eq!(len as usize, size_of::<RespHeader>() + DeviceInfo::SIZE);
+        let info = DeviceInfo::decode(&result);
+        assert_eq!((info.node, info.max_endpoints, info.nodes), (0, 8, 1));
+        assert_eq!(info.features, F_IMPLEMENTED);
+    }
+
+    #[test]
+    fn refused_commands_are_answered_with_their_status() {
+        let (len, resp, _) = command(0x7777, 0, &[]);
+        assert_eq!(resp.status.get(), status::UNKNOWN_COMMAND);
+        assert_eq!(len as usize, size_of::<RespHeader>());
+        let (_, resp, _) = command(cmd::GET_INFO, 1, &[]);
+        assert_eq!(resp.status.get(), status::INVALID_ARGUMENT);
+        let (_, resp, _) = command(cmd::CREATE_PD, 0, &[0; 4]);
+        assert_eq!(resp.status.get(), status::BAD_LENGTH);
+    }
+
+    #[test]
+    fn an_impossible_avail_index_breaks_only_the_control_queue() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let b = backend(&mem);
+        let mock = MockSplitQueue::new(&mem, QUEUE_SIZE);
+        mock.avail().idx().store(u16::to_le(100));
+        let rings = vrings(&mem, &mock);
+        b.handle_event(CONTROL_QUEUE, EventSet::IN, &rings, 0)
+            .unwrap();
+        assert_eq!(mock.used().idx().load(), 0, "nothing consumed");
+        let config: ulnic_abi::wire::ConfigSpace = ulnic_abi::wire::read(&b.config_space());
+        assert_eq!(
+            config.broken_queues.get(),
+            1 << CONTROL_QUEUE,
+            "config space reports the broken queue"
+        );
+        assert_eq!(b.switch.lock().nodes[0].queue_errors, 1);
+    }
+}

@@ -119,3 +119,32 @@ pub fn attach_again(dev: &Device, node: usize) -> ulnic::Nic {
         }
     }
 }
+
+/// The calling thread's id, for [`until_blocked`].
+pub fn thread_id() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Waits (up to 10 s) until thread `tid` of this process sleeps, state `S`
+/// in /proc/self/task/TID/stat: a thread about to block in a call is then
+/// blocked in it. Readiness by observation, not by a guessed sleep.
+pub fn until_blocked(tid: i32) {
+    let path = format!("/proc/self/task/{tid}/stat");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(&path).unwrap();
+        // The state follows the command name, which is in parentheses.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if state == Some('S') {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "thread {tid} did not block (state {state:?})"
+        );
+        std::thread::yield_now();
+    }
+}

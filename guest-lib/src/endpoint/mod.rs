@@ -636,6 +636,67 @@ impl Endpoint {
         rp != self.recv_consumer || ep != self.event_consumer
     }
 
+    /// Asks for one notification when the next message or event arrives
+    /// (spec §6), for a program that blocks in `poll`, `select` or `epoll`
+    /// on [`Endpoint::notification_fd`] rather than in [`Endpoint::wait`].
+    /// Returns true when something is already waiting: then poll the
+    /// endpoint instead of blocking. After a wake-up, consume the
+    /// notification ([`Endpoint::take_notification`]) and poll the endpoint.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// if !ep.arm()? {
+    ///     if let Some(fd) = ep.notification_fd() {
+    ///         let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    ///         // SAFETY: one valid pollfd.
+    ///         unsafe { libc::poll(&mut p, 1, 1000) };
+    ///     }
+    /// }
+    /// let m = ep.poll_recv();
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn arm(&mut self) -> Result<bool, Error> {
+        if !self.notify_enabled {
+            self.dom.ep_command(cmd::ARM, self.object_id().as_bytes())?;
+            self.notify_enabled = true;
+        }
+        self.arm_seq = self.arm_seq.wrapping_add(1);
+        self.word(ctrl::ARM_REQUEST)
+            .store(self.arm_seq.to_le(), Ordering::Release);
+        fence(Ordering::SeqCst);
+        Ok(self.has_work())
+    }
+
+    /// The file descriptor that becomes readable (`POLLIN`) when an armed
+    /// endpoint of this endpoint's domain is notified, for `poll`,
+    /// `select` and `epoll` (the Linux driver's open file, spec §9);
+    /// `None` under host attach, where only [`Endpoint::wait`] blocks.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// println!("pollable: {}", ep.notification_fd().is_some());
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.dom.notification_fd()
+    }
+
+    /// Consumes this endpoint's notification, if it has one, so its
+    /// [`Endpoint::notification_fd`] stops being readable for it; true if
+    /// there was one. Returns at once.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// let was_notified = ep.take_notification()?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn take_notification(&mut self) -> Result<bool, Error> {
+        self.dom.wait(self.id, Duration::ZERO)
+    }
+
     /// Blocks until a message or event is waiting, or `timeout` passes;
     /// returns whether there is something to poll. Check, arm, re-check,
     /// block: a message arriving at any point is never slept through.
@@ -652,17 +713,9 @@ impl Endpoint {
         if self.has_work() {
             return Ok(true);
         }
-        if !self.notify_enabled {
-            self.dom.ep_command(cmd::ARM, self.object_id().as_bytes())?;
-            self.notify_enabled = true;
-        }
         let deadline = Instant::now() + timeout;
         loop {
-            self.arm_seq = self.arm_seq.wrapping_add(1);
-            self.word(ctrl::ARM_REQUEST)
-                .store(self.arm_seq.to_le(), Ordering::Release);
-            fence(Ordering::SeqCst);
-            if self.has_work() {
+            if self.arm()? {
                 return Ok(true);
             }
             let left = deadline.saturating_duration_since(Instant::now());

@@ -96,6 +96,9 @@ pub struct Spec {
     pub iters: u64,
     /// Receive mode.
     pub mode: Mode,
+    /// Flip one byte of measured message N (from 0): a fault injected on
+    /// purpose, which the receiver's check must catch.
+    pub corrupt_at: Option<u64>,
 }
 
 /// A message link between the two peers; `recv` reads every payload byte.
@@ -468,11 +471,17 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         size: spec.size,
         iters: spec.iters,
         mode: format!("{:?}", link.mode()).to_lowercase(),
-        median_ns: None,
-        p95_ns: None,
-        p99_ns: None,
-        min_ns: None,
+        payload: Some("write+verify".into()),
         ..Default::default()
+    };
+    // A fault injected on purpose: one byte of one measured message
+    // flipped after it was filled, which the receiver must catch.
+    let corrupt = |out: &mut [u8], i: u64, w: u64| {
+        if spec.corrupt_at.is_some_and(|n| i == w + n) {
+            if let Some(b) = out.first_mut() {
+                *b ^= 0xff;
+            }
+        }
     };
     match spec.workload {
         Workload::Pingpong => {
@@ -480,6 +489,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
             let mut samples = Vec::with_capacity(spec.iters as usize);
             for i in 0..w + spec.iters {
                 fill_bytes(&mut out, i);
+                corrupt(&mut out, i, w);
                 let t = Instant::now();
                 link.send(&out)?;
                 let n = link.recv(&mut inb)?;
@@ -504,10 +514,12 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
             let t = Instant::now();
             for i in 0..spec.iters {
                 fill_bytes(&mut out, i);
+                corrupt(&mut out, i, 0);
                 link.send(&out)?;
             }
             link.recv(&mut inb)?; // the receiver has read everything
             let s = t.elapsed().as_secs_f64();
+            rec.seconds = Some(s);
             rec.mbytes_per_s = Some(spec.iters as f64 * f64::from(spec.size) / s / 1e6);
             rec.msgs_per_s = Some(spec.iters as f64 / s);
         }
@@ -583,6 +595,9 @@ pub struct PeerArgs {
     /// Rendezvous: socket path, TCP port, shm file, or ulnic port socket.
     #[arg(long)]
     pub at: String,
+    /// Flip one byte of measured message N (see `ulnic bench --help`).
+    #[arg(long)]
+    pub corrupt_at: Option<u64>,
 }
 
 /// TCP port of the benchmark server inside guests.
@@ -636,6 +651,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
         size: a.size,
         iters: a.iters,
         mode: a.mode,
+        corrupt_at: a.corrupt_at,
     };
     let is_server = a.role == "server";
     let ready = || {
@@ -736,6 +752,11 @@ fn spawn_peer(spec: &Spec, role: &str, at: &str) -> io::Result<Child> {
             &spec.iters.to_string(),
         ])
         .args(["--mode", &format!("{:?}", spec.mode).to_lowercase()])
+        .args(
+            spec.corrupt_at
+                .map(|n| vec!["--corrupt-at".to_string(), n.to_string()])
+                .unwrap_or_default(),
+        )
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()

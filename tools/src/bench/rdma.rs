@@ -53,6 +53,8 @@ fn record(dir: Direction, transport: &str, size: u32, lat: &mut [u64], secs: f64
         mode: "poll".into(),
         mbytes_per_s: Some(iters as f64 * f64::from(size) / secs / 1e6),
         msgs_per_s: Some(iters as f64 / secs),
+        seconds: Some(secs),
+        payload: Some("lines".into()),
         ..Default::default()
     };
     r.set_latencies(lat);
@@ -436,6 +438,8 @@ fn stream_record(transport: &str, size: u32, n: u64, secs: f64) -> Record {
         min_ns: None,
         mbytes_per_s: Some(n as f64 * f64::from(size) / secs / 1e6),
         msgs_per_s: Some(n as f64 / secs),
+        seconds: Some(secs),
+        payload: Some("lines".into()),
         ..Default::default()
     }
 }

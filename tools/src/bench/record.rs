@@ -27,6 +27,19 @@ pub struct Record {
     /// Ping-pong: minimum.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_ns: Option<u64>,
+    /// Ping-pong: maximum.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max_ns: Option<u64>,
+    /// Time measured, in seconds (for latency lines, the sum of the
+    /// samples).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub seconds: Option<f64>,
+    /// How payloads were touched: "write+verify" (the sender writes every
+    /// byte of every message, the receiver checks every byte, and a wrong
+    /// byte fails the run) or "lines" (one byte per 64-byte line written
+    /// and read: touching every byte would measure the loop).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub payload: Option<String>,
     /// Stream: payload megabytes (10^6) per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mbytes_per_s: Option<f64>,
@@ -63,6 +76,10 @@ impl Record {
         self.p95_ns = Some(percentile(samples, 0.95));
         self.p99_ns = Some(percentile(samples, 0.99));
         self.min_ns = samples.first().copied();
+        self.max_ns = samples.last().copied();
+        if self.seconds.is_none() {
+            self.seconds = Some(samples.iter().sum::<u64>() as f64 / 1e9);
+        }
     }
 }
 

@@ -84,6 +84,7 @@ fn line(mode: &str, transport: &str, size: u32, samples: &mut [u64]) -> Record {
         transport: transport.into(),
         size,
         mode: mode.into(),
+        payload: Some("lines".into()),
         ..Default::default()
     };
     r.set_latencies(samples);
@@ -360,5 +361,6 @@ fn stream(
     r.bench = "utlb-stress".into();
     r.mbytes_per_s = Some(iters as f64 * f64::from(size) / secs / 1e6);
     r.msgs_per_s = Some(iters as f64 / secs);
+    r.seconds = Some(secs);
     Ok(r)
 }

@@ -106,6 +106,26 @@ impl Sup {
         self.changed.notify_all();
     }
 
+    /// Counts a boot nobody asked for (the guest rebooted itself) and
+    /// returns its time: since the device last saw node `n`'s port reset.
+    fn rebooted_itself(&self, n: u32) -> f64 {
+        if let Some(slot) = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(n as usize)
+        {
+            slot.boots += 1;
+        }
+        let reset = self
+            .device
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|d| d.switch().last_reset(n));
+        reset.map_or(0.0, |t| t.elapsed().as_secs_f64())
+    }
+
     fn phase(&self, n: u32) -> Option<Phase> {
         let s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         s.get(n as usize).map(|slot| slot.phase.clone())
@@ -321,7 +341,9 @@ fn agent_link(sup: &Arc<Sup>, n: u32) {
         if f.kind == kind::READY {
             let boot_seconds = match sup.phase(n) {
                 Some(Phase::Booting(t)) => t.elapsed().as_secs_f64(),
-                _ => 0.0,
+                // The guest rebooted on its own: a boot, timed from when
+                // the device saw its port reset.
+                _ => sup.rebooted_itself(n),
             };
             // Streams from before a reboot cannot finish any more.
             sup.fail_routes(n, "the guest rebooted");
