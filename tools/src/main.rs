@@ -490,7 +490,8 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => run_bench(a),
         Cmd::Image(ImageCmd::Build { force, json }) => run_image_build(force, json),
         Cmd::Cluster(ClusterCmd::Run { opts, command }) => {
-            run_cluster(&opts, &crate::cluster::shell_join(&command), false).map(|_| ())
+            crate::cluster::shell_join(&command)
+                .and_then(|c| run_cluster(&opts, &c, false).map(|_| ()))
         }
         Cmd::Cluster(ClusterCmd::Bench {
             workload,
@@ -570,7 +571,8 @@ fn main() -> ExitCode {
             target,
             name,
             command,
-        }) => cluster_exec(&name.name, &target, &crate::cluster::shell_join(&command)),
+        }) => crate::cluster::shell_join(&command)
+            .and_then(|c| cluster_exec(&name.name, &target, &c)),
         Cmd::Cluster(ClusterCmd::Put {
             target,
             local,
@@ -680,7 +682,10 @@ fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> Result<(), String> {
         &mut |l| eprintln!("{l}"),
     )?;
     if json {
-        println!("{status}");
+        println!(
+            "{}",
+            serde_json::to_string(&status).map_err(|e| e.to_string())?
+        );
     } else {
         eprintln!(
             "cluster '{name}' is up: {} nodes ({accel}); logs in {}\n  ulnic cluster exec all -- CMD    run a command\n  ulnic cluster put all FILE       copy a program in\n  ulnic cluster down               stop it",
@@ -749,29 +754,24 @@ fn cluster_put(
 fn cluster_status(name: &str, json: bool) -> Result<(), String> {
     let s = crate::cluster::supervisor::status(&state_dir(name))?;
     if json {
-        println!("{s}");
+        println!("{}", serde_json::to_string(&s).map_err(|e| e.to_string())?);
         return Ok(());
     }
-    println!(
-        "cluster '{name}' ({}), {}",
-        s["accel"].as_str().unwrap_or("?"),
-        s["dir"].as_str().unwrap_or("")
-    );
-    for n in s["nodes"].as_array().into_iter().flatten() {
+    println!("cluster '{name}' ({}), {}", s.accel, s.dir.display());
+    for n in &s.nodes {
         println!(
             "  node {}: {}{}{}  boots {}  log {}",
-            n["node"],
-            n["state"].as_str().unwrap_or("?"),
-            n["boot_seconds"]
-                .as_f64()
+            n.node,
+            n.state,
+            n.boot_seconds
                 .map(|b| format!(" (booted in {b:.1} s)"))
                 .unwrap_or_default(),
-            n["reason"]
-                .as_str()
+            n.reason
+                .as_ref()
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default(),
-            n["boots"],
-            n["console_log"].as_str().unwrap_or("")
+            n.boots,
+            n.console_log.display()
         );
     }
     Ok(())
@@ -1132,8 +1132,12 @@ fn in_guest(a: &BenchArgs) -> bool {
 }
 
 fn run_bench(a: BenchArgs) -> Result<(), String> {
-    let scratch = std::env::temp_dir().join(format!("ulnic-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+    // Sockets, shm files and the device of this run; removed when done.
+    let scratch_dir = tempfile::Builder::new()
+        .prefix("ulnic-bench-")
+        .tempdir()
+        .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
+    let scratch = scratch_dir.path().to_path_buf();
     let mut own = None;
     let dir = match &a.device_dir {
         Some(d) => d.clone(),
@@ -1189,7 +1193,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
         }
     }
     drop(own);
-    let _ = std::fs::remove_dir_all(&scratch);
+    drop(scratch_dir);
     if failed {
         Err("some benchmarks failed".into())
     } else {

@@ -6,10 +6,11 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use ulnic_images::Image;
 
 use super::agent::kind;
+use super::protocol::{ClusterStatus, NodeState, Request};
 use super::supervisor::{self, finish, request, SuperviseArgs};
 
 /// Boots a cluster in `dir` and returns its status once every guest is
@@ -21,7 +22,7 @@ pub fn up(
     args: &SuperviseArgs,
     timeout: Duration,
     say: &mut dyn FnMut(&str),
-) -> Result<Value, String> {
+) -> Result<ClusterStatus, String> {
     let mut child = supervisor::spawn_supervisor(dir, image, args)?;
     let started = Instant::now();
     let mut reported = vec![false; args.nodes as usize];
@@ -33,18 +34,17 @@ pub fn up(
             ));
         }
         if let Ok(s) = supervisor::status(dir) {
-            let nodes = s["nodes"].as_array().cloned().unwrap_or_default();
-            for (n, node) in nodes.iter().enumerate() {
-                match node["state"].as_str() {
-                    Some("ready") if !reported[n] => {
+            for (n, node) in s.nodes.iter().enumerate() {
+                match node.state {
+                    NodeState::Ready if !reported[n] => {
                         reported[n] = true;
                         say(&format!(
                             "[node {n}] ready after {:.1} s",
-                            node["boot_seconds"].as_f64().unwrap_or(0.0)
+                            node.boot_seconds.unwrap_or(0.0)
                         ));
                     }
-                    Some("stopped") => {
-                        let why = node["reason"].as_str().unwrap_or("").to_string();
+                    NodeState::Stopped => {
+                        let why = node.reason.clone().unwrap_or_default();
                         let tail = super::log_tail(&dir.join(format!("node{n}.console.log")), 15);
                         let _ = down(dir);
                         return Err(format!(
@@ -83,8 +83,7 @@ pub fn up(
 pub fn nodes_of(dir: &Path, target: &str) -> Result<Vec<u32>, String> {
     if target == "all" {
         let s = supervisor::status(dir)?;
-        let n = s["nodes"].as_array().map_or(0, |a| a.len()) as u32;
-        return Ok((0..n).collect());
+        return Ok(s.nodes.iter().map(|n| n.node).collect());
     }
     target
         .parse()
@@ -126,10 +125,7 @@ pub fn exec(dir: &Path, nodes: &[u32], command: &str) -> Vec<(u32, Result<i32, S
             let dir = dir.to_path_buf();
             let command = command.to_string();
             std::thread::spawn(move || {
-                let mut s = request(
-                    &dir,
-                    &json!({ "op": "exec", "node": n, "command": command }),
-                )?;
+                let mut s = request(&dir, &Request::Exec { node: n, command })?;
                 let p = || Prefixer {
                     prefix: if prefix {
                         format!("[node {n}] ")
@@ -180,7 +176,12 @@ pub fn put(dir: &Path, node: u32, local: &Path, remote: &str) -> Result<(), Stri
         .unwrap_or(0o644);
     let mut s = request(
         dir,
-        &json!({ "op": "put", "node": node, "path": remote, "mode": mode, "len": data.len() }),
+        &Request::Put {
+            node,
+            path: remote.to_string(),
+            mode,
+            len: data.len() as u64,
+        },
     )?;
     s.write_all(&data).map_err(|e| e.to_string())?;
     match finish(&mut s, |_| {})? {
@@ -194,7 +195,10 @@ pub fn put(dir: &Path, node: u32, local: &Path, remote: &str) -> Result<(), Stri
 pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> Result<f64, String> {
     let mut s = request(
         dir,
-        &json!({ "op": "reboot", "node": node, "timeout": timeout.as_secs() }),
+        &Request::Reboot {
+            node,
+            timeout: timeout.as_secs(),
+        },
     )?;
     let mut secs = 0.0;
     finish(&mut s, |f| {
@@ -213,7 +217,9 @@ pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> Result<f64, String> {
 pub fn restart_device(dir: &Path, timeout: Duration) -> Result<Value, String> {
     let mut s = request(
         dir,
-        &json!({ "op": "restart-device", "timeout": timeout.as_secs() }),
+        &Request::RestartDevice {
+            timeout: timeout.as_secs(),
+        },
     )?;
     let mut report = Value::Null;
     finish(&mut s, |f| {
@@ -229,15 +235,12 @@ pub fn restart_device(dir: &Path, timeout: Duration) -> Result<Value, String> {
 /// Stalls node `node`'s control queue on the cluster's device, or serves
 /// it again (`Switch::stall_control`).
 pub fn stall_control(dir: &Path, node: u32, stalled: bool) -> Result<(), String> {
-    let mut s = request(
-        dir,
-        &json!({ "op": "stall-control", "node": node, "stalled": stalled }),
-    )?;
+    let mut s = request(dir, &Request::StallControl { node, stalled })?;
     finish(&mut s, |_| {}).map(|_| ())
 }
 
 /// Stops every guest and the supervisor.
 pub fn down(dir: &Path) -> Result<(), String> {
-    let mut s = request(dir, &json!({ "op": "down" }))?;
+    let mut s = request(dir, &Request::Down)?;
     finish(&mut s, |_| {}).map(|_| ())
 }

@@ -15,6 +15,7 @@ use ulnic_device::{Configuration, Device};
 
 pub mod agent;
 pub mod client;
+pub mod protocol;
 pub mod supervisor;
 
 /// Which accelerator to use.
@@ -183,8 +184,13 @@ pub fn run(
     say: &mut dyn FnMut(&str),
 ) -> Result<Vec<NodeResult>, String> {
     let accel = choose_accel(image, opts.accel, say);
-    let dir = std::env::temp_dir().join(format!("ulnic-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // Sockets and the segment switch of this run; removed when it ends
+    // (declared first, so dropped after the device and the guests).
+    let dir_guard = tempfile::Builder::new()
+        .prefix("ulnic-cluster-")
+        .tempdir()
+        .map_err(|e| format!("cannot make a run directory: {e}"))?;
+    let dir = dir_guard.path().to_path_buf();
     let config = Configuration::builder(Configuration::socket_paths(&dir, opts.nodes))
         .max_endpoints(opts.endpoints)
         .build()
@@ -302,43 +308,41 @@ pub fn run(
             ));
         }
     }
+    // A failed run keeps its console logs for reading; a good one leaves
+    // nothing behind.
+    if results.iter().any(|r| r.error.is_some()) {
+        let kept = dir_guard.keep();
+        say(&format!("console logs kept in {}", kept.display()));
+    }
     Ok(results)
 }
 
 /// One word is taken as a shell command line as it stands; several words
-/// are quoted as needed and joined.
-pub fn shell_join(words: &[String]) -> String {
+/// are quoted as needed (shlex) and joined. A word holding a NUL byte
+/// cannot be passed to a shell at all.
+pub fn shell_join(words: &[String]) -> Result<String, String> {
     if let [one] = words {
-        return one.clone();
+        return Ok(one.clone());
     }
-    words
-        .iter()
-        .map(|w| {
-            if !w.is_empty()
-                && w.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
-            {
-                w.clone()
-            } else {
-                format!("'{}'", w.replace('\'', "'\\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    shlex::try_join(words.iter().map(String::as_str))
+        .map_err(|e| format!("cannot pass that command to a shell: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn shell_join_quotes() {
-        let w: Vec<String> = ["echo", "a b", "it's", "x=1"]
+    fn shell_join_quotes_what_needs_it() {
+        let w: Vec<String> = ["echo", "a b", "it's", "x=1", "$HOME"]
             .iter()
             .map(|s| s.to_string())
             .collect();
-        assert_eq!(super::shell_join(&w), "echo 'a b' 'it'\\''s' x=1");
+        let joined = super::shell_join(&w).unwrap();
+        assert_eq!(shlex::split(&joined), Some(w));
+        assert!(joined.starts_with("echo "), "{joined}");
         assert_eq!(
-            super::shell_join(&["echo $X | wc".to_string()]),
+            super::shell_join(&["echo $X | wc".to_string()]).unwrap(),
             "echo $X | wc"
         );
+        assert!(super::shell_join(&["a".into(), "b\0c".into()]).is_err());
     }
 }

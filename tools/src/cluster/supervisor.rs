@@ -22,6 +22,7 @@ use ulnic_images::vm::{self, VmConfig};
 use ulnic_images::Image;
 
 use super::agent::{kind, read_frame, write_frame, Frame};
+use super::protocol::{ClusterStatus, NodeState, NodeStatus, Request};
 use ulnic_device::{Configuration, Device};
 
 /// Where cluster `name` keeps its sockets and logs.
@@ -154,28 +155,33 @@ impl Sup {
         write_frame(s, f).map_err(|e| format!("node {n}: agent channel: {e}"))
     }
 
-    fn status(&self) -> Value {
+    fn status(&self) -> ClusterStatus {
         let s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let nodes: Vec<Value> = s
+        let nodes = s
             .iter()
             .enumerate()
             .map(|(n, slot)| {
-                let (state, boot, reason) = match &slot.phase {
-                    Phase::Booting(_) => ("booting", None, None),
-                    Phase::Ready { boot_seconds } => ("ready", Some(*boot_seconds), None),
-                    Phase::Stopped(why) => ("stopped", None, Some(why.clone())),
+                let (state, boot_seconds, reason) = match &slot.phase {
+                    Phase::Booting(_) => (NodeState::Booting, None, None),
+                    Phase::Ready { boot_seconds } => (NodeState::Ready, Some(*boot_seconds), None),
+                    Phase::Stopped(why) => (NodeState::Stopped, None, Some(why.clone())),
                 };
-                json!({
-                    "node": n,
-                    "state": state,
-                    "boot_seconds": boot,
-                    "boots": slot.boots,
-                    "reason": reason,
-                    "console_log": self.dir.join(format!("node{n}.console.log")),
-                })
+                NodeStatus {
+                    node: n as u32,
+                    state,
+                    boot_seconds,
+                    boots: slot.boots,
+                    reason,
+                    console_log: self.dir.join(format!("node{n}.console.log")),
+                }
             })
             .collect();
-        json!({ "dir": self.dir, "accel": self.accel, "pid": std::process::id(), "nodes": nodes })
+        ClusterStatus {
+            dir: self.dir.clone(),
+            accel: self.accel.clone(),
+            pid: std::process::id(),
+            nodes,
+        }
     }
 }
 
@@ -370,8 +376,15 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
     let mut rd = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
     let mut line = String::new();
     rd.read_line(&mut line).map_err(|e| e.to_string())?;
-    let req: Value = serde_json::from_str(&line).map_err(|e| format!("bad request: {e}"))?;
-    let node = req["node"].as_u64().map(|n| n as u32);
+    let req: Request = match serde_json::from_str(&line) {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = format!("bad request: {e}");
+            let _ = reply(&mut conn, kind::ERROR, msg.clone());
+            return Err(msg);
+        }
+    };
+    let node = req.node();
     let nodes = sup.agents.len() as u32;
     let err = |conn: &mut UnixStream, msg: String| {
         let _ = reply(conn, kind::ERROR, msg.clone());
@@ -385,12 +398,12 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
             );
         }
     }
-    match req["op"].as_str().unwrap_or("") {
-        "status" => {
-            reply(&mut conn, kind::INFO, sup.status().to_string()).map_err(|e| e.to_string())
+    match req {
+        Request::Status => {
+            let status = serde_json::to_string(&sup.status()).map_err(|e| e.to_string())?;
+            reply(&mut conn, kind::INFO, status).map_err(|e| e.to_string())
         }
-        "exec" | "put" => {
-            let n = node.ok_or("no node given")?;
+        Request::Exec { node: n, .. } | Request::Put { node: n, .. } => {
             if !matches!(sup.phase(n), Some(Phase::Ready { .. })) {
                 return err(
                     &mut conn,
@@ -403,12 +416,14 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, (n, tx));
-            let sent = if req["op"] == "exec" {
-                let cmd = req["command"].as_str().unwrap_or("");
-                sup.to_agent(n, &Frame::new(kind::EXEC, id, cmd))
-                    .map(|()| watch_hangup(sup, &conn, n, id))
-            } else {
-                put_file(sup, n, id, &req, &mut rd)
+            let sent = match &req {
+                Request::Exec { command, .. } => sup
+                    .to_agent(n, &Frame::new(kind::EXEC, id, command.as_str()))
+                    .map(|()| watch_hangup(sup, &conn, n, id)),
+                Request::Put {
+                    path, mode, len, ..
+                } => put_file(sup, n, id, (path, *mode, *len), &mut rd),
+                _ => Err("not a stream request".into()),
             };
             if let Err(e) = sent {
                 sup.routes
@@ -425,9 +440,8 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
             }
             Ok(())
         }
-        "reboot" => {
-            let n = node.ok_or("no node given")?;
-            let timeout = Duration::from_secs(req["timeout"].as_u64().unwrap_or(300));
+        Request::Reboot { node: n, timeout } => {
+            let timeout = Duration::from_secs(timeout);
             if let Err(e) = qmp_reset(&sup.dir.join(format!("node{n}.qmp"))) {
                 return err(&mut conn, format!("node {n}: reset failed: {e}"));
             }
@@ -445,9 +459,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 Err(e) => err(&mut conn, format!("node {n}: {e}")),
             }
         }
-        "stall-control" => {
-            let n = node.ok_or("no node given")?;
-            let stalled = req["stalled"].as_bool().ok_or("no state given")?;
+        Request::StallControl { node: n, stalled } => {
             let done = match sup
                 .device
                 .lock()
@@ -467,8 +479,8 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 Err(e) => err(&mut conn, e),
             }
         }
-        "restart-device" => {
-            let timeout = Duration::from_secs(req["timeout"].as_u64().unwrap_or(60));
+        Request::RestartDevice { timeout } => {
+            let timeout = Duration::from_secs(timeout);
             match restart_device(sup, timeout) {
                 Ok(v) => {
                     let _ = reply(&mut conn, kind::INFO, v.to_string());
@@ -477,7 +489,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 Err(e) => err(&mut conn, e),
             }
         }
-        "down" => {
+        Request::Down => {
             sup.stopping.store(true, Ordering::Release);
             let pids: Vec<u32> = sup
                 .slots
@@ -501,7 +513,6 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
             eprintln!("supervisor: down");
             std::process::exit(0);
         }
-        other => err(&mut conn, format!("unknown request '{other}'")),
     }
 }
 
@@ -592,12 +603,10 @@ fn put_file(
     sup: &Arc<Sup>,
     n: u32,
     id: u32,
-    req: &Value,
+    (path, mode, len): (&str, u32, u64),
     rd: &mut BufReader<UnixStream>,
 ) -> Result<(), String> {
-    let path = req["path"].as_str().ok_or("no path given")?;
-    let mode = req["mode"].as_u64().unwrap_or(0o755) as u32;
-    let mut left = req["len"].as_u64().ok_or("no length given")?;
+    let mut left = len;
     let mut begin = mode.to_le_bytes().to_vec();
     begin.extend_from_slice(path.as_bytes());
     sup.to_agent(n, &Frame::new(kind::PUT_BEGIN, id, begin))?;
@@ -746,20 +755,21 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), Strin
 // ---- the client side: what `ulnic cluster up/exec/...` call ----
 
 /// Sends one request to cluster `dir`'s supervisor.
-pub fn request(dir: &Path, req: &Value) -> Result<UnixStream, String> {
+pub fn request(dir: &Path, req: &Request) -> Result<UnixStream, String> {
     let mut s = UnixStream::connect(control_socket(dir)).map_err(|e| {
         format!(
             "no cluster is up at {} ({e}); start one with `ulnic cluster up`",
             dir.display()
         )
     })?;
-    writeln!(s, "{req}").map_err(|e| e.to_string())?;
+    let line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    writeln!(s, "{line}").map_err(|e| e.to_string())?;
     Ok(s)
 }
 
 /// The cluster's status document.
-pub fn status(dir: &Path) -> Result<Value, String> {
-    let mut s = request(dir, &json!({ "op": "status" }))?;
+pub fn status(dir: &Path) -> Result<ClusterStatus, String> {
+    let mut s = request(dir, &Request::Status)?;
     let f = read_frame(&mut s).map_err(|e| format!("supervisor: {e}"))?;
     match f.kind {
         kind::INFO => serde_json::from_slice(&f.data).map_err(|e| e.to_string()),

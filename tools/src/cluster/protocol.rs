@@ -1,0 +1,139 @@
+//! The supervisor's control protocol, typed: a client writes one JSON
+//! [`Request`] line on the control socket, then reads frames (`agent`'s
+//! framing) back; a status request is answered with a [`ClusterStatus`].
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// One request to the supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// The cluster's [`ClusterStatus`].
+    Status,
+    /// Run a shell command on a node; its output and exit status follow.
+    Exec {
+        /// The node.
+        node: u32,
+        /// A shell command line.
+        command: String,
+    },
+    /// Copy `len` bytes, sent after the request, to `path` on a node.
+    Put {
+        /// The node.
+        node: u32,
+        /// Where in the guest.
+        path: String,
+        /// File mode.
+        mode: u32,
+        /// Bytes that follow.
+        len: u64,
+    },
+    /// Reset a node and wait until it is ready again.
+    Reboot {
+        /// The node.
+        node: u32,
+        /// Seconds to wait.
+        timeout: u64,
+    },
+    /// Restart the device under the running guests.
+    RestartDevice {
+        /// Seconds to wait for every guest's driver.
+        timeout: u64,
+    },
+    /// Stall a node's control queue, or serve it again.
+    StallControl {
+        /// The node.
+        node: u32,
+        /// Stalled or served.
+        stalled: bool,
+    },
+    /// Stop every guest and the supervisor.
+    Down,
+}
+
+impl Request {
+    /// The node the request names, if any.
+    pub fn node(&self) -> Option<u32> {
+        match self {
+            Request::Exec { node, .. }
+            | Request::Put { node, .. }
+            | Request::Reboot { node, .. }
+            | Request::StallControl { node, .. } => Some(*node),
+            Request::Status | Request::RestartDevice { .. } | Request::Down => None,
+        }
+    }
+}
+
+/// Where a guest is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    /// Started or reset, not ready yet.
+    Booting,
+    /// Its agent answered: commands can run.
+    Ready,
+    /// QEMU exited.
+    Stopped,
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NodeState::Booting => "booting",
+            NodeState::Ready => "ready",
+            NodeState::Stopped => "stopped",
+        })
+    }
+}
+
+/// One guest in a [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// Node number.
+    pub node: u32,
+    /// Its state.
+    pub state: NodeState,
+    /// Seconds its last boot took, when ready.
+    pub boot_seconds: Option<f64>,
+    /// Boots so far, the first included (resets and reboots it did itself
+    /// count).
+    pub boots: u32,
+    /// Why it stopped, when stopped.
+    pub reason: Option<String>,
+    /// Its console log.
+    pub console_log: PathBuf,
+}
+
+/// A persistent cluster's status (`ulnic cluster status --json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The cluster's state directory.
+    pub dir: PathBuf,
+    /// kvm or tcg.
+    pub accel: String,
+    /// The supervisor's process id.
+    pub pid: u32,
+    /// Every guest.
+    pub nodes: Vec<NodeStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_one_tagged_json_object() {
+        let r = Request::StallControl {
+            node: 1,
+            stalled: true,
+        };
+        let line = serde_json::to_string(&r).unwrap();
+        assert_eq!(line, r#"{"op":"stall-control","node":1,"stalled":true}"#);
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
+        assert_eq!(r.node(), Some(1));
+        assert!(serde_json::from_str::<Request>(r#"{"op":"reboot"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"fly"}"#).is_err());
+    }
+}
