@@ -1,6 +1,7 @@
 //! `ulnic send` / `ulnic recv` host-attached, as separate processes: a
 //! stream arrives complete and in order (with returns resent), and a
 //! receiver killed mid-stream reaches the sender as its close message.
+#[path = "../../device/tests/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader};

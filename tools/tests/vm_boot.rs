@@ -1,6 +1,7 @@
 //! A real QEMU guest (TCG) boots the default image with a ulnic port; the
 //! ulnic kernel module binds the device and talks to it. Builds the image (network: Debian's
 //! archive) if the cache lacks it.
+#[path = "../../device/tests/common/mod.rs"]
 mod common;
 
 use std::io::Read;
