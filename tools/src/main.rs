@@ -1,4 +1,13 @@
-//! The `ulnic` command-line tool.
+//! The `ulnic` command: everything a user runs, on top of the NIC model
+//! (`ulnic-device`), the library and the image builder.
+//!
+//! Here: the command line (clap) and what each command prints. Modules:
+//! `bench` (the benchmarks: `pingpong` with its peer processes, `rdma`,
+//! `utlb`, and their `record` and `payload` rules), `cluster` (QEMU
+//! clusters: one-shot runs in `mod`, the persistent cluster's
+//! `supervisor`, its `client`, the in-guest `agent` and their typed
+//! `protocol`), `transfer` (`ulnic send` / `recv`), `selftest`, and the
+//! driver checks (`driver_fuzz`, `driver_check`, over `raw_driver`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -7,6 +7,11 @@
 //! notification queues exactly as docs/spec.md asks of the Linux driver.
 //! Addresses it hands the device are offsets into that memory (its
 //! guest-physical addresses start at 0).
+//!
+//! Inside: `memory` (the shared memfd memory and allocations in it),
+//! `virtqueue` (the driver side of a split virtqueue), `error`, and here
+//! the attachment itself (`HostAttach`: handshake, commands, kicks,
+//! notifications).
 
 mod error;
 mod memory;
