@@ -81,12 +81,12 @@ pub struct Handshake<'a> {
 }
 
 /// Runs `check` against the driver's device file `device`.
-pub fn run(check: Check, device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
+pub fn run(check: Check, device: &Path, hs: &Handshake<'_>) -> anyhow::Result<Report> {
     // Files left by an earlier run would start the situation too early.
     for stale in [hs.ready, hs.go] {
         match std::fs::remove_file(stale) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(format!("{}: {e}", stale.display()))
+                return Err(anyhow::anyhow!("{}: {e}", stale.display()))
             }
             _ => {}
         }
@@ -106,25 +106,24 @@ fn outcome(r: &Result<i32, std::io::Error>) -> String {
     }
 }
 
-fn open_raw(device: &Path) -> Result<File, String> {
+fn open_raw(device: &Path) -> anyhow::Result<File> {
     File::options()
         .read(true)
         .write(true)
         .open(device)
-        .map_err(|e| format!("{}: {e}", device.display()))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", device.display()))
 }
 
 /// Two endpoints of one domain bound to two free ports: (a, b, b's address).
-fn pair(nic: &Nic) -> Result<(ulnic::ProtectionDomain, Endpoint, Endpoint, Address), String> {
-    let e = |x: ulnic::Error| x.to_string();
-    let pd = nic.alloc_pd().map_err(e)?;
-    let mut a = pd.create_endpoint(&EndpointConfig::default()).map_err(e)?;
-    let mut b = pd.create_endpoint(&EndpointConfig::default()).map_err(e)?;
+fn pair(nic: &Nic) -> anyhow::Result<(ulnic::ProtectionDomain, Endpoint, Endpoint, Address)> {
+    let pd = nic.alloc_pd()?;
+    let mut a = pd.create_endpoint(&EndpointConfig::default())?;
+    let mut b = pd.create_endpoint(&EndpointConfig::default())?;
     // Ports that are free on this node, from a range tools leave alone.
     let mut port = 60_000 + std::process::id() % 1000 * 4;
-    a.bind(port).map_err(e)?;
+    a.bind(port)?;
     port += 1;
-    b.bind(port).map_err(e)?;
+    b.bind(port)?;
     let to = Address {
         node: nic.node(),
         port,
@@ -149,11 +148,11 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, to: Address, seq: u64) -> bool {
     false
 }
 
-fn wait_for(path: &Path, timeout: Duration) -> Result<(), String> {
+fn wait_for(path: &Path, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while !path.exists() {
         if Instant::now() >= deadline {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "{} did not appear within {} s",
                 path.display(),
                 timeout.as_secs()
@@ -164,21 +163,21 @@ fn wait_for(path: &Path, timeout: Duration) -> Result<(), String> {
     Ok(())
 }
 
-fn signal_ready(path: &Path) -> Result<(), String> {
-    std::fs::write(path, b"ready\n").map_err(|e| format!("{}: {e}", path.display()))
+fn signal_ready(path: &Path) -> anyhow::Result<()> {
+    std::fs::write(path, b"ready\n").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-fn stalled_device(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
+fn stalled_device(device: &Path, hs: &Handshake<'_>) -> anyhow::Result<Report> {
     let mut report = Report {
         check: "stalled-device".into(),
         ..Default::default()
     };
     let raw = open_raw(device)?;
-    let kicked = create_small_endpoint(&raw).map_err(|e| format!("IOC_CREATE_EP: {e}"))?;
-    let nic = Nic::open_device(device).map_err(|e| e.to_string())?;
+    let kicked = create_small_endpoint(&raw).map_err(|e| anyhow::anyhow!("IOC_CREATE_EP: {e}"))?;
+    let nic = Nic::open_device(device)?;
     let (_pd, mut a, mut b, to) = pair(&nic)?;
     if !exchange(&mut a, &mut b, to, 0) {
-        return Err("no message crossed before the stall".into());
+        return Err(anyhow::anyhow!("no message crossed before the stall"));
     }
     signal_ready(hs.ready)?;
     wait_for(hs.go, hs.timeout)?;
@@ -249,20 +248,20 @@ fn stalled_device(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
     Ok(report)
 }
 
-fn device_removal(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
+fn device_removal(device: &Path, hs: &Handshake<'_>) -> anyhow::Result<Report> {
     let mut report = Report {
         check: "device-removal".into(),
         ..Default::default()
     };
     let raw = open_raw(device)?;
-    let id = create_small_endpoint(&raw).map_err(|e| format!("IOC_CREATE_EP: {e}"))?;
+    let id = create_small_endpoint(&raw).map_err(|e| anyhow::anyhow!("IOC_CREATE_EP: {e}"))?;
     let page = ulnic_abi::PAGE_SIZE as usize;
     let doorbell = ulnic_host_attach::map_shared(
         raw.as_raw_fd(),
         page,
         uapi::mmap_ctrl(id) + uapi::MMAP_DOORBELL,
     )
-    .map_err(|e| format!("the doorbell page cannot be mapped (needs page-per-vq): {e}"))?
+    .map_err(|e| anyhow::anyhow!("the doorbell page cannot be mapped (needs page-per-vq): {e}"))?
     .cast::<u16>();
     let queue = ulnic_abi::doorbell_queue(id) as u16;
     // SAFETY: `doorbell` is our live mapping of one page; the driver gives
@@ -278,7 +277,7 @@ fn device_removal(device: &Path, hs: &Handshake<'_>) -> Result<Report, String> {
             break e;
         }
         if Instant::now() >= deadline {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "the device was not removed within {} s",
                 hs.timeout.as_secs()
             ));

@@ -585,12 +585,14 @@ pub(crate) fn kernel_faults() -> Vec<String> {
 
 /// Runs `operations` random operations against `path` from `seed`, cleans
 /// up, and checks the kernel log.
-pub fn run(path: &str, seed: u64, operations: u64) -> Result<Report, String> {
+pub fn run(path: &str, seed: u64, operations: u64) -> anyhow::Result<Report> {
     File::options()
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| format!("{path}: {e} (driver-fuzz needs the Linux driver's device)"))?;
+        .map_err(|e| {
+            anyhow::anyhow!("{path}: {e} (driver-fuzz needs the Linux driver's device)")
+        })?;
     let before = kernel_faults();
     let mut f = Fuzzer {
         rng: StdRng::seed_from_u64(seed),

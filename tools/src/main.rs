@@ -516,7 +516,7 @@ fn main() -> ExitCode {
                 println!("ulnic-selftest: ok");
                 Ok(())
             }
-            Err(e) => Err(format!("selftest failed: {e}")),
+            Err(e) => Err(anyhow::anyhow!("selftest failed: {e}")),
         },
         Cmd::DriverFuzz {
             device,
@@ -532,7 +532,7 @@ fn main() -> ExitCode {
             if report.kernel_faults.is_empty() {
                 Ok(())
             } else {
-                Err(format!(
+                Err(anyhow::anyhow!(
                     "the kernel log shows {} fault line(s) after driver-fuzz (seed {seed})",
                     report.kernel_faults.len()
                 ))
@@ -561,15 +561,15 @@ fn main() -> ExitCode {
                 if bad == 0 {
                     Ok(())
                 } else {
-                    Err(format!("driver-check {}: {bad} problem(s)", report.check))
+                    Err(anyhow::anyhow!("driver-check {}: {bad} problem(s)", report.check))
                 }
             })
         }
-        Cmd::BenchPeer(a) => bench::peer(&a).map_err(|e| e.to_string()),
+        Cmd::BenchPeer(a) => bench::peer(&a).map_err(anyhow::Error::from),
         Cmd::Agent { port } => {
             match port.or_else(crate::cluster::agent::find_port) {
                 Some(p) => crate::cluster::agent::run(&p),
-                None => Err(format!(
+                None => Err(anyhow::anyhow!(
                     "no virtio-serial port named {}",
                     crate::cluster::agent::PORT_NAME
                 )),
@@ -665,13 +665,13 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ulnic: {e}");
+            eprintln!("ulnic: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> Result<(), String> {
+fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
     let dir = state_dir(name);
     let image = cluster_image(&mut |l| eprintln!("{l}"))?;
     let accel = crate::cluster::choose_accel(&image, o.accel, &mut |l| eprintln!("{l}"));
@@ -691,10 +691,7 @@ fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> Result<(), String> {
         &mut |l| eprintln!("{l}"),
     )?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(&status).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string(&status)?);
     } else {
         eprintln!(
             "cluster '{name}' is up: {} nodes ({accel}); logs in {}\n  ulnic cluster exec all -- CMD    run a command\n  ulnic cluster put all FILE       copy a program in\n  ulnic cluster down               stop it",
@@ -705,7 +702,7 @@ fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn cluster_exec(name: &str, target: &str, command: &str) -> Result<(), String> {
+fn cluster_exec(name: &str, target: &str, command: &str) -> anyhow::Result<()> {
     let dir = state_dir(name);
     let nodes = client::nodes_of(&dir, target)?;
     let results = client::exec(&dir, &nodes, command);
@@ -741,7 +738,7 @@ fn cluster_put(
     target: &str,
     local: &std::path::Path,
     remote: Option<String>,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let dir = state_dir(name);
     let remote = match remote {
         Some(r) => r,
@@ -749,7 +746,7 @@ fn cluster_put(
             "/bin/{}",
             local
                 .file_name()
-                .ok_or("the local path names no file")?
+                .ok_or_else(|| anyhow::anyhow!("the local path names no file"))?
                 .to_string_lossy()
         ),
     };
@@ -760,10 +757,10 @@ fn cluster_put(
     Ok(())
 }
 
-fn cluster_status(name: &str, json: bool) -> Result<(), String> {
+fn cluster_status(name: &str, json: bool) -> anyhow::Result<()> {
     let s = crate::cluster::supervisor::status(&state_dir(name))?;
     if json {
-        println!("{}", serde_json::to_string(&s).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string(&s)?);
         return Ok(());
     }
     println!("cluster '{name}' ({}), {}", s.accel, s.dir.display());
@@ -786,11 +783,11 @@ fn cluster_status(name: &str, json: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn run_device(a: DeviceArgs) -> Result<(), String> {
+fn run_device(a: DeviceArgs) -> anyhow::Result<()> {
     let sockets = match &a.socket_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
             Configuration::socket_paths(dir, a.nodes)
         }
         None => a.socket.clone(),
@@ -800,9 +797,8 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
         .poll_for(Duration::from_micros(a.poll_us))
         .tripwires(a.tripwires)
         .utlb_cache(a.utlb_cache.config())
-        .build()
-        .map_err(|e| e.to_string())?;
-    let dev = Device::start(config).map_err(|e| e.to_string())?;
+        .build()?;
+    let dev = Device::start(config)?;
     eprintln!(
         "ulnic: serving {} nodes, {} endpoints each (QEMU: num_vqs={}, config_size={}, virtio-id={}); Ctrl-C stops",
         dev.sockets().len(),
@@ -816,14 +812,14 @@ fn run_device(a: DeviceArgs) -> Result<(), String> {
     }
 }
 
-fn cluster_image(say: &mut dyn FnMut(&str)) -> Result<ulnic_images::Image, String> {
+fn cluster_image(say: &mut dyn FnMut(&str)) -> anyhow::Result<ulnic_images::Image> {
     let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
-    let r = ulnic_images::build(false, &tools, say).map_err(|e| e.to_string())?;
+    let r = ulnic_images::build(false, &tools, say)?;
     Ok(r.image)
 }
 
 /// Runs `command` on a cluster; returns each node's output lines.
-fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> Result<Vec<Vec<String>>, String> {
+fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> anyhow::Result<Vec<Vec<String>>> {
     let mut outputs: Vec<Vec<String>> = vec![Vec::new(); o.nodes as usize];
     let mut say = |l: &str| {
         if let Some(rest) = l.strip_prefix("[node ") {
@@ -871,7 +867,10 @@ fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> Result<Vec<Vec<St
         }
     }
     if failed > 0 {
-        return Err(format!("{failed} of {} nodes failed", results.len()));
+        return Err(anyhow::anyhow!(
+            "{failed} of {} nodes failed",
+            results.len()
+        ));
     }
     Ok(outputs)
 }
@@ -883,15 +882,17 @@ fn run_cluster_bench(
     iters: u64,
     mode: Mode,
     json: bool,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     if o.nodes < 2 {
-        return Err("a cluster benchmark needs --nodes 2 or more (nodes 0 and 1 take part)".into());
+        return Err(anyhow::anyhow!(
+            "a cluster benchmark needs --nodes 2 or more (nodes 0 and 1 take part)"
+        ));
     }
     if !matches!(
         w,
         Workload::Pingpong | Workload::Stream | Workload::RdmaWrite
     ) {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "cluster bench runs pingpong, stream and rdma-write between guests, not {w:?}"
         ));
     }
@@ -923,7 +924,7 @@ fn run_cluster_bench(
     let outputs = run_cluster(o, &script, json)?;
     for line in outputs.first().into_iter().flatten() {
         if let Some(rec) = line.strip_prefix("RESULT ") {
-            let mut v: serde_json::Value = serde_json::from_str(rec).map_err(|e| e.to_string())?;
+            let mut v: serde_json::Value = serde_json::from_str(rec)?;
             v["where"] = "two guests".into();
             println!("{v}");
         }
@@ -931,17 +932,16 @@ fn run_cluster_bench(
     Ok(())
 }
 
-fn run_image_build(force: bool, json: bool) -> Result<(), String> {
+fn run_image_build(force: bool, json: bool) -> anyhow::Result<()> {
     // The guest gets this very binary, so `ulnic` runs the same inside.
     let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
     eprintln!(
         "ulnic: building the guest image in {}",
         ulnic_images::cache_dir().display()
     );
-    let r = ulnic_images::build(force, &tools, &mut |line| eprintln!("{line}"))
-        .map_err(|e| e.to_string())?;
+    let r = ulnic_images::build(force, &tools, &mut |line| eprintln!("{line}"))?;
     if json {
-        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
             "image ready in {:.1} s ({}; {} packages, {:.1} MB fetched)\n  kernel    {} ({})\n  initramfs {}\n  qemu      {}",
@@ -1140,12 +1140,12 @@ fn in_guest(a: &BenchArgs) -> bool {
         .exists()
 }
 
-fn run_bench(a: BenchArgs) -> Result<(), String> {
+fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
     // Sockets, shm files and the device of this run; removed when done.
     let scratch_dir = tempfile::Builder::new()
         .prefix("ulnic-bench-")
         .tempdir()
-        .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot make a scratch directory: {e}"))?;
     let scratch = scratch_dir.path().to_path_buf();
     let mut own = None;
     let dir = match &a.device_dir {
@@ -1154,9 +1154,8 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
             let config = Configuration::builder(Configuration::socket_paths(&scratch, 2))
                 .max_endpoints(4)
                 .utlb_cache(a.utlb_cache.config())
-                .build()
-                .map_err(|e| e.to_string())?;
-            own = Some(Device::start(config).map_err(|e| e.to_string())?);
+                .build()?;
+            own = Some(Device::start(config)?);
             scratch.clone()
         }
         None => scratch.clone(),
@@ -1204,7 +1203,7 @@ fn run_bench(a: BenchArgs) -> Result<(), String> {
     drop(own);
     drop(scratch_dir);
     if failed {
-        Err("some benchmarks failed".into())
+        Err(anyhow::anyhow!("some benchmarks failed"))
     } else {
         Ok(())
     }

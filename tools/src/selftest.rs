@@ -14,68 +14,66 @@ use ulnic::{
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn recv(ep: &mut ulnic::Endpoint) -> Result<ulnic::Received, String> {
+fn recv(ep: &mut ulnic::Endpoint) -> anyhow::Result<ulnic::Received> {
     loop {
         if let Some(m) = ep.poll_recv() {
             return Ok(m);
         }
         if let Some(ev) = ep.poll_event() {
-            return Err(format!("unexpected event {ev:?}"));
+            return Err(anyhow::anyhow!("unexpected event {ev:?}"));
         }
-        if !ep.wait(WAIT).map_err(|e| e.to_string())? {
-            return Err("no message within 10 s".into());
+        if !ep.wait(WAIT)? {
+            return Err(anyhow::anyhow!("no message within 10 s"));
         }
     }
 }
 
 /// Runs the checks; returns one line per check passed.
-pub fn run() -> Result<Vec<String>, String> {
-    let e = |x: ulnic::Error| x.to_string();
+pub fn run() -> anyhow::Result<Vec<String>> {
     let mut report = Vec::new();
-    let nic = Nic::open().map_err(e)?;
+    let nic = Nic::open()?;
     let node = nic.node();
     report.push(format!("opened node {node} of {}", nic.nodes()));
-    let pd_a = nic.alloc_pd().map_err(e)?;
-    let pd_b = nic.alloc_pd().map_err(e)?;
+    let pd_a = nic.alloc_pd()?;
+    let pd_b = nic.alloc_pd()?;
     let cfg = EndpointConfig {
         send_entries: 64,
         recv_entries: 128,
         free_entries: 64,
         segment_bytes: 1 << 20,
     };
-    let mut a = pd_a.create_endpoint(&cfg).map_err(e)?;
-    let mut b = pd_b.create_endpoint(&cfg).map_err(e)?;
-    a.bind(1).map_err(e)?;
-    b.bind(2).map_err(e)?;
+    let mut a = pd_a.create_endpoint(&cfg)?;
+    let mut b = pd_b.create_endpoint(&cfg)?;
+    a.bind(1)?;
+    b.bind(2)?;
     let to_b = Address { node, port: 2 };
     for i in 0..16u64 {
-        b.post_free(i * 16384, 16384, i).map_err(e)?;
+        b.post_free(i * 16384, 16384, i)?;
     }
 
-    a.post_send_inline(to_b, 7, b"hello", 1).map_err(e)?;
+    a.post_send_inline(to_b, 7, b"hello", 1)?;
     let m = recv(&mut b)?;
     let ok = matches!(m.payload, Payload::Inline(d) if &d[..5] == b"hello");
     if !ok || m.src != (Address { node, port: 1 }) || m.tag != 7 {
-        return Err(format!("inline message wrong: {m:?}"));
+        return Err(anyhow::anyhow!("inline message wrong: {m:?}"));
     }
     report.push("inline message delivered, source stamped".into());
 
     let big: Vec<u8> = (0..10_000u32).map(|i| (i * 13) as u8).collect();
     a.write_segment(65536, &big);
-    a.post_send(to_b, 8, 65536, big.len() as u32, 2, true)
-        .map_err(e)?;
+    a.post_send(to_b, 8, 65536, big.len() as u32, 2, true)?;
     let m = recv(&mut b)?;
     let Payload::Buffer { offset, id } = m.payload else {
-        return Err("large message came inline".into());
+        return Err(anyhow::anyhow!("large message came inline"));
     };
     let mut out = vec![0u8; big.len()];
     b.read_segment(offset as usize, &mut out);
     if out != big {
-        return Err("buffered message contents differ".into());
+        return Err(anyhow::anyhow!("buffered message contents differ"));
     }
-    b.post_free(offset, 16384, id).map_err(e)?;
-    if !a.wait(WAIT).map_err(e)? || a.poll_event() != Some(Event::SendDone { id: 2 }) {
-        return Err("no completion for the buffered send".into());
+    b.post_free(offset, 16384, id)?;
+    if !a.wait(WAIT)? || a.poll_event() != Some(Event::SendDone { id: 2 }) {
+        return Err(anyhow::anyhow!("no completion for the buffered send"));
     }
     report.push("10000-byte message delivered into a free buffer, completion seen".into());
 
@@ -93,18 +91,18 @@ pub fn run() -> Result<Vec<String>, String> {
         }
         let m = recv(&mut b)?;
         let Payload::Inline(d) = m.payload else {
-            return Err("expected inline".into());
+            return Err(anyhow::anyhow!("expected inline"));
         };
         if m.tag != got as u32 || d[..8] != got.to_le_bytes() {
-            return Err(format!("message {got} out of order or corrupted"));
+            return Err(anyhow::anyhow!("message {got} out of order or corrupted"));
         }
         got += 1;
     }
     report.push(format!("{n} messages in order, exactly once"));
 
     // The doorbell reaches the device: its counter for this endpoint rises.
-    let doorbells = |ep: &ulnic::Endpoint| -> Result<u64, String> {
-        let s = ep.stats().map_err(|x| x.to_string())?;
+    let doorbells = |ep: &ulnic::Endpoint| -> anyhow::Result<u64> {
+        let s = ep.stats()?;
         Ok(s.iter()
             .find(|(k, _)| *k == "doorbells")
             .map_or(0, |(_, v)| *v))
@@ -114,7 +112,7 @@ pub fn run() -> Result<Vec<String>, String> {
     let deadline = std::time::Instant::now() + WAIT;
     while doorbells(&a)? == before {
         if std::time::Instant::now() > deadline {
-            return Err("a rung doorbell never reached the device".into());
+            return Err(anyhow::anyhow!("a rung doorbell never reached the device"));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -142,11 +140,11 @@ pub fn run() -> Result<Vec<String>, String> {
 /// Waits until thread `tid` of this process sleeps (state `S` in
 /// /proc/self/task/TID/stat): a thread that is about to block in a system
 /// call is blocked in it, not merely started.
-pub fn until_blocked(tid: i32) -> Result<(), String> {
+pub fn until_blocked(tid: i32) -> anyhow::Result<()> {
     let path = format!("/proc/self/task/{tid}/stat");
     let deadline = Instant::now() + WAIT;
     loop {
-        let stat = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        let stat = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
         // The state follows the command name, which is in parentheses.
         let state = stat
             .rsplit_once(") ")
@@ -155,7 +153,7 @@ pub fn until_blocked(tid: i32) -> Result<(), String> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "thread {tid} did not block within 10 s (state {state:?})"
             ));
         }
@@ -170,15 +168,16 @@ fn poll_check(
     a: &mut ulnic::Endpoint,
     b: &mut ulnic::Endpoint,
     to_b: Address,
-) -> Result<String, String> {
-    let e = |x: ulnic::Error| x.to_string();
+) -> anyhow::Result<String> {
     let Some(fd) = b.notification_fd() else {
         return Ok("poll: not checked (host attach has no file to poll)".into());
     };
     while b.poll_recv().is_some() || b.poll_event().is_some() {}
-    b.take_notification().map_err(e)?;
-    if b.arm().map_err(e)? {
-        return Err("poll: work was waiting before anything was sent".into());
+    b.take_notification()?;
+    if b.arm()? {
+        return Err(anyhow::anyhow!(
+            "poll: work was waiting before anything was sent"
+        ));
     }
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let poller = std::thread::spawn(move || {
@@ -196,21 +195,27 @@ fn poll_check(
     });
     let tid = tid_rx
         .recv()
-        .map_err(|_| "poll: the poller did not start")?;
+        .map_err(|_| anyhow::anyhow!("poll: the poller did not start"))?;
     until_blocked(tid)?;
-    a.post_send_inline(to_b, 7, b"poll", 77).map_err(e)?;
-    let (n, revents, blocked) = poller.join().map_err(|_| "poll: the poller panicked")?;
+    a.post_send_inline(to_b, 7, b"poll", 77)?;
+    let (n, revents, blocked) = poller
+        .join()
+        .map_err(|_| anyhow::anyhow!("poll: the poller panicked"))?;
     if n != 1 || revents & libc::POLLIN == 0 {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "poll: returned {n} with revents {revents:#x} after {blocked:?}, not readable"
         ));
     }
     let m = recv(b)?;
     if !matches!(m.payload, Payload::Inline(d) if &d[..4] == b"poll") {
-        return Err(format!("poll: woken, but the message is wrong: {m:?}"));
+        return Err(anyhow::anyhow!(
+            "poll: woken, but the message is wrong: {m:?}"
+        ));
     }
-    if !b.take_notification().map_err(e)? {
-        return Err("poll: readable, but no notification to take".into());
+    if !b.take_notification()? {
+        return Err(anyhow::anyhow!(
+            "poll: readable, but no notification to take"
+        ));
     }
     let mut p = libc::pollfd {
         fd,
@@ -220,7 +225,9 @@ fn poll_check(
     // SAFETY: one valid pollfd; a zero timeout only looks.
     let still = unsafe { libc::poll(&mut p, 1, 0) };
     if still != 0 {
-        return Err("poll: still readable after the notification was taken".into());
+        return Err(anyhow::anyhow!(
+            "poll: still readable after the notification was taken"
+        ));
     }
     Ok(format!(
         "poll: a thread blocked in poll() for {:.1} ms was woken by a message; quiet once taken",
@@ -230,7 +237,7 @@ fn poll_check(
 
 /// With the Linux driver: another open of the device cannot kick, wait on
 /// or map this endpoint.
-fn ownership_check(ep: u32) -> Result<Option<String>, String> {
+fn ownership_check(ep: u32) -> anyhow::Result<Option<String>> {
     use std::os::fd::AsRawFd;
     let path = std::env::var(ulnic::DEVICE_ENV).unwrap_or_else(|_| ulnic::DEFAULT_DEVICE.into());
     let Ok(f) = std::fs::File::options().read(true).write(true).open(&path) else {
@@ -242,7 +249,7 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
         Err(e) => e,
     };
     if kick.raw_os_error() != Some(libc::EPERM) {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "another domain could ring endpoint {ep}'s doorbell ({kick})"
         ));
     }
@@ -254,12 +261,16 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
     let unmap = |p: *mut u8| unsafe { libc::munmap(p.cast(), 4096) };
     if let Ok(p) = map(ep) {
         unmap(p);
-        return Err(format!("another domain could map endpoint {ep}'s rings"));
+        return Err(anyhow::anyhow!(
+            "another domain could map endpoint {ep}'s rings"
+        ));
     }
     let bell = ulnic_abi::uapi::mmap_ctrl(ep) + ulnic_abi::uapi::MMAP_DOORBELL;
     if let Ok(p) = ulnic_host_attach::map_shared(f.as_raw_fd(), 4096, bell) {
         unmap(p);
-        return Err(format!("another domain could map endpoint {ep}'s doorbell"));
+        return Err(anyhow::anyhow!(
+            "another domain could map endpoint {ep}'s doorbell"
+        ));
     }
     let mut report =
         format!("another domain cannot kick or map endpoint {ep}'s rings or doorbell (EPERM)");
@@ -271,9 +282,9 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
     let mut injected = false;
     if std::fs::write(inject, "1").is_ok() {
         let r = create_small_endpoint(&f);
-        std::fs::write(inject, "0").map_err(|e| format!("{inject}: {e}"))?;
+        std::fs::write(inject, "0").map_err(|e| anyhow::anyhow!("{inject}: {e}"))?;
         if r.as_ref().err().and_then(|e| e.raw_os_error()) != Some(libc::ENOMEM) {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "CREATE_EP with a failing allocation gave {r:?}, not ENOMEM"
             ));
         }
@@ -281,18 +292,18 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
     }
     // Its own endpoint: destroying it while mapped is refused (the pages
     // would otherwise be freed under the process's feet).
-    let id = create_small_endpoint(&f).map_err(|e| format!("raw CREATE_EP: {e}"))?;
-    let p = map(id).map_err(|e| format!("own endpoint {id} could not be mapped: {e}"))?;
+    let id = create_small_endpoint(&f).map_err(|e| anyhow::anyhow!("raw CREATE_EP: {e}"))?;
+    let p = map(id).map_err(|e| anyhow::anyhow!("own endpoint {id} could not be mapped: {e}"))?;
     let mut idb = id.to_le_bytes();
     let busy = ioctl(&f, ulnic_abi::uapi::IOC_DESTROY_EP, &mut idb);
     unmap(p);
     if busy.as_ref().err().and_then(|e| e.raw_os_error()) != Some(libc::EBUSY) {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "destroying a mapped endpoint gave {busy:?}, not EBUSY"
         ));
     }
     ioctl(&f, ulnic_abi::uapi::IOC_DESTROY_EP, &mut idb)
-        .map_err(|e| format!("destroy after unmap: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("destroy after unmap: {e}"))?;
     report.push_str("; a mapped endpoint cannot be destroyed (EBUSY) until unmapped");
     if injected {
         report.push_str("; a failed endpoint allocation is ENOMEM");
@@ -303,27 +314,23 @@ fn ownership_check(ep: u32) -> Result<Option<String>, String> {
 /// The UTLB: a third domain sends and RDMA-reads through user buffers
 /// (pinned by the driver in a guest) to and from `b`, with a table smaller
 /// than its buffers so that entries are replaced (and old pages unpinned).
-fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<String, String> {
-    let e = |x: ulnic::Error| x.to_string();
-    let pd = nic.alloc_pd().map_err(e)?;
+fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> anyhow::Result<String> {
+    let pd = nic.alloc_pd()?;
     pd.enable_utlb(ulnic::UtlbConfig {
         entries: 8,
         fallback: false,
         ..Default::default()
-    })
-    .map_err(e)?;
-    let mut u = pd
-        .create_endpoint(&EndpointConfig {
-            send_entries: 64,
-            recv_entries: 64,
-            free_entries: 16,
-            segment_bytes: 65536,
-        })
-        .map_err(e)?;
-    u.bind(3).map_err(e)?;
+    })?;
+    let mut u = pd.create_endpoint(&EndpointConfig {
+        send_entries: 64,
+        recv_entries: 64,
+        free_entries: 16,
+        segment_bytes: 65536,
+    })?;
+    u.bind(3)?;
     // The RDMA check's tripwire event is of no interest here.
     while b.poll_event().is_some() {}
-    let take = |b: &mut ulnic::Endpoint| -> Result<(u32, Vec<u8>), String> {
+    let take = |b: &mut ulnic::Endpoint| -> anyhow::Result<(u32, Vec<u8>)> {
         let m = recv(b)?;
         let n = m.len as usize;
         Ok((
@@ -333,28 +340,27 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
                 Payload::Buffer { offset, id } => {
                     let mut v = vec![0u8; n];
                     b.read_segment(offset as usize, &mut v);
-                    b.post_free(offset, 16384, id).map_err(e)?;
+                    b.post_free(offset, 16384, id)?;
                     v
                 }
             },
         ))
     };
-    let mut big = pd.alloc_buffer(3 * 4096).map_err(e)?;
+    let mut big = pd.alloc_buffer(3 * 4096)?;
     for (i, x) in big.as_mut_slice().iter_mut().enumerate() {
         *x = (i * 29 + 5) as u8;
     }
     let mut how = Vec::new();
     for id in 0..2 {
-        how.push(
-            u.post_send_buffer(to_b, 50, &big, 1000..11_000, id, false)
-                .map_err(e)?,
-        );
+        how.push(u.post_send_buffer(to_b, 50, &big, 1000..11_000, id, false)?);
         if take(b)? != (50, big.as_slice()[1000..11_000].to_vec()) {
-            return Err("a send from a user buffer delivered other bytes".into());
+            return Err(anyhow::anyhow!(
+                "a send from a user buffer delivered other bytes"
+            ));
         }
     }
     if how != [ulnic::Translation::Miss, ulnic::Translation::Hit] {
-        return Err(format!("expected a miss then a hit, got {how:?}"));
+        return Err(anyhow::anyhow!("expected a miss then a hit, got {how:?}"));
     }
     // 12 one-page buffers through 8 entries: misses replace entries.
     let bufs: Vec<ulnic::UserBuffer> = (0..12u8)
@@ -363,55 +369,58 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
             x.as_mut_slice().fill(k);
             Ok(x)
         })
-        .collect::<Result<_, ulnic::Error>>()
-        .map_err(e)?;
+        .collect::<Result<_, ulnic::Error>>()?;
     for i in 0..60usize {
         let k = i * 5 % bufs.len();
-        u.post_send_buffer(to_b, k as u32, &bufs[k], 0..4096, i as u64, false)
-            .map_err(e)?;
+        u.post_send_buffer(to_b, k as u32, &bufs[k], 0..4096, i as u64, false)?;
         let (tag, bytes) = take(b)?;
         if tag != k as u32 || bytes.iter().any(|&x| x != k as u8) {
-            return Err(format!("send {i} from buffer {k} delivered other bytes"));
+            return Err(anyhow::anyhow!(
+                "send {i} from buffer {k} delivered other bytes"
+            ));
         }
     }
     // RDMA-read b's bytes into a user buffer.
     let data: Vec<u8> = (0..9000u32).map(|i| (i * 3 + 1) as u8).collect();
     b.write_segment(600_000, &data);
-    let cookie = b.export(600_000, 16384, Permissions::READ).map_err(e)?;
-    let dst = pd.alloc_buffer(3 * 4096).map_err(e)?;
+    let cookie = b.export(600_000, 16384, Permissions::READ)?;
+    let dst = pd.alloc_buffer(3 * 4096)?;
     // SAFETY: `dst` is not read until the read's completion below.
-    unsafe { u.rdma_read_buffer(&cookie, 0, &dst, 100..9100, 99, true) }.map_err(e)?;
+    unsafe { u.rdma_read_buffer(&cookie, 0, &dst, 100..9100, 99, true) }?;
     loop {
         match u.poll_event() {
             Some(Event::SendDone { id: 99 }) => break,
-            Some(other) => return Err(format!("RDMA read into a user buffer: {other:?}")),
+            Some(other) => return Err(anyhow::anyhow!("RDMA read into a user buffer: {other:?}")),
             None => {
-                if !u.wait(WAIT).map_err(e)? {
-                    return Err("no completion for the RDMA read into a user buffer".into());
+                if !u.wait(WAIT)? {
+                    return Err(anyhow::anyhow!(
+                        "no completion for the RDMA read into a user buffer"
+                    ));
                 }
             }
         }
     }
     if dst.as_slice()[100..9100] != data[..] {
-        return Err("RDMA read into a user buffer brought other bytes".into());
+        return Err(anyhow::anyhow!(
+            "RDMA read into a user buffer brought other bytes"
+        ));
     }
-    b.revoke(&cookie).map_err(e)?;
+    b.revoke(&cookie)?;
 
     // Transfer redirection: `u`'s default buffer, part of it redirected
     // into a user buffer before `b` writes there.
-    let default = u.export(0, 65536, Permissions::WRITE).map_err(e)?;
-    let landing = pd.alloc_buffer(2 * 4096).map_err(e)?;
+    let default = u.export(0, 65536, Permissions::WRITE)?;
+    let landing = pd.alloc_buffer(2 * 4096)?;
     // SAFETY: `landing` is not read before the redirection's report.
-    unsafe { u.post_redirect(&default, 1024, &landing, 300..5300, 77) }.map_err(e)?;
+    unsafe { u.post_redirect(&default, 1024, &landing, 300..5300, 77) }?;
     let deadline = std::time::Instant::now() + WAIT;
     while !u.sends_done() {
         if std::time::Instant::now() > deadline {
-            return Err("the device did not take the redirection".into());
+            return Err(anyhow::anyhow!("the device did not take the redirection"));
         }
         std::thread::yield_now();
     }
-    b.rdma_write(&default, 1024, 600_000, 5000, 78, true)
-        .map_err(e)?;
+    b.rdma_write(&default, 1024, 600_000, 5000, 78, true)?;
     let mut seen = (false, false);
     while seen != (true, true) {
         if let Some(ev) = u.poll_event() {
@@ -423,40 +432,52 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
                     bytes: 5000,
                     ..
                 } => seen.0 = true,
-                other => return Err(format!("redirection reported {other:?}")),
+                other => return Err(anyhow::anyhow!("redirection reported {other:?}")),
             }
         } else if let Some(ev) = b.poll_event() {
             match ev {
                 Event::SendDone { id: 78 } => seen.1 = true,
-                other => return Err(format!("RDMA write into the default buffer: {other:?}")),
+                other => {
+                    return Err(anyhow::anyhow!(
+                        "RDMA write into the default buffer: {other:?}"
+                    ))
+                }
             }
         } else {
             let woke = if seen.0 { b.wait(WAIT) } else { u.wait(WAIT) };
-            if !woke.map_err(e)? {
-                return Err("no redirection report or completion within 10 s".into());
+            if !woke? {
+                return Err(anyhow::anyhow!(
+                    "no redirection report or completion within 10 s"
+                ));
             }
         }
     }
     if landing.as_slice()[300..5300] != data[..5000] {
-        return Err("redirected bytes differ".into());
+        return Err(anyhow::anyhow!("redirected bytes differ"));
     }
 
     // A user buffer exported as an aperture: `b` writes into it and reads
     // it back, through `u`'s UTLB.
-    let exported = pd.alloc_buffer(3 * 4096).map_err(e)?;
+    let exported = pd.alloc_buffer(3 * 4096)?;
     // SAFETY: `exported` outlives the export (revoked below) and is read
     // only after the write completed.
-    let c = unsafe { u.export_buffer(&exported, 104..9104, Permissions::READ_WRITE) }.map_err(e)?;
-    b.rdma_write(&c, 0, 600_000, 9000, 80, true).map_err(e)?;
-    b.rdma_read(&c, 0, 700_000, 9000, 81, true).map_err(e)?;
+    let c = unsafe { u.export_buffer(&exported, 104..9104, Permissions::READ_WRITE) }?;
+    b.rdma_write(&c, 0, 600_000, 9000, 80, true)?;
+    b.rdma_read(&c, 0, 700_000, 9000, 81, true)?;
     for want in [80, 81] {
         loop {
             match b.poll_event() {
                 Some(Event::SendDone { id }) if id == want => break,
-                Some(other) => return Err(format!("RDMA on an exported user buffer: {other:?}")),
+                Some(other) => {
+                    return Err(anyhow::anyhow!(
+                        "RDMA on an exported user buffer: {other:?}"
+                    ))
+                }
                 None => {
-                    if !b.wait(WAIT).map_err(e)? {
-                        return Err("no completion for RDMA on an exported user buffer".into());
+                    if !b.wait(WAIT)? {
+                        return Err(anyhow::anyhow!(
+                            "no completion for RDMA on an exported user buffer"
+                        ));
                     }
                 }
             }
@@ -465,16 +486,18 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
     let mut back = vec![0u8; 9000];
     b.read_segment(700_000, &mut back);
     if exported.as_slice()[104..9104] != data[..] || back != data {
-        return Err("RDMA on an exported user buffer moved other bytes".into());
+        return Err(anyhow::anyhow!(
+            "RDMA on an exported user buffer moved other bytes"
+        ));
     }
-    u.revoke(&c).map_err(e)?;
+    u.revoke(&c)?;
     let lib = pd.utlb_stats();
-    let dev = u.stats().map_err(e)?;
+    let dev = u.stats()?;
     let get = |n: &str| dev.iter().find(|(k, _)| *k == n).map_or(0, |(_, v)| *v);
     // Device hits are not required: other domains (other guests) share
     // the device's cache and may evict these lines meanwhile.
     if lib.evictions == 0 || get("utlb_misses") == 0 {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "UTLB counters did not move: {lib:?}, device hits {} misses {}",
             get("utlb_hits"),
             get("utlb_misses")
@@ -492,62 +515,58 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> Result<Strin
 /// Remote memory between the two domains: `b` exports part of its segment,
 /// `a` writes, flags with an immediate (a tripwire wakes `b`), reads back;
 /// wrong and revoked cookies are refused.
-fn rdma_check(a: &mut ulnic::Endpoint, b: &mut ulnic::Endpoint) -> Result<String, String> {
-    let e = |x: ulnic::Error| x.to_string();
+fn rdma_check(a: &mut ulnic::Endpoint, b: &mut ulnic::Endpoint) -> anyhow::Result<String> {
     let base = 512 * 1024u64; // clear of b's free buffers
-    let cookie = b.export(base, 65536, Permissions::READ_WRITE).map_err(e)?;
-    let tw = b
-        .set_tripwire(&cookie, 0, 8, TripwireOn::Writes, false, 42)
-        .map_err(e)?;
+    let cookie = b.export(base, 65536, Permissions::READ_WRITE)?;
+    let tw = b.set_tripwire(&cookie, 0, 8, TripwireOn::Writes, false, 42)?;
     let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
     a.write_segment(200_000, &data);
-    let next = |a: &mut ulnic::Endpoint| -> Result<Event, String> {
+    let next = |a: &mut ulnic::Endpoint| -> anyhow::Result<Event> {
         loop {
             if let Some(ev) = a.poll_event() {
                 return Ok(ev);
             }
-            if !a.wait(WAIT).map_err(|x| x.to_string())? {
-                return Err("no RDMA completion within 10 s".into());
+            if !a.wait(WAIT)? {
+                return Err(anyhow::anyhow!("no RDMA completion within 10 s"));
             }
         }
     };
-    a.rdma_write(&cookie, 4096, 200_000, data.len() as u32, 1, false)
-        .map_err(e)?;
-    a.write_immediate(&cookie, 0, Immediate::U64(1), 2, true)
-        .map_err(e)?;
-    if !b.wait_tripwire(tw, base, 0, WAIT).map_err(e)? {
-        return Err("the tripwire did not wake the owner".into());
+    a.rdma_write(&cookie, 4096, 200_000, data.len() as u32, 1, false)?;
+    a.write_immediate(&cookie, 0, Immediate::U64(1), 2, true)?;
+    if !b.wait_tripwire(tw, base, 0, WAIT)? {
+        return Err(anyhow::anyhow!("the tripwire did not wake the owner"));
     }
     let mut got = vec![0u8; data.len()];
     b.read_segment((base + 4096) as usize, &mut got);
     if got != data || b.read_u64(base) != 1 {
-        return Err("RDMA write or immediate wrong at the target".into());
+        return Err(anyhow::anyhow!(
+            "RDMA write or immediate wrong at the target"
+        ));
     }
     if next(a)? != (Event::SendDone { id: 2 }) {
-        return Err("no completion for the immediate".into());
+        return Err(anyhow::anyhow!("no completion for the immediate"));
     }
-    a.rdma_read(&cookie, 4096, 300_000, data.len() as u32, 3, true)
-        .map_err(e)?;
+    a.rdma_read(&cookie, 4096, 300_000, data.len() as u32, 3, true)?;
     if next(a)? != (Event::SendDone { id: 3 }) {
-        return Err("no completion for the RDMA read".into());
+        return Err(anyhow::anyhow!("no completion for the RDMA read"));
     }
     a.read_segment(300_000, &mut got);
     if got != data {
-        return Err("RDMA read brought back other bytes".into());
+        return Err(anyhow::anyhow!("RDMA read brought back other bytes"));
     }
     let forged = Cookie {
         key: cookie.key ^ 1,
         ..cookie
     };
-    b.revoke(&cookie).map_err(e)?;
+    b.revoke(&cookie)?;
     for (c, id) in [(forged, 4), (cookie, 5)] {
-        a.rdma_write(&c, 0, 200_000, 8, id, true).map_err(e)?;
+        a.rdma_write(&c, 0, 200_000, 8, id, true)?;
         match next(a)? {
             Event::SendFailed {
                 reason: SendError::BadCookie,
                 ..
             } => {}
-            other => return Err(format!("a bad cookie gave {other:?}")),
+            other => return Err(anyhow::anyhow!("a bad cookie gave {other:?}")),
         }
     }
     Ok("RDMA write, immediate and read through a cookie; the tripwire woke the owner; forged and revoked cookies refused".into())

@@ -143,7 +143,7 @@ const FIN_SEQ: u64 = u32::MAX as u64;
 impl Cursor {
     /// Handles the events in the ring; a return of the current epoch
     /// rewinds to the returned message.
-    fn drain_events(&mut self, ep: &mut ulnic::Endpoint) -> Result<(), String> {
+    fn drain_events(&mut self, ep: &mut ulnic::Endpoint) -> anyhow::Result<()> {
         while let Some(ev) = ep.poll_event() {
             match ev {
                 Event::SendFailed {
@@ -169,7 +169,10 @@ impl Cursor {
                     self.gone_since.get_or_insert_with(Instant::now);
                 }
                 Event::SendFailed { id, reason, .. } => {
-                    return Err(format!("message {} failed: {reason}", id & 0xffff_ffff))
+                    return Err(anyhow::anyhow!(
+                        "message {} failed: {reason}",
+                        id & 0xffff_ffff
+                    ))
                 }
                 _ => {}
             }
@@ -188,30 +191,32 @@ impl Cursor {
 }
 
 /// Runs the sending side.
-pub fn send(a: &SendArgs) -> Result<SendReport, String> {
+pub fn send(a: &SendArgs) -> anyhow::Result<SendReport> {
     if a.size < 8 {
-        return Err("--size must be at least 8 (the sequence number)".into());
+        return Err(anyhow::anyhow!(
+            "--size must be at least 8 (the sequence number)"
+        ));
     }
     if a.count >= FIN_SEQ {
-        return Err(format!("--count must be below {FIN_SEQ}"));
+        return Err(anyhow::anyhow!("--count must be below {FIN_SEQ}"));
     }
-    let nic = Nic::open().map_err(|e| format!("cannot open the NIC: {e}"))?;
+    let nic = Nic::open().map_err(|e| anyhow::anyhow!("cannot open the NIC: {e}"))?;
     if a.size > nic.max_message() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "--size is above the device's {}",
             nic.max_message()
         ));
     }
-    let pd = nic.alloc_pd().map_err(|e| e.to_string())?;
+    let pd = nic.alloc_pd()?;
     let slot = (a.size as usize).next_multiple_of(64);
     let cfg = EndpointConfig {
         segment_bytes: (slot * WINDOW as usize).next_multiple_of(4096),
         ..Default::default()
     };
     let window = WINDOW.min(cfg.send_entries);
-    let mut ep = pd.create_endpoint(&cfg).map_err(|e| e.to_string())?;
+    let mut ep = pd.create_endpoint(&cfg)?;
     ep.bind(a.port)
-        .map_err(|e| format!("cannot bind port {}: {e}", a.port))?;
+        .map_err(|e| anyhow::anyhow!("cannot bind port {}: {e}", a.port))?;
     let inline = a.size <= INLINE_MAX;
     let mut buf = vec![0u8; a.size as usize];
     let start = Instant::now();
@@ -236,9 +241,11 @@ pub fn send(a: &SendArgs) -> Result<SendReport, String> {
     };
     loop {
         if Instant::now() > deadline {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "timed out after {} s with {} of {} messages sent",
-                a.timeout, c.next, a.count
+                a.timeout,
+                c.next,
+                a.count
             ));
         }
         if let Some(m) = ep.poll_recv() {
@@ -247,15 +254,16 @@ pub fn send(a: &SendArgs) -> Result<SendReport, String> {
                 if a.expect_close {
                     return Ok(report(&c, "peer-closed", c.next, Some(text)));
                 }
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "the receiver {} closed after {} messages were sent: \"{text}\"",
-                    a.to, c.next
+                    a.to,
+                    c.next
                 ));
             }
             if m.tag == TAG_FIN && m.src == a.to {
                 let confirmed = fin_count(&m);
                 if confirmed != a.count {
-                    return Err(format!(
+                    return Err(anyhow::anyhow!(
                         "the receiver confirmed {confirmed} messages, {} were sent",
                         a.count
                     ));
@@ -267,7 +275,7 @@ pub fn send(a: &SendArgs) -> Result<SendReport, String> {
         if let Some(t) = c.gone_since {
             // Wait a little for a close message before calling it a loss.
             if t.elapsed() > Duration::from_secs(3) {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "the receiver {} is gone (no endpoint) and sent no close message",
                     a.to
                 ));
@@ -314,8 +322,7 @@ pub fn send(a: &SendArgs) -> Result<SendReport, String> {
             }
             continue;
         }
-        ep.wait(Duration::from_millis(50))
-            .map_err(|e| e.to_string())?;
+        ep.wait(Duration::from_millis(50))?;
     }
 }
 
@@ -334,30 +341,28 @@ fn fin_count(m: &Received) -> u64 {
 }
 
 /// Runs the receiving side until a sender's FIN.
-pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
-    let nic = Nic::open().map_err(|e| format!("cannot open the NIC: {e}"))?;
-    let pd = nic.alloc_pd().map_err(|e| e.to_string())?;
+pub fn recv(a: &RecvArgs) -> anyhow::Result<RecvReport> {
+    let nic = Nic::open().map_err(|e| anyhow::anyhow!("cannot open the NIC: {e}"))?;
+    let pd = nic.alloc_pd()?;
     let buf_len = a.max_size.max(8).next_multiple_of(64);
     let buffers = 64u32;
     let cfg = EndpointConfig {
         segment_bytes: (buf_len as usize * buffers as usize).next_multiple_of(4096),
         ..Default::default()
     };
-    let mut ep = pd.create_endpoint(&cfg).map_err(|e| e.to_string())?;
+    let mut ep = pd.create_endpoint(&cfg)?;
     ep.bind(a.port)
-        .map_err(|e| format!("cannot bind port {}: {e}", a.port))?;
+        .map_err(|e| anyhow::anyhow!("cannot bind port {}: {e}", a.port))?;
     for i in 0..buffers.min(cfg.free_entries) {
-        ep.post_free(u64::from(i * buf_len), buf_len, u64::from(i))
-            .map_err(|e| e.to_string())?;
+        ep.post_free(u64::from(i * buf_len), buf_len, u64::from(i))?;
     }
     if let Some(to) = a.close_to {
-        ep.set_close_message(to, 0, CLOSE_TEXT)
-            .map_err(|e| e.to_string())?;
+        ep.set_close_message(to, 0, CLOSE_TEXT)?;
     }
     // Announce readiness so scripts can start the sender.
     eprintln!("ulnic recv: listening on port {}", a.port);
     if let Some(path) = &a.ready_file {
-        std::fs::write(path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(path, b"").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     let deadline = Instant::now() + Duration::from_secs(a.timeout);
     let (mut expected, mut bytes, mut discarded) = (0u64, 0u64, 0u64);
@@ -366,20 +371,22 @@ pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
     let mut data = vec![0u8; buf_len as usize];
     loop {
         if Instant::now() > deadline {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "timed out after {} s with {expected} messages received",
                 a.timeout
             ));
         }
         let Some(m) = ep.poll_recv() else {
             while ep.poll_event().is_some() {}
-            ep.wait(Duration::from_millis(100))
-                .map_err(|e| e.to_string())?;
+            ep.wait(Duration::from_millis(100))?;
             continue;
         };
         let src = *from.get_or_insert(m.src);
         if m.src != src {
-            return Err(format!("a second sender {} (first was {src})", m.src));
+            return Err(anyhow::anyhow!(
+                "a second sender {} (first was {src})",
+                m.src
+            ));
         }
         first.get_or_insert_with(Instant::now);
         let len = m.len as usize;
@@ -387,8 +394,7 @@ pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
             Payload::Inline(ref b) => &b[..len.min(b.len())],
             Payload::Buffer { offset, id } => {
                 ep.read_segment(offset as usize, &mut data[..len]);
-                ep.post_free(offset, buf_len, id)
-                    .map_err(|e| e.to_string())?;
+                ep.post_free(offset, buf_len, id)?;
                 &data[..len]
             }
         };
@@ -399,15 +405,14 @@ pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
                 u64::MAX
             };
             if count != expected {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "the sender says {count} messages, {expected} arrived in order"
                 ));
             }
             // Confirm, so the sender knows the whole stream arrived.
             let mut tries = 0;
             loop {
-                ep.post_send_inline(src, TAG_FIN, &expected.to_le_bytes(), 0)
-                    .map_err(|e| e.to_string())?;
+                ep.post_send_inline(src, TAG_FIN, &expected.to_le_bytes(), 0)?;
                 while !ep.sends_done() {
                     std::thread::yield_now();
                 }
@@ -418,7 +423,7 @@ pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
                         std::thread::sleep(Duration::from_millis(10));
                     }
                     Some(Event::SendFailed { reason, .. }) => {
-                        return Err(format!("cannot confirm to {src}: {reason}"))
+                        return Err(anyhow::anyhow!("cannot confirm to {src}: {reason}"))
                     }
                     _ => break,
                 }
@@ -433,13 +438,13 @@ pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
             });
         }
         if len < 8 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "message of {len} bytes: too short for a sequence number"
             ));
         }
         let seq = u64::from_le_bytes(bytes_in[..8].try_into().unwrap_or([0; 8]));
         if seq < expected {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "message {seq} arrived twice or out of order (expected {expected})"
             ));
         }
@@ -448,7 +453,7 @@ pub fn recv(a: &RecvArgs) -> Result<RecvReport, String> {
             continue;
         }
         if !check(bytes_in, seq) {
-            return Err(format!("message {seq}: payload corrupted"));
+            return Err(anyhow::anyhow!("message {seq}: payload corrupted"));
         }
         expected += 1;
         bytes += len as u64;

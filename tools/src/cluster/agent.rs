@@ -148,13 +148,13 @@ fn send(w: &Writer, f: &Frame) {
 }
 
 /// Runs the agent on `port` until the port fails.
-pub fn run(port: &Path) -> Result<(), String> {
+pub fn run(port: &Path) -> anyhow::Result<()> {
     let mut input = File::options()
         .read(true)
         .write(true)
         .open(port)
-        .map_err(|e| format!("{}: {e}", port.display()))?;
-    let out: Writer = Arc::new(Mutex::new(input.try_clone().map_err(|e| e.to_string())?));
+        .map_err(|e| anyhow::anyhow!("{}: {e}", port.display()))?;
+    let out: Writer = Arc::new(Mutex::new(input.try_clone()?));
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     send(&out, &Frame::new(kind::READY, 0, release.trim()));
     eprintln!("ulnic-guest: agent ready on {}", port.display());
@@ -168,7 +168,7 @@ pub fn run(port: &Path) -> Result<(), String> {
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
             }
-            Err(e) => return Err(format!("reading the host channel: {e}")),
+            Err(e) => return Err(anyhow::anyhow!("reading the host channel: {e}")),
         };
         match f.kind {
             kind::EXEC => exec(&out, &groups, f.id, &String::from_utf8_lossy(&f.data)),

@@ -22,13 +22,13 @@ pub fn up(
     args: &SuperviseArgs,
     timeout: Duration,
     say: &mut dyn FnMut(&str),
-) -> Result<ClusterStatus, String> {
+) -> anyhow::Result<ClusterStatus> {
     let mut child = supervisor::spawn_supervisor(dir, image, args)?;
     let started = Instant::now();
     let mut reported = vec![false; args.nodes as usize];
     loop {
         if let Ok(Some(st)) = child.try_wait() {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "the supervisor exited ({st}); its log:\n{}",
                 super::log_tail(&dir.join("supervisor.log"), 20)
             ));
@@ -47,7 +47,7 @@ pub fn up(
                         let why = node.reason.clone().unwrap_or_default();
                         let tail = super::log_tail(&dir.join(format!("node{n}.console.log")), 15);
                         let _ = down(dir);
-                        return Err(format!(
+                        return Err(anyhow::anyhow!(
                             "node {n} did not boot: {why}; console tail:\n{tail}"
                         ));
                     }
@@ -69,7 +69,7 @@ pub fn up(
                 })
                 .collect();
             let _ = down(dir);
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "not ready after {} s: {}",
                 timeout.as_secs(),
                 waiting.join("\n")
@@ -80,7 +80,7 @@ pub fn up(
 }
 
 /// Nodes named by `target`: a number, or `all`.
-pub fn nodes_of(dir: &Path, target: &str) -> Result<Vec<u32>, String> {
+pub fn nodes_of(dir: &Path, target: &str) -> anyhow::Result<Vec<u32>> {
     if target == "all" {
         let s = supervisor::status(dir)?;
         return Ok(s.nodes.iter().map(|n| n.node).collect());
@@ -88,7 +88,7 @@ pub fn nodes_of(dir: &Path, target: &str) -> Result<Vec<u32>, String> {
     target
         .parse()
         .map(|n| vec![n])
-        .map_err(|_| format!("'{target}' is not a node number or 'all'"))
+        .map_err(|_| anyhow::anyhow!("'{target}' is not a node number or 'all'"))
 }
 
 /// Splits a byte stream into lines and prints each with a prefix.
@@ -117,7 +117,7 @@ impl Prefixer {
 /// through untouched; with several each line is prefixed `[node N] `.
 /// Returns each node's exit status (an error when the command could not
 /// run to the end).
-pub fn exec(dir: &Path, nodes: &[u32], command: &str) -> Vec<(u32, Result<i32, String>)> {
+pub fn exec(dir: &Path, nodes: &[u32], command: &str) -> Vec<(u32, anyhow::Result<i32>)> {
     let prefix = nodes.len() > 1;
     let handles: Vec<_> = nodes
         .iter()
@@ -161,16 +161,16 @@ pub fn exec(dir: &Path, nodes: &[u32], command: &str) -> Vec<(u32, Result<i32, S
             (
                 n,
                 h.join()
-                    .unwrap_or_else(|_| Err("the client thread panicked".into())),
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the client thread panicked"))),
             )
         })
         .collect()
 }
 
 /// Copies local file `local` to `remote` on `node`, keeping its mode.
-pub fn put(dir: &Path, node: u32, local: &Path, remote: &str) -> Result<(), String> {
+pub fn put(dir: &Path, node: u32, local: &Path, remote: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let data = std::fs::read(local).map_err(|e| format!("{}: {e}", local.display()))?;
+    let data = std::fs::read(local).map_err(|e| anyhow::anyhow!("{}: {e}", local.display()))?;
     let mode = std::fs::metadata(local)
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o644);
@@ -183,16 +183,16 @@ pub fn put(dir: &Path, node: u32, local: &Path, remote: &str) -> Result<(), Stri
             len: data.len() as u64,
         },
     )?;
-    s.write_all(&data).map_err(|e| e.to_string())?;
+    s.write_all(&data)?;
     match finish(&mut s, |_| {})? {
         0 => Ok(()),
-        c => Err(format!("node {node}: copy failed ({c})")),
+        c => Err(anyhow::anyhow!("node {node}: copy failed ({c})")),
     }
 }
 
 /// Resets `node` (QMP system_reset) and waits until it is ready again;
 /// returns its boot time.
-pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> Result<f64, String> {
+pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> anyhow::Result<f64> {
     let mut s = request(
         dir,
         &Request::Reboot {
@@ -214,7 +214,7 @@ pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> Result<f64, String> {
 /// Stops the cluster's device and starts a new one under the running
 /// guests; returns the supervisor's report (seconds to stop, seconds until
 /// every guest reconnected, which nodes).
-pub fn restart_device(dir: &Path, timeout: Duration) -> Result<Value, String> {
+pub fn restart_device(dir: &Path, timeout: Duration) -> anyhow::Result<Value> {
     let mut s = request(
         dir,
         &Request::RestartDevice {
@@ -234,13 +234,13 @@ pub fn restart_device(dir: &Path, timeout: Duration) -> Result<Value, String> {
 
 /// Stalls node `node`'s control queue on the cluster's device, or serves
 /// it again (`Switch::stall_control`).
-pub fn stall_control(dir: &Path, node: u32, stalled: bool) -> Result<(), String> {
+pub fn stall_control(dir: &Path, node: u32, stalled: bool) -> anyhow::Result<()> {
     let mut s = request(dir, &Request::StallControl { node, stalled })?;
     finish(&mut s, |_| {}).map(|_| ())
 }
 
 /// Stops every guest and the supervisor.
-pub fn down(dir: &Path) -> Result<(), String> {
+pub fn down(dir: &Path) -> anyhow::Result<()> {
     let mut s = request(dir, &Request::Down)?;
     finish(&mut s, |_| {}).map(|_| ())
 }

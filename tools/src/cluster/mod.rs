@@ -143,7 +143,7 @@ fn boot_until(image: &Image, cfg: &VmConfig, marker: &str, limit: Duration) -> b
 /// Starts the guests' private Ethernet segment: a VDE switch with no
 /// uplink at `segment`. It exits when its stdin (held by the returned
 /// child) closes, so it dies with its parent.
-pub fn start_segment(image: &Image, segment: &std::path::Path) -> Result<Child, String> {
+pub fn start_segment(image: &Image, segment: &std::path::Path) -> anyhow::Result<Child> {
     let mut switch = std::process::Command::new(&image.vde_switch)
         .arg("-s")
         .arg(segment)
@@ -151,12 +151,12 @@ pub fn start_segment(image: &Image, segment: &std::path::Path) -> Result<Child, 
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", image.vde_switch.display()))?;
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", image.vde_switch.display()))?;
     let ready = Instant::now();
     while !segment.join("ctl").exists() {
         if ready.elapsed() > Duration::from_secs(10) {
             let _ = switch.kill();
-            return Err("the VDE switch did not come up".into());
+            return Err(anyhow::anyhow!("the VDE switch did not come up"));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -182,20 +182,19 @@ pub fn run(
     image: &Image,
     command: &str,
     say: &mut dyn FnMut(&str),
-) -> Result<Vec<NodeResult>, String> {
+) -> anyhow::Result<Vec<NodeResult>> {
     let accel = choose_accel(image, opts.accel, say);
     // Sockets and the segment switch of this run; removed when it ends
     // (declared first, so dropped after the device and the guests).
     let dir_guard = tempfile::Builder::new()
         .prefix("ulnic-cluster-")
         .tempdir()
-        .map_err(|e| format!("cannot make a run directory: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot make a run directory: {e}"))?;
     let dir = dir_guard.path().to_path_buf();
     let config = Configuration::builder(Configuration::socket_paths(&dir, opts.nodes))
         .max_endpoints(opts.endpoints)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let device = Device::start(config).map_err(|e| e.to_string())?;
+        .build()?;
+    let device = Device::start(config)?;
     let segment = dir.join("segment");
     let mut switch = start_segment(image, &segment)?;
     let cmd64 = base64::engine::general_purpose::STANDARD.encode(command);
@@ -221,7 +220,7 @@ pub fn run(
             .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start QEMU: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("cannot start QEMU: {e}"))?;
         for stream in [
             child
                 .stdout
@@ -255,7 +254,7 @@ pub fn run(
         .iter()
         .map(|r| {
             std::fs::File::create(&r.console_log)
-                .map_err(|e| format!("{}: {e}", r.console_log.display()))
+                .map_err(|e| anyhow::anyhow!("{}: {e}", r.console_log.display()))
         })
         .collect::<Result<_, _>>()?;
     let mut closed = vec![0u8; opts.nodes as usize];
@@ -320,12 +319,12 @@ pub fn run(
 /// One word is taken as a shell command line as it stands; several words
 /// are quoted as needed (shlex) and joined. A word holding a NUL byte
 /// cannot be passed to a shell at all.
-pub fn shell_join(words: &[String]) -> Result<String, String> {
+pub fn shell_join(words: &[String]) -> anyhow::Result<String> {
     if let [one] = words {
         return Ok(one.clone());
     }
     shlex::try_join(words.iter().map(String::as_str))
-        .map_err(|e| format!("cannot pass that command to a shell: {e}"))
+        .map_err(|e| anyhow::anyhow!("cannot pass that command to a shell: {e}"))
 }
 
 #[cfg(test)]

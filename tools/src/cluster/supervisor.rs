@@ -145,14 +145,14 @@ impl Sup {
         });
     }
 
-    fn to_agent(&self, n: u32, f: &Frame) -> Result<(), String> {
+    fn to_agent(&self, n: u32, f: &Frame) -> anyhow::Result<()> {
         let mut g = self.agents[n as usize]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let s = g
             .as_mut()
-            .ok_or_else(|| format!("node {n}: agent not connected"))?;
-        write_frame(s, f).map_err(|e| format!("node {n}: agent channel: {e}"))
+            .ok_or_else(|| anyhow::anyhow!("node {n}: agent not connected"))?;
+        write_frame(s, f).map_err(|e| anyhow::anyhow!("node {n}: agent channel: {e}"))
     }
 
     fn status(&self) -> ClusterStatus {
@@ -187,20 +187,19 @@ impl Sup {
 
 /// Runs the supervisor (the detached process `cluster up` starts) until a
 /// `down` request.
-pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
+pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
     let image: Image = serde_json::from_slice(
-        &std::fs::read(a.dir.join("image.json")).map_err(|e| format!("image.json: {e}"))?,
+        &std::fs::read(a.dir.join("image.json")).map_err(|e| anyhow::anyhow!("image.json: {e}"))?,
     )
-    .map_err(|e| format!("image.json: {e}"))?;
+    .map_err(|e| anyhow::anyhow!("image.json: {e}"))?;
     let config = Configuration::builder(Configuration::socket_paths(&a.dir, a.nodes))
         .max_endpoints(a.endpoints)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let device = Device::start(config.clone()).map_err(|e| e.to_string())?;
+        .build()?;
+    let device = Device::start(config.clone())?;
     let sockets = device.sockets().to_vec();
     let _switch = super::start_segment(&image, &a.dir.join("segment"))?;
     let listener = UnixListener::bind(control_socket(&a.dir))
-        .map_err(|e| format!("{}: {e}", control_socket(&a.dir).display()))?;
+        .map_err(|e| anyhow::anyhow!("{}: {e}", control_socket(&a.dir).display()))?;
     let sup = Arc::new(Sup {
         dir: a.dir.clone(),
         accel: a.accel.clone(),
@@ -240,7 +239,9 @@ pub fn supervise(a: &SuperviseArgs) -> Result<(), String> {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start QEMU: {e}"))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start QEMU: {e}"))?;
         if let Err(e) = plug_nic(&sup, n, &cfg, false) {
             let _ = child.kill();
             return Err(e);
@@ -372,23 +373,24 @@ fn reply(w: &mut UnixStream, kind: u8, data: impl Into<Vec<u8>>) -> std::io::Res
     write_frame(w, &Frame::new(kind, 0, data))
 }
 
-fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
-    let mut rd = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
+    let mut rd = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
-    rd.read_line(&mut line).map_err(|e| e.to_string())?;
+    rd.read_line(&mut line)?;
     let req: Request = match serde_json::from_str(&line) {
         Ok(r) => r,
         Err(e) => {
             let msg = format!("bad request: {e}");
             let _ = reply(&mut conn, kind::ERROR, msg.clone());
-            return Err(msg);
+            return Err(anyhow::anyhow!(msg));
         }
     };
     let node = req.node();
     let nodes = sup.agents.len() as u32;
+    // Tells the client why, and ends its request with that error.
     let err = |conn: &mut UnixStream, msg: String| {
         let _ = reply(conn, kind::ERROR, msg.clone());
-        Err::<(), String>(msg)
+        Err::<(), anyhow::Error>(anyhow::anyhow!(msg))
     };
     if let Some(n) = node {
         if n >= nodes {
@@ -400,8 +402,8 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
     }
     match req {
         Request::Status => {
-            let status = serde_json::to_string(&sup.status()).map_err(|e| e.to_string())?;
-            reply(&mut conn, kind::INFO, status).map_err(|e| e.to_string())
+            let status = serde_json::to_string(&sup.status())?;
+            reply(&mut conn, kind::INFO, status).map_err(anyhow::Error::from)
         }
         Request::Exec { node: n, .. } | Request::Put { node: n, .. } => {
             if !matches!(sup.phase(n), Some(Phase::Ready { .. })) {
@@ -423,14 +425,14 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 Request::Put {
                     path, mode, len, ..
                 } => put_file(sup, n, id, (path, *mode, *len), &mut rd),
-                _ => Err("not a stream request".into()),
+                _ => Err(anyhow::anyhow!("not a stream request")),
             };
             if let Err(e) = sent {
                 sup.routes
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&id);
-                return err(&mut conn, e);
+                return err(&mut conn, format!("{e:#}"));
             }
             for f in rx {
                 let last = matches!(f.kind, kind::EXIT | kind::ERROR);
@@ -454,7 +456,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                         kind::INFO,
                         json!({ "boot_seconds": secs }).to_string(),
                     );
-                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
                 }
                 Err(e) => err(&mut conn, format!("node {n}: {e}")),
             }
@@ -469,14 +471,14 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
                 Some(d) => d
                     .switch()
                     .stall_control(n, stalled)
-                    .map_err(|e| e.to_string()),
-                None => Err("the device is not running".to_string()),
+                    .map_err(anyhow::Error::from),
+                None => Err(anyhow::anyhow!("the device is not running")),
             };
             match done {
                 Ok(()) => {
-                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
                 }
-                Err(e) => err(&mut conn, e),
+                Err(e) => err(&mut conn, format!("{e:#}")),
             }
         }
         Request::RestartDevice { timeout } => {
@@ -484,9 +486,9 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
             match restart_device(sup, timeout) {
                 Ok(v) => {
                     let _ = reply(&mut conn, kind::INFO, v.to_string());
-                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(|e| e.to_string())
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
                 }
-                Err(e) => err(&mut conn, e),
+                Err(e) => err(&mut conn, format!("{e:#}")),
             }
         }
         Request::Down => {
@@ -521,13 +523,13 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> Result<(), String> {
 /// guest's NIC again: the guest's driver sees the old NIC removed (what was
 /// open fails with ENODEV, waiters wake) and a new one appear, without a
 /// reboot. Waits until every driver has started the new NIC.
-fn restart_device(sup: &Sup, timeout: Duration) -> Result<Value, String> {
+fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<Value> {
     let mut slot = sup.device.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     drop(slot.take());
     let stopped = t0.elapsed().as_secs_f64();
     let device = Device::start(sup.device_config.clone())
-        .map_err(|e| format!("the new device did not start: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("the new device did not start: {e}"))?;
     let switch = device.switch().clone();
     *slot = Some(device);
     drop(slot);
@@ -553,7 +555,7 @@ fn restart_device(sup: &Sup, timeout: Duration) -> Result<Value, String> {
             break;
         }
         if Instant::now() >= deadline {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "the device restarted, but the driver of node(s) {waiting:?} did not start the new NIC within {} s",
                 timeout.as_secs()
             ));
@@ -605,7 +607,7 @@ fn put_file(
     id: u32,
     (path, mode, len): (&str, u32, u64),
     rd: &mut BufReader<UnixStream>,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let mut left = len;
     let mut begin = mode.to_le_bytes().to_vec();
     begin.extend_from_slice(path.as_bytes());
@@ -614,25 +616,25 @@ fn put_file(
     while left > 0 {
         let k = (left as usize).min(buf.len());
         rd.read_exact(&mut buf[..k])
-            .map_err(|e| format!("the client's file ended early: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("the client's file ended early: {e}"))?;
         sup.to_agent(n, &Frame::new(kind::PUT_DATA, id, &buf[..k]))?;
         left -= k as u64;
     }
     sup.to_agent(n, &Frame::new(kind::PUT_END, id, Vec::new()))
 }
 
-fn wait_ready(sup: &Sup, n: u32, timeout: Duration) -> Result<f64, String> {
+fn wait_ready(sup: &Sup, n: u32, timeout: Duration) -> anyhow::Result<f64> {
     let deadline = Instant::now() + timeout;
     let mut s = sup.slots.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         match &s[n as usize].phase {
             Phase::Ready { boot_seconds } => return Ok(*boot_seconds),
-            Phase::Stopped(why) => return Err(why.clone()),
+            Phase::Stopped(why) => return Err(anyhow::anyhow!("{why}")),
             Phase::Booting(_) => {}
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!("not ready after {} s", timeout.as_secs()));
+            return Err(anyhow::anyhow!("not ready after {} s", timeout.as_secs()));
         }
         s = sup
             .changed
@@ -644,57 +646,58 @@ fn wait_ready(sup: &Sup, n: u32, timeout: Duration) -> Result<f64, String> {
 
 /// Resets a guest through QEMU's QMP socket (a hardware reset: the guest
 /// reboots without its cooperation; the device sees the port reset).
-fn qmp_reset(path: &Path) -> Result<(), String> {
+fn qmp_reset(path: &Path) -> anyhow::Result<()> {
     qmp(path, &[json!({ "execute": "system_reset" })])
 }
 
 /// Runs QMP `commands` in order on the socket at `path` (waiting up to 10 s
 /// for QEMU to create it); the first error stops.
-fn qmp(path: &Path, commands: &[Value]) -> Result<(), String> {
+fn qmp(path: &Path, commands: &[Value]) -> anyhow::Result<()> {
     let steps: Vec<(Value, Option<&[&str]>)> = commands.iter().map(|c| (c.clone(), None)).collect();
     qmp_steps(path, &steps)
 }
 
 /// Like [`qmp`], and after a command with an event pattern, waits (up to
 /// 60 s) for an event line that contains every string of the pattern.
-fn qmp_steps(path: &Path, steps: &[(Value, Option<&[&str]>)]) -> Result<(), String> {
+fn qmp_steps(path: &Path, steps: &[(Value, Option<&[&str]>)]) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let s = loop {
         match UnixStream::connect(path) {
             Ok(s) => break s,
-            Err(e) if Instant::now() >= deadline => return Err(format!("{}: {e}", path.display())),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(anyhow::anyhow!("{}: {e}", path.display()))
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| e.to_string())?;
-    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut w = s.try_clone()?;
     let mut lines = BufReader::new(s).lines();
     let expect_return = |lines: &mut std::io::Lines<BufReader<UnixStream>>| {
         for l in lines.by_ref() {
-            let l = l.map_err(|e| e.to_string())?;
+            let l = l?;
             if l.contains("\"return\"") {
                 return Ok(());
             }
             if l.contains("\"error\"") {
-                return Err(l);
+                anyhow::bail!("QMP: {l}");
             }
         }
-        Err("QMP closed".to_string())
+        Err(anyhow::anyhow!("QMP closed"))
     };
     lines.next(); // greeting
-    writeln!(w, "{{\"execute\":\"qmp_capabilities\"}}").map_err(|e| e.to_string())?;
+    writeln!(w, "{{\"execute\":\"qmp_capabilities\"}}")?;
     expect_return(&mut lines)?;
     for (c, event) in steps {
-        writeln!(w, "{c}").map_err(|e| e.to_string())?;
+        writeln!(w, "{c}")?;
         expect_return(&mut lines)?;
         if let Some(pattern) = event {
             loop {
                 match lines.next() {
                     Some(Ok(l)) if pattern.iter().all(|p| l.contains(p)) => break,
                     Some(Ok(_)) => {}
-                    Some(Err(e)) => return Err(format!("waiting for {pattern:?}: {e}")),
-                    None => return Err(format!("QMP closed before {pattern:?}")),
+                    Some(Err(e)) => return Err(anyhow::anyhow!("waiting for {pattern:?}: {e}")),
+                    None => return Err(anyhow::anyhow!("QMP closed before {pattern:?}")),
                 }
             }
         }
@@ -706,10 +709,13 @@ fn qmp_steps(path: &Path, steps: &[(Value, Option<&[&str]>)]) -> Result<(), Stri
 /// `ulnic_hotplug`; it then runs) or again after a device restart
 /// (`replug`: the old NIC is removed, which the guest's driver sees as a
 /// device removal, and its chardev connected to the new device).
-fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), String> {
+fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> anyhow::Result<()> {
     let qmp_path = sup.dir.join(format!("node{n}.qmp"));
     if replug {
-        let sock = cfg.ulnic_socket.as_deref().ok_or("the guest has no NIC")?;
+        let sock = cfg
+            .ulnic_socket
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("the guest has no NIC"))?;
         let deleted = format!("\"device\": \"{}\"", vm::ULNIC_DEVICE_ID);
         qmp_steps(
             &qmp_path,
@@ -725,7 +731,7 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), Strin
                 (vm::ulnic_chardev_add(sock), None),
             ],
         )
-        .map_err(|e| format!("node {n}: removing the old NIC: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("node {n}: removing the old NIC: {e}"))?;
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -739,7 +745,7 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), Strin
             break;
         }
         if Instant::now() >= deadline {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "node {n}: QEMU did not connect to the device within 30 s"
             ));
         }
@@ -749,41 +755,41 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> Result<(), Strin
     if !replug {
         steps.push(json!({ "execute": "cont" }));
     }
-    qmp(&qmp_path, &steps).map_err(|e| format!("node {n}: adding the NIC: {e}"))
+    qmp(&qmp_path, &steps).map_err(|e| anyhow::anyhow!("node {n}: adding the NIC: {e}"))
 }
 
 // ---- the client side: what `ulnic cluster up/exec/...` call ----
 
 /// Sends one request to cluster `dir`'s supervisor.
-pub fn request(dir: &Path, req: &Request) -> Result<UnixStream, String> {
+pub fn request(dir: &Path, req: &Request) -> anyhow::Result<UnixStream> {
     let mut s = UnixStream::connect(control_socket(dir)).map_err(|e| {
-        format!(
+        anyhow::anyhow!(
             "no cluster is up at {} ({e}); start one with `ulnic cluster up`",
             dir.display()
         )
     })?;
-    let line = serde_json::to_string(req).map_err(|e| e.to_string())?;
-    writeln!(s, "{line}").map_err(|e| e.to_string())?;
+    let line = serde_json::to_string(req)?;
+    writeln!(s, "{line}")?;
     Ok(s)
 }
 
 /// The cluster's status document.
-pub fn status(dir: &Path) -> Result<ClusterStatus, String> {
+pub fn status(dir: &Path) -> anyhow::Result<ClusterStatus> {
     let mut s = request(dir, &Request::Status)?;
-    let f = read_frame(&mut s).map_err(|e| format!("supervisor: {e}"))?;
+    let f = read_frame(&mut s).map_err(|e| anyhow::anyhow!("supervisor: {e}"))?;
     match f.kind {
-        kind::INFO => serde_json::from_slice(&f.data).map_err(|e| e.to_string()),
-        _ => Err(String::from_utf8_lossy(&f.data).into_owned()),
+        kind::INFO => serde_json::from_slice(&f.data).map_err(anyhow::Error::from),
+        _ => Err(anyhow::anyhow!("{}", String::from_utf8_lossy(&f.data))),
     }
 }
 
 /// Reads a stream's frames until EXIT (its status) or ERROR.
-pub fn finish(s: &mut UnixStream, mut on_frame: impl FnMut(&Frame)) -> Result<i32, String> {
+pub fn finish(s: &mut UnixStream, mut on_frame: impl FnMut(&Frame)) -> anyhow::Result<i32> {
     loop {
-        let f = read_frame(s).map_err(|e| format!("supervisor: {e}"))?;
+        let f = read_frame(s).map_err(|e| anyhow::anyhow!("supervisor: {e}"))?;
         match f.kind {
             kind::EXIT => return Ok(f.exit_code()),
-            kind::ERROR => return Err(String::from_utf8_lossy(&f.data).into_owned()),
+            kind::ERROR => return Err(anyhow::anyhow!("{}", String::from_utf8_lossy(&f.data))),
             _ => on_frame(&f),
         }
     }
@@ -791,10 +797,10 @@ pub fn finish(s: &mut UnixStream, mut on_frame: impl FnMut(&Frame)) -> Result<i3
 
 /// Starts a supervisor for cluster `dir` and returns it; the caller polls
 /// `status` until the guests are ready.
-pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> Result<Child, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> anyhow::Result<Child> {
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     if UnixStream::connect(control_socket(dir)).is_ok() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "a cluster is already up at {}; `ulnic cluster down` first, or pick another --name",
             dir.display()
         ));
@@ -810,13 +816,9 @@ pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> Resu
             }
         }
     }
-    std::fs::write(
-        dir.join("image.json"),
-        serde_json::to_vec(image).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
-    let log = std::fs::File::create(dir.join("supervisor.log")).map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("image.json"), serde_json::to_vec(image)?)?;
+    let log = std::fs::File::create(dir.join("supervisor.log"))?;
+    let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["cluster", "supervise", "--dir"])
         .arg(dir)
@@ -825,7 +827,7 @@ pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> Resu
         .args(["--memory", &args.memory.to_string()])
         .args(["--endpoints", &args.endpoints.to_string()])
         .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stdout(log.try_clone()?)
         .stderr(log);
     // SAFETY: setsid is async-signal-safe; the supervisor leaves the
     // caller's session so it outlives `cluster up` and its terminal.
@@ -836,5 +838,5 @@ pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> Resu
         });
     }
     cmd.spawn()
-        .map_err(|e| format!("cannot start the supervisor: {e}"))
+        .map_err(|e| anyhow::anyhow!("cannot start the supervisor: {e}"))
 }
