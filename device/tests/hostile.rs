@@ -289,8 +289,7 @@ fn malformed_descriptors_and_indices_are_contained() {
     // An impossible producer index: ignored, reported once, endpoint keeps working.
     let before = ea.send_prod;
     a.memory()
-        .atomic_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER)
-        .store(before + 1000, std::sync::atomic::Ordering::Release);
+        .store_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER, before + 1000);
     a.ring_doorbell(ea.id);
     let ev = ea.next_event(&a);
     assert_eq!(
@@ -298,8 +297,7 @@ fn malformed_descriptors_and_indices_are_contained() {
         (event::CONDITION, condition::RING_INDEX)
     );
     a.memory()
-        .atomic_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER)
-        .store(before, std::sync::atomic::Ordering::Release);
+        .store_u32(ea.ctrl.gpa + ctrl::SEND_PRODUCER, before);
 
     // A good message still goes through, with the true source stamped.
     let mut d = desc(good(3, 5));

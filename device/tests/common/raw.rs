@@ -76,14 +76,10 @@ pub fn raw_endpoint(hw: &HostAttach, pd: u32) -> RawEp {
 
 impl RawEp {
     pub fn word(&self, hw: &HostAttach, off: u64) -> u32 {
-        hw.memory()
-            .atomic_u32(self.ctrl.gpa + off)
-            .load(std::sync::atomic::Ordering::Acquire)
+        hw.memory().load_u32(self.ctrl.gpa + off)
     }
     pub fn set(&self, hw: &HostAttach, off: u64, v: u32) {
-        hw.memory()
-            .atomic_u32(self.ctrl.gpa + off)
-            .store(v, std::sync::atomic::Ordering::Release);
+        hw.memory().store_u32(self.ctrl.gpa + off, v);
         hw.ring_doorbell(self.id);
     }
     pub fn send_raw(&mut self, hw: &HostAttach, desc: &[u8; 128]) {

@@ -1,10 +1,14 @@
 //! The memory a host-attached process shares with the device: one memfd,
-//! mapped here and sent to the device, with a small page allocator on top.
+//! mapped here through vm-memory and sent to the device, with a small page
+//! allocator on top.
 
+use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::error::Error;
 
@@ -28,20 +32,18 @@ unsafe impl Send for DmaBuffer {}
 // owner's responsibility.
 unsafe impl Sync for DmaBuffer {}
 
-/// The shared memory.
+/// The shared memory: a memfd mapped through vm-memory (one region at
+/// guest address 0), with a page allocator on top.
 pub struct DmaMemory {
-    fd: OwnedFd,
-    base: NonNull<u8>,
+    mem: GuestMemoryMmap<()>,
+    file: Arc<File>,
+    /// Where the region is mapped here (an address, kept as a number so the
+    /// memory stays Send and Sync without help).
+    base: usize,
     len: usize,
     /// Free page runs (first page, count), kept sorted and merged.
     free: Mutex<Vec<(usize, usize)>>,
 }
-
-// SAFETY: the mapping is shared memory meant for concurrent access; the
-// allocator state is behind a mutex.
-unsafe impl Send for DmaMemory {}
-// SAFETY: as above.
-unsafe impl Sync for DmaMemory {}
 
 impl DmaMemory {
     /// Creates and maps `len` bytes (rounded up to pages), sealed so that
@@ -63,22 +65,27 @@ impl DmaMemory {
             return Err(os("memfd_create")(std::io::Error::last_os_error()));
         }
         // SAFETY: `raw` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain syscall on an fd we own.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(os("ftruncate shared memory")(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        file.set_len(len as u64).map_err(os("size shared memory"))?;
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: fcntl on a descriptor we own; no pointers.
-        if seal && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        if seal && unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(os("seal shared memory")(std::io::Error::last_os_error()));
         }
-        let p = map_shared(fd.as_raw_fd(), len, 0).map_err(os("mmap shared memory"))?;
-        let base = NonNull::new(p).ok_or(Error::OutOfMemory(len))?;
+        let file = Arc::new(file);
+        let mem = GuestMemoryMmap::from_ranges_with_files([(
+            GuestAddress(0),
+            len,
+            Some(FileOffset::from_arc(file.clone(), 0)),
+        )])
+        .map_err(|e| os("map shared memory")(std::io::Error::other(e)))?;
+        let base = mem
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| os("map shared memory")(std::io::Error::other(e)))?
+            as usize;
         Ok(DmaMemory {
-            fd,
+            mem,
+            file,
             base,
             len,
             free: Mutex::new(vec![(0, len / PAGE)]),
@@ -97,7 +104,7 @@ impl DmaMemory {
 
     /// Where the memory is mapped in this process.
     pub fn host_base(&self) -> *mut u8 {
-        self.base.as_ptr()
+        self.base as *mut u8
     }
 
     /// Allocates zeroed, page-aligned memory.
@@ -115,15 +122,22 @@ impl DmaMemory {
             free[i] = (first + pages, n - pages);
         }
         drop(free);
-        let off = first * PAGE;
-        // SAFETY: `off + pages*PAGE <= self.len`, inside the mapping.
-        let ptr = unsafe { self.base.as_ptr().add(off) };
-        // SAFETY: the range is ours (just allocated) and inside the mapping.
-        unsafe { std::ptr::write_bytes(ptr, 0, pages * PAGE) };
+        let gpa = GuestAddress((first * PAGE) as u64);
+        let bytes = pages * PAGE;
+        // Reused pages start zeroed, like fresh ones.
+        self.mem
+            .write_slice(&vec![0u8; bytes], gpa)
+            .map_err(|_| Error::OutOfMemory(len))?;
+        let ptr = self
+            .mem
+            .get_host_address(gpa)
+            .ok()
+            .and_then(NonNull::new)
+            .ok_or(Error::OutOfMemory(len))?;
         Ok(DmaBuffer {
-            gpa: off as u64,
-            ptr: NonNull::new(ptr).ok_or(Error::OutOfMemory(len))?,
-            len: pages * PAGE,
+            gpa: gpa.0,
+            ptr,
+            len: bytes,
         })
     }
 
@@ -144,60 +158,61 @@ impl DmaMemory {
         }
     }
 
-    fn check(&self, gpa: u64, len: usize) -> usize {
-        let off = gpa as usize;
-        assert!(
-            off.checked_add(len).is_some_and(|e| e <= self.len),
-            "driver bug: {gpa:#x}+{len} outside shared memory"
-        );
-        off
-    }
-
-    /// Copies bytes into shared memory.
+    /// Copies bytes into shared memory. The driver only names its own
+    /// allocations: a range outside is a bug in this crate.
     pub fn write(&self, gpa: u64, data: &[u8]) {
-        let off = self.check(gpa, data.len());
-        // SAFETY: range checked above; the device may read concurrently,
-        // which is the point of shared memory (plain bytes, no references).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(off), data.len())
-        };
+        if let Err(e) = self.mem.write_slice(data, GuestAddress(gpa)) {
+            panic!(
+                "driver bug: {gpa:#x}+{} outside shared memory: {e}",
+                data.len()
+            );
+        }
     }
 
     /// Copies bytes out of shared memory.
     pub fn read(&self, gpa: u64, out: &mut [u8]) {
-        let off = self.check(gpa, out.len());
-        // SAFETY: range checked above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), out.as_mut_ptr(), out.len())
-        };
-    }
-
-    /// An atomic view of the aligned u32 at `gpa`.
-    pub fn atomic_u32(&self, gpa: u64) -> &AtomicU32 {
-        let off = self.check(gpa, 4);
-        assert!(off.is_multiple_of(4), "unaligned atomic at {gpa:#x}");
-        // SAFETY: in range, aligned, and the mapping outlives `&self`;
-        // AtomicU32 has the layout of u32 and tolerates concurrent access.
-        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
-    }
-
-    /// An atomic view of the aligned u16 at `gpa`.
-    pub fn atomic_u16(&self, gpa: u64) -> &std::sync::atomic::AtomicU16 {
-        let off = self.check(gpa, 2);
-        assert!(off.is_multiple_of(2), "unaligned atomic at {gpa:#x}");
-        // SAFETY: as for `atomic_u32`.
-        unsafe {
-            &*self
-                .base
-                .as_ptr()
-                .add(off)
-                .cast::<std::sync::atomic::AtomicU16>()
+        if let Err(e) = self.mem.read_slice(out, GuestAddress(gpa)) {
+            panic!(
+                "driver bug: {gpa:#x}+{} outside shared memory: {e}",
+                out.len()
+            );
         }
     }
 
-    /// Release-stores `v` at `gpa`.
+    /// Acquire-loads the little-endian u32 at `gpa`.
+    pub fn load_u32(&self, gpa: u64) -> u32 {
+        match self.mem.load::<u32>(GuestAddress(gpa), Ordering::Acquire) {
+            Ok(v) => u32::from_le(v),
+            Err(e) => panic!("driver bug: u32 at {gpa:#x}: {e}"),
+        }
+    }
+
+    /// Release-stores `v` (little endian) at `gpa`.
+    pub fn store_u32(&self, gpa: u64, v: u32) {
+        if let Err(e) = self
+            .mem
+            .store(v.to_le(), GuestAddress(gpa), Ordering::Release)
+        {
+            panic!("driver bug: u32 at {gpa:#x}: {e}");
+        }
+    }
+
+    /// Acquire-loads the little-endian u16 at `gpa`.
+    pub fn load_u16(&self, gpa: u64) -> u16 {
+        match self.mem.load::<u16>(GuestAddress(gpa), Ordering::Acquire) {
+            Ok(v) => u16::from_le(v),
+            Err(e) => panic!("driver bug: u16 at {gpa:#x}: {e}"),
+        }
+    }
+
+    /// Release-stores `v` (little endian) at `gpa`.
     pub fn store_u16(&self, gpa: u64, v: u16) {
-        self.atomic_u16(gpa).store(v.to_le(), Ordering::Release);
+        if let Err(e) = self
+            .mem
+            .store(v.to_le(), GuestAddress(gpa), Ordering::Release)
+        {
+            panic!("driver bug: u16 at {gpa:#x}: {e}");
+        }
     }
 }
 
@@ -225,14 +240,7 @@ pub fn map_shared(fd: RawFd, len: usize, offset: u64) -> std::io::Result<*mut u8
 
 impl AsRawFd for DmaMemory {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
-
-impl Drop for DmaMemory {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping created in `new`.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        self.file.as_raw_fd()
     }
 }
 

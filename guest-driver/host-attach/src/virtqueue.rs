@@ -84,7 +84,7 @@ impl DriverQueue {
 
     /// Takes the next used entry: (head, bytes written).
     pub fn pop_used(&mut self, mem: &DmaMemory) -> Option<(u16, u32)> {
-        let used_idx = u16::from_le(mem.atomic_u16(self.used_gpa() + 2).load(Ordering::Acquire));
+        let used_idx = mem.load_u16(self.used_gpa() + 2);
         if used_idx == self.last_used {
             return None;
         }
