@@ -22,6 +22,10 @@ command -v gcc-12 >/dev/null || missing+=(gcc-12)
 command -v xz >/dev/null || missing+=(xz-utils)
 # sparse checks the module at every build (images::build_module, C=2).
 command -v sparse >/dev/null || missing+=(sparse)
+# gcc-multilib builds the 32-bit program that checks the driver's
+# compat_ioctl (tools/tests/cluster_up.rs).
+echo 'int main(void) { return 0; }' | gcc -m32 -static -x c - -o /dev/null 2>/dev/null ||
+  missing+=(gcc-multilib)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

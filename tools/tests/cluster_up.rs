@@ -186,6 +186,41 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         );
     }
 
+    // A 32-bit program: every ioctl through compat_ioctl, and an
+    // endpoint mapped at its 64-bit offset, written against the generated
+    // header as it is (guest-driver/linux/tests/compat32.c).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("compat32");
+    let linux = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-driver/linux");
+    let cc = Command::new("gcc")
+        .args(["-m32", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-I", linux])
+        .arg(format!("{linux}/tests/compat32.c"))
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "gcc -m32 (ci/test.sh installs gcc-multilib):\n{}",
+        text(&cc)
+    );
+    let o = ulnic(&[
+        "cluster",
+        "put",
+        "0",
+        bin.to_str().unwrap(),
+        "/bin/compat32",
+        "--name",
+        &n,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = exec("0", "compat32");
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("compat32: ok"),
+        "{}",
+        text(&o)
+    );
+
     // Across guests: every message once, in order, intact (checked by the
     // receiver), small (inline) and large (buffers, returns resent).
     for (count, size) in [(20000, 64), (2000, 4096)] {
