@@ -615,13 +615,13 @@ fn main() -> ExitCode {
         }) => client::restart_device(&state_dir(&name.name), Duration::from_secs(timeout)).map(
             |r| {
                 if json {
-                    println!("{r}");
+                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
                 } else {
                     eprintln!(
                         "device restarted: stopped in {:.2} s, {} guest(s) reconnected after {:.2} s",
-                        r["stopped_seconds"].as_f64().unwrap_or(0.0),
-                        r["nodes"].as_array().map_or(0, |a| a.len()),
-                        r["reconnected_seconds"].as_f64().unwrap_or(0.0)
+                        r.stopped_seconds,
+                        r.nodes.len(),
+                        r.reconnected_seconds
                     );
                 }
             },

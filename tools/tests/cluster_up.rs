@@ -193,7 +193,9 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     let bin = dir.path().join("compat32");
     let linux = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-driver/linux");
     let cc = Command::new("gcc")
-        .args(["-m32", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-I", linux])
+        .args([
+            "-m32", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-I", linux,
+        ])
         .arg(format!("{linux}/tests/compat32.c"))
         .arg("-o")
         .arg(&bin)

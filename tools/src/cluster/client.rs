@@ -6,11 +6,10 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use ulnic_images::Image;
 
 use super::agent::kind;
-use super::protocol::{ClusterStatus, NodeState, Request};
+use super::protocol::{ClusterStatus, DeviceRestarted, NodeState, Rebooted, Request};
 use super::supervisor::{self, finish, request, SuperviseArgs};
 
 /// Boots a cluster in `dir` and returns its status once every guest is
@@ -200,36 +199,34 @@ pub fn reboot(dir: &Path, node: u32, timeout: Duration) -> anyhow::Result<f64> {
             timeout: timeout.as_secs(),
         },
     )?;
-    let mut secs = 0.0;
+    let mut answer = None;
     finish(&mut s, |f| {
         if f.kind == kind::INFO {
-            if let Ok(v) = serde_json::from_slice::<Value>(&f.data) {
-                secs = v["boot_seconds"].as_f64().unwrap_or(0.0);
-            }
+            answer = serde_json::from_slice::<Rebooted>(&f.data).ok();
         }
     })?;
-    Ok(secs)
+    answer
+        .map(|r| r.boot_seconds)
+        .ok_or_else(|| anyhow::anyhow!("the supervisor did not say how long node {node} took"))
 }
 
 /// Stops the cluster's device and starts a new one under the running
 /// guests; returns the supervisor's report (seconds to stop, seconds until
 /// every guest reconnected, which nodes).
-pub fn restart_device(dir: &Path, timeout: Duration) -> anyhow::Result<Value> {
+pub fn restart_device(dir: &Path, timeout: Duration) -> anyhow::Result<DeviceRestarted> {
     let mut s = request(
         dir,
         &Request::RestartDevice {
             timeout: timeout.as_secs(),
         },
     )?;
-    let mut report = Value::Null;
+    let mut report = None;
     finish(&mut s, |f| {
         if f.kind == kind::INFO {
-            if let Ok(v) = serde_json::from_slice::<Value>(&f.data) {
-                report = v;
-            }
+            report = serde_json::from_slice::<DeviceRestarted>(&f.data).ok();
         }
     })?;
-    Ok(report)
+    report.ok_or_else(|| anyhow::anyhow!("the supervisor sent no restart report"))
 }
 
 /// Stalls node `node`'s control queue on the cluster's device, or serves

@@ -119,6 +119,24 @@ pub struct ClusterStatus {
     pub nodes: Vec<NodeStatus>,
 }
 
+/// The answer to [`Request::Reboot`], before its exit status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rebooted {
+    /// Seconds until the guest was ready again.
+    pub boot_seconds: f64,
+}
+
+/// The answer to [`Request::RestartDevice`], before its exit status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceRestarted {
+    /// Seconds to stop the old device.
+    pub stopped_seconds: f64,
+    /// Seconds until every running guest's driver had the new NIC.
+    pub reconnected_seconds: f64,
+    /// The nodes whose NIC was plugged again.
+    pub nodes: Vec<u32>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ use ulnic_images::vm::{self, VmConfig};
 use ulnic_images::Image;
 
 use super::agent::{kind, read_frame, write_frame, Frame};
-use super::protocol::{ClusterStatus, NodeState, NodeStatus, Request};
+use super::protocol::{ClusterStatus, DeviceRestarted, NodeState, NodeStatus, Rebooted, Request};
 use ulnic_device::{Configuration, Device};
 
 /// Where cluster `name` keeps its sockets and logs.
@@ -454,7 +454,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
                     let _ = reply(
                         &mut conn,
                         kind::INFO,
-                        json!({ "boot_seconds": secs }).to_string(),
+                        serde_json::to_string(&Rebooted { boot_seconds: secs })?,
                     );
                     reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
                 }
@@ -485,7 +485,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
             let timeout = Duration::from_secs(timeout);
             match restart_device(sup, timeout) {
                 Ok(v) => {
-                    let _ = reply(&mut conn, kind::INFO, v.to_string());
+                    let _ = reply(&mut conn, kind::INFO, serde_json::to_string(&v)?);
                     reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
                 }
                 Err(e) => err(&mut conn, format!("{e:#}")),
@@ -523,7 +523,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
 /// guest's NIC again: the guest's driver sees the old NIC removed (what was
 /// open fails with ENODEV, waiters wake) and a new one appear, without a
 /// reboot. Waits until every driver has started the new NIC.
-fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<Value> {
+fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarted> {
     let mut slot = sup.device.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     drop(slot.take());
@@ -566,11 +566,11 @@ fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<Value> {
         "supervisor: device restarted; {} guest NIC(s) plugged again",
         running.len()
     );
-    Ok(json!({
-        "stopped_seconds": stopped,
-        "reconnected_seconds": t0.elapsed().as_secs_f64(),
-        "nodes": running,
-    }))
+    Ok(DeviceRestarted {
+        stopped_seconds: stopped,
+        reconnected_seconds: t0.elapsed().as_secs_f64(),
+        nodes: running,
+    })
 }
 
 fn phase_name(p: Option<Phase>) -> String {
