@@ -20,7 +20,7 @@ use crate::nic::endpoint::Endpoint;
 /// A virtqueue of a port, as handed over by the vhost-user backend.
 pub type PortVring = VringRwLock<PortMemory>;
 
-/// One port of the device: a node of the fabric.
+/// One port of the device: a node of the switch.
 pub struct Node {
     /// Node address.
     pub id: u32,

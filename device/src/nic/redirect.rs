@@ -1,7 +1,7 @@
 //! Transfer redirection (VMMC-2 §3, spec §5.15): the owner of an aperture
 //! (the default receive buffer) redirects part of it into a user buffer
 //! named through the UTLB; writes arriving there afterwards land in the
-//! user buffer. The device orders posts and arrivals under its fabric
+//! user buffer. The device orders posts and arrivals under its switch
 //! lock and reports exactly which part was redirected.
 
 use ulnic_abi::{event, Event};

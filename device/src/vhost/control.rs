@@ -1,5 +1,5 @@
 //! Control-queue commands (spec §4): parsing, validation and execution
-//! against one node of the fabric.
+//! against one node of the switch.
 
 use log::{debug, info};
 use ulnic_abi::wire::{
@@ -79,7 +79,7 @@ fn payload<T: FromBytes + IntoBytes>(p: &[u8]) -> Result<T, Response> {
     Ok(wire::read(p))
 }
 
-/// What runs one command: (fabric, node, guest memory, payload).
+/// What runs one command: (ports, node, guest memory, payload).
 type Handler = fn(&mut Ports, u32, &GuestMemoryMmap<()>, &[u8]) -> Result<Response, Response>;
 
 /// The handler of every command this device implements; `None` for any
@@ -112,7 +112,7 @@ fn handler(opcode: u32) -> Option<Handler> {
 /// comes before any effect, in the order of spec §4: a refused command
 /// changes nothing.
 pub fn execute(
-    fabric: &mut Ports,
+    ports: &mut Ports,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     req: &[u8],
@@ -128,11 +128,11 @@ pub fn execute(
         None if cmd::is_reserved(opcode) => Err(Response::err(status::NOT_SUPPORTED)),
         None => Err(Response::err(status::UNKNOWN_COMMAND)),
         Some(_) if header.reserved.get() != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
-        Some(_) if cmd::required_features(opcode) & !fabric.nodes[node as usize].features != 0 => {
+        Some(_) if cmd::required_features(opcode) & !ports.nodes[node as usize].features != 0 => {
             Err(Response::err(status::NOT_SUPPORTED))
         }
         Some(_) if cmd::result_len(opcode) > room => Err(Response::err(status::BAD_LENGTH)),
-        Some(run) => run(fabric, node, mem, p),
+        Some(run) => run(ports, node, mem, p),
     };
     let r = r.unwrap_or_else(|e| e);
     if r.status != status::OK {
@@ -144,8 +144,8 @@ pub fn execute(
     r
 }
 
-fn get_info(fabric: &Ports, node: u32) -> Response {
-    let n = &fabric.nodes[node as usize];
+fn get_info(ports: &Ports, node: u32) -> Response {
+    let n = &ports.nodes[node as usize];
     Response::ok(
         DeviceInfo {
             version_major: SPEC_VERSION_MAJOR,
@@ -154,17 +154,17 @@ fn get_info(fabric: &Ports, node: u32) -> Response {
             max_endpoints: n.endpoints.len() as u32,
             inline_max: INLINE_MAX,
             max_message: MAX_MESSAGE,
-            nodes: fabric.nodes.len() as u32,
+            nodes: ports.nodes.len() as u32,
             features: F_IMPLEMENTED,
-            max_tripwires: fabric.max_tripwires,
+            max_tripwires: ports.max_tripwires,
             max_apertures: ulnic_abi::MAX_APERTURES,
         }
         .encode(),
     )
 }
 
-fn create_pd(fabric: &mut Ports, node: u32) -> Result<Response, Response> {
-    let n = &mut fabric.nodes[node as usize];
+fn create_pd(ports: &mut Ports, node: u32) -> Result<Response, Response> {
+    let n = &mut ports.nodes[node as usize];
     if n.pds.len() >= MAX_PDS {
         return Err(Response::err(status::NO_RESOURCES));
     }
@@ -174,9 +174,9 @@ fn create_pd(fabric: &mut Ports, node: u32) -> Result<Response, Response> {
     Ok(Response::ok(ObjectId { id: pd.into() }.as_bytes().to_vec()))
 }
 
-fn destroy_pd(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn destroy_pd(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let pd = payload::<ObjectId>(p)?.id.get();
-    let n = &mut fabric.nodes[node as usize];
+    let n = &mut ports.nodes[node as usize];
     if !n.pds.remove(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
@@ -184,23 +184,23 @@ fn destroy_pd(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respo
         .filter(|&i| n.endpoints[i as usize].as_ref().is_some_and(|e| e.pd == pd))
         .collect();
     for id in ids {
-        fabric.close_endpoint(node, id);
+        ports.close_endpoint(node, id);
     }
-    fabric.utlb.tables.remove((node, pd));
-    fabric.utlb.cache.invalidate_domain((node, pd));
+    ports.utlb.tables.remove((node, pd));
+    ports.utlb.cache.invalidate_domain((node, pd));
     Ok(Response::ok(Vec::new()))
 }
 
 /// UTLB_SET_TABLE (spec §5.14).
 fn utlb_set_table(
-    fabric: &mut Ports,
+    ports: &mut Ports,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
     let a: UtlbSetTable = payload(p)?;
     let (pd, entries, gpa) = (a.pd.get(), a.entries.get(), a.table_gpa.get());
-    if !fabric.nodes[node as usize].pds.contains(&pd) {
+    if !ports.nodes[node as usize].pds.contains(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
     if entries == 0 || entries > ulnic_abi::MAX_UTLB_ENTRIES || !gpa.is_multiple_of(PAGE_ENTRY) {
@@ -209,32 +209,32 @@ fn utlb_set_table(
     if !guest::range_ok(mem, gpa, u64::from(entries) * PAGE_ENTRY) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
-    fabric.utlb.cache.invalidate_domain((node, pd));
-    fabric.utlb.tables.set((node, pd), Table { gpa, entries });
+    ports.utlb.cache.invalidate_domain((node, pd));
+    ports.utlb.tables.set((node, pd), Table { gpa, entries });
     Ok(Response::ok(Vec::new()))
 }
 
 /// UTLB_INVALIDATE. Runs under the switch
 /// lock, so once it returns no descriptor uses the old translations.
-fn utlb_invalidate(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn utlb_invalidate(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: UtlbInvalidate = payload(p)?;
     let (pd, first, count) = (a.pd.get(), a.first.get(), a.count.get());
-    if !fabric.nodes[node as usize].pds.contains(&pd) {
+    if !ports.nodes[node as usize].pds.contains(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
-    fabric.utlb.cache.invalidate((node, pd), first, count);
+    ports.utlb.cache.invalidate((node, pd), first, count);
     Ok(Response::ok(Vec::new()))
 }
 
 fn create_endpoint(
-    fabric: &mut Ports,
+    ports: &mut Ports,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
     need(p, CreateEndpoint::SIZE)?;
     let c = CreateEndpoint::decode(p);
-    let n = &mut fabric.nodes[node as usize];
+    let n = &mut ports.nodes[node as usize];
     if !n.pds.contains(&c.pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
@@ -290,22 +290,22 @@ fn create_endpoint(
     Ok(Response::ok(created.as_bytes().to_vec()))
 }
 
-fn destroy_endpoint(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn destroy_endpoint(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let id = payload::<ObjectId>(p)?.id.get();
-    if !fabric.close_endpoint(node, id) {
+    if !ports.close_endpoint(node, id) {
         return Err(Response::err(status::NOT_FOUND));
     }
     info!("node {node}: endpoint {id} destroyed");
     Ok(Response::ok(Vec::new()))
 }
 
-fn bind_port(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn bind_port(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: BindPort = payload(p)?;
     let (id, port) = (a.endpoint.get(), a.port.get());
     if port == 0 || port == ulnic_abi::ANY {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let n = &mut fabric.nodes[node as usize];
+    let n = &mut ports.nodes[node as usize];
     // A port already bound, even by this endpoint, is in use.
     if n.ports.contains_key(&port) {
         return Err(Response::err(status::ADDRESS_IN_USE));
@@ -319,7 +319,7 @@ fn bind_port(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respon
     Ok(Response::ok(Vec::new()))
 }
 
-fn set_filter(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn set_filter(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let head = size_of::<SetFilter>();
     if p.len() < head {
         return Err(Response::err(status::BAD_LENGTH));
@@ -334,25 +334,25 @@ fn set_filter(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respo
         .chunks_exact(FilterEntry::SIZE)
         .map(FilterEntry::decode)
         .collect();
-    let ep = fabric.nodes[node as usize]
+    let ep = ports.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     ep.filters = filters;
     Ok(Response::ok(Vec::new()))
 }
 
-fn arm(fabric: &mut Ports, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
+fn arm(ports: &mut Ports, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
     let id = payload::<ObjectId>(p)?.id.get();
-    let ep = fabric.nodes[node as usize]
+    let ep = ports.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     ep.notify_enabled = on;
     Ok(Response::ok(Vec::new()))
 }
 
-fn get_stats(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn get_stats(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let id = payload::<ObjectId>(p)?.id.get();
-    let ep = fabric.nodes[node as usize]
+    let ep = ports.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     Ok(Response::ok(
@@ -364,11 +364,11 @@ fn get_stats(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respon
     ))
 }
 
-fn export(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn export(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: Export = payload(p)?;
     let (id, perms) = (a.endpoint.get(), a.perms.get());
     let (offset, len) = (a.offset.get(), a.len.get());
-    let n = &mut fabric.nodes[node as usize];
+    let n = &mut ports.nodes[node as usize];
     let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if perms == 0
         || perms & !perm::ALL != 0
@@ -389,7 +389,7 @@ fn export(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response>
 
 /// EXPORT_BUFFER (spec §5.12, §5.14).
 fn export_buffer(
-    fabric: &mut Ports,
+    ports: &mut Ports,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
@@ -402,17 +402,17 @@ fn export_buffer(
         offset: a.page_offset.get(),
     };
     let len = a.len.get();
-    let n = &mut fabric.nodes[node as usize];
+    let n = &mut ports.nodes[node as usize];
     let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if perms == 0 || perms & !perm::ALL != 0 || len == 0 || !r.offset.is_multiple_of(8) {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
     // The entries must translate now; each access translates them again.
     let tag = (node, ep.pd);
-    let seg = fabric
+    let seg = ports
         .utlb
         .cache
-        .translate(mem, fabric.utlb.tables.get(tag), tag, r, len, &mut ep.stats)
+        .translate(mem, ports.utlb.tables.get(tag), tag, r, len, &mut ep.stats)
         .map_err(|code| {
             Response::err(if code == ulnic_abi::tx_error::BAD_ADDRESS {
                 status::BAD_ADDRESS
@@ -420,7 +420,7 @@ fn export_buffer(
                 status::INVALID_ARGUMENT
             })
         })?;
-    fabric.utlb.cache.recycle(seg);
+    ports.utlb.cache.recycle(seg);
     let mut cookie = n
         .apertures
         .export(id, r.offset, len, perms, Some(r))
@@ -433,10 +433,10 @@ fn export_buffer(
     Ok(Response::ok(cookie.encode().to_vec()))
 }
 
-fn revoke(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn revoke(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: Revoke = payload(p)?;
     let (id, aperture) = (a.endpoint.get(), a.aperture.get());
-    let n = &mut fabric.nodes[node as usize];
+    let n = &mut ports.nodes[node as usize];
     n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if !n.apertures.revoke(id, aperture) {
         return Err(Response::err(status::NOT_FOUND));
@@ -445,7 +445,7 @@ fn revoke(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response>
 }
 
 fn set_tripwire(
-    fabric: &mut Ports,
+    ports: &mut Ports,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
@@ -457,8 +457,8 @@ fn set_tripwire(
     if a.reserved.get() != 0 {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let cap = fabric.max_tripwires;
-    let n = &mut fabric.nodes[node as usize];
+    let cap = ports.max_tripwires;
+    let n = &mut ports.nodes[node as usize];
     let ap = *n
         .apertures
         .get(aperture)
@@ -491,10 +491,10 @@ fn set_tripwire(
     ))
 }
 
-fn clear_tripwire(fabric: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn clear_tripwire(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: ClearTripwire = payload(p)?;
     let (id, tid) = (a.endpoint.get(), a.tripwire.get());
-    let ep = fabric.nodes[node as usize]
+    let ep = ports.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     match ep.tripwires.get_mut(tid as usize) {
