@@ -20,7 +20,8 @@ use crate::staging::{Bounce, InFlight, Local};
 use crate::types::Address;
 use crate::utlb::{lock, Translation, UserBuffer, UtlbRef};
 use ulnic_abi::wire;
-use zerocopy::IntoBytes;
+use zerocopy::little_endian::U32;
+use zerocopy::{FromZeros, IntoBytes};
 
 impl Endpoint {
     /// Releases everything (the endpoint is going away).
@@ -181,10 +182,12 @@ impl Endpoint {
         at: usize,
         local: Local,
     ) -> Result<Translation, Error> {
-        slot[at..at + 4].copy_from_slice(&local.entries.first.to_le_bytes());
-        slot[at + 4..at + 8].copy_from_slice(&local.entries.count.to_le_bytes());
+        // (first entry, entry count), as every layout places them at `at`.
+        let entries: [U32; 2] = [local.entries.first.into(), local.entries.count.into()];
+        let end = at + entries.as_bytes().len();
+        slot[at..end].copy_from_slice(entries.as_bytes());
         let seq = self.send_producer;
-        match self.push_slot(&slot[..at + 8]) {
+        match self.push_slot(&slot[..end]) {
             Ok(()) => {
                 self.zc.in_flight.push_back(InFlight {
                     seq,
@@ -372,15 +375,22 @@ impl Endpoint {
         let (va, len) = buf.span(&range)?;
         let local = self.local_for(va, len, false)?;
         let entries = local.entries;
-        let mut slot = [0u8; SEND_DESC_SIZE as usize];
-        slot[0..2].copy_from_slice(&op::REDIRECT.to_le_bytes());
-        slot[2..4].copy_from_slice(&send_flags::UTLB.to_le_bytes());
-        slot[4..8].copy_from_slice(&(len as u32).to_le_bytes());
-        slot[8..12].copy_from_slice(&aperture.aperture.to_le_bytes());
-        slot[24..32].copy_from_slice(&id.to_le_bytes());
-        slot[40..48].copy_from_slice(&offset.to_le_bytes());
-        slot[48..56].copy_from_slice(&entries.offset.to_le_bytes());
-        self.post_with(slot, RDMA_UTLB_REF_OFFSET, local)?;
+        let d = wire::RedirectDesc {
+            opcode: op::REDIRECT.into(),
+            flags: send_flags::UTLB.into(),
+            len: (len as u32).into(),
+            aperture: aperture.aperture.into(),
+            id: id.into(),
+            offset: offset.into(),
+            page_offset: entries.offset.into(),
+            ..FromZeros::new_zeroed()
+        };
+        let slot: [u8; SEND_DESC_SIZE as usize] = zerocopy::transmute!(d);
+        self.post_with(
+            slot,
+            core::mem::offset_of!(wire::RedirectDesc, utlb_first),
+            local,
+        )?;
         // Held beyond the descriptor's retirement: until the report.
         if let Some(t) = self.utlb.get() {
             lock(t).acquire(&entries);
@@ -400,10 +410,14 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn end_redirect(&mut self, id: u64) -> Result<(), Error> {
-        let mut slot = [0u8; 32];
-        slot[0..2].copy_from_slice(&op::REDIRECT_END.to_le_bytes());
-        slot[24..32].copy_from_slice(&id.to_le_bytes());
-        self.push_slot(&slot)
+        let d = wire::RedirectDesc {
+            opcode: op::REDIRECT_END.into(),
+            id: id.into(),
+            ..FromZeros::new_zeroed()
+        };
+        // The fields end with the id; the rest of the slot stays zero.
+        let fields = core::mem::offset_of!(wire::RedirectDesc, unused1);
+        self.push_slot(&d.as_bytes()[..fields])
     }
 
     /// Exports `range` of `buf` as an aperture (like [`Endpoint::export`]
