@@ -97,9 +97,16 @@ fn blocked(args: &str) -> String {
     )
 }
 
-/// Where `ulnic recv --port PORT` says it is ready (`--ready-file`).
+/// A fresh file for `ulnic recv --ready-file` to create: a new name for
+/// every receiver, so a file left by an earlier one can never be taken for
+/// this one's readiness.
 fn ready_file(port: u32) -> String {
-    format!("/tmp/ulnic-recv-{port}.ready")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "/tmp/ulnic-recv-{port}-{}.ready",
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Starts `ulnic recv --port PORT ARGS` on node 1 and waits until it is
@@ -108,7 +115,7 @@ fn receiver(port: u32, args: &str) -> JoinHandle<Output> {
     let ready = ready_file(port);
     let rx = exec_in_background(
         "1",
-        format!("rm -f {ready}; ulnic recv --port {port} --ready-file {ready} {args}"),
+        format!("ulnic recv --port {port} --ready-file {ready} {args}"),
     );
     wait_until("1", &format!("test -e {ready}"), "receiver", &rx);
     rx
@@ -227,8 +234,8 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     // receiver), small (inline) and large (buffers, returns resent).
     for (count, size) in [(20000, 64), (2000, 4096)] {
         let (tx, rx) = stream(count, size, "", "");
-        assert!(tx.status.success(), "send:\n{}", text(&tx));
-        assert!(rx.status.success(), "recv:\n{}", text(&rx));
+        let both = format!("send:\n{}\nrecv:\n{}", text(&tx), text(&rx));
+        assert!(tx.status.success() && rx.status.success(), "{both}");
         assert_eq!(json(&tx)["messages"], count, "{}", text(&tx));
         let r = json(&rx);
         assert_eq!(r["messages"], count);
