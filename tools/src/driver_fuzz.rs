@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use ulnic_abi::uapi;
-use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, ObjectId};
+use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, IocWait, ObjectId};
 use zerocopy::{FromZeros, IntoBytes};
 
 /// What one run did, by operation and outcome.
@@ -276,8 +276,11 @@ impl Fuzzer {
                 self.record("KICK", r);
             }
             50..=53 => {
-                let mut b = self.endpoint_id(d).to_le_bytes().to_vec();
-                b.extend_from_slice(&self.rng.gen_range(0u32..3).to_le_bytes());
+                let arg = IocWait {
+                    id: self.endpoint_id(d).into(),
+                    timeout_ms: self.rng.gen_range(0u32..3).into(),
+                };
+                let mut b = arg.as_bytes().to_vec();
                 b.resize(64, 0);
                 let p = self.pointer(&mut b);
                 let r = self.ioctl(d, uapi::IOC_WAIT, p);

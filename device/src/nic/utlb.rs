@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use ulnic_abi::{tx_error, MAX_UTLB_RUN, PAGE_SIZE};
 use vm_memory::GuestMemoryMmap;
+use zerocopy::little_endian::U32;
 
 use crate::memory::guest::{self, Segment};
 use crate::nic::stats::Stats;
@@ -292,9 +293,10 @@ pub struct UtlbRef {
 impl UtlbRef {
     /// Reads the (first, count) pair at `at` of a raw descriptor.
     pub fn decode(raw: &[u8], at: usize, offset: u64) -> Self {
+        let [first, count]: [U32; 2] = ulnic_abi::wire::read(raw.get(at..).unwrap_or_default());
         UtlbRef {
-            first: ulnic_abi::read_le32(raw, at),
-            count: ulnic_abi::read_le32(raw, at + 4),
+            first: first.get(),
+            count: count.get(),
             offset,
         }
     }
