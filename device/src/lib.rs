@@ -10,6 +10,7 @@
 //! - [`nic`]: the per-port NIC: endpoints and their rings (`endpoint`,
 //!   `receive`, `stats`), the UTLB (`utlb`), apertures and tripwires
 //!   (`aperture`), transfer redirection (`redirect`), and a port (`node`).
+//! - [`fabric`]: the fabric's topology and its deadlock-free routes.
 //! - [`config`]: the validated configuration and the errors.
 //! - [`switch`]: every port behind one lock, the data path between them
 //!   (`ports`), remote memory operations (`rdma`), the engine thread
@@ -23,6 +24,7 @@
 pub mod chain;
 pub mod config;
 pub mod device;
+pub mod fabric;
 pub mod memory;
 pub mod nic;
 pub mod switch;

@@ -24,6 +24,7 @@ mod bench;
 mod cluster;
 mod driver_check;
 mod driver_fuzz;
+mod fabric;
 mod raw_driver;
 mod selftest;
 mod transfer;
@@ -144,6 +145,9 @@ enum Cmd {
     /// Guest images and the QEMU that runs them.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// The fabric: topology files and the routes through them.
+    #[command(subcommand)]
+    Fabric(FabricCmd),
     /// One side of a benchmark (started by `ulnic bench`).
     #[command(hide = true)]
     BenchPeer(PeerArgs),
@@ -352,6 +356,26 @@ struct ClusterOpts {
 }
 
 #[derive(Subcommand, Debug)]
+enum FabricCmd {
+    /// Read a topology file (docs/spec.md §10.1), check it, and print the
+    /// route every node takes to every other: up*/down* routes, free of
+    /// deadlock on any connected topology.
+    ///
+    /// Examples:
+    ///   ulnic fabric routes --topology two-switches.toml
+    ///   ulnic fabric routes --topology two-switches.toml --json
+    #[command(verbatim_doc_comment)]
+    Routes {
+        /// The topology file (TOML).
+        #[arg(long, value_name = "FILE")]
+        topology: PathBuf,
+        /// Print one JSON object per route.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum ImageCmd {
     /// Fetch and build the default guest (Debian cloud kernel, busybox
     /// initramfs) and QEMU into the cache; rebuilds only when an input
@@ -498,6 +522,7 @@ fn main() -> ExitCode {
         Cmd::Device(a) => run_device(a),
         Cmd::Bench(a) => run_bench(a),
         Cmd::Image(ImageCmd::Build { force, json }) => run_image_build(force, json),
+        Cmd::Fabric(FabricCmd::Routes { topology, json }) => fabric_routes(&topology, json),
         Cmd::Cluster(ClusterCmd::Run { opts, command }) => {
             crate::cluster::shell_join(&command)
                 .and_then(|c| run_cluster(&opts, &c, false).map(|_| ()))
@@ -669,6 +694,32 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn fabric_routes(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let topo = crate::fabric::load(path)?;
+    let lines = crate::fabric::route_lines(&topo);
+    if json {
+        for l in &lines {
+            println!("{}", serde_json::to_string(l)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "{} nodes, {} switches, {} links; routes (up*/down*):",
+        topo.nodes(),
+        topo.switches().len(),
+        topo.links().len()
+    );
+    for l in &lines {
+        println!(
+            "  {:>4} -> {:<4} via {}",
+            l.src,
+            l.dst,
+            l.switches.join(" -> ")
+        );
+    }
+    Ok(())
 }
 
 fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {

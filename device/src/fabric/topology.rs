@@ -1,0 +1,322 @@
+//! A fabric's shape (spec §10): switches, the links between them and the
+//! link each node hangs on, with each link's parameters. Built from a
+//! topology file by the tools, or `Topology::single_switch` by default;
+//! checked when made, so a `Topology` is always one the routes can serve.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// What a link emulates. The default is an ideal link: no latency, no
+/// rate limit, the largest MTU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkParams {
+    /// One-way latency.
+    pub latency: Duration,
+    /// Rate in bits per second; `None` is unlimited.
+    pub bandwidth_bps: Option<u64>,
+    /// Largest packet payload in bytes.
+    pub mtu: u32,
+    /// Packets a link's queue holds before it pushes back.
+    pub queue_packets: u32,
+}
+
+/// Largest MTU a link may have (a message is at most 1 MiB anyway).
+pub const MAX_MTU: u32 = 1 << 20;
+/// Smallest MTU a link may have: an inline message fits in one packet.
+pub const MIN_MTU: u32 = 256;
+
+impl Default for LinkParams {
+    fn default() -> Self {
+        LinkParams {
+            latency: Duration::ZERO,
+            bandwidth_bps: None,
+            mtu: MAX_MTU,
+            queue_packets: 64,
+        }
+    }
+}
+
+/// One end of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum End {
+    /// A switch, by index.
+    Switch(usize),
+    /// A node (a device port), by number.
+    Node(u32),
+}
+
+/// A full-duplex link between two ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Link {
+    /// One end.
+    pub a: End,
+    /// The other end.
+    pub b: End,
+    /// What it emulates.
+    pub params: LinkParams,
+}
+
+/// Why a topology was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    /// A fabric needs at least one switch and one node.
+    #[error("a fabric needs at least one switch and one node")]
+    Empty,
+    /// Two switches share a name.
+    #[error("two switches are named '{0}'")]
+    DuplicateSwitch(String),
+    /// A link names a switch or node that does not exist.
+    #[error("link {link} names {end}, which does not exist")]
+    NoSuchEnd {
+        /// The link, by index.
+        link: usize,
+        /// What it named.
+        end: String,
+    },
+    /// A link joins two nodes, or an end to itself.
+    #[error("link {0} must join two switches or a node to a switch")]
+    BadLink(usize),
+    /// A node hangs on no link, or on more than one.
+    #[error("node {node} hangs on {links} links; every node hangs on exactly one")]
+    NodeLinks {
+        /// The node.
+        node: u32,
+        /// How many links it has.
+        links: usize,
+    },
+    /// Some switches cannot reach the others.
+    #[error("switch '{0}' is not connected to switch '{1}'")]
+    Disconnected(String, String),
+    /// A link's parameters are out of range.
+    #[error("link {link}: {why}")]
+    BadParams {
+        /// The link, by index.
+        link: usize,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// A checked fabric shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    switches: Vec<String>,
+    links: Vec<Link>,
+    nodes: u32,
+    /// The link each node hangs on, by node number.
+    host_link: Vec<usize>,
+}
+
+impl Topology {
+    /// The default fabric: one switch with every node on an ideal link.
+    pub fn single_switch(nodes: u32) -> Topology {
+        let links = (0..nodes)
+            .map(|n| Link {
+                a: End::Node(n),
+                b: End::Switch(0),
+                params: LinkParams::default(),
+            })
+            .collect();
+        Topology {
+            switches: vec!["switch0".into()],
+            links,
+            nodes,
+            host_link: (0..nodes as usize).collect(),
+        }
+    }
+
+    /// A topology of `nodes` nodes over `switches`, if it is one the
+    /// fabric can route: names unique, every link joining two switches or
+    /// a node to a switch, every node on exactly one link, every switch
+    /// reachable from every other, parameters in range.
+    pub fn new(
+        nodes: u32,
+        switches: Vec<String>,
+        links: Vec<Link>,
+    ) -> Result<Topology, TopologyError> {
+        if switches.is_empty() || nodes == 0 {
+            return Err(TopologyError::Empty);
+        }
+        let mut names = HashMap::new();
+        for (i, s) in switches.iter().enumerate() {
+            if names.insert(s.as_str(), i).is_some() {
+                return Err(TopologyError::DuplicateSwitch(s.clone()));
+            }
+        }
+        let mut host_link = vec![Vec::new(); nodes as usize];
+        for (i, l) in links.iter().enumerate() {
+            for end in [l.a, l.b] {
+                let exists = match end {
+                    End::Switch(s) => s < switches.len(),
+                    End::Node(n) => n < nodes,
+                };
+                if !exists {
+                    return Err(TopologyError::NoSuchEnd {
+                        link: i,
+                        end: format!("{end:?}"),
+                    });
+                }
+            }
+            match (l.a, l.b) {
+                (End::Switch(x), End::Switch(y)) if x != y => {}
+                (End::Node(n), End::Switch(_)) | (End::Switch(_), End::Node(n)) => {
+                    host_link[n as usize].push(i)
+                }
+                _ => return Err(TopologyError::BadLink(i)),
+            }
+            check_params(i, &l.params)?;
+        }
+        let host_link = host_link
+            .into_iter()
+            .enumerate()
+            .map(|(n, ls)| match ls.as_slice() {
+                [one] => Ok(*one),
+                _ => Err(TopologyError::NodeLinks {
+                    node: n as u32,
+                    links: ls.len(),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let t = Topology {
+            switches,
+            links,
+            nodes,
+            host_link,
+        };
+        let reach = t.reachable_from(0);
+        if let Some(s) = reach.iter().position(|r| !r) {
+            return Err(TopologyError::Disconnected(
+                t.switches[s].clone(),
+                t.switches[0].clone(),
+            ));
+        }
+        Ok(t)
+    }
+
+    /// Switch names, by index.
+    pub fn switches(&self) -> &[String] {
+        &self.switches
+    }
+
+    /// Every link, by index.
+    pub fn links(&self) -> &[Link] {
+        &self.links
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> u32 {
+        self.nodes
+    }
+
+    /// The link node `n` hangs on, and the switch at its other end.
+    pub fn attachment(&self, n: u32) -> (usize, usize) {
+        let l = self.host_link[n as usize];
+        let s = match (self.links[l].a, self.links[l].b) {
+            (End::Switch(s), _) | (_, End::Switch(s)) => s,
+            // `new` refused links between two nodes.
+            _ => 0,
+        };
+        (l, s)
+    }
+
+    /// Links between switches: (link, from, to) both ways.
+    pub fn switch_hops(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        self.links
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| match (l.a, l.b) {
+                (End::Switch(x), End::Switch(y)) => Some([(i, x, y), (i, y, x)]),
+                _ => None,
+            })
+            .flatten()
+    }
+
+    fn reachable_from(&self, root: usize) -> Vec<bool> {
+        let mut seen = vec![false; self.switches.len()];
+        seen[root] = true;
+        let mut todo = vec![root];
+        while let Some(s) = todo.pop() {
+            for (_, from, to) in self.switch_hops() {
+                if from == s && !seen[to] {
+                    seen[to] = true;
+                    todo.push(to);
+                }
+            }
+        }
+        seen
+    }
+}
+
+fn check_params(link: usize, p: &LinkParams) -> Result<(), TopologyError> {
+    let bad = |why: String| Err(TopologyError::BadParams { link, why });
+    if !(MIN_MTU..=MAX_MTU).contains(&p.mtu) {
+        return bad(format!("MTU {} is not in {MIN_MTU}..={MAX_MTU}", p.mtu));
+    }
+    if p.queue_packets == 0 {
+        return bad("a queue must hold at least one packet".into());
+    }
+    if p.bandwidth_bps == Some(0) {
+        return bad("a bandwidth of 0 carries nothing".into());
+    }
+    if p.latency > Duration::from_secs(10) {
+        return bad(format!("a latency of {:?} is past 10 s", p.latency));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(a: End, b: End) -> Link {
+        Link {
+            a,
+            b,
+            params: LinkParams::default(),
+        }
+    }
+
+    #[test]
+    fn the_default_is_one_switch_with_every_node() {
+        let t = Topology::single_switch(3);
+        assert_eq!(t.switches().len(), 1);
+        assert_eq!(t.attachment(2), (2, 0));
+        assert_eq!(Topology::new(3, t.switches.clone(), t.links.clone()), Ok(t));
+    }
+
+    #[test]
+    fn bad_shapes_are_refused_with_their_reason() {
+        let sw = || vec!["a".to_string(), "b".to_string()];
+        let (n0, n1) = (End::Node(0), End::Node(1));
+        let (a, b) = (End::Switch(0), End::Switch(1));
+        assert_eq!(
+            Topology::new(2, sw(), vec![link(n0, a), link(n1, b)]),
+            Err(TopologyError::Disconnected("b".into(), "a".into()))
+        );
+        assert_eq!(
+            Topology::new(2, sw(), vec![link(n0, a), link(a, b)]),
+            Err(TopologyError::NodeLinks { node: 1, links: 0 })
+        );
+        assert_eq!(
+            Topology::new(2, sw(), vec![link(n0, n1), link(a, b)]),
+            Err(TopologyError::BadLink(0))
+        );
+        assert_eq!(
+            Topology::new(1, sw(), vec![link(n0, End::Switch(5))]),
+            Err(TopologyError::NoSuchEnd {
+                link: 0,
+                end: "Switch(5)".into()
+            })
+        );
+        assert_eq!(
+            Topology::new(1, vec!["a".into(), "a".into()], vec![]),
+            Err(TopologyError::DuplicateSwitch("a".into()))
+        );
+        let mut tiny = link(n0, a);
+        tiny.params.mtu = 100;
+        assert!(matches!(
+            Topology::new(1, vec!["a".into()], vec![tiny]),
+            Err(TopologyError::BadParams { link: 0, .. })
+        ));
+    }
+}
