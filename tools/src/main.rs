@@ -308,14 +308,19 @@ enum ClusterCmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Ping-pong, stream or RDMA writes between processes on two guests,
-    /// over ulnic and over kernel TCP on the guests' virtio-net link.
+    /// Ping-pong, stream or RDMA writes between processes on pairs of
+    /// guests, over ulnic and over kernel TCP on the guests' virtio-net
+    /// link. Every node takes part: nodes 0 and 1, 2 and 3, ... run at
+    /// once, the even node of each pair the client (an odd last node sits
+    /// out); each result line names its pair.
     ///
-    /// rdma-write: node 1 exports, node 0 writes and node 1 checks every
-    /// byte that landed; its TCP baseline is a stream of the same sizes.
+    /// rdma-write: the odd node exports, the even one writes and the odd
+    /// one checks every byte that landed; its TCP baseline is a stream of
+    /// the same sizes.
     ///
     /// Examples:
     ///   ulnic cluster bench pingpong --size 8 --json
+    ///   ulnic cluster bench pingpong --nodes 8 --size 4096
     ///   ulnic cluster bench rdma-write --size 65536 --iters 200
     Bench {
         /// Workload.
@@ -353,6 +358,10 @@ struct ClusterOpts {
     /// Seconds before the run is abandoned.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Endpoints per guest (each is a doorbell virtqueue of its NIC).
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
+    endpoints: u32,
 }
 
 #[derive(Subcommand, Debug)]
@@ -731,7 +740,7 @@ fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
         nodes: o.nodes,
         accel: accel.into(),
         memory: o.memory,
-        endpoints: 8,
+        endpoints: o.endpoints,
     };
     eprintln!("cluster '{name}': booting {} guests ({accel})", o.nodes);
     let status = client::up(
@@ -896,7 +905,7 @@ fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> anyhow::Result<Ve
         accel: o.accel,
         memory_mb: o.memory,
         timeout: Duration::from_secs(o.timeout),
-        endpoints: 8,
+        endpoints: o.endpoints,
     };
     let results = crate::cluster::run(&opts, &image, command, &mut say)?;
     let mut failed = 0;
@@ -936,9 +945,12 @@ fn run_cluster_bench(
 ) -> anyhow::Result<()> {
     if o.nodes < 2 {
         return Err(anyhow::anyhow!(
-            "a cluster benchmark needs --nodes 2 or more (nodes 0 and 1 take part)"
+            "a cluster benchmark needs --nodes 2 or more (nodes pair up: 0 with 1, 2 with 3, ...)"
         ));
     }
+    // Every node takes part: pairs (0, 1), (2, 3), ... run at once, each
+    // even node the client of the odd one after it.
+    let pairs = o.nodes / 2;
     if !matches!(
         w,
         Workload::Pingpong | Workload::Stream | Workload::RdmaWrite
@@ -948,36 +960,56 @@ fn run_cluster_bench(
         ));
     }
     // Same VMs, same sizes: ulnic through the device, then kernel TCP over
-    // the virtio-net segment.
-    let mut script = String::from("set -e\n");
+    // the virtio-net segment. The script rides on the kernel command line,
+    // so one shell function `b` holds what every line shares: the even
+    // node of a pair is the client, its server the next node; a last odd
+    // node sits out.
+    let m = format!("{mode:?}").to_lowercase();
+    let mut script = format!(
+        "set -e\nP=$((ULNIC_NODE+1)); Q=$((ULNIC_NODE-1))\n\
+         b() {{ if [ $ULNIC_NODE -ge {last} ]; then :; \
+         elif [ $((ULNIC_NODE%2)) = 0 ]; then ulnic bench-peer --role client --workload $1 --transport $2 --size $3 --iters {iters} --mode {m} --at $4 --peer-node $P; \
+         else ulnic bench-peer --role server --workload $1 --transport $2 --size $3 --iters {iters} --mode {m} --at $5 --peer-node $Q >/dev/null; fi; }}\n",
+        last = pairs * 2
+    );
     let wl = clap::ValueEnum::to_possible_value(&w)
         .map(|v| v.get_name().to_string())
         .unwrap_or_default();
     for s in sizes {
         for (t, client_at, server_at) in
-            [("ulnic", "device", "device"), ("tcp", "node=1", "listen")]
+            [("ulnic", "device", "device"), ("tcp", "node=$P", "listen")]
         {
-            let m = format!("{mode:?}").to_lowercase();
             // RDMA's baseline is a TCP stream of the same buffers.
             let wl = if t == "tcp" && w == Workload::RdmaWrite {
                 "stream"
             } else {
                 &wl
             };
-            let common =
-                format!("--workload {wl} --transport {t} --size {s} --iters {iters} --mode {m}");
-            script.push_str(&format!(
-                "if [ \"$ULNIC_NODE\" = 0 ]; then ulnic bench-peer --role client {common} --at {client_at}; \
-                 elif [ \"$ULNIC_NODE\" = 1 ]; then ulnic bench-peer --role server {common} --at {server_at} >/dev/null; fi\n"
-            ));
+            script.push_str(&format!("b {wl} {t} {s} {client_at} {server_at}\n"));
         }
     }
     let outputs = run_cluster(o, &script, json)?;
-    for line in outputs.first().into_iter().flatten() {
-        if let Some(rec) = line.strip_prefix("RESULT ") {
-            let mut v: serde_json::Value = serde_json::from_str(rec)?;
-            v["where"] = "two guests".into();
-            println!("{v}");
+    if !json {
+        print_header();
+    }
+    for (pair, lines) in outputs.iter().step_by(2).take(pairs as usize).enumerate() {
+        if !json && pairs > 1 {
+            println!("node {} -> node {}:", pair * 2, pair * 2 + 1);
+        }
+        for line in lines {
+            let Some(rec) = line.strip_prefix("RESULT ") else {
+                continue;
+            };
+            let r: bench::Record = serde_json::from_str(rec)?;
+            if json {
+                let mut v = serde_json::to_value(&r)?;
+                v["where"] = "guests".into();
+                v["pair"] = pair.into();
+                v["pairs"] = pairs.into();
+                println!("{v}");
+            } else {
+                print_record(&r, false);
+            }
         }
     }
     Ok(())

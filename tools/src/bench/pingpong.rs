@@ -598,6 +598,10 @@ pub struct PeerArgs {
     /// Flip one byte of measured message N (see `ulnic bench --help`).
     #[arg(long)]
     pub corrupt_at: Option<u64>,
+    /// ulnic in a guest: the other peer's node (default: the server is
+    /// node 1 and the client node 0), so pairs of guests can run at once.
+    #[arg(long)]
+    pub peer_node: Option<u32>,
 }
 
 /// TCP port of the benchmark server inside guests.
@@ -636,7 +640,7 @@ fn connect_guest(n: u32) -> io::Result<TcpStream> {
 pub fn peer(a: &PeerArgs) -> io::Result<()> {
     if a.workload == Workload::RdmaWrite && a.transport == Transport::Ulnic {
         // One-sided: the exporter (server) and the writer meet over ulnic.
-        let rec = super::rdma::rdma_peer(a.role == "server", a.size, a.iters)?;
+        let rec = super::rdma::rdma_peer(a.role == "server", a.size, a.iters, a.peer_node)?;
         if let Some(rec) = rec {
             println!(
                 "RESULT {}",
@@ -705,9 +709,11 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
             Box::new(l)
         }
         Transport::Ulnic => {
-            // Node 0 is the client, node 1 the server; `at` is the socket
-            // dir, or "device" inside a guest (the device file).
-            let (mine, peer) = if is_server { (1, 0) } else { (0, 1) };
+            // Node 0 is the client, node 1 the server, unless told the
+            // peer; `at` is the socket dir, or "device" inside a guest
+            // (the device file: this node is whichever the guest is).
+            let (mine, default_peer) = if is_server { (1, 0) } else { (0, 1) };
+            let peer = a.peer_node.unwrap_or(default_peer);
             let sock = PathBuf::from(&a.at).join(format!("node{mine}.sock"));
             let mut l = UlnicLink::open(
                 (a.at != "device").then_some(sock.as_path()),

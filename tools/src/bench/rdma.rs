@@ -481,7 +481,12 @@ fn inline_bytes(m: &ulnic::Received) -> &[u8] {
 /// immediate with the count; node 1, woken by a tripwire on that word,
 /// reads every slot, checks each holds the last buffer written to it, and
 /// answers with its verdict. Node 0 returns the result line.
-pub fn rdma_peer(server: bool, size: u32, iters: u64) -> io::Result<Option<Record>> {
+pub fn rdma_peer(
+    server: bool,
+    size: u32,
+    iters: u64,
+    peer_node: Option<u32>,
+) -> io::Result<Option<Record>> {
     let e = io::Error::other;
     let s = size as usize;
     let w = window(s);
@@ -491,7 +496,7 @@ pub fn rdma_peer(server: bool, size: u32, iters: u64) -> io::Result<Option<Recor
     ep.bind(RDMA_PEER_PORT).map_err(e)?;
     // Node 1 exports, node 0 writes.
     let peer = ulnic::Address {
-        node: if server { 0 } else { 1 },
+        node: peer_node.unwrap_or(if server { 0 } else { 1 }),
         port: RDMA_PEER_PORT,
     };
     if server {

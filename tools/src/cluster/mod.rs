@@ -198,6 +198,16 @@ pub fn run(
     let segment = dir.join("segment");
     let mut switch = start_segment(image, &segment)?;
     let cmd64 = base64::engine::general_purpose::STANDARD.encode(command);
+    // The command rides on the kernel command line (x86: 2048 bytes in
+    // all); a longer one would not boot at all.
+    if cmd64.len() > MAX_COMMAND_BASE64 {
+        anyhow::bail!(
+            "the command is {} bytes, too long for the guests' kernel command line (at most {}); \
+             start a cluster with `ulnic cluster up` and copy a script in with `ulnic cluster put`",
+            command.len(),
+            MAX_COMMAND_BASE64 / 4 * 3
+        );
+    }
     let (tx, rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
     let mut results: Vec<NodeResult> = Vec::new();
@@ -315,6 +325,10 @@ pub fn run(
     }
     Ok(results)
 }
+
+/// Room for `ulnic cluster run`'s command, base64, on the guests' kernel
+/// command line: 2048 bytes on x86, less what the rest of it takes.
+const MAX_COMMAND_BASE64: usize = 1700;
 
 /// One word is taken as a shell command line as it stands; several words
 /// are quoted as needed (shlex) and joined. A word holding a NUL byte
