@@ -3,22 +3,11 @@
 
 use std::process::Command;
 
-/// Runs `ulnic ARGS` (a benchmark with `--json`), checks it succeeded,
-/// and returns its JSON lines.
-pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+mod cli;
+
+/// Runs `ulnic ARGS` (a benchmark with `--json`) and returns its lines.
+fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
+    cli::json_lines(args)
 }
 
 /// What every latency line must satisfy: exactly the iterations asked

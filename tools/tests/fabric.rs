@@ -3,21 +3,11 @@
 
 use std::process::Command;
 
+mod cli;
+
 fn routes(file: &str) -> Vec<serde_json::Value> {
     let path = format!("{}/../docs/topologies/{file}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args(["fabric", "routes", "--topology", &path, "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    cli::json_lines(&["fabric", "routes", "--topology", &path, "--json"])
 }
 
 #[test]
