@@ -15,7 +15,7 @@ use crate::error::Error;
 /// A page, as a length.
 const PAGE: usize = PAGE_SIZE as usize;
 /// Bytes of one page address in a UTLB or segment page table.
-const PAGE_ENTRY: usize = size_of::<u64>();
+const PAGE_ENTRY: usize = ulnic_abi::PAGE_ENTRY_SIZE as usize;
 
 pub(crate) struct HostDomain {
     hw: Arc<HostAttach>,

@@ -157,6 +157,9 @@ pub const RECV_DESC_SIZE: u64 = core::mem::size_of::<wire::RecvDesc>() as u64;
 pub const FREE_DESC_SIZE: u64 = core::mem::size_of::<wire::FreeDesc>() as u64;
 /// Event record size.
 pub const EVENT_SIZE: u64 = core::mem::size_of::<wire::Event>() as u64;
+/// Bytes of one entry of a page table (a segment's pages, spec §4.3; a
+/// UTLB table, §5.14): a little-endian u64 page address.
+pub const PAGE_ENTRY_SIZE: u64 = core::mem::size_of::<U64>() as u64;
 /// Size of a notification record (spec §6).
 pub const NOTIFY_RECORD_SIZE: usize = core::mem::size_of::<wire::NotifyRecord>();
 
@@ -483,8 +486,6 @@ fn write_prefix<T: IntoBytes + Immutable>(b: &mut [u8], w: &T) {
 
 /// Offset of inline data in send and receive descriptors.
 pub const INLINE_OFFSET: usize = core::mem::offset_of!(wire::SendDesc, data);
-/// Offset of the segment offset in non-inline send and receive descriptors.
-pub const SEG_OFFSET_OFFSET: usize = core::mem::offset_of!(wire::SendDesc, data);
 
 /// The 32-byte header of a send descriptor (spec §5.3). Bytes 32..128 hold
 /// either the inline payload or, at 32, the u64 segment offset.
@@ -509,9 +510,10 @@ pub struct SendDesc {
 }
 
 impl SendDesc {
-    /// Decodes the fixed fields of a descriptor.
+    /// Decodes the fixed fields of a descriptor (read in place: this is
+    /// the device's per-message path).
     pub fn decode(b: &[u8; SEND_DESC_SIZE as usize]) -> Self {
-        let w: wire::SendDesc = wire::read(b);
+        let w: &wire::SendDesc = zerocopy::transmute_ref!(b);
         let buf: wire::SendBuffer = wire::read(&w.data);
         SendDesc {
             opcode: w.opcode.get(),
@@ -524,10 +526,10 @@ impl SendDesc {
             seg_offset: buf.offset.get(),
         }
     }
-    /// Encodes the header (and, when not inline, the segment offset),
-    /// leaving the rest of `b` (an inline payload) as it is.
-    pub fn encode_header(&self, b: &mut [u8]) {
-        let mut w: wire::SendDesc = wire::read(b);
+    /// Encodes the header (and, when not inline, the segment offset) in
+    /// place, leaving the rest of `b` (an inline payload) as it is.
+    pub fn encode_header(&self, b: &mut [u8; SEND_DESC_SIZE as usize]) {
+        let w: &mut wire::SendDesc = zerocopy::transmute_mut!(b);
         w.opcode = self.opcode.into();
         w.flags = self.flags.into();
         w.len = self.len.into();
@@ -540,7 +542,6 @@ impl SendDesc {
             let offset = self.seg_offset.to_le_bytes();
             w.data[..offset.len()].copy_from_slice(&offset);
         }
-        write_prefix(b, &w);
     }
 }
 
@@ -566,11 +567,10 @@ pub struct RecvDesc {
 }
 
 impl RecvDesc {
-    /// Offset of `buf_offset` in the descriptor.
-    pub const BUF_OFFSET_AT: usize = core::mem::offset_of!(wire::RecvDesc, data);
-    /// Decodes a descriptor.
-    pub fn decode(b: &[u8]) -> Self {
-        let w: wire::RecvDesc = wire::read(b);
+    /// Decodes a descriptor (read in place: the library's per-message
+    /// path).
+    pub fn decode(b: &[u8; RECV_DESC_SIZE as usize]) -> Self {
+        let w: &wire::RecvDesc = zerocopy::transmute_ref!(b);
         let flags = w.flags.get();
         RecvDesc {
             flags,
@@ -586,10 +586,10 @@ impl RecvDesc {
             },
         }
     }
-    /// Encodes the header (and the buffer offset when not inline), leaving
-    /// the rest of `b` (an inline payload) as it is.
-    pub fn encode_header(&self, b: &mut [u8]) {
-        let mut w: wire::RecvDesc = wire::read(b);
+    /// Encodes the header (and the buffer offset when not inline) in
+    /// place, leaving the rest of `b` (an inline payload) as it is.
+    pub fn encode_header(&self, b: &mut [u8; RECV_DESC_SIZE as usize]) {
+        let w: &mut wire::RecvDesc = zerocopy::transmute_mut!(b);
         w.flags = self.flags.into();
         w.reserved0 = 0.into();
         w.len = self.len.into();
@@ -602,7 +602,6 @@ impl RecvDesc {
             let offset = self.buf_offset.to_le_bytes();
             w.data[..offset.len()].copy_from_slice(&offset);
         }
-        write_prefix(b, &w);
     }
 }
 
@@ -627,10 +626,15 @@ impl FreeDesc {
             user_id: w.user_id.get(),
         }
     }
-    /// Whether its reserved fields are 0 (spec §5.5).
-    pub fn reserved_zero(b: &[u8]) -> bool {
-        let w: wire::FreeDesc = wire::read(b);
-        w.reserved0.get() == 0 && w.reserved1.get() == 0
+    /// Decodes a descriptor whose reserved fields are 0, as spec §5.5
+    /// requires; `None` for one that must be discarded.
+    pub fn decode_checked(b: &[u8; FREE_DESC_SIZE as usize]) -> Option<Self> {
+        let w: &wire::FreeDesc = zerocopy::transmute_ref!(b);
+        (w.reserved0.get() == 0 && w.reserved1.get() == 0).then(|| FreeDesc {
+            seg_offset: w.seg_offset.get(),
+            len: w.len.get(),
+            user_id: w.user_id.get(),
+        })
     }
     /// Encodes into a 32-byte slot.
     pub fn encode(&self, b: &mut [u8]) {
@@ -707,7 +711,7 @@ pub struct RdmaDesc {
 impl RdmaDesc {
     /// Decodes.
     pub fn decode(b: &[u8; SEND_DESC_SIZE as usize]) -> Self {
-        let w: wire::RdmaDesc = wire::read(b);
+        let w: &wire::RdmaDesc = zerocopy::transmute_ref!(b);
         RdmaDesc {
             opcode: w.opcode.get(),
             flags: w.flags.get(),
@@ -1008,10 +1012,6 @@ pub const STAT_NAMES: [&str; 17] = [
     "utlb_fetch_ns",
 ];
 
-/// Encodes a little-endian u32 (for command payloads).
-pub fn le32(v: u32) -> [u8; 4] {
-    v.to_le_bytes()
-}
 /// Reads a little-endian u32 at `o`; the caller checked the length.
 pub fn read_le32(b: &[u8], o: usize) -> u32 {
     wire::read::<U32>(b.get(o..).unwrap_or_default()).get()
@@ -1194,36 +1194,31 @@ mod tests {
 pub mod uapi {
     /// ioctl type byte ('U').
     pub const IOC_TYPE: u32 = 0x55;
-    const fn ioc(dir: u32, nr: u32, size: u32) -> u32 {
-        (dir << 30) | (size << 16) | (IOC_TYPE << 8) | nr
+    use super::wire::{DeviceInfo, IocCommand, IocCreateEp, IocUtlbInstall, IocWait};
+
+    /// `_IOC(dir, 'U', nr, sizeof(T))`: the argument's size is its type's.
+    const fn ioc<T>(dir: u32, nr: u32) -> u32 {
+        (dir << 30) | ((core::mem::size_of::<T>() as u32) << 16) | (IOC_TYPE << 8) | nr
     }
     const WRITE: u32 = 1;
-    /// The argument of the ioctls that take one u32.
-    const U32_SIZE: u32 = 4;
     const READ: u32 = 2;
-    /// Size of `CreateEp` (in and out fields).
-    pub const CREATE_EP_SIZE: u32 = core::mem::size_of::<super::wire::IocCreateEp>() as u32;
-    /// Size of the `COMMAND` argument: u32 opcode, u32 status, u32 in_len,
-    /// u32 out_len, then 512 data bytes (payload in, result out).
-    pub const COMMAND_SIZE: u32 = core::mem::size_of::<super::wire::IocCommand>() as u32;
-    /// Read the device information (`DeviceInfo`, `DeviceInfo::SIZE` bytes).
-    pub const IOC_INFO: u32 = ioc(READ, 1, super::DeviceInfo::SIZE as u32);
-    /// Create an endpoint in the file's protection domain (`CreateEp`).
-    pub const IOC_CREATE_EP: u32 = ioc(READ | WRITE, 2, CREATE_EP_SIZE);
+
+    /// Read the device information (`wire::DeviceInfo`).
+    pub const IOC_INFO: u32 = ioc::<DeviceInfo>(READ, 1);
+    /// Create an endpoint in the file's protection domain
+    /// (`wire::IocCreateEp`).
+    pub const IOC_CREATE_EP: u32 = ioc::<IocCreateEp>(READ | WRITE, 2);
     /// Destroy one of the file's endpoints (u32 id).
-    pub const IOC_DESTROY_EP: u32 = ioc(WRITE, 3, U32_SIZE);
-    /// Run BIND_PORT, SET_FILTER, ARM, DISARM or GET_STATS on an endpoint
-    /// the file owns (the payload's first u32).
-    pub const IOC_COMMAND: u32 = ioc(READ | WRITE, 4, COMMAND_SIZE);
+    pub const IOC_DESTROY_EP: u32 = ioc::<u32>(WRITE, 3);
+    /// Run BIND_PORT, SET_FILTER, ARM, DISARM, GET_STATS, EXPORT, REVOKE,
+    /// EXPORT_BUFFER, SET_TRIPWIRE or CLEAR_TRIPWIRE on an endpoint the
+    /// file owns (the payload's first u32; `wire::IocCommand`).
+    pub const IOC_COMMAND: u32 = ioc::<IocCommand>(READ | WRITE, 4);
     /// Ring an owned endpoint's doorbell (u32 id).
-    pub const IOC_KICK: u32 = ioc(WRITE, 5, U32_SIZE);
-    /// Block until an owned endpoint is notified: u32 id, u32 timeout in
-    /// ms; returns 1 when notified, 0 on timeout.
-    pub const IOC_WAIT: u32 = ioc(
-        WRITE,
-        6,
-        core::mem::size_of::<super::wire::IocWait>() as u32,
-    );
+    pub const IOC_KICK: u32 = ioc::<u32>(WRITE, 5);
+    /// Block until an owned endpoint is notified (`wire::IocWait`);
+    /// returns 1 when notified, 0 on timeout.
+    pub const IOC_WAIT: u32 = ioc::<IocWait>(WRITE, 6);
     /// mmap offset of endpoint `e`'s control region; its segment is at
     /// `+ MMAP_SEGMENT`.
     pub const fn mmap_ctrl(e: u32) -> u64 {
@@ -1238,15 +1233,11 @@ pub mod uapi {
     /// its start rings the doorbell without a system call.
     pub const MMAP_DOORBELL: u64 = 1 << 30;
     /// Give the file's protection domain a UTLB of `entries` (u32) entries.
-    pub const IOC_UTLB_INIT: u32 = ioc(WRITE, 7, U32_SIZE);
+    pub const IOC_UTLB_INIT: u32 = ioc::<u32>(WRITE, 7);
     /// Pin `count` pages of this process from virtual address `va` (page
     /// aligned) and install them at UTLB entries `first..first+count`,
     /// unpinning what was there: u32 first, u32 count, u64 va.
-    pub const IOC_UTLB_INSTALL: u32 = ioc(
-        WRITE,
-        8,
-        core::mem::size_of::<super::wire::IocUtlbInstall>() as u32,
-    );
+    pub const IOC_UTLB_INSTALL: u32 = ioc::<IocUtlbInstall>(WRITE, 8);
     /// Direction of an ioctl's argument, as `_IOR`, `_IOW`, `_IOWR` say.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Dir {
@@ -1380,6 +1371,7 @@ pub fn c_header() -> String {
         ("ULNIC_FREE_DESC_SIZE", FREE_DESC_SIZE),
         ("ULNIC_EVENT_SIZE", EVENT_SIZE),
         ("ULNIC_NOTIFY_RECORD_SIZE", NOTIFY_RECORD_SIZE as u64),
+        ("ULNIC_PAGE_ENTRY_SIZE", PAGE_ENTRY_SIZE),
         ("ULNIC_IOC_TYPE", uapi::IOC_TYPE.into()),
         ("ULNIC_MMAP_SEGMENT", uapi::MMAP_SEGMENT),
         ("ULNIC_MMAP_ID_SHIFT", uapi::MMAP_ID_SHIFT.into()),

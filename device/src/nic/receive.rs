@@ -138,10 +138,12 @@ pub fn take_free_buffer(
             return Err(no_buffer(mem, rx));
         }
         let mut raw = [0u8; ulnic_abi::FREE_DESC_SIZE as usize];
-        let ok = guest::read(mem, rx.free_slot(), &mut raw).is_ok();
-        let f = FreeDesc::decode(&raw);
-        let reserved_zero = FreeDesc::reserved_zero(&raw);
-        if ok && reserved_zero && f.len > 0 && rx.segment.contains(f.seg_offset, u64::from(f.len)) {
+        let read = guest::read(mem, rx.free_slot(), &mut raw).is_ok();
+        let usable = read
+            .then(|| FreeDesc::decode_checked(&raw))
+            .flatten()
+            .filter(|f| f.len > 0 && rx.segment.contains(f.seg_offset, u64::from(f.len)));
+        if let Some(f) = usable {
             if f.len < len {
                 return Err(tx_error::BUFFER_TOO_SMALL);
             }

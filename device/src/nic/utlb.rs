@@ -251,7 +251,7 @@ impl TranslationCache {
                     let mut b = [0u8; 8];
                     let at = table
                         .gpa
-                        .checked_add(u64::from(index) * 8)
+                        .checked_add(u64::from(index) * ulnic_abi::PAGE_ENTRY_SIZE)
                         .ok_or(tx_error::BAD_ADDRESS)?;
                     guest::read(mem, at, &mut b).map_err(|_| tx_error::BAD_ADDRESS)?;
                     let p = u64::from_le_bytes(b);

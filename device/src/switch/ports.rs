@@ -539,8 +539,8 @@ fn descriptor_allowed(d: &SendDesc, raw: &[u8; SEND_DESC_SIZE as usize], feature
         need |= F_UTLB;
     }
     // Every send-ring layout has its reserved word where SEND's is.
-    let reserved = ulnic_abi::wire::read::<ulnic_abi::wire::SendDesc>(raw).reserved;
-    reserved.get() == 0 && features & need == need
+    let w: &ulnic_abi::wire::SendDesc = zerocopy::transmute_ref!(raw);
+    w.reserved.get() == 0 && features & need == need
 }
 
 #[cfg(test)]

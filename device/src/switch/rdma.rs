@@ -7,7 +7,7 @@
 //! and an access never interleave: an access completes before a revocation
 //! or fails after it.
 
-use ulnic_abi::wire::{self, RedirectDesc};
+use ulnic_abi::wire::RedirectDesc;
 use ulnic_abi::{
     event, op, perm, redirect, send_flags, tx_error, Event, RdmaDesc, MAX_RDMA, MAX_REDIRECTS,
     PAGE_SIZE, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
@@ -236,7 +236,7 @@ pub fn redirect(
     ep: &mut Endpoint,
     raw: &[u8; SEND_DESC_SIZE as usize],
 ) -> Event {
-    let d: RedirectDesc = wire::read(raw);
+    let d: &RedirectDesc = zerocopy::transmute_ref!(raw);
     let (opcode, id) = (d.opcode.get(), d.id.get());
     if opcode == op::REDIRECT_END {
         return match ep.redirects.iter().position(|r| r.id == id) {
@@ -278,7 +278,7 @@ fn check_redirect(
     ep: &mut Endpoint,
     raw: &[u8; SEND_DESC_SIZE as usize],
 ) -> Result<Redirect, u16> {
-    let d: RedirectDesc = wire::read(raw);
+    let d: &RedirectDesc = zerocopy::transmute_ref!(raw);
     let flags = d.flags.get();
     let len = u64::from(d.len.get());
     let (aperture, id, offset) = (d.aperture.get(), d.id.get(), d.offset.get());

@@ -70,9 +70,6 @@ fn need(payload: &[u8], n: usize) -> Result<(), Response> {
     }
 }
 
-/// Bytes of one page address in a UTLB or segment page table.
-const PAGE_ENTRY: u64 = size_of::<u64>() as u64;
-
 /// The payload of a command whose payload is exactly one `T`.
 fn payload<T: FromBytes + IntoBytes>(p: &[u8]) -> Result<T, Response> {
     need(p, size_of::<T>())?;
@@ -203,10 +200,13 @@ fn utlb_set_table(
     if !ports.nodes[node as usize].pds.contains(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
-    if entries == 0 || entries > ulnic_abi::MAX_UTLB_ENTRIES || !gpa.is_multiple_of(PAGE_ENTRY) {
+    if entries == 0
+        || entries > ulnic_abi::MAX_UTLB_ENTRIES
+        || !gpa.is_multiple_of(ulnic_abi::PAGE_ENTRY_SIZE)
+    {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    if !guest::range_ok(mem, gpa, u64::from(entries) * PAGE_ENTRY) {
+    if !guest::range_ok(mem, gpa, u64::from(entries) * ulnic_abi::PAGE_ENTRY_SIZE) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
     ports.utlb.cache.invalidate_domain((node, pd));
@@ -254,7 +254,7 @@ fn create_endpoint(
     if c.seg_pages > MAX_SEGMENT_PAGES {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let table_len = u64::from(c.seg_pages) * PAGE_ENTRY;
+    let table_len = u64::from(c.seg_pages) * ulnic_abi::PAGE_ENTRY_SIZE;
     if !guest::range_ok(mem, c.seg_table_gpa, table_len) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
@@ -262,7 +262,7 @@ fn create_endpoint(
     guest::read(mem, c.seg_table_gpa, &mut table)
         .map_err(|_| Response::err(status::BAD_ADDRESS))?;
     let pages = table
-        .chunks_exact(PAGE_ENTRY as usize)
+        .chunks_exact(ulnic_abi::PAGE_ENTRY_SIZE as usize)
         .map(|b| ulnic_abi::read_le64(b, 0));
     let segment =
         Segment::from_pages(mem, pages).map_err(|_| Response::err(status::BAD_ADDRESS))?;
