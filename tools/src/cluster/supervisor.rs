@@ -91,7 +91,7 @@ pub struct SuperviseArgs {
     #[arg(long)]
     pub memory: u32,
     /// Endpoints per port.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS)]
     pub endpoints: u32,
 }
 
