@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::fabric::network::FabricConfig;
 use crate::memory::region;
 use crate::nic::utlb::CacheConfig;
 
@@ -47,6 +48,7 @@ pub struct Configuration {
     poll_for: Duration,
     tripwires: u32,
     utlb_cache: CacheConfig,
+    fabric: Option<FabricConfig>,
 }
 
 impl Configuration {
@@ -60,6 +62,7 @@ impl Configuration {
             poll_for: DEFAULT_POLL_FOR,
             tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
             utlb_cache: CacheConfig::default(),
+            fabric: None,
         })
     }
 
@@ -94,8 +97,29 @@ impl Configuration {
         self.utlb_cache
     }
 
+    /// The emulated fabric, if one was set; with none, ports are one copy
+    /// apart (one switch, ideal links, no transport: the fast default).
+    pub fn fabric(&self) -> Option<&FabricConfig> {
+        self.fabric.as_ref()
+    }
+
     /// Checks the limits of spec §3.
     fn validate(&self) -> Result<(), Error> {
+        if let Some(f) = &self.fabric {
+            if f.topology.nodes() as usize != self.sockets.len() {
+                return Err(Error::Config(format!(
+                    "the topology has {} nodes but the device {} ports",
+                    f.topology.nodes(),
+                    self.sockets.len()
+                )));
+            }
+            let t = &f.transport;
+            if !(1..=1024).contains(&t.window) || t.retries == 0 {
+                return Err(Error::Config(
+                    "the transport needs a window of 1 to 1024 and at least one retry".into(),
+                ));
+            }
+        }
         if self.sockets.is_empty() {
             return Err(Error::Config("at least one port socket is needed".into()));
         }
@@ -155,6 +179,13 @@ impl ConfigurationBuilder {
     /// Shape of the UTLB translation cache.
     pub fn utlb_cache(mut self, c: CacheConfig) -> Self {
         self.0.utlb_cache = c;
+        self
+    }
+
+    /// An emulated fabric between the ports (spec §10): messages between
+    /// nodes then cross its links as packets under the reliable transport.
+    pub fn fabric(mut self, f: FabricConfig) -> Self {
+        self.0.fabric = Some(f);
         self
     }
 

@@ -13,7 +13,7 @@ const T: Duration = Duration::from_secs(20);
 
 fn message(seq: u64, len: usize) -> Vec<u8> {
     let mut m: Vec<u8> = (0..len)
-        .map(|i| (seq as u8).wrapping_add(i as u8 * 3))
+        .map(|i| (seq as u8).wrapping_add((i as u8).wrapping_mul(3)))
         .collect();
     if len >= 8 {
         m[..8].copy_from_slice(&seq.to_le_bytes());

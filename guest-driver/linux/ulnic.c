@@ -1208,6 +1208,7 @@ static unsigned int ulnic_features[] = {
 	ULNIC_F_RDMA_BIT,
 	ULNIC_F_TRIPWIRE_BIT,
 	ULNIC_F_CLOSE_MESSAGE_BIT,
+	ULNIC_F_RETURN_TO_SENDER_BIT,
 };
 
 static struct virtio_driver ulnic_driver = {

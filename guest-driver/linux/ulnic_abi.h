@@ -40,6 +40,7 @@
 #define ULNIC_F_CLOSE_MESSAGE_BIT 0x4
 #define ULNIC_F_MESSAGING_BIT 0x0
 #define ULNIC_F_RDMA_BIT 0x2
+#define ULNIC_F_RETURN_TO_SENDER_BIT 0x6
 #define ULNIC_F_TRIPWIRE_BIT 0x3
 #define ULNIC_F_UTLB_BIT 0x1
 #define ULNIC_INLINE_MAX 0x60
@@ -64,7 +65,7 @@
 #define ULNIC_RESP_HEADER_SIZE 0x8
 #define ULNIC_SEND_DESC_SIZE 0x80
 #define ULNIC_SPEC_VERSION_MAJOR 0x0
-#define ULNIC_SPEC_VERSION_MINOR 0x7
+#define ULNIC_SPEC_VERSION_MINOR 0x8
 #define ULNIC_STATUS_ADDRESS_IN_USE 0x6
 #define ULNIC_STATUS_BAD_ADDRESS 0x7
 #define ULNIC_STATUS_BAD_LENGTH 0x2
@@ -497,6 +498,51 @@ struct ulnic_notify_record {
 _Static_assert(sizeof(struct ulnic_notify_record) == 8, "struct ulnic_notify_record: size");
 _Static_assert(__builtin_offsetof(struct ulnic_notify_record, endpoint) == 0, "struct ulnic_notify_record: endpoint");
 _Static_assert(__builtin_offsetof(struct ulnic_notify_record, reason) == 4, "struct ulnic_notify_record: reason");
+
+/* A fabric packet's header (spec §10.3), 64 bytes, followed by `len` payload bytes. Used between switches inside a device, between devices over UDP and in captures. */
+struct ulnic_packet_header {
+	__le16 magic;
+	__le16 version;
+	__le16 kind;
+	__le16 hop;
+	__le32 src_node;
+	__le32 dst_node;
+	__le32 src_endpoint;
+	__le32 src_port;
+	__le32 dst_port;
+	__le32 epoch;
+	__le32 seq;
+	__le16 frag;
+	__le16 frags;
+	__le32 msg_len;
+	__le32 offset;
+	__le32 len;
+	__le32 tag;
+	__le16 code;
+	__le16 reserved;
+	__le32 crc;
+};
+_Static_assert(sizeof(struct ulnic_packet_header) == 64, "struct ulnic_packet_header: size");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, magic) == 0, "struct ulnic_packet_header: magic");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, version) == 2, "struct ulnic_packet_header: version");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, kind) == 4, "struct ulnic_packet_header: kind");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, hop) == 6, "struct ulnic_packet_header: hop");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, src_node) == 8, "struct ulnic_packet_header: src_node");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, dst_node) == 12, "struct ulnic_packet_header: dst_node");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, src_endpoint) == 16, "struct ulnic_packet_header: src_endpoint");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, src_port) == 20, "struct ulnic_packet_header: src_port");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, dst_port) == 24, "struct ulnic_packet_header: dst_port");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, epoch) == 28, "struct ulnic_packet_header: epoch");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, seq) == 32, "struct ulnic_packet_header: seq");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, frag) == 36, "struct ulnic_packet_header: frag");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, frags) == 38, "struct ulnic_packet_header: frags");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, msg_len) == 40, "struct ulnic_packet_header: msg_len");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, offset) == 44, "struct ulnic_packet_header: offset");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, len) == 48, "struct ulnic_packet_header: len");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, tag) == 52, "struct ulnic_packet_header: tag");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, code) == 56, "struct ulnic_packet_header: code");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, reserved) == 58, "struct ulnic_packet_header: reserved");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, crc) == 60, "struct ulnic_packet_header: crc");
 
 /* `IOC_CREATE_EP` argument (spec §9). */
 struct ulnic_ioc_create_ep {

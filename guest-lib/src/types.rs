@@ -128,6 +128,10 @@ pub struct Received {
     /// A close message: the sending endpoint no longer exists, and this is
     /// the message it left with [`Endpoint::set_close_message`].
     pub close: bool,
+    /// A message of this endpoint's own that the fabric gave up on
+    /// (return to sender, spec §10.4): `src` is where it was going, tag
+    /// and payload are the original's. Its `SendFailed` event says why.
+    pub returned: bool,
 }
 
 /// A completion or error event.
@@ -243,6 +247,9 @@ pub enum SendError {
     NoTranslation,
     /// Redirection: too many are active on the endpoint.
     TooManyRedirects,
+    /// Fabric: no acknowledgement after the configured retries; the
+    /// message also comes back through the receive queue, `returned` set.
+    Unreachable,
     /// A code this library does not know.
     Other(u16),
 }
@@ -262,6 +269,7 @@ impl SendError {
             tx_error::OUT_OF_RANGE => SendError::OutOfRange,
             tx_error::NO_TRANSLATION => SendError::NoTranslation,
             tx_error::TOO_MANY_REDIRECTS => SendError::TooManyRedirects,
+            tx_error::UNREACHABLE => SendError::Unreachable,
             c => SendError::Other(c),
         }
     }
@@ -279,6 +287,7 @@ impl SendError {
             SendError::OutOfRange => tx_error::OUT_OF_RANGE,
             SendError::NoTranslation => tx_error::NO_TRANSLATION,
             SendError::TooManyRedirects => tx_error::TOO_MANY_REDIRECTS,
+            SendError::Unreachable => tx_error::UNREACHABLE,
             SendError::Other(c) => *c,
         }
     }

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::routing::Routes;
-use ulnic_device::fabric::topology::{End, Link, LinkParams, Topology};
+use ulnic_device::fabric::topology::{End, Faults, Link, LinkParams, Topology};
+use ulnic_device::fabric::transport::TransportConfig;
 
 /// A topology file as written (TOML).
 #[derive(Debug, Deserialize)]
@@ -21,6 +23,19 @@ struct File {
     links: Vec<LinkEntry>,
     #[serde(default, rename = "attach")]
     attach: Vec<AttachEntry>,
+    /// Seeds the faults; the same seed and traffic give the same faults.
+    seed: Option<u64>,
+    transport: Option<TransportEntry>,
+}
+
+/// `[transport]`: the reliable transport's settings (spec §10.4).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransportEntry {
+    window: Option<u32>,
+    retries: Option<u32>,
+    nack_retries: Option<u32>,
+    timeout_us: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -36,6 +51,13 @@ struct Params {
     bandwidth_gbps: Option<f64>,
     mtu: Option<u32>,
     queue: Option<u32>,
+    drop: Option<f64>,
+    corrupt: Option<f64>,
+    duplicate: Option<f64>,
+    reorder: Option<f64>,
+    delay: Option<f64>,
+    delay_us: Option<f64>,
+    down: Option<bool>,
 }
 
 /// A link between two switches. (The link parameters are spelled out in
@@ -48,6 +70,13 @@ struct LinkEntry {
     bandwidth_gbps: Option<f64>,
     mtu: Option<u32>,
     queue: Option<u32>,
+    drop: Option<f64>,
+    corrupt: Option<f64>,
+    duplicate: Option<f64>,
+    reorder: Option<f64>,
+    delay: Option<f64>,
+    delay_us: Option<f64>,
+    down: Option<bool>,
 }
 
 /// Nodes hanging on a switch, each on a link of its own.
@@ -60,6 +89,32 @@ struct AttachEntry {
     bandwidth_gbps: Option<f64>,
     mtu: Option<u32>,
     queue: Option<u32>,
+    drop: Option<f64>,
+    corrupt: Option<f64>,
+    duplicate: Option<f64>,
+    reorder: Option<f64>,
+    delay: Option<f64>,
+    delay_us: Option<f64>,
+    down: Option<bool>,
+}
+
+/// The `Params` of a link or attach entry (both spell out every key).
+macro_rules! params_of {
+    ($e:expr) => {
+        Params {
+            latency_us: $e.latency_us,
+            bandwidth_gbps: $e.bandwidth_gbps,
+            mtu: $e.mtu,
+            queue: $e.queue,
+            drop: $e.drop,
+            corrupt: $e.corrupt,
+            duplicate: $e.duplicate,
+            reorder: $e.reorder,
+            delay: $e.delay,
+            delay_us: $e.delay_us,
+            down: $e.down,
+        }
+    };
 }
 
 impl Params {
@@ -75,24 +130,38 @@ impl Params {
             Some(g) => anyhow::bail!("{what}: bandwidth_gbps {g} is not a rate"),
             None => d.bandwidth_bps,
         };
+        let delay_by = match self.delay_us {
+            Some(us) if us.is_finite() && us >= 0.0 => Duration::from_secs_f64(us / 1e6),
+            Some(us) => anyhow::bail!("{what}: delay_us {us} is not a duration"),
+            None => Duration::from_micros(100),
+        };
         Ok(LinkParams {
             latency,
             bandwidth_bps,
             mtu: self.mtu.unwrap_or(d.mtu),
             queue_packets: self.queue.unwrap_or(d.queue_packets),
+            faults: Faults {
+                drop: self.drop.unwrap_or(0.0),
+                corrupt: self.corrupt.unwrap_or(0.0),
+                duplicate: self.duplicate.unwrap_or(0.0),
+                reorder: self.reorder.unwrap_or(0.0),
+                delay: self.delay.unwrap_or(0.0),
+                delay_by,
+                down: self.down.unwrap_or(false),
+            },
         })
     }
 }
 
 /// Reads and checks a topology file.
-pub fn load(path: &Path) -> anyhow::Result<Topology> {
+pub fn load(path: &Path) -> anyhow::Result<FabricConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     parse(&text).with_context(|| format!("topology file {}", path.display()))
 }
 
-/// Parses and checks a topology file's text.
-pub fn parse(text: &str) -> anyhow::Result<Topology> {
+/// Parses and checks a topology file's text: the fabric it describes.
+pub fn parse(text: &str) -> anyhow::Result<FabricConfig> {
     let f: File = toml::from_str(text)?;
     let names: Vec<String> = f.switches.iter().map(|s| s.name.clone()).collect();
     let switch = |name: &str| -> anyhow::Result<usize> {
@@ -106,31 +175,36 @@ pub fn parse(text: &str) -> anyhow::Result<Topology> {
         links.push(Link {
             a: End::Switch(switch(&l.between[0])?),
             b: End::Switch(switch(&l.between[1])?),
-            params: Params {
-                latency_us: l.latency_us,
-                bandwidth_gbps: l.bandwidth_gbps,
-                mtu: l.mtu,
-                queue: l.queue,
-            }
-            .resolve(&format!("link {i}"))?,
+            params: params_of!(l).resolve(&format!("link {i}"))?,
         });
     }
     for a in &f.attach {
         let s = switch(&a.switch)?;
-        let params = Params {
-            latency_us: a.latency_us,
-            bandwidth_gbps: a.bandwidth_gbps,
-            mtu: a.mtu,
-            queue: a.queue,
-        }
-        .resolve(&format!("attach to {}", a.switch))?;
+        let params = params_of!(a).resolve(&format!("attach to {}", a.switch))?;
         links.extend(a.nodes.iter().map(|&n| Link {
             a: End::Node(n),
             b: End::Switch(s),
             params,
         }));
     }
-    Ok(Topology::new(f.nodes, names, links)?)
+    let d = TransportConfig::default();
+    let transport = match f.transport {
+        None => d,
+        Some(t) => TransportConfig {
+            window: t.window.unwrap_or(d.window),
+            retries: t.retries.unwrap_or(d.retries),
+            nack_retries: t.nack_retries.unwrap_or(d.nack_retries),
+            min_timeout: t
+                .timeout_us
+                .map_or(d.min_timeout, |us| us.saturating_mul(1000)),
+            max_timeout: d.max_timeout,
+        },
+    };
+    Ok(FabricConfig {
+        topology: Topology::new(f.nodes, names, links)?,
+        seed: f.seed.unwrap_or(0),
+        transport,
+    })
 }
 
 /// One route, for printing.
@@ -191,7 +265,7 @@ mod tests {
 
     #[test]
     fn a_two_switch_file_reads_and_routes() {
-        let t = parse(TWO).unwrap();
+        let t = parse(TWO).unwrap().topology;
         assert_eq!(t.switches(), ["left", "right"]);
         let trunk = &t.links()[0].params;
         assert_eq!(trunk.latency, Duration::from_micros(5));

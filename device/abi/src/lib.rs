@@ -16,7 +16,7 @@ use zerocopy::{Immutable, IntoBytes};
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 7;
+pub const SPEC_VERSION_MINOR: u16 = 8;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -42,8 +42,14 @@ pub const F_TRIPWIRE: u64 = 1 << 3;
 pub const F_CLOSE_MESSAGE: u64 = 1 << 4;
 /// Device feature bit: out-of-band messages (not implemented yet).
 pub const F_OOB: u64 = 1 << 5;
+/// Device feature bit: return to sender (spec §10.4): a message the
+/// fabric's transport gives up on comes back into the sender's receive
+/// queue, payload and all, flagged `recv_flags::RETURNED`. Without it the
+/// sender sees only the `TX_ERROR` event.
+pub const F_RETURN_TO_SENDER: u64 = 1 << 6;
 /// Feature bits this version of the device implements.
-pub const F_IMPLEMENTED: u64 = F_MESSAGING | F_UTLB | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE;
+pub const F_IMPLEMENTED: u64 =
+    F_MESSAGING | F_UTLB | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE | F_RETURN_TO_SENDER;
 
 /// Apertures one endpoint may export at once.
 pub const MAX_APERTURES: u32 = 64;
@@ -398,6 +404,26 @@ pub mod recv_flags {
     pub const INLINE: u16 = 1 << 0;
     /// A close message: the sender's endpoint no longer exists (spec §5.11).
     pub const CLOSE: u16 = 1 << 1;
+    /// A message of this endpoint's own that the fabric gave up on (spec
+    /// §10.4): `src_node`/`src_port` name where it was going, the tag and
+    /// payload are the original's.
+    pub const RETURNED: u16 = 1 << 2;
+}
+
+/// Fabric packets (spec §10.3; the header is `wire::PacketHeader`).
+pub mod packet {
+    /// `magic`: "UL" in little endian.
+    pub const MAGIC: u16 = 0x4c55;
+    /// `version`.
+    pub const VERSION: u16 = 1;
+    /// A fragment of a message.
+    pub const DATA: u16 = 1;
+    /// Every message of the channel's epoch up to `seq` was delivered.
+    pub const ACK: u16 = 2;
+    /// Message `seq` was not delivered; `code` says why.
+    pub const NACK: u16 = 3;
+    /// Size of the header.
+    pub const HEADER_SIZE: usize = core::mem::size_of::<super::wire::PacketHeader>();
 }
 
 /// Event kinds.
@@ -444,6 +470,9 @@ pub mod tx_error {
     pub const NO_TRANSLATION: u16 = 11;
     /// Redirection: `MAX_REDIRECTS` are active on the endpoint already.
     pub const TOO_MANY_REDIRECTS: u16 = 12;
+    /// Fabric: no acknowledgement after the configured retries (the
+    /// destination is partitioned away or its device is gone).
+    pub const UNREACHABLE: u16 = 13;
 
     /// A short name for a TX error code.
     pub fn name(code: u16) -> &'static str {
@@ -460,6 +489,7 @@ pub mod tx_error {
             OUT_OF_RANGE => "range outside the aperture",
             NO_TRANSLATION => "UTLB entries missing or too few",
             TOO_MANY_REDIRECTS => "too many redirections active",
+            UNREACHABLE => "destination unreachable (retries exhausted)",
             _ => "unknown error",
         }
     }
@@ -1315,6 +1345,10 @@ pub fn c_header() -> String {
         (
             "ULNIC_F_CLOSE_MESSAGE_BIT",
             F_CLOSE_MESSAGE.trailing_zeros().into(),
+        ),
+        (
+            "ULNIC_F_RETURN_TO_SENDER_BIT",
+            F_RETURN_TO_SENDER.trailing_zeros().into(),
         ),
         ("ULNIC_CONTROL_QUEUE", CONTROL_QUEUE.into()),
         ("ULNIC_NOTIFY_QUEUE", NOTIFY_QUEUE.into()),

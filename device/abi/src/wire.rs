@@ -514,6 +514,56 @@ wire! {
         pub reason: U32,
     }
 
+    /// A fabric packet's header (spec §10.3), 64 bytes, followed by
+    /// `len` payload bytes. Used between switches inside a device, between
+    /// devices over UDP and in captures.
+    pub struct PacketHeader = "ulnic_packet_header" {
+        /// `packet::MAGIC`.
+        pub magic: U16,
+        /// `packet::VERSION`.
+        pub version: U16,
+        /// `packet::DATA`, `ACK` or `NACK`.
+        pub kind: U16,
+        /// Hops taken so far along the route; not covered by the CRC.
+        pub hop: U16,
+        /// Source node.
+        pub src_node: U32,
+        /// Destination node.
+        pub dst_node: U32,
+        /// The sending endpoint's index on the source node: with the four
+        /// addresses it names the transport channel.
+        pub src_endpoint: U32,
+        /// The sending endpoint's port (stamped by the source NIC).
+        pub src_port: U32,
+        /// Destination port.
+        pub dst_port: U32,
+        /// The channel's epoch: a new one starts after a message is
+        /// returned or refused, and sequence numbers restart at 0.
+        pub epoch: U32,
+        /// DATA: the message's sequence number; ACK: the last one
+        /// delivered; NACK: the one refused.
+        pub seq: U32,
+        /// DATA: this fragment's index.
+        pub frag: U16,
+        /// DATA: fragments in the message.
+        pub frags: U16,
+        /// DATA: the whole message's length.
+        pub msg_len: U32,
+        /// DATA: this fragment's offset in the message.
+        pub offset: U32,
+        /// Payload bytes after the header.
+        pub len: U32,
+        /// DATA: the sender's tag.
+        pub tag: U32,
+        /// NACK: why (a `tx_error` code).
+        pub code: U16,
+        /// Reserved, 0.
+        pub reserved: U16,
+        /// CRC-32 (IEEE) of the header, with `hop` and `crc` zero, and
+        /// the payload.
+        pub crc: U32,
+    }
+
     /// `IOC_CREATE_EP` argument (spec §9).
     pub struct IocCreateEp = "ulnic_ioc_create_ep" {
         /// In: send ring entries.
@@ -604,6 +654,7 @@ pub fn all() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         one::<FreeDesc>(),
         one::<Event>(),
         one::<NotifyRecord>(),
+        one::<PacketHeader>(),
         one::<IocCreateEp>(),
         one::<IocCommand>(),
         one::<IocWait>(),
@@ -638,6 +689,7 @@ mod tests {
             ("ulnic_free_desc", 32),
             ("ulnic_event", 32),
             ("ulnic_notify_record", 8),
+            ("ulnic_packet_header", 64),
             ("ulnic_ioc_create_ep", 64),
             ("ulnic_ioc_command", 528),
         ];

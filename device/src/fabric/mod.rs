@@ -1,7 +1,11 @@
-//! The fabric between ports (spec §10): its shape (`topology`) and the
-//! routes through it (`routing`). Links, packets and the transport that
-//! will carry messages along these routes come next (issue 11); today the
-//! switch still copies between ports directly.
+//! The fabric between ports (spec §10): its shape (`topology`), the routes
+//! through it (`routing`), packets (`packet`), the links that carry them
+//! (`link`), VN's reliable transport (`transport`) and the network of
+//! switches and links that moves packets along the routes (`network`).
 
+pub mod link;
+pub mod network;
+pub mod packet;
 pub mod routing;
 pub mod topology;
+pub mod transport;

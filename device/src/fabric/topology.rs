@@ -18,6 +18,60 @@ pub struct LinkParams {
     pub mtu: u32,
     /// Packets a link's queue holds before it pushes back.
     pub queue_packets: u32,
+    /// Faults injected on the link (both directions).
+    pub faults: Faults,
+}
+
+/// Faults a link injects (spec §10.5), each a probability per packet in
+/// 0..=1, drawn from the link's own seeded generator, so the same seed and
+/// the same traffic give the same faults.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Faults {
+    /// The packet is lost.
+    pub drop: f64,
+    /// One bit of the packet flips (its CRC no longer matches; the far
+    /// end discards it).
+    pub corrupt: f64,
+    /// The packet arrives twice.
+    pub duplicate: f64,
+    /// The packet is held back so later packets overtake it.
+    pub reorder: f64,
+    /// The packet arrives `delay_by` late.
+    pub delay: f64,
+    /// How late a delayed packet arrives.
+    pub delay_by: Duration,
+    /// The link is cut: every packet is lost (a partition).
+    pub down: bool,
+}
+
+impl Faults {
+    /// Whether the link injects nothing.
+    pub fn none(&self) -> bool {
+        *self
+            == Faults {
+                delay_by: self.delay_by,
+                ..Faults::default()
+            }
+    }
+
+    /// Refuses probabilities outside 0..=1 and delays past 10 s.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, p) in [
+            ("drop", self.drop),
+            ("corrupt", self.corrupt),
+            ("duplicate", self.duplicate),
+            ("reorder", self.reorder),
+            ("delay", self.delay),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(format!("{name} probability {p} is not in 0..=1"));
+            }
+        }
+        if self.delay_by > Duration::from_secs(10) {
+            return Err(format!("a delay of {:?} is past 10 s", self.delay_by));
+        }
+        Ok(())
+    }
 }
 
 /// Largest MTU a link may have (a message is at most 1 MiB anyway).
@@ -32,6 +86,7 @@ impl Default for LinkParams {
             bandwidth_bps: None,
             mtu: MAX_MTU,
             queue_packets: 64,
+            faults: Faults::default(),
         }
     }
 }
@@ -219,6 +274,34 @@ impl Topology {
         (l, s)
     }
 
+    /// Replaces link `link`'s faults (`ulnic fabric set`); the shape and
+    /// the other parameters stay.
+    pub fn set_faults(&mut self, link: usize, faults: Faults) -> Result<(), TopologyError> {
+        faults
+            .check()
+            .map_err(|why| TopologyError::BadParams { link, why })?;
+        let l = self.links.get_mut(link).ok_or(TopologyError::BadParams {
+            link,
+            why: "no such link".into(),
+        })?;
+        l.params.faults = faults;
+        Ok(())
+    }
+
+    /// The link's name for people: "node N" for a host link, else
+    /// "A-B" by switch names.
+    pub fn link_name(&self, link: usize) -> String {
+        let name = |e: End| match e {
+            End::Switch(s) => self.switches[s].clone(),
+            End::Node(n) => format!("node {n}"),
+        };
+        let l = &self.links[link];
+        match (l.a, l.b) {
+            (End::Node(n), _) | (_, End::Node(n)) => format!("node {n}"),
+            (a, b) => format!("{}-{}", name(a), name(b)),
+        }
+    }
+
     /// Links between switches: (link, from, to) both ways.
     pub fn switch_hops(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
         self.links
@@ -261,7 +344,7 @@ fn check_params(link: usize, p: &LinkParams) -> Result<(), TopologyError> {
     if p.latency > Duration::from_secs(10) {
         return bad(format!("a latency of {:?} is past 10 s", p.latency));
     }
-    Ok(())
+    p.faults.check().or_else(bad)
 }
 
 #[cfg(test)]

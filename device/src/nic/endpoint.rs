@@ -46,6 +46,9 @@ pub struct Endpoint {
     pub tripwires: Vec<Option<Tripwire>>,
     /// Active transfer redirections (at most `MAX_REDIRECTS`).
     pub redirects: Vec<Redirect>,
+    /// Sends handed to the fabric's transport and not yet settled: each
+    /// may still post an event, so its slot stays reserved.
+    pub events_owed: u32,
 }
 
 impl Endpoint {
@@ -67,6 +70,7 @@ impl Endpoint {
             stats: Stats::default(),
             tripwires: Vec::new(),
             redirects: Vec::new(),
+            events_owed: 0,
         }
     }
 
@@ -163,11 +167,13 @@ impl Endpoint {
         self.room(mem, ctrl::RECV_CONSUMER, p, n)
     }
 
-    /// Free event slots beyond the condition reserve: a send descriptor is
-    /// consumed only when its possible event has a slot.
+    /// Free event slots beyond the condition reserve and the slots owed to
+    /// sends still in the fabric: a send descriptor is consumed only when
+    /// its possible event has a slot.
     pub fn event_room_for_send(&mut self, mem: &GuestMemoryMmap<()>) -> bool {
         let (p, n) = (self.event_producer, self.layout.event_entries);
-        matches!(self.room(mem, ctrl::EVENT_CONSUMER, p, n), Some(r) if r > CONDITION_RESERVE)
+        let reserved = CONDITION_RESERVE + self.events_owed;
+        matches!(self.room(mem, ctrl::EVENT_CONSUMER, p, n), Some(r) if r > reserved)
     }
 
     /// Address of the receive slot the next message goes to.

@@ -56,7 +56,8 @@ pub fn deliver_and_arm(
 /// descriptor when small, otherwise into the next free buffer. Every check
 /// happens before the first byte is written.
 pub fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) -> Result<(), u16> {
-    if !rx.accepts(m.src_node, m.src_port, m.tag) {
+    // A message coming back to its own sender is not subject to the filter.
+    if m.flags & recv_flags::RETURNED == 0 && !rx.accepts(m.src_node, m.src_port, m.tag) {
         rx.stats.rx_rejected += 1;
         return Err(tx_error::REJECTED);
     }
@@ -64,7 +65,7 @@ pub fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) ->
         return Err(no_buffer(mem, rx));
     }
     let mut desc = RecvDesc {
-        flags: 0,
+        flags: m.flags,
         len: m.len,
         src_node: m.src_node,
         src_port: m.src_port,
@@ -74,7 +75,7 @@ pub fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) ->
     };
     let mut slot = [0u8; RECV_DESC_SIZE as usize];
     if m.len <= INLINE_MAX {
-        desc.flags = recv_flags::INLINE | m.flags;
+        desc.flags |= recv_flags::INLINE;
         let data = &mut slot[INLINE_OFFSET..INLINE_OFFSET + m.len as usize];
         match m.payload {
             Payload::Bytes(b) => data.copy_from_slice(b),

@@ -14,6 +14,11 @@ use crate::switch::Switch;
 /// Longest sleep without a doorbell: a safety net, not part of the protocol.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
+/// A fabric event nearer than this is waited for by polling, not sleeping
+/// (a sleep's wake-up costs tens of microseconds and rounds to
+/// milliseconds).
+const SPIN_UNDER: Duration = Duration::from_millis(2);
+
 /// Runs until the switch is stopped.
 pub fn run(switch: Arc<Switch>, poll_for: Duration) {
     let mut idle_since = Instant::now();
@@ -27,13 +32,21 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
             std::thread::yield_now();
             continue;
         }
+        // Packets in flight or a transport timer: wait for the next of
+        // them, spinning when it is near (link latencies are microseconds).
+        let due = switch.lock().fabric_due();
+        if due.is_some_and(|d| d < SPIN_UNDER) {
+            std::thread::yield_now();
+            continue;
+        }
+        let sleep = due.map_or(MAX_SLEEP, |d| d.min(MAX_SLEEP));
         // Dekker handshake with the drivers: publish "doorbell wanted", then
         // look again, so a descriptor published meanwhile is never missed.
         switch.lock().set_doorbell_wanted(true);
         full_fence();
         let late = switch.lock().poll();
         if late == 0 {
-            switch.sleep(MAX_SLEEP);
+            switch.sleep(sleep);
         }
         switch.lock().set_doorbell_wanted(false);
         idle_since = Instant::now();

@@ -17,6 +17,8 @@ use vhost_user_backend::VringT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::{Configuration, Error};
+use crate::fabric::network::{FabricCounters, Network};
+use crate::fabric::topology::Faults;
 use crate::memory::region;
 use crate::nic::utlb::TranslationCache;
 use crate::switch::ports::Ports;
@@ -43,6 +45,7 @@ impl Switch {
         let mut ports = Ports::new(nodes, config.max_endpoints());
         ports.max_tripwires = config.tripwires();
         ports.utlb.cache = TranslationCache::new(config.utlb_cache());
+        ports.network = config.fabric().cloned().map(Network::new);
         Ok(Switch {
             ports: Mutex::new(ports),
             wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
@@ -127,6 +130,25 @@ impl Switch {
             }
         }
         Ok(())
+    }
+
+    /// Replaces the faults link `link` injects, on a running device
+    /// (`ulnic fabric set`); an error when the device has no fabric or no
+    /// such link, or the faults are out of range.
+    pub fn set_link_faults(&self, link: usize, faults: Faults) -> Result<(), Error> {
+        let mut f = self.lock();
+        let net = f
+            .network
+            .as_mut()
+            .ok_or_else(|| Error::Config("this device has no emulated fabric".into()))?;
+        net.set_faults(link, faults).map_err(Error::Config)?;
+        info!("link {link}: faults now {faults:?}");
+        Ok(())
+    }
+
+    /// The fabric's counters, if the device has a fabric.
+    pub fn fabric_counters(&self) -> Option<FabricCounters> {
+        self.lock().network.as_ref().map(Network::counters)
     }
 
     /// When port `node` was last reset (its frontend left, reset the

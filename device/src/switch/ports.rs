@@ -11,11 +11,13 @@ use std::collections::VecDeque;
 use log::{debug, warn};
 use ulnic_abi::{
     ctrl, event, op, recv_flags, send_flags, tx_error, Event, SendDesc, F_CLOSE_MESSAGE,
-    F_MESSAGING, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, SEND_DESC_SIZE,
-    SEND_UTLB_REF_OFFSET,
+    F_MESSAGING, F_RDMA, F_RETURN_TO_SENDER, F_UTLB, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE,
+    SEND_DESC_SIZE, SEND_UTLB_REF_OFFSET,
 };
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
+use crate::fabric::network::Network;
+use crate::fabric::transport::{self, ChannelKey, Sink};
 use crate::memory::guest::{self, MemGuard};
 use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Node;
@@ -41,6 +43,33 @@ pub struct Counters {
     /// bound, receiver gone or its filter refused), or were discarded
     /// because too many waited.
     pub closes_undeliverable: u64,
+    /// Messages the fabric gave back and the device put in their sender's
+    /// receive queue (spec §10.4).
+    pub returned_to_sender: u64,
+    /// Messages the fabric gave back that could not be put there (the
+    /// sender's endpoint is gone, or too many waited for its buffers);
+    /// their TX_ERROR event was posted all the same.
+    pub returns_lost: u64,
+}
+
+/// What became of a send descriptor.
+enum Sent {
+    /// Delivered, or carried out (RDMA).
+    Done,
+    /// Handed to the fabric's transport; its outcome comes later.
+    InFabric,
+    /// The fabric channel is full: the descriptor stays in the ring.
+    Blocked,
+}
+
+/// Returned messages waiting for room in their sender's receive queue,
+/// device-wide; beyond this the oldest is dropped (and counted).
+const MAX_PENDING_RETURNS: usize = 4096;
+
+/// A message the fabric returned, waiting for room at its sender.
+struct PendingReturn {
+    key: ChannelKey,
+    msg: transport::Message,
 }
 
 /// Close messages waiting for room at their receiver, switch-wide; beyond
@@ -78,6 +107,10 @@ pub struct Ports {
     /// Every protection domain's UTLB table, and the device's translation
     /// cache in front of them.
     pub utlb: Utlb,
+    /// The emulated fabric, when the device has one (spec §10); without
+    /// it a message goes straight from sender to receiver.
+    pub network: Option<Network>,
+    pending_returns: VecDeque<PendingReturn>,
 }
 
 impl Ports {
@@ -90,6 +123,8 @@ impl Ports {
             pending_closes: VecDeque::new(),
             max_tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
             utlb: Utlb::default(),
+            network: None,
+            pending_returns: VecDeque::new(),
         }
     }
 
@@ -102,6 +137,11 @@ impl Ports {
         let Some(ep) = node.remove_endpoint(id) else {
             return false;
         };
+        if let Some(net) = &mut self.network {
+            net.forget_endpoint(n, id);
+        }
+        self.pending_returns
+            .retain(|r| (r.key.src, r.key.endpoint) != (n, id));
         let Some(mem) = node.mem.as_ref().map(|m| m.memory()) else {
             return true; // no memory to read a close message from
         };
@@ -259,7 +299,9 @@ impl Ports {
                         if !owned.event_room_for_send(smem) {
                             break; // back-pressure: the owner must drain its events first
                         }
-                        self.serve_send(&mems, n as u32, e as u32, &mut owned, &mut wake);
+                        if !self.serve_send(&mems, n as u32, e as u32, &mut owned, &mut wake) {
+                            break; // back-pressure from the fabric
+                        }
                         work += 1;
                     }
                     self.nodes[n].endpoints[e] = Some(owned);
@@ -275,6 +317,9 @@ impl Ports {
             if !self.nodes[n].notify_backlog.is_empty() {
                 self.flush_backlog(n, smem);
             }
+        }
+        if self.network.is_some() {
+            work += self.advance_fabric(&mems, &mut wake);
         }
         for (n, e) in wake {
             self.notify(n, e, &mems);
@@ -301,7 +346,8 @@ impl Ports {
     }
 
     /// Reads, checks and carries out one send descriptor of `ep` (node `n`,
-    /// id `e`, taken out of its slot by the caller).
+    /// id `e`, taken out of its slot by the caller). False when the fabric
+    /// pushed back and the descriptor stays in the ring.
     fn serve_send(
         &mut self,
         mems: &[Option<MemGuard>],
@@ -309,7 +355,7 @@ impl Ports {
         e: u32,
         ep: &mut Endpoint,
         wake: &mut Vec<(u32, u32)>,
-    ) {
+    ) -> bool {
         let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
         let mut raw = [0u8; SEND_DESC_SIZE as usize];
         let desc = match guest::read(smem, ep.send_slot(), &mut raw) {
@@ -324,7 +370,7 @@ impl Ports {
                 ep.post_event(smem, &ev);
             }
             ep.complete_send(smem);
-            return;
+            return true;
         }
         let result = if allowed {
             self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake)
@@ -334,13 +380,22 @@ impl Ports {
         // The event is posted before the send consumer moves past the
         // descriptor: a retired send with no event succeeded (spec §5.6).
         let ev = match result {
-            Ok(()) => {
+            Ok(Sent::Blocked) => return false,
+            Ok(Sent::InFabric) => {
+                // Its event, if any, comes when the transport settles it.
+                ep.stats.tx_messages += 1;
+                ep.stats.tx_bytes += u64::from(desc.len);
+                ep.events_owed += 1;
+                ep.complete_send(smem);
+                return true;
+            }
+            Ok(Sent::Done) => {
                 ep.stats.tx_messages += 1;
                 ep.stats.tx_bytes += u64::from(desc.len);
                 self.counters.delivered += 1;
                 if desc.flags & send_flags::COMPLETION == 0 {
                     ep.complete_send(smem);
-                    return;
+                    return true;
                 }
                 Event {
                     kind: event::TX_DONE,
@@ -381,10 +436,12 @@ impl Ports {
         };
         ep.post_event(smem, &ev);
         ep.complete_send(smem);
+        true
     }
 
-    /// Validates a send and delivers it; on any failure nothing has been
-    /// written at the receiver and the error code is returned.
+    /// Validates a send and delivers it (or hands it to the fabric); on any
+    /// failure nothing has been written at the receiver and the error code
+    /// is returned.
     #[allow(clippy::too_many_arguments)]
     fn check_and_deliver(
         &mut self,
@@ -395,12 +452,13 @@ impl Ports {
         d: &SendDesc,
         raw: &[u8; SEND_DESC_SIZE as usize],
         wake: &mut Vec<(u32, u32)>,
-    ) -> Result<(), u16> {
+    ) -> Result<Sent, u16> {
         if matches!(
             d.opcode,
             op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE
         ) {
-            return rdma::execute(&mut self.nodes, &mut self.utlb, mems, (n, e), ep, raw, wake);
+            return rdma::execute(&mut self.nodes, &mut self.utlb, mems, (n, e), ep, raw, wake)
+                .map(|()| Sent::Done);
         }
         if d.opcode != op::SEND || d.flags & !send_flags::ALL != 0 || d.len > MAX_MESSAGE {
             return Err(tx_error::BAD_DESCRIPTOR);
@@ -436,6 +494,15 @@ impl Ports {
         }
         let src_port = ep.port.ok_or(tx_error::NOT_BOUND)?;
         let dn = d.dest_node;
+        if dn != n && dn < self.nodes.len() as u32 {
+            if let Some(net) = &mut self.network {
+                let r = to_fabric(net, (n, e), d, raw, src_seg, src_port, smem);
+                if let Some(seg) = translated {
+                    self.utlb.cache.recycle(seg);
+                }
+                return r;
+            }
+        }
         let dmem = mems
             .get(dn as usize)
             .and_then(|m| m.as_deref())
@@ -494,7 +561,49 @@ impl Ports {
         if r.1 {
             wake.push((dn, de));
         }
-        r.0
+        r.0.map(|()| Sent::Done)
+    }
+
+    /// Moves the fabric on: packets cross links and switches, messages
+    /// reach their receivers, and senders learn the outcome. Returns the
+    /// packets moved.
+    fn advance_fabric(&mut self, mems: &[Option<MemGuard>], wake: &mut Vec<(u32, u32)>) -> usize {
+        let Some(net) = self.network.as_mut() else {
+            return 0;
+        };
+        let mut sink = NicSink {
+            nodes: &mut self.nodes,
+            mems,
+            wake,
+            counters: &mut self.counters,
+            pending: &mut self.pending_returns,
+        };
+        let mut moved = net.advance(&mut sink);
+        // Returned messages that waited for a receive slot.
+        for _ in 0..sink.pending.len() {
+            let Some(r) = sink.pending.pop_front() else {
+                break;
+            };
+            if sink.put_back(r.key, &r.msg) == Err(tx_error::NO_BUFFER) {
+                sink.pending.push_back(r);
+            } else {
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// How long the engine may sleep before the fabric has something due;
+    /// `None` when nothing is in flight.
+    pub fn fabric_due(&self) -> Option<std::time::Duration> {
+        let net = self.network.as_ref()?;
+        if !net.busy() && self.pending_returns.is_empty() {
+            return None;
+        }
+        Some(
+            net.next_due()
+                .unwrap_or(std::time::Duration::from_millis(1)),
+        )
     }
 
     /// Raises a notification for endpoint `e` of node `n`.
@@ -521,6 +630,203 @@ impl Ports {
                 break;
             }
             node.notify_backlog.pop_front();
+        }
+    }
+}
+
+/// Copies a checked SEND's payload and hands it to the fabric's transport
+/// on the channel (sender endpoint, destination), or reports that channel
+/// full.
+#[allow(clippy::too_many_arguments)]
+fn to_fabric(
+    net: &mut Network,
+    (n, e): (u32, u32),
+    d: &SendDesc,
+    raw: &[u8; SEND_DESC_SIZE as usize],
+    src_seg: &guest::Segment,
+    src_port: u32,
+    smem: &GuestMemoryMmap<()>,
+) -> Result<Sent, u16> {
+    let key = ChannelKey {
+        src: n,
+        endpoint: e,
+        dst: d.dest_node,
+        port: d.dest_port,
+    };
+    if !net.has_room(&key) {
+        return Ok(Sent::Blocked);
+    }
+    let bytes = if d.flags & send_flags::INLINE != 0 {
+        raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize].to_vec()
+    } else {
+        let mut b = vec![0; d.len as usize];
+        guest::read_segment(smem, src_seg, d.seg_offset, &mut b)
+            .map_err(|_| tx_error::BAD_ADDRESS)?;
+        b
+    };
+    net.submit(
+        key,
+        transport::Message {
+            src_port,
+            tag: d.tag,
+            user_id: d.user_id,
+            completion: d.flags & send_flags::COMPLETION != 0,
+            bytes,
+        },
+    );
+    Ok(Sent::InFabric)
+}
+
+/// The NIC as the fabric's transport sees it: where messages are
+/// delivered and where senders learn their outcome.
+struct NicSink<'a> {
+    nodes: &'a mut [Node],
+    mems: &'a [Option<MemGuard>],
+    wake: &'a mut Vec<(u32, u32)>,
+    counters: &'a mut Counters,
+    pending: &'a mut VecDeque<PendingReturn>,
+}
+
+impl NicSink<'_> {
+    /// Posts an event to the sending endpoint of `key`, settling one of the
+    /// event slots its send reserved, and wakes its owner if armed.
+    fn settle(&mut self, key: ChannelKey, ev: Option<Event>) -> bool {
+        let Some(mem) = self.mems.get(key.src as usize).and_then(|m| m.as_deref()) else {
+            return false;
+        };
+        let Some(ep) = self.nodes[key.src as usize].endpoint_mut(key.endpoint) else {
+            return false;
+        };
+        ep.events_owed = ep.events_owed.saturating_sub(1);
+        if let Some(ev) = ev {
+            ep.post_event(mem, &ev);
+            if ep.take_arm(mem) {
+                self.wake.push((key.src, key.endpoint));
+            }
+        }
+        true
+    }
+
+    /// Puts a returned message into its sender's receive queue.
+    fn put_back(&mut self, key: ChannelKey, msg: &transport::Message) -> Result<(), u16> {
+        let mem = self
+            .mems
+            .get(key.src as usize)
+            .and_then(|m| m.as_deref())
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let node = &mut self.nodes[key.src as usize];
+        if node.features & F_RETURN_TO_SENDER == 0 {
+            return Ok(()); // the driver did not ask for them: the event says it all
+        }
+        let ep = node
+            .endpoint_mut(key.endpoint)
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let m = Message {
+            flags: recv_flags::RETURNED,
+            src_node: key.dst,
+            src_port: key.port,
+            tag: msg.tag,
+            len: msg.bytes.len() as u32,
+            payload: Payload::Bytes(&msg.bytes),
+        };
+        let (r, w) = deliver_and_arm(mem, ep, &m);
+        if w {
+            self.wake.push((key.src, key.endpoint));
+        }
+        match r {
+            Ok(()) => self.counters.returned_to_sender += 1,
+            Err(tx_error::NO_BUFFER) => {}
+            Err(_) => self.counters.returns_lost += 1,
+        }
+        r
+    }
+}
+
+impl Sink for NicSink<'_> {
+    fn deliver(
+        &mut self,
+        dst: u32,
+        port: u32,
+        src: u32,
+        src_port: u32,
+        tag: u32,
+        bytes: &[u8],
+    ) -> Result<(), u16> {
+        let dmem = self
+            .mems
+            .get(dst as usize)
+            .and_then(|m| m.as_deref())
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let node = self
+            .nodes
+            .get_mut(dst as usize)
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
+        let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
+        let m = Message {
+            flags: 0,
+            src_node: src,
+            src_port,
+            tag,
+            len: bytes.len() as u32,
+            payload: Payload::Bytes(bytes),
+        };
+        let (r, w) = deliver_and_arm(dmem, rx, &m);
+        if w {
+            self.wake.push((dst, de));
+        }
+        if r.is_ok() {
+            self.counters.delivered += 1;
+        }
+        r
+    }
+
+    fn acked(&mut self, key: ChannelKey, msg: transport::Message) {
+        let ev = msg.completion.then_some(Event {
+            kind: event::TX_DONE,
+            code: 0,
+            user_id: msg.user_id,
+            node: key.dst,
+            port: key.port,
+            len: msg.bytes.len() as u32,
+            aux: 0,
+        });
+        self.settle(key, ev);
+    }
+
+    fn returned(&mut self, key: ChannelKey, msg: transport::Message, code: u16) {
+        self.counters.returned += 1;
+        debug!(
+            "node {} ep {}: message {} to {}:{} returned: {}",
+            key.src,
+            key.endpoint,
+            msg.user_id,
+            key.dst,
+            key.port,
+            tx_error::name(code)
+        );
+        let ev = Event {
+            kind: event::TX_ERROR,
+            code,
+            user_id: msg.user_id,
+            node: key.dst,
+            port: key.port,
+            len: msg.bytes.len() as u32,
+            aux: 0,
+        };
+        if !self.settle(key, Some(ev)) {
+            self.counters.returns_lost += 1;
+            return;
+        }
+        if let Some(ep) = self.nodes[key.src as usize].endpoint_mut(key.endpoint) {
+            ep.stats.tx_errors += 1;
+        }
+        if self.put_back(key, &msg) == Err(tx_error::NO_BUFFER) {
+            if self.pending.len() >= MAX_PENDING_RETURNS {
+                self.pending.pop_front();
+                self.counters.returns_lost += 1;
+            }
+            self.pending.push_back(PendingReturn { key, msg });
         }
     }
 }

@@ -550,6 +550,7 @@ impl Endpoint {
             len: d.len,
             payload,
             close: d.flags & recv_flags::CLOSE != 0,
+            returned: d.flags & recv_flags::RETURNED != 0,
         })
     }
 

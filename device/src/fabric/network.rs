@@ -1,0 +1,492 @@
+//! The network (spec §10.3): every link's two lanes, the switches that pass
+//! packets between them along the up*/down* routes, and each node's
+//! transport endpoint; `advance` moves time forward.
+//!
+//! A switch serves its inputs in turn, one packet from each per round,
+//! starting one further along each pass, so no input starves another; a
+//! packet whose output lane has no credit waits at the head of its input,
+//! and that input's lane fills and pushes back upstream.
+
+use std::time::{Duration, Instant};
+
+use crate::fabric::link::{Lane, LaneCounters, Nanos};
+use crate::fabric::packet::Packet;
+use crate::fabric::routing::{Hop, Routes};
+use crate::fabric::topology::{End, Faults, Topology};
+use crate::fabric::transport::{ChannelKey, Message, Sink, Transport, TransportConfig};
+
+/// Passes of `advance` at one instant at most: enough for a packet to
+/// cross several ideal hops and its ACK to come back.
+const MAX_ROUNDS: usize = 16;
+
+/// A fabric's settings: its shape, the seed of its faults and its
+/// transport.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FabricConfig {
+    /// Switches, links and nodes.
+    pub topology: Topology,
+    /// Seeds every lane's fault generator.
+    pub seed: u64,
+    /// The reliable transport's settings.
+    pub transport: TransportConfig,
+}
+
+/// Everything the fabric counts, at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricCounters {
+    /// Per lane, by `2 * link + direction` (0: from the link's first end).
+    pub lanes: Vec<LaneCounters>,
+    /// Per switch.
+    pub switches: Vec<SwitchCounters>,
+    /// Per node.
+    pub transport: Vec<crate::fabric::transport::TransportCounters>,
+}
+
+/// Counters of one switch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchCounters {
+    /// Packets passed from an input to an output.
+    pub forwarded: u64,
+    /// Packets whose route did not go on from here (dropped).
+    pub misrouted: u64,
+}
+
+struct SwitchState {
+    /// Lanes that end here.
+    inputs: Vec<usize>,
+    /// Where the round-robin starts next.
+    turn: usize,
+    counters: SwitchCounters,
+}
+
+/// Every lane, switch and node transport of one fabric.
+pub struct Network {
+    config: FabricConfig,
+    routes: Routes,
+    /// By `2 * link + (0 if crossed a to b, else 1)`.
+    lanes: Vec<Lane>,
+    switches: Vec<SwitchState>,
+    /// Per node: the lane from it into the fabric, and the one back.
+    host_out: Vec<usize>,
+    host_in: Vec<usize>,
+    transport: Transport,
+    start: Instant,
+}
+
+fn lane_of(h: Hop) -> usize {
+    2 * h.link + usize::from(!h.forward)
+}
+
+impl Network {
+    /// The network `config` describes, all queues empty.
+    pub fn new(config: FabricConfig) -> Network {
+        let topo = &config.topology;
+        let routes = Routes::up_down(topo);
+        let mut lanes = Vec::new();
+        let mut switches: Vec<SwitchState> = (0..topo.switches().len())
+            .map(|_| SwitchState {
+                inputs: Vec::new(),
+                turn: 0,
+                counters: SwitchCounters::default(),
+            })
+            .collect();
+        let nodes = topo.nodes() as usize;
+        let (mut host_out, mut host_in) = (vec![0; nodes], vec![0; nodes]);
+        for (i, l) in topo.links().iter().enumerate() {
+            for (dir, (from, to)) in [(l.a, l.b), (l.b, l.a)].into_iter().enumerate() {
+                let lane = 2 * i + dir;
+                // A different, reproducible stream per lane.
+                let seed = config
+                    .seed
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    .wrapping_add(lane as u64);
+                lanes.push(Lane::new(l.params, seed));
+                match (from, to) {
+                    (End::Node(n), _) => host_out[n as usize] = lane,
+                    (_, End::Node(n)) => host_in[n as usize] = lane,
+                    _ => {}
+                }
+                if let End::Switch(s) = to {
+                    switches[s].inputs.push(lane);
+                }
+            }
+        }
+        let transport = Transport::new(topo.nodes(), config.transport);
+        Network {
+            config,
+            routes,
+            lanes,
+            switches,
+            host_out,
+            host_in,
+            transport,
+            start: Instant::now(),
+        }
+    }
+
+    /// Its settings (the faults as last set).
+    pub fn config(&self) -> &FabricConfig {
+        &self.config
+    }
+
+    /// The fabric's clock now.
+    pub fn now(&self) -> Nanos {
+        self.start.elapsed().as_nanos() as Nanos
+    }
+
+    /// Whether channel `key` takes another message now.
+    pub fn has_room(&self, key: &ChannelKey) -> bool {
+        self.transport.has_room(key)
+    }
+
+    /// Hands a message to the transport. The caller checked `has_room`,
+    /// and that the destination is another node.
+    pub fn submit(&mut self, key: ChannelKey, msg: Message) {
+        let path = self.routes.path(key.src, key.dst);
+        let mtu = path
+            .iter()
+            .map(|h| self.lanes[lane_of(*h)].params().mtu)
+            .min()
+            .unwrap_or(u32::MAX);
+        // The idle round trip of a full-size packet there and back.
+        let rtt: Nanos = path
+            .iter()
+            .map(|h| {
+                let p = self.lanes[lane_of(*h)].params();
+                let ser = p.bandwidth_bps.map_or(0, |b| {
+                    (u64::from(mtu.min(65536)) * 8 * 1_000_000_000) / b.max(1)
+                });
+                p.latency.as_nanos() as Nanos + ser
+            })
+            .sum::<Nanos>()
+            * 2;
+        self.transport.submit(key, msg, mtu, rtt);
+    }
+
+    /// Drops every channel of endpoint `endpoint` of node `node`.
+    pub fn forget_endpoint(&mut self, node: u32, endpoint: u32) {
+        self.transport.forget_endpoint(node, endpoint);
+    }
+
+    /// Replaces the faults of link `link` (both lanes).
+    pub fn set_faults(&mut self, link: usize, faults: Faults) -> Result<(), String> {
+        self.config
+            .topology
+            .set_faults(link, faults)
+            .map_err(|e| e.to_string())?;
+        for lane in [2 * link, 2 * link + 1] {
+            self.lanes[lane].set_faults(faults);
+        }
+        Ok(())
+    }
+
+    /// Whether anything is in flight: a packet on a link, a message not
+    /// yet acknowledged.
+    pub fn busy(&self) -> bool {
+        self.transport.busy() || self.lanes.iter().any(Lane::busy)
+    }
+
+    /// How long until something is due (a packet arrives, a timer fires),
+    /// if anything is.
+    pub fn next_due(&self) -> Option<Duration> {
+        let lanes = self.lanes.iter().filter_map(Lane::next_arrival);
+        let t = lanes.chain(self.transport.next_timer()).min()?;
+        Some(Duration::from_nanos(t.saturating_sub(self.now())))
+    }
+
+    /// Moves everything due by now: arrivals, switching, timers, and
+    /// every node's next packets while its link takes them. Returns the
+    /// packets moved (0 when nothing happened).
+    pub fn advance(&mut self, sink: &mut dyn Sink) -> usize {
+        let now = self.now();
+        let mut moved = 0;
+        for _ in 0..MAX_ROUNDS {
+            let before = moved;
+            for lane in &mut self.lanes {
+                lane.arrive(now);
+            }
+            // Into the nodes: the transport always takes what arrives.
+            for n in 0..self.host_in.len() {
+                let lane = self.host_in[n];
+                while let Some(p) = self.lanes[lane].pop() {
+                    moved += 1;
+                    self.transport.receive(n as u32, p, now, sink);
+                }
+            }
+            moved += self.switch_all(now);
+            self.transport.tick(now, sink);
+            // Out of the nodes, while their links have credit.
+            for n in 0..self.host_out.len() {
+                let lane = self.host_out[n];
+                while self.transport.wants_to_send(n as u32) {
+                    if !self.lanes[lane].has_credit() {
+                        self.lanes[lane].stalled();
+                        break;
+                    }
+                    let Some(p) = self.transport.next_packet(n as u32, now) else {
+                        break;
+                    };
+                    self.lanes[lane].send(now, p);
+                    moved += 1;
+                }
+            }
+            if moved == before {
+                break;
+            }
+        }
+        moved
+    }
+
+    /// One pass of every switch; returns the packets passed on.
+    fn switch_all(&mut self, now: Nanos) -> usize {
+        let mut moved = 0;
+        for s in 0..self.switches.len() {
+            let inputs = self.switches[s].inputs.len();
+            if inputs == 0 {
+                continue;
+            }
+            let start = self.switches[s].turn;
+            self.switches[s].turn = (start + 1) % inputs;
+            // Rounds of one packet per input until none can move.
+            loop {
+                let mut progress = false;
+                for k in 0..inputs {
+                    let input = self.switches[s].inputs[(start + k) % inputs];
+                    match self.forward(s, input, now) {
+                        Forward::Moved => {
+                            progress = true;
+                            moved += 1;
+                        }
+                        Forward::Dropped => progress = true,
+                        Forward::Blocked | Forward::Empty => {}
+                    }
+                }
+                if !progress {
+                    break;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Passes the packet at the head of lane `input` (ending at switch
+    /// `s`) on to its next lane, if that lane has credit.
+    fn forward(&mut self, s: usize, input: usize, now: Nanos) -> Forward {
+        let Some(p) = self.lanes[input].front() else {
+            return Forward::Empty;
+        };
+        let next = self.next_lane(p);
+        let Some(out) = next else {
+            self.lanes[input].pop();
+            self.switches[s].counters.misrouted += 1;
+            return Forward::Dropped;
+        };
+        if !self.lanes[out].has_credit() {
+            self.lanes[out].stalled();
+            return Forward::Blocked;
+        }
+        let Some(mut p) = self.lanes[input].pop() else {
+            return Forward::Empty;
+        };
+        p.header.hop = (p.header.hop.get() + 1).into();
+        self.lanes[out].send(now, p);
+        self.switches[s].counters.forwarded += 1;
+        Forward::Moved
+    }
+
+    /// The lane a packet takes next: hop `hop + 1` of its route.
+    fn next_lane(&self, p: &Packet) -> Option<usize> {
+        let (src, dst) = (p.header.src_node.get(), p.header.dst_node.get());
+        if src >= self.routes.nodes() || dst >= self.routes.nodes() {
+            return None;
+        }
+        let hop = usize::from(p.header.hop.get()) + 1;
+        self.routes.path(src, dst).get(hop).map(|h| lane_of(*h))
+    }
+
+    /// Every lane's counters, by `2 * link + direction`.
+    pub fn lane_counters(&self) -> Vec<LaneCounters> {
+        self.lanes.iter().map(|l| l.counters).collect()
+    }
+
+    /// Everything it counts.
+    pub fn counters(&self) -> FabricCounters {
+        FabricCounters {
+            lanes: self.lane_counters(),
+            switches: self.switches.iter().map(|s| s.counters).collect(),
+            transport: self.transport.counters.clone(),
+        }
+    }
+}
+
+enum Forward {
+    Moved,
+    Dropped,
+    Blocked,
+    Empty,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::topology::{Link, LinkParams};
+
+    #[derive(Default)]
+    struct Count {
+        delivered: Vec<(u32, u32, u32)>,
+        acked: u64,
+        returned: u64,
+    }
+
+    impl Sink for Count {
+        fn deliver(
+            &mut self,
+            dst: u32,
+            _: u32,
+            src: u32,
+            _: u32,
+            tag: u32,
+            _: &[u8],
+        ) -> Result<(), u16> {
+            self.delivered.push((src, dst, tag));
+            Ok(())
+        }
+        fn acked(&mut self, _: ChannelKey, _: Message) {
+            self.acked += 1;
+        }
+        fn returned(&mut self, _: ChannelKey, _: Message, _: u16) {
+            self.returned += 1;
+        }
+    }
+
+    /// Two switches, nodes 0-1 on the first and 2-3 on the second, every
+    /// link with `faults`.
+    fn two_switches(faults: Faults) -> Network {
+        let params = LinkParams {
+            faults,
+            mtu: 512,
+            queue_packets: 4,
+            ..LinkParams::default()
+        };
+        let link = |a, b| Link { a, b, params };
+        let mut links = vec![link(End::Switch(0), End::Switch(1))];
+        for n in 0..4 {
+            links.push(link(End::Node(n), End::Switch(n as usize / 2)));
+        }
+        let topology = Topology::new(4, vec!["a".into(), "b".into()], links).unwrap();
+        Network::new(FabricConfig {
+            topology,
+            seed: 42,
+            transport: TransportConfig {
+                min_timeout: 200_000,
+                ..TransportConfig::default()
+            },
+        })
+    }
+
+    fn message(tag: u32, len: usize) -> Message {
+        Message {
+            src_port: 1,
+            tag,
+            user_id: u64::from(tag),
+            completion: false,
+            bytes: vec![tag as u8; len],
+        }
+    }
+
+    #[test]
+    fn messages_cross_switches_in_order_through_faults_and_small_queues() {
+        let faults = Faults {
+            drop: 0.05,
+            corrupt: 0.02,
+            duplicate: 0.02,
+            reorder: 0.05,
+            ..Faults::default()
+        };
+        let mut net = two_switches(faults);
+        let mut sink = Count::default();
+        let per_pair = 200u32;
+        let pairs = [(0u32, 2u32), (1, 3), (2, 1), (3, 0)];
+        let mut next = [0u32; 4];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sink.acked < u64::from(per_pair) * 4 && Instant::now() < deadline {
+            for (i, &(src, dst)) in pairs.iter().enumerate() {
+                let key = ChannelKey {
+                    src,
+                    endpoint: 0,
+                    dst,
+                    port: 1,
+                };
+                while next[i] < per_pair && net.has_room(&key) {
+                    net.submit(key, message(next[i], 1500));
+                    next[i] += 1;
+                }
+            }
+            net.advance(&mut sink);
+        }
+        assert_eq!(sink.returned, 0);
+        assert_eq!(sink.acked, u64::from(per_pair) * 4);
+        for &(src, dst) in &pairs {
+            let tags: Vec<u32> = sink
+                .delivered
+                .iter()
+                .filter(|d| (d.0, d.1) == (src, dst))
+                .map(|d| d.2)
+                .collect();
+            assert_eq!(tags, (0..per_pair).collect::<Vec<_>>(), "{src}->{dst}");
+        }
+        let lanes = net.lane_counters();
+        assert!(lanes.iter().map(|l| l.crc_errors).sum::<u64>() > 0);
+        assert!(
+            lanes.iter().map(|l| l.stalls).sum::<u64>() > 0,
+            "queues of 4 never pushed back"
+        );
+        // Stragglers (duplicates, late ACKs) drain and nothing is left.
+        while net.busy() && Instant::now() < deadline {
+            net.advance(&mut sink);
+        }
+        assert!(!net.busy());
+        assert_eq!(sink.delivered.len(), per_pair as usize * 4);
+    }
+
+    #[test]
+    fn a_cut_link_returns_messages_and_healing_restores_traffic() {
+        let mut net = two_switches(Faults::default());
+        net.config.transport.retries = 2;
+        net.transport = Transport::new(
+            4,
+            TransportConfig {
+                retries: 2,
+                min_timeout: 100_000,
+                ..Default::default()
+            },
+        );
+        net.set_faults(
+            0,
+            Faults {
+                down: true,
+                ..Faults::default()
+            },
+        )
+        .unwrap();
+        let mut sink = Count::default();
+        let key = ChannelKey {
+            src: 0,
+            endpoint: 0,
+            dst: 2,
+            port: 1,
+        };
+        net.submit(key, message(1, 100));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sink.returned == 0 && Instant::now() < deadline {
+            net.advance(&mut sink);
+        }
+        assert_eq!((sink.returned, sink.acked), (1, 0));
+        net.set_faults(0, Faults::default()).unwrap();
+        net.submit(key, message(2, 100));
+        while sink.acked == 0 && Instant::now() < deadline {
+            net.advance(&mut sink);
+        }
+        assert_eq!(sink.delivered, [(0, 2, 2)]);
+    }
+}

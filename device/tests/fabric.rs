@@ -1,0 +1,221 @@
+//! The emulated fabric (spec §10) through the real path: host-attached
+//! ports on a device whose nodes hang on two switches with a small MTU, so
+//! messages are cut into packets, cross links and switches, and come back
+//! to their sender when they cannot be delivered.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use ulnic::{Address, EndpointConfig, Event, Nic, Payload, SendError};
+use ulnic_device::fabric::network::FabricConfig;
+use ulnic_device::fabric::topology::{End, Faults, Link, LinkParams, Topology};
+use ulnic_device::fabric::transport::TransportConfig;
+use ulnic_device::{Configuration, Device};
+
+/// Nodes 0 and 1 on switch "a", node 2 on switch "b"; 256-byte MTU, some
+/// latency, and a quick transport so the unreachable case is short.
+fn fabric() -> FabricConfig {
+    let params = LinkParams {
+        mtu: 256,
+        latency: Duration::from_micros(5),
+        bandwidth_bps: Some(10_000_000_000),
+        ..LinkParams::default()
+    };
+    let link = |a, b| Link { a, b, params };
+    let links = vec![
+        link(End::Switch(0), End::Switch(1)),
+        link(End::Node(0), End::Switch(0)),
+        link(End::Node(1), End::Switch(0)),
+        link(End::Node(2), End::Switch(1)),
+    ];
+    FabricConfig {
+        topology: Topology::new(3, vec!["a".into(), "b".into()], links).unwrap(),
+        seed: 9,
+        transport: TransportConfig {
+            retries: 3,
+            min_timeout: 200_000,
+            ..TransportConfig::default()
+        },
+    }
+}
+
+/// The device and its socket directory; bind as `let (_dir, dev)` so the
+/// device stops before its sockets' directory goes.
+fn start() -> (tempfile::TempDir, Device) {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let config = Configuration::builder(Configuration::socket_paths(dir.path(), 3))
+        .fabric(fabric())
+        .build()
+        .unwrap();
+    (dir, Device::start(config).unwrap())
+}
+
+fn endpoint(nic: &Nic, port: u32) -> ulnic::Endpoint {
+    let mut ep = nic
+        .alloc_pd()
+        .unwrap()
+        .create_endpoint(&EndpointConfig {
+            segment_bytes: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+    ep.bind(port).unwrap();
+    ep
+}
+
+fn recv(ep: &mut ulnic::Endpoint) -> ulnic::Received {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(m) = ep.poll_recv() {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "nothing received within 20 s");
+        ep.wait(Duration::from_millis(50)).unwrap();
+    }
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt)
+        .collect()
+}
+
+#[test]
+fn a_large_message_crosses_two_switches_in_packets_and_completes_on_its_ack() {
+    let (_dir, dev) = start();
+    let (a, c) = (
+        Nic::attach(&common::socket(&dev, 0)).unwrap(),
+        Nic::attach(&common::socket(&dev, 2)).unwrap(),
+    );
+    let mut tx = endpoint(&a, 1);
+    let mut rx = endpoint(&c, 2);
+    rx.post_free(0, 65536, 77).unwrap();
+    let data = pattern(50_000, 5); // 196 packets of 256 bytes
+    tx.write_segment(4096, &data);
+    tx.post_send(
+        Address { node: 2, port: 2 },
+        3,
+        4096,
+        data.len() as u32,
+        11,
+        true,
+    )
+    .unwrap();
+    let m = recv(&mut rx);
+    assert_eq!(
+        (m.src, m.tag, m.len),
+        (Address { node: 0, port: 1 }, 3, 50_000)
+    );
+    let Payload::Buffer { offset, id } = m.payload else {
+        panic!("a 50 kB message came inline");
+    };
+    assert_eq!(id, 77);
+    let mut got = vec![0; data.len()];
+    rx.read_segment(offset as usize, &mut got);
+    assert!(got == data, "payload damaged on the way");
+    assert_eq!(common::next_event(&mut tx), Event::SendDone { id: 11 });
+    let counters = dev.switch().fabric_counters().unwrap();
+    let packets: u64 = counters.transport.iter().map(|t| t.data_packets).sum();
+    assert!(
+        packets >= 196,
+        "only {packets} data packets for 50 kB at MTU 256"
+    );
+    assert!(counters.switches.iter().all(|s| s.forwarded > 0));
+}
+
+#[test]
+fn a_full_receiver_is_retried_until_it_posts_a_buffer() {
+    let (_dir, dev) = start();
+    let (a, b) = (
+        Nic::attach(&common::socket(&dev, 0)).unwrap(),
+        Nic::attach(&common::socket(&dev, 1)).unwrap(),
+    );
+    let mut tx = endpoint(&a, 1);
+    let mut rx = endpoint(&b, 2);
+    let data = pattern(1000, 9); // too big to go inline: needs a free buffer
+    tx.write_segment(0, &data);
+    tx.post_send(Address { node: 1, port: 2 }, 0, 0, 1000, 1, true)
+        .unwrap();
+    // NACKed and retried meanwhile; not failed.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(tx.poll_event(), None, "the send failed instead of waiting");
+    let nacks: u64 = dev
+        .switch()
+        .fabric_counters()
+        .unwrap()
+        .transport
+        .iter()
+        .map(|t| t.nacks_sent)
+        .sum();
+    assert!(nacks > 0, "the receiver never said it had no buffer");
+    rx.post_free(0, 4096, 5).unwrap();
+    let m = recv(&mut rx);
+    assert_eq!(m.len, 1000);
+    assert_eq!(common::next_event(&mut tx), Event::SendDone { id: 1 });
+}
+
+#[test]
+fn undeliverable_messages_come_back_to_their_sender_with_their_payload() {
+    let (_dir, dev) = start();
+    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let _c = Nic::attach(&common::socket(&dev, 2)).unwrap();
+    let mut tx = endpoint(&a, 1);
+    for i in 0..4 {
+        tx.post_free(65536 + i * 4096, 4096, 100 + i).unwrap();
+    }
+    // No endpoint at node 2 port 9: refused there, returned at once.
+    let data = pattern(700, 1);
+    tx.write_segment(0, &data);
+    tx.post_send(Address { node: 2, port: 9 }, 42, 0, 700, 1, false)
+        .unwrap();
+    let m = recv(&mut tx);
+    assert!(m.returned, "{m:?}");
+    assert_eq!(
+        (m.src, m.tag, m.len),
+        (Address { node: 2, port: 9 }, 42, 700)
+    );
+    let Payload::Buffer { offset, .. } = m.payload else {
+        panic!("700 bytes came back inline");
+    };
+    let mut got = vec![0; 700];
+    tx.read_segment(offset as usize, &mut got);
+    assert!(got == data, "the returned payload is not the original");
+    match common::next_event(&mut tx) {
+        Event::SendFailed { id: 1, reason, .. } => assert_eq!(reason, SendError::NoEndpoint),
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // Node 2's link cut: no answer at all, so back after the retries.
+    dev.switch()
+        .set_link_faults(
+            3,
+            Faults {
+                down: true,
+                ..Faults::default()
+            },
+        )
+        .unwrap();
+    tx.post_send_inline(Address { node: 2, port: 2 }, 43, b"anyone?", 2)
+        .unwrap();
+    let m = recv(&mut tx);
+    assert!(m.returned);
+    assert_eq!((m.src, m.tag), (Address { node: 2, port: 2 }, 43));
+    assert!(matches!(m.payload, Payload::Inline(d) if &d[..7] == b"anyone?"));
+    match common::next_event(&mut tx) {
+        Event::SendFailed { id: 2, reason, .. } => assert_eq!(reason, SendError::Unreachable),
+        other => panic!("unexpected {other:?}"),
+    }
+    let timeouts: u64 = dev
+        .switch()
+        .fabric_counters()
+        .unwrap()
+        .transport
+        .iter()
+        .map(|t| t.timeouts)
+        .sum();
+    assert_eq!(
+        timeouts, 4,
+        "three retries, then the fourth timeout returns it"
+    );
+}
