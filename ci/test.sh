@@ -26,6 +26,9 @@ command -v sparse >/dev/null || missing+=(sparse)
 # compat_ioctl (tools/tests/cluster_up.rs).
 echo 'int main(void) { return 0; }' | gcc -m32 -static -x c - -o /dev/null 2>/dev/null ||
   missing+=(gcc-multilib)
+# tshark reads `ulnic capture` files with the Lua dissector
+# (tools/tests/fabric.rs checks tools/wireshark/ulnic.lua).
+command -v tshark >/dev/null || missing+=(tshark)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

@@ -10,11 +10,14 @@
 //! - [`nic`]: the per-port NIC: endpoints and their rings (`endpoint`,
 //!   `receive`, `stats`), the UTLB (`utlb`), apertures and tripwires
 //!   (`aperture`), transfer redirection (`redirect`), and a port (`node`).
-//! - [`fabric`]: the fabric's topology and its deadlock-free routes.
+//! - [`fabric`]: the emulated fabric: its topology and deadlock-free
+//!   routes, packets, links with their faults, VN's reliable transport,
+//!   and the network of switches that moves packets (`network`).
 //! - [`config`]: the validated configuration and the errors.
 //! - [`switch`]: every port behind one lock, the data path between them
-//!   (`ports`), remote memory operations (`rdma`), the engine thread
-//!   (`engine`).
+//!   (`ports`, through the fabric when there is one), remote memory
+//!   operations (`rdma`), the engine thread (`engine`), and the counters
+//!   at one moment (`snapshot`).
 //! - [`vhost`]: each port's vhost-user face: the backend (`backend`), the
 //!   control commands (`control`), the socket (`port`).
 //! - [`device`]: a running device.

@@ -21,11 +21,12 @@ use crate::cluster::client;
 use crate::cluster::supervisor::state_dir;
 
 mod bench;
+mod capture;
 mod cluster;
+mod control;
 mod driver_check;
 mod driver_fuzz;
 mod fabric;
-mod fabric_selftest;
 mod raw_driver;
 mod selftest;
 mod transfer;
@@ -149,6 +150,55 @@ enum Cmd {
     /// The fabric: topology files and the routes through them.
     #[command(subcommand)]
     Fabric(FabricCmd),
+    /// Read a running device's counters (through its control socket,
+    /// DIR/control.sock): per node and endpoint, and with a fabric per
+    /// link (each direction), per switch and the transport's per node.
+    ///
+    /// Examples:
+    ///   ulnic stats --device /tmp/ulnic
+    ///   ulnic stats --device /tmp/ulnic --watch 1
+    ///   ulnic stats --device /tmp/ulnic --json
+    #[command(verbatim_doc_comment)]
+    Stats {
+        /// The device's socket directory (as given to `ulnic device --socket-dir`).
+        #[arg(long, value_name = "DIR")]
+        device: PathBuf,
+        /// Print again every SECS seconds, until interrupted.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<f64>,
+        /// One JSON object (per print).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the packets of a running device's link into a pcap file for
+    /// Wireshark (dissector: tools/wireshark/ulnic.lua). The device needs
+    /// a fabric (`ulnic device --topology`).
+    ///
+    /// Examples:
+    ///   ulnic capture --device /tmp/ulnic --node 1 -o node1.pcap --count 1000
+    ///   ulnic capture --device /tmp/ulnic --link 0 -o trunk.pcap --seconds 5
+    ///   wireshark -X lua_script:tools/wireshark/ulnic.lua node1.pcap
+    #[command(verbatim_doc_comment)]
+    Capture {
+        /// The device's socket directory.
+        #[arg(long, value_name = "DIR")]
+        device: PathBuf,
+        /// The link, by index in the topology (`ulnic stats` lists them).
+        #[arg(long, conflicts_with = "node", required_unless_present = "node")]
+        link: Option<usize>,
+        /// Or the link this node hangs on.
+        #[arg(long)]
+        node: Option<u32>,
+        /// The pcap file to write.
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
+        /// Stop after this many packets.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<f64>,
+    },
     /// One side of a benchmark (started by `ulnic bench`).
     #[command(hide = true)]
     BenchPeer(PeerArgs),
@@ -397,6 +447,103 @@ enum FabricCmd {
     ///   ulnic fabric selftest --topology docs/topologies/two-switches.toml --nodes 4 --drop 0.01
     #[command(verbatim_doc_comment)]
     Selftest(SelftestArgs),
+    /// Benchmark the emulated fabric, on a device started in this process
+    /// with host-attached ports.
+    ///
+    /// link: is a link what it was configured to be? Its one-way latency
+    /// (half the median ping-pong difference against an ideal link, in
+    /// interleaved rounds) and the rate bytes leave on it while 64 KiB
+    /// messages stream over it, against the configured values.
+    ///
+    /// hotspot (VN Figs. 7-8): N clients send to one server endpoint; the
+    /// aggregate rate and every client's share as N grows.
+    ///
+    /// Examples:
+    ///   ulnic fabric bench link --link 1:10,10:5
+    ///   ulnic fabric bench hotspot --clients 1,4,16,64 --json
+    #[command(verbatim_doc_comment)]
+    Bench(FabricBenchArgs),
+    /// Change the faults of a link of a running device (one started with
+    /// --topology). The link's faults become exactly those given: what is
+    /// not given is 0 (so `--up` alone heals a link completely).
+    ///
+    /// Examples:
+    ///   ulnic fabric set --device /tmp/ulnic --node 1 --down      # partition node 1
+    ///   ulnic fabric set --device /tmp/ulnic --node 1 --up        # and heal it
+    ///   ulnic fabric set --device /tmp/ulnic --link 0 --drop 0.01 --reorder 0.05
+    #[command(verbatim_doc_comment)]
+    Set(FabricSetArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct FabricSetArgs {
+    /// The device's socket directory.
+    #[arg(long, value_name = "DIR")]
+    device: PathBuf,
+    /// The link, by index in the topology.
+    #[arg(long, conflicts_with = "node", required_unless_present = "node")]
+    link: Option<usize>,
+    /// Or the link this node hangs on.
+    #[arg(long)]
+    node: Option<u32>,
+    /// Probability a packet is lost.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    drop: f64,
+    /// Probability a bit of a packet flips.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    corrupt: f64,
+    /// Probability a packet arrives twice.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    duplicate: f64,
+    /// Probability later packets overtake a packet.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    reorder: f64,
+    /// Probability a packet is delayed by --delay-us.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    delay: f64,
+    /// How late a delayed packet is.
+    #[arg(long, default_value_t = 100.0, value_name = "US")]
+    delay_us: f64,
+    /// Cut the link (a partition).
+    #[arg(long, conflicts_with = "up")]
+    down: bool,
+    /// The link works (the default; says so explicitly).
+    #[arg(long)]
+    up: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum FabricBenchKind {
+    /// Achieved against configured bandwidth and latency of a link.
+    Link,
+    /// N clients to one server endpoint.
+    Hotspot,
+}
+
+#[derive(clap::Args, Debug)]
+struct FabricBenchArgs {
+    /// Which benchmark.
+    #[arg(value_enum)]
+    which: FabricBenchKind,
+    /// link: the links to measure, as GBPS:LATENCY_US pairs.
+    #[arg(long, value_delimiter = ',', default_value = "1:10,10:5")]
+    link: Vec<String>,
+    /// link: interleaved rounds (ideal link, measured link, ...).
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// link: round trips per ping-pong measurement.
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// hotspot: numbers of clients to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    clients: Vec<u32>,
+    /// Seconds each stream (link) or each N (hotspot) runs, after a
+    /// warm-up of a fifth of that.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Print one JSON object per result.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -485,6 +632,11 @@ struct DeviceArgs {
     /// are one copy apart.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
+    /// The control socket `ulnic stats`, `ulnic fabric set` and `ulnic
+    /// capture` use (default: DIR/control.sock with --socket-dir; none
+    /// with --socket unless given).
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
 }
 
 /// The device's UTLB translation cache (VMMC-2's NI cache).
@@ -589,6 +741,33 @@ fn main() -> ExitCode {
         Cmd::Image(ImageCmd::Build { force, json }) => run_image_build(force, json),
         Cmd::Fabric(FabricCmd::Routes { topology, json }) => fabric_routes(&topology, json),
         Cmd::Fabric(FabricCmd::Selftest(a)) => fabric_selftest(a),
+        Cmd::Fabric(FabricCmd::Bench(a)) => fabric_bench(a),
+        Cmd::Fabric(FabricCmd::Set(a)) => fabric_set(a),
+        Cmd::Stats {
+            device,
+            watch,
+            json,
+        } => run_stats(&device, watch, json),
+        Cmd::Capture {
+            device,
+            link,
+            node,
+            output,
+            count,
+            seconds,
+        } => seconds
+            .map(|s| {
+                anyhow::ensure!(s.is_finite() && s > 0.0, "--seconds must be positive");
+                Ok(Duration::from_secs_f64(s))
+            })
+            .transpose()
+            .and_then(|span| {
+                let n = crate::capture::run(&device, link, node, &output, count, span, &mut |l| {
+                    eprintln!("{l}")
+                })?;
+                eprintln!("{n} packets written to {}", output.display());
+                Ok(())
+            }),
         Cmd::Cluster(ClusterCmd::Run { opts, command }) => {
             crate::cluster::shell_join(&command)
                 .and_then(|c| run_cluster(&opts, &c, false).map(|_| ()))
@@ -785,7 +964,7 @@ fn fabric_selftest(a: SelftestArgs) -> anyhow::Result<()> {
         }
     };
     let fabric = a.topology.as_deref().map(crate::fabric::load).transpose()?;
-    let opts = crate::fabric_selftest::Options {
+    let opts = crate::fabric::selftest::Options {
         nodes: a.nodes,
         messages: a.messages,
         faults,
@@ -795,7 +974,7 @@ fn fabric_selftest(a: SelftestArgs) -> anyhow::Result<()> {
         quiet: Duration::from_secs(30),
     };
     let json = a.json;
-    let r = crate::fabric_selftest::run(&opts, &mut |l| {
+    let r = crate::fabric::selftest::run(&opts, &mut |l| {
         if !json {
             eprintln!("{l}")
         }
@@ -834,6 +1013,261 @@ fn fabric_selftest(a: SelftestArgs) -> anyhow::Result<()> {
     let clean = r.lost == 0 && r.duplicated == 0 && r.out_of_order == 0;
     if !clean || (partition.is_none() && r.returned > 0) {
         anyhow::bail!("the fabric lost, repeated or reordered messages");
+    }
+    Ok(())
+}
+
+fn fabric_set(a: FabricSetArgs) -> anyhow::Result<()> {
+    use crate::control::{Client, FaultSpec, Request};
+    let mut c = Client::connect(&a.device)?;
+    c.send(&Request::SetFaults {
+        link: a.link,
+        node: a.node,
+        faults: FaultSpec {
+            drop: a.drop,
+            corrupt: a.corrupt,
+            duplicate: a.duplicate,
+            reorder: a.reorder,
+            delay: a.delay,
+            delay_us: a.delay_us,
+            down: a.down,
+        },
+    })?;
+    c.checked_line()?;
+    Ok(())
+}
+
+fn run_stats(dir: &std::path::Path, watch: Option<f64>, json: bool) -> anyhow::Result<()> {
+    use crate::control::{Client, Request, Stats};
+    let every = watch
+        .map(|s| {
+            anyhow::ensure!(s.is_finite() && s > 0.0, "--watch must be positive");
+            Ok(Duration::from_secs_f64(s))
+        })
+        .transpose()?;
+    let mut c = Client::connect(dir)?;
+    loop {
+        c.send(&Request::Stats)?;
+        let line = c.checked_line()?;
+        if json {
+            println!("{line}");
+        } else {
+            let s: Stats = serde_json::from_str(&line)?;
+            print_stats(&s);
+        }
+        match every {
+            Some(d) => std::thread::sleep(d),
+            None => return Ok(()),
+        }
+    }
+}
+
+fn print_stats(s: &crate::control::Stats) {
+    let get = |m: &std::collections::BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    println!("nodes:");
+    println!(
+        "  {:>4} {:>9} {:>3} {:>12} {:>12} {:>10} {:>10} {:>8} {:>8}",
+        "node",
+        "attached",
+        "eps",
+        "tx msgs",
+        "rx msgs",
+        "tx errors",
+        "retrans",
+        "timeouts",
+        "returned"
+    );
+    for n in &s.nodes {
+        let (mut tx, mut rx, mut err) = (0, 0, 0);
+        for e in &n.endpoints {
+            tx += get(&e.counters, "tx_messages");
+            rx += get(&e.counters, "rx_messages");
+            err += get(&e.counters, "tx_errors");
+        }
+        let t = n.transport.clone().unwrap_or_default();
+        println!(
+            "  {:>4} {:>9} {:>3} {:>12} {:>12} {:>10} {:>10} {:>8} {:>8}",
+            n.node,
+            if n.connected { "yes" } else { "no" },
+            n.endpoints.len(),
+            tx,
+            rx,
+            err,
+            get(&t, "retransmissions"),
+            get(&t, "timeouts"),
+            get(&t, "returned")
+        );
+    }
+    let eps: Vec<_> = s
+        .nodes
+        .iter()
+        .flat_map(|n| n.endpoints.iter().map(move |e| (n.node, e)))
+        .collect();
+    if !eps.is_empty() {
+        println!("endpoints:");
+        println!(
+            "  {:>4} {:>4} {:>6} {:>12} {:>14} {:>12} {:>14} {:>9} {:>7}",
+            "node",
+            "ep",
+            "port",
+            "tx msgs",
+            "tx bytes",
+            "rx msgs",
+            "rx bytes",
+            "no buffer",
+            "flight"
+        );
+        for (n, e) in eps {
+            println!(
+                "  {:>4} {:>4} {:>6} {:>12} {:>14} {:>12} {:>14} {:>9} {:>7}",
+                n,
+                e.id,
+                e.port.map_or("-".to_string(), |p| p.to_string()),
+                get(&e.counters, "tx_messages"),
+                get(&e.counters, "tx_bytes"),
+                get(&e.counters, "rx_messages"),
+                get(&e.counters, "rx_bytes"),
+                get(&e.counters, "rx_dropped_no_buffer"),
+                e.in_flight
+            );
+        }
+    }
+    if !s.links.is_empty() {
+        println!("links (each direction: packets, bytes, dropped, crc errors, stalls):");
+        for l in &s.links {
+            let d = |m: &std::collections::BTreeMap<String, u64>| {
+                format!(
+                    "{:>10} {:>13} {:>8} {:>6} {:>8}",
+                    get(m, "packets"),
+                    get(m, "bytes"),
+                    get(m, "dropped") + get(m, "dropped_down"),
+                    get(m, "crc_errors"),
+                    get(m, "stalls")
+                )
+            };
+            let state = if l.faults.down { " DOWN" } else { "" };
+            println!("  {:>3} {:<14}{state}", l.link, l.name);
+            println!("        -> {}", d(&l.directions[0]));
+            println!("        <- {}", d(&l.directions[1]));
+        }
+        println!("switches:");
+        for (name, fwd, mis) in &s.switches {
+            println!("  {name:<14} forwarded {fwd:>12}  misrouted {mis}");
+        }
+    }
+    println!(
+        "totals: delivered {}, returned {}, notifications {}",
+        get(&s.totals, "delivered"),
+        get(&s.totals, "returned"),
+        get(&s.totals, "notifications")
+    );
+}
+
+fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.seconds.is_finite() && a.seconds > 0.0,
+        "--seconds must be positive"
+    );
+    let span = Duration::from_secs_f64(a.seconds);
+    let json = a.json;
+    let mut say = |l: &str| {
+        if !json {
+            eprintln!("{l}")
+        }
+    };
+    match a.which {
+        FabricBenchKind::Link => {
+            let cases = a
+                .link
+                .iter()
+                .map(|c| {
+                    let (g, l) = c
+                        .split_once(':')
+                        .and_then(|(g, l)| Some((g.parse().ok()?, l.parse().ok()?)))
+                        .ok_or_else(|| {
+                            anyhow::anyhow!("--link takes GBPS:LATENCY_US, e.g. 1:10; got {c}")
+                        })?;
+                    Ok(crate::fabric::bench::LinkCase {
+                        gbps: g,
+                        latency_us: l,
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            anyhow::ensure!(
+                a.rounds >= 1 && a.iters >= 10,
+                "--rounds >= 1 and --iters >= 10"
+            );
+            let results = crate::fabric::bench::link(&cases, a.rounds, a.iters, span, &mut say)?;
+            if json {
+                for r in &results {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+                return Ok(());
+            }
+            println!(
+                "link accuracy ({} interleaved rounds, medians; payloads not touched)",
+                a.rounds
+            );
+            println!(
+                "{:>10} {:>10} {:>7} {:>10} | {:>12} {:>12} {:>7} | {:>9} {:>9}",
+                "Gb/s set",
+                "achieved",
+                "ratio",
+                "MB/s",
+                "one-way set",
+                "achieved",
+                "ratio",
+                "RTT ideal",
+                "RTT link"
+            );
+            for r in &results {
+                println!(
+                    "{:>10.3} {:>10.3} {:>7.3} {:>10.1} | {:>10.2}us {:>10.2}us {:>7.3} | {:>7.2}us {:>7.2}us",
+                    r.configured_gbps,
+                    r.achieved_gbps,
+                    r.bandwidth_ratio,
+                    r.payload_mbytes_per_s,
+                    r.configured_one_way_us,
+                    r.achieved_one_way_us,
+                    r.latency_ratio,
+                    r.ideal_rtt_us,
+                    r.link_rtt_us
+                );
+            }
+        }
+        FabricBenchKind::Hotspot => {
+            let results = crate::fabric::bench::hotspot(&a.clients, span, &mut say)?;
+            if json {
+                for r in &results {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+                return Ok(());
+            }
+            println!("hot spot: N clients to one server endpoint (VN Figs. 7-8)");
+            println!(
+                "{:>8} {:>14} {:>12} {:>12} {:>8}",
+                "clients", "aggregate/s", "min share*N", "max share*N", "Jain"
+            );
+            for r in &results {
+                println!(
+                    "{:>8} {:>14.0} {:>12.3} {:>12.3} {:>8.4}",
+                    r.clients, r.aggregate_per_s, r.min_share_x_n, r.max_share_x_n, r.jain
+                );
+            }
+            if let Some(r) = results.iter().max_by_key(|r| r.clients) {
+                println!("per-client shares with {} clients (%):", r.clients);
+                for (i, chunk) in r.shares.chunks(8).enumerate() {
+                    let cells: Vec<String> =
+                        chunk.iter().map(|s| format!("{:6.3}", s * 100.0)).collect();
+                    println!(
+                        "  clients {:>3}-{:<3} {}",
+                        i * 8 + 1,
+                        i * 8 + chunk.len(),
+                        cells.join(" ")
+                    );
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -995,6 +1429,17 @@ fn run_device(a: DeviceArgs) -> anyhow::Result<()> {
     }
     let config = builder.build()?;
     let dev = Device::start(config)?;
+    let control = a
+        .control
+        .clone()
+        .or_else(|| a.socket_dir.as_deref().map(crate::control::socket_path));
+    if let Some(path) = &control {
+        crate::control::serve(dev.switch().clone(), path)?;
+        eprintln!(
+            "ulnic: control socket {} (ulnic stats / fabric set / capture)",
+            path.display()
+        );
+    }
     eprintln!(
         "ulnic: serving {} nodes, {} endpoints each (QEMU: num_vqs={}, config_size={}, virtio-id={}); Ctrl-C stops",
         dev.sockets().len(),

@@ -137,3 +137,187 @@ fn a_permanent_partition_gives_senders_their_messages_back() {
     assert_eq!(sent, delivered + returned, "{r}");
     assert!(returned >= 2000, "{r}");
 }
+
+/// A `ulnic device` child process, killed when dropped.
+struct DeviceProcess(std::process::Child);
+
+impl Drop for DeviceProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn ulnic() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ulnic"))
+}
+
+fn wait_for(path: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let topo = format!(
+        "{}/../docs/topologies/two-switches.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let _dev = DeviceProcess(
+        ulnic()
+            .args([
+                "device",
+                "--nodes",
+                "4",
+                "--topology",
+                &topo,
+                "--socket-dir",
+            ])
+            .arg(d)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&d.join("control.sock"));
+    let dev_arg = d.to_str().unwrap();
+
+    // A capture of node 0's link, ready before traffic starts.
+    let pcap = d.join("node0.pcap");
+    let mut capture = ulnic()
+        .args([
+            "capture", "--device", dev_arg, "--node", "0", "--count", "40", "-o",
+        ])
+        .arg(&pcap)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut cap_err = std::io::BufReader::new(capture.stderr.take().unwrap());
+    let mut first = String::new();
+    cap_err.read_line(&mut first).unwrap();
+    assert!(first.contains("capturing to"), "{first}");
+
+    let recv = ulnic()
+        .args(["recv", "--port", "5"])
+        .env("ULNIC_SOCKET", d.join("node2.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = ulnic()
+        .args(["send", "--to", "2:5", "--count", "2000", "--size", "5000"])
+        .env("ULNIC_SOCKET", d.join("node0.sock"))
+        .output()
+        .unwrap();
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let got = recv.wait_with_output().unwrap();
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert!(capture.wait().unwrap().success());
+
+    // The counters: 5000-byte messages at a 4096-byte MTU are two packets.
+    let stats = &cli::json_lines(&["stats", "--device", dev_arg, "--json"])[0];
+    let node0_link = &stats["links"][1];
+    assert_eq!(node0_link["name"], "node 0");
+    assert!(
+        node0_link["directions"][0]["packets"].as_u64().unwrap() >= 4000,
+        "{node0_link}"
+    );
+    assert!(
+        stats["nodes"][0]["transport"]["messages_sent"]
+            .as_u64()
+            .unwrap()
+            >= 2000
+    );
+    assert!(
+        stats["switches"][0][1].as_u64().unwrap() > 0,
+        "left forwarded nothing"
+    );
+
+    // The capture reads back through the Wireshark dissector.
+    let lua = format!(
+        "lua_script:{}/wireshark/ulnic.lua",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let fields = Command::new("tshark")
+        .args([
+            "-X",
+            &lua,
+            "-T",
+            "fields",
+            "-e",
+            "ulnic.kind",
+            "-e",
+            "ulnic.src_node",
+        ])
+        .args([
+            "-e",
+            "ulnic.dst_node",
+            "-e",
+            "ulnic.dst_port",
+            "-e",
+            "ulnic.msg_len",
+            "-r",
+        ])
+        .arg(&pcap)
+        .output()
+        .expect("tshark (ci/test.sh installs it)");
+    let text = String::from_utf8_lossy(&fields.stdout);
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), 40, "{text}");
+    assert!(
+        rows.contains(&"1\t0\t2\t5\t5000"),
+        "no DATA 0 -> 2:5 of 5000 bytes: {text}"
+    );
+
+    // A partition: node 2 cut off, a sender gets its messages back.
+    let set = |args: &[&str]| {
+        let mut c = ulnic();
+        c.args(["fabric", "set", "--device", dev_arg]).args(args);
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    set(&["--node", "2", "--down"]);
+    let stats = &cli::json_lines(&["stats", "--device", dev_arg, "--json"])[0];
+    assert_eq!(stats["links"][3]["faults"]["down"], true);
+    let cut = ulnic()
+        .args(["send", "--to", "2:5", "--count", "10"])
+        .env("ULNIC_SOCKET", d.join("node0.sock"))
+        .output()
+        .unwrap();
+    assert!(!cut.status.success());
+    let err = String::from_utf8_lossy(&cut.stderr);
+    assert!(err.contains("unreachable"), "{err}");
+    set(&["--node", "2", "--up"]);
+    let stats = &cli::json_lines(&["stats", "--device", dev_arg, "--json"])[0];
+    assert_eq!(stats["links"][3]["faults"]["down"], false);
+    assert!(stats["nodes"][0]["transport"]["returned"].as_u64().unwrap() >= 1);
+
+    // Mistakes are explained.
+    let o = ulnic()
+        .args([
+            "fabric", "set", "--device", dev_arg, "--link", "99", "--drop", "0.1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no link 99"));
+}

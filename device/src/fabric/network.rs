@@ -7,6 +7,7 @@
 //! packet whose output lane has no credit waits at the head of its input,
 //! and that input's lane fills and pushes back upstream.
 
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use crate::fabric::link::{Lane, LaneCounters, Nanos};
@@ -42,6 +43,25 @@ pub struct FabricCounters {
     pub transport: Vec<crate::fabric::transport::TransportCounters>,
 }
 
+/// A packet seen by a capture tap: what was handed to a lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    /// The lane, `2 * link + direction`.
+    pub lane: usize,
+    /// The fabric's clock when it was handed over.
+    pub at: Nanos,
+    /// The packet, header and payload, as it went onto the link (before
+    /// any fault the link injects).
+    pub bytes: Vec<u8>,
+}
+
+/// A capture of some lanes' packets, delivered to a bounded channel; a
+/// packet that finds the channel full is counted, not waited for.
+struct Tap {
+    lanes: Vec<usize>,
+    to: SyncSender<Captured>,
+}
+
 /// Counters of one switch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SwitchCounters {
@@ -71,6 +91,9 @@ pub struct Network {
     host_in: Vec<usize>,
     transport: Transport,
     start: Instant,
+    taps: Vec<Tap>,
+    /// Packets a full capture channel could not take.
+    pub capture_dropped: u64,
 }
 
 fn lane_of(h: Hop) -> usize {
@@ -121,6 +144,8 @@ impl Network {
             host_in,
             transport,
             start: Instant::now(),
+            taps: Vec::new(),
+            capture_dropped: 0,
         }
     }
 
@@ -226,7 +251,7 @@ impl Network {
                     let Some(p) = self.transport.next_packet(n as u32, now) else {
                         break;
                     };
-                    self.lanes[lane].send(now, p);
+                    self.hand(lane, now, p);
                     moved += 1;
                 }
             }
@@ -289,9 +314,43 @@ impl Network {
             return Forward::Empty;
         };
         p.header.hop = (p.header.hop.get() + 1).into();
-        self.lanes[out].send(now, p);
+        self.hand(out, now, p);
         self.switches[s].counters.forwarded += 1;
         Forward::Moved
+    }
+
+    /// Hands `p` to lane `lane`, showing it to the taps on that lane.
+    fn hand(&mut self, lane: usize, now: Nanos, p: Packet) {
+        if !self.taps.is_empty() {
+            let dropped = &mut self.capture_dropped;
+            // A tap whose reader went away is forgotten.
+            self.taps.retain(|t| {
+                if !t.lanes.contains(&lane) {
+                    return true;
+                }
+                let c = Captured {
+                    lane,
+                    at: now,
+                    bytes: p.to_bytes(),
+                };
+                match t.to.try_send(c) {
+                    Ok(()) => true,
+                    Err(TrySendError::Full(_)) => {
+                        *dropped += 1;
+                        true
+                    }
+                    Err(TrySendError::Disconnected(_)) => false,
+                }
+            });
+        }
+        self.lanes[lane].send(now, p);
+    }
+
+    /// Starts a capture of the packets handed to `lanes` (both lanes of a
+    /// link are `2 * link` and `2 * link + 1`); they go to `to` until its
+    /// receiver is dropped.
+    pub fn tap(&mut self, lanes: Vec<usize>, to: SyncSender<Captured>) {
+        self.taps.push(Tap { lanes, to });
     }
 
     /// The lane a packet takes next: hop `hop + 1` of its route.

@@ -143,6 +143,10 @@ pub struct TransportCounters {
 struct Unacked {
     seq: u32,
     msg: Message,
+    /// When its last fragment was first handed to the link; `None` once it
+    /// is sent again (Karn: a retransmitted message gives no RTT sample).
+    sent_at: Option<Nanos>,
+    again: bool,
 }
 
 struct SendChannel {
@@ -157,7 +161,14 @@ struct SendChannel {
     /// Whether this round is a retransmission.
     again: bool,
     mtu: u32,
+    /// The timeout while nothing is lost: the larger of the configured
+    /// minimum plus four idle round trips, and the estimate below.
     base_timeout: Nanos,
+    /// Smoothed round trip and its mean deviation (Jacobson/Karels),
+    /// measured from sends to their ACKs: they include queueing behind
+    /// slow links, which the idle round trip does not.
+    srtt: Option<(Nanos, Nanos)>,
+    floor: Nanos,
     timeout: Nanos,
     /// When the oldest message times out.
     deadline: Option<Nanos>,
@@ -271,6 +282,8 @@ impl Transport {
                     again: false,
                     mtu,
                     base_timeout: base,
+                    srtt: None,
+                    floor: base,
                     timeout: base,
                     deadline: None,
                     hold_until: 0,
@@ -286,7 +299,12 @@ impl Transport {
         };
         let seq = c.next_seq;
         c.next_seq = c.next_seq.wrapping_add(1);
-        c.unacked.push_back(Unacked { seq, msg });
+        c.unacked.push_back(Unacked {
+            seq,
+            msg,
+            sent_at: None,
+            again: false,
+        });
         self.counters[key.src as usize].messages_sent += 1;
         self.make_ready(key);
     }
@@ -370,6 +388,13 @@ impl Transport {
             }
             c.frag += 1;
             if c.frag as usize >= frags {
+                let u = &mut c.unacked[c.sent];
+                if c.again || u.again {
+                    u.again = true;
+                    u.sent_at = None;
+                } else {
+                    u.sent_at = Some(now);
+                }
                 c.frag = 0;
                 c.sent += 1;
             }
@@ -537,6 +562,18 @@ impl Transport {
                 c.sent -= 1;
             } else {
                 c.frag = 0;
+            }
+            if let (Some(t), false) = (u.sent_at, u.again) {
+                let sample = now.saturating_sub(t);
+                let (srtt, var) = match c.srtt {
+                    None => (sample, sample / 2),
+                    Some((srtt, var)) => (
+                        (7 * srtt + sample) / 8,
+                        (3 * var + srtt.abs_diff(sample)) / 4,
+                    ),
+                };
+                c.srtt = Some((srtt, var));
+                c.base_timeout = c.floor.max(srtt + 4 * var).min(self.config.max_timeout);
             }
             sink.acked(key, u.msg);
         }

@@ -6,6 +6,7 @@
 pub mod engine;
 pub mod ports;
 pub mod rdma;
+pub mod snapshot;
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicBool;
@@ -17,11 +18,14 @@ use vhost_user_backend::VringT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::{Configuration, Error};
-use crate::fabric::network::{FabricCounters, Network};
+use std::sync::mpsc::SyncSender;
+
+use crate::fabric::network::{Captured, FabricConfig, FabricCounters, Network};
 use crate::fabric::topology::Faults;
 use crate::memory::region;
 use crate::nic::utlb::TranslationCache;
 use crate::switch::ports::Ports;
+use crate::switch::snapshot::{EndpointSnapshot, NodeSnapshot, Snapshot};
 
 /// State shared by every port thread and the engine.
 pub struct Switch {
@@ -149,6 +153,64 @@ impl Switch {
     /// The fabric's counters, if the device has a fabric.
     pub fn fabric_counters(&self) -> Option<FabricCounters> {
         self.lock().network.as_ref().map(Network::counters)
+    }
+
+    /// The fabric's shape and settings (faults as last set), if any.
+    pub fn fabric_config(&self) -> Option<FabricConfig> {
+        self.lock().network.as_ref().map(|n| n.config().clone())
+    }
+
+    /// Starts capturing the packets handed to `lanes` (`2 * link` and
+    /// `2 * link + 1` are a link's two directions) into `to`, until its
+    /// receiver is dropped. An error when the device has no fabric.
+    pub fn capture(&self, lanes: Vec<usize>, to: SyncSender<Captured>) -> Result<(), Error> {
+        let mut f = self.lock();
+        let net = f
+            .network
+            .as_mut()
+            .ok_or_else(|| Error::Config("this device has no emulated fabric".into()))?;
+        net.tap(lanes, to);
+        Ok(())
+    }
+
+    /// Every counter of the device, at one moment.
+    pub fn snapshot(&self) -> Snapshot {
+        let f = self.lock();
+        let nodes = f
+            .nodes
+            .iter()
+            .map(|n| NodeSnapshot {
+                node: n.id,
+                connected: n.mem.is_some(),
+                connections: n.connections,
+                endpoints: n
+                    .endpoints
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, e)| {
+                        let e = e.as_ref()?;
+                        Some(EndpointSnapshot {
+                            id: i as u32,
+                            port: e.port,
+                            stats: e.stats.to_array(),
+                            in_flight: e.events_owed,
+                        })
+                    })
+                    .collect(),
+                queue_errors: n.queue_errors,
+                memory_faults: n.memory_faults,
+            })
+            .collect();
+        let fabric = f.network.as_ref().map(|net| {
+            let topo = &net.config().topology;
+            let links = (0..topo.links().len()).map(|l| topo.link_name(l)).collect();
+            (net.counters(), links, topo.switches().to_vec())
+        });
+        Snapshot {
+            nodes,
+            totals: f.counters,
+            fabric,
+        }
     }
 
     /// When port `node` was last reset (its frontend left, reset the

@@ -1,5 +1,5 @@
-//! `ulnic fabric`: the topology file (spec §10.1), read into the device's
-//! checked `Topology`, and the routes the fabric would take through it.
+//! The topology file (spec §10.1), read into the device's checked
+//! `FabricConfig`, and the routes the fabric would take through it.
 
 use std::path::Path;
 use std::time::Duration;

@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use ulnic::{Address, EndpointConfig, Event, Nic, Payload};
-use ulnic_device::config::Configuration;
-use ulnic_device::device::Device;
 use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::topology::{Faults, Topology};
 use ulnic_device::fabric::transport::TransportConfig;
@@ -118,13 +116,8 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
             fabric.topology.set_faults(link, f)?;
         }
     }
-    let dir = tempfile::tempdir()?;
-    let sockets = Configuration::socket_paths(dir.path(), o.nodes);
-    let config = Configuration::builder(sockets.clone())
-        .max_endpoints(2)
-        .fabric(fabric.clone())
-        .build()?;
-    let dev = Device::start(config)?;
+    let run = super::InProcess::start(fabric.clone(), 2)?;
+    let (dev, sockets) = (&run.device, run.sockets.clone());
     say(&format!(
         "device up: {} nodes on {} switch(es); {} messages, seed {}",
         o.nodes,
@@ -260,7 +253,7 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
         r.packets_duplicated += l.duplicated;
         r.packets_reordered += l.reordered;
     }
-    drop(dev);
+    drop(run);
     Ok(r)
 }
 

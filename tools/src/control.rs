@@ -1,0 +1,485 @@
+//! The control socket of a running `ulnic device` (`DIR/control.sock`,
+//! mode 0600): `ulnic stats`, `ulnic fabric set` and `ulnic capture` talk
+//! to the device through it. One JSON request per line, answered by JSON
+//! lines; a capture streams one line per packet until the client hangs up.
+//!
+//! The device model knows nothing of this: the server turns requests into
+//! calls on the device's `Switch` (snapshot, set_link_faults, capture).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use ulnic_device::fabric::topology::Faults;
+use ulnic_device::switch::snapshot::Snapshot;
+use ulnic_device::Switch;
+
+/// The control socket of a device whose port sockets are in `dir`.
+pub fn socket_path(dir: &Path) -> PathBuf {
+    dir.join("control.sock")
+}
+
+/// Faults as the control protocol and the command line spell them.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    /// Probability a packet is lost.
+    #[serde(default)]
+    pub drop: f64,
+    /// Probability a bit flips.
+    #[serde(default)]
+    pub corrupt: f64,
+    /// Probability a packet arrives twice.
+    #[serde(default)]
+    pub duplicate: f64,
+    /// Probability a packet is overtaken.
+    #[serde(default)]
+    pub reorder: f64,
+    /// Probability a packet is delayed.
+    #[serde(default)]
+    pub delay: f64,
+    /// How late, microseconds.
+    #[serde(default)]
+    pub delay_us: f64,
+    /// The link is cut.
+    #[serde(default)]
+    pub down: bool,
+}
+
+impl FaultSpec {
+    fn faults(&self) -> anyhow::Result<Faults> {
+        anyhow::ensure!(
+            self.delay_us.is_finite() && self.delay_us >= 0.0,
+            "delay_us must be 0 or more"
+        );
+        Ok(Faults {
+            drop: self.drop,
+            corrupt: self.corrupt,
+            duplicate: self.duplicate,
+            reorder: self.reorder,
+            delay: self.delay,
+            delay_by: Duration::from_secs_f64(self.delay_us / 1e6),
+            down: self.down,
+        })
+    }
+
+    fn of(f: &Faults) -> FaultSpec {
+        FaultSpec {
+            drop: f.drop,
+            corrupt: f.corrupt,
+            duplicate: f.duplicate,
+            reorder: f.reorder,
+            delay: f.delay,
+            delay_us: f.delay_by.as_secs_f64() * 1e6,
+            down: f.down,
+        }
+    }
+}
+
+/// A request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Every counter.
+    Stats,
+    /// Replace a link's faults.
+    SetFaults {
+        /// The link, by index in the topology (a node's own link is
+        /// found by `node`).
+        link: Option<usize>,
+        /// Or: the link node N hangs on.
+        node: Option<u32>,
+        /// The new faults.
+        faults: FaultSpec,
+    },
+    /// Stream the packets handed to a link (both directions), or to and
+    /// from a node.
+    Capture {
+        /// The link.
+        link: Option<usize>,
+        /// Or: the node.
+        node: Option<u32>,
+    },
+}
+
+/// One endpoint's counters.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EndpointStats {
+    /// Id.
+    pub id: u32,
+    /// Bound port.
+    pub port: Option<u32>,
+    /// Sends in the fabric not yet settled.
+    pub in_flight: u32,
+    /// Counters by name (spec §7).
+    pub counters: std::collections::BTreeMap<String, u64>,
+}
+
+/// One node's counters.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// Node.
+    pub node: u32,
+    /// A frontend is attached.
+    pub connected: bool,
+    /// Frontends it has had.
+    pub connections: u64,
+    /// Virtqueue errors.
+    pub queue_errors: u64,
+    /// Memory faults.
+    pub memory_faults: u64,
+    /// Transport counters (with a fabric).
+    pub transport: Option<std::collections::BTreeMap<String, u64>>,
+    /// Its endpoints.
+    pub endpoints: Vec<EndpointStats>,
+}
+
+/// One link's counters, per direction.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LinkStats {
+    /// Index in the topology.
+    pub link: usize,
+    /// "node N" or "A-B".
+    pub name: String,
+    /// Its faults now.
+    pub faults: FaultSpec,
+    /// From its first end to its second, then back.
+    pub directions: [std::collections::BTreeMap<String, u64>; 2],
+}
+
+/// The answer to `stats`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Stats {
+    /// Per node.
+    pub nodes: Vec<NodeStats>,
+    /// Device totals.
+    pub totals: std::collections::BTreeMap<String, u64>,
+    /// Per link (with a fabric).
+    pub links: Vec<LinkStats>,
+    /// Per switch: name, packets forwarded, packets misrouted.
+    pub switches: Vec<(String, u64, u64)>,
+}
+
+/// A captured packet, as streamed.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CapturedLine {
+    /// Link.
+    pub link: usize,
+    /// 0: from the link's first end; 1: back.
+    pub direction: u8,
+    /// Fabric clock, ns.
+    pub at_ns: u64,
+    /// The packet, base64.
+    pub packet: String,
+}
+
+/// A reply that is not data.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reply {
+    /// Whether the request was carried out.
+    pub ok: bool,
+    /// Why not.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+}
+
+fn map<T: Serialize>(v: &T) -> std::collections::BTreeMap<String, u64> {
+    // Counter structs are flat maps of integers; go through JSON once.
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::Object(m)) => m
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v.as_u64()?)))
+            .collect(),
+        _ => Default::default(),
+    }
+}
+
+macro_rules! serializable {
+    ($name:ident from $src:ty { $($f:ident),* $(,)? }) => {
+        #[derive(Serialize)]
+        struct $name { $($f: u64),* }
+        impl From<&$src> for $name {
+            fn from(s: &$src) -> Self { $name { $($f: s.$f),* } }
+        }
+    };
+}
+
+serializable!(LaneS from ulnic_device::fabric::link::LaneCounters {
+    packets, bytes, dropped, dropped_down, corrupted, crc_errors, duplicated, reordered, delayed, stalls
+});
+serializable!(TransportS from ulnic_device::fabric::transport::TransportCounters {
+    messages_sent, messages_delivered, data_packets, retransmissions, timeouts, acks_sent,
+    nacks_sent, nacks_received, duplicates_dropped, out_of_order_dropped, stale_dropped,
+    malformed_dropped, returned, control_dropped
+});
+serializable!(TotalsS from ulnic_device::switch::ports::Counters {
+    delivered, returned, notifications, closes_delivered, closes_undeliverable,
+    returned_to_sender, returns_lost
+});
+
+/// The `stats` answer for a snapshot.
+pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
+    let transport = s.fabric.as_ref().map(|f| &f.0.transport);
+    Stats {
+        nodes: s
+            .nodes
+            .iter()
+            .map(|n| NodeStats {
+                node: n.node,
+                connected: n.connected,
+                connections: n.connections,
+                queue_errors: n.queue_errors,
+                memory_faults: n.memory_faults,
+                transport: transport
+                    .and_then(|t| t.get(n.node as usize))
+                    .map(|t| map(&TransportS::from(t))),
+                endpoints: n
+                    .endpoints
+                    .iter()
+                    .map(|e| EndpointStats {
+                        id: e.id,
+                        port: e.port,
+                        in_flight: e.in_flight,
+                        counters: ulnic_abi::STAT_NAMES
+                            .iter()
+                            .zip(e.stats)
+                            .map(|(k, v)| (k.to_string(), v))
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        totals: map(&TotalsS::from(&s.totals)),
+        links: s
+            .fabric
+            .as_ref()
+            .map(|(c, names, _)| {
+                names
+                    .iter()
+                    .enumerate()
+                    .map(|(l, name)| LinkStats {
+                        link: l,
+                        name: name.clone(),
+                        faults: faults.get(l).map(FaultSpec::of).unwrap_or_default(),
+                        directions: [
+                            map(&LaneS::from(&c.lanes[2 * l])),
+                            map(&LaneS::from(&c.lanes[2 * l + 1])),
+                        ],
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        switches: s
+            .fabric
+            .as_ref()
+            .map(|(c, _, names)| {
+                names
+                    .iter()
+                    .zip(&c.switches)
+                    .map(|(n, sc)| (n.clone(), sc.forwarded, sc.misrouted))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Serves the control socket at `path` for `switch` on a thread of its
+/// own, a thread per client.
+pub fn serve(switch: Arc<Switch>, path: &Path) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("ulnic-control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let switch = switch.clone();
+                let _ = std::thread::Builder::new()
+                    .name("ulnic-control-client".into())
+                    .spawn(move || {
+                        if let Err(e) = client(&switch, conn) {
+                            log::debug!("control client: {e:#}");
+                        }
+                    });
+            }
+        })?;
+    Ok(())
+}
+
+/// The lanes of `link`, or of the link `node` hangs on.
+fn lanes_of(switch: &Switch, link: Option<usize>, node: Option<u32>) -> anyhow::Result<usize> {
+    let fabric = switch
+        .fabric_config()
+        .context("this device has no emulated fabric (start it with --topology)")?;
+    let topo = &fabric.topology;
+    let l = match (link, node) {
+        (Some(l), None) => l,
+        (None, Some(n)) => {
+            anyhow::ensure!(
+                n < topo.nodes(),
+                "no node {n}: the fabric has {}",
+                topo.nodes()
+            );
+            topo.attachment(n).0
+        }
+        _ => anyhow::bail!("name a link or a node, not both"),
+    };
+    anyhow::ensure!(
+        l < topo.links().len(),
+        "no link {l}: the fabric has {}",
+        topo.links().len()
+    );
+    Ok(l)
+}
+
+fn client(switch: &Switch, conn: UnixStream) -> anyhow::Result<()> {
+    let mut out = conn.try_clone()?;
+    let reader = BufReader::new(conn);
+    for line in reader.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let req: Request = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                reply(&mut out, Err(anyhow::anyhow!("bad request: {e}")))?;
+                continue;
+            }
+        };
+        match req {
+            Request::Stats => {
+                let faults: Vec<Faults> = switch
+                    .fabric_config()
+                    .map(|f| f.topology.links().iter().map(|l| l.params.faults).collect())
+                    .unwrap_or_default();
+                let s = stats_of(&switch.snapshot(), &faults);
+                writeln!(out, "{}", serde_json::to_string(&s)?)?;
+            }
+            Request::SetFaults { link, node, faults } => {
+                let r = lanes_of(switch, link, node).and_then(|l| {
+                    switch
+                        .set_link_faults(l, faults.faults()?)
+                        .map_err(anyhow::Error::from)
+                });
+                reply(&mut out, r)?;
+            }
+            Request::Capture { link, node } => {
+                let l = match lanes_of(switch, link, node) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        reply(&mut out, Err(e))?;
+                        continue;
+                    }
+                };
+                let (tx, rx) = std::sync::mpsc::sync_channel(4096);
+                switch.capture(vec![2 * l, 2 * l + 1], tx)?;
+                reply(&mut out, Ok(()))?;
+                // Until the client hangs up (a write fails); dropping `rx`
+                // ends the tap.
+                let b64 = base64::engine::general_purpose::STANDARD;
+                loop {
+                    let c = match rx.recv_timeout(Duration::from_millis(500)) {
+                        Ok(c) => c,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            // A heartbeat, so a gone client is noticed.
+                            writeln!(out)?;
+                            continue;
+                        }
+                        Err(_) => return Ok(()),
+                    };
+                    let line = CapturedLine {
+                        link: c.lane / 2,
+                        direction: (c.lane % 2) as u8,
+                        at_ns: c.at,
+                        packet: b64.encode(&c.bytes),
+                    };
+                    writeln!(out, "{}", serde_json::to_string(&line)?)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn reply(out: &mut UnixStream, r: anyhow::Result<()>) -> anyhow::Result<()> {
+    let rep = match r {
+        Ok(()) => Reply {
+            ok: true,
+            error: None,
+        },
+        Err(e) => Reply {
+            ok: false,
+            error: Some(format!("{e:#}")),
+        },
+    };
+    writeln!(out, "{}", serde_json::to_string(&rep)?)?;
+    Ok(())
+}
+
+/// A connection to a running device's control socket.
+pub struct Client {
+    out: UnixStream,
+    lines: std::io::Lines<BufReader<UnixStream>>,
+}
+
+impl Client {
+    /// Connects to the device whose sockets are in `dir`.
+    pub fn connect(dir: &Path) -> anyhow::Result<Client> {
+        let path = socket_path(dir);
+        let s = UnixStream::connect(&path).with_context(|| {
+            format!(
+                "cannot reach a device at {} (is `ulnic device --socket-dir {}` running?)",
+                path.display(),
+                dir.display()
+            )
+        })?;
+        Ok(Client {
+            out: s.try_clone()?,
+            lines: BufReader::new(s).lines(),
+        })
+    }
+
+    /// Sends a request.
+    pub fn send(&mut self, r: &Request) -> anyhow::Result<()> {
+        writeln!(self.out, "{}", serde_json::to_string(r)?)?;
+        Ok(())
+    }
+
+    /// The next non-empty line of the answer.
+    pub fn line(&mut self) -> anyhow::Result<String> {
+        loop {
+            let l = self.raw_line()?;
+            if !l.trim().is_empty() {
+                return Ok(l);
+            }
+        }
+    }
+
+    /// The next line, empty for a capture's heartbeat (sent every 500 ms
+    /// while no packet comes).
+    pub fn raw_line(&mut self) -> anyhow::Result<String> {
+        Ok(self
+            .lines
+            .next()
+            .context("the device closed the control connection")??)
+    }
+
+    /// The next line, if it is an error reply; else the line.
+    pub fn checked_line(&mut self) -> anyhow::Result<String> {
+        let l = self.line()?;
+        if let Ok(r) = serde_json::from_str::<Reply>(&l) {
+            if !r.ok {
+                anyhow::bail!("{}", r.error.unwrap_or_else(|| "refused".into()));
+            }
+        }
+        Ok(l)
+    }
+}

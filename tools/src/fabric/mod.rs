@@ -1,0 +1,41 @@
+//! `ulnic fabric`: the topology file (`file`), the self-test of the
+//! reliable transport (`selftest`) and the fabric benchmarks (`bench`),
+//! and what they share: a device with a fabric, started in this process,
+//! its ports on temporary sockets.
+
+pub mod bench;
+pub mod file;
+pub mod selftest;
+
+pub use file::{load, route_lines};
+
+use ulnic_device::config::Configuration;
+use ulnic_device::device::Device;
+use ulnic_device::fabric::network::FabricConfig;
+
+/// A device with `fabric`, one port per node, in this process. Drops
+/// the device before its socket directory.
+pub struct InProcess {
+    /// The device.
+    pub device: Device,
+    /// Node `i`'s socket is `sockets[i]`.
+    pub sockets: Vec<std::path::PathBuf>,
+    _dir: tempfile::TempDir,
+}
+
+impl InProcess {
+    /// Starts it, with `endpoints` endpoints per port.
+    pub fn start(fabric: FabricConfig, endpoints: u32) -> anyhow::Result<InProcess> {
+        let dir = tempfile::Builder::new().prefix("ulnic-fabric-").tempdir()?;
+        let sockets = Configuration::socket_paths(dir.path(), fabric.topology.nodes());
+        let config = Configuration::builder(sockets.clone())
+            .max_endpoints(endpoints)
+            .fabric(fabric)
+            .build()?;
+        Ok(InProcess {
+            device: Device::start(config)?,
+            sockets,
+            _dir: dir,
+        })
+    }
+}
