@@ -103,6 +103,12 @@ impl Configuration {
         self.fabric.as_ref()
     }
 
+    /// Whether this device serves node `n`'s port (with a fabric spanning
+    /// devices, only the nodes on its own switches).
+    pub fn is_local(&self, n: u32) -> bool {
+        self.fabric.as_ref().is_none_or(|f| f.is_local(n))
+    }
+
     /// Checks the limits of spec §3.
     fn validate(&self) -> Result<(), Error> {
         if let Some(f) = &self.fabric {
@@ -112,6 +118,31 @@ impl Configuration {
                     f.topology.nodes(),
                     self.sockets.len()
                 )));
+            }
+            if let Some(span) = &f.span {
+                if span.me >= span.members.len()
+                    || span.switch_owner.len() != f.topology.switches().len()
+                    || span.switch_owner.iter().any(|&o| o >= span.members.len())
+                {
+                    return Err(Error::Config(
+                        "the fabric's members do not match its switches".into(),
+                    ));
+                }
+                for (i, l) in f.topology.links().iter().enumerate() {
+                    let owner = |e| match e {
+                        crate::fabric::topology::End::Switch(s) => span.switch_owner[s],
+                        crate::fabric::topology::End::Node(n) => {
+                            span.switch_owner[f.topology.attachment(n).1]
+                        }
+                    };
+                    let limit =
+                        crate::fabric::span::MAX_DATAGRAM_PACKET - ulnic_abi::packet::HEADER_SIZE;
+                    if owner(l.a) != owner(l.b) && l.params.mtu as usize > limit {
+                        return Err(Error::Config(format!(
+                            "link {i} joins two devices over UDP: its MTU must be at most {limit}"
+                        )));
+                    }
+                }
             }
             let t = &f.transport;
             if !(1..=1024).contains(&t.window) || t.retries == 0 {

@@ -31,6 +31,9 @@ impl Device {
         let switch = Arc::new(Switch::new(&config)?);
         let mut ports = Vec::new();
         for (node, path) in config.sockets().iter().enumerate() {
+            if !config.is_local(node as u32) {
+                continue; // served by another device of the fabric
+            }
             let listener = Listener::new(path, true).map_err(|source| Error::Listen {
                 path: path.clone(),
                 source,
@@ -61,7 +64,13 @@ impl Device {
             })?;
         Ok(Device {
             switch,
-            sockets: config.sockets().to_vec(),
+            sockets: config
+                .sockets()
+                .iter()
+                .enumerate()
+                .filter(|(n, _)| config.is_local(*n as u32))
+                .map(|(_, p)| p.clone())
+                .collect(),
             engine: Some(engine),
             ports,
         })

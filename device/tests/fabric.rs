@@ -36,6 +36,7 @@ fn fabric() -> FabricConfig {
             min_timeout: 200_000,
             ..TransportConfig::default()
         },
+        span: None,
     }
 }
 

@@ -63,8 +63,10 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 
 /// Captures from the device in `dir` into `file` until `count` packets or
 /// `span` has passed; returns the packets written.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     dir: &Path,
+    member: Option<&str>,
     link: Option<usize>,
     node: Option<u32>,
     file: &Path,
@@ -72,7 +74,7 @@ pub fn run(
     span: Option<Duration>,
     say: &mut dyn FnMut(&str),
 ) -> anyhow::Result<u64> {
-    let mut c = Client::connect(dir)?;
+    let mut c = Client::connect(dir, member)?;
     c.send(&Request::Capture { link, node })?;
     c.checked_line()?;
     let f =

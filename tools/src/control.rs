@@ -20,9 +20,14 @@ use ulnic_device::fabric::topology::Faults;
 use ulnic_device::switch::snapshot::Snapshot;
 use ulnic_device::Switch;
 
-/// The control socket of a device whose port sockets are in `dir`.
-pub fn socket_path(dir: &Path) -> PathBuf {
-    dir.join("control.sock")
+/// The control socket of a device whose port sockets are in `dir`
+/// (`control-MEMBER.sock` for a member of a fabric spread over devices,
+/// which may share the directory).
+pub fn socket_path(dir: &Path, member: Option<&str>) -> PathBuf {
+    match member {
+        Some(m) => dir.join(format!("control-{m}.sock")),
+        None => dir.join("control.sock"),
+    }
 }
 
 /// Faults as the control protocol and the command line spell them.
@@ -164,6 +169,9 @@ pub struct Stats {
     pub links: Vec<LinkStats>,
     /// Per switch: name, packets forwarded, packets misrouted.
     pub switches: Vec<(String, u64, u64)>,
+    /// Datagrams to and from the other devices of a spanning fabric.
+    #[serde(default)]
+    pub udp: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// A captured packet, as streamed.
@@ -211,12 +219,16 @@ macro_rules! serializable {
 }
 
 serializable!(LaneS from ulnic_device::fabric::link::LaneCounters {
-    packets, bytes, dropped, dropped_down, corrupted, crc_errors, duplicated, reordered, delayed, stalls
+    packets, bytes, dropped, dropped_down, corrupted, crc_errors, duplicated, reordered, delayed, stalls,
+    overflow
 });
 serializable!(TransportS from ulnic_device::fabric::transport::TransportCounters {
     messages_sent, messages_delivered, data_packets, retransmissions, timeouts, acks_sent,
     nacks_sent, nacks_received, duplicates_dropped, out_of_order_dropped, stale_dropped,
     malformed_dropped, returned, control_dropped
+});
+serializable!(SpanS from ulnic_device::fabric::span::SpanCounters {
+    sent, send_errors, received, rejected_sender, rejected_mac, rejected_malformed, overflow
 });
 serializable!(TotalsS from ulnic_device::switch::ports::Counters {
     delivered, returned, notifications, closes_delivered, closes_undeliverable,
@@ -286,6 +298,11 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
                     .collect()
             })
             .unwrap_or_default(),
+        udp: s
+            .fabric
+            .as_ref()
+            .and_then(|f| f.0.span.as_ref())
+            .map(|u| map(&SpanS::from(u))),
     }
 }
 
@@ -431,9 +448,10 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to the device whose sockets are in `dir`.
-    pub fn connect(dir: &Path) -> anyhow::Result<Client> {
-        let path = socket_path(dir);
+    /// Connects to the device whose sockets are in `dir` (member `member`
+    /// of a fabric spread over devices).
+    pub fn connect(dir: &Path, member: Option<&str>) -> anyhow::Result<Client> {
+        let path = socket_path(dir, member);
         let s = UnixStream::connect(&path).with_context(|| {
             format!(
                 "cannot reach a device at {} (is `ulnic device --socket-dir {}` running?)",

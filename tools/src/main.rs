@@ -163,6 +163,9 @@ enum Cmd {
         /// The device's socket directory (as given to `ulnic device --socket-dir`).
         #[arg(long, value_name = "DIR")]
         device: PathBuf,
+        /// With a fabric spread over devices: which member's counters.
+        #[arg(long, value_name = "NAME")]
+        member: Option<String>,
         /// Print again every SECS seconds, until interrupted.
         #[arg(long, value_name = "SECS")]
         watch: Option<f64>,
@@ -189,6 +192,9 @@ enum Cmd {
         /// Or the link this node hangs on.
         #[arg(long)]
         node: Option<u32>,
+        /// With a fabric spread over devices: which member captures.
+        #[arg(long, value_name = "NAME")]
+        member: Option<String>,
         /// The pcap file to write.
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
@@ -486,6 +492,10 @@ struct FabricSetArgs {
     /// Or the link this node hangs on.
     #[arg(long)]
     node: Option<u32>,
+    /// With a fabric spread over devices: which member's link (each
+    /// member emulates the lanes it sends on).
+    #[arg(long, value_name = "NAME")]
+    member: Option<String>,
     /// Probability a packet is lost.
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     drop: f64,
@@ -633,10 +643,21 @@ struct DeviceArgs {
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
     /// The control socket `ulnic stats`, `ulnic fabric set` and `ulnic
-    /// capture` use (default: DIR/control.sock with --socket-dir; none
-    /// with --socket unless given).
+    /// capture` use (default: DIR/control.sock with --socket-dir, or
+    /// DIR/control-MEMBER.sock with --member; none with --socket unless
+    /// given).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// With a topology whose [[device]] entries spread it over several
+    /// device processes: which of them this is. It serves the nodes on
+    /// its own switches and reaches the rest over UDP.
+    #[arg(long, value_name = "NAME", requires = "topology")]
+    member: Option<String>,
+    /// The fabric's secret (any file of at least 16 bytes, the same on
+    /// every member, e.g. `head -c 32 /dev/urandom > key`): every UDP
+    /// datagram carries an HMAC-SHA256 under it.
+    #[arg(long, value_name = "FILE", requires = "member")]
+    key_file: Option<PathBuf>,
 }
 
 /// The device's UTLB translation cache (VMMC-2's NI cache).
@@ -699,10 +720,15 @@ struct BenchArgs {
     /// Sockets always block; shm always polls; each line says what ran.
     #[arg(long, value_enum, default_value = "poll")]
     mode: Mode,
-    /// Use a running device's socket directory (nodes 0 and 1) instead of
-    /// starting one.
+    /// Use a running device's socket directory (nodes 0 and 1, or
+    /// --nodes) instead of starting one.
     #[arg(long, value_name = "DIR")]
     device_dir: Option<PathBuf>,
+    /// With --device-dir: the client's and the server's nodes (their
+    /// sockets nodeN.sock may belong to different devices of one fabric).
+    #[arg(long, value_parser = parse_node_pair, default_value = "0,1",
+          value_name = "CLIENT,SERVER", requires = "device_dir")]
+    nodes: (u32, u32),
     /// Print one JSON object per result line.
     #[arg(long)]
     json: bool,
@@ -721,6 +747,19 @@ struct BenchArgs {
     /// message, so the run must fail: a check that the checks run.
     #[arg(long, value_name = "N")]
     corrupt_at: Option<u64>,
+}
+
+/// "A,B": two node numbers.
+fn parse_node_pair(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("'{s}' is not CLIENT,SERVER (e.g. 0,2)"))?;
+    let n = |x: &str| x.trim().parse::<u32>().map_err(|e| format!("'{x}': {e}"));
+    let (a, b) = (n(a)?, n(b)?);
+    if a == b {
+        return Err("the client and the server need different nodes".into());
+    }
+    Ok((a, b))
 }
 
 fn main() -> ExitCode {
@@ -745,13 +784,15 @@ fn main() -> ExitCode {
         Cmd::Fabric(FabricCmd::Set(a)) => fabric_set(a),
         Cmd::Stats {
             device,
+            member,
             watch,
             json,
-        } => run_stats(&device, watch, json),
+        } => run_stats(&device, member.as_deref(), watch, json),
         Cmd::Capture {
             device,
             link,
             node,
+            member,
             output,
             count,
             seconds,
@@ -762,7 +803,7 @@ fn main() -> ExitCode {
             })
             .transpose()
             .and_then(|span| {
-                let n = crate::capture::run(&device, link, node, &output, count, span, &mut |l| {
+                let n = crate::capture::run(&device, member.as_deref(), link, node, &output, count, span, &mut |l| {
                     eprintln!("{l}")
                 })?;
                 eprintln!("{n} packets written to {}", output.display());
@@ -1019,7 +1060,7 @@ fn fabric_selftest(a: SelftestArgs) -> anyhow::Result<()> {
 
 fn fabric_set(a: FabricSetArgs) -> anyhow::Result<()> {
     use crate::control::{Client, FaultSpec, Request};
-    let mut c = Client::connect(&a.device)?;
+    let mut c = Client::connect(&a.device, a.member.as_deref())?;
     c.send(&Request::SetFaults {
         link: a.link,
         node: a.node,
@@ -1037,7 +1078,12 @@ fn fabric_set(a: FabricSetArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_stats(dir: &std::path::Path, watch: Option<f64>, json: bool) -> anyhow::Result<()> {
+fn run_stats(
+    dir: &std::path::Path,
+    member: Option<&str>,
+    watch: Option<f64>,
+    json: bool,
+) -> anyhow::Result<()> {
     use crate::control::{Client, Request, Stats};
     let every = watch
         .map(|s| {
@@ -1045,7 +1091,7 @@ fn run_stats(dir: &std::path::Path, watch: Option<f64>, json: bool) -> anyhow::R
             Ok(Duration::from_secs_f64(s))
         })
         .transpose()?;
-    let mut c = Client::connect(dir)?;
+    let mut c = Client::connect(dir, member)?;
     loop {
         c.send(&Request::Stats)?;
         let line = c.checked_line()?;
@@ -1154,6 +1200,17 @@ fn print_stats(s: &crate::control::Stats) {
         for (name, fwd, mis) in &s.switches {
             println!("  {name:<14} forwarded {fwd:>12}  misrouted {mis}");
         }
+    }
+    if let Some(u) = &s.udp {
+        println!(
+            "udp: sent {}, received {}, rejected: not a member {}, bad MAC {}, malformed {}; overflow {}",
+            get(u, "sent"),
+            get(u, "received"),
+            get(u, "rejected_sender"),
+            get(u, "rejected_mac"),
+            get(u, "rejected_malformed"),
+            get(u, "overflow")
+        );
     }
     println!(
         "totals: delivered {}, returned {}, notifications {}",
@@ -1425,14 +1482,19 @@ fn run_device(a: DeviceArgs) -> anyhow::Result<()> {
         .tripwires(a.tripwires)
         .utlb_cache(a.utlb_cache.config());
     if let Some(t) = &a.topology {
-        builder = builder.fabric(crate::fabric::load(t)?);
+        let fabric = crate::fabric::load(t)?;
+        builder = builder.fabric(crate::fabric::file::join(
+            fabric,
+            a.member.as_deref(),
+            a.key_file.as_deref(),
+        )?);
     }
     let config = builder.build()?;
     let dev = Device::start(config)?;
-    let control = a
-        .control
-        .clone()
-        .or_else(|| a.socket_dir.as_deref().map(crate::control::socket_path));
+    let control = a.control.clone().or_else(|| {
+        let dir = a.socket_dir.as_deref()?;
+        Some(crate::control::socket_path(dir, a.member.as_deref()))
+    });
     if let Some(path) = &control {
         crate::control::serve(dev.switch().clone(), path)?;
         eprintln!(
@@ -1843,6 +1905,7 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
                 iters: a.iters.unwrap_or(default_iters(a.workload, size)),
                 mode: a.mode,
                 corrupt_at: a.corrupt_at,
+                nodes: a.nodes,
             };
             let progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
             if progress {

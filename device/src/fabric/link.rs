@@ -47,6 +47,9 @@ pub struct LaneCounters {
     pub delayed: u64,
     /// Times the lane refused a packet for want of credit.
     pub stalls: u64,
+    /// Packets from another device dropped because this end's buffer was
+    /// full (credits do not cross devices; the transport recovers).
+    pub overflow: u64,
 }
 
 /// A packet on the wire, ordered by arrival time, then by when it was sent.
@@ -198,6 +201,22 @@ impl Lane {
                 self.counters.crc_errors += 1;
             }
         }
+    }
+
+    /// Puts a packet that crossed to this device over UDP straight into the
+    /// far end's buffer (the sending member emulated the link's time).
+    /// False, and counted, if the buffer is full or the packet is corrupt.
+    pub fn inject(&mut self, p: Packet) -> bool {
+        if !p.intact() {
+            self.counters.crc_errors += 1;
+            return false;
+        }
+        if !self.has_credit() {
+            self.counters.overflow += 1;
+            return false;
+        }
+        self.arrived.push_back(p);
+        true
     }
 
     /// The packet first in line at the far end.

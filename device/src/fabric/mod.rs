@@ -7,5 +7,6 @@ pub mod link;
 pub mod network;
 pub mod packet;
 pub mod routing;
+pub mod span;
 pub mod topology;
 pub mod transport;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crate::fabric::link::{Lane, LaneCounters, Nanos};
 use crate::fabric::packet::Packet;
 use crate::fabric::routing::{Hop, Routes};
+use crate::fabric::span::{Span, SpanCounters, Udp};
 use crate::fabric::topology::{End, Faults, Topology};
 use crate::fabric::transport::{ChannelKey, Message, Sink, Transport, TransportConfig};
 
@@ -30,6 +31,23 @@ pub struct FabricConfig {
     pub seed: u64,
     /// The reliable transport's settings.
     pub transport: TransportConfig,
+    /// When the fabric spans several device processes: who they are and
+    /// which this is (spec §10.7).
+    pub span: Option<Span>,
+}
+
+impl FabricConfig {
+    /// Whether node `n` is served by this device (always, unless the
+    /// fabric spans devices and `n` hangs on another member's switch).
+    pub fn is_local(&self, n: u32) -> bool {
+        match &self.span {
+            None => true,
+            Some(s) => {
+                let (_, sw) = self.topology.attachment(n);
+                s.switch_owner.get(sw) == Some(&s.me)
+            }
+        }
+    }
 }
 
 /// Everything the fabric counts, at one moment.
@@ -41,6 +59,8 @@ pub struct FabricCounters {
     pub switches: Vec<SwitchCounters>,
     /// Per node.
     pub transport: Vec<crate::fabric::transport::TransportCounters>,
+    /// Datagrams to and from other devices, when the fabric spans them.
+    pub span: Option<SpanCounters>,
 }
 
 /// A packet seen by a capture tap: what was handed to a lane.
@@ -94,6 +114,12 @@ pub struct Network {
     taps: Vec<Tap>,
     /// Packets a full capture channel could not take.
     pub capture_dropped: u64,
+    /// With a spanning fabric: the UDP side, and per lane the member that
+    /// owns its far end and the one that owns its sending end (`None`: this
+    /// device).
+    udp: Option<Udp>,
+    far_owner: Vec<Option<usize>>,
+    near_owner: Vec<Option<usize>>,
 }
 
 fn lane_of(h: Hop) -> usize {
@@ -101,8 +127,9 @@ fn lane_of(h: Hop) -> usize {
 }
 
 impl Network {
-    /// The network `config` describes, all queues empty.
-    pub fn new(config: FabricConfig) -> Network {
+    /// The network `config` describes, all queues empty; with a span, its
+    /// UDP socket bound.
+    pub fn new(config: FabricConfig) -> std::io::Result<Network> {
         let topo = &config.topology;
         let routes = Routes::up_down(topo);
         let mut lanes = Vec::new();
@@ -115,9 +142,21 @@ impl Network {
             .collect();
         let nodes = topo.nodes() as usize;
         let (mut host_out, mut host_in) = (vec![0; nodes], vec![0; nodes]);
+        let (mut far_owner, mut near_owner) = (Vec::new(), Vec::new());
+        let owner = |e: End| -> Option<usize> {
+            let span = config.span.as_ref()?;
+            let sw = match e {
+                End::Switch(s) => s,
+                End::Node(n) => topo.attachment(n).1,
+            };
+            let o = *span.switch_owner.get(sw)?;
+            (o != span.me).then_some(o)
+        };
         for (i, l) in topo.links().iter().enumerate() {
             for (dir, (from, to)) in [(l.a, l.b), (l.b, l.a)].into_iter().enumerate() {
                 let lane = 2 * i + dir;
+                near_owner.push(owner(from));
+                far_owner.push(owner(to));
                 // A different, reproducible stream per lane.
                 let seed = config
                     .seed
@@ -135,7 +174,8 @@ impl Network {
             }
         }
         let transport = Transport::new(topo.nodes(), config.transport);
-        Network {
+        let udp = config.span.clone().map(Udp::bind).transpose()?;
+        Ok(Network {
             config,
             routes,
             lanes,
@@ -146,7 +186,51 @@ impl Network {
             start: Instant::now(),
             taps: Vec::new(),
             capture_dropped: 0,
+            udp,
+            far_owner,
+            near_owner,
+        })
+    }
+
+    /// The UDP socket of a spanning fabric, for the engine to wait on.
+    pub fn udp_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.udp.as_ref().map(Udp::fd)
+    }
+
+    /// Takes the datagrams other members sent: each packet goes into the
+    /// far-end buffer of its lane here.
+    fn receive_remote(&mut self) -> usize {
+        let Some(udp) = self.udp.as_mut() else {
+            return 0;
+        };
+        let (far, near) = (&self.far_owner, &self.near_owner);
+        let accepts = |lane: usize, member: usize| {
+            lane < far.len() && far[lane].is_none() && near[lane] == Some(member)
+        };
+        let mut n = 0;
+        while let Some((lane, p)) = udp.receive(&accepts) {
+            if self.lanes[lane].inject(p) {
+                n += 1;
+            }
         }
+        n
+    }
+
+    /// Sends what arrived at the far end of lanes that end on another
+    /// member.
+    fn send_remote(&mut self) -> usize {
+        let Some(udp) = self.udp.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        for (lane, owner) in self.far_owner.iter().enumerate() {
+            let Some(to) = *owner else { continue };
+            while let Some(p) = self.lanes[lane].pop() {
+                udp.send(to, lane, &p);
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Its settings (the faults as last set).
@@ -227,9 +311,11 @@ impl Network {
         let mut moved = 0;
         for _ in 0..MAX_ROUNDS {
             let before = moved;
+            moved += self.receive_remote();
             for lane in &mut self.lanes {
                 lane.arrive(now);
             }
+            moved += self.send_remote();
             // Into the nodes: the transport always takes what arrives.
             for n in 0..self.host_in.len() {
                 let lane = self.host_in[n];
@@ -374,6 +460,7 @@ impl Network {
             lanes: self.lane_counters(),
             switches: self.switches.iter().map(|s| s.counters).collect(),
             transport: self.transport.counters.clone(),
+            span: self.udp.as_ref().map(|u| u.counters),
         }
     }
 }
@@ -440,7 +527,9 @@ mod tests {
                 min_timeout: 200_000,
                 ..TransportConfig::default()
             },
+            span: None,
         })
+        .unwrap()
     }
 
     fn message(tag: u32, len: usize) -> Message {

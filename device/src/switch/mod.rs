@@ -31,6 +31,9 @@ use crate::switch::snapshot::{EndpointSnapshot, NodeSnapshot, Snapshot};
 pub struct Switch {
     ports: Mutex<Ports>,
     wake: EventFd,
+    /// A spanning fabric's UDP socket (owned by the network, which lives
+    /// as long as the switch): a datagram wakes the engine too.
+    udp: Option<std::os::fd::RawFd>,
     /// Set to stop the engine.
     pub stop: AtomicBool,
     /// Endpoints per port.
@@ -49,8 +52,18 @@ impl Switch {
         let mut ports = Ports::new(nodes, config.max_endpoints());
         ports.max_tripwires = config.tripwires();
         ports.utlb.cache = TranslationCache::new(config.utlb_cache());
-        ports.network = config.fabric().cloned().map(Network::new);
+        ports.network = config
+            .fabric()
+            .cloned()
+            .map(Network::new)
+            .transpose()
+            .map_err(|source| Error::Os {
+                what: "the fabric's UDP socket",
+                source,
+            })?;
+        let udp = ports.network.as_ref().and_then(Network::udp_fd);
         Ok(Switch {
+            udp,
             ports: Mutex::new(ports),
             wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
                 what: "eventfd",
@@ -224,14 +237,22 @@ impl Switch {
 
     /// Sleeps until woken or `timeout`.
     pub fn sleep(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd {
-            fd: self.wake.as_raw_fd(),
+        let fd = |fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: `pfd` is a valid pollfd for the duration of the call, and
-        // the count passed is 1.
-        unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        // A negative fd is ignored by poll: no UDP socket, no second entry.
+        let mut pfds = [fd(self.wake.as_raw_fd()), fd(self.udp.unwrap_or(-1))];
+        // SAFETY: `pfds` is a valid array of two pollfds for the duration
+        // of the call, and the count passed is its length.
+        unsafe {
+            libc::poll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                timeout.as_millis() as i32,
+            )
+        };
         let _ = self.wake.read();
     }
 }

@@ -99,6 +99,9 @@ pub struct Spec {
     /// Flip one byte of measured message N (from 0): a fault injected on
     /// purpose, which the receiver's check must catch.
     pub corrupt_at: Option<u64>,
+    /// ulnic on a host: the client's and the server's nodes (sockets
+    /// `nodeN.sock` in the device directory).
+    pub nodes: (u32, u32),
 }
 
 /// A message link between the two peers; `recv` reads every payload byte.
@@ -602,6 +605,9 @@ pub struct PeerArgs {
     /// node 1 and the client node 0), so pairs of guests can run at once.
     #[arg(long)]
     pub peer_node: Option<u32>,
+    /// ulnic on a host: this peer's node (default: server 1, client 0).
+    #[arg(long)]
+    pub my_node: Option<u32>,
 }
 
 /// TCP port of the benchmark server inside guests.
@@ -656,6 +662,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
         iters: a.iters,
         mode: a.mode,
         corrupt_at: a.corrupt_at,
+        nodes: (0, 1),
     };
     let is_server = a.role == "server";
     let ready = || {
@@ -713,6 +720,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
             // peer; `at` is the socket dir, or "device" inside a guest
             // (the device file: this node is whichever the guest is).
             let (mine, default_peer) = if is_server { (1, 0) } else { (0, 1) };
+            let mine = a.my_node.unwrap_or(mine);
             let peer = a.peer_node.unwrap_or(default_peer);
             let sock = PathBuf::from(&a.at).join(format!("node{mine}.sock"));
             let mut l = UlnicLink::open(
@@ -763,6 +771,21 @@ fn spawn_peer(spec: &Spec, role: &str, at: &str) -> io::Result<Child> {
                 .map(|n| vec!["--corrupt-at".to_string(), n.to_string()])
                 .unwrap_or_default(),
         )
+        .args(if spec.nodes == (0, 1) {
+            Vec::new()
+        } else {
+            let (me, peer) = if role == "server" {
+                (spec.nodes.1, spec.nodes.0)
+            } else {
+                spec.nodes
+            };
+            vec![
+                "--my-node".to_string(),
+                me.to_string(),
+                "--peer-node".to_string(),
+                peer.to_string(),
+            ]
+        })
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()

@@ -103,6 +103,7 @@ fn two_switches(trunk: LinkParams) -> FabricConfig {
             .expect("a two-switch topology is valid"),
         seed: 0,
         transport: TransportConfig::default(),
+        span: None,
     }
 }
 
@@ -354,6 +355,7 @@ pub fn hotspot(
         topology: Topology::single_switch(most + 1),
         seed: 0,
         transport: TransportConfig::default(),
+        span: None,
     };
     let run = InProcess::start(fabric, 2)?;
     let small = EndpointConfig {

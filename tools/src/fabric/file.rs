@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::routing::Routes;
+use ulnic_device::fabric::span::Span;
 use ulnic_device::fabric::topology::{End, Faults, Link, LinkParams, Topology};
 use ulnic_device::fabric::transport::TransportConfig;
 
@@ -26,6 +28,19 @@ struct File {
     /// Seeds the faults; the same seed and traffic give the same faults.
     seed: Option<u64>,
     transport: Option<TransportEntry>,
+    /// Device processes the fabric spans (spec §10.7).
+    #[serde(default, rename = "device")]
+    devices: Vec<DeviceEntry>,
+}
+
+/// `[[device]]`: a device process of a fabric that spans several, the
+/// switches it serves (and so the nodes on them) and its UDP address.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceEntry {
+    name: String,
+    address: String,
+    switches: Vec<String>,
 }
 
 /// `[transport]`: the reliable transport's settings (spec §10.4).
@@ -200,11 +215,94 @@ pub fn parse(text: &str) -> anyhow::Result<FabricConfig> {
             max_timeout: d.max_timeout,
         },
     };
+    let span = if f.devices.is_empty() {
+        None
+    } else {
+        let mut switch_owner = vec![usize::MAX; names.len()];
+        let mut members = Vec::new();
+        for (i, d) in f.devices.iter().enumerate() {
+            anyhow::ensure!(
+                !members.iter().any(|(n, _): &(String, _)| n == &d.name),
+                "two devices are named '{}'",
+                d.name
+            );
+            let addr: std::net::SocketAddr = d.address.parse().with_context(|| {
+                format!(
+                    "device '{}': address '{}' is not IP:PORT",
+                    d.name, d.address
+                )
+            })?;
+            for sname in &d.switches {
+                let s = switch(sname)?;
+                anyhow::ensure!(
+                    switch_owner[s] == usize::MAX,
+                    "switch '{sname}' is claimed by two devices"
+                );
+                switch_owner[s] = i;
+            }
+            members.push((d.name.clone(), addr));
+        }
+        if let Some(s) = switch_owner.iter().position(|&o| o == usize::MAX) {
+            anyhow::bail!("switch '{}' belongs to no [[device]]", names[s]);
+        }
+        // Which member this process is, and the key, come from the
+        // command line (`join`).
+        Some(Span {
+            me: usize::MAX,
+            members,
+            switch_owner,
+            key: [0; 32],
+        })
+    };
     Ok(FabricConfig {
         topology: Topology::new(f.nodes, names, links)?,
         seed: f.seed.unwrap_or(0),
         transport,
+        span,
     })
+}
+
+/// Makes `config` the fabric of member `member`, authenticated with the
+/// key in `key_file` (its SHA-256: any secret file of at least 16 bytes,
+/// the same on every member). An error if the topology spans no devices,
+/// or names no such member.
+pub fn join(
+    mut config: FabricConfig,
+    member: Option<&str>,
+    key_file: Option<&Path>,
+) -> anyhow::Result<FabricConfig> {
+    let Some(span) = config.span.as_mut() else {
+        anyhow::ensure!(
+            member.is_none() && key_file.is_none(),
+            "--member and --key-file are for topologies with [[device]] entries"
+        );
+        return Ok(config);
+    };
+    let names: Vec<&str> = span.members.iter().map(|m| m.0.as_str()).collect();
+    let member = member.with_context(|| {
+        format!(
+            "this topology spans devices {}: say which this is with --member",
+            names.join(", ")
+        )
+    })?;
+    span.me = names.iter().position(|n| *n == member).with_context(|| {
+        format!(
+            "no device '{member}' in the topology (it has {})",
+            names.join(", ")
+        )
+    })?;
+    let key_file = key_file.context(
+        "a fabric that spans devices needs --key-file (the same secret on every member)",
+    )?;
+    let secret =
+        std::fs::read(key_file).with_context(|| format!("cannot read {}", key_file.display()))?;
+    anyhow::ensure!(
+        secret.len() >= 16,
+        "{}: a key needs at least 16 bytes",
+        key_file.display()
+    );
+    span.key = Sha256::digest(&secret).into();
+    Ok(config)
 }
 
 /// One route, for printing.

@@ -103,6 +103,7 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
         topology: Topology::single_switch(o.nodes),
         seed: o.seed,
         transport: TransportConfig::default(),
+        span: None,
     });
     anyhow::ensure!(
         fabric.topology.nodes() == o.nodes,
@@ -111,6 +112,9 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
         o.nodes
     );
     fabric.seed = o.seed;
+    // All nodes in this process: a topology spread over devices is run
+    // here whole.
+    fabric.span = None;
     if let Some(f) = o.faults {
         for link in 0..fabric.topology.links().len() {
             fabric.topology.set_faults(link, f)?;

@@ -1,0 +1,226 @@
+//! A fabric that spans device processes (spec §10.7): each member device
+//! owns some switches (and the nodes on them); a link between switches of
+//! two members carries its packets over UDP, each datagram authenticated
+//! with HMAC-SHA256 under the fabric's key. A datagram that is short, from
+//! an address that is not the member owning the link's sending end, for a
+//! link that does not end here, or whose MAC does not verify, is dropped
+//! and counted: only members inject packets, so every source stays
+//! stamped by a NIC.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use ulnic_abi::packet::HEADER_SIZE;
+use ulnic_abi::wire::{self, PacketHeader};
+
+use crate::fabric::packet::Packet;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// `magic` of a datagram: "ULUD".
+pub const DATAGRAM_MAGIC: u32 = 0x4455_4c55;
+/// Bytes before the packet: magic and lane.
+const PREFIX: usize = 8;
+/// Bytes of the MAC after the packet.
+pub const MAC_SIZE: usize = 32;
+/// The largest packet a datagram carries (an IPv4 UDP payload is at most
+/// 65,507 bytes): links between members need an MTU of at most this
+/// minus the packet header.
+pub const MAX_DATAGRAM_PACKET: usize = 65_507 - PREFIX - MAC_SIZE;
+
+/// Who is in the fabric and which of them this device is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// This device's index in `members`.
+    pub me: usize,
+    /// Every member's name and UDP address.
+    pub members: Vec<(String, SocketAddr)>,
+    /// The member owning each switch, by switch index.
+    pub switch_owner: Vec<usize>,
+    /// The fabric's key (every member has the same).
+    pub key: [u8; 32],
+}
+
+/// What the UDP side has seen.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SpanCounters {
+    /// Datagrams sent.
+    pub sent: u64,
+    /// Datagrams that could not be sent (the socket refused).
+    pub send_errors: u64,
+    /// Datagrams received and accepted.
+    pub received: u64,
+    /// Datagrams dropped: from an address that is not a member.
+    pub rejected_sender: u64,
+    /// Datagrams dropped: the MAC did not verify (forged, or another key).
+    pub rejected_mac: u64,
+    /// Datagrams dropped: too short, bad magic, a lane that does not end
+    /// here or is not the sender's, or a packet that does not parse.
+    pub rejected_malformed: u64,
+    /// Packets dropped because the far end's buffer was full.
+    pub overflow: u64,
+}
+
+/// The UDP side of a spanning fabric: the socket and the MAC.
+pub struct Udp {
+    socket: UdpSocket,
+    span: Span,
+    /// What it has seen.
+    pub counters: SpanCounters,
+    buf: Vec<u8>,
+}
+
+impl Udp {
+    /// Binds this member's address.
+    pub fn bind(span: Span) -> std::io::Result<Udp> {
+        let addr = span.members[span.me].1;
+        let socket = UdpSocket::bind(addr)?;
+        socket.set_nonblocking(true)?;
+        Ok(Udp {
+            socket,
+            span,
+            counters: SpanCounters::default(),
+            buf: vec![0; 65_536],
+        })
+    }
+
+    /// The membership.
+    pub fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// The socket, for the engine to wait on.
+    pub fn fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        // HMAC takes a key of any length: this cannot fail.
+        <HmacSha256 as Mac>::new_from_slice(&self.span.key).expect("HMAC accepts any key length")
+    }
+
+    /// Sends `p`, which crossed lane `lane`, to member `to`.
+    pub fn send(&mut self, to: usize, lane: usize, p: &Packet) {
+        let mut d = Vec::with_capacity(PREFIX + p.wire_len() + MAC_SIZE);
+        d.extend_from_slice(&DATAGRAM_MAGIC.to_le_bytes());
+        d.extend_from_slice(&(lane as u32).to_le_bytes());
+        d.extend_from_slice(&p.to_bytes());
+        let mut mac = self.mac();
+        mac.update(&d);
+        d.extend_from_slice(&mac.finalize().into_bytes());
+        match self.socket.send_to(&d, self.span.members[to].1) {
+            Ok(_) => self.counters.sent += 1,
+            Err(_) => self.counters.send_errors += 1,
+        }
+    }
+
+    /// The next datagram waiting, checked: (lane, packet). `accepts(lane,
+    /// member)` says whether `lane` ends here and starts at `member`.
+    /// Rejected datagrams are counted and skipped; None when no more wait.
+    pub fn receive(&mut self, accepts: &dyn Fn(usize, usize) -> bool) -> Option<(usize, Packet)> {
+        loop {
+            let (n, from) = self.socket.recv_from(&mut self.buf).ok()?;
+            let Some(member) = self.span.members.iter().position(|m| m.1 == from) else {
+                self.counters.rejected_sender += 1;
+                continue;
+            };
+            let d = &self.buf[..n];
+            if n < PREFIX + HEADER_SIZE + MAC_SIZE {
+                self.counters.rejected_malformed += 1;
+                continue;
+            }
+            let (body, tag) = d.split_at(n - MAC_SIZE);
+            let mut mac = self.mac();
+            mac.update(body);
+            if mac.verify_slice(tag).is_err() {
+                self.counters.rejected_mac += 1;
+                continue;
+            }
+            let magic = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+            let lane = u32::from_le_bytes([body[4], body[5], body[6], body[7]]) as usize;
+            let bytes = &body[PREFIX..];
+            let header: PacketHeader = wire::read(&bytes[..HEADER_SIZE]);
+            let payload = bytes[HEADER_SIZE..].to_vec();
+            if magic != DATAGRAM_MAGIC
+                || !accepts(lane, member)
+                || header.len.get() as usize != payload.len()
+            {
+                self.counters.rejected_malformed += 1;
+                continue;
+            }
+            self.counters.received += 1;
+            return Some((lane, Packet { header, payload }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(me: usize, key: u8, addrs: &[SocketAddr]) -> Span {
+        Span {
+            me,
+            members: addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (format!("m{i}"), *a))
+                .collect(),
+            switch_owner: vec![0, 1],
+            key: [key; 32],
+        }
+    }
+
+    fn free_addr() -> SocketAddr {
+        UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    }
+
+    fn wait_receive(u: &mut Udp) -> Option<(usize, Packet)> {
+        for _ in 0..200 {
+            if let Some(r) = u.receive(&|lane, from| lane == 3 && from == 0) {
+                return Some(r);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        None
+    }
+
+    #[test]
+    fn members_with_the_key_get_through_and_nobody_else() {
+        let addrs = [free_addr(), free_addr()];
+        let mut a = Udp::bind(span(0, 1, &addrs)).unwrap();
+        let mut b = Udp::bind(span(1, 1, &addrs)).unwrap();
+        let mut p = Packet::new(ulnic_abi::packet::DATA);
+        p.payload = b"hello".to_vec();
+        p.seal();
+        a.send(1, 3, &p);
+        assert_eq!(wait_receive(&mut b), Some((3, p.clone())));
+
+        // The wrong key: dropped, counted.
+        let stranger_addr = addrs[0];
+        drop(a);
+        let mut stranger = Udp::bind(span(0, 2, &[stranger_addr, addrs[1]])).unwrap();
+        stranger.send(1, 3, &p);
+        assert_eq!(wait_receive(&mut b), None);
+        assert_eq!(b.counters.rejected_mac, 1);
+        drop(stranger);
+
+        // The right key, but a lane the sender does not own.
+        let mut a = Udp::bind(span(0, 1, &addrs)).unwrap();
+        a.send(1, 4, &p);
+        assert_eq!(wait_receive(&mut b), None);
+        assert_eq!(b.counters.rejected_malformed, 1);
+
+        // Not a member at all.
+        let outsider = UdpSocket::bind("127.0.0.1:0").unwrap();
+        outsider.send_to(b"anything at all", addrs[1]).unwrap();
+        assert_eq!(wait_receive(&mut b), None);
+        assert_eq!(b.counters.rejected_sender, 1);
+        assert_eq!(b.counters.received, 1);
+    }
+}
