@@ -1266,7 +1266,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                 a.rounds
             );
             println!(
-                "{:>10} {:>10} {:>7} {:>10} | {:>12} {:>12} {:>7} | {:>9} {:>9}",
+                "{:>10} {:>10} {:>7} {:>10} | {:>12} {:>12} {:>7} | {:>10} {:>9} {:>9}",
                 "Gb/s set",
                 "achieved",
                 "ratio",
@@ -1274,12 +1274,13 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                 "one-way set",
                 "achieved",
                 "ratio",
+                "app sees",
                 "RTT ideal",
                 "RTT link"
             );
             for r in &results {
                 println!(
-                    "{:>10.3} {:>10.3} {:>7.3} {:>10.1} | {:>10.2}us {:>10.2}us {:>7.3} | {:>7.2}us {:>7.2}us",
+                    "{:>10.3} {:>10.3} {:>7.3} {:>10.1} | {:>10.2}us {:>10.2}us {:>7.3} | {:>8.2}us {:>7.2}us {:>7.2}us",
                     r.configured_gbps,
                     r.achieved_gbps,
                     r.bandwidth_ratio,
@@ -1287,6 +1288,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                     r.configured_one_way_us,
                     r.achieved_one_way_us,
                     r.latency_ratio,
+                    r.app_one_way_us,
                     r.ideal_rtt_us,
                     r.link_rtt_us
                 );

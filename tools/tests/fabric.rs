@@ -321,3 +321,52 @@ fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no link 99"));
 }
+
+#[test]
+fn the_fabric_benchmarks_report_what_they_measured() {
+    // Invariants only: no test asserts on timing.
+    let link = cli::json_lines(&[
+        "fabric",
+        "bench",
+        "link",
+        "--link",
+        "1:10",
+        "--rounds",
+        "1",
+        "--iters",
+        "50",
+        "--seconds",
+        "0.1",
+        "--json",
+    ]);
+    assert_eq!(link.len(), 1);
+    let l = &link[0];
+    assert_eq!(l["configured_gbps"], 1.0);
+    assert_eq!(l["payload"], "none");
+    assert!(l["achieved_gbps"].as_f64().unwrap() > 0.0, "{l}");
+    assert!(l["link_rtt_us"].as_f64().unwrap() > 0.0, "{l}");
+    let c = l["configured_one_way_us"].as_f64().unwrap();
+    assert!(
+        (c - 10.576).abs() < 0.01,
+        "10 us plus 72 bytes at 1 Gb/s: {l}"
+    );
+
+    let hot = cli::json_lines(&[
+        "fabric",
+        "bench",
+        "hotspot",
+        "--clients",
+        "1,4",
+        "--seconds",
+        "0.1",
+        "--json",
+    ]);
+    assert_eq!(hot.len(), 2);
+    for (h, n) in hot.iter().zip([1usize, 4]) {
+        let shares = h["shares"].as_array().unwrap();
+        assert_eq!(shares.len(), n, "{h}");
+        let sum: f64 = shares.iter().map(|s| s.as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-9, "shares sum to {sum}: {h}");
+        assert!(h["aggregate_per_s"].as_f64().unwrap() > 0.0, "{h}");
+    }
+}

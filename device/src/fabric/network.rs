@@ -269,7 +269,15 @@ impl Network {
             })
             .sum::<Nanos>()
             * 2;
-        self.transport.submit(key, msg, mtu, rtt);
+        let now = self.now();
+        self.transport.submit(key, msg, mtu, rtt, now);
+    }
+
+    /// The one-way delays (the transport taking a message to its
+    /// delivery) of messages sent once between nodes of this device, since
+    /// the last call.
+    pub fn take_delays(&mut self) -> Vec<Nanos> {
+        self.transport.take_delays()
     }
 
     /// Drops every channel of endpoint `endpoint` of node `node`.

@@ -147,6 +147,8 @@ struct Unacked {
     /// is sent again (Karn: a retransmitted message gives no RTT sample).
     sent_at: Option<Nanos>,
     again: bool,
+    /// When the transport took it from the send ring.
+    submitted_at: Nanos,
 }
 
 struct SendChannel {
@@ -225,7 +227,13 @@ pub struct Transport {
     next_epoch: u32,
     /// Per node.
     pub counters: Vec<TransportCounters>,
+    /// The last one-way delays (submit to delivery) of messages whose
+    /// sender is on this device too, for the link benchmark.
+    delays: VecDeque<Nanos>,
 }
+
+/// One-way delays kept.
+const MAX_DELAYS: usize = 1 << 16;
 
 /// `a` comes before `b` in sequence space.
 fn before(a: u32, b: u32) -> bool {
@@ -244,6 +252,7 @@ impl Transport {
             timers: BinaryHeap::new(),
             next_epoch: 1,
             counters: vec![TransportCounters::default(); nodes as usize],
+            delays: VecDeque::new(),
         }
     }
 
@@ -265,9 +274,9 @@ impl Transport {
             .is_none_or(|c| c.unacked.len() < self.config.window as usize)
     }
 
-    /// Takes a message for channel `key`, whose path has MTU `mtu` and a
-    /// round trip of `rtt` when idle. The caller checked `has_room`.
-    pub fn submit(&mut self, key: ChannelKey, msg: Message, mtu: u32, rtt: Nanos) {
+    /// Takes a message for channel `key` at `now`, whose path has MTU `mtu`
+    /// and a round trip of `rtt` when idle. The caller checked `has_room`.
+    pub fn submit(&mut self, key: ChannelKey, msg: Message, mtu: u32, rtt: Nanos, now: Nanos) {
         if !self.send.contains_key(&key) {
             let epoch = self.new_epoch();
             let base = self.config.min_timeout + 4 * rtt;
@@ -304,6 +313,7 @@ impl Transport {
             msg,
             sent_at: None,
             again: false,
+            submitted_at: now,
         });
         self.counters[key.src as usize].messages_sent += 1;
         self.make_ready(key);
@@ -518,7 +528,7 @@ impl Transport {
             return;
         }
         match h.kind.get() {
-            packet::DATA => self.receive_data(n, p, sink),
+            packet::DATA => self.receive_data(n, p, now, sink),
             packet::ACK | packet::NACK => {
                 // The channel as the DATA named it: its ends swapped back.
                 let key = ChannelKey {
@@ -630,7 +640,14 @@ impl Transport {
         self.timers.push(Reverse((d, key)));
     }
 
-    fn receive_data(&mut self, n: u32, p: Packet, sink: &mut dyn Sink) {
+    /// Takes the one-way delays recorded since the last call: from when the
+    /// transport took a message to when it was delivered, for messages
+    /// sent and received on this device, sent once.
+    pub fn take_delays(&mut self) -> Vec<Nanos> {
+        self.delays.drain(..).collect()
+    }
+
+    fn receive_data(&mut self, n: u32, p: Packet, now: Nanos, sink: &mut dyn Sink) {
         let h = p.header;
         let (frag, frags, msg_len, off) = (
             h.frag.get(),
@@ -717,6 +734,13 @@ impl Transport {
             Ok(()) => {
                 ch.next = ch.next.wrapping_add(1);
                 self.counters[n as usize].messages_delivered += 1;
+                let first = self.send.get(&key).and_then(|c| c.unacked.front());
+                if let Some(u) = first.filter(|u| u.seq == seq && !u.again) {
+                    if self.delays.len() == MAX_DELAYS {
+                        self.delays.pop_front();
+                    }
+                    self.delays.push_back(now.saturating_sub(u.submitted_at));
+                }
                 self.control_packet(key, epoch, seq, packet::ACK, 0);
             }
             // No buffer: dropped, and tried again. A refusal: the channel
@@ -854,7 +878,7 @@ mod tests {
         let mut r = 1u64;
         for _ in 0..400 {
             while net.t.has_room(&KEY) && submitted < 500 {
-                net.t.submit(KEY, msg(submitted, 3000), 1024, 0);
+                net.t.submit(KEY, msg(submitted, 3000), 1024, 0, 0);
                 submitted += 1;
             }
             // Lose about a fifth, pseudo-randomly.
@@ -889,7 +913,7 @@ mod tests {
             full: true,
             ..Default::default()
         };
-        net.t.submit(KEY, msg(1, 10), 1024, 0);
+        net.t.submit(KEY, msg(1, 10), 1024, 0, 0);
         net.run(&mut s, |_| false, 3_000_000);
         assert!(s.delivered.is_empty() && s.returned.is_empty());
         assert!(net.t.counters[0].nacks_received > 3);
@@ -904,9 +928,9 @@ mod tests {
         let mut net = Net::new(TransportConfig::default());
         let mut s = Record::default();
         let bad = ChannelKey { port: 9, ..KEY };
-        net.t.submit(bad, msg(1, 10), 1024, 0);
-        net.t.submit(bad, msg(3, 10), 1024, 0);
-        net.t.submit(KEY, msg(2, 10), 1024, 0);
+        net.t.submit(bad, msg(1, 10), 1024, 0, 0);
+        net.t.submit(bad, msg(3, 10), 1024, 0, 0);
+        net.t.submit(KEY, msg(2, 10), 1024, 0, 0);
         net.run(&mut s, |_| false, 1_000_000);
         let no = tx_error::NO_ENDPOINT;
         assert_eq!(s.returned, [(1, no), (3, no)]);
@@ -922,7 +946,7 @@ mod tests {
         let mut net = Net::new(cfg);
         let mut s = Record::default();
         for i in 0..5 {
-            net.t.submit(KEY, msg(i, 10), 1024, 0);
+            net.t.submit(KEY, msg(i, 10), 1024, 0, 0);
         }
         net.run(&mut s, |_| true, 100_000_000);
         let ids: Vec<u64> = s.returned.iter().map(|r| r.0).collect();
@@ -930,12 +954,12 @@ mod tests {
         assert!(s.returned.iter().all(|r| r.1 == tx_error::UNREACHABLE));
         assert_eq!(net.t.counters[0].timeouts, 4);
         // Known unreachable: the next message comes back after one retry.
-        net.t.submit(KEY, msg(5, 10), 1024, 0);
+        net.t.submit(KEY, msg(5, 10), 1024, 0, 0);
         net.run(&mut s, |_| true, 5_000_000);
         assert_eq!(s.returned.last(), Some(&(5, tx_error::UNREACHABLE)));
         assert_eq!(net.t.counters[0].timeouts, 6);
         // The channel works again in its new epoch once the path does.
-        net.t.submit(KEY, msg(7, 10), 1024, 0);
+        net.t.submit(KEY, msg(7, 10), 1024, 0, 0);
         net.run(&mut s, |_| false, 1_000_000);
         assert_eq!(s.acked, [7]);
     }

@@ -168,6 +168,16 @@ impl Switch {
         self.lock().network.as_ref().map(Network::counters)
     }
 
+    /// One-way delays through the fabric (ns) of messages between this
+    /// device's nodes since the last call (empty without a fabric).
+    pub fn take_fabric_delays(&self) -> Vec<u64> {
+        self.lock()
+            .network
+            .as_mut()
+            .map(Network::take_delays)
+            .unwrap_or_default()
+    }
+
     /// The fabric's shape and settings (faults as last set), if any.
     pub fn fabric_config(&self) -> Option<FabricConfig> {
         self.lock().network.as_ref().map(|n| n.config().clone())
