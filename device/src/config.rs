@@ -49,6 +49,7 @@ pub struct Configuration {
     tripwires: u32,
     utlb_cache: CacheConfig,
     fabric: Option<FabricConfig>,
+    engine_threads: u32,
 }
 
 impl Configuration {
@@ -63,6 +64,7 @@ impl Configuration {
             tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
             utlb_cache: CacheConfig::default(),
             fabric: None,
+            engine_threads: 1,
         })
     }
 
@@ -103,6 +105,29 @@ impl Configuration {
         self.fabric.as_ref()
     }
 
+    /// Engine threads (shards; spec §10.8).
+    pub fn engine_threads(&self) -> u32 {
+        self.engine_threads
+    }
+
+    /// With more than one engine thread: the shard of each switch of the
+    /// fabric, in contiguous blocks (switches `0..S/K` to shard 0, and so
+    /// on), so nodes on the same or neighbouring switches share a shard.
+    pub fn shard_plan(&self) -> Option<Vec<usize>> {
+        let k = self.engine_threads as usize;
+        let f = self.fabric.as_ref().filter(|_| k > 1)?;
+        let switches = f.topology.switches().len();
+        Some((0..switches).map(|s| s * k / switches).collect())
+    }
+
+    /// The shard serving node `n` (0 with one engine thread).
+    pub fn shard_of(&self, n: u32) -> usize {
+        match (self.shard_plan(), &self.fabric) {
+            (Some(plan), Some(f)) => plan[f.topology.attachment(n).1],
+            _ => 0,
+        }
+    }
+
     /// Whether this device serves node `n`'s port (with a fabric spanning
     /// devices, only the nodes on its own switches).
     pub fn is_local(&self, n: u32) -> bool {
@@ -111,6 +136,28 @@ impl Configuration {
 
     /// Checks the limits of spec §3.
     fn validate(&self) -> Result<(), Error> {
+        if self.engine_threads == 0 || self.engine_threads > 64 {
+            return Err(Error::Config("--engine-threads must be 1 to 64".into()));
+        }
+        if self.engine_threads > 1 {
+            let f = self.fabric.as_ref().ok_or_else(|| {
+                Error::Config(
+                    "more than one engine thread needs a fabric (--topology): the engine is split by switch".into(),
+                )
+            })?;
+            if f.span.is_some() {
+                return Err(Error::Config(
+                    "a fabric spread over devices runs one engine thread per device".into(),
+                ));
+            }
+            if f.topology.switches().len() < self.engine_threads as usize {
+                return Err(Error::Config(format!(
+                    "{} engine threads need at least as many switches (the topology has {})",
+                    self.engine_threads,
+                    f.topology.switches().len()
+                )));
+            }
+        }
         if let Some(f) = &self.fabric {
             if f.topology.nodes() as usize != self.sockets.len() {
                 return Err(Error::Config(format!(
@@ -210,6 +257,13 @@ impl ConfigurationBuilder {
     /// Shape of the UTLB translation cache.
     pub fn utlb_cache(mut self, c: CacheConfig) -> Self {
         self.0.utlb_cache = c;
+        self
+    }
+
+    /// Engine threads: more than one splits the engine by switch (needs a
+    /// fabric with at least that many switches; spec §10.8).
+    pub fn engine_threads(mut self, n: u32) -> Self {
+        self.0.engine_threads = n;
         self
     }
 

@@ -10,25 +10,52 @@ use std::time::Duration;
 use log::{info, warn};
 use vhost::vhost_user::Listener;
 
+use std::sync::mpsc::SyncSender;
+
 use crate::config::{Configuration, Error};
+use crate::fabric::network::{Captured, FabricConfig, FabricCounters};
+use crate::fabric::span::MemoryShared;
+use crate::fabric::topology::Faults;
 use crate::memory::region;
+use crate::switch::snapshot::Snapshot;
 use crate::switch::{engine, Switch};
 use crate::vhost::port::serve_port;
 
 /// A running device.
 pub struct Device {
-    switch: Arc<Switch>,
+    /// One per engine thread (shard); usually one.
+    switches: Vec<Arc<Switch>>,
+    /// The shard serving each node.
+    node_shard: Vec<usize>,
     sockets: Vec<PathBuf>,
-    engine: Option<JoinHandle<()>>,
+    engines: Vec<JoinHandle<()>>,
     ports: Vec<JoinHandle<()>>,
 }
 
 impl Device {
-    /// Creates the port sockets, starts one thread per port and the engine.
-    /// Clients may connect as soon as this returns.
+    /// Creates the port sockets, starts one thread per port and the engine
+    /// (one thread per shard with `engine_threads`). Clients may connect as
+    /// soon as this returns.
     pub fn start(config: Configuration) -> Result<Device, Error> {
         region::install();
-        let switch = Arc::new(Switch::new(&config)?);
+        let switches: Vec<Arc<Switch>> = match config.shard_plan() {
+            None => vec![Arc::new(Switch::new(&config)?)],
+            Some(plan) => {
+                let k = config.engine_threads() as usize;
+                let shared = MemoryShared::new(k).map_err(|source| Error::Os {
+                    what: "the engine shards' queues",
+                    source,
+                })?;
+                (0..k)
+                    .map(|me| {
+                        Switch::shard(&config, me, plan.clone(), shared.clone()).map(Arc::new)
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        let node_shard: Vec<usize> = (0..config.sockets().len() as u32)
+            .map(|n| config.shard_of(n))
+            .collect();
         let mut ports = Vec::new();
         for (node, path) in config.sockets().iter().enumerate() {
             if !config.is_local(node as u32) {
@@ -38,7 +65,7 @@ impl Device {
                 path: path.clone(),
                 source,
             })?;
-            let sw = switch.clone();
+            let sw = switches[node_shard[node]].clone();
             let path = path.clone();
             let port = std::thread::Builder::new()
                 .name(format!("ulnic-port{node}"))
@@ -53,17 +80,22 @@ impl Device {
                 config.sockets()[node].display()
             );
         }
-        let sw = switch.clone();
         let poll_for = config.poll_for();
-        let engine = std::thread::Builder::new()
-            .name("ulnic-engine".into())
-            .spawn(move || engine::run(sw, poll_for))
-            .map_err(|source| Error::Os {
-                what: "engine thread",
-                source,
-            })?;
+        let mut engines = Vec::new();
+        for (k, sw) in switches.iter().enumerate() {
+            let sw = sw.clone();
+            let engine = std::thread::Builder::new()
+                .name(format!("ulnic-engine{k}"))
+                .spawn(move || engine::run(sw, poll_for))
+                .map_err(|source| Error::Os {
+                    what: "engine thread",
+                    source,
+                })?;
+            engines.push(engine);
+        }
         Ok(Device {
-            switch,
+            switches,
+            node_shard,
             sockets: config
                 .sockets()
                 .iter()
@@ -71,19 +103,103 @@ impl Device {
                 .filter(|(n, _)| config.is_local(*n as u32))
                 .map(|(_, p)| p.clone())
                 .collect(),
-            engine: Some(engine),
+            engines,
             ports,
         })
     }
 
-    /// The shared state, for reports and tests.
+    /// The shared state of the first (usually only) shard, for reports and
+    /// tests; `switch_of` finds a node's.
     pub fn switch(&self) -> &Arc<Switch> {
-        &self.switch
+        &self.switches[0]
+    }
+
+    /// The shard serving node `n`.
+    pub fn switch_of(&self, n: u32) -> &Arc<Switch> {
+        let k = self.node_shard.get(n as usize).copied().unwrap_or(0);
+        &self.switches[k]
+    }
+
+    /// Every shard.
+    pub fn switches(&self) -> &[Arc<Switch>] {
+        &self.switches
     }
 
     /// The port sockets.
     pub fn sockets(&self) -> &[PathBuf] {
         &self.sockets
+    }
+
+    /// Holds every engine thread still (true) or lets them go: the drain
+    /// benchmark fills rings first. Control commands still run.
+    pub fn pause(&self, paused: bool) {
+        for s in &self.switches {
+            s.paused.store(paused, Ordering::Relaxed);
+            s.wake();
+        }
+    }
+
+    /// The fabric's counters, summed over the shards (each counts the
+    /// lanes it sends on, the switches and nodes it serves).
+    pub fn fabric_counters(&self) -> Option<FabricCounters> {
+        let mut all = self.switches.iter().filter_map(|s| s.fabric_counters());
+        let mut sum = all.next()?;
+        for c in all {
+            sum.add(&c);
+        }
+        Some(sum)
+    }
+
+    /// Changes a link's faults (in every shard: the one sending on a lane
+    /// emulates it).
+    pub fn set_link_faults(&self, link: usize, faults: Faults) -> Result<(), Error> {
+        for s in &self.switches {
+            s.set_link_faults(link, faults)?;
+        }
+        Ok(())
+    }
+
+    /// Captures a link's packets from every shard into `to`.
+    pub fn capture(&self, lanes: Vec<usize>, to: SyncSender<Captured>) -> Result<(), Error> {
+        for s in &self.switches {
+            s.capture(lanes.clone(), to.clone())?;
+        }
+        Ok(())
+    }
+
+    /// The fabric's settings, if any.
+    pub fn fabric_config(&self) -> Option<FabricConfig> {
+        self.switches[0].fabric_config()
+    }
+
+    /// One-way delays through the fabric since the last call, every shard.
+    pub fn take_fabric_delays(&self) -> Vec<u64> {
+        self.switches
+            .iter()
+            .flat_map(|s| s.take_fabric_delays())
+            .collect()
+    }
+
+    /// Every counter of the device: each node from the shard serving it,
+    /// the fabric's summed.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut shots: Vec<Snapshot> = self.switches.iter().map(|s| s.snapshot()).collect();
+        let mut out = shots.remove(0);
+        for (n, node) in out.nodes.iter_mut().enumerate() {
+            let k = self.node_shard.get(n).copied().unwrap_or(0);
+            if k > 0 {
+                if let Some(theirs) = shots[k - 1].nodes.get(n) {
+                    *node = theirs.clone();
+                }
+            }
+        }
+        for s in &shots {
+            out.totals.add(&s.totals);
+            if let (Some(mine), Some(theirs)) = (out.fabric.as_mut(), s.fabric.as_ref()) {
+                mine.0.add(&theirs.0);
+            }
+        }
+        out
     }
 }
 
@@ -95,14 +211,16 @@ impl Drop for Device {
     /// connection is closed (to QEMU its backend is gone), the port threads
     /// and the engine end, and the sockets are removed.
     fn drop(&mut self) {
-        self.switch.stop.store(true, Ordering::Relaxed);
-        let handles: Vec<_> = self
-            .switch
-            .lock()
-            .nodes
-            .iter_mut()
-            .filter_map(|n| n.disconnect.take())
-            .collect();
+        let mut handles = Vec::new();
+        for sw in &self.switches {
+            sw.stop.store(true, Ordering::Relaxed);
+            handles.extend(
+                sw.lock()
+                    .nodes
+                    .iter_mut()
+                    .filter_map(|n| n.disconnect.take()),
+            );
+        }
         for h in handles {
             h.shutdown();
         }
@@ -111,8 +229,10 @@ impl Drop for Device {
         for s in &self.sockets {
             let _ = std::os::unix::net::UnixStream::connect(s);
         }
-        self.switch.wake();
-        if let Some(e) = self.engine.take() {
+        for sw in &self.switches {
+            sw.wake();
+        }
+        for e in self.engines.drain(..) {
             let _ = e.join();
         }
         let deadline = std::time::Instant::now() + STOP_GRACE;

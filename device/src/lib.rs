@@ -24,6 +24,19 @@
 //!
 //! docs/architecture.md draws the crates and the path of a message.
 
+/// Gives a counters struct `add`, summing the named fields (shards'
+/// counters are summed this way).
+macro_rules! summable {
+    ($t:ty { $($f:ident),* $(,)? }) => {
+        impl $t {
+            /// Adds `other`'s counts to these.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$f += other.$f;)*
+            }
+        }
+    };
+}
+
 pub mod chain;
 pub mod config;
 pub mod device;

@@ -18,7 +18,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use ulnic_device::fabric::topology::Faults;
 use ulnic_device::switch::snapshot::Snapshot;
-use ulnic_device::Switch;
+use ulnic_device::Device;
 
 /// The control socket of a device whose port sockets are in `dir`
 /// (`control-MEMBER.sock` for a member of a fabric spread over devices,
@@ -306,9 +306,9 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
     }
 }
 
-/// Serves the control socket at `path` for `switch` on a thread of its
+/// Serves the control socket at `path` for `device` on a thread of its
 /// own, a thread per client.
-pub fn serve(switch: Arc<Switch>, path: &Path) -> anyhow::Result<()> {
+pub fn serve(switch: Arc<Device>, path: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener =
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
@@ -331,7 +331,7 @@ pub fn serve(switch: Arc<Switch>, path: &Path) -> anyhow::Result<()> {
 }
 
 /// The lanes of `link`, or of the link `node` hangs on.
-fn lanes_of(switch: &Switch, link: Option<usize>, node: Option<u32>) -> anyhow::Result<usize> {
+fn lanes_of(switch: &Device, link: Option<usize>, node: Option<u32>) -> anyhow::Result<usize> {
     let fabric = switch
         .fabric_config()
         .context("this device has no emulated fabric (start it with --topology)")?;
@@ -356,7 +356,7 @@ fn lanes_of(switch: &Switch, link: Option<usize>, node: Option<u32>) -> anyhow::
     Ok(l)
 }
 
-fn client(switch: &Switch, conn: UnixStream) -> anyhow::Result<()> {
+fn client(switch: &Device, conn: UnixStream) -> anyhow::Result<()> {
     let mut out = conn.try_clone()?;
     let reader = BufReader::new(conn);
     for line in reader.lines() {

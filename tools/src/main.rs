@@ -464,9 +464,22 @@ enum FabricCmd {
     /// hotspot (VN Figs. 7-8): N clients send to one server endpoint; the
     /// aggregate rate and every client's share as N grows.
     ///
+    /// hops, loss, reliability: 8-byte ping-pong and a 64 KiB stream between
+    /// two nodes across 1, 2 and 3 switches; with 0 to 10 % packet loss on
+    /// every link; without a fabric and with an ideal one (the cost of the
+    /// transport, after VMMC-2 Table 2). Links are 10 Gb/s, 1 us, 4 KiB
+    /// packets. Payloads are not touched.
+    ///
     /// Examples:
     ///   ulnic fabric bench link --link 1:10,10:5
     ///   ulnic fabric bench hotspot --clients 1,4,16,64 --json
+    ///   ulnic fabric bench loss
+    ///   ulnic fabric bench drain --engine-threads 1,2
+    ///
+    /// drain: the engine alone. Send rings are filled while the engine is
+    /// held (8-byte messages from node 0 to 1 and from node 2 to 3, on two
+    /// switches), then the time for it to deliver them all, with each
+    /// number of engine threads, in interleaved rounds.
     #[command(verbatim_doc_comment)]
     Bench(FabricBenchArgs),
     /// Change the faults of a link of a running device (one started with
@@ -528,6 +541,15 @@ enum FabricBenchKind {
     Link,
     /// N clients to one server endpoint.
     Hotspot,
+    /// Ping-pong and stream across 1, 2 and 3 switches.
+    Hops,
+    /// Throughput and round trip against packet loss.
+    Loss,
+    /// VMMC-2 Table 2: no fabric (no transport) against an ideal fabric
+    /// with the transport.
+    Reliability,
+    /// The engine alone, with 1 and 2 (or --engine-threads) threads.
+    Drain,
 }
 
 #[derive(clap::Args, Debug)]
@@ -544,6 +566,12 @@ struct FabricBenchArgs {
     /// link: round trips per ping-pong measurement.
     #[arg(long, default_value_t = 2000)]
     iters: usize,
+    /// drain: engine threads to compare.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    engine_threads: Vec<u32>,
+    /// drain: messages per pair of nodes (two pairs).
+    #[arg(long, default_value_t = 50_000)]
+    messages: u32,
     /// hotspot: numbers of clients to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     clients: Vec<u32>,
@@ -653,6 +681,11 @@ struct DeviceArgs {
     /// its own switches and reaches the rest over UDP.
     #[arg(long, value_name = "NAME", requires = "topology")]
     member: Option<String>,
+    /// Engine threads. More than one splits the data path by switch
+    /// (needs --topology with at least that many switches): each thread
+    /// serves its switches and their nodes, with queues between them.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    engine_threads: u32,
     /// The fabric's secret (any file of at least 16 bytes, the same on
     /// every member, e.g. `head -c 32 /dev/urandom > key`): every UDP
     /// datagram carries an HMAC-SHA256 under it.
@@ -1314,6 +1347,9 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                 );
             }
             if let Some(r) = results.iter().max_by_key(|r| r.clients) {
+                if r.clients < 2 {
+                    return Ok(());
+                }
                 println!("per-client shares with {} clients (%):", r.clients);
                 for (i, chunk) in r.shares.chunks(8).enumerate() {
                     let cells: Vec<String> =
@@ -1325,6 +1361,68 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                         cells.join(" ")
                     );
                 }
+            }
+        }
+        FabricBenchKind::Drain => {
+            let results =
+                crate::fabric::bench::drain(&a.engine_threads, a.messages, a.rounds, &mut say)?;
+            if json {
+                for r in &results {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+                return Ok(());
+            }
+            println!(
+                "drain: the engine alone, {} messages, {} interleaved rounds (medians)",
+                results.first().map_or(0, |r| r.messages),
+                a.rounds
+            );
+            println!(
+                "{:>8} {:>14} {:>10} {:>14}",
+                "threads", "messages/s", "speed-up", "CPU ns/msg"
+            );
+            let base = results.first().map_or(1.0, |r| r.messages_per_s);
+            for r in &results {
+                println!(
+                    "{:>8} {:>14.0} {:>9.2}x {:>14.0}",
+                    r.engine_threads,
+                    r.messages_per_s,
+                    r.messages_per_s / base,
+                    r.cpu_ns_per_message
+                );
+            }
+        }
+        FabricBenchKind::Hops | FabricBenchKind::Loss | FabricBenchKind::Reliability => {
+            use crate::fabric::bench::Sweep;
+            let which = match a.which {
+                FabricBenchKind::Hops => Sweep::Hops,
+                FabricBenchKind::Loss => Sweep::Loss,
+                _ => Sweep::Reliability,
+            };
+            let results = crate::fabric::bench::sweep(which, a.iters, span, &mut say)?;
+            if json {
+                for r in &results {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+                return Ok(());
+            }
+            if let Some(r) = results.first() {
+                println!("{}: {} (payloads not touched)", r.bench, r.after);
+            }
+            println!(
+                "{:<40} {:>10} {:>10} {:>12} {:>10} {:>9}",
+                "case", "RTT p50", "RTT p95", "stream MB/s", "retrans", "timeouts"
+            );
+            for r in &results {
+                println!(
+                    "{:<40} {:>8.2}us {:>8.2}us {:>12.1} {:>10} {:>9}",
+                    r.case,
+                    r.rtt_median_us,
+                    r.rtt_p95_us,
+                    r.stream_mbytes_per_s,
+                    r.retransmissions,
+                    r.timeouts
+                );
             }
         }
     }
@@ -1491,14 +1589,14 @@ fn run_device(a: DeviceArgs) -> anyhow::Result<()> {
             a.key_file.as_deref(),
         )?);
     }
-    let config = builder.build()?;
-    let dev = Device::start(config)?;
+    let config = builder.engine_threads(a.engine_threads).build()?;
+    let dev = std::sync::Arc::new(Device::start(config)?);
     let control = a.control.clone().or_else(|| {
         let dir = a.socket_dir.as_deref()?;
         Some(crate::control::socket_path(dir, a.member.as_deref()))
     });
     if let Some(path) = &control {
-        crate::control::serve(dev.switch().clone(), path)?;
+        crate::control::serve(dev.clone(), path)?;
         eprintln!(
             "ulnic: control socket {} (ulnic stats / fabric set / capture)",
             path.display()

@@ -52,6 +52,20 @@ pub struct LaneCounters {
     pub overflow: u64,
 }
 
+summable!(LaneCounters {
+    packets,
+    bytes,
+    dropped,
+    dropped_down,
+    corrupted,
+    crc_errors,
+    duplicated,
+    reordered,
+    delayed,
+    stalls,
+    overflow
+});
+
 /// A packet on the wire, ordered by arrival time, then by when it was sent.
 struct InFlight {
     arrive: Nanos,

@@ -1,7 +1,9 @@
 //! The fabric between ports (spec §10): its shape (`topology`), the routes
 //! through it (`routing`), packets (`packet`), the links that carry them
-//! (`link`), VN's reliable transport (`transport`) and the network of
-//! switches and links that moves packets along the routes (`network`).
+//! (`link`), VN's reliable transport (`transport`), the wires to other
+//! members of a fabric split between processes or engine shards (`span`),
+//! and the network of switches and links that moves packets along the
+//! routes (`network`).
 
 pub mod link;
 pub mod network;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::fabric::link::{Lane, LaneCounters, Nanos};
 use crate::fabric::packet::Packet;
 use crate::fabric::routing::{Hop, Routes};
-use crate::fabric::span::{Span, SpanCounters, Udp};
+use crate::fabric::span::{MemoryShared, Span, SpanCounters, Udp, Wire};
 use crate::fabric::topology::{End, Faults, Topology};
 use crate::fabric::transport::{ChannelKey, Message, Sink, Transport, TransportConfig};
 
@@ -82,6 +82,26 @@ struct Tap {
     to: SyncSender<Captured>,
 }
 
+impl FabricCounters {
+    /// Adds another shard's counts to these.
+    pub fn add(&mut self, o: &FabricCounters) {
+        for (a, b) in self.lanes.iter_mut().zip(&o.lanes) {
+            a.add(b);
+        }
+        for (a, b) in self.switches.iter_mut().zip(&o.switches) {
+            a.add(b);
+        }
+        for (a, b) in self.transport.iter_mut().zip(&o.transport) {
+            a.add(b);
+        }
+        match (&mut self.span, &o.span) {
+            (Some(a), Some(b)) => a.add(b),
+            (None, Some(b)) => self.span = Some(*b),
+            _ => {}
+        }
+    }
+}
+
 /// Counters of one switch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SwitchCounters {
@@ -90,6 +110,11 @@ pub struct SwitchCounters {
     /// Packets whose route did not go on from here (dropped).
     pub misrouted: u64,
 }
+
+summable!(SwitchCounters {
+    forwarded,
+    misrouted
+});
 
 struct SwitchState {
     /// Lanes that end here.
@@ -117,7 +142,7 @@ pub struct Network {
     /// With a spanning fabric: the UDP side, and per lane the member that
     /// owns its far end and the one that owns its sending end (`None`: this
     /// device).
-    udp: Option<Udp>,
+    wire: Option<Wire>,
     far_owner: Vec<Option<usize>>,
     near_owner: Vec<Option<usize>>,
 }
@@ -130,6 +155,31 @@ impl Network {
     /// The network `config` describes, all queues empty; with a span, its
     /// UDP socket bound.
     pub fn new(config: FabricConfig) -> std::io::Result<Network> {
+        let Some(span) = config.span.clone() else {
+            return Ok(Self::build(config, None, None));
+        };
+        let owners = (span.switch_owner.clone(), span.me);
+        let wire = Wire::Udp(Udp::bind(span)?);
+        Ok(Self::build(config, Some(owners), Some(wire)))
+    }
+
+    /// Shard `me` of a device whose engine is split by switch:
+    /// `switch_owner` gives each switch's shard, `shared` joins them.
+    pub fn shard(
+        config: FabricConfig,
+        me: usize,
+        switch_owner: Vec<usize>,
+        shared: std::sync::Arc<MemoryShared>,
+    ) -> Network {
+        let wire = Wire::Memory(me, shared, SpanCounters::default());
+        Self::build(config, Some((switch_owner, me)), Some(wire))
+    }
+
+    fn build(
+        config: FabricConfig,
+        owners: Option<(Vec<usize>, usize)>,
+        wire: Option<Wire>,
+    ) -> Network {
         let topo = &config.topology;
         let routes = Routes::up_down(topo);
         let mut lanes = Vec::new();
@@ -144,13 +194,13 @@ impl Network {
         let (mut host_out, mut host_in) = (vec![0; nodes], vec![0; nodes]);
         let (mut far_owner, mut near_owner) = (Vec::new(), Vec::new());
         let owner = |e: End| -> Option<usize> {
-            let span = config.span.as_ref()?;
+            let (switch_owner, me) = owners.as_ref()?;
             let sw = match e {
                 End::Switch(s) => s,
                 End::Node(n) => topo.attachment(n).1,
             };
-            let o = *span.switch_owner.get(sw)?;
-            (o != span.me).then_some(o)
+            let o = *switch_owner.get(sw)?;
+            (o != *me).then_some(o)
         };
         for (i, l) in topo.links().iter().enumerate() {
             for (dir, (from, to)) in [(l.a, l.b), (l.b, l.a)].into_iter().enumerate() {
@@ -174,8 +224,7 @@ impl Network {
             }
         }
         let transport = Transport::new(topo.nodes(), config.transport);
-        let udp = config.span.clone().map(Udp::bind).transpose()?;
-        Ok(Network {
+        Network {
             config,
             routes,
             lanes,
@@ -186,47 +235,48 @@ impl Network {
             start: Instant::now(),
             taps: Vec::new(),
             capture_dropped: 0,
-            udp,
+            wire,
             far_owner,
             near_owner,
-        })
+        }
     }
 
-    /// The UDP socket of a spanning fabric, for the engine to wait on.
-    pub fn udp_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.udp.as_ref().map(Udp::fd)
+    /// What the engine waits on for packets from the other members or
+    /// shards (a UDP socket, or an eventfd).
+    pub fn wire_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.wire.as_ref().map(Wire::fd)
     }
 
-    /// Takes the datagrams other members sent: each packet goes into the
-    /// far-end buffer of its lane here.
+    /// Takes the packets other members sent: each goes into the far-end
+    /// buffer of its lane here.
     fn receive_remote(&mut self) -> usize {
-        let Some(udp) = self.udp.as_mut() else {
+        let Some(wire) = self.wire.as_mut() else {
             return 0;
         };
-        let (far, near) = (&self.far_owner, &self.near_owner);
+        let (far, near, lanes) = (&self.far_owner, &self.near_owner, &mut self.lanes);
         let accepts = |lane: usize, member: usize| {
             lane < far.len() && far[lane].is_none() && near[lane] == Some(member)
         };
         let mut n = 0;
-        while let Some((lane, p)) = udp.receive(&accepts) {
-            if self.lanes[lane].inject(p) {
+        wire.receive_all(&accepts, &mut |lane, p| {
+            if lanes[lane].inject(p) {
                 n += 1;
             }
-        }
+        });
         n
     }
 
     /// Sends what arrived at the far end of lanes that end on another
     /// member.
     fn send_remote(&mut self) -> usize {
-        let Some(udp) = self.udp.as_mut() else {
+        let Some(wire) = self.wire.as_mut() else {
             return 0;
         };
         let mut n = 0;
         for (lane, owner) in self.far_owner.iter().enumerate() {
             let Some(to) = *owner else { continue };
             while let Some(p) = self.lanes[lane].pop() {
-                udp.send(to, lane, &p);
+                wire.send(to, lane, p);
                 n += 1;
             }
         }
@@ -317,43 +367,60 @@ impl Network {
     pub fn advance(&mut self, sink: &mut dyn Sink) -> usize {
         let now = self.now();
         let mut moved = 0;
+        let mut ticked = false;
         for _ in 0..MAX_ROUNDS {
-            let before = moved;
-            moved += self.receive_remote();
+            let mut round = self.receive_remote();
             for lane in &mut self.lanes {
                 lane.arrive(now);
             }
-            moved += self.send_remote();
+            round += self.send_remote();
             // Into the nodes: the transport always takes what arrives.
             for n in 0..self.host_in.len() {
                 let lane = self.host_in[n];
                 while let Some(p) = self.lanes[lane].pop() {
-                    moved += 1;
+                    round += 1;
                     self.transport.receive(n as u32, p, now, sink);
                 }
             }
-            moved += self.switch_all(now);
-            self.transport.tick(now, sink);
-            // Out of the nodes, while their links have credit.
-            for n in 0..self.host_out.len() {
-                let lane = self.host_out[n];
-                while self.transport.wants_to_send(n as u32) {
-                    if !self.lanes[lane].has_credit() {
-                        self.lanes[lane].stalled();
-                        break;
-                    }
-                    let Some(p) = self.transport.next_packet(n as u32, now) else {
-                        break;
-                    };
-                    self.hand(lane, now, p);
-                    moved += 1;
-                }
+            round += self.switch_all(now);
+            // Timers run once everything already due has moved as far as
+            // it can: after a stall of the engine, an ACK that arrived
+            // meanwhile is taken before its message's timeout fires.
+            if round == 0 && !ticked {
+                self.transport.tick(now, sink);
+                ticked = true;
             }
-            if moved == before {
+            round += self.transmit(now);
+            moved += round;
+            if round == 0 {
                 break;
             }
         }
+        if !ticked {
+            self.transport.tick(now, sink);
+            moved += self.transmit(now);
+        }
         moved
+    }
+
+    /// Every node's next packets, while its link has credit.
+    fn transmit(&mut self, now: Nanos) -> usize {
+        let mut sent = 0;
+        for n in 0..self.host_out.len() {
+            let lane = self.host_out[n];
+            while self.transport.wants_to_send(n as u32) {
+                if !self.lanes[lane].has_credit() {
+                    self.lanes[lane].stalled();
+                    break;
+                }
+                let Some(p) = self.transport.next_packet(n as u32, now) else {
+                    break;
+                };
+                self.hand(lane, now, p);
+                sent += 1;
+            }
+        }
+        sent
     }
 
     /// One pass of every switch; returns the packets passed on.
@@ -468,7 +535,7 @@ impl Network {
             lanes: self.lane_counters(),
             switches: self.switches.iter().map(|s| s.counters).collect(),
             transport: self.transport.counters.clone(),
-            span: self.udp.as_ref().map(|u| u.counters),
+            span: self.wire.as_ref().map(Wire::counters),
         }
     }
 }

@@ -1,7 +1,8 @@
-//! A fabric that spans device processes (spec §10.7): each member device
-//! owns some switches (and the nodes on them); a link between switches of
-//! two members carries its packets over UDP, each datagram authenticated
-//! with HMAC-SHA256 under the fabric's key. A datagram that is short, from
+//! A fabric split between members (spec §10.7, §10.8): device processes,
+//! or the engine shards of one device. Each member owns some switches (and
+//! the nodes on them); a link between switches of two members carries its
+//! packets over UDP between processes, each datagram authenticated with
+//! HMAC-SHA256 under the fabric's key, or through memory between shards. A datagram that is short, from
 //! an address that is not the member owning the link's sending end, for a
 //! link that does not end here, or whose MAC does not verify, is dropped
 //! and counted: only members inject packets, so every source stays
@@ -62,6 +63,16 @@ pub struct SpanCounters {
     /// Packets dropped because the far end's buffer was full.
     pub overflow: u64,
 }
+
+summable!(SpanCounters {
+    sent,
+    send_errors,
+    received,
+    rejected_sender,
+    rejected_mac,
+    rejected_malformed,
+    overflow
+});
 
 /// The UDP side of a spanning fabric: the socket and the MAC.
 pub struct Udp {
@@ -152,6 +163,101 @@ impl Udp {
             }
             self.counters.received += 1;
             return Some((lane, Packet { header, payload }));
+        }
+    }
+}
+
+/// The queues joining the shards of one device's engine (spec §10.8): a
+/// lane between switches of two shards hands its packets to the owner of
+/// the far end through memory, and wakes that shard's engine.
+pub struct MemoryShared {
+    queues: Vec<std::sync::Mutex<std::collections::VecDeque<(usize, usize, Packet)>>>,
+    wakes: Vec<vmm_sys_util::eventfd::EventFd>,
+}
+
+impl MemoryShared {
+    /// Queues for `shards` shards.
+    pub fn new(shards: usize) -> std::io::Result<std::sync::Arc<MemoryShared>> {
+        Ok(std::sync::Arc::new(MemoryShared {
+            queues: (0..shards).map(|_| Default::default()).collect(),
+            wakes: (0..shards)
+                .map(|_| vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK))
+                .collect::<Result<_, _>>()?,
+        }))
+    }
+}
+
+/// Packets between a member and the others: over UDP between device
+/// processes, or through memory between the shards of one.
+pub enum Wire {
+    /// Device processes.
+    Udp(Udp),
+    /// Shards of one device: this shard's number and the queues.
+    Memory(usize, std::sync::Arc<MemoryShared>, SpanCounters),
+}
+
+impl Wire {
+    /// Sends `p`, which crossed lane `lane`, to member `to`.
+    pub fn send(&mut self, to: usize, lane: usize, p: Packet) {
+        match self {
+            Wire::Udp(u) => u.send(to, lane, &p),
+            Wire::Memory(me, shared, c) => {
+                if let (Some(q), Some(w)) = (shared.queues.get(to), shared.wakes.get(to)) {
+                    q.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_back((*me, lane, p));
+                    let _ = w.write(1);
+                    c.sent += 1;
+                }
+            }
+        }
+    }
+
+    /// Every packet waiting for this member that `accepts(lane, from)`,
+    /// handed to `take` (the others are counted and dropped).
+    pub fn receive_all(
+        &mut self,
+        accepts: &dyn Fn(usize, usize) -> bool,
+        take: &mut dyn FnMut(usize, Packet),
+    ) {
+        match self {
+            Wire::Udp(u) => {
+                while let Some((lane, p)) = u.receive(accepts) {
+                    take(lane, p);
+                }
+            }
+            Wire::Memory(me, shared, c) => {
+                // The wake-up is consumed before the queue is looked at: a
+                // packet pushed after this wakes the engine again.
+                let _ = shared.wakes[*me].read();
+                let waiting = std::mem::take(
+                    &mut *shared.queues[*me].lock().unwrap_or_else(|e| e.into_inner()),
+                );
+                for (from, lane, p) in waiting {
+                    if accepts(lane, from) {
+                        c.received += 1;
+                        take(lane, p);
+                    } else {
+                        c.rejected_malformed += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the engine waits on for packets from the others.
+    pub fn fd(&self) -> RawFd {
+        match self {
+            Wire::Udp(u) => u.fd(),
+            Wire::Memory(me, shared, _) => shared.wakes[*me].as_raw_fd(),
+        }
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> SpanCounters {
+        match self {
+            Wire::Udp(u) => u.counters,
+            Wire::Memory(_, _, c) => *c,
         }
     }
 }

@@ -140,6 +140,23 @@ pub struct TransportCounters {
     pub control_dropped: u64,
 }
 
+summable!(TransportCounters {
+    messages_sent,
+    messages_delivered,
+    data_packets,
+    retransmissions,
+    timeouts,
+    acks_sent,
+    nacks_sent,
+    nacks_received,
+    duplicates_dropped,
+    out_of_order_dropped,
+    stale_dropped,
+    malformed_dropped,
+    returned,
+    control_dropped
+});
+
 struct Unacked {
     seq: u32,
     msg: Message,
@@ -235,6 +252,16 @@ pub struct Transport {
 /// One-way delays kept.
 const MAX_DELAYS: usize = 1 << 16;
 
+/// The first epoch of a transport: the wall clock in milliseconds, so a
+/// device that restarts starts its channels in epochs its peers (other
+/// devices of a fabric, which kept their receive state) take as newer.
+fn first_epoch() -> u32 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u32);
+    ms.max(1)
+}
+
 /// `a` comes before `b` in sequence space.
 fn before(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
@@ -250,7 +277,7 @@ impl Transport {
             ready: (0..nodes).map(|_| VecDeque::new()).collect(),
             control: (0..nodes).map(|_| VecDeque::new()).collect(),
             timers: BinaryHeap::new(),
-            next_epoch: 1,
+            next_epoch: first_epoch(),
             counters: vec![TransportCounters::default(); nodes as usize],
             delays: VecDeque::new(),
         }

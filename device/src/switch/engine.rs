@@ -26,6 +26,11 @@ const SPIN_UNDER: Duration = Duration::from_millis(2);
 pub fn run(switch: Arc<Switch>, poll_for: Duration) {
     let mut idle_since = Instant::now();
     while !switch.stop.load(Ordering::Relaxed) {
+        if switch.paused.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+            idle_since = Instant::now();
+            continue;
+        }
         switch.disconnect_faulted();
         if switch.lock().poll() > 0 {
             idle_since = Instant::now();

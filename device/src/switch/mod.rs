@@ -36,6 +36,9 @@ pub struct Switch {
     udp: Option<std::os::fd::RawFd>,
     /// Set to stop the engine.
     pub stop: AtomicBool,
+    /// Set to hold the engine still (the drain benchmark fills rings
+    /// first); control commands still run.
+    pub paused: AtomicBool,
     /// Endpoints per port.
     pub max_endpoints: u32,
     /// Number of nodes.
@@ -48,11 +51,7 @@ pub struct Switch {
 impl Switch {
     /// The switch of a device configured by `config`, its ports empty.
     pub fn new(config: &Configuration) -> Result<Switch, Error> {
-        let nodes = config.sockets().len() as u32;
-        let mut ports = Ports::new(nodes, config.max_endpoints());
-        ports.max_tripwires = config.tripwires();
-        ports.utlb.cache = TranslationCache::new(config.utlb_cache());
-        ports.network = config
+        let network = config
             .fabric()
             .cloned()
             .map(Network::new)
@@ -61,7 +60,33 @@ impl Switch {
                 what: "the fabric's UDP socket",
                 source,
             })?;
-        let udp = ports.network.as_ref().and_then(Network::udp_fd);
+        Self::with_network(config, network)
+    }
+
+    /// Shard `me` of a device whose engine is split by switch (spec
+    /// §10.8): its own ports, lock and engine, the fabric's switches
+    /// `switch_owner` gives it, and queues to the other shards.
+    pub fn shard(
+        config: &Configuration,
+        me: usize,
+        switch_owner: Vec<usize>,
+        shared: std::sync::Arc<crate::fabric::span::MemoryShared>,
+    ) -> Result<Switch, Error> {
+        let fabric = config
+            .fabric()
+            .cloned()
+            .ok_or_else(|| Error::Config("engine shards need a fabric".into()))?;
+        let network = Network::shard(fabric, me, switch_owner, shared);
+        Self::with_network(config, Some(network))
+    }
+
+    fn with_network(config: &Configuration, network: Option<Network>) -> Result<Switch, Error> {
+        let nodes = config.sockets().len() as u32;
+        let mut ports = Ports::new(nodes, config.max_endpoints());
+        ports.max_tripwires = config.tripwires();
+        ports.utlb.cache = TranslationCache::new(config.utlb_cache());
+        ports.network = network;
+        let udp = ports.network.as_ref().and_then(Network::wire_fd);
         Ok(Switch {
             udp,
             ports: Mutex::new(ports),
@@ -70,6 +95,7 @@ impl Switch {
                 source,
             })?,
             stop: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             max_endpoints: config.max_endpoints(),
             nodes,
             watch_base: region::reserve_keys(nodes).map_err(|e| Error::Config(e.to_string()))?,

@@ -52,6 +52,16 @@ pub struct Counters {
     pub returns_lost: u64,
 }
 
+summable!(Counters {
+    delivered,
+    returned,
+    notifications,
+    closes_delivered,
+    closes_undeliverable,
+    returned_to_sender,
+    returns_lost
+});
+
 /// What became of a send descriptor.
 enum Sent {
     /// Delivered, or carried out (RDMA).

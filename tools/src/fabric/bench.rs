@@ -125,11 +125,25 @@ fn endpoint(nic: &Nic) -> anyhow::Result<ulnic::Endpoint> {
     Ok(ep)
 }
 
-/// Median round trip of `iters` 8-byte ping-pongs between nodes 0 and 1,
-/// and the median one-way delay the device measured for those messages
-/// (from taking one from the send ring to delivering it).
-fn pingpong(run: &InProcess, iters: usize) -> anyhow::Result<(Duration, Duration)> {
-    run.device.switch().take_fabric_delays();
+/// What a ping-pong measured.
+struct PingPong {
+    /// Round trips, sorted.
+    rtt: Vec<Duration>,
+    /// The median one-way delay the device measured (taking a message
+    /// from the send ring to delivering it); `None` without a fabric.
+    delay: Option<Duration>,
+}
+
+impl PingPong {
+    fn rtt_at(&self, q: f64) -> Duration {
+        self.rtt[((self.rtt.len() - 1) as f64 * q) as usize]
+    }
+}
+
+/// `iters` 8-byte ping-pongs between nodes 0 and 1 (after a tenth as
+/// many to warm up).
+fn pingpong(run: &InProcess, iters: usize) -> anyhow::Result<PingPong> {
+    run.device.take_fabric_delays();
     let a = Nic::attach(&run.sockets[0])?;
     let b = Nic::attach(&run.sockets[1])?;
     let mut pinger = endpoint(&a)?;
@@ -184,18 +198,19 @@ fn pingpong(run: &InProcess, iters: usize) -> anyhow::Result<(Duration, Duration
         .join()
         .map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
     samples.sort();
-    let mut delays = run.device.switch().take_fabric_delays();
-    anyhow::ensure!(!delays.is_empty(), "the device recorded no delays");
+    let mut delays = run.device.take_fabric_delays();
     delays.sort_unstable();
-    Ok((
-        samples[samples.len() / 2],
-        Duration::from_nanos(delays[delays.len() / 2]),
-    ))
+    Ok(PingPong {
+        rtt: samples,
+        delay: delays
+            .get(delays.len() / 2)
+            .map(|&d| Duration::from_nanos(d)),
+    })
 }
 
 /// Streams 64 KiB messages from node 0 to node 1 for `span`; returns the
-/// rate bytes left on the trunk (link 0, direction 0) in bits/s, measured
-/// after a warm-up, and the payload bytes/s delivered.
+/// rate bytes left on link 0 in direction 0 in bits/s, measured after a
+/// warm-up (0 without a fabric), and the payload bytes/s delivered.
 fn stream(run: &InProcess, span: Duration) -> anyhow::Result<(f64, f64)> {
     let a = Nic::attach(&run.sockets[0])?;
     let b = Nic::attach(&run.sockets[1])?;
@@ -228,8 +243,8 @@ fn stream(run: &InProcess, span: Duration) -> anyhow::Result<(f64, f64)> {
         port: PORT,
     };
     let lane_bytes = || -> anyhow::Result<u64> {
-        let c = run.device.switch().fabric_counters().context("no fabric")?;
-        Ok(c.lanes[0].bytes)
+        // 0 without a fabric: only the payload rate is measured then.
+        Ok(run.device.fabric_counters().map_or(0, |c| c.lanes[0].bytes))
     };
     let start = Instant::now();
     let warm = span / 5;
@@ -308,12 +323,16 @@ pub fn link(
                 c.latency_us,
                 r + 1
             ));
-            let (i, di) = pingpong(&ideal, iters)?;
-            let (l, dl) = pingpong(&real, iters)?;
+            let i = pingpong(&ideal, iters)?;
+            let l = pingpong(&real, iters)?;
             let us = |d: Duration| d.as_secs_f64() * 1e6;
-            ideal_rtt.push(us(i));
-            link_rtt.push(us(l));
-            app.push((us(l) - us(i)) / 2.0);
+            let (i_rtt, l_rtt) = (us(i.rtt_at(0.5)), us(l.rtt_at(0.5)));
+            ideal_rtt.push(i_rtt);
+            link_rtt.push(l_rtt);
+            app.push((l_rtt - i_rtt) / 2.0);
+            let (Some(di), Some(dl)) = (i.delay, l.delay) else {
+                anyhow::bail!("the device recorded no delays");
+            };
             diff.push(us(dl) - us(di));
             let (bps, payload) = stream(&real, span)?;
             rate.push(bps / 1e9);
@@ -486,4 +505,300 @@ pub fn hotspot(
         });
     }
     Ok(out)
+}
+
+/// One case of a sweep: ping-pong and stream between nodes 0 and 1.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepResult {
+    /// "hops", "loss" or "reliability".
+    pub bench: &'static str,
+    /// The seed experiment this follows.
+    pub after: &'static str,
+    /// What this case is.
+    pub case: String,
+    /// Median 8-byte round trip, microseconds.
+    pub rtt_median_us: f64,
+    /// 95th percentile, microseconds.
+    pub rtt_p95_us: f64,
+    /// 64 KiB messages streamed, payload MB/s (10^6).
+    pub stream_mbytes_per_s: f64,
+    /// Transport retransmissions during the case.
+    pub retransmissions: u64,
+    /// Transport timeouts during the case.
+    pub timeouts: u64,
+    /// "none": the programs write and read no payload bytes.
+    pub payload: &'static str,
+}
+
+/// Which sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// 1, 2 and 3 switches between the two nodes.
+    Hops,
+    /// Packet loss on every link from 0 to 10 %.
+    Loss,
+    /// No fabric (no transport) against an ideal fabric with the
+    /// transport.
+    Reliability,
+}
+
+/// Node 0 on the first of `k` switches in a chain, node 1 on the last,
+/// every link with `params`.
+fn chain(k: usize, params: LinkParams) -> FabricConfig {
+    let mut links: Vec<Link> = (1..k)
+        .map(|i| Link {
+            a: End::Switch(i - 1),
+            b: End::Switch(i),
+            params,
+        })
+        .collect();
+    links.push(Link {
+        a: End::Node(0),
+        b: End::Switch(0),
+        params,
+    });
+    links.push(Link {
+        a: End::Node(1),
+        b: End::Switch(k - 1),
+        params,
+    });
+    FabricConfig {
+        topology: Topology::new(2, (0..k).map(|i| format!("s{i}")).collect(), links)
+            .expect("a chain of switches is a valid topology"),
+        seed: 1,
+        transport: TransportConfig::default(),
+        span: None,
+    }
+}
+
+/// Runs a sweep; `say` gets progress.
+pub fn sweep(
+    which: Sweep,
+    iters: usize,
+    span: Duration,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<SweepResult>> {
+    // Links of 10 Gb/s, 1 us, 4 KiB packets: a 64 KiB message is 16.
+    let link = LinkParams {
+        latency: Duration::from_micros(1),
+        bandwidth_bps: Some(10_000_000_000),
+        mtu: 4096,
+        ..LinkParams::default()
+    };
+    let (bench, after, cases): (&str, &str, Vec<(String, Option<FabricConfig>)>) = match which {
+        Sweep::Hops => (
+            "hops",
+            "ping-pong and stream across switch hops",
+            (1..=3)
+                .map(|k| {
+                    (
+                        format!("{k} switch(es), 10 Gb/s 1 us links"),
+                        Some(chain(k, link)),
+                    )
+                })
+                .collect(),
+        ),
+        Sweep::Loss => (
+            "loss",
+            "throughput against loss rate",
+            [0.0, 0.001, 0.01, 0.05, 0.1]
+                .into_iter()
+                .map(|p| {
+                    let lossy = LinkParams {
+                        faults: ulnic_device::fabric::topology::Faults {
+                            drop: p,
+                            ..Default::default()
+                        },
+                        ..link
+                    };
+                    (
+                        format!("drop {p} per packet per link"),
+                        Some(chain(1, lossy)),
+                    )
+                })
+                .collect(),
+        ),
+        Sweep::Reliability => (
+            "reliability",
+            "VMMC-2 Table 2 (cost of reliability)",
+            vec![
+                ("transport off (no fabric)".to_string(), None),
+                (
+                    "transport on (ideal fabric)".to_string(),
+                    Some(chain(1, LinkParams::default())),
+                ),
+            ],
+        ),
+    };
+    let mut out = Vec::new();
+    for (case, fabric) in cases {
+        say(&format!("{bench}: {case}"));
+        let run = InProcess::start_with(2, fabric, 4)?;
+        let pp = pingpong(&run, iters)?;
+        let (_, payload) = stream(&run, span)?;
+        let t = run
+            .device
+            .fabric_counters()
+            .map(|c| c.transport)
+            .unwrap_or_default();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        out.push(SweepResult {
+            bench: match which {
+                Sweep::Hops => "hops",
+                Sweep::Loss => "loss",
+                Sweep::Reliability => "reliability",
+            },
+            after,
+            case,
+            rtt_median_us: us(pp.rtt_at(0.5)),
+            rtt_p95_us: us(pp.rtt_at(0.95)),
+            stream_mbytes_per_s: payload / 1e6,
+            retransmissions: t.iter().map(|c| c.retransmissions).sum(),
+            timeouts: t.iter().map(|c| c.timeouts).sum(),
+            payload: "none",
+        });
+    }
+    Ok(out)
+}
+
+/// One drain measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainResult {
+    /// "drain".
+    pub bench: &'static str,
+    /// Engine threads.
+    pub engine_threads: u32,
+    /// Messages drained (every pair's).
+    pub messages: u64,
+    /// Median over the rounds of messages delivered per second.
+    pub messages_per_s: f64,
+    /// Every round's rate.
+    pub rounds: Vec<f64>,
+    /// CPU time of the whole process (engines, mostly) per message, in
+    /// nanoseconds, median over the rounds.
+    pub cpu_ns_per_message: f64,
+}
+
+/// The process's user plus system CPU time.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_SELF
+    // is always valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// The engine alone: send rings filled in advance (engines paused) with
+/// `per_pair` 8-byte messages from node 0 to 1 and from node 2 to 3 (on
+/// switches s0 and s1), then the time for the engine to deliver them all,
+/// with each number of engine threads in `threads`, in interleaved rounds.
+pub fn drain(
+    threads: &[u32],
+    per_pair: u32,
+    rounds: u32,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<DrainResult>> {
+    anyhow::ensure!(
+        (1..=60_000).contains(&per_pair),
+        "--messages must be 1 to 60000 per pair (a receive ring holds them all)"
+    );
+    let host = LinkParams::default();
+    let link = |a, b| Link { a, b, params: host };
+    let topology = Topology::new(
+        4,
+        vec!["s0".into(), "s1".into()],
+        vec![
+            link(End::Switch(0), End::Switch(1)),
+            link(End::Node(0), End::Switch(0)),
+            link(End::Node(1), End::Switch(0)),
+            link(End::Node(2), End::Switch(1)),
+            link(End::Node(3), End::Switch(1)),
+        ],
+    )
+    .expect("a two-switch topology is valid");
+    let fabric = FabricConfig {
+        topology,
+        seed: 0,
+        transport: TransportConfig::default(),
+        span: None,
+    };
+    let ring = (per_pair + 16).next_power_of_two();
+    let cfg = EndpointConfig {
+        send_entries: ring,
+        recv_entries: ring,
+        free_entries: 16,
+        segment_bytes: 1 << 16,
+    };
+    let mut rates: Vec<Vec<(f64, f64)>> = vec![Vec::new(); threads.len()];
+    for r in 0..rounds {
+        for (i, &k) in threads.iter().enumerate() {
+            say(&format!(
+                "drain: {k} engine thread(s), round {} of {rounds}",
+                r + 1
+            ));
+            let run = InProcess::start_sharded(fabric.clone(), 2, k)?;
+            let nics: Vec<Nic> = run
+                .sockets
+                .iter()
+                .map(|s| Nic::attach(s))
+                .collect::<Result<_, _>>()?;
+            let mut eps = Vec::new();
+            for nic in &nics {
+                let mut ep = nic.alloc_pd()?.create_endpoint(&cfg)?;
+                ep.bind(PORT)?;
+                eps.push(ep);
+            }
+            run.device.pause(true);
+            for (from, to) in [(0usize, 1u32), (2, 3)] {
+                let dest = Address {
+                    node: to,
+                    port: PORT,
+                };
+                for m in 0..per_pair {
+                    eps[from].post_send_inline(dest, 0, &m.to_le_bytes(), 0)?;
+                }
+            }
+            let want = 2 * u64::from(per_pair);
+            let delivered = || -> u64 {
+                run.device.fabric_counters().map_or(0, |c| {
+                    c.transport.iter().map(|t| t.messages_delivered).sum()
+                })
+            };
+            let (c0, t0) = (cpu_time(), Instant::now());
+            run.device.pause(false);
+            let deadline = t0 + Duration::from_secs(120);
+            while delivered() < want {
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the engine did not drain within 120 s"
+                );
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            let (secs, cpu) = (t0.elapsed().as_secs_f64(), (cpu_time() - c0).as_secs_f64());
+            // Every message is in its receiver's ring, in order.
+            for to in [1usize, 3] {
+                for m in 0..per_pair {
+                    let got = eps[to].poll_recv().context("a message is missing")?;
+                    let Payload::Inline(d) = got.payload else {
+                        anyhow::bail!("an 8-byte message came in a buffer");
+                    };
+                    anyhow::ensure!(d[..4] == m.to_le_bytes(), "message {m} out of order");
+                }
+            }
+            rates[i].push((want as f64 / secs, cpu * 1e9 / want as f64));
+        }
+    }
+    Ok(threads
+        .iter()
+        .zip(rates)
+        .map(|(&k, r)| DrainResult {
+            bench: "drain",
+            engine_threads: k,
+            messages: 2 * u64::from(per_pair),
+            messages_per_s: median(r.iter().map(|x| x.0).collect()),
+            rounds: r.iter().map(|x| x.0).collect(),
+            cpu_ns_per_message: median(r.iter().map(|x| x.1).collect()),
+        })
+        .collect())
 }

@@ -26,12 +26,44 @@ pub struct InProcess {
 impl InProcess {
     /// Starts it, with `endpoints` endpoints per port.
     pub fn start(fabric: FabricConfig, endpoints: u32) -> anyhow::Result<InProcess> {
+        let nodes = fabric.topology.nodes();
+        Self::start_with(nodes, Some(fabric), endpoints)
+    }
+
+    /// Starts a device of `nodes` ports with `fabric`, or with none (ports
+    /// one copy apart, no transport).
+    pub fn start_with(
+        nodes: u32,
+        fabric: Option<FabricConfig>,
+        endpoints: u32,
+    ) -> anyhow::Result<InProcess> {
+        Self::start_full(nodes, fabric, endpoints, 1)
+    }
+
+    /// Starts one with `fabric` and `threads` engine threads.
+    pub fn start_sharded(
+        fabric: FabricConfig,
+        endpoints: u32,
+        threads: u32,
+    ) -> anyhow::Result<InProcess> {
+        Self::start_full(fabric.topology.nodes(), Some(fabric), endpoints, threads)
+    }
+
+    fn start_full(
+        nodes: u32,
+        fabric: Option<FabricConfig>,
+        endpoints: u32,
+        threads: u32,
+    ) -> anyhow::Result<InProcess> {
         let dir = tempfile::Builder::new().prefix("ulnic-fabric-").tempdir()?;
-        let sockets = Configuration::socket_paths(dir.path(), fabric.topology.nodes());
-        let config = Configuration::builder(sockets.clone())
+        let sockets = Configuration::socket_paths(dir.path(), nodes);
+        let mut builder = Configuration::builder(sockets.clone())
             .max_endpoints(endpoints)
-            .fabric(fabric)
-            .build()?;
+            .engine_threads(threads);
+        if let Some(f) = fabric {
+            builder = builder.fabric(f);
+        }
+        let config = builder.build()?;
         Ok(InProcess {
             device: Device::start(config)?,
             sockets,

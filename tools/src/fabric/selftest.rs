@@ -185,7 +185,7 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
         if let Some((at, until, down)) = &mut cut {
             let now = start.elapsed();
             if !*down && now >= *at && now < *until {
-                dev.switch().set_link_faults(
+                dev.set_link_faults(
                     host_link,
                     Faults {
                         down: true,
@@ -195,8 +195,7 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
                 *down = true;
                 say(&format!("node 1's link cut at {:?}", now));
             } else if *down && now >= *until {
-                dev.switch()
-                    .set_link_faults(host_link, link_faults(&fabric, host_link))?;
+                dev.set_link_faults(host_link, link_faults(&fabric, host_link))?;
                 say(&format!("node 1's link healed at {:?}", now));
                 cut = None;
             }
@@ -219,10 +218,7 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
             .map_err(|_| anyhow::anyhow!("a node thread panicked"))?
             .context("a node failed")?;
     }
-    let counters = dev
-        .switch()
-        .fabric_counters()
-        .context("the device has no fabric")?;
+    let counters = dev.fabric_counters().context("the device has no fabric")?;
     let sent = sent_total.load(Ordering::Relaxed);
     let delivered = tally.delivered.load(Ordering::Relaxed);
     let returned = tally.returned.load(Ordering::Relaxed);
