@@ -569,8 +569,8 @@ struct FabricBenchArgs {
     /// drain: engine threads to compare.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     engine_threads: Vec<u32>,
-    /// drain: messages per pair of nodes (two pairs).
-    #[arg(long, default_value_t = 50_000)]
+    /// drain: messages per pair of nodes (two pairs; at most 32000).
+    #[arg(long, default_value_t = 30_000)]
     messages: u32,
     /// hotspot: numbers of clients to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]

@@ -172,6 +172,10 @@ impl Udp {
 /// the far end through memory, and wakes that shard's engine.
 pub struct MemoryShared {
     queues: Vec<std::sync::Mutex<std::collections::VecDeque<(usize, usize, Packet)>>>,
+    /// Packets pushed to each shard and not yet looked for: checked before
+    /// any lock or system call, so a shard with nothing waiting pays one
+    /// atomic load per pass.
+    pending: Vec<std::sync::atomic::AtomicUsize>,
     wakes: Vec<vmm_sys_util::eventfd::EventFd>,
 }
 
@@ -180,6 +184,7 @@ impl MemoryShared {
     pub fn new(shards: usize) -> std::io::Result<std::sync::Arc<MemoryShared>> {
         Ok(std::sync::Arc::new(MemoryShared {
             queues: (0..shards).map(|_| Default::default()).collect(),
+            pending: (0..shards).map(|_| Default::default()).collect(),
             wakes: (0..shards)
                 .map(|_| vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK))
                 .collect::<Result<_, _>>()?,
@@ -206,6 +211,7 @@ impl Wire {
                     q.lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .push_back((*me, lane, p));
+                    shared.pending[to].fetch_add(1, std::sync::atomic::Ordering::Release);
                     let _ = w.write(1);
                     c.sent += 1;
                 }
@@ -227,8 +233,13 @@ impl Wire {
                 }
             }
             Wire::Memory(me, shared, c) => {
-                // The wake-up is consumed before the queue is looked at: a
-                // packet pushed after this wakes the engine again.
+                // Nothing pushed since the last look: no lock, no system
+                // call. Otherwise the count and the wake-up are consumed
+                // before the queue is taken: a packet pushed after this
+                // counts and wakes the engine again.
+                if shared.pending[*me].swap(0, std::sync::atomic::Ordering::Acquire) == 0 {
+                    return;
+                }
                 let _ = shared.wakes[*me].read();
                 let waiting = std::mem::take(
                     &mut *shared.queues[*me].lock().unwrap_or_else(|e| e.into_inner()),
