@@ -42,7 +42,8 @@ impl Device {
             None => vec![Arc::new(Switch::new(&config)?)],
             Some(plan) => {
                 let k = config.engine_threads() as usize;
-                let shared = MemoryShared::new(k).map_err(|source| Error::Os {
+                let lanes = config.fabric().map_or(0, |f| 2 * f.topology.links().len());
+                let shared = MemoryShared::new(k, lanes).map_err(|source| Error::Os {
                     what: "the engine shards' queues",
                     source,
                 })?;

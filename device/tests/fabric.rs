@@ -253,7 +253,16 @@ fn two_engine_threads_carry_messages_within_and_across_their_shards() {
             true,
         )
         .unwrap();
-        let m = recv(rx);
+        let t = Instant::now();
+        let m = loop {
+            if let Some(m) = rx.poll_recv() {
+                break m;
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                panic!("nothing reached node {node}: {:#?}", dev.fabric_counters());
+            }
+            rx.wait(Duration::from_millis(50)).unwrap();
+        };
         assert_eq!((m.src, m.len), (Address { node: 0, port: 1 }, 30_000));
         let Payload::Buffer { offset, .. } = m.payload else {
             panic!("30 kB came inline");

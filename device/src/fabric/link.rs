@@ -90,6 +90,24 @@ impl Ord for InFlight {
     }
 }
 
+/// A lane whose two ends are in different members (spec §10.7, §10.8).
+#[derive(Clone)]
+pub enum RemoteEnd {
+    /// This member sends on it; the counter (shared with the member at the
+    /// far end) holds the packets handed over and not yet passed on there.
+    Sender(std::sync::Arc<std::sync::atomic::AtomicUsize>),
+    /// This member is the far end, and passes on what the counter counts.
+    Receiver(std::sync::Arc<std::sync::atomic::AtomicUsize>),
+    /// Between processes (UDP): no shared counter; the far end holds up to
+    /// `UDP_FAR_BUFFER` packets (or the queue, if larger) and drops beyond.
+    Datagrams,
+}
+
+/// Packets the far end of a lane between device processes holds before it
+/// drops: credits do not cross processes, and this is enough for the
+/// largest message at the smallest MTU (1 MiB in 256-byte packets).
+pub const UDP_FAR_BUFFER: usize = 4096;
+
 /// One direction of a link.
 pub struct Lane {
     params: LinkParams,
@@ -101,6 +119,7 @@ pub struct Lane {
     /// input buffer).
     arrived: VecDeque<Packet>,
     order: u64,
+    remote: Option<RemoteEnd>,
     /// What it has done.
     pub counters: LaneCounters,
 }
@@ -115,6 +134,7 @@ impl Lane {
             wire: BinaryHeap::new(),
             arrived: VecDeque::new(),
             order: 0,
+            remote: None,
             counters: LaneCounters::default(),
         }
     }
@@ -129,9 +149,19 @@ impl Lane {
         self.params.faults = faults;
     }
 
-    /// Packets held (on the wire or waiting at the far end).
+    /// Marks the lane as crossing to or from another member.
+    pub fn set_remote(&mut self, r: RemoteEnd) {
+        self.remote = Some(r);
+    }
+
+    /// Packets held (on the wire or waiting at the far end, wherever that
+    /// is).
     pub fn held(&self) -> usize {
-        self.wire.len() + self.arrived.len()
+        let far = match &self.remote {
+            Some(RemoteEnd::Sender(c)) => c.load(std::sync::atomic::Ordering::Acquire),
+            _ => 0,
+        };
+        self.wire.len() + self.arrived.len() + far
     }
 
     /// Whether it takes another packet now.
@@ -225,7 +255,13 @@ impl Lane {
             self.counters.crc_errors += 1;
             return false;
         }
-        if !self.has_credit() {
+        // A sender sharing our counter kept to the credits; over UDP the
+        // buffer is larger, and past it the packet is dropped (counted).
+        let limit = match &self.remote {
+            Some(RemoteEnd::Receiver(_)) => usize::MAX,
+            _ => UDP_FAR_BUFFER.max(self.params.queue_packets as usize),
+        };
+        if self.arrived.len() >= limit {
             self.counters.overflow += 1;
             return false;
         }
@@ -233,14 +269,33 @@ impl Lane {
         true
     }
 
+    /// Takes an arrived packet to hand to the member at the far end,
+    /// counting it in the shared credit.
+    pub fn hand_over(&mut self) -> Option<Packet> {
+        let p = self.arrived.pop_front()?;
+        if let Some(RemoteEnd::Sender(c)) = &self.remote {
+            c.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        Some(p)
+    }
+
     /// The packet first in line at the far end.
     pub fn front(&self) -> Option<&Packet> {
         self.arrived.front()
     }
 
-    /// Takes the packet first in line at the far end.
+    /// Takes the packet first in line at the far end (giving its credit
+    /// back to a sender in another member).
     pub fn pop(&mut self) -> Option<Packet> {
-        self.arrived.pop_front()
+        let p = self.arrived.pop_front()?;
+        if let Some(RemoteEnd::Receiver(c)) = &self.remote {
+            let _ = c.fetch_update(
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+                |v| v.checked_sub(1),
+            );
+        }
+        Some(p)
     }
 
     /// When the next packet on the wire arrives.

@@ -10,7 +10,7 @@
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
-use crate::fabric::link::{Lane, LaneCounters, Nanos};
+use crate::fabric::link::{Lane, LaneCounters, Nanos, RemoteEnd};
 use crate::fabric::packet::Packet;
 use crate::fabric::routing::{Hop, Routes};
 use crate::fabric::span::{MemoryShared, Span, SpanCounters, Udp, Wire};
@@ -160,7 +160,13 @@ impl Network {
         };
         let owners = (span.switch_owner.clone(), span.me);
         let wire = Wire::Udp(Udp::bind(span)?);
-        Ok(Self::build(config, Some(owners), Some(wire)))
+        let mut net = Self::build(config, Some(owners), Some(wire));
+        for lane in 0..net.lanes.len() {
+            if net.far_owner[lane].is_some() || net.near_owner[lane].is_some() {
+                net.lanes[lane].set_remote(RemoteEnd::Datagrams);
+            }
+        }
+        Ok(net)
     }
 
     /// Shard `me` of a device whose engine is split by switch:
@@ -171,8 +177,20 @@ impl Network {
         switch_owner: Vec<usize>,
         shared: std::sync::Arc<MemoryShared>,
     ) -> Network {
-        let wire = Wire::Memory(me, shared, SpanCounters::default());
-        Self::build(config, Some((switch_owner, me)), Some(wire))
+        let wire = Wire::Memory(me, shared.clone(), SpanCounters::default());
+        let mut net = Self::build(config, Some((switch_owner, me)), Some(wire));
+        // Lanes between shards share their credits.
+        for lane in 0..net.lanes.len() {
+            let Some(c) = shared.credit(lane) else {
+                continue;
+            };
+            if net.far_owner[lane].is_some() {
+                net.lanes[lane].set_remote(RemoteEnd::Sender(c));
+            } else if net.near_owner[lane].is_some() {
+                net.lanes[lane].set_remote(RemoteEnd::Receiver(c));
+            }
+        }
+        net
     }
 
     fn build(
@@ -275,7 +293,7 @@ impl Network {
         let mut n = 0;
         for (lane, owner) in self.far_owner.iter().enumerate() {
             let Some(to) = *owner else { continue };
-            while let Some(p) = self.lanes[lane].pop() {
+            while let Some(p) = self.lanes[lane].hand_over() {
                 wire.send(to, lane, p);
                 n += 1;
             }

@@ -177,14 +177,23 @@ pub struct MemoryShared {
     /// atomic load per pass.
     pending: Vec<std::sync::atomic::AtomicUsize>,
     wakes: Vec<vmm_sys_util::eventfd::EventFd>,
+    /// Per lane: packets handed to the far shard and not yet passed on
+    /// there (the credits of §10.3, shared by the two shards).
+    credits: Vec<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl MemoryShared {
-    /// Queues for `shards` shards.
-    pub fn new(shards: usize) -> std::io::Result<std::sync::Arc<MemoryShared>> {
+    /// Lane `lane`'s shared credit counter.
+    pub fn credit(&self, lane: usize) -> Option<std::sync::Arc<std::sync::atomic::AtomicUsize>> {
+        self.credits.get(lane).cloned()
+    }
+
+    /// Queues for `shards` shards of a fabric of `lanes` lanes.
+    pub fn new(shards: usize, lanes: usize) -> std::io::Result<std::sync::Arc<MemoryShared>> {
         Ok(std::sync::Arc::new(MemoryShared {
             queues: (0..shards).map(|_| Default::default()).collect(),
             pending: (0..shards).map(|_| Default::default()).collect(),
+            credits: (0..lanes).map(|_| Default::default()).collect(),
             wakes: (0..shards)
                 .map(|_| vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK))
                 .collect::<Result<_, _>>()?,
