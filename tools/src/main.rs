@@ -183,18 +183,8 @@ enum Cmd {
     ///   wireshark -X lua_script:tools/wireshark/ulnic.lua node1.pcap
     #[command(verbatim_doc_comment)]
     Capture {
-        /// The device's socket directory.
-        #[arg(long, value_name = "DIR")]
-        device: PathBuf,
-        /// The link, by index in the topology (`ulnic stats` lists them).
-        #[arg(long, conflicts_with = "node", required_unless_present = "node")]
-        link: Option<usize>,
-        /// Or the link this node hangs on.
-        #[arg(long)]
-        node: Option<u32>,
-        /// With a fabric spread over devices: which member captures.
-        #[arg(long, value_name = "NAME")]
-        member: Option<String>,
+        #[command(flatten)]
+        at: LinkTarget,
         /// The pcap file to write.
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
@@ -494,21 +484,28 @@ enum FabricCmd {
     Set(FabricSetArgs),
 }
 
+/// A link of a running device, named by index or by the node on it.
 #[derive(clap::Args, Debug)]
-struct FabricSetArgs {
+struct LinkTarget {
     /// The device's socket directory.
     #[arg(long, value_name = "DIR")]
     device: PathBuf,
-    /// The link, by index in the topology.
+    /// The link, by index in the topology (`ulnic stats` lists them).
     #[arg(long, conflicts_with = "node", required_unless_present = "node")]
     link: Option<usize>,
     /// Or the link this node hangs on.
     #[arg(long)]
     node: Option<u32>,
-    /// With a fabric spread over devices: which member's link (each
-    /// member emulates the lanes it sends on).
+    /// With a fabric spread over devices: which member (each emulates the
+    /// lanes it sends on).
     #[arg(long, value_name = "NAME")]
     member: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct FabricSetArgs {
+    #[command(flatten)]
+    at: LinkTarget,
     /// Probability a packet is lost.
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     drop: f64,
@@ -822,26 +819,11 @@ fn main() -> ExitCode {
             json,
         } => run_stats(&device, member.as_deref(), watch, json),
         Cmd::Capture {
-            device,
-            link,
-            node,
-            member,
+            at,
             output,
             count,
             seconds,
-        } => seconds
-            .map(|s| {
-                anyhow::ensure!(s.is_finite() && s > 0.0, "--seconds must be positive");
-                Ok(Duration::from_secs_f64(s))
-            })
-            .transpose()
-            .and_then(|span| {
-                let n = crate::capture::run(&device, member.as_deref(), link, node, &output, count, span, &mut |l| {
-                    eprintln!("{l}")
-                })?;
-                eprintln!("{n} packets written to {}", output.display());
-                Ok(())
-            }),
+        } => run_capture(&at, &output, count, seconds),
         Cmd::Cluster(ClusterCmd::Run { opts, command }) => {
             crate::cluster::shell_join(&command)
                 .and_then(|c| run_cluster(&opts, &c, false).map(|_| ()))
@@ -1091,12 +1073,39 @@ fn fabric_selftest(a: SelftestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn run_capture(
+    at: &LinkTarget,
+    output: &std::path::Path,
+    count: Option<u64>,
+    seconds: Option<f64>,
+) -> anyhow::Result<()> {
+    let span = seconds
+        .map(|s| {
+            anyhow::ensure!(s.is_finite() && s > 0.0, "--seconds must be positive");
+            Ok(Duration::from_secs_f64(s))
+        })
+        .transpose()?;
+    let member = at.member.as_deref();
+    let n = crate::capture::run(
+        &at.device,
+        member,
+        at.link,
+        at.node,
+        output,
+        count,
+        span,
+        &mut |l| eprintln!("{l}"),
+    )?;
+    eprintln!("{n} packets written to {}", output.display());
+    Ok(())
+}
+
 fn fabric_set(a: FabricSetArgs) -> anyhow::Result<()> {
     use crate::control::{Client, FaultSpec, Request};
-    let mut c = Client::connect(&a.device, a.member.as_deref())?;
+    let mut c = Client::connect(&a.at.device, a.at.member.as_deref())?;
     c.send(&Request::SetFaults {
-        link: a.link,
-        node: a.node,
+        link: a.at.link,
+        node: a.at.node,
         faults: FaultSpec {
             drop: a.drop,
             corrupt: a.corrupt,

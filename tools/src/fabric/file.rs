@@ -60,7 +60,7 @@ struct SwitchEntry {
 }
 
 /// The parameters any link may set; unset ones take the defaults.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
 struct Params {
     latency_us: Option<f64>,
     bandwidth_gbps: Option<f64>,
@@ -75,61 +75,61 @@ struct Params {
     down: Option<bool>,
 }
 
-/// A link between two switches. (The link parameters are spelled out in
-/// both entries: serde cannot flatten and refuse unknown fields at once.)
+/// The keys of `Params`, for the unknown-key check (serde cannot refuse
+/// unknown fields of a struct with a flattened one).
+const PARAM_KEYS: [&str; 11] = [
+    "latency_us",
+    "bandwidth_gbps",
+    "mtu",
+    "queue",
+    "drop",
+    "corrupt",
+    "duplicate",
+    "reorder",
+    "delay",
+    "delay_us",
+    "down",
+];
+
+/// A link between two switches.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct LinkEntry {
     between: [String; 2],
-    latency_us: Option<f64>,
-    bandwidth_gbps: Option<f64>,
-    mtu: Option<u32>,
-    queue: Option<u32>,
-    drop: Option<f64>,
-    corrupt: Option<f64>,
-    duplicate: Option<f64>,
-    reorder: Option<f64>,
-    delay: Option<f64>,
-    delay_us: Option<f64>,
-    down: Option<bool>,
+    #[serde(flatten)]
+    params: Params,
 }
 
 /// Nodes hanging on a switch, each on a link of its own.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct AttachEntry {
     nodes: Vec<u32>,
     switch: String,
-    latency_us: Option<f64>,
-    bandwidth_gbps: Option<f64>,
-    mtu: Option<u32>,
-    queue: Option<u32>,
-    drop: Option<f64>,
-    corrupt: Option<f64>,
-    duplicate: Option<f64>,
-    reorder: Option<f64>,
-    delay: Option<f64>,
-    delay_us: Option<f64>,
-    down: Option<bool>,
+    #[serde(flatten)]
+    params: Params,
 }
 
-/// The `Params` of a link or attach entry (both spell out every key).
-macro_rules! params_of {
-    ($e:expr) => {
-        Params {
-            latency_us: $e.latency_us,
-            bandwidth_gbps: $e.bandwidth_gbps,
-            mtu: $e.mtu,
-            queue: $e.queue,
-            drop: $e.drop,
-            corrupt: $e.corrupt,
-            duplicate: $e.duplicate,
-            reorder: $e.reorder,
-            delay: $e.delay,
-            delay_us: $e.delay_us,
-            down: $e.down,
+/// Refuses a key of a `[[link]]` or `[[attach]]` table that is neither
+/// `own` nor a link parameter.
+fn check_keys(text: &str) -> anyhow::Result<()> {
+    let table: toml::Table = toml::from_str(text)?;
+    for (array, own) in [
+        ("link", &["between"][..]),
+        ("attach", &["nodes", "switch"][..]),
+    ] {
+        let Some(entries) = table.get(array).and_then(|v| v.as_array()) else {
+            continue;
+        };
+        for (i, e) in entries.iter().enumerate() {
+            let Some(t) = e.as_table() else { continue };
+            if let Some(k) = t
+                .keys()
+                .find(|k| !own.contains(&k.as_str()) && !PARAM_KEYS.contains(&k.as_str()))
+            {
+                anyhow::bail!("[[{array}]] {i}: unknown field `{k}`");
+            }
         }
-    };
+    }
+    Ok(())
 }
 
 impl Params {
@@ -177,6 +177,7 @@ pub fn load(path: &Path) -> anyhow::Result<FabricConfig> {
 
 /// Parses and checks a topology file's text: the fabric it describes.
 pub fn parse(text: &str) -> anyhow::Result<FabricConfig> {
+    check_keys(text)?;
     let f: File = toml::from_str(text)?;
     let names: Vec<String> = f.switches.iter().map(|s| s.name.clone()).collect();
     let switch = |name: &str| -> anyhow::Result<usize> {
@@ -190,12 +191,12 @@ pub fn parse(text: &str) -> anyhow::Result<FabricConfig> {
         links.push(Link {
             a: End::Switch(switch(&l.between[0])?),
             b: End::Switch(switch(&l.between[1])?),
-            params: params_of!(l).resolve(&format!("link {i}"))?,
+            params: l.params.resolve(&format!("link {i}"))?,
         });
     }
     for a in &f.attach {
         let s = switch(&a.switch)?;
-        let params = params_of!(a).resolve(&format!("attach to {}", a.switch))?;
+        let params = a.params.resolve(&format!("attach to {}", a.switch))?;
         links.extend(a.nodes.iter().map(|&n| Link {
             a: End::Node(n),
             b: End::Switch(s),
