@@ -465,6 +465,7 @@ enum FabricCmd {
     ///   ulnic fabric bench hotspot --clients 1,4,16,64 --json
     ///   ulnic fabric bench loss
     ///   ulnic fabric bench drain --engine-threads 1,2
+    ///   ulnic fabric bench logp
     ///
     /// drain: the engine alone. Send rings are filled while the engine is
     /// held (8-byte messages from node 0 to 1 and from node 2 to 3, on two
@@ -547,6 +548,9 @@ enum FabricBenchKind {
     Reliability,
     /// The engine alone, with 1 and 2 (or --engine-threads) threads.
     Drain,
+    /// VN Fig. 5: LogP (o_s, o_r, g, L) of 8-byte messages, without a
+    /// fabric and with an ideal one.
+    Logp,
 }
 
 #[derive(clap::Args, Debug)]
@@ -1370,6 +1374,26 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                         cells.join(" ")
                     );
                 }
+            }
+        }
+        FabricBenchKind::Logp => {
+            let results = crate::fabric::bench::logp(a.iters, span, &mut say)?;
+            if json {
+                for r in &results {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+                return Ok(());
+            }
+            println!("LogP of 8-byte messages (VN Fig. 5; RTT = 2 (o_s + o_r + L)), microseconds");
+            println!(
+                "{:<14} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                "case", "o_s", "o_r", "g", "L", "RTT"
+            );
+            for r in &results {
+                println!(
+                    "{:<14} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+                    r.case, r.o_s_us, r.o_r_us, r.g_us, r.l_us, r.rtt_us
+                );
             }
         }
         FabricBenchKind::Drain => {

@@ -351,6 +351,23 @@ fn the_fabric_benchmarks_report_what_they_measured() {
         "10 us plus 72 bytes at 1 Gb/s: {l}"
     );
 
+    let logp = cli::json_lines(&[
+        "fabric",
+        "bench",
+        "logp",
+        "--iters",
+        "100",
+        "--seconds",
+        "0.1",
+        "--json",
+    ]);
+    assert_eq!(logp.len(), 2, "{logp:?}");
+    for r in &logp {
+        for k in ["o_s_us", "o_r_us", "g_us", "rtt_us"] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{k}: {r}");
+        }
+    }
+
     let hot = cli::json_lines(&[
         "fabric",
         "bench",

@@ -554,6 +554,22 @@ impl Endpoint {
         })
     }
 
+    /// Messages waiting in the receive ring (never blocks).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// if ep.recv_ready() >= 16 {
+    ///     // a batch is in: take it at once
+    /// }
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn recv_ready(&self) -> u32 {
+        let prod = u32::from_le(self.word(ctrl::RECV_PRODUCER).load(Ordering::Acquire));
+        prod.wrapping_sub(self.recv_consumer)
+            .min(self.layout.recv_entries)
+    }
+
     /// Takes the next event, if any (never blocks).
     ///
     /// ```no_run

@@ -802,3 +802,115 @@ pub fn drain(
         })
         .collect())
 }
+
+/// LogP parameters (VN Fig. 5) of 8-byte messages between two nodes.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogPResult {
+    /// "logp".
+    pub bench: &'static str,
+    /// "no fabric" or "ideal fabric".
+    pub case: String,
+    /// Send overhead: the median time of one post (in bursts of 200),
+    /// microseconds.
+    pub o_s_us: f64,
+    /// Receive overhead: the median time to take one waiting message,
+    /// microseconds.
+    pub o_r_us: f64,
+    /// Gap: time per message when streaming as fast as possible,
+    /// microseconds.
+    pub g_us: f64,
+    /// Latency: RTT / 2 - o_s - o_r, microseconds.
+    pub l_us: f64,
+    /// Median round trip, microseconds.
+    pub rtt_us: f64,
+}
+
+/// Measures LogP between nodes 0 and 1, without a fabric and with an
+/// ideal one.
+pub fn logp(
+    iters: usize,
+    span: Duration,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<LogPResult>> {
+    // Fits the send ring (256) and the receive ring (512) of `endpoint`.
+    const BURST: u32 = 200;
+    let mut out = Vec::new();
+    for (case, fabric) in [
+        ("no fabric", None),
+        ("ideal fabric", Some(chain(1, LinkParams::default()))),
+    ] {
+        say(&format!("logp: {case}"));
+        let run = InProcess::start_with(2, fabric, 4)?;
+        let rtt = pingpong(&run, iters)?.rtt_at(0.5);
+        let a = Nic::attach(&run.sockets[0])?;
+        let b = Nic::attach(&run.sockets[1])?;
+        let mut tx = endpoint(&a)?;
+        let mut rx = endpoint(&b)?;
+        let to = Address {
+            node: 1,
+            port: PORT,
+        };
+        // o_s and o_r: bursts of BURST, timed call by call.
+        let (mut posts, mut takes) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            for m in 0..BURST {
+                let t = Instant::now();
+                tx.post_send_inline(to, 0, &m.to_le_bytes(), 0)?;
+                posts.push(t.elapsed());
+            }
+            // Wait until the whole burst is in the receive ring.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while rx.recv_ready() < BURST {
+                anyhow::ensure!(Instant::now() < deadline, "a burst did not arrive");
+                std::thread::yield_now();
+            }
+            for _ in 0..BURST {
+                let t = Instant::now();
+                rx.poll_recv().context("a message vanished")?;
+                takes.push(t.elapsed());
+            }
+        }
+        posts.sort();
+        takes.sort();
+        // g: a stream of 8-byte messages, the receiver taking them as they come.
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let receiver = std::thread::spawn(move || -> u64 {
+            let mut n = 0u64;
+            while !stop2.load(Ordering::Relaxed) {
+                if rx.poll_recv().is_some() {
+                    n += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            n
+        });
+        let t0 = Instant::now();
+        let mut m = 0u64;
+        while t0.elapsed() < span {
+            match tx.post_send_inline(to, 0, &m.to_le_bytes(), 0) {
+                Ok(()) => m += 1,
+                Err(ulnic::Error::WouldBlock) => std::thread::yield_now(),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let got = receiver
+            .join()
+            .map_err(|_| anyhow::anyhow!("the receiver panicked"))?;
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let (o_s, o_r) = (us(posts[posts.len() / 2]), us(takes[takes.len() / 2]));
+        out.push(LogPResult {
+            bench: "logp",
+            case: case.to_string(),
+            o_s_us: o_s,
+            o_r_us: o_r,
+            g_us: secs * 1e6 / got.max(1) as f64,
+            l_us: us(rtt) / 2.0 - o_s - o_r,
+            rtt_us: us(rtt),
+        });
+    }
+    Ok(out)
+}
