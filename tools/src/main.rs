@@ -466,6 +466,7 @@ enum FabricCmd {
     ///   ulnic fabric bench loss
     ///   ulnic fabric bench drain --engine-threads 1,2
     ///   ulnic fabric bench logp
+    ///   ulnic fabric bench permutation
     ///
     /// drain: the engine alone. Send rings are filled while the engine is
     /// held (8-byte messages from node 0 to 1 and from node 2 to 3, on two
@@ -551,6 +552,9 @@ enum FabricBenchKind {
     /// VN Fig. 5: LogP (o_s, o_r, g, L) of 8-byte messages, without a
     /// fabric and with an ideal one.
     Logp,
+    /// VN Table 1: four streams at once between neighbours, then across
+    /// the bisection of two switches.
+    Permutation,
 }
 
 #[derive(clap::Args, Debug)]
@@ -1374,6 +1378,33 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                         cells.join(" ")
                     );
                 }
+            }
+        }
+        FabricBenchKind::Permutation => {
+            let results = crate::fabric::bench::permutations(span, &mut say)?;
+            if json {
+                for r in &results {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+                return Ok(());
+            }
+            println!("permutations (VN Table 1): 8 nodes, 4 per switch, 1 Gb/s 2 us links, one trunk; four 64 KiB streams");
+            println!(
+                "{:<11} {:>16} {:>40}",
+                "pattern", "aggregate MB/s", "per stream MB/s"
+            );
+            for r in &results {
+                let per: Vec<String> = r
+                    .per_stream_mbytes_per_s
+                    .iter()
+                    .map(|x| format!("{x:.1}"))
+                    .collect();
+                println!(
+                    "{:<11} {:>16.1} {:>40}",
+                    r.pattern,
+                    r.aggregate_mbytes_per_s,
+                    per.join(" ")
+                );
             }
         }
         FabricBenchKind::Logp => {

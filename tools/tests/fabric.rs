@@ -368,6 +368,23 @@ fn the_fabric_benchmarks_report_what_they_measured() {
         }
     }
 
+    let perm = cli::json_lines(&[
+        "fabric",
+        "bench",
+        "permutation",
+        "--seconds",
+        "0.1",
+        "--json",
+    ]);
+    assert_eq!(perm.len(), 2, "{perm:?}");
+    for r in &perm {
+        let per = r["per_stream_mbytes_per_s"].as_array().unwrap();
+        assert_eq!(per.len(), 4, "{r}");
+        let sum: f64 = per.iter().map(|x| x.as_f64().unwrap()).sum();
+        let agg = r["aggregate_mbytes_per_s"].as_f64().unwrap();
+        assert!((sum - agg).abs() < 1e-6 && agg > 0.0, "{r}");
+    }
+
     let hot = cli::json_lines(&[
         "fabric",
         "bench",

@@ -914,3 +914,143 @@ pub fn logp(
     }
     Ok(out)
 }
+
+/// One permutation's aggregate bandwidth (VN Table 1).
+#[derive(Debug, Clone, Serialize)]
+pub struct PermutationResult {
+    /// "permutation".
+    pub bench: &'static str,
+    /// "neighbour" or "bisection".
+    pub pattern: String,
+    /// Sender and receiver of every stream.
+    pub pairs: Vec<(u32, u32)>,
+    /// Payload MB/s (10^6) delivered by all streams together.
+    pub aggregate_mbytes_per_s: f64,
+    /// The same per stream.
+    pub per_stream_mbytes_per_s: Vec<f64>,
+    /// Seconds measured.
+    pub seconds: f64,
+}
+
+/// VN Table 1: 8 nodes, four on each of two switches joined by one trunk,
+/// every link 1 Gb/s and 2 us. Four 64 KiB streams at once: between
+/// neighbours on the same switch, then across the bisection (the trunk).
+/// All senders are driven by one thread and all receivers by another, so
+/// the programs are not what limits.
+pub fn permutations(
+    span: Duration,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<PermutationResult>> {
+    let params = LinkParams {
+        latency: Duration::from_micros(2),
+        bandwidth_bps: Some(1_000_000_000),
+        mtu: 8192,
+        ..LinkParams::default()
+    };
+    let link = |a, b| Link { a, b, params };
+    let mut links = vec![link(End::Switch(0), End::Switch(1))];
+    for n in 0..8u32 {
+        links.push(link(End::Node(n), End::Switch((n / 4) as usize)));
+    }
+    let fabric = FabricConfig {
+        topology: Topology::new(8, vec!["left".into(), "right".into()], links)
+            .expect("two switches of four nodes are a valid topology"),
+        seed: 0,
+        transport: TransportConfig::default(),
+        span: None,
+    };
+    let mut out = Vec::new();
+    for (pattern, pairs) in [
+        ("neighbour", vec![(0u32, 1u32), (2, 3), (4, 5), (6, 7)]),
+        ("bisection", vec![(0, 4), (1, 5), (2, 6), (3, 7)]),
+    ] {
+        say(&format!("permutation: {pattern}"));
+        let run = InProcess::start(fabric.clone(), 2)?;
+        let nics: Vec<Nic> = run
+            .sockets
+            .iter()
+            .map(|s| Nic::attach(s))
+            .collect::<Result<_, _>>()?;
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        for &(s, r) in &pairs {
+            senders.push(endpoint(&nics[s as usize])?);
+            let mut rx = endpoint(&nics[r as usize])?;
+            for i in 0..64u64 {
+                rx.post_free(i * u64::from(STREAM_MSG), STREAM_MSG, i)?;
+            }
+            receivers.push(rx);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let warm = span / 5;
+        let receiving = std::thread::spawn(move || -> anyhow::Result<Vec<u64>> {
+            let start = Instant::now();
+            let mut got = vec![0u64; receivers.len()];
+            while !stop2.load(Ordering::Relaxed) {
+                let mut any = false;
+                for (i, rx) in receivers.iter_mut().enumerate() {
+                    while let Some(m) = rx.poll_recv() {
+                        any = true;
+                        let Payload::Buffer { offset, id } = m.payload else {
+                            anyhow::bail!("a 64 KiB message came inline");
+                        };
+                        if start.elapsed() >= warm {
+                            got[i] += u64::from(m.len);
+                        }
+                        rx.post_free(offset, STREAM_MSG, id)?;
+                    }
+                }
+                if !any {
+                    std::thread::yield_now();
+                }
+            }
+            Ok(got)
+        });
+        let start = Instant::now();
+        let mut seq = 0u64;
+        while start.elapsed() < span + warm {
+            let mut any = false;
+            for (i, tx) in senders.iter_mut().enumerate() {
+                let to = Address {
+                    node: pairs[i].1,
+                    port: PORT,
+                };
+                match tx.post_send(
+                    to,
+                    0,
+                    (seq % 64) * u64::from(STREAM_MSG),
+                    STREAM_MSG,
+                    seq,
+                    false,
+                ) {
+                    Ok(()) => {
+                        any = true;
+                        seq += 1;
+                    }
+                    Err(ulnic::Error::WouldBlock) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                while tx.poll_event().is_some() {}
+            }
+            if !any {
+                std::thread::yield_now();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let got = receiving
+            .join()
+            .map_err(|_| anyhow::anyhow!("the receiving thread panicked"))??;
+        let secs = (start.elapsed() - warm).as_secs_f64();
+        let per: Vec<f64> = got.iter().map(|&b| b as f64 / secs / 1e6).collect();
+        out.push(PermutationResult {
+            bench: "permutation",
+            pattern: pattern.to_string(),
+            pairs,
+            aggregate_mbytes_per_s: per.iter().sum(),
+            per_stream_mbytes_per_s: per,
+            seconds: secs,
+        });
+    }
+    Ok(out)
+}
