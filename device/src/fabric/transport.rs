@@ -163,6 +163,9 @@ struct Unacked {
     /// When its last fragment was first handed to the link; `None` once it
     /// is sent again (Karn: a retransmitted message gives no RTT sample).
     sent_at: Option<Nanos>,
+    /// Sent in full at least once: sending it again is a retransmission.
+    transmitted: bool,
+    /// Sent more than once.
     again: bool,
     /// When the transport took it from the send ring.
     submitted_at: Nanos,
@@ -177,8 +180,6 @@ struct SendChannel {
     sent: usize,
     /// The next fragment of `unacked[sent]` to transmit.
     frag: u32,
-    /// Whether this round is a retransmission.
-    again: bool,
     mtu: u32,
     /// The timeout while nothing is lost: the larger of the configured
     /// minimum plus four idle round trips, and the estimate below.
@@ -211,7 +212,6 @@ impl SendChannel {
     fn rewind(&mut self) {
         self.sent = 0;
         self.frag = 0;
-        self.again = true;
     }
 }
 
@@ -315,7 +315,6 @@ impl Transport {
                     unacked: VecDeque::new(),
                     sent: 0,
                     frag: 0,
-                    again: false,
                     mtu,
                     base_timeout: base,
                     srtt: None,
@@ -339,6 +338,7 @@ impl Transport {
             seq,
             msg,
             sent_at: None,
+            transmitted: false,
             again: false,
             submitted_at: now,
         });
@@ -418,7 +418,7 @@ impl Transport {
             p.payload = u.msg.bytes[off..end].to_vec();
             p.seal();
             let counters = &mut self.counters[n as usize];
-            if c.again {
+            if u.transmitted {
                 counters.retransmissions += 1;
             } else {
                 counters.data_packets += 1;
@@ -426,10 +426,11 @@ impl Transport {
             c.frag += 1;
             if c.frag as usize >= frags {
                 let u = &mut c.unacked[c.sent];
-                if c.again || u.again {
+                if u.transmitted {
                     u.again = true;
                     u.sent_at = None;
                 } else {
+                    u.transmitted = true;
                     u.sent_at = Some(now);
                 }
                 c.frag = 0;
@@ -507,7 +508,6 @@ impl Transport {
         c.next_seq = 0;
         c.sent = 0;
         c.frag = 0;
-        c.again = false;
         c.deadline = None;
         c.hold_until = 0;
         c.timeouts = 0;
@@ -536,7 +536,6 @@ impl Transport {
         }
         c.next_seq = c.unacked.len() as u32;
         c.rewind();
-        c.again = false;
         c.timeouts = 0;
         c.nacks = 0;
         c.hold_until = 0;
@@ -625,9 +624,6 @@ impl Transport {
                 let d = now + c.timeout;
                 c.deadline = Some(d);
                 self.timers.push(Reverse((d, key)));
-            }
-            if !c.has_more() {
-                c.again = false;
             }
         }
     }
