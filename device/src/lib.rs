@@ -25,13 +25,19 @@
 //! docs/architecture.md draws the crates and the path of a message.
 
 /// Gives a counters struct `add`, summing the named fields (shards'
-/// counters are summed this way).
+/// counters are summed this way), and `named`, the fields by name (what
+/// `ulnic stats` prints): the field list is written once.
 macro_rules! summable {
     ($t:ty { $($f:ident),* $(,)? }) => {
         impl $t {
             /// Adds `other`'s counts to these.
             pub fn add(&mut self, other: &Self) {
                 $(self.$f += other.$f;)*
+            }
+
+            /// Every counter with its field name, in declaration order.
+            pub fn named(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($f), self.$f)),*]
             }
         }
     };

@@ -197,43 +197,10 @@ pub struct Reply {
     pub error: Option<String>,
 }
 
-fn map<T: Serialize>(v: &T) -> std::collections::BTreeMap<String, u64> {
-    // Counter structs are flat maps of integers; go through JSON once.
-    match serde_json::to_value(v) {
-        Ok(serde_json::Value::Object(m)) => m
-            .into_iter()
-            .filter_map(|(k, v)| Some((k, v.as_u64()?)))
-            .collect(),
-        _ => Default::default(),
-    }
+/// Counters by name, as the stats answer carries them.
+fn map(named: Vec<(&'static str, u64)>) -> std::collections::BTreeMap<String, u64> {
+    named.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
-
-macro_rules! serializable {
-    ($name:ident from $src:ty { $($f:ident),* $(,)? }) => {
-        #[derive(Serialize)]
-        struct $name { $($f: u64),* }
-        impl From<&$src> for $name {
-            fn from(s: &$src) -> Self { $name { $($f: s.$f),* } }
-        }
-    };
-}
-
-serializable!(LaneS from ulnic_device::fabric::link::LaneCounters {
-    packets, bytes, dropped, dropped_down, corrupted, crc_errors, duplicated, reordered, delayed, stalls,
-    overflow
-});
-serializable!(TransportS from ulnic_device::fabric::transport::TransportCounters {
-    messages_sent, messages_delivered, data_packets, retransmissions, timeouts, acks_sent,
-    nacks_sent, nacks_received, duplicates_dropped, out_of_order_dropped, stale_dropped,
-    malformed_dropped, returned, control_dropped
-});
-serializable!(SpanS from ulnic_device::fabric::span::SpanCounters {
-    sent, send_errors, received, rejected_sender, rejected_mac, rejected_malformed, overflow
-});
-serializable!(TotalsS from ulnic_device::switch::ports::Counters {
-    delivered, returned, notifications, closes_delivered, closes_undeliverable,
-    returned_to_sender, returns_lost
-});
 
 /// The `stats` answer for a snapshot.
 pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
@@ -250,7 +217,7 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
                 memory_faults: n.memory_faults,
                 transport: transport
                     .and_then(|t| t.get(n.node as usize))
-                    .map(|t| map(&TransportS::from(t))),
+                    .map(|t| map(t.named())),
                 endpoints: n
                     .endpoints
                     .iter()
@@ -267,7 +234,7 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
                     .collect(),
             })
             .collect(),
-        totals: map(&TotalsS::from(&s.totals)),
+        totals: map(s.totals.named()),
         links: s
             .fabric
             .as_ref()
@@ -279,10 +246,7 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
                         link: l,
                         name: name.clone(),
                         faults: faults.get(l).map(FaultSpec::of).unwrap_or_default(),
-                        directions: [
-                            map(&LaneS::from(&c.lanes[2 * l])),
-                            map(&LaneS::from(&c.lanes[2 * l + 1])),
-                        ],
+                        directions: [map(c.lanes[2 * l].named()), map(c.lanes[2 * l + 1].named())],
                     })
                     .collect()
             })
@@ -302,7 +266,7 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
             .fabric
             .as_ref()
             .and_then(|f| f.0.span.as_ref())
-            .map(|u| map(&SpanS::from(u))),
+            .map(|u| map(u.named())),
     }
 }
 

@@ -1087,12 +1087,7 @@ fn run_capture(
     count: Option<u64>,
     seconds: Option<f64>,
 ) -> anyhow::Result<()> {
-    let span = seconds
-        .map(|s| {
-            anyhow::ensure!(s.is_finite() && s > 0.0, "--seconds must be positive");
-            Ok(Duration::from_secs_f64(s))
-        })
-        .transpose()?;
+    let span = positive_secs(seconds, "--seconds")?;
     let member = at.member.as_deref();
     let n = crate::capture::run(
         &at.device,
@@ -1135,12 +1130,7 @@ fn run_stats(
     json: bool,
 ) -> anyhow::Result<()> {
     use crate::control::{Client, Request, Stats};
-    let every = watch
-        .map(|s| {
-            anyhow::ensure!(s.is_finite() && s > 0.0, "--watch must be positive");
-            Ok(Duration::from_secs_f64(s))
-        })
-        .transpose()?;
+    let every = positive_secs(watch, "--watch")?;
     let mut c = Client::connect(dir, member)?;
     loop {
         c.send(&Request::Stats)?;
@@ -1270,12 +1260,29 @@ fn print_stats(s: &crate::control::Stats) {
     );
 }
 
+/// A duration given in seconds on the command line, which must be a
+/// positive number.
+fn positive_secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<Duration>> {
+    v.map(|s| {
+        anyhow::ensure!(
+            s.is_finite() && s > 0.0,
+            "{flag} must be a positive number of seconds"
+        );
+        Ok(Duration::from_secs_f64(s))
+    })
+    .transpose()
+}
+
+/// Prints one JSON object per row: a benchmark's `--json` output.
+fn print_json_lines<T: serde::Serialize>(rows: &[T]) -> anyhow::Result<()> {
+    for r in rows {
+        println!("{}", serde_json::to_string(r)?);
+    }
+    Ok(())
+}
+
 fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        a.seconds.is_finite() && a.seconds > 0.0,
-        "--seconds must be positive"
-    );
-    let span = Duration::from_secs_f64(a.seconds);
+    let span = positive_secs(Some(a.seconds), "--seconds")?.unwrap_or_default();
     let json = a.json;
     let mut say = |l: &str| {
         if !json {
@@ -1306,10 +1313,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
             );
             let results = crate::fabric::bench::link(&cases, a.rounds, a.iters, span, &mut say)?;
             if json {
-                for r in &results {
-                    println!("{}", serde_json::to_string(r)?);
-                }
-                return Ok(());
+                return print_json_lines(&results);
             }
             println!(
                 "link accuracy ({} interleaved rounds, medians; payloads not touched)",
@@ -1347,10 +1351,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
         FabricBenchKind::Hotspot => {
             let results = crate::fabric::bench::hotspot(&a.clients, span, &mut say)?;
             if json {
-                for r in &results {
-                    println!("{}", serde_json::to_string(r)?);
-                }
-                return Ok(());
+                return print_json_lines(&results);
             }
             println!("hot spot: N clients to one server endpoint (VN Figs. 7-8)");
             println!(
@@ -1383,10 +1384,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
         FabricBenchKind::Permutation => {
             let results = crate::fabric::bench::permutations(span, &mut say)?;
             if json {
-                for r in &results {
-                    println!("{}", serde_json::to_string(r)?);
-                }
-                return Ok(());
+                return print_json_lines(&results);
             }
             println!("permutations (VN Table 1): 8 nodes, 4 per switch, 1 Gb/s 2 us links, one trunk; four 64 KiB streams");
             println!(
@@ -1410,10 +1408,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
         FabricBenchKind::Logp => {
             let results = crate::fabric::bench::logp(a.iters, span, &mut say)?;
             if json {
-                for r in &results {
-                    println!("{}", serde_json::to_string(r)?);
-                }
-                return Ok(());
+                return print_json_lines(&results);
             }
             println!("LogP of 8-byte messages (VN Fig. 5; RTT = 2 (o_s + o_r + L)), microseconds");
             println!(
@@ -1431,10 +1426,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
             let results =
                 crate::fabric::bench::drain(&a.engine_threads, a.messages, a.rounds, &mut say)?;
             if json {
-                for r in &results {
-                    println!("{}", serde_json::to_string(r)?);
-                }
-                return Ok(());
+                return print_json_lines(&results);
             }
             println!(
                 "drain: the engine alone, {} messages, {} interleaved rounds (medians)",
@@ -1465,10 +1457,7 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
             };
             let results = crate::fabric::bench::sweep(which, a.iters, span, &mut say)?;
             if json {
-                for r in &results {
-                    println!("{}", serde_json::to_string(r)?);
-                }
-                return Ok(());
+                return print_json_lines(&results);
             }
             if let Some(r) = results.first() {
                 println!("{}: {} (payloads not touched)", r.bench, r.after);

@@ -151,6 +151,29 @@ fn lane_of(h: Hop) -> usize {
     2 * h.link + usize::from(!h.forward)
 }
 
+/// The MTU of `key`'s path (its smallest link MTU) and the round trip of
+/// a full-size packet there and back when the links are idle.
+fn path_shape(routes: &Routes, lanes: &[Lane], key: &ChannelKey) -> (u32, Nanos) {
+    let path = routes.path(key.src, key.dst);
+    let mtu = path
+        .iter()
+        .map(|h| lanes[lane_of(*h)].params().mtu)
+        .min()
+        .unwrap_or(u32::MAX);
+    let rtt: Nanos = path
+        .iter()
+        .map(|h| {
+            let p = lanes[lane_of(*h)].params();
+            let ser = p.bandwidth_bps.map_or(0, |b| {
+                (u64::from(mtu.min(65536)) * 8 * 1_000_000_000) / b.max(1)
+            });
+            p.latency.as_nanos() as Nanos + ser
+        })
+        .sum::<Nanos>()
+        * 2;
+    (mtu, rtt)
+}
+
 impl Network {
     /// The network `config` describes, all queues empty; with a span, its
     /// UDP socket bound.
@@ -311,34 +334,18 @@ impl Network {
         self.start.elapsed().as_nanos() as Nanos
     }
 
-    /// Whether channel `key` takes another message now.
-    pub fn has_room(&self, key: &ChannelKey) -> bool {
-        self.transport.has_room(key)
+    /// Whether channel `key` takes another message of `len` bytes now.
+    pub fn has_room(&self, key: &ChannelKey, len: usize) -> bool {
+        self.transport.has_room(key, len)
     }
 
     /// Hands a message to the transport. The caller checked `has_room`,
     /// and that the destination is another node.
     pub fn submit(&mut self, key: ChannelKey, msg: Message) {
-        let path = self.routes.path(key.src, key.dst);
-        let mtu = path
-            .iter()
-            .map(|h| self.lanes[lane_of(*h)].params().mtu)
-            .min()
-            .unwrap_or(u32::MAX);
-        // The idle round trip of a full-size packet there and back.
-        let rtt: Nanos = path
-            .iter()
-            .map(|h| {
-                let p = self.lanes[lane_of(*h)].params();
-                let ser = p.bandwidth_bps.map_or(0, |b| {
-                    (u64::from(mtu.min(65536)) * 8 * 1_000_000_000) / b.max(1)
-                });
-                p.latency.as_nanos() as Nanos + ser
-            })
-            .sum::<Nanos>()
-            * 2;
         let now = self.now();
-        self.transport.submit(key, msg, mtu, rtt, now);
+        let (routes, lanes) = (&self.routes, &self.lanes);
+        self.transport
+            .submit(key, msg, now, || path_shape(routes, lanes, &key));
     }
 
     /// The one-way delays (the transport taking a message to its
@@ -383,6 +390,11 @@ impl Network {
     /// every node's next packets while its link takes them. Returns the
     /// packets moved (0 when nothing happened).
     pub fn advance(&mut self, sink: &mut dyn Sink) -> usize {
+        // The engine calls this every pass: with nothing anywhere, return
+        // before reading the clock or walking the lanes and switches.
+        if !self.busy() && self.wire.as_ref().is_none_or(Wire::quiet) {
+            return 0;
+        }
         let now = self.now();
         let mut moved = 0;
         let mut ticked = false;
@@ -658,7 +670,7 @@ mod tests {
                     dst,
                     port: 1,
                 };
-                while next[i] < per_pair && net.has_room(&key) {
+                while next[i] < per_pair && net.has_room(&key, 1500) {
                     net.submit(key, message(next[i], 1500));
                     next[i] += 1;
                 }

@@ -59,6 +59,15 @@ const MAX_NACK_BACKOFF: Nanos = 1_000_000;
 /// ACKs and NACKs a node may have waiting to leave; beyond this they are
 /// dropped (and counted): the timeouts recover.
 const MAX_CONTROL_BACKLOG: usize = 1 << 16;
+/// Messages one sending endpoint may have in the transport's care, over
+/// all its channels: what a guest can make the device hold is bounded.
+pub const MAX_ENDPOINT_MESSAGES: u32 = 256;
+/// Payload bytes one sending endpoint may have in the transport's care
+/// (a single message is always taken when the endpoint holds none).
+pub const MAX_ENDPOINT_BYTES: usize = 8 << 20;
+/// Send channels kept; past this the empty ones are forgotten (a channel
+/// made again starts a new epoch, which its receiver takes as new).
+const MAX_SEND_CHANNELS: usize = 1 << 16;
 
 /// A channel: the sending endpoint (node and index) and the destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -247,6 +256,12 @@ pub struct Transport {
     /// The last one-way delays (submit to delivery) of messages whose
     /// sender is on this device too, for the link benchmark.
     delays: VecDeque<Nanos>,
+    /// Per sending endpoint (node, index): messages and payload bytes held.
+    held: HashMap<(u32, u32), (u32, usize)>,
+    /// Messages held, all endpoints.
+    in_flight: usize,
+    /// ACKs and NACKs waiting to leave, all nodes.
+    control_waiting: usize,
 }
 
 /// One-way delays kept.
@@ -280,6 +295,9 @@ impl Transport {
             next_epoch: first_epoch(),
             counters: vec![TransportCounters::default(); nodes as usize],
             delays: VecDeque::new(),
+            held: HashMap::new(),
+            in_flight: 0,
+            control_waiting: 0,
         }
     }
 
@@ -294,17 +312,37 @@ impl Transport {
         e
     }
 
-    /// Whether channel `key` has room for another message.
-    pub fn has_room(&self, key: &ChannelKey) -> bool {
-        self.send
+    /// Whether channel `key` takes another message of `len` bytes: its
+    /// window has room, and its sending endpoint is within its budget.
+    pub fn has_room(&self, key: &ChannelKey, len: usize) -> bool {
+        let window = self
+            .send
             .get(key)
-            .is_none_or(|c| c.unacked.len() < self.config.window as usize)
+            .is_none_or(|c| c.unacked.len() < self.config.window as usize);
+        let budget = match self.held.get(&(key.src, key.endpoint)) {
+            None => true,
+            Some(&(msgs, bytes)) => {
+                msgs < MAX_ENDPOINT_MESSAGES && bytes + len <= MAX_ENDPOINT_BYTES
+            }
+        };
+        window && budget
     }
 
-    /// Takes a message for channel `key` at `now`, whose path has MTU `mtu`
-    /// and a round trip of `rtt` when idle. The caller checked `has_room`.
-    pub fn submit(&mut self, key: ChannelKey, msg: Message, mtu: u32, rtt: Nanos, now: Nanos) {
+    /// Takes a message for channel `key` at `now`. `path` gives the MTU of
+    /// its path and the round trip when idle; it is asked only when the
+    /// channel is new. The caller checked `has_room`.
+    pub fn submit(
+        &mut self,
+        key: ChannelKey,
+        msg: Message,
+        now: Nanos,
+        path: impl FnOnce() -> (u32, Nanos),
+    ) {
         if !self.send.contains_key(&key) {
+            if self.send.len() >= MAX_SEND_CHANNELS {
+                self.send.retain(|_, c| !c.unacked.is_empty());
+            }
+            let (mtu, rtt) = path();
             let epoch = self.new_epoch();
             let base = self.config.min_timeout + 4 * rtt;
             self.send.insert(
@@ -332,6 +370,10 @@ impl Transport {
         let Some(c) = self.send.get_mut(&key) else {
             return;
         };
+        let held = self.held.entry((key.src, key.endpoint)).or_default();
+        held.0 += 1;
+        held.1 += msg.bytes.len();
+        self.in_flight += 1;
         let seq = c.next_seq;
         c.next_seq = c.next_seq.wrapping_add(1);
         c.unacked.push_back(Unacked {
@@ -344,6 +386,20 @@ impl Transport {
         });
         self.counters[key.src as usize].messages_sent += 1;
         self.make_ready(key);
+    }
+
+    /// Takes `msgs` messages of `bytes` bytes off what channel `key`'s
+    /// endpoint holds: they were delivered or returned.
+    fn release(&mut self, key: &ChannelKey, msgs: u32, bytes: usize) {
+        self.in_flight = self.in_flight.saturating_sub(msgs as usize);
+        let e = (key.src, key.endpoint);
+        if let Some(h) = self.held.get_mut(&e) {
+            h.0 = h.0.saturating_sub(msgs);
+            h.1 = h.1.saturating_sub(bytes);
+            if h.0 == 0 {
+                self.held.remove(&e);
+            }
+        }
     }
 
     fn make_ready(&mut self, key: ChannelKey) {
@@ -361,6 +417,9 @@ impl Transport {
         self.send
             .retain(|k, _| !(k.src == node && k.endpoint == endpoint));
         self.ready[node as usize].retain(|k| k.endpoint != endpoint);
+        if let Some((msgs, _)) = self.held.remove(&(node, endpoint)) {
+            self.in_flight = self.in_flight.saturating_sub(msgs as usize);
+        }
     }
 
     /// Whether node `n` has a packet to send.
@@ -370,14 +429,14 @@ impl Transport {
 
     /// Whether any message is unacknowledged or any packet waits.
     pub fn busy(&self) -> bool {
-        self.send.values().any(|c| !c.unacked.is_empty())
-            || self.control.iter().any(|q| !q.is_empty())
+        self.in_flight > 0 || self.control_waiting > 0
     }
 
     /// The next packet node `n` sends, if any may go at `now`: an ACK or
     /// NACK first, else the next fragment of the channel whose turn it is.
     pub fn next_packet(&mut self, n: u32, now: Nanos) -> Option<Packet> {
         if let Some(p) = self.control[n as usize].pop_front() {
+            self.control_waiting -= 1;
             return Some(p);
         }
         let ready = &mut self.ready[n as usize];
@@ -515,6 +574,8 @@ impl Transport {
         c.timeout = c.base_timeout;
         c.unreachable = code == tx_error::UNREACHABLE;
         self.counters[key.src as usize].returned += msgs.len() as u64;
+        let bytes = msgs.iter().map(|u| u.msg.bytes.len()).sum();
+        self.release(&key, msgs.len() as u32, bytes);
         for u in msgs {
             sink.returned(key, u.msg, code);
         }
@@ -542,6 +603,7 @@ impl Transport {
         c.timeout = c.base_timeout;
         c.deadline = None;
         self.counters[key.src as usize].returned += 1;
+        self.release(&key, 1, first.msg.bytes.len());
         sink.returned(key, first.msg, code);
         self.make_ready(key);
     }
@@ -589,11 +651,14 @@ impl Transport {
             return;
         }
         let mut progress = false;
+        let (mut done, mut done_bytes) = (0u32, 0usize);
         while c.unacked.front().is_some_and(|u| !before(seq, u.seq)) {
             let Some(u) = c.unacked.pop_front() else {
                 break;
             };
             progress = true;
+            done += 1;
+            done_bytes += u.msg.bytes.len();
             if c.sent > 0 {
                 c.sent -= 1;
             } else {
@@ -626,6 +691,7 @@ impl Transport {
                 self.timers.push(Reverse((d, key)));
             }
         }
+        self.release(&key, done, done_bytes);
     }
 
     fn receive_nack(
@@ -768,7 +834,14 @@ impl Transport {
             }
             // No buffer: dropped, and tried again. A refusal: the channel
             // stays at this message until the sender starts a new epoch.
-            Err(code) => self.control_packet(key, epoch, seq, packet::NACK, code),
+            Err(code) => {
+                if code == tx_error::NO_ENDPOINT {
+                    // Nothing to keep for a port nobody holds: a guest
+                    // writing to every port number leaves no state here.
+                    self.recv.remove(&key);
+                }
+                self.control_packet(key, epoch, seq, packet::NACK, code)
+            }
         }
     }
 
@@ -796,6 +869,7 @@ impl Transport {
         h.code = code.into();
         p.seal();
         q.push_back(p);
+        self.control_waiting += 1;
     }
 }
 
@@ -900,8 +974,8 @@ mod tests {
         let mut submitted = 0;
         let mut r = 1u64;
         for _ in 0..400 {
-            while net.t.has_room(&KEY) && submitted < 500 {
-                net.t.submit(KEY, msg(submitted, 3000), 1024, 0, 0);
+            while net.t.has_room(&KEY, 3000) && submitted < 500 {
+                net.t.submit(KEY, msg(submitted, 3000), 0, || (1024, 0));
                 submitted += 1;
             }
             // Lose about a fifth, pseudo-randomly.
@@ -936,7 +1010,7 @@ mod tests {
             full: true,
             ..Default::default()
         };
-        net.t.submit(KEY, msg(1, 10), 1024, 0, 0);
+        net.t.submit(KEY, msg(1, 10), 0, || (1024, 0));
         net.run(&mut s, |_| false, 3_000_000);
         assert!(s.delivered.is_empty() && s.returned.is_empty());
         assert!(net.t.counters[0].nacks_received > 3);
@@ -951,9 +1025,9 @@ mod tests {
         let mut net = Net::new(TransportConfig::default());
         let mut s = Record::default();
         let bad = ChannelKey { port: 9, ..KEY };
-        net.t.submit(bad, msg(1, 10), 1024, 0, 0);
-        net.t.submit(bad, msg(3, 10), 1024, 0, 0);
-        net.t.submit(KEY, msg(2, 10), 1024, 0, 0);
+        net.t.submit(bad, msg(1, 10), 0, || (1024, 0));
+        net.t.submit(bad, msg(3, 10), 0, || (1024, 0));
+        net.t.submit(KEY, msg(2, 10), 0, || (1024, 0));
         net.run(&mut s, |_| false, 1_000_000);
         let no = tx_error::NO_ENDPOINT;
         assert_eq!(s.returned, [(1, no), (3, no)]);
@@ -969,7 +1043,7 @@ mod tests {
         let mut net = Net::new(cfg);
         let mut s = Record::default();
         for i in 0..5 {
-            net.t.submit(KEY, msg(i, 10), 1024, 0, 0);
+            net.t.submit(KEY, msg(i, 10), 0, || (1024, 0));
         }
         net.run(&mut s, |_| true, 100_000_000);
         let ids: Vec<u64> = s.returned.iter().map(|r| r.0).collect();
@@ -977,12 +1051,12 @@ mod tests {
         assert!(s.returned.iter().all(|r| r.1 == tx_error::UNREACHABLE));
         assert_eq!(net.t.counters[0].timeouts, 4);
         // Known unreachable: the next message comes back after one retry.
-        net.t.submit(KEY, msg(5, 10), 1024, 0, 0);
+        net.t.submit(KEY, msg(5, 10), 0, || (1024, 0));
         net.run(&mut s, |_| true, 5_000_000);
         assert_eq!(s.returned.last(), Some(&(5, tx_error::UNREACHABLE)));
         assert_eq!(net.t.counters[0].timeouts, 6);
         // The channel works again in its new epoch once the path does.
-        net.t.submit(KEY, msg(7, 10), 1024, 0, 0);
+        net.t.submit(KEY, msg(7, 10), 0, || (1024, 0));
         net.run(&mut s, |_| false, 1_000_000);
         assert_eq!(s.acked, [7]);
     }

@@ -52,6 +52,13 @@ pub fn deliver_and_arm(
     (r, wake)
 }
 
+/// Whether `rx` has what a message of `len` bytes needs now (a receive
+/// slot, and a free buffer when it cannot go inline), looked at without
+/// counting a drop or raising a condition: for retrying held messages.
+pub fn has_room_for(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, len: u32) -> bool {
+    rx.recv_room(mem).unwrap_or(0) > 0 && (len <= INLINE_MAX || rx.free_pending(mem) > 0)
+}
+
 /// Delivers a checked message into receiver `rx`: inline into the receive
 /// descriptor when small, otherwise into the next free buffer. Every check
 /// happens before the first byte is written.

@@ -40,7 +40,8 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
         // the core, not yielding to the scheduler, so the link's latency is
         // what was configured and not a time slice more (and sends posted
         // meanwhile are still seen at once).
-        if switch.lock().fabric_due().is_some_and(|d| d < SPIN_FOR) {
+        let due = switch.lock().fabric_due();
+        if due.is_some_and(|d| d < SPIN_FOR) {
             std::hint::spin_loop();
             idle_since = Instant::now();
             continue;
@@ -50,8 +51,7 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
             continue;
         }
         // Packets in flight or a transport timer: wait for the next of
-        // them, spinning when it is near (link latencies are microseconds).
-        let due = switch.lock().fabric_due();
+        // them, polling when it is near (a sleep rounds to milliseconds).
         if due.is_some_and(|d| d < SPIN_UNDER) {
             std::thread::yield_now();
             continue;

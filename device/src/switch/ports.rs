@@ -21,7 +21,7 @@ use crate::fabric::transport::{self, ChannelKey, Sink};
 use crate::memory::guest::{self, MemGuard};
 use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Node;
-use crate::nic::receive::{deliver_and_arm, Message, Payload};
+use crate::nic::receive::{deliver_and_arm, has_room_for, Message, Payload};
 use crate::nic::utlb::{Utlb, UtlbRef};
 use crate::switch::rdma;
 
@@ -224,25 +224,6 @@ impl Ports {
         let mut wake = Vec::new();
         let mut keep = VecDeque::new();
         while let Some(c) = self.pending_closes.pop_front() {
-            let target = mems
-                .get(c.dest_node as usize)
-                .and_then(|m| m.as_deref())
-                .and_then(|m| {
-                    let de = *self.nodes[c.dest_node as usize].ports.get(&c.dest_port)?;
-                    Some((m, de))
-                });
-            let Some((dmem, de)) = target else {
-                self.counters.closes_undeliverable += 1;
-                debug!(
-                    "close message to {}:{}: no such endpoint",
-                    c.dest_node, c.dest_port
-                );
-                continue;
-            };
-            let Some(rx) = self.nodes[c.dest_node as usize].endpoint_mut(de) else {
-                self.counters.closes_undeliverable += 1;
-                continue;
-            };
             let msg = Message {
                 flags: recv_flags::CLOSE,
                 src_node: c.src_node,
@@ -251,11 +232,14 @@ impl Ports {
                 len: c.len,
                 payload: Payload::Bytes(&c.bytes[..c.len as usize]),
             };
-            let (r, w) = deliver_and_arm(dmem, rx, &msg);
-            if w {
-                wake.push((c.dest_node, de));
-            }
-            match r {
+            match deliver_to(
+                &mut self.nodes,
+                &mems,
+                c.dest_node,
+                c.dest_port,
+                &msg,
+                &mut wake,
+            ) {
                 Ok(()) => self.counters.closes_delivered += 1,
                 Err(tx_error::NO_BUFFER) => keep.push_back(c),
                 Err(code) => {
@@ -482,6 +466,24 @@ impl Ports {
         if inline && by_utlb {
             return Err(tx_error::BAD_DESCRIPTOR);
         }
+        // With a fabric, a full channel holds the descriptor in the ring:
+        // looked at before any translation, which a retry would repeat.
+        let dn = d.dest_node;
+        let fabric_key = (dn != n && dn < self.nodes.len() as u32)
+            .then_some(())
+            .and(self.network.as_ref())
+            .map(|net| {
+                let key = ChannelKey {
+                    src: n,
+                    endpoint: e,
+                    dst: dn,
+                    port: d.dest_port,
+                };
+                (key, net.has_room(&key, d.len as usize))
+            });
+        if let Some((_, false)) = fabric_key {
+            return Ok(Sent::Blocked);
+        }
         // The payload's source: a range of the segment, or a user buffer
         // named by UTLB entries (translated as a segment of its own).
         let translated = if by_utlb {
@@ -503,25 +505,15 @@ impl Ports {
             return Err(tx_error::BAD_ADDRESS);
         }
         let src_port = ep.port.ok_or(tx_error::NOT_BOUND)?;
-        let dn = d.dest_node;
-        if dn != n && dn < self.nodes.len() as u32 {
-            if let Some(net) = &mut self.network {
-                let r = to_fabric(net, (n, e), d, raw, src_seg, src_port, smem);
-                if let Some(seg) = translated {
-                    self.utlb.cache.recycle(seg);
-                }
-                return r;
+        if let (Some((key, _)), Some(net)) = (fabric_key, self.network.as_mut()) {
+            let r = to_fabric(net, key, d, raw, src_seg, src_port, smem);
+            if let Some(seg) = translated {
+                self.utlb.cache.recycle(seg);
             }
+            return r;
         }
-        let dmem = mems
-            .get(dn as usize)
-            .and_then(|m| m.as_deref())
-            .ok_or(tx_error::NO_ENDPOINT)?;
-        let de = *self.nodes[dn as usize]
-            .ports
-            .get(&d.dest_port)
-            .ok_or(tx_error::NO_ENDPOINT)?;
-        let r = if (dn, de) == (n, e) {
+        let to_self = dn == n && self.nodes[n as usize].ports.get(&d.dest_port) == Some(&e);
+        let r = if to_self {
             // A send to oneself: the segment is both source and destination,
             // so stage the bytes (rare; keeps the borrow rules simple).
             let mut staged = Vec::new();
@@ -541,7 +533,11 @@ impl Ports {
                 len: d.len,
                 payload: Payload::Bytes(bytes),
             };
-            deliver_and_arm(dmem, ep, &msg)
+            let (r, woke) = deliver_and_arm(smem, ep, &msg);
+            if woke {
+                wake.push((n, e));
+            }
+            r
         } else {
             let payload = if inline {
                 Payload::Bytes(&raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize])
@@ -560,18 +556,12 @@ impl Ports {
                 len: d.len,
                 payload,
             };
-            let rx = self.nodes[dn as usize]
-                .endpoint_mut(de)
-                .ok_or(tx_error::NO_ENDPOINT)?;
-            deliver_and_arm(dmem, rx, &msg)
+            deliver_to(&mut self.nodes, mems, dn, d.dest_port, &msg, wake)
         };
         if let Some(seg) = translated {
             self.utlb.cache.recycle(seg);
         }
-        if r.1 {
-            wake.push((dn, de));
-        }
-        r.0.map(|()| Sent::Done)
+        r.map(|()| Sent::Done)
     }
 
     /// Moves the fabric on: packets cross links and switches, messages
@@ -589,15 +579,19 @@ impl Ports {
             pending: &mut self.pending_returns,
         };
         let mut moved = net.advance(&mut sink);
-        // Returned messages that waited for a receive slot.
+        // Returned messages that waited for a receive slot, tried only
+        // when their sender has room now: a sender that posts no buffers
+        // costs a look per pass, not a counted drop and a condition.
         for _ in 0..sink.pending.len() {
             let Some(r) = sink.pending.pop_front() else {
                 break;
             };
-            if sink.put_back(r.key, &r.msg) == Err(tx_error::NO_BUFFER) {
-                sink.pending.push_back(r);
-            } else {
+            if sink.room_for(r.key, r.msg.bytes.len() as u32)
+                && sink.put_back(r.key, &r.msg) != Err(tx_error::NO_BUFFER)
+            {
                 moved += 1;
+            } else {
+                sink.pending.push_back(r);
             }
         }
         moved
@@ -645,27 +639,16 @@ impl Ports {
 }
 
 /// Copies a checked SEND's payload and hands it to the fabric's transport
-/// on the channel (sender endpoint, destination), or reports that channel
-/// full.
-#[allow(clippy::too_many_arguments)]
+/// on channel `key` (the caller saw it had room).
 fn to_fabric(
     net: &mut Network,
-    (n, e): (u32, u32),
+    key: ChannelKey,
     d: &SendDesc,
     raw: &[u8; SEND_DESC_SIZE as usize],
     src_seg: &guest::Segment,
     src_port: u32,
     smem: &GuestMemoryMmap<()>,
 ) -> Result<Sent, u16> {
-    let key = ChannelKey {
-        src: n,
-        endpoint: e,
-        dst: d.dest_node,
-        port: d.dest_port,
-    };
-    if !net.has_room(&key) {
-        return Ok(Sent::Blocked);
-    }
     let bytes = if d.flags & send_flags::INLINE != 0 {
         raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize].to_vec()
     } else {
@@ -685,6 +668,31 @@ fn to_fabric(
         },
     );
     Ok(Sent::InFabric)
+}
+
+/// Delivers `m` to the endpoint bound to `port` on node `dst` and wakes
+/// its owner if armed: the direct path, the fabric's deliveries and close
+/// messages all end here.
+fn deliver_to(
+    nodes: &mut [Node],
+    mems: &[Option<MemGuard>],
+    dst: u32,
+    port: u32,
+    m: &Message<'_>,
+    wake: &mut Vec<(u32, u32)>,
+) -> Result<(), u16> {
+    let dmem = mems
+        .get(dst as usize)
+        .and_then(|m| m.as_deref())
+        .ok_or(tx_error::NO_ENDPOINT)?;
+    let node = nodes.get_mut(dst as usize).ok_or(tx_error::NO_ENDPOINT)?;
+    let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
+    let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
+    let (r, woke) = deliver_and_arm(dmem, rx, m);
+    if woke {
+        wake.push((dst, de));
+    }
+    r
 }
 
 /// The NIC as the fabric's transport sees it: where messages are
@@ -715,6 +723,19 @@ impl NicSink<'_> {
             }
         }
         true
+    }
+
+    /// Whether the sending endpoint of `key` could take a message of `len`
+    /// bytes back now (a gone endpoint "could": `put_back` then counts it
+    /// lost).
+    fn room_for(&mut self, key: ChannelKey, len: u32) -> bool {
+        let Some(mem) = self.mems.get(key.src as usize).and_then(|m| m.as_deref()) else {
+            return true;
+        };
+        match self.nodes[key.src as usize].endpoint_mut(key.endpoint) {
+            Some(ep) => has_room_for(mem, ep, len),
+            None => true,
+        }
     }
 
     /// Puts a returned message into its sender's receive queue.
@@ -762,17 +783,6 @@ impl Sink for NicSink<'_> {
         tag: u32,
         bytes: &[u8],
     ) -> Result<(), u16> {
-        let dmem = self
-            .mems
-            .get(dst as usize)
-            .and_then(|m| m.as_deref())
-            .ok_or(tx_error::NO_ENDPOINT)?;
-        let node = self
-            .nodes
-            .get_mut(dst as usize)
-            .ok_or(tx_error::NO_ENDPOINT)?;
-        let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
-        let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
         let m = Message {
             flags: 0,
             src_node: src,
@@ -781,10 +791,7 @@ impl Sink for NicSink<'_> {
             len: bytes.len() as u32,
             payload: Payload::Bytes(bytes),
         };
-        let (r, w) = deliver_and_arm(dmem, rx, &m);
-        if w {
-            self.wake.push((dst, de));
-        }
+        let r = deliver_to(self.nodes, self.mems, dst, port, &m, self.wake);
         if r.is_ok() {
             self.counters.delivered += 1;
         }
