@@ -13,6 +13,7 @@ use vhost::vhost_user::Listener;
 use std::sync::mpsc::SyncSender;
 
 use crate::config::{Configuration, Error};
+use crate::fabric::mapping::FabricMap;
 use crate::fabric::network::{Captured, FabricConfig, FabricCounters};
 use crate::fabric::span::MemoryShared;
 use crate::fabric::topology::Faults;
@@ -166,6 +167,32 @@ impl Device {
             s.capture(lanes.clone(), to.clone())?;
         }
         Ok(())
+    }
+
+    /// Runs a mapping round on the shard serving the mapper's node and
+    /// waits up to `timeout` for it: what it found. An error when the
+    /// device has no fabric, or the round does not finish in time.
+    pub fn map_fabric(&self, timeout: Duration) -> Result<FabricMap, Error> {
+        let no_mapper = || {
+            Error::Config("no mapper runs on this device (it has no fabric, or the mapper's node is on another member)".into())
+        };
+        let (shard, round) = self
+            .switches
+            .iter()
+            .find_map(|s| Some((s, s.request_map()?)))
+            .ok_or_else(no_mapper)?;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(m) = shard.last_map().filter(|m| m.round >= round) {
+                return Ok(m);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Config(format!(
+                    "mapping round {round} did not finish within {timeout:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// The fabric's settings, if any.

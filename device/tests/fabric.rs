@@ -37,6 +37,7 @@ fn fabric() -> FabricConfig {
             ..TransportConfig::default()
         },
         span: None,
+        mapping: None,
     }
 }
 

@@ -519,7 +519,7 @@ struct ulnic_packet_header {
 	__le32 len;
 	__le32 tag;
 	__le16 code;
-	__le16 reserved;
+	__le16 route_len;
 	__le32 crc;
 };
 _Static_assert(sizeof(struct ulnic_packet_header) == 64, "struct ulnic_packet_header: size");
@@ -541,7 +541,7 @@ _Static_assert(__builtin_offsetof(struct ulnic_packet_header, offset) == 44, "st
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, len) == 48, "struct ulnic_packet_header: len");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, tag) == 52, "struct ulnic_packet_header: tag");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, code) == 56, "struct ulnic_packet_header: code");
-_Static_assert(__builtin_offsetof(struct ulnic_packet_header, reserved) == 58, "struct ulnic_packet_header: reserved");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, route_len) == 58, "struct ulnic_packet_header: route_len");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, crc) == 60, "struct ulnic_packet_header: crc");
 
 /* `IOC_CREATE_EP` argument (spec §9). */

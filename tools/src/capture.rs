@@ -1,7 +1,7 @@
 //! `ulnic capture`: the packets of a link or a node's link, from a running
 //! device's control socket, into a pcap file that Wireshark opens with the
 //! dissector in `tools/wireshark/ulnic.lua` (link type USER0, 147: each
-//! record is one ulnic packet, its 64-byte header then its payload).
+//! record is one ulnic packet, its 64-byte header, source route and payload).
 
 use std::io::Write;
 use std::path::Path;

@@ -1,5 +1,6 @@
 //! The control socket of a running `ulnic device` (`DIR/control.sock`,
-//! mode 0600): `ulnic stats`, `ulnic fabric set` and `ulnic capture` talk
+//! mode 0600): `ulnic stats`, `ulnic fabric set`, `ulnic fabric map` and
+//! `ulnic capture` talk
 //! to the device through it. One JSON request per line, answered by JSON
 //! lines; a capture streams one line per packet until the client hangs up.
 //!
@@ -16,7 +17,8 @@ use std::time::Duration;
 use anyhow::Context;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use ulnic_device::fabric::topology::Faults;
+use ulnic_device::fabric::mapping::FabricMap;
+use ulnic_device::fabric::topology::{Faults, Topology};
 use ulnic_device::switch::snapshot::Snapshot;
 use ulnic_device::Device;
 
@@ -103,6 +105,8 @@ pub enum Request {
         /// The new faults.
         faults: FaultSpec,
     },
+    /// Run a mapping round and report what it found.
+    Map,
     /// Stream the packets handed to a link (both directions), or to and
     /// from a node.
     Capture {
@@ -172,6 +176,91 @@ pub struct Stats {
     /// Datagrams to and from the other devices of a spanning fabric.
     #[serde(default)]
     pub udp: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// A switch the mapper found.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MapSwitch {
+    /// Its id (its index in the topology file).
+    pub id: u32,
+    /// Its name.
+    pub name: String,
+    /// Ports it has.
+    pub ports: u8,
+    /// The route from the mapper to it, port by port.
+    pub route: Vec<u8>,
+}
+
+/// A link the mapper found between two switch ports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MapLink {
+    /// One switch, by name, and its port.
+    pub a: (String, u8),
+    /// The other.
+    pub b: (String, u8),
+}
+
+/// The answer to `map`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MapReport {
+    /// The mapping round.
+    pub round: u64,
+    /// The node the mapper runs on.
+    pub mapper: u32,
+    /// The route set the fabric uses from this round (0: routes come from
+    /// the topology file; the mapper only looked).
+    pub generation: u64,
+    /// Fabric time the round took, microseconds.
+    pub took_us: f64,
+    /// Probes sent, counting resends.
+    pub probes: u64,
+    /// Probes unanswered in time (an empty port, a dead link, a loss).
+    pub timeouts: u64,
+    /// Switches found.
+    pub switches: Vec<MapSwitch>,
+    /// Links between switches found.
+    pub links: Vec<MapLink>,
+    /// Nodes found: (node, switch name, port).
+    pub nodes: Vec<(u32, String, u8)>,
+    /// Whether it is the topology file's fabric with every link up.
+    pub matches_topology: bool,
+    /// How it differs from the topology file.
+    pub differences: Vec<String>,
+}
+
+/// The `map` answer for what a round found in a fabric of `topo`.
+pub fn map_report(m: &FabricMap, topo: &Topology) -> MapReport {
+    let name = |s: usize| m.switches[s].name.clone();
+    let differences = m.differences(&FabricMap::expected(topo));
+    MapReport {
+        round: m.round,
+        mapper: m.mapper,
+        generation: m.generation,
+        took_us: m.took as f64 / 1e3,
+        probes: m.probes,
+        timeouts: m.timeouts,
+        switches: m
+            .switches
+            .iter()
+            .map(|s| MapSwitch {
+                id: s.id,
+                name: s.name.clone(),
+                ports: s.ports,
+                route: s.route.ports().to_vec(),
+            })
+            .collect(),
+        links: m
+            .links
+            .iter()
+            .map(|l| MapLink {
+                a: (name(l.a.0), l.a.1),
+                b: (name(l.b.0), l.b.1),
+            })
+            .collect(),
+        nodes: m.nodes.iter().map(|&(n, s, p)| (n, name(s), p)).collect(),
+        matches_topology: differences.is_empty(),
+        differences,
+    }
 }
 
 /// A captured packet, as streamed.
@@ -351,6 +440,19 @@ fn client(switch: &Device, conn: UnixStream) -> anyhow::Result<()> {
                         .map_err(anyhow::Error::from)
                 });
                 reply(&mut out, r)?;
+            }
+            Request::Map => {
+                let r = switch
+                    .fabric_config()
+                    .context("this device has no emulated fabric (start it with --topology)")
+                    .and_then(|f| {
+                        let m = switch.map_fabric(Duration::from_secs(30))?;
+                        Ok(map_report(&m, &f.topology))
+                    });
+                match r {
+                    Ok(report) => writeln!(out, "{}", serde_json::to_string(&report)?)?,
+                    Err(e) => reply(&mut out, Err(e))?,
+                }
             }
             Request::Capture { link, node } => {
                 let l = match lanes_of(switch, link, node) {

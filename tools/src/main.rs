@@ -484,6 +484,33 @@ enum FabricCmd {
     ///   ulnic fabric set --device /tmp/ulnic --link 0 --drop 0.01 --reorder 0.05
     #[command(verbatim_doc_comment)]
     Set(FabricSetArgs),
+    /// Map a running device's fabric over the fabric itself (docs/spec.md
+    /// §10.9): the mapper's node sends probes through every switch port,
+    /// switches and nodes answer, and what answered is printed with how it
+    /// compares to the topology file. On a fabric with a [mapping] section
+    /// the routes every node uses come from these rounds (run on their own
+    /// every interval, and this one); otherwise the round only looks.
+    ///
+    /// Exits 0 when the map matches the topology file with every link up,
+    /// 3 when it differs (a link down, a switch cut off), 1 on error.
+    ///
+    /// Examples:
+    ///   ulnic fabric map --device /tmp/ulnic
+    ///   ulnic fabric map --device /tmp/ulnic --json
+    #[command(verbatim_doc_comment)]
+    Map {
+        /// The device's socket directory.
+        #[arg(long, value_name = "DIR")]
+        device: PathBuf,
+        /// With a fabric spread over devices: which member to ask (the one
+        /// serving the mapper's node maps; others look from their first
+        /// node).
+        #[arg(long, value_name = "NAME")]
+        member: Option<String>,
+        /// Print the map as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A link of a running device, named by index or by the node on it.
@@ -820,6 +847,11 @@ fn main() -> ExitCode {
         Cmd::Fabric(FabricCmd::Selftest(a)) => fabric_selftest(a),
         Cmd::Fabric(FabricCmd::Bench(a)) => fabric_bench(a),
         Cmd::Fabric(FabricCmd::Set(a)) => fabric_set(a),
+        Cmd::Fabric(FabricCmd::Map {
+            device,
+            member,
+            json,
+        }) => fabric_map(&device, member.as_deref(), json),
         Cmd::Stats {
             device,
             member,
@@ -1120,6 +1152,70 @@ fn fabric_set(a: FabricSetArgs) -> anyhow::Result<()> {
         },
     })?;
     c.checked_line()?;
+    Ok(())
+}
+
+fn fabric_map(dir: &std::path::Path, member: Option<&str>, json: bool) -> anyhow::Result<()> {
+    use crate::control::{Client, MapReport, Request};
+    let mut c = Client::connect(dir, member)?;
+    c.send(&Request::Map)?;
+    let line = c.checked_line()?;
+    let m: MapReport = serde_json::from_str(&line)?;
+    if json {
+        println!("{line}");
+    } else {
+        println!(
+            "round {} from node {}: {} switches, {} links, {} nodes, {} probes ({} unanswered), {:.0} us",
+            m.round,
+            m.mapper,
+            m.switches.len(),
+            m.links.len(),
+            m.nodes.len(),
+            m.probes,
+            m.timeouts,
+            m.took_us
+        );
+        if m.generation > 0 {
+            println!(
+                "routes: generation {} (the fabric routes by this map)",
+                m.generation
+            );
+        } else {
+            println!("routes: from the topology file (no [mapping]; this round only looked)");
+        }
+        println!(
+            "\n{:<16} {:>4} {:>6}  route from the mapper",
+            "switch", "id", "ports"
+        );
+        for s in &m.switches {
+            let route: Vec<String> = s.route.iter().map(u8::to_string).collect();
+            let route = if route.is_empty() {
+                "-".to_string()
+            } else {
+                route.join(",")
+            };
+            println!("{:<16} {:>4} {:>6}  {route}", s.name, s.id, s.ports);
+        }
+        println!("\nlinks");
+        for l in &m.links {
+            println!("  {}:{} - {}:{}", l.a.0, l.a.1, l.b.0, l.b.1);
+        }
+        println!("\nnodes");
+        for (n, s, p) in &m.nodes {
+            println!("  node {n} on {s}:{p}");
+        }
+        if m.matches_topology {
+            println!("\nmatches the topology file");
+        } else {
+            println!("\ndiffers from the topology file:");
+            for d in &m.differences {
+                println!("  {d}");
+            }
+        }
+    }
+    if !m.matches_topology {
+        std::process::exit(3);
+    }
     Ok(())
 }
 

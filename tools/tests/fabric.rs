@@ -323,6 +323,102 @@ fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
 }
 
 #[test]
+fn a_mapped_fabric_finds_itself_and_routes_around_a_cut_link() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let topo = format!(
+        "{}/../docs/topologies/mapped-ring.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let _dev = DeviceProcess(
+        ulnic()
+            .args([
+                "device",
+                "--nodes",
+                "4",
+                "--topology",
+                &topo,
+                "--socket-dir",
+            ])
+            .arg(d)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&d.join("control.sock"));
+    let dev_arg = d.to_str().unwrap();
+
+    // The mapper finds the ring as the file draws it, and routes by it.
+    let map = &cli::json_lines(&["fabric", "map", "--device", dev_arg, "--json"])[0];
+    assert_eq!(map["matches_topology"], true, "{map}");
+    assert_eq!(map["switches"].as_array().unwrap().len(), 4);
+    assert_eq!(map["links"].as_array().unwrap().len(), 4);
+    assert_eq!(map["nodes"].as_array().unwrap().len(), 4);
+    assert!(map["generation"].as_u64().unwrap() >= 1, "{map}");
+
+    // Node 0 reaches node 2 through s1 (link 1, s1-s2). Cut that link,
+    // then stream: the next round routes around by s3, and nothing is
+    // returned or lost.
+    let o = ulnic()
+        .args([
+            "fabric", "set", "--device", dev_arg, "--link", "1", "--down",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let recv = ulnic()
+        .args(["recv", "--port", "5"])
+        .env("ULNIC_SOCKET", d.join("node2.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = ulnic()
+        .args(["send", "--to", "2:5", "--count", "5000", "--size", "1000"])
+        .env("ULNIC_SOCKET", d.join("node0.sock"))
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&sent.stdout),
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(sent.status.success(), "{said}");
+    assert!(said.contains("0 returned"), "{said}");
+    let got = recv.wait_with_output().unwrap();
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+
+    let stats = &cli::json_lines(&["stats", "--device", dev_arg, "--json"])[0];
+    let s3_s0 = &stats["links"][3];
+    assert_eq!(s3_s0["name"], "s3-s0");
+    assert!(
+        s3_s0["directions"][1]["bytes"].as_u64().unwrap() >= 5_000_000,
+        "the stream did not go round by s3: {s3_s0}"
+    );
+    assert_eq!(stats["nodes"][0]["transport"]["returned"], 0);
+
+    // The map now lacks the cut link, and says so with exit status 3.
+    let o = ulnic()
+        .args(["fabric", "map", "--device", dev_arg, "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3));
+    let map: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        map["differences"],
+        serde_json::json!(["missing: link s1:1 - s2:0"]),
+        "{map}"
+    );
+    assert!(map["generation"].as_u64().unwrap() >= 2, "{map}");
+}
+
+#[test]
 fn the_fabric_benchmarks_report_what_they_measured() {
     // Invariants only: no test asserts on timing.
     let link = cli::json_lines(&[
@@ -347,8 +443,8 @@ fn the_fabric_benchmarks_report_what_they_measured() {
     assert!(l["link_rtt_us"].as_f64().unwrap() > 0.0, "{l}");
     let c = l["configured_one_way_us"].as_f64().unwrap();
     assert!(
-        (c - 10.576).abs() < 0.01,
-        "10 us plus 72 bytes at 1 Gb/s: {l}"
+        (c - 10.592).abs() < 0.01,
+        "10 us plus 74 bytes at 1 Gb/s: {l}"
     );
 
     let logp = cli::json_lines(&[

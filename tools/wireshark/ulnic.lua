@@ -1,7 +1,8 @@
 -- Wireshark dissector for ulnic fabric packets (docs/spec.md §10.3).
 --
 -- `ulnic capture` writes pcap files of link type USER0 (147): every record
--- is one packet, its 64-byte header then its payload. Open one with
+-- is one packet: its 64-byte header, its source route (route_len bytes,
+-- one output port per switch) and its payload. Open one with
 --   wireshark -X lua_script:tools/wireshark/ulnic.lua capture.pcap
 --   tshark -X lua_script:tools/wireshark/ulnic.lua -r capture.pcap -V
 -- or copy this file into Wireshark's personal plugins folder.
@@ -9,7 +10,10 @@
 
 local ulnic = Proto("ulnic", "ulnic fabric packet")
 
-local kinds = { [1] = "DATA", [2] = "ACK", [3] = "NACK" }
+local kinds = {
+  [1] = "DATA", [2] = "ACK", [3] = "NACK",
+  [4] = "PROBE", [5] = "PROBE_REPLY", [6] = "ROUTES",
+}
 local tx_errors = {
   [1] = "NO_ENDPOINT", [2] = "NO_BUFFER", [3] = "REJECTED",
   [4] = "BUFFER_TOO_SMALL", [5] = "BAD_DESCRIPTOR", [6] = "BAD_ADDRESS",
@@ -37,14 +41,15 @@ local f = {
   len          = ProtoField.uint32("ulnic.len", "Payload length"),
   tag          = ProtoField.uint32("ulnic.tag", "Tag", base.HEX),
   code         = ProtoField.uint16("ulnic.code", "Code", base.DEC, tx_errors),
-  reserved     = ProtoField.uint16("ulnic.reserved", "Reserved"),
+  route_len    = ProtoField.uint16("ulnic.route_len", "Route length"),
   crc          = ProtoField.uint32("ulnic.crc", "CRC-32", base.HEX),
+  route        = ProtoField.bytes("ulnic.route", "Route (port per switch)", base.SPACE),
   payload      = ProtoField.bytes("ulnic.payload", "Payload"),
 }
 ulnic.fields = {
   f.magic, f.version, f.kind, f.hop, f.src_node, f.dst_node, f.src_endpoint,
   f.src_port, f.dst_port, f.epoch, f.seq, f.frag, f.frags, f.msg_len,
-  f.offset, f.len, f.tag, f.code, f.reserved, f.crc, f.payload,
+  f.offset, f.len, f.tag, f.code, f.route_len, f.crc, f.route, f.payload,
 }
 
 -- field, offset, size
@@ -54,7 +59,7 @@ local layout = {
   { f.src_port, 20, 4 }, { f.dst_port, 24, 4 }, { f.epoch, 28, 4 },
   { f.seq, 32, 4 }, { f.frag, 36, 2 }, { f.frags, 38, 2 },
   { f.msg_len, 40, 4 }, { f.offset, 44, 4 }, { f.len, 48, 4 },
-  { f.tag, 52, 4 }, { f.code, 56, 2 }, { f.reserved, 58, 2 },
+  { f.tag, 52, 4 }, { f.code, 56, 2 }, { f.route_len, 58, 2 },
   { f.crc, 60, 4 },
 }
 
@@ -82,16 +87,27 @@ function ulnic.dissector(buf, pinfo, tree)
     local code = buf(56, 2):le_uint()
     info = string.format("NACK ep %d epoch %d seq %d %s", buf(16, 4):le_uint(), epoch, seq,
       tx_errors[code] or tostring(code))
+  elseif kind == 4 then
+    info = string.format("PROBE id %d round %d", seq, epoch)
+  elseif kind == 5 then
+    info = string.format("PROBE_REPLY id %d round %d", seq, epoch)
+  elseif kind == 6 then
+    info = string.format("ROUTES generation %d for node %d", seq, dst)
   else
     info = string.format("kind %d", kind)
   end
   pinfo.cols.info = info
-  local t = tree:add(ulnic, buf(0, math.min(buf:len(), HEADER + buf(48, 4):le_uint())), "ulnic " .. info)
+  local route_len = math.min(buf(58, 2):le_uint(), buf:len() - HEADER)
+  local body = HEADER + route_len
+  local t = tree:add(ulnic, buf(0, math.min(buf:len(), body + buf(48, 4):le_uint())), "ulnic " .. info)
   for _, e in ipairs(layout) do
     t:add_le(e[1], buf(e[2], e[3]))
   end
-  if buf:len() > HEADER then
-    t:add(f.payload, buf(HEADER))
+  if route_len > 0 then
+    t:add(f.route, buf(HEADER, route_len))
+  end
+  if buf:len() > body then
+    t:add(f.payload, buf(body))
   end
   return buf:len()
 end

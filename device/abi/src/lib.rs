@@ -414,14 +414,24 @@ pub mod recv_flags {
 pub mod packet {
     /// `magic`: "UL" in little endian.
     pub const MAGIC: u16 = 0x4c55;
-    /// `version`.
-    pub const VERSION: u16 = 1;
+    /// `version`: 2 carries a source route after the header.
+    pub const VERSION: u16 = 2;
     /// A fragment of a message.
     pub const DATA: u16 = 1;
     /// Every message of the channel's epoch up to `seq` was delivered.
     pub const ACK: u16 = 2;
     /// Message `seq` was not delivered; `code` says why.
     pub const NACK: u16 = 3;
+    /// A mapper's probe (spec §10.9): the switch where its route ends, or
+    /// the node it reaches, answers with a `PROBE_REPLY`.
+    pub const PROBE: u16 = 4;
+    /// The answer to a probe: who is there.
+    pub const PROBE_REPLY: u16 = 5;
+    /// Routes from the mapper for the destination node's route table.
+    pub const ROUTES: u16 = 6;
+    /// Switches a route may cross: the most source-route bytes a packet
+    /// carries.
+    pub const MAX_ROUTE: usize = 16;
     /// Size of the header.
     pub const HEADER_SIZE: usize = core::mem::size_of::<super::wire::PacketHeader>();
 }

@@ -522,9 +522,10 @@ wire! {
         pub magic: U16,
         /// `packet::VERSION`.
         pub version: U16,
-        /// `packet::DATA`, `ACK` or `NACK`.
+        /// `packet::DATA`, `ACK`, `NACK`, `PROBE`, `PROBE_REPLY` or `ROUTES`.
         pub kind: U16,
-        /// Hops taken so far along the route; not covered by the CRC.
+        /// Switches passed so far: the index of the next route byte to
+        /// use; not covered by the CRC.
         pub hop: U16,
         /// Source node.
         pub src_node: U32,
@@ -557,10 +558,11 @@ wire! {
         pub tag: U32,
         /// NACK: why (a `tx_error` code).
         pub code: U16,
-        /// Reserved, 0.
-        pub reserved: U16,
-        /// CRC-32 (IEEE) of the header, with `hop` and `crc` zero, and
-        /// the payload.
+        /// Source-route bytes between the header and the payload, one
+        /// output port per switch; not covered by the CRC.
+        pub route_len: U16,
+        /// CRC-32 (IEEE) of the header, with `hop`, `route_len` and `crc`
+        /// zero, and the payload.
         pub crc: U32,
     }
 

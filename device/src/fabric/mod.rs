@@ -6,6 +6,7 @@
 //! routes (`network`).
 
 pub mod link;
+pub mod mapping;
 pub mod network;
 pub mod packet;
 pub mod routing;

@@ -1,18 +1,23 @@
 //! The network (spec §10.3): every link's two lanes, the switches that pass
-//! packets between them along the up*/down* routes, and each node's
-//! transport endpoint; `advance` moves time forward.
+//! packets between them along their source routes, each node's transport
+//! endpoint and route table, and the mapper (§10.9) when one runs here;
+//! `advance` moves time forward.
 //!
 //! A switch serves its inputs in turn, one packet from each per round,
 //! starting one further along each pass, so no input starves another; a
 //! packet whose output lane has no credit waits at the head of its input,
 //! and that input's lane fills and pushes back upstream.
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
+use ulnic_abi::packet;
+
 use crate::fabric::link::{Lane, LaneCounters, Nanos, RemoteEnd};
-use crate::fabric::packet::Packet;
-use crate::fabric::routing::{Hop, Routes};
+use crate::fabric::mapping::{self, Answer, FabricMap, Mapper, MappingConfig};
+use crate::fabric::packet::{Packet, Route};
+use crate::fabric::routing::Routes;
 use crate::fabric::span::{MemoryShared, Span, SpanCounters, Udp, Wire};
 use crate::fabric::topology::{End, Faults, Topology};
 use crate::fabric::transport::{ChannelKey, Message, Sink, Transport, TransportConfig};
@@ -34,6 +39,9 @@ pub struct FabricConfig {
     /// When the fabric spans several device processes: who they are and
     /// which this is (spec §10.7).
     pub span: Option<Span>,
+    /// With a mapper, routes come from what it finds (spec §10.9); without,
+    /// from the topology.
+    pub mapping: Option<MappingConfig>,
 }
 
 impl FabricConfig {
@@ -109,16 +117,21 @@ pub struct SwitchCounters {
     pub forwarded: u64,
     /// Packets whose route did not go on from here (dropped).
     pub misrouted: u64,
+    /// Mapper probes this switch answered.
+    pub probes_answered: u64,
 }
 
 summable!(SwitchCounters {
     forwarded,
-    misrouted
+    misrouted,
+    probes_answered
 });
 
 struct SwitchState {
     /// Lanes that end here.
     inputs: Vec<usize>,
+    /// By port: the lane leaving on it.
+    out: Vec<usize>,
     /// Where the round-robin starts next.
     turn: usize,
     counters: SwitchCounters,
@@ -127,9 +140,22 @@ struct SwitchState {
 /// Every lane, switch and node transport of one fabric.
 pub struct Network {
     config: FabricConfig,
-    routes: Routes,
+    /// Per source node, by destination: the route its NIC puts on packets.
+    tables: Vec<Vec<Option<Route>>>,
+    /// Per node: the mapper's generation its table comes from.
+    table_generation: Vec<u64>,
     /// By `2 * link + (0 if crossed a to b, else 1)`.
     lanes: Vec<Lane>,
+    /// Per lane ending at a switch: the switch and the port it enters by.
+    lane_entry: Vec<Option<(usize, u8)>>,
+    /// Per node: packets its NIC makes itself (mapper probes and routes,
+    /// answers to probes), sent before the transport's.
+    nic_out: Vec<VecDeque<Packet>>,
+    /// The mapper, on the device serving its node.
+    mapper: Option<Mapper>,
+    /// The smallest MTU of any link: a channel's packet size when routes
+    /// may change under it.
+    min_mtu: u32,
     switches: Vec<SwitchState>,
     /// Per node: the lane from it into the fabric, and the one back.
     host_out: Vec<usize>,
@@ -147,23 +173,60 @@ pub struct Network {
     near_owner: Vec<Option<usize>>,
 }
 
-fn lane_of(h: Hop) -> usize {
-    2 * h.link + usize::from(!h.forward)
+/// Most packets a NIC holds of its own making (probes, answers, routes);
+/// past this they are dropped, and the mapper's timeouts recover.
+const MAX_NIC_BACKLOG: usize = 4096;
+/// Payload bytes of one `ROUTES` packet: fits the smallest MTU.
+const ROUTES_ROOM: usize = 240;
+
+/// The lanes a packet from `src` along `route` crosses.
+fn lanes_along(
+    switches: &[SwitchState],
+    host_out: usize,
+    far: &[Option<(usize, u8)>],
+    route: &Route,
+) -> Vec<usize> {
+    let mut lanes = vec![host_out];
+    for &port in route.ports() {
+        let Some((s, _)) = far[*lanes.last().unwrap_or(&host_out)] else {
+            break;
+        };
+        match switches[s].out.get(usize::from(port)) {
+            Some(&l) => lanes.push(l),
+            None => break,
+        }
+    }
+    lanes
 }
 
-/// The MTU of `key`'s path (its smallest link MTU) and the round trip of
-/// a full-size packet there and back when the links are idle.
-fn path_shape(routes: &Routes, lanes: &[Lane], key: &ChannelKey) -> (u32, Nanos) {
-    let path = routes.path(key.src, key.dst);
-    let mtu = path
-        .iter()
-        .map(|h| lanes[lane_of(*h)].params().mtu)
-        .min()
-        .unwrap_or(u32::MAX);
+/// The MTU of `key`'s path (its smallest link MTU; the fabric's smallest
+/// when a mapper may change routes) and the round trip of a full-size
+/// packet there and back when the links are idle.
+fn path_shape(net: &Network, key: &ChannelKey) -> (u32, Nanos) {
+    let route = net.tables[key.src as usize]
+        .get(key.dst as usize)
+        .copied()
+        .flatten()
+        .unwrap_or_default();
+    let path = lanes_along(
+        &net.switches,
+        net.host_out[key.src as usize],
+        &net.lane_entry,
+        &route,
+    );
+    let lanes = &net.lanes;
+    let mtu = if net.config.mapping.is_some() {
+        net.min_mtu
+    } else {
+        path.iter()
+            .map(|&l| lanes[l].params().mtu)
+            .min()
+            .unwrap_or(u32::MAX)
+    };
     let rtt: Nanos = path
         .iter()
-        .map(|h| {
-            let p = lanes[lane_of(*h)].params();
+        .map(|&l| {
+            let p = lanes[l].params();
             let ser = p.bandwidth_bps.map_or(0, |b| {
                 (u64::from(mtu.min(65536)) * 8 * 1_000_000_000) / b.max(1)
             });
@@ -222,11 +285,13 @@ impl Network {
         wire: Option<Wire>,
     ) -> Network {
         let topo = &config.topology;
-        let routes = Routes::up_down(topo);
+        let graph = topo.graph();
         let mut lanes = Vec::new();
+        let mut lane_entry = Vec::new();
         let mut switches: Vec<SwitchState> = (0..topo.switches().len())
             .map(|_| SwitchState {
                 inputs: Vec::new(),
+                out: Vec::new(),
                 turn: 0,
                 counters: SwitchCounters::default(),
             })
@@ -244,8 +309,18 @@ impl Network {
             (o != *me).then_some(o)
         };
         for (i, l) in topo.links().iter().enumerate() {
+            let ends = graph.links[i];
             for (dir, (from, to)) in [(l.a, l.b), (l.b, l.a)].into_iter().enumerate() {
                 let lane = 2 * i + dir;
+                // A switch's ports are numbered in link order, so the
+                // lane leaving port p is pushed p-th.
+                if let End::Switch(s) = from {
+                    switches[s].out.push(lane);
+                }
+                lane_entry.push(match to {
+                    End::Switch(s) => Some((s, ends[1 - dir].1)),
+                    End::Node(_) => None,
+                });
                 near_owner.push(owner(from));
                 far_owner.push(owner(to));
                 // A different, reproducible stream per lane.
@@ -265,9 +340,50 @@ impl Network {
             }
         }
         let transport = Transport::new(topo.nodes(), config.transport);
+        let min_mtu = topo
+            .links()
+            .iter()
+            .map(|l| l.params.mtu)
+            .min()
+            .unwrap_or(u32::MAX);
+        // Without a mapper every node starts with the topology's routes;
+        // with one, with none until the mapper's arrive.
+        let tables = match config.mapping {
+            Some(_) => vec![Vec::new(); nodes],
+            None => {
+                let routes = Routes::up_down(&graph);
+                (0..topo.nodes())
+                    .map(|s| (0..topo.nodes()).map(|d| routes.route(s, d)).collect())
+                    .collect()
+            }
+        };
+        // The mapper runs on its configured node when that is served here;
+        // without mapping, any device can still look, from its first node.
+        let local = |n: u32| match &owners {
+            None => true,
+            Some((switch_owner, me)) => switch_owner.get(topo.attachment(n).1) == Some(me),
+        };
+        let mapper = match config.mapping {
+            Some(m) => local(m.mapper).then(|| Mapper::new(m.mapper, m, true)),
+            None => (0..topo.nodes()).find(|&n| local(n)).map(|n| {
+                Mapper::new(
+                    n,
+                    MappingConfig {
+                        mapper: n,
+                        ..MappingConfig::default()
+                    },
+                    false,
+                )
+            }),
+        };
         Network {
             config,
-            routes,
+            tables,
+            table_generation: vec![0; nodes],
+            lane_entry,
+            nic_out: vec![VecDeque::new(); nodes],
+            mapper,
+            min_mtu,
             lanes,
             switches,
             host_out,
@@ -343,9 +459,9 @@ impl Network {
     /// and that the destination is another node.
     pub fn submit(&mut self, key: ChannelKey, msg: Message) {
         let now = self.now();
-        let (routes, lanes) = (&self.routes, &self.lanes);
+        let shape = (!self.transport.has_channel(&key)).then(|| path_shape(self, &key));
         self.transport
-            .submit(key, msg, now, || path_shape(routes, lanes, &key));
+            .submit(key, msg, now, || shape.unwrap_or((self.min_mtu, 0)));
     }
 
     /// The one-way delays (the transport taking a message to its
@@ -373,43 +489,56 @@ impl Network {
     }
 
     /// Whether anything is in flight: a packet on a link, a message not
-    /// yet acknowledged.
+    /// yet acknowledged, a packet a NIC made waiting to leave.
     pub fn busy(&self) -> bool {
-        self.transport.busy() || self.lanes.iter().any(Lane::busy)
+        self.transport.busy()
+            || self.lanes.iter().any(Lane::busy)
+            || self.nic_out.iter().any(|q| !q.is_empty())
     }
 
-    /// How long until something is due (a packet arrives, a timer fires),
-    /// if anything is.
+    /// How long until something is due (a packet arrives, a timer fires,
+    /// the mapper's next step), if anything is.
     pub fn next_due(&self) -> Option<Duration> {
         let lanes = self.lanes.iter().filter_map(Lane::next_arrival);
-        let t = lanes.chain(self.transport.next_timer()).min()?;
+        let mapper = self.mapper.as_ref().and_then(Mapper::next_due);
+        let t = lanes
+            .chain(self.transport.next_timer())
+            .chain(mapper)
+            .min()?;
         Some(Duration::from_nanos(t.saturating_sub(self.now())))
     }
 
-    /// Moves everything due by now: arrivals, switching, timers, and
-    /// every node's next packets while its link takes them. Returns the
-    /// packets moved (0 when nothing happened).
+    /// Moves everything due by now: arrivals, switching, timers, the
+    /// mapper, and every node's next packets while its link takes them.
+    /// Returns the packets moved (0 when nothing happened).
     pub fn advance(&mut self, sink: &mut dyn Sink) -> usize {
         // The engine calls this every pass: with nothing anywhere, return
         // before reading the clock or walking the lanes and switches.
-        if !self.busy() && self.wire.as_ref().is_none_or(Wire::quiet) {
+        if !self.busy() && self.wire.as_ref().is_none_or(Wire::quiet) && !self.mapping() {
             return 0;
         }
         let now = self.now();
         let mut moved = 0;
         let mut ticked = false;
+        self.tick_mapper(now);
         for _ in 0..MAX_ROUNDS {
             let mut round = self.receive_remote();
             for lane in &mut self.lanes {
                 lane.arrive(now);
             }
             round += self.send_remote();
-            // Into the nodes: the transport always takes what arrives.
+            // Into the nodes: the transport takes what is its own; the NIC
+            // answers probes and takes routes.
             for n in 0..self.host_in.len() {
                 let lane = self.host_in[n];
                 while let Some(p) = self.lanes[lane].pop() {
                     round += 1;
-                    self.transport.receive(n as u32, p, now, sink);
+                    match p.header.kind.get() {
+                        packet::PROBE | packet::PROBE_REPLY | packet::ROUTES => {
+                            self.nic_receive(n as u32, p, now)
+                        }
+                        _ => self.transport.receive(n as u32, p, now, sink),
+                    }
                 }
             }
             round += self.switch_all(now);
@@ -433,24 +562,185 @@ impl Network {
         moved
     }
 
-    /// Every node's next packets, while its link has credit.
+    /// Every node's next packets, while its link has credit: those its
+    /// NIC made first, then the transport's, each given the node's route
+    /// to its destination.
     fn transmit(&mut self, now: Nanos) -> usize {
         let mut sent = 0;
         for n in 0..self.host_out.len() {
             let lane = self.host_out[n];
-            while self.transport.wants_to_send(n as u32) {
+            while !self.nic_out[n].is_empty() || self.transport.wants_to_send(n as u32) {
                 if !self.lanes[lane].has_credit() {
                     self.lanes[lane].stalled();
                     break;
                 }
-                let Some(p) = self.transport.next_packet(n as u32, now) else {
-                    break;
+                let p = match self.nic_out[n].pop_front() {
+                    Some(p) => p,
+                    None => {
+                        let Some(mut p) = self.transport.next_packet(n as u32, now) else {
+                            break;
+                        };
+                        let dst = p.header.dst_node.get() as usize;
+                        match self.tables[n].get(dst).copied().flatten() {
+                            Some(r) => p.set_route(r),
+                            None => {
+                                // No way there (yet): lost, as on a NIC
+                                // without a route; the transport's timers
+                                // send it again.
+                                self.transport.counters[n].unrouted += 1;
+                                continue;
+                            }
+                        }
+                        p
+                    }
                 };
                 self.hand(lane, now, p);
                 sent += 1;
             }
         }
         sent
+    }
+
+    /// Queues a packet node `n`'s NIC made itself.
+    fn nic_send(&mut self, n: u32, p: Packet) {
+        if let Some(q) = self.nic_out.get_mut(n as usize) {
+            if q.len() < MAX_NIC_BACKLOG {
+                q.push_back(p);
+            }
+        }
+    }
+
+    /// Takes a mapping packet that reached node `n`: a probe is answered,
+    /// a reply goes to the mapper, routes from the mapper are installed.
+    fn nic_receive(&mut self, n: u32, p: Packet, now: Nanos) {
+        match p.header.kind.get() {
+            packet::PROBE => {
+                if let Some(r) = mapping::reply(&p, &Answer::Node(n)) {
+                    self.nic_send(n, r);
+                }
+            }
+            packet::PROBE_REPLY => {
+                let mut out = Vec::new();
+                let done = match self.mapper.as_mut() {
+                    Some(m) if m.node() == n => m.answer(&p, now, &mut out),
+                    _ => None,
+                };
+                for probe in out {
+                    self.nic_send(n, probe);
+                }
+                if let Some(map) = done {
+                    self.mapped(map);
+                }
+            }
+            _ => self.install_routes(n, &p),
+        }
+    }
+
+    /// Routes for node `n` from the mapper: taken only from the configured
+    /// mapper's node, and only for a generation at least the node's.
+    fn install_routes(&mut self, n: u32, p: &Packet) {
+        let Some(m) = self.config.mapping else {
+            return;
+        };
+        let generation = u64::from(p.header.seq.get());
+        let n = n as usize;
+        if p.header.src_node.get() != m.mapper || generation < self.table_generation[n] {
+            return;
+        }
+        let Some(entries) = mapping::parse_routes(&p.payload) else {
+            return;
+        };
+        if generation > self.table_generation[n] {
+            self.table_generation[n] = generation;
+            self.tables[n].clear();
+        }
+        let nodes = self.host_out.len();
+        for (dst, r) in entries {
+            let dst = dst as usize;
+            if dst < nodes {
+                if self.tables[n].len() <= dst {
+                    self.tables[n].resize(dst + 1, None);
+                }
+                self.tables[n][dst] = Some(r);
+            }
+        }
+    }
+
+    /// Runs the mapper's timers: a round starts, probes go again.
+    fn tick_mapper(&mut self, now: Nanos) {
+        let Some(m) = self.mapper.as_mut() else {
+            return;
+        };
+        let mut out = Vec::new();
+        let done = m.tick(now, &mut out);
+        let node = m.node();
+        for p in out {
+            self.nic_send(node, p);
+        }
+        if let Some(map) = done {
+            self.mapped(map);
+        }
+    }
+
+    /// A round finished: with a mapper that installs, every found node
+    /// gets its routes, here directly and elsewhere in `ROUTES` packets
+    /// along the mapper's route to it. Sent every round, so a node that
+    /// missed some (a lossy link) gets them again.
+    fn mapped(&mut self, map: FabricMap) {
+        let Some(m) = self.mapper.as_ref().filter(|m| m.installs()) else {
+            return;
+        };
+        let mapper = m.node();
+        let tables = mapping::tables(&map);
+        let nodes = self.host_out.len();
+        let own = tables.get(mapper as usize).cloned().unwrap_or_default();
+        for (n, table) in tables.into_iter().enumerate().take(nodes) {
+            if map.nodes.iter().all(|x| x.0 as usize != n) {
+                continue;
+            }
+            let local = self.far_owner[self.host_in[n]].is_none();
+            if local {
+                self.tables[n] = table;
+                self.table_generation[n] = map.generation;
+            } else if let Some(route) = own.get(n).copied().flatten() {
+                let ps = mapping::routes_packets(
+                    mapper,
+                    n as u32,
+                    map.generation,
+                    &table,
+                    route,
+                    ROUTES_ROOM,
+                );
+                for p in ps {
+                    self.nic_send(mapper, p);
+                }
+            }
+        }
+        log::debug!(
+            "map round {}: {} switches, {} links, {} nodes, generation {}",
+            map.round,
+            map.switches.len(),
+            map.links.len(),
+            map.nodes.len(),
+            map.generation
+        );
+    }
+
+    /// Whether the mapper here has work now or on a timer.
+    pub fn mapping(&self) -> bool {
+        self.mapper.as_ref().is_some_and(Mapper::active)
+    }
+
+    /// Asks the mapper here for a round; the round it will be, or `None`
+    /// when no mapper runs on this device.
+    pub fn request_map(&mut self) -> Option<u64> {
+        self.mapper.as_mut().map(Mapper::request)
+    }
+
+    /// What the mapper here found last, if it runs here and finished a
+    /// round.
+    pub fn last_map(&self) -> Option<&FabricMap> {
+        self.mapper.as_ref().and_then(Mapper::last)
     }
 
     /// One pass of every switch; returns the packets passed on.
@@ -486,13 +776,26 @@ impl Network {
     }
 
     /// Passes the packet at the head of lane `input` (ending at switch
-    /// `s`) on to its next lane, if that lane has credit.
+    /// `s`) on by the port its route names, if that lane has credit. A
+    /// probe whose route ends here is answered instead.
     fn forward(&mut self, s: usize, input: usize, now: Nanos) -> Forward {
         let Some(p) = self.lanes[input].front() else {
             return Forward::Empty;
         };
-        let next = self.next_lane(p);
-        let Some(out) = next else {
+        let hop = usize::from(p.header.hop.get());
+        let probe = p.header.kind.get() == packet::PROBE;
+        let Some(port) = p.route.port(hop) else {
+            let Some(p) = self.lanes[input].pop() else {
+                return Forward::Empty;
+            };
+            if probe && hop == p.route.len() {
+                self.answer_probe(s, input, now, p);
+            } else {
+                self.switches[s].counters.misrouted += 1;
+            }
+            return Forward::Dropped;
+        };
+        let Some(&out) = self.switches[s].out.get(usize::from(port)) else {
             self.lanes[input].pop();
             self.switches[s].counters.misrouted += 1;
             return Forward::Dropped;
@@ -505,9 +808,43 @@ impl Network {
             return Forward::Empty;
         };
         p.header.hop = (p.header.hop.get() + 1).into();
+        if probe {
+            // The trail home: the port it came in by.
+            if let Some((_, in_port)) = self.lane_entry[input] {
+                p.payload.push(in_port);
+                p.seal();
+            }
+        }
         self.hand(out, now, p);
         self.switches[s].counters.forwarded += 1;
         Forward::Moved
+    }
+
+    /// Switch `s` answers probe `p`, which came in on lane `input`: its id,
+    /// name and ports, back the way the probe came (dropped, like any
+    /// packet a switch cannot place, when that lane has no credit).
+    fn answer_probe(&mut self, s: usize, input: usize, now: Nanos, mut p: Packet) {
+        let Some((_, in_port)) = self.lane_entry[input] else {
+            return;
+        };
+        p.payload.push(in_port);
+        let answer = Answer::Switch {
+            id: s as u32,
+            name: self.config.topology.switches()[s].clone(),
+            ports: self.switches[s].out.len() as u8,
+            in_port,
+        };
+        let Some(mut r) = mapping::reply(&p, &answer) else {
+            return;
+        };
+        let out = self.switches[s].out[usize::from(in_port)];
+        if !self.lanes[out].has_credit() {
+            return;
+        }
+        // The reply's first route byte is this switch's own.
+        r.header.hop = 1.into();
+        self.switches[s].counters.probes_answered += 1;
+        self.hand(out, now, r);
     }
 
     /// Hands `p` to lane `lane`, showing it to the taps on that lane.
@@ -542,16 +879,6 @@ impl Network {
     /// receiver is dropped.
     pub fn tap(&mut self, lanes: Vec<usize>, to: SyncSender<Captured>) {
         self.taps.push(Tap { lanes, to });
-    }
-
-    /// The lane a packet takes next: hop `hop + 1` of its route.
-    fn next_lane(&self, p: &Packet) -> Option<usize> {
-        let (src, dst) = (p.header.src_node.get(), p.header.dst_node.get());
-        if src >= self.routes.nodes() || dst >= self.routes.nodes() {
-            return None;
-        }
-        let hop = usize::from(p.header.hop.get()) + 1;
-        self.routes.path(src, dst).get(hop).map(|h| lane_of(*h))
     }
 
     /// Every lane's counters, by `2 * link + direction`.
@@ -633,6 +960,7 @@ mod tests {
                 ..TransportConfig::default()
             },
             span: None,
+            mapping: None,
         })
         .unwrap()
     }
@@ -741,5 +1069,151 @@ mod tests {
             net.advance(&mut sink);
         }
         assert_eq!(sink.delivered, [(0, 2, 2)]);
+    }
+
+    fn mapped(topology: Topology, interval: Duration) -> Network {
+        Network::new(FabricConfig {
+            topology,
+            seed: 7,
+            transport: TransportConfig {
+                min_timeout: 200_000,
+                ..TransportConfig::default()
+            },
+            span: None,
+            mapping: Some(MappingConfig {
+                mapper: 0,
+                interval,
+                probe_timeout: Duration::from_millis(2),
+                probe_tries: 2,
+            }),
+        })
+        .unwrap()
+    }
+
+    /// Runs `net` until `done` holds; panics after 20 s.
+    fn run_until(
+        net: &mut Network,
+        sink: &mut Count,
+        mut done: impl FnMut(&Network, &Count) -> bool,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done(net, sink) {
+            assert!(Instant::now() < deadline, "timed out");
+            net.advance(sink);
+        }
+    }
+
+    /// A ring of four switches, node n on switch n.
+    fn ring() -> Topology {
+        let link = |a, b| Link {
+            a,
+            b,
+            params: LinkParams::default(),
+        };
+        let mut links: Vec<Link> = (0..4)
+            .map(|s| link(End::Switch(s), End::Switch((s + 1) % 4)))
+            .collect();
+        links.extend((0..4).map(|n| link(End::Node(n), End::Switch(n as usize))));
+        let names = (0..4).map(|s| format!("s{s}")).collect();
+        Topology::new(4, names, links).unwrap()
+    }
+
+    #[test]
+    fn after_a_link_fails_the_mapper_reroutes_and_nothing_is_lost() {
+        let topo = ring();
+        let mut net = mapped(topo.clone(), Duration::from_millis(10));
+        let mut sink = Count::default();
+        run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
+        let first = net.last_map().unwrap().clone();
+        assert_eq!(
+            first.differences(&FabricMap::expected(&topo)),
+            Vec::<String>::new()
+        );
+        assert_eq!(first.generation, 1);
+        // Node 0's route to node 2, and the first switch-to-switch link on it.
+        let route = net.tables[0][2].unwrap();
+        let lanes = lanes_along(&net.switches, net.host_out[0], &net.lane_entry, &route);
+        let cut = lanes[1] / 2;
+        let key = ChannelKey {
+            src: 0,
+            endpoint: 0,
+            dst: 2,
+            port: 1,
+        };
+        let total = 400u32;
+        let mut next = 0u32;
+        while sink.acked < u64::from(total) {
+            if next == 100 {
+                let down = Faults {
+                    down: true,
+                    ..Faults::default()
+                };
+                net.set_faults(cut, down).unwrap();
+            }
+            while next < total && net.has_room(&key, 1000) {
+                net.submit(key, message(next, 1000));
+                next += 1;
+                if next == 100 {
+                    break;
+                }
+            }
+            net.advance(&mut sink);
+            assert!(sink.returned == 0, "a message came back");
+        }
+        let tags: Vec<u32> = sink.delivered.iter().map(|d| d.2).collect();
+        assert_eq!(tags, (0..total).collect::<Vec<_>>());
+        let now = net.last_map().unwrap();
+        assert!(now.generation >= 2, "routes were not recomputed");
+        let diff = now.differences(&FabricMap::expected(&topo));
+        assert_eq!(diff.len(), 1, "{diff:?}");
+        assert!(diff[0].starts_with("missing: link"), "{diff:?}");
+        assert_ne!(net.tables[0][2], Some(route), "still the old route");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// On any topology the mapper finds exactly what the file says,
+        /// and its routes take a message between every pair of nodes.
+        #[test]
+        fn the_mapper_finds_any_topology_and_its_routes_work(
+            switches in 1usize..7,
+            tree in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 6),
+            extra in proptest::collection::vec((0usize..7, 0usize..7), 0..6),
+            hosts in proptest::collection::vec(0usize..7, 2..6),
+        ) {
+            let link = |a, b| Link { a, b, params: LinkParams::default() };
+            let mut links: Vec<Link> = (1..switches)
+                .map(|s| link(End::Switch(s), End::Switch(tree[s - 1].index(s))))
+                .collect();
+            links.extend(
+                extra
+                    .iter()
+                    .map(|&(a, b)| (a % switches, b % switches))
+                    .filter(|(a, b)| a != b)
+                    .map(|(a, b)| link(End::Switch(a), End::Switch(b))),
+            );
+            links.extend(hosts.iter().enumerate().map(|(n, &s)| {
+                link(End::Node(n as u32), End::Switch(s % switches))
+            }));
+            let names = (0..switches).map(|s| format!("s{s}")).collect();
+            let topo = Topology::new(hosts.len() as u32, names, links).unwrap();
+            let mut net = mapped(topo.clone(), Duration::from_secs(60));
+            let mut sink = Count::default();
+            run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
+            let map = net.last_map().unwrap().clone();
+            proptest::prop_assert_eq!(map.differences(&FabricMap::expected(&topo)), Vec::<String>::new());
+            proptest::prop_assert_eq!(map.timeouts, 0);
+            let nodes = topo.nodes();
+            let mut sent = 0;
+            for src in 0..nodes {
+                for dst in (0..nodes).filter(|&d| d != src) {
+                    let key = ChannelKey { src, endpoint: 0, dst, port: 1 };
+                    net.submit(key, message(src * 100 + dst, 64));
+                    sent += 1;
+                }
+            }
+            run_until(&mut net, &mut sink, |_, s| s.acked == sent);
+            proptest::prop_assert_eq!(sink.returned, 0);
+        }
     }
 }

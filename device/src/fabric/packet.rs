@@ -1,16 +1,80 @@
-//! A fabric packet (spec §10.3): the wire header and its payload, sealed
-//! with a CRC at the source and checked at the far end of every link, so a
-//! corrupted packet is discarded and never delivered.
+//! A fabric packet (spec §10.3): the wire header, its source route and
+//! its payload, sealed with a CRC at the source and checked at the far end
+//! of links that may corrupt, so a corrupted packet is discarded and never
+//! delivered.
 
-use ulnic_abi::packet::{self, HEADER_SIZE};
-use ulnic_abi::wire::PacketHeader;
+use ulnic_abi::packet::{self, HEADER_SIZE, MAX_ROUTE};
+use ulnic_abi::wire::{self, PacketHeader};
 use zerocopy::{FromZeros, IntoBytes};
+
+/// A source route: the output port to take at each switch, in order (as
+/// a Myrinet packet carries one route byte per switch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Route {
+    len: u8,
+    ports: [u8; MAX_ROUTE],
+}
+
+impl Route {
+    /// The route through `ports`, if it crosses at most `MAX_ROUTE`
+    /// switches.
+    pub fn new(ports: &[u8]) -> Option<Route> {
+        let mut r = Route::default();
+        for &p in ports {
+            if !r.push(p) {
+                return None;
+            }
+        }
+        Some(r)
+    }
+
+    /// The ports, first switch first.
+    pub fn ports(&self) -> &[u8] {
+        &self.ports[..usize::from(self.len)]
+    }
+
+    /// The port to take at switch `i` of the route.
+    pub fn port(&self, i: usize) -> Option<u8> {
+        self.ports().get(i).copied()
+    }
+
+    /// Switches crossed.
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether the route crosses no switch.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a port; false when the route is already as long as a route
+    /// may be.
+    pub fn push(&mut self, port: u8) -> bool {
+        let Some(slot) = self.ports.get_mut(usize::from(self.len)) else {
+            return false;
+        };
+        *slot = port;
+        self.len += 1;
+        true
+    }
+
+    /// The same ports, last first.
+    pub fn reversed(&self) -> Route {
+        let mut r = *self;
+        r.ports[..usize::from(self.len)].reverse();
+        r
+    }
+}
 
 /// A packet in the fabric.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet {
     /// The header (little-endian wire fields).
     pub header: PacketHeader,
+    /// The ports it takes at each switch; `header.hop` says how many it
+    /// has used.
+    pub route: Route,
     /// `header.len` payload bytes.
     pub payload: Vec<u8>,
 }
@@ -24,8 +88,33 @@ impl Packet {
         header.kind = kind.into();
         Packet {
             header,
+            route: Route::default(),
             payload: Vec::new(),
         }
+    }
+
+    /// Gives the packet its route from the start: no switch passed yet.
+    pub fn set_route(&mut self, route: Route) {
+        self.route = route;
+        self.header.route_len = (route.len() as u16).into();
+        self.header.hop = 0.into();
+    }
+
+    /// The packet in `bytes` (header, route, payload), if its lengths hold
+    /// together; the CRC is the far end's business.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Packet> {
+        let header: PacketHeader = wire::read(bytes.get(..HEADER_SIZE)?);
+        let route_len = usize::from(header.route_len.get());
+        if route_len > MAX_ROUTE {
+            return None;
+        }
+        let route = Route::new(bytes.get(HEADER_SIZE..HEADER_SIZE + route_len)?)?;
+        let payload = bytes.get(HEADER_SIZE + route_len..)?.to_vec();
+        (header.len.get() as usize == payload.len()).then_some(Packet {
+            header,
+            route,
+            payload,
+        })
     }
 
     /// Sets the payload length and the CRC: the packet is ready to send.
@@ -46,18 +135,24 @@ impl Packet {
 
     /// Bytes the packet takes on a link.
     pub fn wire_len(&self) -> usize {
-        HEADER_SIZE + self.payload.len()
+        HEADER_SIZE + self.route.len() + self.payload.len()
     }
 
-    /// Flips bit `bit` (taken modulo the packet's bits) of the bytes the CRC
-    /// covers: what a noisy link does. `hop` is spared, as a real link's
-    /// route bytes are checked by their own means.
+    /// Flips bit `bit` (taken modulo the bits the CRC covers) of the header
+    /// or payload: what a noisy link does. `hop`, `route_len` and the route
+    /// are spared: switches consume and rewrite them in flight, as a
+    /// Myrinet switch strips its route byte and checks it by its own means.
     pub fn flip_bit(&mut self, bit: u64) {
-        let covered = (self.wire_len() * 8) as u64;
-        let mut bit = bit % covered;
         const HOP: std::ops::Range<u64> = 6 * 8..8 * 8;
-        if HOP.contains(&bit) {
+        const ROUTE_LEN: std::ops::Range<u64> = 58 * 8..60 * 8;
+        let spared = (HOP.end - HOP.start) + (ROUTE_LEN.end - ROUTE_LEN.start);
+        let covered = ((HEADER_SIZE + self.payload.len()) * 8) as u64 - spared;
+        let mut bit = bit % covered;
+        if bit >= HOP.start {
             bit += HOP.end - HOP.start;
+        }
+        if bit >= ROUTE_LEN.start {
+            bit += ROUTE_LEN.end - ROUTE_LEN.start;
         }
         let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
         if byte < HEADER_SIZE {
@@ -67,10 +162,12 @@ impl Packet {
         }
     }
 
-    /// The whole packet as bytes (header then payload), for UDP and captures.
+    /// The whole packet as bytes (header, route, payload), for UDP and
+    /// captures.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(self.wire_len());
         b.extend_from_slice(self.header.as_bytes());
+        b.extend_from_slice(self.route.ports());
         b.extend_from_slice(&self.payload);
         b
     }
@@ -78,6 +175,7 @@ impl Packet {
     fn crc(&self) -> u32 {
         let mut h = self.header;
         h.hop = 0.into();
+        h.route_len = 0.into();
         h.crc = 0.into();
         let mut c = crc32fast::Hasher::new();
         c.update(h.as_bytes());
@@ -110,9 +208,33 @@ mod tests {
     }
 
     #[test]
-    fn the_hop_count_may_change_on_the_way() {
+    fn the_hop_count_and_route_may_change_on_the_way() {
         let mut p = sample();
+        p.set_route(Route::new(&[3, 1, 4]).unwrap());
         p.header.hop = 3.into();
         assert!(p.intact());
+    }
+
+    #[test]
+    fn bytes_round_trip_with_the_route() {
+        let mut p = sample();
+        p.set_route(Route::new(&[2, 7]).unwrap());
+        let b = p.to_bytes();
+        assert_eq!(b.len(), p.wire_len());
+        assert_eq!(Packet::from_bytes(&b), Some(p.clone()));
+        assert_eq!(Packet::from_bytes(&b[..b.len() - 1]), None);
+        let mut long = b.clone();
+        long[58] = (MAX_ROUTE + 1) as u8;
+        assert_eq!(Packet::from_bytes(&long), None);
+    }
+
+    #[test]
+    fn a_route_is_bounded_and_reverses() {
+        let r = Route::new(&[1, 2, 3]).unwrap();
+        assert_eq!(r.reversed().ports(), [3, 2, 1]);
+        assert_eq!(r.port(1), Some(2));
+        assert_eq!(r.port(3), None);
+        assert!(Route::new(&[0; MAX_ROUTE]).is_some());
+        assert!(Route::new(&[0; MAX_ROUTE + 1]).is_none());
     }
 }

@@ -2,19 +2,24 @@
 //! Schroeder et al. 1991, as Myrinet's mapper uses), which is free of
 //! deadlock for every connected topology.
 //!
-//! Switches are ranked by a breadth-first search from switch 0: a hop
-//! goes *up* when it reaches a switch of lower (level, index). A legal
+//! Switches are ranked by a breadth-first search from a root switch: a
+//! hop goes *up* when it reaches a switch of lower (level, index). A legal
 //! route takes zero or more up hops, then zero or more down hops, never up
 //! after down. No cycle of channel dependencies can then form, so
 //! back-pressured queues cannot wait on each other in a circle. Among legal
 //! routes each pair gets a shortest one.
+//!
+//! Routes are computed on a [`Graph`]: the topology file's (static routes)
+//! or the one a mapper found (spec §10.9); either way each becomes a
+//! source route of output ports.
 
 use std::collections::VecDeque;
 
-use crate::fabric::topology::Topology;
+use crate::fabric::packet::Route;
+use crate::fabric::topology::End;
 
 /// A directed use of a link: the link, and whether it is crossed from its
-/// `a` end to its `b` end.
+/// first end to its second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Hop {
     /// The link.
@@ -23,46 +28,126 @@ pub struct Hop {
     pub forward: bool,
 }
 
+/// A fabric's wiring as routing sees it: switches, and links whose ends
+/// are switch ports or nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Graph {
+    /// Number of switches.
+    pub switches: usize,
+    /// The switch the up*/down* ranking starts from.
+    pub root: usize,
+    /// Each link's two ends, with the port number at a switch end (0 at a
+    /// node).
+    pub links: Vec<[(End, u8); 2]>,
+    /// By node number: the link it hangs on, if it was found.
+    pub host_link: Vec<Option<usize>>,
+}
+
+impl Graph {
+    /// Links between switches: (link, from, to) both ways.
+    fn switch_hops(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        self.links
+            .iter()
+            .enumerate()
+            .filter_map(|(i, [(a, _), (b, _)])| match (a, b) {
+                (End::Switch(x), End::Switch(y)) => Some([(i, *x, *y), (i, *y, *x)]),
+                _ => None,
+            })
+            .flatten()
+    }
+
+    /// The switch node `n` hangs on.
+    fn switch_of(&self, n: u32) -> Option<(usize, usize)> {
+        let l = (*self.host_link.get(n as usize)?)?;
+        let s = self.links[l].iter().find_map(|(e, _)| match e {
+            End::Switch(s) => Some(*s),
+            End::Node(_) => None,
+        })?;
+        Some((l, s))
+    }
+
+    /// The end a hop leaves from and its port there.
+    fn leaving_end(&self, h: Hop) -> (End, u8) {
+        self.links[h.link][usize::from(!h.forward)]
+    }
+}
+
 /// Every node's route to every other node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Routes {
     nodes: u32,
-    /// By `src * nodes + dst`: the hops from `src`'s host link to `dst`'s.
-    paths: Vec<Vec<Hop>>,
+    /// By `src * nodes + dst`: the hops from `src`'s host link to `dst`'s,
+    /// `None` when one of them was not found.
+    paths: Vec<Option<Vec<Hop>>>,
+    /// The same as output ports at each switch.
+    ports: Vec<Option<Route>>,
 }
 
 impl Routes {
-    /// Up*/down* routes for `topo`.
-    pub fn up_down(topo: &Topology) -> Routes {
-        let rank = rank(topo);
-        let switches = topo.switches().len();
+    /// Up*/down* routes for `g`, among the switches reachable from its
+    /// root. A route crossing more than `MAX_ROUTE` switches is left out.
+    pub fn up_down(g: &Graph) -> Routes {
+        let rank = rank(g);
         // For each source switch, the shortest legal path to every switch.
-        let between: Vec<Vec<Vec<Hop>>> = (0..switches)
-            .map(|s| shortest_legal(topo, &rank, s))
+        let between: Vec<Vec<Option<Vec<Hop>>>> = (0..g.switches)
+            .map(|s| shortest_legal(g, &rank, s))
             .collect();
-        let nodes = topo.nodes();
+        let nodes = g.host_link.len() as u32;
         let mut paths = Vec::with_capacity((nodes * nodes) as usize);
         for src in 0..nodes {
-            let (sl, ss) = topo.attachment(src);
             for dst in 0..nodes {
-                if src == dst {
-                    paths.push(Vec::new());
-                    continue;
-                }
-                let (dl, ds) = topo.attachment(dst);
-                let mut p = vec![hop_from_node(topo, sl)];
-                p.extend_from_slice(&between[ss][ds]);
-                p.push(hop_to_node(topo, dl));
+                let p = match (g.switch_of(src), g.switch_of(dst)) {
+                    _ if src == dst => Some(Vec::new()),
+                    (Some((sl, ss)), Some((dl, ds))) => between[ss][ds].as_ref().map(|mid| {
+                        let mut p = vec![Hop {
+                            link: sl,
+                            forward: matches!(g.links[sl][0].0, End::Node(_)),
+                        }];
+                        p.extend_from_slice(mid);
+                        p.push(Hop {
+                            link: dl,
+                            forward: matches!(g.links[dl][1].0, End::Node(_)),
+                        });
+                        p
+                    }),
+                    _ => None,
+                };
                 paths.push(p);
             }
         }
-        Routes { nodes, paths }
+        // Every hop after the first leaves a switch by a port.
+        let ports = paths
+            .iter()
+            .map(|p| {
+                let p = p.as_ref()?;
+                let ports: Vec<u8> = p.iter().skip(1).map(|h| g.leaving_end(*h).1).collect();
+                Route::new(&ports)
+            })
+            .collect();
+        Routes {
+            nodes,
+            paths,
+            ports,
+        }
     }
 
     /// The hops from node `src` to node `dst` (empty for a node to
-    /// itself, which never leaves its port).
-    pub fn path(&self, src: u32, dst: u32) -> &[Hop] {
-        &self.paths[(src * self.nodes + dst) as usize]
+    /// itself, which never leaves its port), if there is a route.
+    pub fn path(&self, src: u32, dst: u32) -> Option<&[Hop]> {
+        if src >= self.nodes || dst >= self.nodes {
+            return None;
+        }
+        let i = (src * self.nodes + dst) as usize;
+        self.ports[i]?;
+        self.paths[i].as_deref()
+    }
+
+    /// The source route from `src` to `dst`, if there is one.
+    pub fn route(&self, src: u32, dst: u32) -> Option<Route> {
+        if src >= self.nodes || dst >= self.nodes {
+            return None;
+        }
+        self.ports[(src * self.nodes + dst) as usize]
     }
 
     /// Number of nodes.
@@ -71,15 +156,19 @@ impl Routes {
     }
 }
 
-/// Each switch's (BFS level from switch 0, index): a hop to a lower rank
-/// goes up.
-fn rank(topo: &Topology) -> Vec<(usize, usize)> {
-    let n = topo.switches().len();
+/// Each switch's (BFS level from the root, index): a hop to a lower rank
+/// goes up. A switch the root cannot reach ranks last.
+fn rank(g: &Graph) -> Vec<(usize, usize)> {
+    let n = g.switches;
     let mut level = vec![usize::MAX; n];
-    level[0] = 0;
-    let mut q = VecDeque::from([0]);
+    if n == 0 {
+        return Vec::new();
+    }
+    level[g.root] = 0;
+    let hops: Vec<(usize, usize, usize)> = g.switch_hops().collect();
+    let mut q = VecDeque::from([g.root]);
     while let Some(s) = q.pop_front() {
-        for (_, from, to) in topo.switch_hops() {
+        for &(_, from, to) in &hops {
             if from == s && level[to] == usize::MAX {
                 level[to] = level[s] + 1;
                 q.push_back(to);
@@ -89,16 +178,17 @@ fn rank(topo: &Topology) -> Vec<(usize, usize)> {
     (0..n).map(|s| (level[s], s)).collect()
 }
 
-/// Shortest legal (up* then down*) hops from switch `src` to each switch.
-fn shortest_legal(topo: &Topology, rank: &[(usize, usize)], src: usize) -> Vec<Vec<Hop>> {
-    let n = topo.switches().len();
+/// Shortest legal (up* then down*) hops from switch `src` to each switch
+/// (`None` for one it cannot reach).
+fn shortest_legal(g: &Graph, rank: &[(usize, usize)], src: usize) -> Vec<Option<Vec<Hop>>> {
+    let n = g.switches;
     // State: (switch, gone down yet). Predecessor: (state, hop).
     let idx = |s: usize, down: bool| s * 2 + usize::from(down);
     let mut prev: Vec<Option<(usize, Hop)>> = vec![None; n * 2];
     let mut seen = vec![false; n * 2];
     seen[idx(src, false)] = true;
     let mut q = VecDeque::from([(src, false)]);
-    let hops: Vec<(usize, usize, usize)> = topo.switch_hops().collect();
+    let hops: Vec<(usize, usize, usize)> = g.switch_hops().collect();
     while let Some((s, down)) = q.pop_front() {
         for &(link, from, to) in &hops {
             if from != s {
@@ -111,7 +201,7 @@ fn shortest_legal(topo: &Topology, rank: &[(usize, usize)], src: usize) -> Vec<V
             let next = (to, down || !up);
             if !seen[idx(next.0, next.1)] {
                 seen[idx(next.0, next.1)] = true;
-                let forward = topo.links()[link].a == crate::fabric::topology::End::Switch(from);
+                let forward = g.links[link][0].0 == End::Switch(from);
                 prev[idx(next.0, next.1)] = Some((idx(s, down), Hop { link, forward }));
                 q.push_back(next);
             }
@@ -119,16 +209,13 @@ fn shortest_legal(topo: &Topology, rank: &[(usize, usize)], src: usize) -> Vec<V
     }
     (0..n)
         .map(|dst| {
-            // The switch graph is connected, and up* alone reaches the root
-            // from anywhere and down* the rest, so one state is reached.
             let end = [idx(dst, false), idx(dst, true)]
                 .into_iter()
                 .filter(|&i| seen[i])
-                .min_by_key(|&i| walk(&prev, i).len())
-                .unwrap_or(idx(src, false));
+                .min_by_key(|&i| walk(&prev, i).len())?;
             let mut p = walk(&prev, end);
             p.reverse();
-            p
+            Some(p)
         })
         .collect()
 }
@@ -143,20 +230,10 @@ fn walk(prev: &[Option<(usize, Hop)>], mut i: usize) -> Vec<Hop> {
     p
 }
 
-fn hop_from_node(topo: &Topology, link: usize) -> Hop {
-    let forward = matches!(topo.links()[link].a, crate::fabric::topology::End::Node(_));
-    Hop { link, forward }
-}
-
-fn hop_to_node(topo: &Topology, link: usize) -> Hop {
-    let forward = matches!(topo.links()[link].b, crate::fabric::topology::End::Node(_));
-    Hop { link, forward }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::topology::{End, Link, LinkParams};
+    use crate::fabric::topology::{Link, LinkParams, Topology};
     use proptest::prelude::*;
     use std::collections::{BTreeMap, BTreeSet};
 
@@ -215,7 +292,7 @@ mod tests {
     fn assert_connected_routes(topo: &Topology, r: &Routes) {
         for src in 0..topo.nodes() {
             for dst in 0..topo.nodes() {
-                let p = r.path(src, dst);
+                let p = r.path(src, dst).expect("a route");
                 if src == dst {
                     assert!(p.is_empty());
                     continue;
@@ -228,6 +305,13 @@ mod tests {
                     at = to;
                 }
                 assert_eq!(at, End::Node(dst), "{src}->{dst}: {p:?}");
+                // The source route names the same links, port by port.
+                let g = topo.graph();
+                let route = r.route(src, dst).expect("a route");
+                assert_eq!(route.len(), p.len() - 1);
+                for (h, port) in p.iter().skip(1).zip(route.ports()) {
+                    assert_eq!(g.leaving_end(*h).1, *port);
+                }
             }
         }
     }
@@ -235,11 +319,11 @@ mod tests {
     #[test]
     fn a_ring_routes_without_a_dependency_cycle() {
         let t = ring();
-        let r = Routes::up_down(&t);
+        let r = Routes::up_down(&t.graph());
         assert_connected_routes(&t, &r);
         let all: Vec<Vec<Hop>> = (0..4)
             .flat_map(|s| (0..4).map(move |d| (s, d)))
-            .map(|(s, d)| r.path(s, d).to_vec())
+            .map(|(s, d)| r.path(s, d).unwrap_or_default().to_vec())
             .collect();
         assert!(!dependencies_cycle(&all));
         // Shortest paths around the ring, clockwise, would deadlock: the
@@ -260,9 +344,10 @@ mod tests {
     #[test]
     fn one_switch_routes_through_it() {
         let t = Topology::single_switch(3);
-        let r = Routes::up_down(&t);
+        let r = Routes::up_down(&t.graph());
         assert_connected_routes(&t, &r);
-        assert_eq!(r.path(0, 2).len(), 2);
+        assert_eq!(r.path(0, 2).map(<[Hop]>::len), Some(2));
+        assert_eq!(r.route(0, 2).map(|r| r.ports().to_vec()), Some(vec![2]));
     }
 
     proptest! {
@@ -294,13 +379,13 @@ mod tests {
             );
             let names = (0..switches).map(|s| format!("s{s}")).collect();
             let t = Topology::new(hosts.len() as u32, names, links).unwrap();
-            let r = Routes::up_down(&t);
+            let r = Routes::up_down(&t.graph());
             assert_connected_routes(&t, &r);
-            let rank = rank(&t);
+            let rank = rank(&t.graph());
             let mut all = Vec::new();
             for s in 0..t.nodes() {
                 for d in 0..t.nodes() {
-                    let p = r.path(s, d).to_vec();
+                    let p = r.path(s, d).unwrap_or_default().to_vec();
                     // Between the host links: up hops, then down hops.
                     let mut gone_down = false;
                     for h in p.iter().skip(1).take(p.len().saturating_sub(2)) {

@@ -14,7 +14,6 @@ use std::os::fd::{AsRawFd, RawFd};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use ulnic_abi::packet::HEADER_SIZE;
-use ulnic_abi::wire::{self, PacketHeader};
 
 use crate::fabric::packet::Packet;
 
@@ -151,18 +150,14 @@ impl Udp {
             }
             let magic = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
             let lane = u32::from_le_bytes([body[4], body[5], body[6], body[7]]) as usize;
-            let bytes = &body[PREFIX..];
-            let header: PacketHeader = wire::read(&bytes[..HEADER_SIZE]);
-            let payload = bytes[HEADER_SIZE..].to_vec();
-            if magic != DATAGRAM_MAGIC
-                || !accepts(lane, member)
-                || header.len.get() as usize != payload.len()
-            {
-                self.counters.rejected_malformed += 1;
-                continue;
+            let packet = Packet::from_bytes(&body[PREFIX..]);
+            match packet {
+                Some(p) if magic == DATAGRAM_MAGIC && accepts(lane, member) => {
+                    self.counters.received += 1;
+                    return Some((lane, p));
+                }
+                _ => self.counters.rejected_malformed += 1,
             }
-            self.counters.received += 1;
-            return Some((lane, Packet { header, payload }));
         }
     }
 }

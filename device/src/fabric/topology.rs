@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::fabric::routing::Graph;
+
 /// What a link emulates. The default is an ideal link: no latency, no
 /// rate limit, the largest MTU.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,6 +78,8 @@ impl Faults {
 
 /// Largest MTU a link may have (a message is at most 1 MiB anyway).
 pub const MAX_MTU: u32 = 1 << 20;
+/// Most links one switch may have: its ports are numbered by a route byte.
+pub const MAX_PORTS: usize = 256;
 /// Smallest MTU a link may have: an inline message fits in one packet.
 pub const MIN_MTU: u32 = 256;
 
@@ -139,6 +143,9 @@ pub enum TopologyError {
         /// How many links it has.
         links: usize,
     },
+    /// A switch has more links than a route byte can number.
+    #[error("switch '{0}' has more than {MAX_PORTS} links")]
+    TooManyPorts(String),
     /// Some switches cannot reach the others.
     #[error("switch '{0}' is not connected to switch '{1}'")]
     Disconnected(String, String),
@@ -221,6 +228,15 @@ impl Topology {
             }
             check_params(i, &l.params)?;
         }
+        for (i, name) in switches.iter().enumerate() {
+            let ports = links
+                .iter()
+                .filter(|l| l.a == End::Switch(i) || l.b == End::Switch(i))
+                .count();
+            if ports > MAX_PORTS {
+                return Err(TopologyError::TooManyPorts(name.clone()));
+            }
+        }
         let host_link = host_link
             .into_iter()
             .enumerate()
@@ -299,6 +315,27 @@ impl Topology {
         match (l.a, l.b) {
             (End::Node(n), _) | (_, End::Node(n)) => format!("node {n}"),
             (a, b) => format!("{}-{}", name(a), name(b)),
+        }
+    }
+
+    /// The wiring for routing: every link in file order, and a switch's
+    /// ports numbered by the order its links appear in the file.
+    pub fn graph(&self) -> Graph {
+        let mut next_port = vec![0u8; self.switches.len()];
+        let mut end = |e: End| match e {
+            End::Switch(s) => {
+                let p = next_port[s];
+                next_port[s] = p.wrapping_add(1);
+                (e, p)
+            }
+            End::Node(_) => (e, 0),
+        };
+        let links = self.links.iter().map(|l| [end(l.a), end(l.b)]).collect();
+        Graph {
+            switches: self.switches.len(),
+            root: 0,
+            links,
+            host_link: self.host_link.iter().map(|&l| Some(l)).collect(),
         }
     }
 

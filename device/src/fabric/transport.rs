@@ -147,6 +147,9 @@ pub struct TransportCounters {
     pub returned: u64,
     /// ACKs or NACKs dropped because too many waited to leave.
     pub control_dropped: u64,
+    /// Packets the node could not send for want of a route (before the
+    /// first map, or to a node the mapper did not find).
+    pub unrouted: u64,
 }
 
 summable!(TransportCounters {
@@ -163,7 +166,8 @@ summable!(TransportCounters {
     stale_dropped,
     malformed_dropped,
     returned,
-    control_dropped
+    control_dropped,
+    unrouted
 });
 
 struct Unacked {
@@ -328,6 +332,11 @@ impl Transport {
         window && budget
     }
 
+    /// Whether channel `key` exists (its path was measured when made).
+    pub fn has_channel(&self, key: &ChannelKey) -> bool {
+        self.send.contains_key(key)
+    }
+
     /// Takes a message for channel `key` at `now`. `path` gives the MTU of
     /// its path and the round trip when idle; it is asked only when the
     /// channel is new. The caller checked `has_room`.
@@ -483,7 +492,8 @@ impl Transport {
                 counters.data_packets += 1;
             }
             c.frag += 1;
-            if c.frag as usize >= frags {
+            let whole = c.frag as usize >= frags;
+            if whole {
                 let u = &mut c.unacked[c.sent];
                 if u.transmitted {
                     u.again = true;
@@ -495,8 +505,12 @@ impl Transport {
                 c.frag = 0;
                 c.sent += 1;
             }
-            if c.deadline.is_none() {
-                let d = now + c.timeout;
+            // The timer runs from a message's last fragment: a message of
+            // many packets may take longer to leave (credits, a slow link,
+            // a slow host) than a round trip, and must not time out while
+            // it leaves.
+            let d = now + c.timeout;
+            if whole && c.deadline.is_none_or(|t| t < d) {
                 c.deadline = Some(d);
                 self.timers.push(Reverse((d, key)));
             }
@@ -548,9 +562,8 @@ impl Transport {
             }
             c.timeout = (c.timeout * 2).min(self.config.max_timeout);
             c.rewind();
-            let d = now + c.timeout;
-            c.deadline = Some(d);
-            self.timers.push(Reverse((d, key)));
+            // Timed again when the first message has gone again.
+            c.deadline = None;
             self.make_ready(key);
         }
     }

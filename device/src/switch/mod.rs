@@ -20,6 +20,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::config::{Configuration, Error};
 use std::sync::mpsc::SyncSender;
 
+use crate::fabric::mapping::FabricMap;
 use crate::fabric::network::{Captured, FabricConfig, FabricCounters, Network};
 use crate::fabric::topology::Faults;
 use crate::memory::region;
@@ -187,6 +188,20 @@ impl Switch {
         net.set_faults(link, faults).map_err(Error::Config)?;
         info!("link {link}: faults now {faults:?}");
         Ok(())
+    }
+
+    /// Asks this shard's mapper for a round and wakes the engine to run
+    /// it; the round to wait for, or `None` when no mapper runs here.
+    pub fn request_map(&self) -> Option<u64> {
+        let round = self.lock().network.as_mut()?.request_map();
+        self.wake();
+        round
+    }
+
+    /// What this shard's mapper found last, if it runs here and finished
+    /// a round.
+    pub fn last_map(&self) -> Option<FabricMap> {
+        self.lock().network.as_ref()?.last_map().cloned()
     }
 
     /// The fabric's counters, if the device has a fabric.

@@ -601,7 +601,7 @@ impl Ports {
     /// `None` when nothing is in flight.
     pub fn fabric_due(&self) -> Option<std::time::Duration> {
         let net = self.network.as_ref()?;
-        if !net.busy() && self.pending_returns.is_empty() {
+        if !net.busy() && !net.mapping() && self.pending_returns.is_empty() {
             return None;
         }
         Some(

@@ -111,6 +111,7 @@ fn two_switches(trunk: LinkParams) -> FabricConfig {
         seed: 0,
         transport: TransportConfig::default(),
         span: None,
+        mapping: None,
     }
 }
 
@@ -338,8 +339,9 @@ pub fn link(
             rate.push(bps / 1e9);
             goodput.push(payload / 1e6);
         }
-        // One 8-byte message is one packet of a 64-byte header and 8 bytes.
-        let serialise_us = (64.0 + 8.0) * 8.0 / (c.gbps * 1e9) * 1e6;
+        // One 8-byte message is one packet: a 64-byte header, its route
+        // (a port for each of the two switches) and 8 bytes.
+        let serialise_us = (64.0 + 2.0 + 8.0) * 8.0 / (c.gbps * 1e9) * 1e6;
         let configured_one_way_us = c.latency_us + serialise_us;
         let achieved_gbps = median(rate);
         let achieved_one_way_us = median(diff);
@@ -400,6 +402,7 @@ pub fn hotspot(
         seed: 0,
         transport: TransportConfig::default(),
         span: None,
+        mapping: None,
     };
     let run = InProcess::start(fabric, 2)?;
     let small = EndpointConfig {
@@ -568,6 +571,7 @@ fn chain(k: usize, params: LinkParams) -> FabricConfig {
         seed: 1,
         transport: TransportConfig::default(),
         span: None,
+        mapping: None,
     }
 }
 
@@ -722,6 +726,7 @@ pub fn drain(
         seed: 0,
         transport: TransportConfig::default(),
         span: None,
+        mapping: None,
     };
     let ring = (per_pair + 16).next_power_of_two();
     let cfg = EndpointConfig {
@@ -962,6 +967,7 @@ pub fn permutations(
         seed: 0,
         transport: TransportConfig::default(),
         span: None,
+        mapping: None,
     };
     let mut out = Vec::new();
     for (pattern, pairs) in [

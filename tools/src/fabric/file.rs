@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use ulnic_device::fabric::mapping::MappingConfig;
 use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::routing::Routes;
 use ulnic_device::fabric::span::Span;
@@ -31,6 +32,18 @@ struct File {
     /// Device processes the fabric spans (spec §10.7).
     #[serde(default, rename = "device")]
     devices: Vec<DeviceEntry>,
+    /// A mapper finds the fabric and sets the routes (spec §10.9).
+    mapping: Option<MappingEntry>,
+}
+
+/// `[mapping]`: the mapper's node and timing; every key optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MappingEntry {
+    mapper: Option<u32>,
+    interval_ms: Option<u64>,
+    probe_timeout_ms: Option<u64>,
+    probe_tries: Option<u32>,
 }
 
 /// `[[device]]`: a device process of a fabric that spans several, the
@@ -255,12 +268,48 @@ pub fn parse(text: &str) -> anyhow::Result<FabricConfig> {
             key: [0; 32],
         })
     };
+    let topology = Topology::new(f.nodes, names, links)?;
+    check_routes(&topology)?;
+    let mapping = match f.mapping {
+        None => None,
+        Some(m) => {
+            let d = MappingConfig::default();
+            let m = MappingConfig {
+                mapper: m.mapper.unwrap_or(d.mapper),
+                interval: m.interval_ms.map_or(d.interval, Duration::from_millis),
+                probe_timeout: m
+                    .probe_timeout_ms
+                    .map_or(d.probe_timeout, Duration::from_millis),
+                probe_tries: m.probe_tries.unwrap_or(d.probe_tries),
+            };
+            m.check(f.nodes)
+                .map_err(|e| anyhow::anyhow!("[mapping]: {e}"))?;
+            Some(m)
+        }
+    };
     Ok(FabricConfig {
-        topology: Topology::new(f.nodes, names, links)?,
+        topology,
         seed: f.seed.unwrap_or(0),
         transport,
         span,
+        mapping,
     })
+}
+
+/// Refuses a topology where some route crosses more switches than a
+/// packet's route can name.
+fn check_routes(topo: &Topology) -> anyhow::Result<()> {
+    let routes = Routes::up_down(&topo.graph());
+    for src in 0..topo.nodes() {
+        for dst in 0..topo.nodes() {
+            anyhow::ensure!(
+                routes.route(src, dst).is_some(),
+                "the route from node {src} to node {dst} crosses more than {} switches",
+                ulnic_abi::packet::MAX_ROUTE
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Makes `config` the fabric of member `member`, authenticated with the
@@ -319,13 +368,13 @@ pub struct RouteLine {
 
 /// Every node-to-node route of `topo`, by the switches each crosses.
 pub fn route_lines(topo: &Topology) -> Vec<RouteLine> {
-    let routes = Routes::up_down(topo);
+    let routes = Routes::up_down(&topo.graph());
     let mut out = Vec::new();
     for src in 0..topo.nodes() {
         for dst in (0..topo.nodes()).filter(|&d| d != src) {
             let mut switches = Vec::new();
             let mut at = End::Node(src);
-            for h in routes.path(src, dst) {
+            for h in routes.path(src, dst).unwrap_or_default() {
                 let l = &topo.links()[h.link];
                 at = if at == l.a { l.b } else { l.a };
                 if let End::Switch(s) = at {

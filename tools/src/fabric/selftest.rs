@@ -104,6 +104,7 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
         seed: o.seed,
         transport: TransportConfig::default(),
         span: None,
+        mapping: None,
     });
     anyhow::ensure!(
         fabric.topology.nodes() == o.nodes,
