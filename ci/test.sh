@@ -29,6 +29,10 @@ echo 'int main(void) { return 0; }' | gcc -m32 -static -x c - -o /dev/null 2>/de
 # tshark reads `ulnic capture` files with the Lua dissector
 # (tools/tests/fabric.rs checks tools/wireshark/ulnic.lua).
 command -v tshark >/dev/null || missing+=(tshark)
+# ssh and sshd: `ulnic fabric up` starts a member through ssh into a
+# network namespace where the test runs its own sshd (tools/tests/span.rs).
+command -v ssh >/dev/null || missing+=(openssh-client)
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

@@ -484,6 +484,52 @@ enum FabricCmd {
     ///   ulnic fabric set --device /tmp/ulnic --link 0 --drop 0.01 --reorder 0.05
     #[command(verbatim_doc_comment)]
     Set(FabricSetArgs),
+    /// Start the device processes of a fabric spread over machines
+    /// (docs/spec.md §10.7): one `ulnic device --member` per member, here
+    /// or on the hosts of an MPI-style hostfile through ssh. Writes
+    /// DIR/fabric.toml and a fresh key DIR/fabric.key (mode 0600), copies
+    /// both to each remote host (same path), starts every member
+    /// detached, waits for each to be up and records them in
+    /// DIR/members.json for `ulnic fabric down`. Node i's socket is
+    /// DIR/node{i}.sock on the host of the member serving it.
+    ///
+    /// Without --topology the fabric is a star: one switch per device,
+    /// joined to the first, nodes in contiguous blocks, member dK at
+    /// host K's address, UDP port --port + K.
+    ///
+    /// Hostfile lines: HOST [slots=N] [address=IP]  (member k runs on the
+    /// k-th slot; a host whose address is this machine's is started here
+    /// without ssh). Hosts need `ulnic` (--remote-ulnic) and ssh access.
+    ///
+    /// Under Slurm, write the files with --dry-run and let srun start the
+    /// members (one task per node, member dK on the K-th node):
+    ///   scontrol show hostnames "$SLURM_JOB_NODELIST" > hosts
+    ///   ulnic fabric up --nodes 16 --devices "$SLURM_NNODES" --hostfile hosts \
+    ///       --dir "$PWD/ulnic" --dry-run
+    ///   srun --ntasks-per-node=1 bash -c 'ulnic device --nodes 16 \
+    ///       --topology "$PWD/ulnic/fabric.toml" --member "d$SLURM_PROCID" \
+    ///       --key-file "$PWD/ulnic/fabric.key" --socket-dir /tmp/ulnic'
+    ///
+    /// Examples:
+    ///   ulnic fabric up --nodes 4 --devices 2 --dir /tmp/ulnic      # both here
+    ///   ulnic fabric up --nodes 8 --devices 2 --hostfile hosts --dir /tmp/ulnic
+    ///   ulnic bench pingpong --device-dir /tmp/ulnic --nodes 0,7 --transport ulnic
+    ///   ulnic fabric down --dir /tmp/ulnic
+    #[command(verbatim_doc_comment)]
+    Up(FabricUpArgs),
+    /// Stop the device processes `ulnic fabric up` started from DIR (here
+    /// and, through ssh, on other hosts).
+    ///
+    /// Example: ulnic fabric down --dir /tmp/ulnic
+    #[command(verbatim_doc_comment)]
+    Down {
+        /// The state directory given to `fabric up`.
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// The ssh command for members on other hosts.
+        #[arg(long, default_value = "ssh -o BatchMode=yes", value_name = "CMD")]
+        ssh: String,
+    },
     /// Map a running device's fabric over the fabric itself (docs/spec.md
     /// §10.9): the mapper's node sends probes through every switch port,
     /// switches and nodes answer, and what answered is printed with how it
@@ -559,6 +605,47 @@ struct FabricSetArgs {
     /// The link works (the default; says so explicitly).
     #[arg(long)]
     up: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct FabricUpArgs {
+    /// State directory: the topology, key, logs, members.json and the
+    /// node sockets (the same path on every host).
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+    /// A topology file with [[device]] entries (else a star of --devices).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["nodes", "devices"])]
+    topology: Option<PathBuf>,
+    /// Nodes of the star fabric.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    nodes: u32,
+    /// Device processes of the star fabric.
+    #[arg(long, default_value_t = 2, value_name = "D")]
+    devices: u32,
+    /// Hosts to run the members on (HOST [slots=N] [address=IP] per line);
+    /// default: all on this host, on loopback.
+    #[arg(long, value_name = "FILE")]
+    hostfile: Option<PathBuf>,
+    /// How to reach a host (split like a shell command; the host and the
+    /// remote command are appended).
+    #[arg(long, default_value = "ssh -o BatchMode=yes", value_name = "CMD")]
+    ssh: String,
+    /// The ulnic binary on remote hosts.
+    #[arg(long, default_value = "ulnic", value_name = "PATH")]
+    remote_ulnic: String,
+    /// First UDP port of the star's members (member K: PORT + K).
+    #[arg(long, default_value_t = 7300, value_name = "PORT")]
+    port: u16,
+    /// Endpoints per node.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    endpoints: u32,
+    /// Write the topology and key, print each member's command, start
+    /// nothing (for srun or your own launcher).
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the members as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -847,6 +934,10 @@ fn main() -> ExitCode {
         Cmd::Fabric(FabricCmd::Selftest(a)) => fabric_selftest(a),
         Cmd::Fabric(FabricCmd::Bench(a)) => fabric_bench(a),
         Cmd::Fabric(FabricCmd::Set(a)) => fabric_set(a),
+        Cmd::Fabric(FabricCmd::Up(a)) => fabric_up(a),
+        Cmd::Fabric(FabricCmd::Down { dir, ssh }) => {
+            fabric::launch::down(&dir, &ssh, &mut |l| eprintln!("ulnic fabric down: {l}")).map(|_| ())
+        }
         Cmd::Fabric(FabricCmd::Map {
             device,
             member,
@@ -1152,6 +1243,60 @@ fn fabric_set(a: FabricSetArgs) -> anyhow::Result<()> {
         },
     })?;
     c.checked_line()?;
+    Ok(())
+}
+
+fn fabric_up(a: FabricUpArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use fabric::launch::{parse_hostfile, up, UpOptions};
+    let hosts = match &a.hostfile {
+        None => Vec::new(),
+        Some(p) => parse_hostfile(
+            &std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+        )
+        .with_context(|| p.display().to_string())?,
+    };
+    let dir = std::path::absolute(&a.dir)?;
+    let o = UpOptions {
+        dir: dir.clone(),
+        topology: a.topology,
+        nodes: a.nodes,
+        devices: a.devices,
+        hosts,
+        ssh: a.ssh,
+        remote_ulnic: a.remote_ulnic,
+        port: a.port,
+        endpoints: a.endpoints,
+        dry_run: a.dry_run,
+    };
+    let members = up(&o, &mut |l| eprintln!("ulnic fabric up: {l}"))?;
+    if a.dry_run {
+        return Ok(());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&members)?);
+        return Ok(());
+    }
+    println!(
+        "{:<8} {:<22} {:<16} {:>8}  nodes",
+        "member", "udp address", "host", "pid"
+    );
+    for m in &members {
+        let nodes: Vec<String> = m.nodes.iter().map(u32::to_string).collect();
+        println!(
+            "{:<8} {:<22} {:<16} {:>8}  {}",
+            m.name,
+            m.address,
+            m.host.as_deref().unwrap_or("(here)"),
+            m.pid,
+            nodes.join(",")
+        );
+    }
+    println!(
+        "node sockets: {}/node<N>.sock on each member's host; stop with `ulnic fabric down --dir {}`",
+        dir.display(),
+        dir.display()
+    );
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! A fabric spread over two device processes in two network namespaces,
 //! joined by a veth pair (spec §10.7): `ulnic bench` ping-pong and stream
 //! between a node of each; datagrams from a stranger and from a device
-//! with the wrong key are dropped and counted. Needs root (ip netns), as
-//! CI has.
+//! with the wrong key are dropped and counted; and `ulnic fabric up`
+//! starting the far member through ssh (Debian's sshd, run by the test in
+//! the far namespace). Needs root (ip netns), as CI has.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -34,7 +35,10 @@ struct Namespaces {
 
 impl Namespaces {
     fn new() -> Namespaces {
-        let id = std::process::id() % 10_000;
+        // Tests of this file run at once: each pair gets its own names.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let salt = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = (std::process::id() * 4 + salt) % 10_000;
         let names = [format!("ulnic{id}a"), format!("ulnic{id}b")];
         let net = 100 + id % 150;
         let addrs = [format!("10.211.{net}.1"), format!("10.211.{net}.2")];
@@ -185,4 +189,191 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
     assert!(after["rejected_sender"].as_u64().unwrap() >= 1, "{after}");
     assert!(after["rejected_mac"].as_u64().unwrap() >= 1, "{after}");
     drop(a);
+}
+
+/// Whether process `pid` is still there (and not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
+    let ns = Namespaces::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let d = dir.to_str().unwrap();
+    // An sshd of the test's own in namespace b, on b's address only, that
+    // lets in the key made here.
+    let keygen = |name: &str| {
+        let o = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(dir.join(name))
+            .output()
+            .expect("ssh-keygen (ci/test.sh installs openssh-client)");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    keygen("client");
+    keygen("host");
+    std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
+    std::fs::create_dir_all("/run/sshd").unwrap(); // sshd's privilege separation
+    let sshd = |o: &str| format!("-o{o}");
+    let _sshd = Proc(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.names[1],
+                "/usr/sbin/sshd",
+                "-D",
+                "-e",
+                "-p",
+                "2222",
+            ])
+            .arg("-h")
+            .arg(dir.join("host"))
+            .arg(sshd(&format!("ListenAddress={}", ns.addrs[1])))
+            .arg(sshd(&format!(
+                "AuthorizedKeysFile={}",
+                dir.join("authorized_keys").display()
+            )))
+            .args([
+                sshd("StrictModes=no"),
+                sshd("UsePAM=no"),
+                sshd("PidFile=none"),
+                sshd("PermitRootLogin=prohibit-password"),
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sshd (ci/test.sh installs openssh-server)"),
+    );
+    let ssh = format!(
+        "ssh -i {} -p 2222 -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+        dir.join("client").display()
+    );
+    let in_a = |args: &[&str]| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns.names[0]]).args(args);
+        c
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut words: Vec<&str> = ssh.split(' ').collect();
+        words.extend([ns.addrs[1].as_str(), "true"]);
+        if in_a(&words)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sshd in namespace b did not answer"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // From namespace a: member d0 here (a's own address), d1 through ssh.
+    let hostfile = dir.join("hosts");
+    std::fs::write(
+        &hostfile,
+        format!("# two hosts\n{}\n{} slots=1\n", ns.addrs[0], ns.addrs[1]),
+    )
+    .unwrap();
+    let up = in_a(&[
+        env!("CARGO_BIN_EXE_ulnic"),
+        "fabric",
+        "up",
+        "--nodes",
+        "4",
+        "--devices",
+        "2",
+    ])
+    .args([
+        "--port",
+        "7400",
+        "--json",
+        "--dir",
+        d,
+        "--ssh",
+        &ssh,
+        "--hostfile",
+    ])
+    .arg(&hostfile)
+    .args(["--remote-ulnic", env!("CARGO_BIN_EXE_ulnic")])
+    .output()
+    .unwrap();
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let members: serde_json::Value = serde_json::from_slice(&up.stdout).unwrap();
+    assert_eq!(members[0]["host"], serde_json::Value::Null, "{members}");
+    assert_eq!(members[1]["host"], ns.addrs[1].as_str(), "{members}");
+    assert_eq!(members[1]["nodes"], serde_json::json!([2, 3]));
+    let pids: Vec<u32> = (0..2)
+        .map(|k| members[k]["pid"].as_u64().unwrap() as u32)
+        .collect();
+    assert!(pids.iter().all(|&p| alive(p)), "{members}");
+    // The key the launcher made is private.
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(dir.join("fabric.key"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+
+    // Node 0 (d0, namespace a) and node 3 (d1, namespace b), over UDP.
+    for (workload, size) in [("pingpong", "8"), ("stream", "65536")] {
+        let r = cli::json_lines(&[
+            "bench",
+            workload,
+            "--device-dir",
+            d,
+            "--nodes",
+            "0,3",
+            "--transport",
+            "ulnic",
+            "--size",
+            size,
+            "--iters",
+            "200",
+            "--json",
+        ]);
+        assert_eq!(r.len(), 1, "{r:?}");
+    }
+    let udp = udp_stats(dir, "d1");
+    assert!(udp["received"].as_u64().unwrap() > 200, "{udp}");
+
+    // Down stops both, the far one through ssh.
+    let down = in_a(&[
+        env!("CARGO_BIN_EXE_ulnic"),
+        "fabric",
+        "down",
+        "--dir",
+        d,
+        "--ssh",
+        &ssh,
+    ])
+    .output()
+    .unwrap();
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(Instant::now() < deadline, "a member outlived fabric down");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!dir.join("members.json").exists());
 }

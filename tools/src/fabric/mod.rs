@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod file;
+pub mod launch;
 pub mod selftest;
 
 pub use file::{load, route_lines};
