@@ -164,17 +164,11 @@ fn wait_for(path: &std::path::Path) {
     }
 }
 
-#[test]
-fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
-    use std::io::BufRead;
-    use std::process::Stdio;
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let topo = format!(
-        "{}/../docs/topologies/two-switches.toml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let _dev = DeviceProcess(
+/// `ulnic device` of four nodes on `docs/topologies/NAME`, sockets in
+/// `dir`, once its control socket is there.
+fn device_on(name: &str, dir: &std::path::Path) -> DeviceProcess {
+    let topo = format!("{}/../docs/topologies/{name}", env!("CARGO_MANIFEST_DIR"));
+    let dev = DeviceProcess(
         ulnic()
             .args([
                 "device",
@@ -184,12 +178,22 @@ fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
                 &topo,
                 "--socket-dir",
             ])
-            .arg(d)
-            .stderr(Stdio::null())
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),
     );
-    wait_for(&d.join("control.sock"));
+    wait_for(&dir.join("control.sock"));
+    dev
+}
+
+#[test]
+fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let _dev = device_on("two-switches.toml", d);
     let dev_arg = d.to_str().unwrap();
 
     // A capture of node 0's link, ready before traffic starts.
@@ -327,26 +331,7 @@ fn a_mapped_fabric_finds_itself_and_routes_around_a_cut_link() {
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let topo = format!(
-        "{}/../docs/topologies/mapped-ring.toml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let _dev = DeviceProcess(
-        ulnic()
-            .args([
-                "device",
-                "--nodes",
-                "4",
-                "--topology",
-                &topo,
-                "--socket-dir",
-            ])
-            .arg(d)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(&d.join("control.sock"));
+    let _dev = device_on("mapped-ring.toml", d);
     let dev_arg = d.to_str().unwrap();
 
     // The mapper finds the ring as the file draws it, and routes by it.

@@ -1103,24 +1103,9 @@ mod tests {
         }
     }
 
-    /// A ring of four switches, node n on switch n.
-    fn ring() -> Topology {
-        let link = |a, b| Link {
-            a,
-            b,
-            params: LinkParams::default(),
-        };
-        let mut links: Vec<Link> = (0..4)
-            .map(|s| link(End::Switch(s), End::Switch((s + 1) % 4)))
-            .collect();
-        links.extend((0..4).map(|n| link(End::Node(n), End::Switch(n as usize))));
-        let names = (0..4).map(|s| format!("s{s}")).collect();
-        Topology::new(4, names, links).unwrap()
-    }
-
     #[test]
     fn after_a_link_fails_the_mapper_reroutes_and_nothing_is_lost() {
-        let topo = ring();
+        let topo = crate::fabric::topology::testing::ring();
         let mut net = mapped(topo.clone(), Duration::from_millis(10));
         let mut sink = Count::default();
         run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
@@ -1181,22 +1166,7 @@ mod tests {
             extra in proptest::collection::vec((0usize..7, 0usize..7), 0..6),
             hosts in proptest::collection::vec(0usize..7, 2..6),
         ) {
-            let link = |a, b| Link { a, b, params: LinkParams::default() };
-            let mut links: Vec<Link> = (1..switches)
-                .map(|s| link(End::Switch(s), End::Switch(tree[s - 1].index(s))))
-                .collect();
-            links.extend(
-                extra
-                    .iter()
-                    .map(|&(a, b)| (a % switches, b % switches))
-                    .filter(|(a, b)| a != b)
-                    .map(|(a, b)| link(End::Switch(a), End::Switch(b))),
-            );
-            links.extend(hosts.iter().enumerate().map(|(n, &s)| {
-                link(End::Node(n as u32), End::Switch(s % switches))
-            }));
-            let names = (0..switches).map(|s| format!("s{s}")).collect();
-            let topo = Topology::new(hosts.len() as u32, names, links).unwrap();
+            let topo = crate::fabric::topology::testing::random(switches, &tree, &extra, &hosts);
             let mut net = mapped(topo.clone(), Duration::from_secs(60));
             let mut sink = Count::default();
             run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());

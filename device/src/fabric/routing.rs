@@ -233,17 +233,9 @@ fn walk(prev: &[Option<(usize, Hop)>], mut i: usize) -> Vec<Hop> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::topology::{Link, LinkParams, Topology};
+    use crate::fabric::topology::Topology;
     use proptest::prelude::*;
     use std::collections::{BTreeMap, BTreeSet};
-
-    fn link(a: End, b: End) -> Link {
-        Link {
-            a,
-            b,
-            params: LinkParams::default(),
-        }
-    }
 
     /// Whether the channel dependency graph of all `paths` (hop -> next
     /// hop of the same route) has a cycle: the condition for deadlock
@@ -278,15 +270,6 @@ mod tests {
             .any(|h| !state.contains_key(&h) && visit(h, &next, &mut state))
     }
 
-    /// A ring of four switches, one node on each.
-    fn ring() -> Topology {
-        let mut links: Vec<Link> = (0..4)
-            .map(|s| link(End::Switch(s), End::Switch((s + 1) % 4)))
-            .collect();
-        links.extend((0..4).map(|n| link(End::Node(n), End::Switch(n as usize))));
-        Topology::new(4, (0..4).map(|s| format!("s{s}")).collect(), links).unwrap()
-    }
-
     /// Every route of `r` in `topo`: node to node, each hop leaving the
     /// end the previous one reached.
     fn assert_connected_routes(topo: &Topology, r: &Routes) {
@@ -318,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_ring_routes_without_a_dependency_cycle() {
-        let t = ring();
+        let t = crate::fabric::topology::testing::ring();
         let r = Routes::up_down(&t.graph());
         assert_connected_routes(&t, &r);
         let all: Vec<Vec<Hop>> = (0..4)
@@ -360,25 +343,7 @@ mod tests {
             extra in proptest::collection::vec((0usize..8, 0usize..8), 0..10),
             hosts in proptest::collection::vec(0usize..8, 1..10),
         ) {
-            // A random spanning tree, then random extra (even parallel) links.
-            let mut links: Vec<Link> = (1..switches)
-                .map(|s| link(End::Switch(s), End::Switch(tree[s - 1].index(s))))
-                .collect();
-            links.extend(
-                extra
-                    .iter()
-                    .map(|&(a, b)| (a % switches, b % switches))
-                    .filter(|(a, b)| a != b)
-                    .map(|(a, b)| link(End::Switch(a), End::Switch(b))),
-            );
-            links.extend(
-                hosts
-                    .iter()
-                    .enumerate()
-                    .map(|(n, &s)| link(End::Node(n as u32), End::Switch(s % switches))),
-            );
-            let names = (0..switches).map(|s| format!("s{s}")).collect();
-            let t = Topology::new(hosts.len() as u32, names, links).unwrap();
+            let t = crate::fabric::topology::testing::random(switches, &tree, &extra, &hosts);
             let r = Routes::up_down(&t.graph());
             assert_connected_routes(&t, &r);
             let rank = rank(&t.graph());

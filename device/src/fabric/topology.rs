@@ -384,6 +384,61 @@ fn check_params(link: usize, p: &LinkParams) -> Result<(), TopologyError> {
     p.faults.check().or_else(bad)
 }
 
+/// Test topologies shared by the fabric's tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A connected topology drawn by proptest: a spanning tree over
+    /// `switches` (switch s joined to one of 0..s), `extra` links (even
+    /// parallel ones), and node n on switch `hosts[n]`; ideal links.
+    pub(crate) fn random(
+        switches: usize,
+        tree: &[proptest::sample::Index],
+        extra: &[(usize, usize)],
+        hosts: &[usize],
+    ) -> Topology {
+        let link = |a, b| Link {
+            a,
+            b,
+            params: LinkParams::default(),
+        };
+        let mut links: Vec<Link> = (1..switches)
+            .map(|s| link(End::Switch(s), End::Switch(tree[s - 1].index(s))))
+            .collect();
+        links.extend(
+            extra
+                .iter()
+                .map(|&(a, b)| (a % switches, b % switches))
+                .filter(|(a, b)| a != b)
+                .map(|(a, b)| link(End::Switch(a), End::Switch(b))),
+        );
+        links.extend(
+            hosts
+                .iter()
+                .enumerate()
+                .map(|(n, &s)| link(End::Node(n as u32), End::Switch(s % switches))),
+        );
+        let names = (0..switches).map(|s| format!("s{s}")).collect();
+        Topology::new(hosts.len() as u32, names, links).expect("a connected topology")
+    }
+
+    /// A ring of four switches, node n on switch n.
+    pub(crate) fn ring() -> Topology {
+        let link = |a, b| Link {
+            a,
+            b,
+            params: LinkParams::default(),
+        };
+        let mut links: Vec<Link> = (0..4)
+            .map(|s| link(End::Switch(s), End::Switch((s + 1) % 4)))
+            .collect();
+        links.extend((0..4).map(|n| link(End::Node(n), End::Switch(n as usize))));
+        let names = (0..4).map(|s| format!("s{s}")).collect();
+        Topology::new(4, names, links).expect("a ring is connected")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
