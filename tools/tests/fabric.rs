@@ -164,6 +164,40 @@ fn wait_for(path: &std::path::Path) {
     }
 }
 
+/// `ulnic send` from node 0 to `ulnic recv` on node 2 port 5 of the
+/// device in `dir`: `count` checked messages of `size` bytes; what the
+/// sender said. Panics unless both succeed.
+fn checked_stream(dir: &std::path::Path, count: u32, size: u32) -> String {
+    use std::process::Stdio;
+    let recv = ulnic()
+        .args(["recv", "--port", "5"])
+        .env("ULNIC_SOCKET", dir.join("node2.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = ulnic()
+        .args(["send", "--to", "2:5"])
+        .args(["--count", &count.to_string(), "--size", &size.to_string()])
+        .env("ULNIC_SOCKET", dir.join("node0.sock"))
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&sent.stdout),
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(sent.status.success(), "{said}");
+    let got = recv.wait_with_output().unwrap();
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    said
+}
+
 /// `ulnic device` of four nodes on `docs/topologies/NAME`, sockets in
 /// `dir`, once its control socket is there.
 fn device_on(name: &str, dir: &std::path::Path) -> DeviceProcess {
@@ -211,30 +245,7 @@ fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
     cap_err.read_line(&mut first).unwrap();
     assert!(first.contains("capturing to"), "{first}");
 
-    let recv = ulnic()
-        .args(["recv", "--port", "5"])
-        .env("ULNIC_SOCKET", d.join("node2.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let sent = ulnic()
-        .args(["send", "--to", "2:5", "--count", "2000", "--size", "5000"])
-        .env("ULNIC_SOCKET", d.join("node0.sock"))
-        .output()
-        .unwrap();
-    assert!(
-        sent.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sent.stderr)
-    );
-    let got = recv.wait_with_output().unwrap();
-    assert!(
-        got.status.success(),
-        "{}",
-        String::from_utf8_lossy(&got.stderr)
-    );
+    checked_stream(d, 2000, 5000);
     assert!(capture.wait().unwrap().success());
 
     // The counters: 5000-byte messages at a 4096-byte MTU are two packets.
@@ -328,7 +339,6 @@ fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
 
 #[test]
 fn a_mapped_fabric_finds_itself_and_routes_around_a_cut_link() {
-    use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let _dev = device_on("mapped-ring.toml", d);
@@ -352,32 +362,8 @@ fn a_mapped_fabric_finds_itself_and_routes_around_a_cut_link() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let recv = ulnic()
-        .args(["recv", "--port", "5"])
-        .env("ULNIC_SOCKET", d.join("node2.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let sent = ulnic()
-        .args(["send", "--to", "2:5", "--count", "5000", "--size", "1000"])
-        .env("ULNIC_SOCKET", d.join("node0.sock"))
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&sent.stdout),
-        String::from_utf8_lossy(&sent.stderr)
-    );
-    assert!(sent.status.success(), "{said}");
+    let said = checked_stream(d, 5000, 1000);
     assert!(said.contains("0 returned"), "{said}");
-    let got = recv.wait_with_output().unwrap();
-    assert!(
-        got.status.success(),
-        "{}",
-        String::from_utf8_lossy(&got.stderr)
-    );
 
     let stats = &cli::json_lines(&["stats", "--device", dev_arg, "--json"])[0];
     let s3_s0 = &stats["links"][3];
