@@ -143,7 +143,7 @@ impl FabricMap {
     /// What a mapper should find in `topo` with every link up: the
     /// switches by index, links and nodes on their ports.
     pub fn expected(topo: &Topology) -> FabricMap {
-        let g = topo.graph();
+        let g = Graph::of(topo);
         let switches = topo
             .switches()
             .iter()

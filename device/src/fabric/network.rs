@@ -17,7 +17,7 @@ use ulnic_abi::packet;
 use crate::fabric::link::{Lane, LaneCounters, Nanos, RemoteEnd};
 use crate::fabric::mapping::{self, Answer, FabricMap, Mapper, MappingConfig};
 use crate::fabric::packet::{Packet, Route};
-use crate::fabric::routing::Routes;
+use crate::fabric::routing::{Graph, Routes};
 use crate::fabric::span::{MemoryShared, Span, SpanCounters, Udp, Wire};
 use crate::fabric::topology::{End, Faults, Topology};
 use crate::fabric::transport::{ChannelKey, Message, Sink, Transport, TransportConfig};
@@ -285,7 +285,7 @@ impl Network {
         wire: Option<Wire>,
     ) -> Network {
         let topo = &config.topology;
-        let graph = topo.graph();
+        let graph = Graph::of(topo);
         let mut lanes = Vec::new();
         let mut lane_entry = Vec::new();
         let mut switches: Vec<SwitchState> = (0..topo.switches().len())

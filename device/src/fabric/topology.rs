@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::fabric::routing::Graph;
-
 /// What a link emulates. The default is an ideal link: no latency, no
 /// rate limit, the largest MTU.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -315,27 +313,6 @@ impl Topology {
         match (l.a, l.b) {
             (End::Node(n), _) | (_, End::Node(n)) => format!("node {n}"),
             (a, b) => format!("{}-{}", name(a), name(b)),
-        }
-    }
-
-    /// The wiring for routing: every link in file order, and a switch's
-    /// ports numbered by the order its links appear in the file.
-    pub fn graph(&self) -> Graph {
-        let mut next_port = vec![0u8; self.switches.len()];
-        let mut end = |e: End| match e {
-            End::Switch(s) => {
-                let p = next_port[s];
-                next_port[s] = p.wrapping_add(1);
-                (e, p)
-            }
-            End::Node(_) => (e, 0),
-        };
-        let links = self.links.iter().map(|l| [end(l.a), end(l.b)]).collect();
-        Graph {
-            switches: self.switches.len(),
-            root: 0,
-            links,
-            host_link: self.host_link.iter().map(|&l| Some(l)).collect(),
         }
     }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use ulnic_device::fabric::mapping::MappingConfig;
 use ulnic_device::fabric::network::FabricConfig;
-use ulnic_device::fabric::routing::Routes;
+use ulnic_device::fabric::routing::{Graph, Routes};
 use ulnic_device::fabric::span::Span;
 use ulnic_device::fabric::topology::{End, Faults, Link, LinkParams, Topology};
 use ulnic_device::fabric::transport::TransportConfig;
@@ -299,7 +299,7 @@ pub fn parse(text: &str) -> anyhow::Result<FabricConfig> {
 /// Refuses a topology where some route crosses more switches than a
 /// packet's route can name.
 fn check_routes(topo: &Topology) -> anyhow::Result<()> {
-    let routes = Routes::up_down(&topo.graph());
+    let routes = Routes::up_down(&Graph::of(topo));
     for src in 0..topo.nodes() {
         for dst in 0..topo.nodes() {
             anyhow::ensure!(
@@ -368,7 +368,7 @@ pub struct RouteLine {
 
 /// Every node-to-node route of `topo`, by the switches each crosses.
 pub fn route_lines(topo: &Topology) -> Vec<RouteLine> {
-    let routes = Routes::up_down(&topo.graph());
+    let routes = Routes::up_down(&Graph::of(topo));
     let mut out = Vec::new();
     for src in 0..topo.nodes() {
         for dst in (0..topo.nodes()).filter(|&d| d != src) {
