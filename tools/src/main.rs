@@ -1678,16 +1678,13 @@ fn fabric_bench(a: FabricBenchArgs) -> anyhow::Result<()> {
                 "{:>8} {:>14} {:>10} {:>14}",
                 "threads", "messages/s", "speed-up", "CPU ns/msg"
             );
-            let base = results.first().map_or(1.0, |r| r.messages_per_s);
             for r in &results {
                 println!(
                     "{:>8} {:>14.0} {:>9.2}x {:>14.0}",
-                    r.engine_threads,
-                    r.messages_per_s,
-                    r.messages_per_s / base,
-                    r.cpu_ns_per_message
+                    r.engine_threads, r.messages_per_s, r.speedup, r.cpu_ns_per_message
                 );
             }
+            println!("(speed-up: median of each round's ratio to the first thread count)");
         }
         FabricBenchKind::Hops | FabricBenchKind::Loss | FabricBenchKind::Reliability => {
             use crate::fabric::bench::Sweep;

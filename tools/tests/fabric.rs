@@ -392,6 +392,26 @@ fn a_mapped_fabric_finds_itself_and_routes_around_a_cut_link() {
 #[test]
 fn the_fabric_benchmarks_report_what_they_measured() {
     // Invariants only: no test asserts on timing.
+    let drain = cli::json_lines(&[
+        "fabric",
+        "bench",
+        "drain",
+        "--engine-threads",
+        "1,2",
+        "--rounds",
+        "2",
+        "--messages",
+        "500",
+        "--json",
+    ]);
+    assert_eq!(drain.len(), 2, "{drain:?}");
+    for (d, k) in drain.iter().zip([1, 2]) {
+        assert_eq!(d["engine_threads"], k);
+        assert_eq!(d["messages"], 1000);
+        assert_eq!(d["rounds"].as_array().unwrap().len(), 2);
+        assert!(d["speedup"].as_f64().unwrap() > 0.0, "{d}");
+    }
+    assert_eq!(drain[0]["speedup"], 1.0);
     let link = cli::json_lines(&[
         "fabric",
         "bench",
