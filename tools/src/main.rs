@@ -409,6 +409,13 @@ struct ClusterOpts {
     #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     endpoints: u32,
+    /// Device processes to spread the guests' NICs over: more than 1 is a
+    /// star fabric (one switch per device, nodes in contiguous blocks)
+    /// of `ulnic device` processes joined over loopback UDP with a fresh
+    /// key, as `ulnic fabric up` makes (docs/spec.md §10.7). `cluster run`
+    /// and `cluster bench` only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    devices: u32,
 }
 
 #[derive(Subcommand, Debug)]
@@ -1747,6 +1754,10 @@ fn fabric_routes(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
 }
 
 fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        o.devices == 1,
+        "`cluster up` keeps its device in the supervisor: --devices works with `cluster run` and `cluster bench` (or start devices with `ulnic fabric up`)"
+    );
     let dir = state_dir(name);
     let image = cluster_image(&mut |l| eprintln!("{l}"))?;
     let accel = crate::cluster::choose_accel(&image, o.accel, &mut |l| eprintln!("{l}"));
@@ -1940,6 +1951,7 @@ fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> anyhow::Result<Ve
         memory_mb: o.memory,
         timeout: Duration::from_secs(o.timeout),
         endpoints: o.endpoints,
+        devices: o.devices,
     };
     let results = crate::cluster::run(&opts, &image, command, &mut say)?;
     let mut failed = 0;
@@ -2040,6 +2052,7 @@ fn run_cluster_bench(
                 v["where"] = "guests".into();
                 v["pair"] = pair.into();
                 v["pairs"] = pairs.into();
+                v["devices"] = o.devices.into();
                 println!("{v}");
             } else {
                 print_record(&r, false);

@@ -1,5 +1,6 @@
-//! The cluster launcher, through the real `ulnic` command: two QEMU guests
-//! (TCG) on one device.
+//! The cluster launcher, through the real `ulnic` command: QEMU guests
+//! (TCG) on one device, eight of them in pairs, and two on two device
+//! processes joined over UDP.
 use std::process::Command;
 
 fn ulnic(args: &[&str]) -> (bool, String, String) {
@@ -103,6 +104,43 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
             "{l}"
         );
     }
+
+    // Guests on two device processes (a star fabric over loopback UDP):
+    // node 0's NIC is device d0's, node 1's is d1's, so every message of
+    // the pair crosses between the processes, with the fabric's transport.
+    let (ok, out, err) = ulnic(&[
+        "cluster",
+        "bench",
+        "pingpong",
+        "--nodes",
+        "2",
+        "--devices",
+        "2",
+        "--accel",
+        "tcg",
+        "--size",
+        "8,4096",
+        "--iters",
+        "100",
+        "--json",
+    ]);
+    assert!(ok, "cluster bench over two devices failed:\n{err}");
+    let results: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ulnic_sizes: Vec<u64> = results
+        .iter()
+        .filter(|l| l["transport"] == "ulnic")
+        .map(|l| l["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ulnic_sizes, [8, 4096], "{out}");
+    assert!(
+        results
+            .iter()
+            .all(|l| l["iters"] == 100 && l["devices"] == 2),
+        "{out}"
+    );
 
     // A failing node fails the run and shows why. (One test function: the
     // runs are heavy for 2 cores and better not overlap.)

@@ -326,7 +326,9 @@ impl UlnicLink {
             }
             while self.ep.poll_event().is_some() {}
             if let Some(m) = self.ep.poll_recv() {
-                if m.tag == TAG_HELLO {
+                // A hello of ours the fabric handed back (the server was
+                // not bound yet: spec §10.4) is not the server's answer.
+                if m.tag == TAG_HELLO && !m.returned {
                     if server {
                         self.ep
                             .post_send_inline(self.peer, TAG_HELLO, &[], 0)
@@ -379,11 +381,15 @@ impl UlnicLink {
         }
     }
 
-    /// Next message of any tag, waiting per the mode.
+    /// Next message of any tag from the peer, waiting per the mode. One of
+    /// ours handed back by the fabric is skipped: its send failed, which
+    /// its TX_ERROR event reports.
     fn next(&mut self) -> io::Result<ulnic::Received> {
         loop {
             if let Some(m) = self.ep.poll_recv() {
-                return Ok(m);
+                if !m.returned {
+                    return Ok(m);
+                }
             }
             self.handle_events()?;
             match self.mode {

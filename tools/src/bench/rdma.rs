@@ -450,12 +450,16 @@ const TAG_HELLO: u32 = 0x4845;
 const TAG_COOKIE: u32 = 0x434b;
 const TAG_VERDICT: u32 = 0x5644;
 
-/// The next message from anyone, waiting up to `timeout`.
+/// The next message from anyone, waiting up to `timeout`; one of ours
+/// the fabric handed back (its receiver was not bound yet) is skipped.
 fn next_message(ep: &mut Endpoint, timeout: Duration) -> io::Result<ulnic::Received> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(m) = ep.poll_recv() {
-            return Ok(m);
+            if !m.returned {
+                return Ok(m);
+            }
+            continue;
         }
         while ep.poll_event().is_some() {}
         let left = deadline.saturating_duration_since(Instant::now());

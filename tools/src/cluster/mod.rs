@@ -42,6 +42,10 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Endpoints per port.
     pub endpoints: u32,
+    /// Device processes the nodes are spread over (1: one device in this
+    /// process, ports one copy apart; more: a star fabric of that many
+    /// `ulnic device` processes joined over loopback UDP).
+    pub devices: u32,
 }
 
 /// What happened on one node.
@@ -191,10 +195,32 @@ pub fn run(
         .tempdir()
         .map_err(|e| anyhow::anyhow!("cannot make a run directory: {e}"))?;
     let dir = dir_guard.path().to_path_buf();
-    let config = Configuration::builder(Configuration::socket_paths(&dir, opts.nodes))
-        .max_endpoints(opts.endpoints)
-        .build()?;
-    let device = Device::start(config)?;
+    let sockets = Configuration::socket_paths(&dir, opts.nodes);
+    // The guests' device: in this process, or spread over processes.
+    let (device, members) = if opts.devices > 1 {
+        say(&format!(
+            "starting {} device processes (a star fabric over loopback UDP)",
+            opts.devices
+        ));
+        let m = crate::fabric::launch::LocalMembers::start(
+            &dir,
+            opts.nodes,
+            opts.devices,
+            opts.endpoints,
+        )?;
+        for member in &m.members {
+            say(&format!(
+                "device {} at {}: nodes {:?}",
+                member.name, member.address, member.nodes
+            ));
+        }
+        (None, Some(m))
+    } else {
+        let config = Configuration::builder(sockets.clone())
+            .max_endpoints(opts.endpoints)
+            .build()?;
+        (Some(Device::start(config)?), None)
+    };
     let segment = dir.join("segment");
     let mut switch = start_segment(image, &segment)?;
     let cmd64 = base64::engine::general_purpose::STANDARD.encode(command);
@@ -215,7 +241,7 @@ pub fn run(
     for n in 0..opts.nodes {
         let cfg = VmConfig {
             memory_mb: opts.memory_mb,
-            ulnic_socket: Some(device.sockets()[n as usize].clone()),
+            ulnic_socket: Some(sockets[n as usize].clone()),
             ulnic_queues: ulnic_abi::queue_count(opts.endpoints),
             accel: accel.into(),
             append: format!(
@@ -302,6 +328,7 @@ pub fn run(
         let _ = c.wait();
     }
     drop(device);
+    drop(members);
     let _ = switch.kill();
     let _ = switch.wait();
     for r in results.iter_mut() {

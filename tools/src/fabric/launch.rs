@@ -497,6 +497,119 @@ pub fn down(dir: &Path, ssh_cmd: &str, say: &mut dyn FnMut(&str)) -> anyhow::Res
     Ok(members.len())
 }
 
+/// Device processes of a star fabric on this machine, over loopback,
+/// that die with this process (and are stopped when dropped): what
+/// `ulnic cluster run --devices D` puts its guests on.
+pub struct LocalMembers {
+    children: Vec<std::process::Child>,
+    /// Where each member runs.
+    pub members: Vec<Member>,
+}
+
+impl LocalMembers {
+    /// Starts `devices` members serving `nodes` nodes in `dir` (topology,
+    /// key, logs and node sockets there), on free loopback UDP ports, and
+    /// waits until each is up.
+    pub fn start(
+        dir: &Path,
+        nodes: u32,
+        devices: u32,
+        endpoints: u32,
+    ) -> anyhow::Result<LocalMembers> {
+        let addrs = free_loopback_ports(devices)?;
+        let text = star_topology(nodes, &addrs)?;
+        let topo = dir.join("fabric.toml");
+        std::fs::write(&topo, &text)?;
+        let key = dir.join("fabric.key");
+        fresh_key(&key)?;
+        let config = super::file::parse(&text)?;
+        let span = config
+            .span
+            .as_ref()
+            .context("a star has [[device]] entries")?;
+        let o = UpOptions {
+            dir: dir.to_path_buf(),
+            topology: None,
+            nodes,
+            devices,
+            hosts: Vec::new(),
+            ssh: String::new(),
+            remote_ulnic: String::new(),
+            port: 0,
+            endpoints,
+            dry_run: false,
+        };
+        let mut started = LocalMembers {
+            children: Vec::new(),
+            members: Vec::new(),
+        };
+        for (k, (name, addr)) in span.members.iter().enumerate() {
+            let log = dir.join(format!("{name}.log"));
+            let out = std::fs::File::create(&log)?;
+            let mut cmd = Command::new(std::env::current_exe()?);
+            cmd.args(device_args(&o, name, nodes, &topo, &key))
+                .stdin(Stdio::null())
+                .stdout(out.try_clone()?)
+                .stderr(out);
+            // SAFETY: prctl is async-signal-safe; the member dies with the
+            // thread that started it (this process's main thread, which
+            // lives as long as the run).
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().context("cannot start ulnic device")?;
+            started.members.push(Member {
+                name: name.clone(),
+                host: None,
+                address: addr.to_string(),
+                nodes: (0..nodes)
+                    .filter(|&n| span.switch_owner.get(config.topology.attachment(n).1) == Some(&k))
+                    .collect(),
+                pid: child.id(),
+                log,
+            });
+            started.children.push(child);
+        }
+        for m in &started.members {
+            wait_up(&o, m)?;
+        }
+        Ok(started)
+    }
+}
+
+impl Drop for LocalMembers {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `count` consecutive UDP ports free on 127.0.0.1 (found by binding; a
+/// port taken between this and the device's bind makes that device fail
+/// to start, with the reason in its log).
+fn free_loopback_ports(count: u32) -> anyhow::Result<Vec<SocketAddr>> {
+    for _ in 0..64 {
+        let first = UdpSocket::bind("127.0.0.1:0")?;
+        let base = first.local_addr()?.port();
+        let mut held = vec![first];
+        let ok = (1..count).all(|k| {
+            base.checked_add(k as u16)
+                .and_then(|p| UdpSocket::bind(("127.0.0.1", p)).ok())
+                .map(|s| held.push(s))
+                .is_some()
+        });
+        if ok {
+            return Ok(held.iter().filter_map(|s| s.local_addr().ok()).collect());
+        }
+    }
+    anyhow::bail!("found no {count} consecutive free UDP ports on 127.0.0.1")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
