@@ -412,8 +412,8 @@ struct ClusterOpts {
     /// Device processes to spread the guests' NICs over: more than 1 is a
     /// star fabric (one switch per device, nodes in contiguous blocks)
     /// of `ulnic device` processes joined over loopback UDP with a fresh
-    /// key, as `ulnic fabric up` makes (docs/spec.md §10.7). `cluster run`
-    /// and `cluster bench` only.
+    /// key, as `ulnic fabric up` makes (docs/spec.md §10.7). A cluster
+    /// up this way cannot `restart-device`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     devices: u32,
 }
@@ -933,6 +933,17 @@ fn main() -> ExitCode {
         "warn"
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    // Commands that only print tables end quietly when their reader goes
+    // (`ulnic stats | head`), as other Unix tools do. Not the rest: a
+    // device or launcher must outlive a client that hangs up.
+    if matches!(
+        cli.command,
+        Cmd::Stats { .. } | Cmd::Fabric(FabricCmd::Routes { .. } | FabricCmd::Map { .. })
+    ) {
+        // SAFETY: restoring the default disposition of SIGPIPE before any
+        // thread starts has no other effect.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let r = match cli.command {
         Cmd::Device(a) => run_device(a),
         Cmd::Bench(a) => run_bench(a),
@@ -1754,10 +1765,6 @@ fn fabric_routes(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
 }
 
 fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        o.devices == 1,
-        "`cluster up` keeps its device in the supervisor: --devices works with `cluster run` and `cluster bench` (or start devices with `ulnic fabric up`)"
-    );
     let dir = state_dir(name);
     let image = cluster_image(&mut |l| eprintln!("{l}"))?;
     let accel = crate::cluster::choose_accel(&image, o.accel, &mut |l| eprintln!("{l}"));
@@ -1767,6 +1774,7 @@ fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
         accel: accel.into(),
         memory: o.memory,
         endpoints: o.endpoints,
+        devices: o.devices,
     };
     eprintln!("cluster '{name}': booting {} guests ({accel})", o.nodes);
     let status = client::up(

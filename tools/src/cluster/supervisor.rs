@@ -68,9 +68,13 @@ struct Sup {
     /// Write side of each node's agent channel, once connected.
     agents: Vec<Mutex<Option<UnixStream>>>,
     stopping: AtomicBool,
-    /// The device, and how to start it again (`cluster restart-device`).
+    /// The device, and how to start it again (`cluster restart-device`);
+    /// `None` with `--devices` above 1.
     device: Mutex<Option<Device>>,
     device_config: Configuration,
+    /// With `--devices` above 1: the device processes (a star fabric over
+    /// loopback UDP), stopped with the supervisor.
+    members: Option<crate::fabric::launch::LocalMembers>,
     /// Each guest's VM configuration (to plug its NIC again).
     vms: Mutex<Vec<VmConfig>>,
 }
@@ -93,6 +97,10 @@ pub struct SuperviseArgs {
     /// Endpoints per port.
     #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS)]
     pub endpoints: u32,
+    /// Device processes the guests' NICs are spread over (1: one device
+    /// in the supervisor).
+    #[arg(long, default_value_t = 1)]
+    pub devices: u32,
 }
 
 impl Sup {
@@ -195,8 +203,20 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
     let config = Configuration::builder(Configuration::socket_paths(&a.dir, a.nodes))
         .max_endpoints(a.endpoints)
         .build()?;
-    let device = Device::start(config.clone())?;
-    let sockets = device.sockets().to_vec();
+    let sockets = Configuration::socket_paths(&a.dir, a.nodes);
+    let (device, members) = if a.devices > 1 {
+        let m =
+            crate::fabric::launch::LocalMembers::start(&a.dir, a.nodes, a.devices, a.endpoints)?;
+        for member in &m.members {
+            eprintln!(
+                "supervisor: device {} at {} serves nodes {:?}",
+                member.name, member.address, member.nodes
+            );
+        }
+        (None, Some(m))
+    } else {
+        (Some(Device::start(config.clone())?), None)
+    };
     let _switch = super::start_segment(&image, &a.dir.join("segment"))?;
     let listener = UnixListener::bind(control_socket(&a.dir))
         .map_err(|e| anyhow::anyhow!("{}: {e}", control_socket(&a.dir).display()))?;
@@ -209,8 +229,9 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
         next_id: AtomicU32::new(1),
         agents: (0..a.nodes).map(|_| Mutex::new(None)).collect(),
         stopping: AtomicBool::new(false),
-        device: Mutex::new(Some(device)),
+        device: Mutex::new(device),
         device_config: config,
+        members,
         vms: Mutex::new(Vec::new()),
     });
     for n in 0..a.nodes {
@@ -472,7 +493,9 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
                     .switch()
                     .stall_control(n, stalled)
                     .map_err(anyhow::Error::from),
-                None => Err(anyhow::anyhow!("the device is not running")),
+                None => Err(anyhow::anyhow!(
+                    "the device is not in the supervisor (not running, or separate processes with --devices)"
+                )),
             };
             match done {
                 Ok(()) => {
@@ -524,6 +547,10 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
 /// open fails with ENODEV, waiters wake) and a new one appear, without a
 /// reboot. Waits until every driver has started the new NIC.
 fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarted> {
+    anyhow::ensure!(
+        sup.members.is_none(),
+        "restart-device restarts the supervisor's own device; this cluster's are separate processes (--devices)"
+    );
     let mut slot = sup.device.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     drop(slot.take());
@@ -735,12 +762,15 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> anyhow::Result<(
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let connected = sup
-            .device
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(|d| d.switch().lock().nodes[n as usize].disconnect.is_some());
+        let connected = match &sup.members {
+            Some(m) => member_sees(&sup.dir, m, n),
+            None => sup
+                .device
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(|d| d.switch().lock().nodes[n as usize].disconnect.is_some()),
+        };
         if connected {
             break;
         }
@@ -756,6 +786,22 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> anyhow::Result<(
         steps.push(json!({ "execute": "cont" }));
     }
     qmp(&qmp_path, &steps).map_err(|e| anyhow::anyhow!("node {n}: adding the NIC: {e}"))
+}
+
+/// Whether QEMU has connected to node `n`'s socket of the device process
+/// serving it (the member has had a frontend; it gets its memory table
+/// only once the NIC is plugged), asked on that member's control socket.
+fn member_sees(dir: &Path, members: &crate::fabric::launch::LocalMembers, n: u32) -> bool {
+    let Some(m) = members.members.iter().find(|m| m.nodes.contains(&n)) else {
+        return false;
+    };
+    let ask = || -> anyhow::Result<bool> {
+        let mut c = crate::control::Client::connect(dir, Some(&m.name))?;
+        c.send(&crate::control::Request::Stats)?;
+        let s: crate::control::Stats = serde_json::from_str(&c.checked_line()?)?;
+        Ok(s.nodes.iter().any(|x| x.node == n && x.connections > 0))
+    };
+    ask().unwrap_or(false)
 }
 
 // ---- the client side: what `ulnic cluster up/exec/...` call ----
@@ -826,6 +872,7 @@ pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> anyh
         .args(["--accel", &args.accel])
         .args(["--memory", &args.memory.to_string()])
         .args(["--endpoints", &args.endpoints.to_string()])
+        .args(["--devices", &args.devices.to_string()])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
