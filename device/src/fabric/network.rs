@@ -1155,6 +1155,61 @@ mod tests {
         assert_ne!(net.tables[0][2], Some(route), "still the old route");
     }
 
+    #[test]
+    fn the_mapper_finds_the_fabric_through_lossy_links() {
+        let mut topo = crate::fabric::topology::testing::ring();
+        let faults = Faults {
+            drop: 0.05,
+            corrupt: 0.02,
+            duplicate: 0.05,
+            reorder: 0.05,
+            ..Faults::default()
+        };
+        for l in 0..topo.links().len() {
+            topo.set_faults(l, faults).unwrap();
+        }
+        let mut net = Network::new(FabricConfig {
+            topology: topo.clone(),
+            seed: 11,
+            transport: TransportConfig::default(),
+            span: None,
+            mapping: Some(MappingConfig {
+                mapper: 2,
+                interval: Duration::from_secs(60),
+                probe_timeout: Duration::from_millis(2),
+                probe_tries: 12,
+            }),
+        })
+        .unwrap();
+        let mut sink = Count::default();
+        run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
+        let map = net.last_map().unwrap().clone();
+        assert_eq!(
+            map.differences(&FabricMap::expected(&topo)),
+            Vec::<String>::new()
+        );
+        assert_eq!(map.mapper, 2);
+        // Lost, corrupted and doubled probes and answers were met.
+        let lanes = net.lane_counters();
+        assert!(
+            lanes
+                .iter()
+                .map(|l| l.dropped + l.crc_errors + l.duplicated)
+                .sum::<u64>()
+                > 0
+        );
+        // Every node (all served here) has a route to every node, itself
+        // included.
+        for n in 0..4 {
+            assert_eq!(
+                net.tables[n].iter().flatten().count(),
+                4,
+                "node {n}: {:?}",
+                net.tables[n]
+            );
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
         /// On any topology the mapper finds exactly what the file says,
