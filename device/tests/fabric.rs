@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ulnic::{Address, EndpointConfig, Event, Nic, Payload, SendError};
+use ulnic_device::fabric::mapping::{FabricMap, MappingConfig};
 use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::topology::{End, Faults, Link, LinkParams, Topology};
 use ulnic_device::fabric::transport::TransportConfig;
@@ -50,10 +51,15 @@ fn start() -> (tempfile::TempDir, Device) {
 /// With `threads` engine threads: 2 puts switch "a" (nodes 0, 1) and
 /// switch "b" (node 2) on threads of their own.
 fn start_with_threads(threads: u32) -> (tempfile::TempDir, Device) {
+    start_on(fabric(), threads)
+}
+
+/// A device of three ports on `fabric`, with `threads` engine threads.
+fn start_on(fabric: FabricConfig, threads: u32) -> (tempfile::TempDir, Device) {
     let _ = env_logger::builder().is_test(true).try_init();
     let dir = tempfile::tempdir().unwrap();
     let config = Configuration::builder(Configuration::socket_paths(dir.path(), 3))
-        .fabric(fabric())
+        .fabric(fabric)
         .engine_threads(threads)
         .build()
         .unwrap();
@@ -291,4 +297,37 @@ fn two_engine_threads_carry_messages_within_and_across_their_shards() {
         c.span.unwrap().sent > 0,
         "nothing crossed between the shards"
     );
+}
+
+#[test]
+fn a_mapper_routes_a_fabric_split_between_engine_threads() {
+    // The mapper on node 0 (shard "a") finds switch "b" through the
+    // shards' memory queues, and node 2 (shard "b") gets its routes in
+    // ROUTES packets the same way.
+    let mut f = fabric();
+    f.mapping = Some(MappingConfig {
+        mapper: 0,
+        interval: Duration::from_millis(20),
+        ..MappingConfig::default()
+    });
+    let (_dir, dev) = start_on(f.clone(), 2);
+    let map = dev.map_fabric(Duration::from_secs(20)).unwrap();
+    assert_eq!(
+        map.differences(&FabricMap::expected(&f.topology)),
+        Vec::<String>::new()
+    );
+    assert!(map.generation >= 1);
+    let nics: Vec<Nic> = (0..3)
+        .map(|n| Nic::attach(&common::socket(&dev, n)).unwrap())
+        .collect();
+    let mut tx = endpoint(&nics[0], 1);
+    let mut rx = endpoint(&nics[2], 2);
+    rx.post_free(0, 65536, 1).unwrap();
+    tx.write_segment(0, b"routed");
+    tx.post_send(Address { node: 2, port: 2 }, 5, 0, 6, 9, true)
+        .unwrap();
+    let m = recv(&mut rx);
+    assert_eq!((m.src, m.tag, m.len), (Address { node: 0, port: 1 }, 5, 6));
+    // Its ACK came back over node 2's mapped route.
+    assert_eq!(common::next_event(&mut tx), Event::SendDone { id: 9 });
 }
