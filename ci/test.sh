@@ -33,6 +33,9 @@ command -v tshark >/dev/null || missing+=(tshark)
 # network namespace where the test runs its own sshd (tools/tests/span.rs).
 command -v ssh >/dev/null || missing+=(openssh-client)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+# The peers `ulnic bench compare` runs beside ulnic (tools/tests/bench.rs).
+command -v fi_pingpong >/dev/null || missing+=(libfabric-bin)
+command -v sockperf >/dev/null || missing+=(sockperf)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

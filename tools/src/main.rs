@@ -906,6 +906,9 @@ struct BenchArgs {
     /// message, so the run must fail: a check that the checks run.
     #[arg(long, value_name = "N")]
     corrupt_at: Option<u64>,
+    /// compare: interleaved rounds (each peer once per round).
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    rounds: u32,
 }
 
 /// "A,B": two node numbers.
@@ -2109,6 +2112,7 @@ fn default_iters(w: Workload, size: u32) -> u64 {
         Workload::Tripwire => 2000,
         Workload::Dmq => 2000,
         Workload::Utlb => 20_000,
+        Workload::Compare => 2000,
     }
 }
 
@@ -2278,6 +2282,67 @@ fn in_guest(a: &BenchArgs) -> bool {
         .exists()
 }
 
+/// `ulnic bench compare`: ulnic against the baselines and Debian's peers.
+fn run_compare(
+    a: &BenchArgs,
+    dir: &std::path::Path,
+    scratch: &std::path::Path,
+) -> anyhow::Result<()> {
+    use crate::bench::compare::{compare, Options};
+    anyhow::ensure!(a.rounds > 0, "--rounds must be at least 1");
+    // Without --size: 8 bytes and 64 KiB round trips, 64 KiB streams.
+    let given = a.size != DEFAULT_SIZES;
+    let o = Options {
+        pingpong_sizes: if given {
+            a.size.clone()
+        } else {
+            vec![8, 65536]
+        },
+        stream_sizes: if given { a.size.clone() } else { vec![65536] },
+        rounds: a.rounds,
+        iters: a.iters.unwrap_or(2000),
+        stream_iters: a.iters.unwrap_or(3000),
+    };
+    let rows = compare(&o, dir, scratch, &mut |l| eprintln!("{l}"))?;
+    if a.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "compare: {} interleaved rounds; each figure the median of the rounds; ulnic/peer the median of each round's ratio",
+        a.rounds
+    );
+    println!(
+        "{:<9} {:>6}  {:<16} {:<16} {:<7} {:>12}  {:>10}",
+        "workload", "bytes", "peer", "payload", "stat", "figure", "ulnic/peer"
+    );
+    for r in &rows {
+        let figure = match (r.value, r.workload) {
+            (Some(v), "pingpong") => format!("{v:.2} us RTT"),
+            (Some(v), _) => format!("{v:.0} MB/s"),
+            (None, _) => "-".into(),
+        };
+        let ratio = r.ulnic_ratio.map_or("-".into(), |x| format!("{x:.2}x"));
+        println!(
+            "{:<9} {:>6}  {:<16} {:<16} {:<7} {:>12}  {:>10}{}",
+            r.workload,
+            r.size,
+            r.peer,
+            r.payload,
+            r.statistic,
+            figure,
+            ratio,
+            r.missing
+                .as_ref()
+                .map_or(String::new(), |m| format!("  missing: {m}"))
+        );
+    }
+    println!("(round trips: ulnic/peer below 1 is ulnic faster; streams: above 1 is. fi_msg_bw, fi_rdm_tagged_bw and fi_rma_bw are fabtests, which Debian does not package: not run)");
+    Ok(())
+}
+
 fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
     // Sockets, shm files and the device of this run; removed when done.
     let scratch_dir = tempfile::Builder::new()
@@ -2298,6 +2363,9 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         }
         None => scratch.clone(),
     };
+    if a.workload == Workload::Compare {
+        return run_compare(&a, &dir, &scratch);
+    }
     if !a.json {
         print_header();
     }

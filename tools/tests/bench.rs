@@ -285,3 +285,43 @@ fn utlb_benchmark_prints_the_table_and_the_stress() {
         }
     }
 }
+
+#[test]
+fn compare_runs_ulnic_beside_the_baselines_and_debians_peers() {
+    // Invariants only: which peers ran, what they report, paired ratios
+    // present. ci/test.sh installs fi_pingpong and sockperf, so none may
+    // be missing here.
+    let rows = bench_json(&[
+        "bench", "compare", "--rounds", "2", "--iters", "200", "--size", "16", "--json",
+    ]);
+    let peers: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["workload"].as_str().unwrap(), r["peer"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        peers,
+        [
+            ("pingpong", "ulnic"),
+            ("pingpong", "shm spin ring"),
+            ("pingpong", "unix socket"),
+            ("pingpong", "tcp loopback"),
+            ("pingpong", "fi_pingpong shm"),
+            ("pingpong", "fi_pingpong tcp"),
+            ("pingpong", "sockperf tcp"),
+            ("stream", "ulnic"),
+            ("stream", "shm spin ring"),
+            ("stream", "unix socket"),
+            ("stream", "tcp loopback"),
+        ]
+    );
+    for r in &rows {
+        assert_eq!(r["missing"], serde_json::Value::Null, "{r}");
+        assert_eq!(r["size"], 16, "{r}");
+        assert_eq!(r["rounds"].as_array().unwrap().len(), 2, "{r}");
+        assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["ulnic_ratio"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(!r["payload"].as_str().unwrap().is_empty(), "{r}");
+    }
+    // ulnic against itself, round by round.
+    assert_eq!(rows[0]["ulnic_ratio"], 1.0);
+}

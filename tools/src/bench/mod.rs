@@ -4,6 +4,7 @@
 //! stress); `record` is the result line, `payload` how payloads are
 //! touched.
 
+pub mod compare;
 pub mod payload;
 pub mod pingpong;
 pub mod rdma;

@@ -43,6 +43,11 @@ pub enum Workload {
     /// table size under each miss policy (Schoinas & Hill), against
     /// single-copy.
     Utlb,
+    /// ulnic ping-pong and stream beside the baselines and the peers a user
+    /// installs from Debian (fi_pingpong over shm and tcp, sockperf), in
+    /// interleaved rounds, with paired ratios; a peer not installed is
+    /// reported missing.
+    Compare,
 }
 
 impl Workload {
@@ -536,7 +541,8 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         | Workload::RdmaRead
         | Workload::Tripwire
         | Workload::Dmq
-        | Workload::Utlb => return Err(rdma_has_no_peers()),
+        | Workload::Utlb
+        | Workload::Compare => return Err(rdma_has_no_peers()),
     }
     Ok(rec)
 }
@@ -573,7 +579,8 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
         | Workload::RdmaRead
         | Workload::Tripwire
         | Workload::Dmq
-        | Workload::Utlb => return Err(rdma_has_no_peers()),
+        | Workload::Utlb
+        | Workload::Compare => return Err(rdma_has_no_peers()),
     }
     Ok(())
 }

@@ -1,0 +1,392 @@
+//! `ulnic bench compare`: ulnic beside the baselines in this binary (a
+//! shared-memory spin ring, a Unix socket, loopback TCP) and beside real
+//! peers a user installs from Debian (fi_pingpong of libfabric-bin over
+//! its shm and tcp providers; sockperf), in interleaved rounds. Each
+//! ratio is ulnic's figure over the peer's in the same round, and the
+//! median of those is reported, so a noisy round weighs on both sides.
+//! A peer that is not installed is reported missing, never as zero.
+
+use std::io;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::pingpong::{run_one, Mode, Spec, Transport, Workload};
+use super::record::Record;
+
+/// One peer: who, and how it touches payloads.
+#[derive(Debug, Clone, Copy)]
+enum Peer {
+    /// A transport of `ulnic bench`.
+    Internal(Transport),
+    /// `fi_pingpong -p PROVIDER -e EP -c`.
+    FiPingpong(&'static str, &'static str),
+    /// `sockperf ping-pong --tcp --full-rtt`.
+    Sockperf,
+}
+
+impl Peer {
+    fn name(self) -> String {
+        match self {
+            Peer::Internal(Transport::Ulnic) => "ulnic".into(),
+            Peer::Internal(Transport::Shm) => "shm spin ring".into(),
+            Peer::Internal(Transport::Unix) => "unix socket".into(),
+            Peer::Internal(Transport::Tcp) => "tcp loopback".into(),
+            Peer::FiPingpong(p, _) => format!("fi_pingpong {p}"),
+            Peer::Sockperf => "sockperf tcp".into(),
+        }
+    }
+
+    /// How it touches payloads, and which statistic it reports.
+    fn rules(self) -> (&'static str, &'static str) {
+        match self {
+            Peer::Internal(_) => ("write+verify", "median"),
+            Peer::FiPingpong(..) => ("fill+check (-c)", "mean"),
+            Peer::Sockperf => ("none", "median"),
+        }
+    }
+
+    /// Why it cannot run here with messages of `size` bytes, if it
+    /// cannot.
+    fn missing(self, size: u32) -> Option<String> {
+        let (tool, package) = match self {
+            Peer::Internal(_) => return None,
+            Peer::FiPingpong(..) => ("fi_pingpong", "libfabric-bin"),
+            Peer::Sockperf if size > SOCKPERF_MAX => {
+                return Some(format!(
+                    "sockperf's messages are at most {SOCKPERF_MAX} bytes"
+                ))
+            }
+            Peer::Sockperf => ("sockperf", "sockperf"),
+        };
+        let found = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+        (!found).then(|| format!("{tool} not found (apt install {package})"))
+    }
+}
+
+/// One line of the comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// "pingpong" (round trip, microseconds) or "stream" (MB/s).
+    pub workload: &'static str,
+    /// Message size in bytes.
+    pub size: u32,
+    /// The peer.
+    pub peer: String,
+    /// How it touches payloads.
+    pub payload: &'static str,
+    /// The statistic of each round's figure ("median" or "mean").
+    pub statistic: &'static str,
+    /// Each round's figure (round trip in us, or MB/s).
+    pub rounds: Vec<f64>,
+    /// Median of the rounds.
+    pub value: Option<f64>,
+    /// Median over the rounds of ulnic's figure over this peer's (round
+    /// trips: below 1 is ulnic faster; streams: above 1 is).
+    pub ulnic_ratio: Option<f64>,
+    /// Why the peer did not run.
+    pub missing: Option<String>,
+}
+
+/// What to compare.
+pub struct Options {
+    /// Ping-pong sizes.
+    pub pingpong_sizes: Vec<u32>,
+    /// Stream sizes.
+    pub stream_sizes: Vec<u32>,
+    /// Interleaved rounds.
+    pub rounds: u32,
+    /// Round trips per ping-pong run.
+    pub iters: u64,
+    /// Messages per stream run.
+    pub stream_iters: u64,
+}
+
+/// Runs the comparison; `ulnic_dir` holds a running device's sockets
+/// (nodes 0 and 1), `scratch` the baselines' sockets.
+pub fn compare(
+    o: &Options,
+    ulnic_dir: &Path,
+    scratch: &Path,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<Row>> {
+    let pingpong_peers = [
+        Peer::Internal(Transport::Ulnic),
+        Peer::Internal(Transport::Shm),
+        Peer::Internal(Transport::Unix),
+        Peer::Internal(Transport::Tcp),
+        Peer::FiPingpong("shm", "rdm"),
+        Peer::FiPingpong("tcp", "msg"),
+        Peer::Sockperf,
+    ];
+    let stream_peers = [
+        Peer::Internal(Transport::Ulnic),
+        Peer::Internal(Transport::Shm),
+        Peer::Internal(Transport::Unix),
+        Peer::Internal(Transport::Tcp),
+    ];
+    let mut rows = Vec::new();
+    for (workload, sizes, peers) in [
+        (Workload::Pingpong, &o.pingpong_sizes, &pingpong_peers[..]),
+        (Workload::Stream, &o.stream_sizes, &stream_peers[..]),
+    ] {
+        for &size in sizes {
+            let first = rows.len();
+            for &p in peers {
+                let (payload, statistic) = p.rules();
+                rows.push(Row {
+                    workload: if workload == Workload::Pingpong {
+                        "pingpong"
+                    } else {
+                        "stream"
+                    },
+                    size,
+                    peer: p.name(),
+                    payload,
+                    statistic,
+                    rounds: Vec::new(),
+                    value: None,
+                    ulnic_ratio: None,
+                    missing: p.missing(size),
+                });
+            }
+            for r in 0..o.rounds {
+                say(&format!(
+                    "compare: {} {size} B, round {} of {}",
+                    rows[first].workload,
+                    r + 1,
+                    o.rounds
+                ));
+                for (i, &p) in peers.iter().enumerate() {
+                    let row = &mut rows[first + i];
+                    if row.missing.is_some() {
+                        continue;
+                    }
+                    let iters = if workload == Workload::Pingpong {
+                        o.iters
+                    } else {
+                        o.stream_iters
+                    };
+                    match measure(p, workload, size, iters, ulnic_dir, scratch) {
+                        Ok(v) => row.rounds.push(v),
+                        Err(e) => {
+                            row.missing = Some(format!("failed: {e}"));
+                            row.rounds.clear();
+                        }
+                    }
+                }
+            }
+            let ulnic = rows[first].rounds.clone();
+            for row in &mut rows[first..] {
+                if row.rounds.is_empty() {
+                    continue;
+                }
+                row.value = Some(median(row.rounds.clone()));
+                let paired: Vec<f64> = ulnic.iter().zip(&row.rounds).map(|(u, p)| u / p).collect();
+                if !paired.is_empty() {
+                    row.ulnic_ratio = Some(median(paired));
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One run of `p`: a round trip in microseconds, or MB/s for a stream.
+fn measure(
+    p: Peer,
+    workload: Workload,
+    size: u32,
+    iters: u64,
+    ulnic_dir: &Path,
+    scratch: &Path,
+) -> anyhow::Result<f64> {
+    match p {
+        Peer::Internal(t) => {
+            let spec = Spec {
+                workload,
+                transport: t,
+                size,
+                iters,
+                mode: Mode::Poll,
+                corrupt_at: None,
+                nodes: (0, 1),
+            };
+            let r: Record = run_one(&spec, ulnic_dir, scratch)?;
+            match workload {
+                Workload::Pingpong => r
+                    .median_ns
+                    .map(|ns| ns as f64 / 1e3)
+                    .ok_or_else(|| anyhow::anyhow!("no round trip measured")),
+                _ => r
+                    .mbytes_per_s
+                    .ok_or_else(|| anyhow::anyhow!("no rate measured")),
+            }
+        }
+        Peer::FiPingpong(provider, ep) => fi_pingpong(provider, ep, size, iters),
+        Peer::Sockperf => sockperf(size),
+    }
+}
+
+/// sockperf's largest message.
+const SOCKPERF_MAX: u32 = 65_506;
+
+/// A free TCP port on loopback (the peers take a port number).
+fn free_port() -> io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A child killed when dropped.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `fi_pingpong`'s mean round trip in microseconds: twice its usec/xfer
+/// (a transfer is one direction of a round trip).
+fn fi_pingpong(provider: &str, ep: &str, size: u32, iters: u64) -> anyhow::Result<f64> {
+    let port = free_port()?.to_string();
+    let common = |c: &mut Command| {
+        c.args(["-p", provider, "-e", ep, "-c", "-S"])
+            .arg(size.to_string())
+            .arg("-I")
+            .arg(iters.to_string());
+    };
+    let mut srv = Command::new("fi_pingpong");
+    common(&mut srv);
+    let _server = Server(
+        srv.args(["-B", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    // The server listens on its control port a moment after it starts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut cli = Command::new("fi_pingpong");
+        common(&mut cli);
+        let out = cli.args(["-P", &port, "127.0.0.1"]).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            return parse_fi_pingpong(&text, size)
+                .ok_or_else(|| anyhow::anyhow!("fi_pingpong printed no result line: {text}"));
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "fi_pingpong -p {provider}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `size` as fabtests print it: whole kilo-, mega- or gigabytes (of 1024)
+/// with a suffix, or plain bytes.
+fn fabtests_size(size: u32) -> String {
+    for (unit, suffix) in [(1u32 << 30, 'g'), (1 << 20, 'm'), (1 << 10, 'k')] {
+        if size >= unit {
+            return format!("{}{suffix}", size / unit);
+        }
+    }
+    size.to_string()
+}
+
+/// The round trip (2 x usec/xfer) in fi_pingpong's result line for `size`.
+fn parse_fi_pingpong(text: &str, size: u32) -> Option<f64> {
+    let label = fabtests_size(size);
+    text.lines().find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        (cols.len() >= 8 && cols[0] == label)
+            .then(|| cols[6].parse::<f64>().ok())
+            .flatten()
+            .map(|us| 2.0 * us)
+    })
+}
+
+/// sockperf's median round trip over TCP on loopback, in microseconds
+/// (messages of at least its 14-byte header).
+fn sockperf(size: u32) -> anyhow::Result<f64> {
+    let port = free_port()?.to_string();
+    let _server = Server(
+        Command::new("sockperf")
+            .args(["sr", "--tcp", "-i", "127.0.0.1", "-p", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new("sockperf")
+            .args([
+                "pp",
+                "--tcp",
+                "--full-rtt",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-t",
+                "1",
+                "-m",
+            ])
+            .arg(size.max(14).to_string())
+            .output()?;
+        // Its report goes to either stream, depending on the version.
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if let Some(v) = parse_sockperf(&text) {
+            return Ok(v);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "sockperf printed no median: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The 50th percentile in sockperf's report.
+fn parse_sockperf(text: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.split("percentile 50.000 =").nth(1)?;
+        rest.trim().parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_reports_parse() {
+        let fi = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+                  8       2k      =2k      31k         0.01s      3.19       2.50       0.40\n";
+        assert_eq!(parse_fi_pingpong(fi, 8), Some(5.0));
+        assert_eq!(parse_fi_pingpong(fi, 16), None);
+        let big = "64k     300     =300     37m         0.08s    465.87     140.67       0.01\n";
+        assert_eq!(parse_fi_pingpong(big, 65536), Some(281.34));
+        assert_eq!(fabtests_size(1 << 20), "1m");
+        let sp = "sockperf: ---> percentile 75.000 =   18.288\n\
+                  sockperf: ---> percentile 50.000 =   12.197\n";
+        assert_eq!(parse_sockperf(sp), Some(12.197));
+        assert_eq!(parse_sockperf("nothing"), None);
+    }
+}
