@@ -906,6 +906,13 @@ struct BenchArgs {
     /// message, so the run must fail: a check that the checks run.
     #[arg(long, value_name = "N")]
     corrupt_at: Option<u64>,
+    /// pingpong and stream: how payloads are touched. write+verify (the
+    /// default): the sender writes every byte of every message and the
+    /// receiver checks every byte. write: the sender writes, the receiver
+    /// does not read. none: neither (the transfer alone, as fabtests by
+    /// default). Every result line says which ran.
+    #[arg(long, value_enum, default_value = "write+verify")]
+    payload: crate::bench::payload::Touch,
     /// compare: interleaved rounds (each peer once per round).
     #[arg(long, default_value_t = 5, value_name = "N")]
     rounds: u32,
@@ -2366,6 +2373,10 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.workload == Workload::Compare {
         return run_compare(&a, &dir, &scratch);
     }
+    anyhow::ensure!(
+        a.corrupt_at.is_none() || a.payload == crate::bench::payload::Touch::WriteVerify,
+        "--corrupt-at needs --payload write+verify: only a receiver that checks can catch the flipped byte"
+    );
     if !a.json {
         print_header();
     }
@@ -2386,6 +2397,7 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
                 mode: a.mode,
                 corrupt_at: a.corrupt_at,
                 nodes: a.nodes,
+                payload: a.payload,
             };
             let progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
             if progress {

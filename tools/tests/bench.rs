@@ -325,3 +325,34 @@ fn compare_runs_ulnic_beside_the_baselines_and_debians_peers() {
     // ulnic against itself, round by round.
     assert_eq!(rows[0]["ulnic_ratio"], 1.0);
 }
+
+#[test]
+fn payload_touching_is_an_option_and_every_line_says_which_ran() {
+    for touch in ["none", "write", "write+verify"] {
+        let lines = bench_json(&[
+            "bench",
+            "pingpong",
+            "--size",
+            "4096",
+            "--iters",
+            "100",
+            "--transport",
+            "ulnic,shm",
+            "--payload",
+            touch,
+            "--json",
+        ]);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        for l in &lines {
+            assert_eq!(l["payload"], touch, "{l}");
+            assert_latency_line(l, 100);
+        }
+    }
+    // Only a checking receiver can catch a flipped byte: refused otherwise.
+    let o = Command::new(env!("CARGO_BIN_EXE_ulnic"))
+        .args(["bench", "stream", "--payload", "write", "--corrupt-at", "3"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--payload write+verify"));
+}

@@ -219,6 +219,7 @@ fn measure(
                 mode: Mode::Poll,
                 corrupt_at: None,
                 nodes: (0, 1),
+                payload: super::payload::Touch::WriteVerify,
             };
             let r: Record = run_one(&spec, ulnic_dir, scratch)?;
             match workload {

@@ -4,6 +4,33 @@
 
 use std::io;
 
+/// How much of each payload the message benchmarks touch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+pub enum Touch {
+    /// Neither side touches payloads: the transfer alone (as fabtests do
+    /// by default).
+    None,
+    /// The sender writes every byte of every message; the receiver does
+    /// not read them.
+    Write,
+    /// The sender writes every byte and the receiver checks every byte; a
+    /// wrong byte fails the run (the default).
+    #[default]
+    #[value(name = "write+verify")]
+    WriteVerify,
+}
+
+impl Touch {
+    /// As result lines and `--payload` spell it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Touch::None => "none",
+            Touch::Write => "write",
+            Touch::WriteVerify => "write+verify",
+        }
+    }
+}
+
 /// Writes every byte of a message with a value derived from its number.
 pub(crate) fn fill_bytes(buf: &mut [u8], seq: u64) {
     let b = seq as u8;
