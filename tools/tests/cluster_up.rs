@@ -48,11 +48,11 @@ fn json(o: &Output) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
-/// Takes the cluster down however the test ends.
-struct Down;
+/// Takes cluster `.0` down however the test ends.
+struct Down(String);
 impl Drop for Down {
     fn drop(&mut self) {
-        let _ = ulnic(&["cluster", "down", "--name", &name()]);
+        let _ = ulnic(&["cluster", "down", "--name", &self.0]);
     }
 }
 
@@ -134,7 +134,7 @@ fn stream(count: u32, size: u32, recv_extra: &str, send_extra: &str) -> (Output,
 #[test]
 fn persistent_cluster_exec_put_stream_kill_reboot() {
     let n = name();
-    let _down = Down;
+    let _down = Down(n.clone());
     let up = ulnic(&[
         "cluster", "up", "--nodes", "2", "--accel", "tcg", "--name", &n, "--json",
     ]);
@@ -421,13 +421,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     // (In this test, not beside it: two clusters at once are too much for
     // 2 cores under TCG.)
     let n = format!("{n}-devices");
-    struct DownToo(String);
-    impl Drop for DownToo {
-        fn drop(&mut self) {
-            let _ = ulnic(&["cluster", "down", "--name", &self.0]);
-        }
-    }
-    let _down_too = DownToo(n.clone());
+    let _down_too = Down(n.clone());
     let up = ulnic(&[
         "cluster",
         "up",

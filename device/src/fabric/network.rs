@@ -151,6 +151,8 @@ pub struct Network {
     /// Per node: packets its NIC makes itself (mapper probes and routes,
     /// answers to probes), sent before the transport's.
     nic_out: Vec<VecDeque<Packet>>,
+    /// Packets in `nic_out`, all nodes: `busy` asks every pass.
+    nic_waiting: usize,
     /// The mapper, on the device serving its node.
     mapper: Option<Mapper>,
     /// The smallest MTU of any link: a channel's packet size when routes
@@ -179,44 +181,47 @@ const MAX_NIC_BACKLOG: usize = 4096;
 /// Payload bytes of one `ROUTES` packet: fits the smallest MTU.
 const ROUTES_ROOM: usize = 240;
 
-/// The lanes a packet from `src` along `route` crosses.
+/// The lanes a packet leaving by lane `first` along `route` crosses
+/// (`entry`: where each lane enters a switch).
 fn lanes_along(
     switches: &[SwitchState],
-    host_out: usize,
-    far: &[Option<(usize, u8)>],
+    first: usize,
+    entry: &[Option<(usize, u8)>],
     route: &Route,
 ) -> Vec<usize> {
-    let mut lanes = vec![host_out];
+    let mut lanes = vec![first];
+    let mut at = first;
     for &port in route.ports() {
-        let Some((s, _)) = far[*lanes.last().unwrap_or(&host_out)] else {
+        let Some((s, _)) = entry[at] else {
             break;
         };
         match switches[s].out.get(usize::from(port)) {
-            Some(&l) => lanes.push(l),
+            Some(&l) => {
+                lanes.push(l);
+                at = l;
+            }
             None => break,
         }
     }
     lanes
 }
 
-/// The MTU of `key`'s path (its smallest link MTU; the fabric's smallest
-/// when a mapper may change routes) and the round trip of a full-size
-/// packet there and back when the links are idle.
-fn path_shape(net: &Network, key: &ChannelKey) -> (u32, Nanos) {
-    let route = net.tables[key.src as usize]
-        .get(key.dst as usize)
-        .copied()
-        .flatten()
-        .unwrap_or_default();
-    let path = lanes_along(
-        &net.switches,
-        net.host_out[key.src as usize],
-        &net.lane_entry,
-        &route,
-    );
-    let lanes = &net.lanes;
-    let mtu = if net.config.mapping.is_some() {
-        net.min_mtu
+/// The MTU of a path from lane `first` along `route` (its smallest link
+/// MTU, or `fixed_mtu` when a mapper may change routes under a channel)
+/// and the round trip of a full-size packet there and back when the links
+/// are idle. Takes the network's parts, so the transport can ask for it
+/// while it is borrowed.
+fn path_shape(
+    switches: &[SwitchState],
+    entry: &[Option<(usize, u8)>],
+    lanes: &[Lane],
+    first: usize,
+    route: Option<Route>,
+    fixed_mtu: Option<u32>,
+) -> (u32, Nanos) {
+    let path = lanes_along(switches, first, entry, &route.unwrap_or_default());
+    let mtu = if let Some(m) = fixed_mtu {
+        m
     } else {
         path.iter()
             .map(|&l| lanes[l].params().mtu)
@@ -382,6 +387,7 @@ impl Network {
             table_generation: vec![0; nodes],
             lane_entry,
             nic_out: vec![VecDeque::new(); nodes],
+            nic_waiting: 0,
             mapper,
             min_mtu,
             lanes,
@@ -459,9 +465,16 @@ impl Network {
     /// and that the destination is another node.
     pub fn submit(&mut self, key: ChannelKey, msg: Message) {
         let now = self.now();
-        let shape = (!self.transport.has_channel(&key)).then(|| path_shape(self, &key));
-        self.transport
-            .submit(key, msg, now, || shape.unwrap_or((self.min_mtu, 0)));
+        let route = self.tables[key.src as usize]
+            .get(key.dst as usize)
+            .copied()
+            .flatten();
+        let fixed_mtu = self.config.mapping.map(|_| self.min_mtu);
+        let first = self.host_out[key.src as usize];
+        let (switches, entry, lanes) = (&self.switches, &self.lane_entry, &self.lanes);
+        self.transport.submit(key, msg, now, || {
+            path_shape(switches, entry, lanes, first, route, fixed_mtu)
+        });
     }
 
     /// The one-way delays (the transport taking a message to its
@@ -491,9 +504,7 @@ impl Network {
     /// Whether anything is in flight: a packet on a link, a message not
     /// yet acknowledged, a packet a NIC made waiting to leave.
     pub fn busy(&self) -> bool {
-        self.transport.busy()
-            || self.lanes.iter().any(Lane::busy)
-            || self.nic_out.iter().any(|q| !q.is_empty())
+        self.transport.busy() || self.lanes.iter().any(Lane::busy) || self.nic_waiting > 0
     }
 
     /// How long until something is due (a packet arrives, a timer fires,
@@ -575,7 +586,10 @@ impl Network {
                     break;
                 }
                 let p = match self.nic_out[n].pop_front() {
-                    Some(p) => p,
+                    Some(p) => {
+                        self.nic_waiting -= 1;
+                        p
+                    }
                     None => {
                         let Some(mut p) = self.transport.next_packet(n as u32, now) else {
                             break;
@@ -606,6 +620,7 @@ impl Network {
         if let Some(q) = self.nic_out.get_mut(n as usize) {
             if q.len() < MAX_NIC_BACKLOG {
                 q.push_back(p);
+                self.nic_waiting += 1;
             }
         }
     }
@@ -1071,7 +1086,9 @@ mod tests {
         assert_eq!(sink.delivered, [(0, 2, 2)]);
     }
 
-    fn mapped(topology: Topology, interval: Duration) -> Network {
+    /// A network on `topology` routed by a mapper on `mapper` with quick
+    /// probes (2 ms, `tries` each).
+    fn mapped(topology: Topology, interval: Duration, mapper: u32, tries: u32) -> Network {
         Network::new(FabricConfig {
             topology,
             seed: 7,
@@ -1081,10 +1098,10 @@ mod tests {
             },
             span: None,
             mapping: Some(MappingConfig {
-                mapper: 0,
+                mapper,
                 interval,
                 probe_timeout: Duration::from_millis(2),
-                probe_tries: 2,
+                probe_tries: tries,
             }),
         })
         .unwrap()
@@ -1106,7 +1123,7 @@ mod tests {
     #[test]
     fn after_a_link_fails_the_mapper_reroutes_and_nothing_is_lost() {
         let topo = crate::fabric::topology::testing::ring();
-        let mut net = mapped(topo.clone(), Duration::from_millis(10));
+        let mut net = mapped(topo.clone(), Duration::from_millis(10), 0, 2);
         let mut sink = Count::default();
         run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
         let first = net.last_map().unwrap().clone();
@@ -1168,19 +1185,7 @@ mod tests {
         for l in 0..topo.links().len() {
             topo.set_faults(l, faults).unwrap();
         }
-        let mut net = Network::new(FabricConfig {
-            topology: topo.clone(),
-            seed: 11,
-            transport: TransportConfig::default(),
-            span: None,
-            mapping: Some(MappingConfig {
-                mapper: 2,
-                interval: Duration::from_secs(60),
-                probe_timeout: Duration::from_millis(2),
-                probe_tries: 12,
-            }),
-        })
-        .unwrap();
+        let mut net = mapped(topo.clone(), Duration::from_secs(60), 2, 12);
         let mut sink = Count::default();
         run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
         let map = net.last_map().unwrap().clone();
@@ -1222,7 +1227,7 @@ mod tests {
             hosts in proptest::collection::vec(0usize..7, 2..6),
         ) {
             let topo = crate::fabric::topology::testing::random(switches, &tree, &extra, &hosts);
-            let mut net = mapped(topo.clone(), Duration::from_secs(60));
+            let mut net = mapped(topo.clone(), Duration::from_secs(60), 0, 2);
             let mut sink = Count::default();
             run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
             let map = net.last_map().unwrap().clone();

@@ -332,11 +332,6 @@ impl Transport {
         window && budget
     }
 
-    /// Whether channel `key` exists (its path was measured when made).
-    pub fn has_channel(&self, key: &ChannelKey) -> bool {
-        self.send.contains_key(key)
-    }
-
     /// Takes a message for channel `key` at `now`. `path` gives the MTU of
     /// its path and the round trip when idle; it is asked only when the
     /// channel is new. The caller checked `has_room`.
@@ -508,9 +503,10 @@ impl Transport {
             // The timer runs from a message's last fragment: a message of
             // many packets may take longer to leave (credits, a slow link,
             // a slow host) than a round trip, and must not time out while
-            // it leaves.
-            let d = now + c.timeout;
-            if whole && c.deadline.is_none_or(|t| t < d) {
+            // it leaves. Once running it times the oldest message, as an
+            // ACK restarts it (one timer entry per window, not per message).
+            if whole && c.deadline.is_none() {
+                let d = now + c.timeout;
                 c.deadline = Some(d);
                 self.timers.push(Reverse((d, key)));
             }

@@ -12,12 +12,13 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
+use ulnic_device::fabric::network::FabricConfig;
 
 /// One line of a hostfile: `HOST [slots=N] [address=IP]` (MPI's form);
 /// `#` starts a comment.
@@ -219,16 +220,14 @@ pub fn up(o: &UpOptions, say: &mut dyn FnMut(&str)) -> anyhow::Result<Vec<Member
     let nodes = config.topology.nodes();
     let mut members = Vec::new();
     for (k, (name, addr)) in span.members.iter().enumerate() {
-        let served: Vec<u32> = (0..nodes)
-            .filter(|&n| span.switch_owner.get(config.topology.attachment(n).1) == Some(&k))
-            .collect();
+        let served = served_by(&config, k);
         // A slot on this machine is started here, without ssh.
         let host = match slots.get(k) {
             Some(h) if !is_local(h.address.map_or_else(|| resolve(&h.name), Ok)?) => Some(*h),
             _ => None,
         };
         let log = o.dir.join(format!("{name}.log"));
-        let args = device_args(o, name, nodes, &topo_path, &key_path);
+        let args = device_args(o.endpoints, &o.dir, name, nodes, &topo_path, &key_path);
         if o.dry_run {
             let cmd = shlex::try_join(args.iter().map(String::as_str))?;
             match host {
@@ -245,7 +244,7 @@ pub fn up(o: &UpOptions, say: &mut dyn FnMut(&str)) -> anyhow::Result<Vec<Member
             host.map_or("this host", |h| h.name.as_str())
         ));
         let pid = match host {
-            None => start_here(&args, &log)?,
+            None => spawn_here(&args, &log, Lifetime::Detached)?.id(),
             Some(h) => start_remote(o, &h.name, &args, &log, &text, &key)?,
         };
         members.push(Member {
@@ -264,7 +263,7 @@ pub fn up(o: &UpOptions, say: &mut dyn FnMut(&str)) -> anyhow::Result<Vec<Member
         return Ok(members);
     }
     for m in &members {
-        wait_up(o, m).map_err(|e| {
+        wait_up(&o.dir, &o.ssh, m).map_err(|e| {
             anyhow::anyhow!(
                 "{e:#}\n(the members started are still running: `ulnic fabric down --dir {}`)",
                 o.dir.display()
@@ -301,14 +300,32 @@ fn fresh_key(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(key)
 }
 
-/// The arguments of `ulnic device` for member `name`.
-fn device_args(o: &UpOptions, name: &str, nodes: u32, topo: &Path, key: &Path) -> Vec<String> {
+/// The nodes member `k` of `config`'s span serves.
+fn served_by(config: &FabricConfig, k: usize) -> Vec<u32> {
+    let Some(span) = &config.span else {
+        return Vec::new();
+    };
+    let topo = &config.topology;
+    (0..topo.nodes())
+        .filter(|&n| span.switch_owner.get(topo.attachment(n).1) == Some(&k))
+        .collect()
+}
+
+/// The arguments of `ulnic device` for member `name`, sockets in `dir`.
+fn device_args(
+    endpoints: u32,
+    dir: &Path,
+    name: &str,
+    nodes: u32,
+    topo: &Path,
+    key: &Path,
+) -> Vec<String> {
     vec![
         "device".into(),
         "--nodes".into(),
         nodes.to_string(),
         "--endpoints".into(),
-        o.endpoints.to_string(),
+        endpoints.to_string(),
         "--topology".into(),
         topo.display().to_string(),
         "--member".into(),
@@ -316,13 +333,21 @@ fn device_args(o: &UpOptions, name: &str, nodes: u32, topo: &Path, key: &Path) -
         "--key-file".into(),
         key.display().to_string(),
         "--socket-dir".into(),
-        o.dir.display().to_string(),
+        dir.display().to_string(),
     ]
 }
 
-/// Starts `ulnic device` here, in a session of its own (it outlives this
-/// command), its output in `log`.
-fn start_here(args: &[String], log: &Path) -> anyhow::Result<u32> {
+/// How long a member started here lives.
+#[derive(Clone, Copy)]
+enum Lifetime {
+    /// In a session of its own: it outlives the command (`fabric up`).
+    Detached,
+    /// Killed when the thread that started it ends (a cluster's members).
+    TiedToParent,
+}
+
+/// Starts `ulnic device ARGS` here, its output in `log`.
+fn spawn_here(args: &[String], log: &Path, life: Lifetime) -> anyhow::Result<Child> {
     let out =
         std::fs::File::create(log).with_context(|| format!("cannot write {}", log.display()))?;
     let mut cmd = Command::new(std::env::current_exe()?);
@@ -330,22 +355,29 @@ fn start_here(args: &[String], log: &Path) -> anyhow::Result<u32> {
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
-    // SAFETY: setsid is async-signal-safe; it detaches the device from this
-    // command's session so it keeps running after the command exits.
+    // SAFETY: setsid and prctl are async-signal-safe and touch no memory
+    // of the parent.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
+        cmd.pre_exec(move || {
+            match life {
+                Lifetime::Detached => {
+                    libc::setsid();
+                }
+                Lifetime::TiedToParent => {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                }
+            }
             Ok(())
         });
     }
-    let child = cmd.spawn().context("cannot start ulnic device")?;
-    Ok(child.id())
+    cmd.spawn().context("cannot start ulnic device")
 }
 
-/// The ssh command line for `host`, running `remote` (a shell command).
-fn ssh(o: &UpOptions, host: &str, remote: &str) -> anyhow::Result<Command> {
+/// The ssh command line (`ssh_cmd`, split like a shell would) for `host`,
+/// running `remote` (a shell command).
+fn ssh(ssh_cmd: &str, host: &str, remote: &str) -> anyhow::Result<Command> {
     let words =
-        shlex::split(&o.ssh).with_context(|| format!("--ssh '{}' does not parse", o.ssh))?;
+        shlex::split(ssh_cmd).with_context(|| format!("--ssh '{ssh_cmd}' does not parse"))?;
     let (prog, rest) = words.split_first().context("--ssh is empty")?;
     let mut cmd = Command::new(prog);
     cmd.args(rest).arg(host).arg(remote);
@@ -353,13 +385,13 @@ fn ssh(o: &UpOptions, host: &str, remote: &str) -> anyhow::Result<Command> {
 }
 
 /// Runs `remote` on `host` with `input` on its stdin; its stdout.
-fn ssh_run(o: &UpOptions, host: &str, remote: &str, input: &[u8]) -> anyhow::Result<String> {
-    let mut child = ssh(o, host, remote)?
+fn ssh_run(ssh_cmd: &str, host: &str, remote: &str, input: &[u8]) -> anyhow::Result<String> {
+    let mut child = ssh(ssh_cmd, host, remote)?
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("cannot run {}", o.ssh))?;
+        .with_context(|| format!("cannot run {ssh_cmd}"))?;
     if let Some(mut i) = child.stdin.take() {
         i.write_all(input)?;
     }
@@ -386,13 +418,13 @@ fn start_remote(
     let q = |p: &Path| shlex::try_quote(&p.display().to_string()).map(|s| s.into_owned());
     let dir = q(&o.dir)?;
     ssh_run(
-        o,
+        &o.ssh,
         host,
         &format!("mkdir -p {dir} && cat > {}", q(&o.dir.join("fabric.toml"))?),
         topology.as_bytes(),
     )?;
     ssh_run(
-        o,
+        &o.ssh,
         host,
         &format!("umask 077 && cat > {}", q(&o.dir.join("fabric.key"))?),
         key,
@@ -401,7 +433,7 @@ fn start_remote(
         std::iter::once(o.remote_ulnic.as_str()).chain(args.iter().map(String::as_str)),
     )?;
     let out = ssh_run(
-        o,
+        &o.ssh,
         host,
         &format!("setsid {cmd} > {} 2>&1 < /dev/null & echo $!", q(log)?),
         &[],
@@ -414,16 +446,24 @@ fn start_remote(
     })
 }
 
-/// Waits (30 s at most) for member `m`'s control socket.
-fn wait_up(o: &UpOptions, m: &Member) -> anyhow::Result<()> {
-    let sock = crate::control::socket_path(&o.dir, Some(&m.name));
+/// Waits (30 s at most) for member `m`'s control socket in `dir` (on its
+/// host, through `ssh_cmd`).
+fn wait_up(dir: &Path, ssh_cmd: &str, m: &Member) -> anyhow::Result<()> {
+    let sock = crate::control::socket_path(dir, Some(&m.name));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let up = match &m.host {
             None => sock.exists(),
             Some(h) => {
                 let q = shlex::try_quote(&sock.display().to_string())?.into_owned();
-                ssh_run(o, h, &format!("test -S {q} && echo up || echo down"), &[])?.trim() == "up"
+                ssh_run(
+                    ssh_cmd,
+                    h,
+                    &format!("test -S {q} && echo up || echo down"),
+                    &[],
+                )?
+                .trim()
+                    == "up"
             }
         };
         if up {
@@ -454,18 +494,6 @@ pub fn down(dir: &Path, ssh_cmd: &str, say: &mut dyn FnMut(&str)) -> anyhow::Res
             )
         })?)
         .with_context(|| format!("{} is damaged", path.display()))?;
-    let o = UpOptions {
-        dir: dir.to_path_buf(),
-        topology: None,
-        nodes: 0,
-        devices: 0,
-        hosts: Vec::new(),
-        ssh: ssh_cmd.to_string(),
-        remote_ulnic: String::new(),
-        port: 0,
-        endpoints: 0,
-        dry_run: false,
-    };
     let mut failed = Vec::new();
     for m in &members {
         let r = match &m.host {
@@ -483,9 +511,13 @@ pub fn down(dir: &Path, ssh_cmd: &str, say: &mut dyn FnMut(&str)) -> anyhow::Res
                     ))
                 }
             }
-            Some(h) => {
-                ssh_run(&o, h, &format!("kill {} 2>/dev/null; true", m.pid), &[]).map(|_| ())
-            }
+            Some(h) => ssh_run(
+                ssh_cmd,
+                h,
+                &format!("kill {} 2>/dev/null; true", m.pid),
+                &[],
+            )
+            .map(|_| ()),
         };
         match r {
             Ok(()) => say(&format!("member {}: stopped", m.name)),
@@ -527,54 +559,28 @@ impl LocalMembers {
             .span
             .as_ref()
             .context("a star has [[device]] entries")?;
-        let o = UpOptions {
-            dir: dir.to_path_buf(),
-            topology: None,
-            nodes,
-            devices,
-            hosts: Vec::new(),
-            ssh: String::new(),
-            remote_ulnic: String::new(),
-            port: 0,
-            endpoints,
-            dry_run: false,
-        };
         let mut started = LocalMembers {
             children: Vec::new(),
             members: Vec::new(),
         };
         for (k, (name, addr)) in span.members.iter().enumerate() {
             let log = dir.join(format!("{name}.log"));
-            let out = std::fs::File::create(&log)?;
-            let mut cmd = Command::new(std::env::current_exe()?);
-            cmd.args(device_args(&o, name, nodes, &topo, &key))
-                .stdin(Stdio::null())
-                .stdout(out.try_clone()?)
-                .stderr(out);
-            // SAFETY: prctl is async-signal-safe; the member dies with the
-            // thread that started it (this process's main thread, which
-            // lives as long as the run).
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-            let child = cmd.spawn().context("cannot start ulnic device")?;
+            let args = device_args(endpoints, dir, name, nodes, &topo, &key);
+            // Tied to the thread that started it: the run's (or the
+            // supervisor's) main thread, which lives as long as the guests.
+            let child = spawn_here(&args, &log, Lifetime::TiedToParent)?;
             started.members.push(Member {
                 name: name.clone(),
                 host: None,
                 address: addr.to_string(),
-                nodes: (0..nodes)
-                    .filter(|&n| span.switch_owner.get(config.topology.attachment(n).1) == Some(&k))
-                    .collect(),
+                nodes: served_by(&config, k),
                 pid: child.id(),
                 log,
             });
             started.children.push(child);
         }
         for m in &started.members {
-            wait_up(&o, m)?;
+            wait_up(dir, "", m)?;
         }
         Ok(started)
     }
