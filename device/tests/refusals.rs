@@ -25,7 +25,7 @@ fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
     let aperture = read_le32(&cookie, 4);
     hw.command(cmd::SET_TRIPWIRE, &tripwire_payload(ep, aperture))
         .unwrap();
-    (pd, ep, aperture, raw.create.encode().to_vec())
+    (pd.id, ep, aperture, raw.create.encode().to_vec())
 }
 
 fn export_payload(ep: u32) -> Vec<u8> {
@@ -100,10 +100,11 @@ fn refused_commands_of_every_kind_change_nothing() {
     export_buffer.extend_from_slice(&[0; 8]);
     let mut clear = ep.to_le_bytes().to_vec();
     clear.extend_from_slice(&0u32.to_le_bytes());
+    let doorbell_bits = hw.memory().alloc(4096).unwrap().gpa.to_le_bytes().to_vec();
     // Every command, each valid as written (the device would run it).
     let commands: Vec<(u32, Vec<u8>)> = vec![
         (cmd::GET_INFO, vec![]),
-        (cmd::CREATE_PD, vec![]),
+        (cmd::CREATE_PD, doorbell_bits.clone()),
         (cmd::DESTROY_PD, pd.to_le_bytes().to_vec()),
         (cmd::CREATE_ENDPOINT, create.clone()),
         (cmd::DESTROY_ENDPOINT, ep.to_le_bytes().to_vec()),
@@ -186,7 +187,10 @@ fn refused_commands_of_every_kind_change_nothing() {
     // The endpoint's counters too (GET_STATS itself changes none).
     assert_eq!(stats(&hw), stats_before);
     // And the same commands, well formed, still work.
-    assert_eq!(status_of(hw.command(cmd::CREATE_PD, &[])), status::OK);
+    assert_eq!(
+        status_of(hw.command(cmd::CREATE_PD, &doorbell_bits)),
+        status::OK
+    );
     assert_eq!(counts(&dev, 0).pds, 2);
 }
 
@@ -199,7 +203,7 @@ fn features_not_accepted_are_refused() {
         HostAttach::connect_accepting(&common::socket(&dev, 0), memory, ulnic_abi::F_MESSAGING)
             .unwrap();
     let pd = create_pd(&hw);
-    let mut table = pd.to_le_bytes().to_vec();
+    let mut table = pd.id.to_le_bytes().to_vec();
     table.extend_from_slice(&8u32.to_le_bytes());
     table.extend_from_slice(&0x1000u64.to_le_bytes());
     assert_eq!(

@@ -86,10 +86,13 @@ struct ulnic {
 	unsigned long notifications;
 
 	/*
-	 * Physical address of each endpoint's doorbell page (page-per-vq), or
-	 * 0 when doorbells share pages and cannot be given to one process.
+	 * Physical address of each doorbell queue's page (page-per-vq), by
+	 * doorbell slot, or 0 when doorbells share pages and cannot be given
+	 * to one process.
 	 */
-	phys_addr_t *doorbell_pa;
+	phys_addr_t doorbell_pa[ULNIC_DOORBELL_QUEUES];
+	/* Notification buffers posted (at most one per endpoint). */
+	unsigned int notify_count;
 	/*
 	 * Where doorbell pages are mapped (the device node's address space,
 	 * set by the first doorbell mmap), so that remove() can revoke them:
@@ -118,6 +121,9 @@ struct ulnic_utlb {
 struct ulnic_file {
 	struct ulnic *u;
 	u32 pd;
+	/* The domain's doorbell queue and bitmap (spec 5.8). */
+	u32 doorbell_queue;
+	unsigned long *doorbell_bits;	/* one zeroed page */
 	struct mutex lock;
 	struct ulnic_ep **eps;	/* by endpoint id */
 	struct ulnic_utlb utlb;	/* under lock */
@@ -143,8 +149,7 @@ static void ulnic_release_dev(struct kref *ref)
 {
 	struct ulnic *u = container_of(ref, struct ulnic, ref);
 
-	kfree(u->owners);
-	kfree(u->doorbell_pa);
+	kvfree(u->owners);
 	bitmap_free(u->notified);
 	kfree(u->notify_bufs);
 	kfree(u->cmd_buf);
@@ -318,25 +323,36 @@ static int ulnic_open(struct inode *inode, struct file *f)
 {
 	struct ulnic *u = container_of(f->private_data, struct ulnic, misc);
 	struct ulnic_file *uf;
-	struct ulnic_object_id pd;
+	struct ulnic_create_pd req;
+	struct ulnic_pd_created pd;
 	u32 status = 0;
 	int err;
 
 	uf = kzalloc(sizeof(*uf), GFP_KERNEL);
 	if (!uf)
 		return -ENOMEM;
-	uf->eps = kcalloc(u->endpoints, sizeof(*uf->eps), GFP_KERNEL);
-	if (!uf->eps) {
+	uf->eps = kvcalloc(u->endpoints, sizeof(*uf->eps), GFP_KERNEL);
+	uf->doorbell_bits = (unsigned long *)get_zeroed_page(GFP_KERNEL);
+	if (!uf->eps || !uf->doorbell_bits) {
 		err = -ENOMEM;
 		goto err_free;
 	}
-	err = ulnic_command(u, ULNIC_CMD_CREATE_PD, NULL, 0, &pd, sizeof(pd),
-			    &status);
+	req.doorbell_gpa = cpu_to_le64(virt_to_phys(uf->doorbell_bits));
+	err = ulnic_command(u, ULNIC_CMD_CREATE_PD, &req, sizeof(req), &pd,
+			    sizeof(pd), &status);
 	if (err < (int)sizeof(pd)) {
+		/* Refused or unanswered: the device may hold the page. */
+		if (err == -ETIMEDOUT || err == -EIO)
+			uf->doorbell_bits = NULL;
 		err = err < 0 ? err : -EPROTO;
 		goto err_free;
 	}
 	uf->pd = le32_to_cpu(pd.id);
+	uf->doorbell_queue = le32_to_cpu(pd.doorbell_queue);
+	/* The device names the queue; trust only doorbell queues we have. */
+	if (uf->doorbell_queue < ULNIC_FIRST_DOORBELL_QUEUE ||
+	    uf->doorbell_queue >= u->nvqs)
+		uf->doorbell_queue = 0;
 	uf->u = u;
 	mutex_init(&uf->lock);
 	kref_get(&u->ref);
@@ -344,7 +360,9 @@ static int ulnic_open(struct inode *inode, struct file *f)
 	return 0;
 
 err_free:
-	kfree(uf->eps);
+	if (uf->doorbell_bits)
+		free_page((unsigned long)uf->doorbell_bits);
+	kvfree(uf->eps);
 	kfree(uf);
 	return err;
 }
@@ -409,10 +427,12 @@ static int ulnic_release(struct inode *inode, struct file *f)
 		if (err >= 0 || !READ_ONCE(u->vdev))
 			ulnic_free_ep(u, uf->eps[i]);
 	}
-	/* Same rule for the table and the pages it pins. */
-	if (err >= 0 || !READ_ONCE(u->vdev))
+	/* Same rule for the table, the pages it pins and the doorbell bitmap. */
+	if (err >= 0 || !READ_ONCE(u->vdev)) {
 		ulnic_utlb_free(&uf->utlb);
-	kfree(uf->eps);
+		free_page((unsigned long)uf->doorbell_bits);
+	}
+	kvfree(uf->eps);
 	kfree(uf);
 	kref_put(&u->ref, ulnic_release_dev);
 	return 0;
@@ -817,11 +837,13 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 			return -EFAULT;
 		if (!ulnic_owned(uf, id))
 			return -EPERM;
+		/* The endpoint's bit, then the domain's queue (spec 5.8). */
+		set_bit_le(id, uf->doorbell_bits);
 		/* remove() frees the queues under vq_sem held for writing. */
 		down_read(&u->vq_sem);
 		n = READ_ONCE(u->vdev) ? 0 : -ENODEV;
-		if (!n)
-			virtqueue_notify(u->vqs[ULNIC_FIRST_DOORBELL_QUEUE + id]);
+		if (!n && uf->doorbell_queue)
+			virtqueue_notify(u->vqs[uf->doorbell_queue]);
 		up_read(&u->vq_sem);
 		return n;
 	case ULNIC_IOC_WAIT:
@@ -835,18 +857,22 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	}
 }
 
+/* Endpoint mappings count against the endpoint; the file's doorbell
+ * pages have none (the open file outlives them). */
 static void ulnic_vma_open(struct vm_area_struct *vma)
 {
 	struct ulnic_ep *ep = vma->vm_private_data;
 
-	atomic_inc(&ep->maps);
+	if (ep)
+		atomic_inc(&ep->maps);
 }
 
 static void ulnic_vma_close(struct vm_area_struct *vma)
 {
 	struct ulnic_ep *ep = vma->vm_private_data;
 
-	atomic_dec(&ep->maps);
+	if (ep)
+		atomic_dec(&ep->maps);
 }
 
 /*
@@ -873,13 +899,57 @@ static const struct vm_operations_struct ulnic_vm_ops = {
 static void ulnic_revoke_doorbells(struct ulnic *u)
 {
 	struct address_space *mapping = READ_ONCE(u->mapping);
-	u32 i;
 
-	if (!mapping)
-		return;
-	for (i = 0; i < u->endpoints; i++)
-		unmap_mapping_range(mapping, ((loff_t)i << ULNIC_MMAP_ID_SHIFT) + ULNIC_MMAP_DOORBELL,
-				    PAGE_SIZE, 1);
+	/* Every file maps its doorbell at the same offset. */
+	if (mapping)
+		unmap_mapping_range(mapping, ULNIC_MMAP_DOORBELL, PAGE_SIZE, 1);
+}
+
+/*
+ * The file's doorbell page (@bits false) or doorbell bitmap page (@bits
+ * true): each file's own, and nothing else.
+ */
+static int ulnic_mmap_doorbell(struct file *f, struct vm_area_struct *vma,
+			       bool bits)
+{
+	struct ulnic_file *uf = f->private_data;
+	struct ulnic *u = uf->u;
+	u32 slot = uf->doorbell_queue - ULNIC_FIRST_DOORBELL_QUEUE;
+	phys_addr_t pa;
+	int err;
+
+	if (vma->vm_end - vma->vm_start != PAGE_SIZE)
+		return -EINVAL;
+	if (bits) {
+		vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY);
+		return remap_pfn_range(vma, vma->vm_start,
+				       virt_to_phys(uf->doorbell_bits) >> PAGE_SHIFT,
+				       PAGE_SIZE, vma->vm_page_prot);
+	}
+	pa = uf->doorbell_queue && slot < ULNIC_DOORBELL_QUEUES ?
+	     u->doorbell_pa[slot] : 0;
+	/*
+	 * Under vq_sem: remove() clears vdev under it for writing and
+	 * revokes afterwards, so a mapping made here is either refused or
+	 * complete before the revocation.
+	 */
+	down_read(&u->vq_sem);
+	if (!READ_ONCE(u->mapping))
+		cmpxchg(&u->mapping, NULL, f->f_mapping);
+	if (!pa || !READ_ONCE(u->vdev)) {
+		err = -ENODEV;
+	} else if (READ_ONCE(u->mapping) != f->f_mapping) {
+		/* Another device node for the same device: cannot revoke. */
+		err = -EINVAL;
+	} else {
+		vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP |
+				  VM_DONTCOPY);
+		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
+		err = io_remap_pfn_range(vma, vma->vm_start, pa >> PAGE_SHIFT,
+					 PAGE_SIZE, vma->vm_page_prot);
+	}
+	up_read(&u->vq_sem);
+	return err;
 }
 
 static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
@@ -893,6 +963,14 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 	/* The device writes what the user wrote: private copies make no sense. */
 	if (!(vma->vm_flags & VM_SHARED))
 		return -EINVAL;
+	if (off == ULNIC_MMAP_DOORBELL || off == ULNIC_MMAP_DOORBELL_BITS) {
+		err = ulnic_mmap_doorbell(f, vma, off == ULNIC_MMAP_DOORBELL_BITS);
+		if (!err) {
+			vma->vm_private_data = NULL;
+			vma->vm_ops = &ulnic_vm_ops;
+		}
+		return err;
+	}
 	mutex_lock(&uf->lock);
 	ep = ulnic_owned(uf, off >> ULNIC_MMAP_ID_SHIFT);
 	if (!ep) {
@@ -906,34 +984,6 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 		   len <= ep->seg_len) {
 		vm_flags_set(vma, VM_DONTCOPY);
 		err = remap_vmalloc_range(vma, ep->seg, 0);
-	} else if ((off & 0xffffffffULL) == ULNIC_MMAP_DOORBELL &&
-		   len == PAGE_SIZE) {
-		/* The endpoint's own doorbell page, and nothing else. */
-		struct ulnic *u = uf->u;
-		phys_addr_t pa = u->doorbell_pa ? u->doorbell_pa[ep->id] : 0;
-
-		/*
-		 * Under vq_sem: remove() clears vdev under it for writing and
-		 * revokes afterwards, so a mapping made here is either refused
-		 * or complete before the revocation.
-		 */
-		down_read(&u->vq_sem);
-		if (!READ_ONCE(u->mapping))
-			cmpxchg(&u->mapping, NULL, f->f_mapping);
-		if (!pa || !READ_ONCE(u->vdev)) {
-			err = -ENODEV;
-		} else if (READ_ONCE(u->mapping) != f->f_mapping) {
-			/* Another device node for the same device: cannot revoke. */
-			err = -EINVAL;
-		} else {
-			vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP |
-					  VM_DONTCOPY);
-			vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
-			err = io_remap_pfn_range(vma, vma->vm_start,
-						 pa >> PAGE_SHIFT, PAGE_SIZE,
-						 vma->vm_page_prot);
-		}
-		up_read(&u->vq_sem);
 	}
 	if (!err) {
 		vma->vm_private_data = ep;
@@ -981,7 +1031,7 @@ static int ulnic_find_vqs(struct ulnic *u)
 	unsigned int i;
 	int err;
 
-	u->nvqs = ULNIC_FIRST_DOORBELL_QUEUE + u->endpoints;
+	u->nvqs = ULNIC_QUEUE_COUNT;
 	u->vqs = kcalloc(u->nvqs, sizeof(*u->vqs), GFP_KERNEL);
 	info = kcalloc(u->nvqs, sizeof(*info), GFP_KERNEL);
 	if (!u->vqs || !info) {
@@ -1003,7 +1053,7 @@ out:
 
 /*
  * Finds each doorbell queue's notify address in the virtio PCI transport,
- * so an endpoint's doorbell page can be mapped into its owner alone. The
+ * so a domain's doorbell page can be mapped into its owner alone. The
  * virtio core keeps these addresses private, so they are read from the
  * device's own capabilities. Only when every doorbell has a page of its own
  * (page-per-vq); otherwise doorbells stay behind IOC_KICK.
@@ -1016,7 +1066,7 @@ static void ulnic_find_doorbells(struct ulnic *u)
 	u8 type, bar, cbar = 0, nbar = 0;
 	bool have_common = false, have_notify = false;
 	struct pci_dev *pdev;
-	unsigned int e;
+	unsigned int slot;
 	int pos;
 
 	if (!parent || !dev_is_pci(parent))
@@ -1048,20 +1098,17 @@ static void ulnic_find_doorbells(struct ulnic *u)
 	    mult < PAGE_SIZE || mult % PAGE_SIZE ||
 	    !PAGE_ALIGNED(pci_resource_start(pdev, nbar) + noff))
 		return;
-	u->doorbell_pa = kcalloc(u->endpoints, sizeof(*u->doorbell_pa), GFP_KERNEL);
-	if (!u->doorbell_pa)
-		return;
 	common = pci_iomap_range(pdev, cbar, coff, sizeof(*common));
 	if (!common)
 		return;
 	/* Queues are set up and idle: reading their notify offsets is safe. */
-	for (e = 0; e < u->endpoints; e++) {
+	for (slot = 0; slot < ULNIC_DOORBELL_QUEUES; slot++) {
 		u64 qoff;
 
-		iowrite16(ULNIC_FIRST_DOORBELL_QUEUE + e, &common->queue_select);
+		iowrite16(ULNIC_FIRST_DOORBELL_QUEUE + slot, &common->queue_select);
 		qoff = (u64)ioread16(&common->queue_notify_off) * mult;
 		if (qoff + PAGE_SIZE <= nlen)
-			u->doorbell_pa[e] = pci_resource_start(pdev, nbar) + noff + qoff;
+			u->doorbell_pa[slot] = pci_resource_start(pdev, nbar) + noff + qoff;
 	}
 	pci_iounmap(pdev, common);
 }
@@ -1082,9 +1129,11 @@ static int ulnic_probe(struct virtio_device *vdev)
 	virtio_cread_le(vdev, struct ulnic_config, magic, &magic);
 	virtio_cread_le(vdev, struct ulnic_config, version_major, &major);
 	virtio_cread_le(vdev, struct ulnic_config, version_minor, &minor);
-	if (magic != ULNIC_CONFIG_MAGIC || major != ULNIC_SPEC_VERSION_MAJOR) {
-		dev_err(&vdev->dev, "not a ulnic device of spec %u (magic %#x, version %u.%u)\n",
-			ULNIC_SPEC_VERSION_MAJOR, magic, major, minor);
+	/* Before 1.0 a minor version may change the wire (semver's rule). */
+	if (magic != ULNIC_CONFIG_MAGIC || major != ULNIC_SPEC_VERSION_MAJOR ||
+	    (ULNIC_SPEC_VERSION_MAJOR == 0 && minor != ULNIC_SPEC_VERSION_MINOR)) {
+		dev_err(&vdev->dev, "not a ulnic device of spec %u.%u (magic %#x, version %u.%u)\n",
+			ULNIC_SPEC_VERSION_MAJOR, ULNIC_SPEC_VERSION_MINOR, magic, major, minor);
 		return -ENODEV;
 	}
 
@@ -1111,7 +1160,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	u->cmd_buf = kzalloc(ULNIC_CMD_BUF_SIZE, GFP_KERNEL);
 	u->notify_bufs = kcalloc(u->endpoints, sizeof(*u->notify_bufs),
 				 GFP_KERNEL);
-	u->owners = kcalloc(u->endpoints, sizeof(*u->owners), GFP_KERNEL);
+	u->owners = kvcalloc(u->endpoints, sizeof(*u->owners), GFP_KERNEL);
 	u->notified = bitmap_zalloc(u->endpoints, GFP_KERNEL);
 	u->dummy = alloc_page(GFP_KERNEL | __GFP_ZERO);
 	if (!u->cmd_buf || !u->notify_bufs || !u->owners || !u->notified ||
@@ -1129,7 +1178,13 @@ static int ulnic_probe(struct virtio_device *vdev)
 	ulnic_find_doorbells(u);
 	virtio_device_ready(vdev);
 
-	for (i = 0; i < u->endpoints; i++) {
+	/*
+	 * One notification buffer per endpoint, as many as the queue holds:
+	 * the device keeps what finds no buffer until one comes (spec 6).
+	 */
+	u->notify_count = min(u->endpoints,
+			      virtqueue_get_vring_size(u->vqs[ULNIC_NOTIFY_QUEUE]));
+	for (i = 0; i < u->notify_count; i++) {
 		err = ulnic_post_notify(u, i);
 		if (err)
 			goto err_reset;
@@ -1160,7 +1215,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	dev_info(&vdev->dev,
 		 "ulnic: node %u of %u, %u endpoints, spec %u.%u, /dev/%s, doorbells %s\n",
 		 u->node, u->nodes, u->endpoints, major, minor, u->name,
-		 u->doorbell_pa && u->doorbell_pa[0] ? "mapped" : "by ioctl");
+		 u->doorbell_pa[0] ? "mapped" : "by ioctl");
 	return 0;
 
 err_ida:

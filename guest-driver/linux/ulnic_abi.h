@@ -34,6 +34,7 @@
 #define ULNIC_CTRL_BLOCK_SIZE 0x1000
 #define ULNIC_CTRL_CLOSE_MESSAGE 0x300
 #define ULNIC_CTRL_RING_OFFSET 0x1000
+#define ULNIC_DOORBELL_QUEUES 0x3e
 #define ULNIC_EVENT_SIZE 0x20
 #define ULNIC_FIRST_DOORBELL_QUEUE 0x2
 #define ULNIC_FREE_DESC_SIZE 0x20
@@ -47,25 +48,27 @@
 #define ULNIC_IOC_TYPE 0x55
 #define ULNIC_MAX_CMD_PAYLOAD 0x200
 #define ULNIC_MAX_CTRL_BYTES 0x400000
-#define ULNIC_MAX_ENDPOINTS_LIMIT 0x3e
+#define ULNIC_MAX_ENDPOINTS_LIMIT 0x1000
 #define ULNIC_MAX_MESSAGE 0x100000
 #define ULNIC_MAX_RING_ENTRIES 0x10000
 #define ULNIC_MAX_SEGMENT_BYTES 0x4000000
 #define ULNIC_MAX_SEGMENT_PAGES 0x40000
 #define ULNIC_MAX_UTLB_ENTRIES 0x100000
 #define ULNIC_MAX_UTLB_TABLE_BYTES 0x80000
-#define ULNIC_MMAP_DOORBELL 0x40000000
+#define ULNIC_MMAP_DOORBELL 0x1000000000000
+#define ULNIC_MMAP_DOORBELL_BITS 0x1000000001000
 #define ULNIC_MMAP_ID_SHIFT 0x20
 #define ULNIC_MMAP_SEGMENT 0x80000000
 #define ULNIC_NOTIFY_QUEUE 0x1
 #define ULNIC_NOTIFY_RECORD_SIZE 0x8
 #define ULNIC_PAGE_ENTRY_SIZE 0x8
 #define ULNIC_PAGE_SIZE 0x1000
+#define ULNIC_QUEUE_COUNT 0x40
 #define ULNIC_RECV_DESC_SIZE 0x80
 #define ULNIC_RESP_HEADER_SIZE 0x8
 #define ULNIC_SEND_DESC_SIZE 0x80
 #define ULNIC_SPEC_VERSION_MAJOR 0x0
-#define ULNIC_SPEC_VERSION_MINOR 0x8
+#define ULNIC_SPEC_VERSION_MINOR 0x9
 #define ULNIC_STATUS_ADDRESS_IN_USE 0x6
 #define ULNIC_STATUS_BAD_ADDRESS 0x7
 #define ULNIC_STATUS_BAD_LENGTH 0x2
@@ -132,12 +135,28 @@ _Static_assert(sizeof(struct ulnic_resp_header) == 8, "struct ulnic_resp_header:
 _Static_assert(__builtin_offsetof(struct ulnic_resp_header, status) == 0, "struct ulnic_resp_header: status");
 _Static_assert(__builtin_offsetof(struct ulnic_resp_header, reserved) == 4, "struct ulnic_resp_header: reserved");
 
-/* A command payload naming one object: DESTROY_PD (a domain), DESTROY_ENDPOINT, ARM, DISARM and GET_STATS (an endpoint); and the CREATE_PD result (the new domain). */
+/* A command payload naming one object: DESTROY_PD (a domain), DESTROY_ENDPOINT, ARM, DISARM and GET_STATS (an endpoint). */
 struct ulnic_object_id {
 	__le32 id;
 };
 _Static_assert(sizeof(struct ulnic_object_id) == 4, "struct ulnic_object_id: size");
 _Static_assert(__builtin_offsetof(struct ulnic_object_id, id) == 0, "struct ulnic_object_id: id");
+
+/* CREATE_PD payload (spec §4.2, §5.8). */
+struct ulnic_create_pd {
+	__le64 doorbell_gpa;
+};
+_Static_assert(sizeof(struct ulnic_create_pd) == 8, "struct ulnic_create_pd: size");
+_Static_assert(__builtin_offsetof(struct ulnic_create_pd, doorbell_gpa) == 0, "struct ulnic_create_pd: doorbell_gpa");
+
+/* CREATE_PD result. */
+struct ulnic_pd_created {
+	__le32 id;
+	__le32 doorbell_queue;
+};
+_Static_assert(sizeof(struct ulnic_pd_created) == 8, "struct ulnic_pd_created: size");
+_Static_assert(__builtin_offsetof(struct ulnic_pd_created, id) == 0, "struct ulnic_pd_created: id");
+_Static_assert(__builtin_offsetof(struct ulnic_pd_created, doorbell_queue) == 4, "struct ulnic_pd_created: doorbell_queue");
 
 /* CREATE_ENDPOINT payload (spec §4.3). */
 struct ulnic_create_endpoint {

@@ -17,8 +17,9 @@ pub(crate) struct EpMemory {
     pub ctrl_len: usize,
     pub seg: *mut u8,
     pub seg_len: usize,
-    /// The endpoint's doorbell page mapped here, and the value to write to
-    /// ring it (its queue index); null when doorbells go through a call.
+    /// Its domain's doorbell page mapped here, and the value to write to
+    /// ring it (the domain's queue index); null when doorbells go through
+    /// a call.
     pub doorbell: *mut u8,
     pub doorbell_queue: u16,
 }

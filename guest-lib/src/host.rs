@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ulnic_abi::{cmd, wire, CreateEndpoint, DeviceInfo, RingLayout, PAGE_SIZE};
-use ulnic_host_attach::{DmaBuffer, HostAttach};
+use ulnic_host_attach::{DmaBuffer, HostAttach, ProtectionDomain};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::backend::{Domain, EpMemory, UserMemory};
@@ -19,6 +19,7 @@ const PAGE_ENTRY: usize = ulnic_abi::PAGE_ENTRY_SIZE as usize;
 
 pub(crate) struct HostDomain {
     hw: Arc<HostAttach>,
+    domain: ProtectionDomain,
     pd: u32,
     /// Memory of each endpoint: control, segment, page table.
     buffers: Mutex<HashMap<u32, [DmaBuffer; 3]>>,
@@ -29,13 +30,11 @@ pub(crate) struct HostDomain {
 
 impl HostDomain {
     pub fn new(hw: Arc<HostAttach>) -> Result<HostDomain, Error> {
-        let r = hw.command(cmd::CREATE_PD, &[])?;
-        let pd = wire::ObjectId::read_from_prefix(&r)
-            .map(|(pd, _)| pd.id.get())
-            .map_err(|_| ulnic_host_attach::Error::BadResponse(cmd::CREATE_PD))?;
+        let domain = hw.create_pd()?;
         Ok(HostDomain {
             hw,
-            pd,
+            domain,
+            pd: domain.id,
             buffers: Mutex::new(HashMap::new()),
             user: Mutex::new(HashMap::new()),
             utlb_table: Mutex::new(None),
@@ -45,14 +44,7 @@ impl HostDomain {
 
 impl Drop for HostDomain {
     fn drop(&mut self) {
-        if self
-            .hw
-            .command(
-                cmd::DESTROY_PD,
-                wire::ObjectId { id: self.pd.into() }.as_bytes(),
-            )
-            .is_ok()
-        {
+        if self.hw.destroy_pd(&self.domain).is_ok() {
             // The device has let go of the table; user buffers were freed
             // by their owners.
             if let Some((t, _)) = lock(&self.utlb_table).take() {
@@ -150,7 +142,7 @@ impl Domain for HostDomain {
     }
 
     fn ring_doorbell(&self, ep: &EpMemory) {
-        self.hw.ring_doorbell(ep.id);
+        self.hw.ring_doorbell(&self.domain, ep.id);
     }
 
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {

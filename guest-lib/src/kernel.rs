@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, IocWait};
@@ -41,6 +42,20 @@ fn os_error(e: std::io::Error) -> Error {
     }
 }
 
+impl Drop for KernelDomain {
+    fn drop(&mut self) {
+        if !self.doorbell.is_null() {
+            let page = ulnic_abi::PAGE_SIZE as usize;
+            // SAFETY: the domain's own mappings; endpoints, which copy the
+            // doorbell pointer, hold the domain alive until they are gone.
+            unsafe {
+                libc::munmap(self.doorbell.cast(), page);
+                libc::munmap(self.doorbell_bits.cast(), page);
+            }
+        }
+    }
+}
+
 /// Reads the device information through a fresh open.
 pub(crate) fn device_info(path: &Path) -> Result<DeviceInfo, Error> {
     let f = File::options()
@@ -56,7 +71,18 @@ pub(crate) fn device_info(path: &Path) -> Result<DeviceInfo, Error> {
 pub(crate) struct KernelDomain {
     file: File,
     info: DeviceInfo,
+    /// The file's doorbell page and doorbell bitmap mapped here (spec §9),
+    /// both or neither; null when doorbells go through `IOC_KICK`.
+    doorbell: *mut u8,
+    doorbell_bits: *mut u8,
 }
+
+// SAFETY: the pointers name shared mappings owned by the domain for its
+// whole life; the bitmap is only touched with atomics, the doorbell page
+// with single volatile stores.
+unsafe impl Send for KernelDomain {}
+// SAFETY: as above.
+unsafe impl Sync for KernelDomain {}
 
 impl KernelDomain {
     pub fn open(path: &Path, info: DeviceInfo) -> Result<KernelDomain, Error> {
@@ -65,7 +91,25 @@ impl KernelDomain {
             .write(true)
             .open(path)
             .map_err(Error::Os)?;
-        Ok(KernelDomain { file, info })
+        let mut domain = KernelDomain {
+            file,
+            info,
+            doorbell: std::ptr::null_mut(),
+            doorbell_bits: std::ptr::null_mut(),
+        };
+        // A doorbell page of its own when the driver can give one; ringing
+        // is then an atomic OR and a store, not a system call.
+        let page = ulnic_abi::PAGE_SIZE as usize;
+        if let Ok(bits) = domain.map(uapi::MMAP_DOORBELL_BITS, page) {
+            match domain.map(uapi::MMAP_DOORBELL, page) {
+                Ok(db) => (domain.doorbell, domain.doorbell_bits) = (db, bits),
+                // SAFETY: unmapping the mapping made just above.
+                Err(_) => unsafe {
+                    libc::munmap(bits.cast(), page);
+                },
+            }
+        }
+        Ok(domain)
     }
 
     fn map(&self, offset: u64, len: usize) -> Result<*mut u8, Error> {
@@ -105,21 +149,13 @@ impl Domain for KernelDomain {
                 return Err(e);
             }
         };
-        // A doorbell page of its own when the driver can give one; ringing
-        // it is then a store, not a system call.
-        let doorbell = self
-            .map(
-                uapi::mmap_ctrl(id) + uapi::MMAP_DOORBELL,
-                ulnic_abi::PAGE_SIZE as usize,
-            )
-            .unwrap_or(std::ptr::null_mut());
         Ok(EpMemory {
             id,
             ctrl,
             ctrl_len,
             seg,
             seg_len,
-            doorbell,
+            doorbell: self.doorbell,
             doorbell_queue: a.doorbell_queue.get() as u16,
         })
     }
@@ -130,9 +166,6 @@ impl Domain for KernelDomain {
         unsafe {
             libc::munmap(ep.ctrl.cast(), ep.ctrl_len);
             libc::munmap(ep.seg.cast(), ep.seg_len);
-            if !ep.doorbell.is_null() {
-                libc::munmap(ep.doorbell.cast(), ulnic_abi::PAGE_SIZE as usize);
-            }
         }
         let mut id = ep.id;
         let _ = ioctl(&self.file, uapi::IOC_DESTROY_EP, &mut id);
@@ -156,12 +189,18 @@ impl Domain for KernelDomain {
     }
 
     fn ring_doorbell(&self, ep: &EpMemory) {
-        if !ep.doorbell.is_null() {
-            // SAFETY: the endpoint's own doorbell page, mapped for as long
-            // as `ep` lives; a 16-bit store of the queue index is the virtio
-            // PCI notification (the page is device memory, uncached).
+        let word = (ep.id / 64) as usize * 8;
+        if !self.doorbell.is_null() && word < ulnic_abi::PAGE_SIZE as usize {
+            // SAFETY: the file's bitmap page, mapped for the domain's life;
+            // `word` is an aligned u64 inside it (checked above); the device
+            // clears bits with atomic exchanges, so this is an atomic OR.
+            let bits = unsafe { &*self.doorbell_bits.add(word).cast::<AtomicU64>() };
+            bits.fetch_or((1u64 << (ep.id % 64)).to_le(), Ordering::AcqRel);
+            // SAFETY: the file's doorbell page, mapped for the domain's
+            // life; a 16-bit store of the queue index is the virtio PCI
+            // notification (the page is device memory, uncached).
             unsafe {
-                std::ptr::write_volatile(ep.doorbell.cast::<u16>(), ep.doorbell_queue.to_le())
+                std::ptr::write_volatile(self.doorbell.cast::<u16>(), ep.doorbell_queue.to_le())
             };
             return;
         }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use ulnic_abi::{CONFIG_SIZE, VIRTIO_ID_ULNIC};
+use ulnic_abi::{CONFIG_SIZE, QUEUE_COUNT, VIRTIO_ID_ULNIC};
 
 use crate::Image;
 
@@ -26,8 +26,6 @@ pub struct VmConfig {
     /// reconnect vhost_dev_start asserts on `hdev->vhost_ops` and QEMU
     /// aborts.)
     pub ulnic_hotplug: bool,
-    /// Queues of the ulnic device (2 + endpoints per port).
-    pub ulnic_queues: u32,
     /// Accelerator: "tcg" or "kvm".
     pub accel: String,
     /// Extra kernel command line.
@@ -61,7 +59,6 @@ impl Default for VmConfig {
             memory_mb: 512,
             ulnic_socket: None,
             ulnic_hotplug: false,
-            ulnic_queues: 18,
             accel: "tcg".into(),
             append: String::new(),
             vde: None,
@@ -80,8 +77,8 @@ pub const ULNIC_DEVICE_ID: &str = "ulnic0dev";
 pub const ULNIC_CHARDEV_ID: &str = "ulnic0";
 
 /// The QMP `device_add` command of the ulnic NIC of a guest started with
-/// `ulnic_hotplug` (see [`VmConfig::ulnic_hotplug`]).
-pub fn ulnic_device_add(cfg: &VmConfig) -> serde_json::Value {
+/// `ulnic_hotplug` (see [`VmConfig::ulnic_hotplug`]); the same for every guest.
+pub fn ulnic_device_add() -> serde_json::Value {
     serde_json::json!({
         "execute": "device_add",
         "arguments": {
@@ -90,7 +87,7 @@ pub fn ulnic_device_add(cfg: &VmConfig) -> serde_json::Value {
             "bus": ULNIC_ROOT_PORT,
             "chardev": ULNIC_CHARDEV_ID,
             "virtio-id": VIRTIO_ID_ULNIC,
-            "num_vqs": cfg.ulnic_queues,
+            "num_vqs": QUEUE_COUNT,
             "config_size": CONFIG_SIZE,
             "page-per-vq": true,
         }
@@ -173,7 +170,7 @@ pub fn command(image: &Image, cfg: &VmConfig) -> Command {
         } else {
             c.arg("-device").arg(format!(
                 "vhost-user-test-device-pci,chardev={ULNIC_CHARDEV_ID},virtio-id={},num_vqs={},config_size={},page-per-vq=on",
-                VIRTIO_ID_ULNIC, cfg.ulnic_queues, CONFIG_SIZE
+                VIRTIO_ID_ULNIC, QUEUE_COUNT, CONFIG_SIZE
             ));
         }
     }

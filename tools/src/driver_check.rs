@@ -173,7 +173,8 @@ fn stalled_device(device: &Path, hs: &Handshake<'_>) -> anyhow::Result<Report> {
         ..Default::default()
     };
     let raw = open_raw(device)?;
-    let kicked = create_small_endpoint(&raw).map_err(|e| anyhow::anyhow!("IOC_CREATE_EP: {e}"))?;
+    let (kicked, _) =
+        create_small_endpoint(&raw).map_err(|e| anyhow::anyhow!("IOC_CREATE_EP: {e}"))?;
     let nic = Nic::open_device(device)?;
     let (_pd, mut a, mut b, to) = pair(&nic)?;
     if !exchange(&mut a, &mut b, to, 0) {
@@ -254,18 +255,16 @@ fn device_removal(device: &Path, hs: &Handshake<'_>) -> anyhow::Result<Report> {
         ..Default::default()
     };
     let raw = open_raw(device)?;
-    let id = create_small_endpoint(&raw).map_err(|e| anyhow::anyhow!("IOC_CREATE_EP: {e}"))?;
+    let (_, queue) =
+        create_small_endpoint(&raw).map_err(|e| anyhow::anyhow!("IOC_CREATE_EP: {e}"))?;
     let page = ulnic_abi::PAGE_SIZE as usize;
-    let doorbell = ulnic_host_attach::map_shared(
-        raw.as_raw_fd(),
-        page,
-        uapi::mmap_ctrl(id) + uapi::MMAP_DOORBELL,
-    )
-    .map_err(|e| anyhow::anyhow!("the doorbell page cannot be mapped (needs page-per-vq): {e}"))?
-    .cast::<u16>();
-    let queue = ulnic_abi::doorbell_queue(id) as u16;
+    let doorbell = ulnic_host_attach::map_shared(raw.as_raw_fd(), page, uapi::MMAP_DOORBELL)
+        .map_err(|e| {
+            anyhow::anyhow!("the doorbell page cannot be mapped (needs page-per-vq): {e}")
+        })?
+        .cast::<u16>();
     // SAFETY: `doorbell` is our live mapping of one page; the driver gives
-    // doorbell pages only to the endpoint's owner, which we are.
+    // a doorbell page only to the file it belongs to, which is ours.
     let ring = |v: u16| unsafe { std::ptr::write_volatile(doorbell, v.to_le()) };
     signal_ready(hs.ready)?;
     // Ring while the device is there; the first call to fail says it left.

@@ -430,10 +430,11 @@ impl Fuzzer {
         };
         let (ctrl_len, seg_len) =
             ep.map_or((PAGE as u64, PAGE as u64), |e| (e.ctrl_len, e.seg_len));
-        let (region, full) = match self.rng.gen_range(0..4) {
+        let (region, full) = match self.rng.gen_range(0..5) {
             0 => (0, ctrl_len),
             1 => (uapi::MMAP_SEGMENT, seg_len),
             2 => (uapi::MMAP_DOORBELL, PAGE as u64),
+            3 => (uapi::MMAP_DOORBELL_BITS, PAGE as u64),
             _ => (
                 self.rng.gen_range(0..0x1_0000u64) * PAGE as u64,
                 PAGE as u64,
@@ -448,7 +449,12 @@ impl Fuzzer {
         .clamp(PAGE as u64, 128 << 20) as usize;
         // Offsets past off_t's range reach the kernel as negative numbers:
         // that is one more boundary to try.
-        let offset = (uapi::mmap_ctrl(id) + region) as libc::off_t;
+        // The doorbell and its bitmap are the file's, not an endpoint's.
+        let offset = if region >= uapi::MMAP_DOORBELL {
+            region
+        } else {
+            uapi::mmap_ctrl(id) + region
+        } as libc::off_t;
         // Private copies are refused (the device must see what is written).
         let share = if self.rng.gen_bool(0.1) {
             libc::MAP_PRIVATE

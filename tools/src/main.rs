@@ -49,7 +49,7 @@ enum Cmd {
     ///   ulnic device --socket-dir /tmp/ulnic --nodes 2
     ///   ULNIC_SOCKET=/tmp/ulnic/node0.sock my-app     # host attach
     ///   qemu-system-x86_64 ... -chardev socket,id=u0,path=/tmp/ulnic/node0.sock
-    ///       -device vhost-user-test-device-pci,chardev=u0,virtio-id=21,num_vqs=18,config_size=64,page-per-vq=on
+    ///       -device vhost-user-test-device-pci,chardev=u0,virtio-id=21,num_vqs=64,config_size=64,page-per-vq=on
     #[command(verbatim_doc_comment)]
     Device(DeviceArgs),
     /// Measure ping-pong latency or stream bandwidth between two processes,
@@ -405,7 +405,7 @@ struct ClusterOpts {
     /// Seconds before the run is abandoned.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
-    /// Endpoints per guest (each is a doorbell virtqueue of its NIC).
+    /// Endpoints per guest NIC, 1 to 4096.
     #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     endpoints: u32,
@@ -776,9 +776,11 @@ struct DeviceArgs {
     /// Explicit socket path for a port; repeat for more. Port i is node i.
     #[arg(long, value_name = "PATH", conflicts_with = "socket_dir")]
     socket: Vec<PathBuf>,
-    /// Endpoints per port (each uses one doorbell queue: give QEMU
-    /// num_vqs = endpoints + 2).
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    /// Endpoints per port, 1 to 4096 (the port's 64 virtqueues do not
+    /// depend on it: give QEMU num_vqs=64). The device polls at most 64
+    /// of them; the others ring a doorbell when they send (spec §5.8).
+    #[arg(long, default_value_t = 16, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     endpoints: u32,
     /// Microseconds the data-path engine keeps polling after its last work
     /// before it sleeps and asks drivers for doorbells.
@@ -916,6 +918,14 @@ struct BenchArgs {
     /// compare: interleaved rounds (each peer once per round).
     #[arg(long, default_value_t = 5, value_name = "N")]
     rounds: u32,
+    /// pingpong and stream over ulnic: endpoints each peer keeps open on
+    /// its port, all but the measured one having exchanged a message
+    /// first. The device polls at most 64 per port and the others wait
+    /// for doorbells (spec §5.8), so this shows what a port's endpoint
+    /// count costs the one in use. Lines say "ulnic:Nep".
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
+    endpoints: u32,
 }
 
 /// "A,B": two node numbers.
@@ -1926,7 +1936,7 @@ fn run_device(a: DeviceArgs) -> anyhow::Result<()> {
         "ulnic: serving {} nodes, {} endpoints each (QEMU: num_vqs={}, config_size={}, virtio-id={}); Ctrl-C stops",
         dev.sockets().len(),
         a.endpoints,
-        ulnic_abi::queue_count(a.endpoints),
+        ulnic_abi::QUEUE_COUNT,
         ulnic_abi::CONFIG_SIZE,
         ulnic_abi::VIRTIO_ID_ULNIC
     );
@@ -2362,7 +2372,7 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         Some(d) => d.clone(),
         None if a.transport.contains(&Transport::Ulnic) && !in_guest(&a) => {
             let config = Configuration::builder(Configuration::socket_paths(&scratch, 2))
-                .max_endpoints(4)
+                .max_endpoints((a.endpoints + 4).min(ulnic_abi::MAX_ENDPOINTS_LIMIT))
                 .utlb_cache(a.utlb_cache.config())
                 .build()?;
             own = Some(Device::start(config)?);
@@ -2398,6 +2408,7 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
                 corrupt_at: a.corrupt_at,
                 nodes: a.nodes,
                 payload: a.payload,
+                endpoints: a.endpoints,
             };
             let progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
             if progress {

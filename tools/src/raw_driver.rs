@@ -51,7 +51,8 @@ pub unsafe fn ioctl_ptr(f: &File, req: u32, arg: *mut u8) -> io::Result<i32> {
 
 /// Creates the smallest useful endpoint on `f` (rings of 8, an event ring
 /// of 64 as spec §5.2 requires, a 4 KiB segment); returns its id.
-pub fn create_small_endpoint(f: &File) -> io::Result<u32> {
+/// Returns the endpoint's id and its (the file's) doorbell queue.
+pub fn create_small_endpoint(f: &File) -> io::Result<(u32, u16)> {
     let mut a = IocCreateEp {
         send_entries: 8.into(),
         recv_entries: 8.into(),
@@ -61,5 +62,5 @@ pub fn create_small_endpoint(f: &File) -> io::Result<u32> {
         ..FromZeros::new_zeroed()
     };
     ioctl(f, uapi::IOC_CREATE_EP, a.as_mut_bytes())?;
-    Ok(a.id.get())
+    Ok((a.id.get(), a.doorbell_queue.get() as u16))
 }

@@ -265,15 +265,7 @@ fn ownership_check(ep: u32) -> anyhow::Result<Option<String>> {
             "another domain could map endpoint {ep}'s rings"
         ));
     }
-    let bell = ulnic_abi::uapi::mmap_ctrl(ep) + ulnic_abi::uapi::MMAP_DOORBELL;
-    if let Ok(p) = ulnic_host_attach::map_shared(f.as_raw_fd(), 4096, bell) {
-        unmap(p);
-        return Err(anyhow::anyhow!(
-            "another domain could map endpoint {ep}'s doorbell"
-        ));
-    }
-    let mut report =
-        format!("another domain cannot kick or map endpoint {ep}'s rings or doorbell (EPERM)");
+    let mut report = format!("another domain cannot kick or map endpoint {ep}'s rings (EPERM)");
 
     // A failed allocation is a clean ENOMEM (it used to free a NULL
     // control region and crash the guest kernel): the driver's fault
@@ -292,7 +284,7 @@ fn ownership_check(ep: u32) -> anyhow::Result<Option<String>> {
     }
     // Its own endpoint: destroying it while mapped is refused (the pages
     // would otherwise be freed under the process's feet).
-    let id = create_small_endpoint(&f).map_err(|e| anyhow::anyhow!("raw CREATE_EP: {e}"))?;
+    let (id, _) = create_small_endpoint(&f).map_err(|e| anyhow::anyhow!("raw CREATE_EP: {e}"))?;
     let p = map(id).map_err(|e| anyhow::anyhow!("own endpoint {id} could not be mapped: {e}"))?;
     let mut idb = id.to_le_bytes();
     let busy = ioctl(&f, ulnic_abi::uapi::IOC_DESTROY_EP, &mut idb);

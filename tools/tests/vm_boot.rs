@@ -17,7 +17,6 @@ fn guest_boots_and_sees_the_ulnic_device() {
     let (dev, _dir) = common::device(1);
     let cfg = ulnic_images::vm::VmConfig {
         ulnic_socket: Some(common::socket(&dev, 0)),
-        ulnic_queues: 2 + 8,
         append: "ulnic.selftest ulnic.poweroff".into(),
         ..Default::default()
     };

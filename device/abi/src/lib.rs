@@ -16,7 +16,7 @@ use zerocopy::{Immutable, IntoBytes};
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 8;
+pub const SPEC_VERSION_MINOR: u16 = 9;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -79,20 +79,28 @@ pub const RDMA_UTLB_REF_OFFSET: usize = core::mem::offset_of!(wire::RdmaDesc, ut
 pub const CONTROL_QUEUE: u16 = 0;
 /// Queue 1: notification queue (device -> driver endpoint wake-ups).
 pub const NOTIFY_QUEUE: u16 = 1;
-/// Queue index of endpoint 0's doorbell; endpoint `e` rings queue `FIRST_DOORBELL_QUEUE + e`.
+/// Queue index of doorbell slot 0; the protection domain in slot `s`
+/// rings queue `FIRST_DOORBELL_QUEUE + s` (spec §5.8).
 pub const FIRST_DOORBELL_QUEUE: u16 = 2;
-/// Virtqueues of a port with `endpoints` endpoints: control, notification,
-/// and a doorbell queue per endpoint (QEMU's `num_vqs`).
-pub const fn queue_count(endpoints: u32) -> u32 {
-    FIRST_DOORBELL_QUEUE as u32 + endpoints
+/// Virtqueues of every port, whatever its number of endpoints (QEMU's
+/// `num_vqs`; the vhost-user backend crate's limit).
+pub const QUEUE_COUNT: u32 = 64;
+/// Doorbell queues of a port: one per protection domain, so also the
+/// limit on protection domains per port.
+pub const DOORBELL_QUEUES: u32 = QUEUE_COUNT - FIRST_DOORBELL_QUEUE as u32;
+/// The doorbell queue of doorbell slot `slot`.
+pub const fn doorbell_queue(slot: u32) -> u32 {
+    FIRST_DOORBELL_QUEUE as u32 + slot
 }
-/// The doorbell queue of endpoint `id`.
-pub const fn doorbell_queue(id: u32) -> u32 {
-    FIRST_DOORBELL_QUEUE as u32 + id
+/// Upper bound on endpoints per port (spec §3).
+pub const MAX_ENDPOINTS_LIMIT: u32 = 4096;
+/// Endpoints of a port the device polls without a doorbell (spec §5.8).
+pub const RESIDENT_MAX: u32 = 64;
+/// Bytes of a doorbell bitmap for a port of `endpoints` endpoints: one bit
+/// per endpoint, in whole u64 words (spec §5.8).
+pub const fn doorbell_bitmap_bytes(endpoints: u32) -> u64 {
+    (endpoints as u64).div_ceil(64) * 8
 }
-/// Upper bound on endpoints per port (the vhost-user backend crate limits a
-/// port to 64 queues).
-pub const MAX_ENDPOINTS_LIMIT: u32 = 62;
 
 /// Guest page size the device assumes for segment page tables.
 pub const PAGE_SIZE: u64 = 4096;
@@ -271,7 +279,7 @@ pub mod cmd {
     pub fn result_len(opcode: u32) -> usize {
         match opcode {
             GET_INFO => crate::DeviceInfo::SIZE,
-            CREATE_PD => 4,
+            CREATE_PD => 8,
             CREATE_ENDPOINT => 8,
             GET_STATS => crate::STAT_NAMES.len() * 8,
             EXPORT | EXPORT_BUFFER => crate::Cookie::SIZE,
@@ -1254,7 +1262,8 @@ pub mod uapi {
     /// EXPORT_BUFFER, SET_TRIPWIRE or CLEAR_TRIPWIRE on an endpoint the
     /// file owns (the payload's first u32; `wire::IocCommand`).
     pub const IOC_COMMAND: u32 = ioc::<IocCommand>(READ | WRITE, 4);
-    /// Ring an owned endpoint's doorbell (u32 id).
+    /// Ring an owned endpoint's doorbell (u32 id): set its bit in the
+    /// file's doorbell bitmap and kick the file's doorbell queue.
     pub const IOC_KICK: u32 = ioc::<u32>(WRITE, 5);
     /// Block until an owned endpoint is notified (`wire::IocWait`);
     /// returns 1 when notified, 0 on timeout.
@@ -1268,10 +1277,13 @@ pub mod uapi {
     pub const MMAP_ID_SHIFT: u32 = 32;
     /// Added to `mmap_ctrl(e)` for the segment.
     pub const MMAP_SEGMENT: u64 = 1 << 31;
-    /// mmap offset of an endpoint's doorbell page: `mmap_ctrl(id) +
-    /// MMAP_DOORBELL`, one page; writing the doorbell queue index (u16) to
-    /// its start rings the doorbell without a system call.
-    pub const MMAP_DOORBELL: u64 = 1 << 30;
+    /// mmap offset of the open file's doorbell page, one page; writing
+    /// the doorbell queue index (u16) to its start rings the doorbell
+    /// without a system call (spec §9).
+    pub const MMAP_DOORBELL: u64 = 1 << 48;
+    /// mmap offset of the page holding the open file's doorbell bitmap (at
+    /// its start; spec §5.8).
+    pub const MMAP_DOORBELL_BITS: u64 = MMAP_DOORBELL + 4096;
     /// Give the file's protection domain a UTLB of `entries` (u32) entries.
     pub const IOC_UTLB_INIT: u32 = ioc::<u32>(WRITE, 7);
     /// Pin `count` pages of this process from virtual address `va` (page
@@ -1364,6 +1376,8 @@ pub fn c_header() -> String {
         ("ULNIC_NOTIFY_QUEUE", NOTIFY_QUEUE.into()),
         ("ULNIC_FIRST_DOORBELL_QUEUE", FIRST_DOORBELL_QUEUE.into()),
         ("ULNIC_MAX_ENDPOINTS_LIMIT", MAX_ENDPOINTS_LIMIT.into()),
+        ("ULNIC_QUEUE_COUNT", QUEUE_COUNT.into()),
+        ("ULNIC_DOORBELL_QUEUES", DOORBELL_QUEUES.into()),
         ("ULNIC_PAGE_SIZE", PAGE_SIZE),
         ("ULNIC_INLINE_MAX", INLINE_MAX.into()),
         ("ULNIC_MAX_MESSAGE", MAX_MESSAGE.into()),
@@ -1420,6 +1434,7 @@ pub fn c_header() -> String {
         ("ULNIC_MMAP_SEGMENT", uapi::MMAP_SEGMENT),
         ("ULNIC_MMAP_ID_SHIFT", uapi::MMAP_ID_SHIFT.into()),
         ("ULNIC_MMAP_DOORBELL", uapi::MMAP_DOORBELL),
+        ("ULNIC_MMAP_DOORBELL_BITS", uapi::MMAP_DOORBELL_BITS),
         ("ULNIC_MAX_CTRL_BYTES", uapi::MAX_CTRL_BYTES),
         ("ULNIC_MAX_SEGMENT_BYTES", uapi::MAX_SEGMENT_BYTES),
         ("ULNIC_MAX_UTLB_TABLE_BYTES", uapi::MAX_UTLB_TABLE_BYTES),

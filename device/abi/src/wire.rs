@@ -167,11 +167,25 @@ wire! {
     }
 
     /// A command payload naming one object: DESTROY_PD (a domain),
-    /// DESTROY_ENDPOINT, ARM, DISARM and GET_STATS (an endpoint); and the
-    /// CREATE_PD result (the new domain).
+    /// DESTROY_ENDPOINT, ARM, DISARM and GET_STATS (an endpoint).
     pub struct ObjectId = "ulnic_object_id" {
         /// Domain or endpoint id.
         pub id: U32,
+    }
+
+    /// CREATE_PD payload (spec §4.2, §5.8).
+    pub struct CreatePd = "ulnic_create_pd" {
+        /// The domain's doorbell bitmap: `doorbell_bitmap_bytes(E)` bytes,
+        /// 8-byte aligned, within one page of shared memory.
+        pub doorbell_gpa: U64,
+    }
+
+    /// CREATE_PD result.
+    pub struct PdCreated = "ulnic_pd_created" {
+        /// The new domain.
+        pub id: U32,
+        /// Its doorbell queue (`FIRST_DOORBELL_QUEUE + slot`).
+        pub doorbell_queue: U32,
     }
 
     /// CREATE_ENDPOINT payload (spec §4.3).
@@ -200,7 +214,7 @@ wire! {
     pub struct EndpointCreated = "ulnic_endpoint_created" {
         /// The endpoint's id.
         pub id: U32,
-        /// Its doorbell queue (`FIRST_DOORBELL_QUEUE + id`).
+        /// Its domain's doorbell queue.
         pub doorbell_queue: U32,
     }
 
@@ -634,6 +648,8 @@ pub fn all() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         one::<CmdHeader>(),
         one::<RespHeader>(),
         one::<ObjectId>(),
+        one::<CreatePd>(),
+        one::<PdCreated>(),
         one::<CreateEndpoint>(),
         one::<EndpointCreated>(),
         one::<BindPort>(),

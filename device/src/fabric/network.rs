@@ -1088,7 +1088,21 @@ mod tests {
 
     /// A network on `topology` routed by a mapper on `mapper` with quick
     /// probes (2 ms, `tries` each).
+    /// A network mapped by node `mapper`; a probe unanswered for 2 ms,
+    /// `tries` times, means nothing is there (short, for lossy links).
     fn mapped(topology: Topology, interval: Duration, mapper: u32, tries: u32) -> Network {
+        mapped_with(topology, interval, mapper, tries, Duration::from_millis(2))
+    }
+
+    /// As `mapped`, with the probe timeout given: on ideal links a test
+    /// must not mistake a descheduled thread for a missing switch.
+    fn mapped_with(
+        topology: Topology,
+        interval: Duration,
+        mapper: u32,
+        tries: u32,
+        probe_timeout: Duration,
+    ) -> Network {
         Network::new(FabricConfig {
             topology,
             seed: 7,
@@ -1100,7 +1114,7 @@ mod tests {
             mapping: Some(MappingConfig {
                 mapper,
                 interval,
-                probe_timeout: Duration::from_millis(2),
+                probe_timeout,
                 probe_tries: tries,
             }),
         })
@@ -1227,7 +1241,7 @@ mod tests {
             hosts in proptest::collection::vec(0usize..7, 2..6),
         ) {
             let topo = crate::fabric::topology::testing::random(switches, &tree, &extra, &hosts);
-            let mut net = mapped(topo.clone(), Duration::from_secs(60), 0, 2);
+            let mut net = mapped_with(topo.clone(), Duration::from_secs(60), 0, 2, Duration::from_secs(2));
             let mut sink = Count::default();
             run_until(&mut net, &mut sink, |n, _| n.last_map().is_some());
             let map = net.last_map().unwrap().clone();

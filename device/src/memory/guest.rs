@@ -9,7 +9,7 @@ use std::sync::atomic::{fence, Ordering};
 use ulnic_abi::PAGE_SIZE;
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryLoadGuard,
-    GuestMemoryMmap,
+    GuestMemoryMmap, VolatileMemory,
 };
 
 /// The memory of one port's frontend, as the vhost-user backend hands it over.
@@ -38,6 +38,17 @@ pub fn load_u32(mem: &GuestMemoryMmap<()>, addr: u64) -> Result<u32, BadAddress>
 pub fn store_u32(mem: &GuestMemoryMmap<()>, addr: u64, val: u32) -> Result<(), BadAddress> {
     mem.store(val.to_le(), GuestAddress(addr), Ordering::Release)
         .map_err(|_| BadAddress { addr, len: 4 })
+}
+
+/// Atomically exchanges the u64 at `addr` (8-byte aligned) with `val`;
+/// returns the old value as stored (little endian).
+pub fn swap_u64(mem: &GuestMemoryMmap<()>, addr: u64, val: u64) -> Result<u64, BadAddress> {
+    let bad = BadAddress { addr, len: 8 };
+    let slice = mem.get_slice(GuestAddress(addr), 8).map_err(|_| bad)?;
+    let word = slice
+        .get_atomic_ref::<std::sync::atomic::AtomicU64>(0)
+        .map_err(|_| bad)?;
+    Ok(word.swap(val, Ordering::AcqRel))
 }
 
 /// Full fence between our stores and our subsequent loads (the doorbell and

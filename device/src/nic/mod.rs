@@ -4,6 +4,7 @@
 //! across ports; `switch` does that.
 
 pub mod aperture;
+pub mod doorbell;
 pub mod endpoint;
 pub mod node;
 pub mod receive;

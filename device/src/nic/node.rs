@@ -2,7 +2,8 @@
 //! protection domains, bound port numbers, exported apertures, the
 //! notification queue, and what its frontend broke.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use log::{debug, error, warn};
 use ulnic_abi::wire::NotifyRecord;
@@ -29,7 +30,17 @@ pub struct Node {
     /// Endpoint slots; the index is the endpoint id.
     pub endpoints: Vec<Option<Endpoint>>,
     /// Live protection domains.
-    pub pds: HashSet<u32>,
+    pub pds: HashMap<u32, Pd>,
+    /// Doorbell slot -> the protection domain holding it (spec §5.8).
+    pub doorbell_slots: Vec<Option<u32>>,
+    /// Doorbell slots kicked since the engine last looked, a bit per slot.
+    pub kicked: u64,
+    /// Resident endpoints: the ones the engine polls (spec §5.8), each
+    /// with when it last had work.
+    pub resident: Vec<(u32, Instant)>,
+    /// Endpoints to make resident at the engine's next pass (they left
+    /// with work waiting, or their doorbell was found).
+    pub rung: Vec<u32>,
     /// Next protection domain id to hand out.
     pub next_pd: u32,
     /// Bound ports: port number -> endpoint id.
@@ -76,7 +87,11 @@ impl Node {
             id,
             mem: None,
             endpoints: (0..max_endpoints).map(|_| None).collect(),
-            pds: HashSet::new(),
+            pds: HashMap::new(),
+            doorbell_slots: vec![None; ulnic_abi::DOORBELL_QUEUES as usize],
+            kicked: 0,
+            resident: Vec::new(),
+            rung: Vec::new(),
             next_pd: 1,
             ports: HashMap::new(),
             notify: None,
@@ -119,6 +134,10 @@ impl Node {
         }
         self.endpoints.iter_mut().for_each(|e| *e = None);
         self.pds.clear();
+        self.doorbell_slots.iter_mut().for_each(|s| *s = None);
+        self.kicked = 0;
+        self.resident.clear();
+        self.rung.clear();
         self.ports.clear();
         self.apertures.clear();
         self.notify = None;
@@ -229,12 +248,22 @@ impl Node {
     /// Removes an endpoint and its port binding.
     pub fn remove_endpoint(&mut self, id: u32) -> Option<Endpoint> {
         let ep = self.endpoints.get_mut(id as usize)?.take()?;
+        self.resident.retain(|&(e, _)| e != id);
         if let Some(p) = ep.port {
             self.ports.remove(&p);
         }
         self.apertures.revoke_all(id);
         Some(ep)
     }
+}
+
+/// A protection domain: its doorbell slot and bitmap (spec §5.8).
+#[derive(Debug, Clone, Copy)]
+pub struct Pd {
+    /// Its doorbell queue is `FIRST_DOORBELL_QUEUE + slot`.
+    pub slot: u32,
+    /// Guest address of its doorbell bitmap (checked at CREATE_PD).
+    pub doorbell_gpa: u64,
 }
 
 /// Queue `q`'s bit in [`Node::broken_queues`]; 0 for queues past 31,

@@ -1,6 +1,6 @@
-//! The data-path engine: one thread that polls every endpoint while there is
-//! work, yields the core between passes, and after `poll_for` of idleness asks
-//! for doorbells and sleeps until one rings.
+//! The data-path engine: one thread that polls the resident endpoints while
+//! there is work, yields the core between passes, and after `poll_for` of
+//! idleness asks every endpoint for doorbells and sleeps until one rings.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use log::debug;
 
-use crate::memory::guest::full_fence;
 use crate::switch::Switch;
 
 /// Longest sleep without a doorbell: a safety net, not part of the protocol.
@@ -57,15 +56,12 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
             continue;
         }
         let sleep = due.map_or(MAX_SLEEP, |d| d.min(MAX_SLEEP));
-        // Dekker handshake with the drivers: publish "doorbell wanted", then
-        // look again, so a descriptor published meanwhile is never missed.
-        switch.lock().set_doorbell_wanted(true);
-        full_fence();
-        let late = switch.lock().poll();
-        if late == 0 {
+        // Dekker handshake with the drivers: every resident endpoint asks
+        // for doorbells, then is looked at again, so a descriptor published
+        // meanwhile is never missed (spec §5.8). Doorbells bring them back.
+        if switch.lock().leave_all() == 0 {
             switch.sleep(sleep);
         }
-        switch.lock().set_doorbell_wanted(false);
         idle_since = Instant::now();
     }
     debug!("engine stopped");

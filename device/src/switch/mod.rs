@@ -85,6 +85,7 @@ impl Switch {
         let nodes = config.sockets().len() as u32;
         let mut ports = Ports::new(nodes, config.max_endpoints());
         ports.max_tripwires = config.tripwires();
+        ports.resident_idle = config.poll_for();
         ports.utlb.cache = TranslationCache::new(config.utlb_cache());
         ports.network = network;
         let udp = ports.network.as_ref().and_then(Network::wire_fd);

@@ -7,6 +7,7 @@
 //! endpoint table and never races a destroy.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use ulnic_abi::{
@@ -121,6 +122,9 @@ pub struct Ports {
     /// it a message goes straight from sender to receiver.
     pub network: Option<Network>,
     pending_returns: VecDeque<PendingReturn>,
+    /// A resident endpoint with no send descriptor for this long leaves
+    /// the polled set (spec §5.8; the device's `--poll-us`).
+    pub resident_idle: Duration,
 }
 
 impl Ports {
@@ -135,6 +139,7 @@ impl Ports {
             utlb: Utlb::default(),
             network: None,
             pending_returns: VecDeque::new(),
+            resident_idle: crate::config::DEFAULT_POLL_FOR,
         }
     }
 
@@ -271,14 +276,22 @@ impl Ports {
         );
         let mut work = 0;
         let mut wake: Vec<(u32, u32)> = Vec::new();
+        let now = Instant::now();
         for n in 0..self.nodes.len() {
             let Some(smem) = mems[n].as_deref() else {
                 continue;
             };
-            for e in 0..self.nodes[n].endpoints.len() {
+            if self.nodes[n].doorbells_waiting() {
+                self.nodes[n].take_doorbells(smem, now);
+            }
+            // Only resident endpoints are polled (spec §5.8).
+            let mut i = 0;
+            while i < self.nodes[n].resident.len() {
+                let e = self.nodes[n].resident[i].0 as usize;
                 // Look first; move the endpoint out of its slot (to borrow the
                 // switch for delivery) only when it has sends waiting.
-                let Some(ep) = self.nodes[n].endpoints[e].as_mut() else {
+                let Some(ep) = self.nodes[n].endpoints.get_mut(e).and_then(Option::as_mut) else {
+                    self.nodes[n].resident.swap_remove(i);
                     continue;
                 };
                 let before = ep.posted_mark();
@@ -288,6 +301,11 @@ impl Ports {
                 } else {
                     None
                 };
+                if pending > 0 {
+                    self.nodes[n].resident[i].1 = now;
+                } else if self.nodes[n].leave_if_idle(smem, i, now, self.resident_idle) {
+                    continue; // the next one took its place in `resident`
+                }
                 if let Some(mut owned) = taken {
                     for _ in 0..pending {
                         if !owned.event_room_for_send(smem) {
@@ -300,6 +318,7 @@ impl Ports {
                     }
                     self.nodes[n].endpoints[e] = Some(owned);
                 }
+                i += 1;
                 // Completions, errors and conditions all wake an armed owner.
                 let Some(ep) = self.nodes[n].endpoints[e].as_mut() else {
                     continue;
@@ -327,16 +346,19 @@ impl Ports {
         work
     }
 
-    /// Tells every endpoint whether the engine needs doorbells (it is about
-    /// to sleep) or not.
-    pub fn set_doorbell_wanted(&self, wanted: bool) {
-        for node in &self.nodes {
-            let Some(m) = node.mem.as_ref() else { continue };
-            let mem = m.memory();
-            for ep in node.endpoints.iter().flatten() {
-                ep.set_doorbell_wanted(&mem, wanted);
-            }
+    /// Before the engine sleeps: every resident endpoint of every port
+    /// asks for doorbells (spec §5.8). Returns how many had work after all
+    /// and stay resident (0: the engine may sleep).
+    pub fn leave_all(&mut self) -> usize {
+        let now = Instant::now();
+        let mut stayed = 0;
+        for node in &mut self.nodes {
+            let Some(mem) = node.mem.as_ref().map(|m| m.memory()) else {
+                continue;
+            };
+            stayed += node.leave_all(&mem, now);
         }
+        stayed
     }
 
     /// Reads, checks and carries out one send descriptor of `ep` (node `n`,
@@ -926,6 +948,7 @@ mod tests {
             f.nodes[n].mem = Some(atomic.clone());
             f.nodes[n].ports.insert(7, 0);
             f.nodes[n].endpoints[0] = Some(ep);
+            f.nodes[n].make_resident(&m, 0, Instant::now());
             let entries: Vec<u8> = utlb_entries(n)
                 .iter()
                 .flat_map(|e| e.to_le_bytes())

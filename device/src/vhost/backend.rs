@@ -57,7 +57,7 @@ pub struct PortBackend {
 impl PortBackend {
     /// A backend for node `node`.
     pub fn new(node: u32, switch: Arc<Switch>) -> Self {
-        let num_queues = ulnic_abi::queue_count(switch.max_endpoints) as usize;
+        let num_queues = ulnic_abi::QUEUE_COUNT as usize;
         PortBackend {
             node,
             switch,
@@ -352,12 +352,10 @@ impl VhostUserBackend for PortBackend {
                 Ok(())
             }
             q => {
-                // A doorbell: counted for its endpoint (GET_STATS), then the
-                // engine wakes to poll.
-                let e = u32::from(q).wrapping_sub(ulnic_abi::doorbell_queue(0));
-                if let Some(ep) = self.switch.lock().nodes[self.node as usize].endpoint_mut(e) {
-                    ep.stats.doorbells += 1;
-                }
+                // A domain's doorbell: the engine reads its bitmap on its
+                // next pass (spec §5.8) and counts a doorbell for each
+                // endpoint named there.
+                self.switch.lock().nodes[self.node as usize].kick(q);
                 self.switch.wake();
                 Ok(())
             }

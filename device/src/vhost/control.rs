@@ -1,10 +1,10 @@
 //! Control-queue commands (spec §4): parsing, validation and execution
 //! against one node of the switch.
 
-use log::{debug, info};
+use log::debug;
 use ulnic_abi::wire::{
-    self, BindPort, ClearTripwire, CmdHeader, EndpointCreated, Export, ExportBuffer, ObjectId,
-    RespHeader, Revoke, SetFilter, SetTripwire, UtlbInvalidate, UtlbSetTable,
+    self, BindPort, ClearTripwire, CmdHeader, CreatePd, EndpointCreated, Export, ExportBuffer,
+    ObjectId, PdCreated, RespHeader, Revoke, SetFilter, SetTripwire, UtlbInvalidate, UtlbSetTable,
 };
 use ulnic_abi::{
     cmd, perm, status, tripwire_flags, CreateEndpoint, DeviceInfo, FilterEntry, CMD_HEADER_SIZE,
@@ -17,11 +17,9 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::memory::guest::{self, Segment};
 use crate::nic::aperture::Tripwire;
 use crate::nic::endpoint::Endpoint;
+use crate::nic::node::Pd;
 use crate::nic::utlb::{Table, UtlbRef};
 use crate::switch::ports::Ports;
-
-/// Most protection domains one port may hold.
-pub const MAX_PDS: usize = 64;
 
 /// The outcome of one command: a status and a result payload.
 #[derive(Debug, PartialEq, Eq)]
@@ -84,7 +82,7 @@ type Handler = fn(&mut Ports, u32, &GuestMemoryMmap<()>, &[u8]) -> Result<Respon
 fn handler(opcode: u32) -> Option<Handler> {
     Some(match opcode {
         cmd::GET_INFO => |f, n, _, p| need(p, 0).map(|()| get_info(f, n)),
-        cmd::CREATE_PD => |f, n, _, p| need(p, 0).and_then(|()| create_pd(f, n)),
+        cmd::CREATE_PD => create_pd,
         cmd::DESTROY_PD => |f, n, _, p| destroy_pd(f, n, p),
         cmd::CREATE_ENDPOINT => create_endpoint,
         cmd::DESTROY_ENDPOINT => |f, n, _, p| destroy_endpoint(f, n, p),
@@ -160,23 +158,50 @@ fn get_info(ports: &Ports, node: u32) -> Response {
     )
 }
 
-fn create_pd(ports: &mut Ports, node: u32) -> Result<Response, Response> {
+/// CREATE_PD (spec §4.2, §5.8): a domain, its doorbell slot and bitmap.
+fn create_pd(
+    ports: &mut Ports,
+    node: u32,
+    mem: &GuestMemoryMmap<()>,
+    p: &[u8],
+) -> Result<Response, Response> {
+    let gpa = payload::<CreatePd>(p)?.doorbell_gpa.get();
     let n = &mut ports.nodes[node as usize];
-    if n.pds.len() >= MAX_PDS {
-        return Err(Response::err(status::NO_RESOURCES));
+    if !gpa.is_multiple_of(8) {
+        return Err(Response::err(status::INVALID_ARGUMENT));
     }
+    let len = ulnic_abi::doorbell_bitmap_bytes(n.endpoints.len() as u32);
+    // Within one page, so within one region: each word is one atomic.
+    if gpa % PAGE_SIZE + len > PAGE_SIZE || !guest::range_ok(mem, gpa, len) {
+        return Err(Response::err(status::BAD_ADDRESS));
+    }
+    let Some(slot) = n.doorbell_slots.iter().position(Option::is_none) else {
+        return Err(Response::err(status::NO_RESOURCES));
+    };
     let pd = n.next_pd;
     n.next_pd = n.next_pd.wrapping_add(1).max(1);
-    n.pds.insert(pd);
-    Ok(Response::ok(ObjectId { id: pd.into() }.as_bytes().to_vec()))
+    n.pds.insert(
+        pd,
+        Pd {
+            slot: slot as u32,
+            doorbell_gpa: gpa,
+        },
+    );
+    n.doorbell_slots[slot] = Some(pd);
+    let created = PdCreated {
+        id: pd.into(),
+        doorbell_queue: ulnic_abi::doorbell_queue(slot as u32).into(),
+    };
+    Ok(Response::ok(created.as_bytes().to_vec()))
 }
 
 fn destroy_pd(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let pd = payload::<ObjectId>(p)?.id.get();
     let n = &mut ports.nodes[node as usize];
-    if !n.pds.remove(&pd) {
+    let Some(gone) = n.pds.remove(&pd) else {
         return Err(Response::err(status::NOT_FOUND));
-    }
+    };
+    n.doorbell_slots[gone.slot as usize] = None;
     let ids: Vec<u32> = (0..n.endpoints.len() as u32)
         .filter(|&i| n.endpoints[i as usize].as_ref().is_some_and(|e| e.pd == pd))
         .collect();
@@ -197,7 +222,7 @@ fn utlb_set_table(
 ) -> Result<Response, Response> {
     let a: UtlbSetTable = payload(p)?;
     let (pd, entries, gpa) = (a.pd.get(), a.entries.get(), a.table_gpa.get());
-    if !ports.nodes[node as usize].pds.contains(&pd) {
+    if !ports.nodes[node as usize].pds.contains_key(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
     if entries == 0
@@ -219,7 +244,7 @@ fn utlb_set_table(
 fn utlb_invalidate(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: UtlbInvalidate = payload(p)?;
     let (pd, first, count) = (a.pd.get(), a.first.get(), a.count.get());
-    if !ports.nodes[node as usize].pds.contains(&pd) {
+    if !ports.nodes[node as usize].pds.contains_key(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
     ports.utlb.cache.invalidate((node, pd), first, count);
@@ -235,9 +260,9 @@ fn create_endpoint(
     need(p, CreateEndpoint::SIZE)?;
     let c = CreateEndpoint::decode(p);
     let n = &mut ports.nodes[node as usize];
-    if !n.pds.contains(&c.pd) {
+    let Some(domain) = n.pds.get(&c.pd).copied() else {
         return Err(Response::err(status::NOT_FOUND));
-    }
+    };
     let layout = c.layout();
     layout
         .validate()
@@ -272,7 +297,7 @@ fn create_endpoint(
     let ep = Endpoint::new(c.pd, c.ctrl_gpa, layout, segment);
     ep.init_shared(mem)
         .map_err(|_| Response::err(status::BAD_ADDRESS))?;
-    info!(
+    debug!(
         "node {node}: endpoint {id} created (pd {}, rings {}/{}/{}/{}, segment {} KiB in {} extents)",
         c.pd,
         layout.send_entries,
@@ -283,9 +308,10 @@ fn create_endpoint(
         ep.segment.extents()
     );
     n.endpoints[id] = Some(ep);
+    n.make_resident(mem, id as u32, std::time::Instant::now());
     let created = EndpointCreated {
         id: (id as u32).into(),
-        doorbell_queue: ulnic_abi::doorbell_queue(id as u32).into(),
+        doorbell_queue: ulnic_abi::doorbell_queue(domain.slot).into(),
     };
     Ok(Response::ok(created.as_bytes().to_vec()))
 }
@@ -295,7 +321,7 @@ fn destroy_endpoint(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, 
     if !ports.close_endpoint(node, id) {
         return Err(Response::err(status::NOT_FOUND));
     }
-    info!("node {node}: endpoint {id} destroyed");
+    debug!("node {node}: endpoint {id} destroyed");
     Ok(Response::ok(Vec::new()))
 }
 
@@ -517,6 +543,9 @@ mod tests {
         execute(f, 1, m, r, 512)
     }
 
+    /// A CREATE_PD payload: a doorbell bitmap at 0xf000.
+    const PD: [u8; 8] = 0xf000u64.to_le_bytes();
+
     fn req(opcode: u32, payload: &[u8]) -> Vec<u8> {
         let mut r = opcode.to_le_bytes().to_vec();
         r.extend_from_slice(&[0; 4]);
@@ -530,7 +559,7 @@ mod tests {
         let mut f = Ports::new(2, 4);
         // Nothing but GET_INFO before the driver accepted the features.
         assert_eq!(
-            exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).status,
+            exec(&mut f, &m, &req(cmd::CREATE_PD, &PD)).status,
             status::NOT_SUPPORTED
         );
         assert_eq!(
@@ -545,17 +574,17 @@ mod tests {
         );
         f.nodes[1].features = F_IMPLEMENTED;
         // A reserved header word must be zero; a payload must be exact.
-        let mut bad = req(cmd::CREATE_PD, &[]);
+        let mut bad = req(cmd::CREATE_PD, &PD);
         bad[4] = 1;
         assert_eq!(exec(&mut f, &m, &bad).status, status::INVALID_ARGUMENT);
         assert_eq!(
-            exec(&mut f, &m, &req(cmd::CREATE_PD, &[0])).status,
+            exec(&mut f, &m, &req(cmd::CREATE_PD, &[0; 9])).status,
             status::BAD_LENGTH
         );
         // No room for the result: refused before it runs, after the
         // header and feature checks (spec §4 order).
         assert_eq!(
-            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &[]), 3).status,
+            execute(&mut f, 1, &m, &req(cmd::CREATE_PD, &PD), 7).status,
             status::BAD_LENGTH
         );
         assert_eq!(
@@ -584,7 +613,7 @@ mod tests {
         let info = exec(&mut f, &m, &req(cmd::GET_INFO, &[]));
         let info = DeviceInfo::decode(&info.payload);
         assert_eq!((info.node, info.nodes, info.max_endpoints), (1, 2, 4));
-        let pd = ulnic_abi::read_le32(&exec(&mut f, &m, &req(cmd::CREATE_PD, &[])).payload, 0);
+        let pd = ulnic_abi::read_le32(&exec(&mut f, &m, &req(cmd::CREATE_PD, &PD)).payload, 0);
         guest::write(&m, 0x80000, &0x90000u64.to_le_bytes()).unwrap();
         let c = CreateEndpoint {
             pd,

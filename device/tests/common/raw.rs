@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 use ulnic_abi::{cmd, ctrl, status, CreateEndpoint, Event, RingLayout};
-use ulnic_host_attach::{DmaBuffer, Error, HostAttach};
+use ulnic_host_attach::{DmaBuffer, Error, HostAttach, ProtectionDomain};
 
 pub fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
     match r {
@@ -13,8 +13,8 @@ pub fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
     }
 }
 
-pub fn create_pd(hw: &HostAttach) -> u32 {
-    ulnic_abi::read_le32(&hw.command(cmd::CREATE_PD, &[]).unwrap(), 0)
+pub fn create_pd(hw: &HostAttach) -> ProtectionDomain {
+    hw.create_pd().unwrap()
 }
 
 pub fn bind(hw: &HostAttach, ep: u32, port: u32) {
@@ -26,6 +26,8 @@ pub fn bind(hw: &HostAttach, ep: u32, port: u32) {
 /// An endpoint built by hand, so the test can write raw descriptors.
 pub struct RawEp {
     pub id: u32,
+    /// Its protection domain (for its doorbell).
+    pub domain: ProtectionDomain,
     pub layout: RingLayout,
     pub ctrl: DmaBuffer,
     pub seg: DmaBuffer,
@@ -35,7 +37,8 @@ pub struct RawEp {
     pub event_cons: u32,
 }
 
-pub fn raw_endpoint(hw: &HostAttach, pd: u32) -> RawEp {
+pub fn raw_endpoint(hw: &HostAttach, domain: ProtectionDomain) -> RawEp {
+    let pd = domain.id;
     let layout = RingLayout {
         send_entries: 8,
         recv_entries: 8,
@@ -65,6 +68,7 @@ pub fn raw_endpoint(hw: &HostAttach, pd: u32) -> RawEp {
     let r = hw.command(cmd::CREATE_ENDPOINT, &c.encode()).unwrap();
     RawEp {
         id: ulnic_abi::read_le32(&r, 0),
+        domain,
         layout,
         ctrl,
         seg,
@@ -80,7 +84,7 @@ impl RawEp {
     }
     pub fn set(&self, hw: &HostAttach, off: u64, v: u32) {
         hw.memory().store_u32(self.ctrl.gpa + off, v);
-        hw.ring_doorbell(self.id);
+        hw.ring_doorbell(&self.domain, self.id);
     }
     pub fn send_raw(&mut self, hw: &HostAttach, desc: &[u8; 128]) {
         let slot = u64::from(self.send_prod % self.layout.send_entries);

@@ -32,9 +32,25 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use zerocopy::{FromZeros, IntoBytes};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 pub use error::{Error, COMMAND_TIMEOUT};
+
+/// A protection domain made by [`HostAttach::create_pd`]: its id, for
+/// commands, and its doorbell (spec §5.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProtectionDomain {
+    /// The domain's id.
+    pub id: u32,
+    /// Its doorbell queue.
+    pub doorbell_queue: u16,
+    /// Where its doorbell bitmap is in shared memory.
+    pub doorbell_gpa: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 pub use memory::{map_shared, DmaBuffer, DmaMemory};
 use virtqueue::DriverQueue;
 
@@ -60,7 +76,10 @@ pub struct HostAttach {
     /// The notification queue's call eventfd; waited on without holding
     /// `notify`, so waiters for different endpoints do not serialise.
     notify_call: EventFd,
+    /// Kick eventfds of the doorbell queues, by doorbell slot.
     doorbells: Vec<EventFd>,
+    /// Doorbell bitmaps of the domains made by `create_pd`, by domain id.
+    doorbell_bits: Mutex<std::collections::HashMap<u32, DmaBuffer>>,
     _unused_call: EventFd,
     pending: AtomicU64,
     info: DeviceInfo,
@@ -104,11 +123,8 @@ impl HostAttach {
         memory: DmaMemory,
         accept: u64,
     ) -> Result<HostAttach, Error> {
-        let mut fe = Frontend::connect(
-            path,
-            u64::from(ulnic_abi::queue_count(ulnic_abi::MAX_ENDPOINTS_LIMIT)),
-        )
-        .map_err(proto("connect"))?;
+        let mut fe =
+            Frontend::connect(path, u64::from(ulnic_abi::QUEUE_COUNT)).map_err(proto("connect"))?;
         // The device closes a second frontend's connection before reading
         // anything: the first request then finds the socket closed.
         let features = fe.get_features().map_err(|e| match e {
@@ -234,6 +250,7 @@ impl HostAttach {
             notify: Mutex::new(notify),
             notify_call,
             doorbells,
+            doorbell_bits: Mutex::new(std::collections::HashMap::new()),
             _unused_call: unused_call,
             pending: AtomicU64::new(0),
             info: DeviceInfo::default(),
@@ -243,7 +260,11 @@ impl HostAttach {
             return Err(Error::BadResponse(cmd::GET_INFO));
         }
         this.info = DeviceInfo::decode(&info);
-        if this.info.version_major != ulnic_abi::SPEC_VERSION_MAJOR {
+        // Before 1.0 a minor version may change the wire (semver's rule).
+        if this.info.version_major != ulnic_abi::SPEC_VERSION_MAJOR
+            || (ulnic_abi::SPEC_VERSION_MAJOR == 0
+                && this.info.version_minor != ulnic_abi::SPEC_VERSION_MINOR)
+        {
             return Err(Error::Incompatible(format!(
                 "device implements spec {}.{}, this driver {}.{}",
                 this.info.version_major,
@@ -358,9 +379,59 @@ impl HostAttach {
         Self::submit(&self.memory, &mut c, 0, readable, writable)
     }
 
-    /// Rings endpoint `endpoint`'s doorbell.
-    pub fn ring_doorbell(&self, endpoint: u32) {
-        if let Some(k) = self.doorbells.get(endpoint as usize) {
+    /// Creates a protection domain with a zeroed doorbell bitmap of its
+    /// own (CREATE_PD, spec §5.8).
+    pub fn create_pd(&self) -> Result<ProtectionDomain, Error> {
+        let bytes = ulnic_abi::doorbell_bitmap_bytes(self.info.max_endpoints);
+        let bits = self.memory.alloc(bytes as usize)?;
+        let payload = ulnic_abi::wire::CreatePd {
+            doorbell_gpa: bits.gpa.into(),
+        };
+        let created = self
+            .command(cmd::CREATE_PD, payload.as_bytes())
+            .and_then(|r| {
+                ulnic_abi::wire::PdCreated::read_from_prefix(&r)
+                    .map(|(c, _)| c)
+                    .map_err(|_| Error::BadResponse(cmd::CREATE_PD))
+            });
+        let created = match created {
+            Ok(c) => c,
+            Err(e) => {
+                self.memory.free(bits);
+                return Err(e);
+            }
+        };
+        let pd = ProtectionDomain {
+            id: created.id.get(),
+            doorbell_queue: created.doorbell_queue.get() as u16,
+            doorbell_gpa: bits.gpa,
+        };
+        lock(&self.doorbell_bits).insert(pd.id, bits);
+        Ok(pd)
+    }
+
+    /// Destroys a domain made by [`HostAttach::create_pd`] and its
+    /// endpoints (DESTROY_PD); its bitmap is freed once the device let go.
+    pub fn destroy_pd(&self, pd: &ProtectionDomain) -> Result<(), Error> {
+        let id = ulnic_abi::wire::ObjectId { id: pd.id.into() };
+        self.command(cmd::DESTROY_PD, id.as_bytes())?;
+        if let Some(bits) = lock(&self.doorbell_bits).remove(&pd.id) {
+            self.memory.free(bits);
+        }
+        Ok(())
+    }
+
+    /// Rings endpoint `endpoint`'s doorbell: sets its bit in its domain's
+    /// bitmap, then kicks the domain's doorbell queue (spec §5.8).
+    pub fn ring_doorbell(&self, pd: &ProtectionDomain, endpoint: u32) {
+        if endpoint < self.info.max_endpoints {
+            let word = pd.doorbell_gpa + 8 * u64::from(endpoint / 64);
+            self.memory.fetch_or_u64(word, 1 << (endpoint % 64));
+        }
+        let slot = pd
+            .doorbell_queue
+            .wrapping_sub(ulnic_abi::FIRST_DOORBELL_QUEUE);
+        if let Some(k) = self.doorbells.get(usize::from(slot)) {
             let _ = k.write(1);
         }
     }

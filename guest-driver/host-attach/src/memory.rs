@@ -5,10 +5,12 @@
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory,
+};
 
 use crate::error::Error;
 
@@ -194,6 +196,21 @@ impl DmaMemory {
             .store(v.to_le(), GuestAddress(gpa), Ordering::Release)
         {
             panic!("driver bug: u32 at {gpa:#x}: {e}");
+        }
+    }
+
+    /// Atomically ORs `bits` into the little-endian u64 at `gpa` (8-byte
+    /// aligned), with release ordering.
+    pub fn fetch_or_u64(&self, gpa: u64, bits: u64) {
+        let slice = match self.mem.get_slice(GuestAddress(gpa), 8) {
+            Ok(s) => s,
+            Err(e) => panic!("driver bug: u64 at {gpa:#x}: {e}"),
+        };
+        match slice.get_atomic_ref::<AtomicU64>(0) {
+            Ok(w) => {
+                w.fetch_or(bits.to_le(), Ordering::AcqRel);
+            }
+            Err(e) => panic!("driver bug: u64 at {gpa:#x}: {e}"),
         }
     }
 

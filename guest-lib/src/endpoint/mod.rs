@@ -77,7 +77,7 @@ impl Endpoint {
         self.mem.word(off)
     }
 
-    /// The endpoint's id on its node (its doorbell is queue 2 + id).
+    /// The endpoint's id on its node (its bit in its domain's doorbell bitmap).
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;

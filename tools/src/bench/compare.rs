@@ -220,6 +220,7 @@ fn measure(
                 corrupt_at: None,
                 nodes: (0, 1),
                 payload: super::payload::Touch::WriteVerify,
+                endpoints: 1,
             };
             let r: Record = run_one(&spec, ulnic_dir, scratch)?;
             match workload {

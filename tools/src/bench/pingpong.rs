@@ -109,6 +109,8 @@ pub struct Spec {
     pub nodes: (u32, u32),
     /// How payloads are touched.
     pub payload: Touch,
+    /// ulnic: endpoints each peer keeps open (see `ulnic bench --help`).
+    pub endpoints: u32,
 }
 
 /// A message link between the two peers; `recv` reads every payload byte.
@@ -261,11 +263,56 @@ const TAG_HELLO: u32 = 2;
 /// Receive buffers the receiver keeps posted (and the sender's credits).
 const CREDITS: u32 = 64;
 
+/// First port of the endpoints `--endpoints` adds beside the measured one.
+const OTHERS_PORT: u32 = 1000;
+
+/// Opens `n` small endpoints on `nic` (ports `OTHERS_PORT..`); each sends
+/// one message to the next (in a ring) and receives one, so every one has
+/// been active before the measurement starts.
+fn open_others(
+    nic: &ulnic::Nic,
+    pd: &ulnic::ProtectionDomain,
+    n: u32,
+) -> io::Result<Vec<ulnic::Endpoint>> {
+    let small = ulnic::EndpointConfig {
+        send_entries: 2,
+        recv_entries: 2,
+        free_entries: 2,
+        segment_bytes: 4096,
+    };
+    let mut eps = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let mut e = pd.create_endpoint(&small).map_err(io::Error::other)?;
+        e.bind(OTHERS_PORT + i).map_err(io::Error::other)?;
+        eps.push(e);
+    }
+    for (i, e) in eps.iter_mut().enumerate() {
+        let to = ulnic::Address {
+            node: nic.node(),
+            port: OTHERS_PORT + (i as u32 + 1) % n,
+        };
+        e.post_send_inline(to, 0, b"hi", 0)
+            .map_err(io::Error::other)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for e in eps.iter_mut() {
+        while e.poll_recv().is_none() {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("an extra endpoint received nothing"));
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok(eps)
+}
+
 /// ulnic: inline sends up to INLINE_MAX, segment sends beyond; credit-based
 /// flow control (the receiver returns credits every CREDITS/2 messages) so
 /// nothing is ever returned for lack of a buffer.
 struct UlnicLink {
     ep: ulnic::Endpoint,
+    /// Endpoints kept open beside the measured one (`--endpoints`).
+    _others: Vec<ulnic::Endpoint>,
     _nic: ulnic::Nic,
     peer: ulnic::Address,
     mode: Mode,
@@ -277,16 +324,31 @@ struct UlnicLink {
 
 impl UlnicLink {
     /// `socket` None: the guest device (`Nic::open`).
-    fn open(socket: Option<&Path>, peer_node: u32, max: u32, mode: Mode) -> io::Result<UlnicLink> {
+    /// `others`: endpoints to open first, each of which sends one message
+    /// to the next and receives one, then stays open and idle.
+    fn open(
+        socket: Option<&Path>,
+        peer_node: u32,
+        max: u32,
+        mode: Mode,
+        others: u32,
+    ) -> io::Result<UlnicLink> {
         let slot = u64::from(max.max(1)).div_ceil(4096) * 4096;
         let seg = (slot * u64::from(2 * CREDITS)) as usize;
-        std::env::set_var(ulnic::MEMORY_ENV, (seg + (16 << 20)).to_string());
+        // A small endpoint: its control pages, a segment page, its table,
+        // with room to spare.
+        let small_bytes = (others as usize) * 8 * 4096;
+        std::env::set_var(
+            ulnic::MEMORY_ENV,
+            (seg + small_bytes + (16 << 20)).to_string(),
+        );
         let nic = match socket {
             Some(s) => ulnic::Nic::attach(s),
             None => ulnic::Nic::open(),
         }
         .map_err(io::Error::other)?;
         let pd = nic.alloc_pd().map_err(io::Error::other)?;
+        let others = open_others(&nic, &pd, others)?;
         let cfg = ulnic::EndpointConfig {
             send_entries: CREDITS,
             recv_entries: 2 * CREDITS,
@@ -302,6 +364,7 @@ impl UlnicLink {
         }
         Ok(UlnicLink {
             ep,
+            _others: others,
             _nic: nic,
             peer: ulnic::Address {
                 node: peer_node,
@@ -483,7 +546,10 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
     let mut inb = vec![0u8; size.max(4)];
     let mut rec = Record {
         bench: format!("{:?}", spec.workload).to_lowercase(),
-        transport: format!("{:?}", spec.transport).to_lowercase(),
+        transport: match spec.transport {
+            Transport::Ulnic if spec.endpoints > 1 => format!("ulnic:{}ep", spec.endpoints),
+            t => format!("{t:?}").to_lowercase(),
+        },
         size: spec.size,
         iters: spec.iters,
         mode: format!("{:?}", link.mode()).to_lowercase(),
@@ -637,6 +703,9 @@ pub struct PeerArgs {
     /// How payloads are touched (see `ulnic bench --help`).
     #[arg(long, value_enum, default_value = "write+verify")]
     pub payload: Touch,
+    /// ulnic: endpoints this peer keeps open (see `ulnic bench --help`).
+    #[arg(long, default_value_t = 1)]
+    pub endpoints: u32,
 }
 
 /// TCP port of the benchmark server inside guests.
@@ -693,6 +762,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
         corrupt_at: a.corrupt_at,
         nodes: (0, 1),
         payload: a.payload,
+        endpoints: a.endpoints,
     };
     let is_server = a.role == "server";
     let ready = || {
@@ -758,6 +828,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 peer,
                 spec.size,
                 spec.mode,
+                spec.endpoints.saturating_sub(1),
             )?;
             if a.at == "device" {
                 // Guests come up at different times: meet first.
@@ -797,6 +868,7 @@ fn spawn_peer(spec: &Spec, role: &str, at: &str) -> io::Result<Child> {
         ])
         .args(["--mode", &format!("{:?}", spec.mode).to_lowercase()])
         .args(["--payload", spec.payload.label()])
+        .args(["--endpoints", &spec.endpoints.to_string()])
         .args(
             spec.corrupt_at
                 .map(|n| vec!["--corrupt-at".to_string(), n.to_string()])

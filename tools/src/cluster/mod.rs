@@ -242,7 +242,6 @@ pub fn run(
         let cfg = VmConfig {
             memory_mb: opts.memory_mb,
             ulnic_socket: Some(sockets[n as usize].clone()),
-            ulnic_queues: ulnic_abi::queue_count(opts.endpoints),
             accel: accel.into(),
             append: format!(
                 "ulnic.node={n} ulnic.nodes={} ulnic.cmd={cmd64} ulnic.poweroff",

@@ -240,7 +240,6 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
             ulnic_socket: Some(sockets[n as usize].clone()),
             // The NIC is hotplugged, so restart-device can plug it again.
             ulnic_hotplug: true,
-            ulnic_queues: ulnic_abi::queue_count(a.endpoints),
             accel: a.accel.clone(),
             append: format!("ulnic.node={n} ulnic.nodes={} ulnic.agent", a.nodes),
             vde: Some((a.dir.join("segment"), n)),
@@ -781,7 +780,7 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> anyhow::Result<(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let mut steps = vec![vm::ulnic_device_add(cfg)];
+    let mut steps = vec![vm::ulnic_device_add()];
     if !replug {
         steps.push(json!({ "execute": "cont" }));
     }
