@@ -349,10 +349,22 @@ static int ulnic_open(struct inode *inode, struct file *f)
 	}
 	uf->pd = le32_to_cpu(pd.id);
 	uf->doorbell_queue = le32_to_cpu(pd.doorbell_queue);
-	/* The device names the queue; trust only doorbell queues we have. */
+	/*
+	 * The device names the queue; trust only doorbell queues we have.
+	 * Without one the domain's endpoints could never be rung: give it back.
+	 */
 	if (uf->doorbell_queue < ULNIC_FIRST_DOORBELL_QUEUE ||
-	    uf->doorbell_queue >= u->nvqs)
-		uf->doorbell_queue = 0;
+	    uf->doorbell_queue >= u->nvqs) {
+		struct ulnic_object_id id = { .id = pd.id };
+
+		pr_err("%s: device gave doorbell queue %u\n", u->name,
+		       uf->doorbell_queue);
+		if (ulnic_command(u, ULNIC_CMD_DESTROY_PD, &id, sizeof(id), NULL,
+				  0, &status) < 0)
+			uf->doorbell_bits = NULL;	/* the device may still read it */
+		err = -EPROTO;
+		goto err_free;
+	}
 	uf->u = u;
 	mutex_init(&uf->lock);
 	kref_get(&u->ref);
@@ -842,7 +854,7 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		/* remove() frees the queues under vq_sem held for writing. */
 		down_read(&u->vq_sem);
 		n = READ_ONCE(u->vdev) ? 0 : -ENODEV;
-		if (!n && uf->doorbell_queue)
+		if (!n)
 			virtqueue_notify(u->vqs[uf->doorbell_queue]);
 		up_read(&u->vq_sem);
 		return n;
@@ -926,8 +938,8 @@ static int ulnic_mmap_doorbell(struct file *f, struct vm_area_struct *vma,
 				       virt_to_phys(uf->doorbell_bits) >> PAGE_SHIFT,
 				       PAGE_SIZE, vma->vm_page_prot);
 	}
-	pa = uf->doorbell_queue && slot < ULNIC_DOORBELL_QUEUES ?
-	     u->doorbell_pa[slot] : 0;
+	/* ulnic_open() checked the queue: the slot is one of ours. */
+	pa = u->doorbell_pa[slot];
 	/*
 	 * Under vq_sem: remove() clears vdev under it for writing and
 	 * revokes afterwards, so a mapping made here is either refused or

@@ -20,7 +20,6 @@ const PAGE_ENTRY: usize = ulnic_abi::PAGE_ENTRY_SIZE as usize;
 pub(crate) struct HostDomain {
     hw: Arc<HostAttach>,
     domain: ProtectionDomain,
-    pd: u32,
     /// Memory of each endpoint: control, segment, page table.
     buffers: Mutex<HashMap<u32, [DmaBuffer; 3]>>,
     /// User buffers by address, and the UTLB table once created.
@@ -34,7 +33,6 @@ impl HostDomain {
         Ok(HostDomain {
             hw,
             domain,
-            pd: domain.id,
             buffers: Mutex::new(HashMap::new()),
             user: Mutex::new(HashMap::new()),
             utlb_table: Mutex::new(None),
@@ -78,7 +76,7 @@ impl Domain for HostDomain {
             .collect();
         mem.write(table.gpa, &entries);
         let req = CreateEndpoint {
-            pd: self.pd,
+            pd: self.domain.id,
             send_entries: layout.send_entries,
             recv_entries: layout.recv_entries,
             free_entries: layout.free_entries,
@@ -171,7 +169,7 @@ impl Domain for HostDomain {
         }
         let table = self.hw.memory().alloc(entries as usize * PAGE_ENTRY)?;
         let req = wire::UtlbSetTable {
-            pd: self.pd.into(),
+            pd: self.domain.id.into(),
             entries: entries.into(),
             table_gpa: table.gpa.into(),
         };
@@ -206,7 +204,7 @@ impl Domain for HostDomain {
             .collect();
         mem.write(table.gpa + u64::from(first) * PAGE_ENTRY as u64, &gpas);
         let req = wire::UtlbInvalidate {
-            pd: self.pd.into(),
+            pd: self.domain.id.into(),
             first: first.into(),
             count: count.into(),
         };

@@ -34,14 +34,12 @@ impl Node {
     pub fn take_doorbells(&mut self, mem: &GuestMemoryMmap<()>, now: Instant) {
         let mut kicked = std::mem::take(&mut self.kicked);
         let words = self.endpoints.len().div_ceil(64) as u64;
+        // Those that left with work waiting come back first.
         let mut rung = std::mem::take(&mut self.rung);
         while kicked != 0 {
-            let slot = kicked.trailing_zeros() as usize;
+            let slot = kicked.trailing_zeros();
             kicked &= kicked - 1;
-            let Some(pd) = self.doorbell_slots.get(slot).copied().flatten() else {
-                continue;
-            };
-            let Some(gpa) = self.pds.get(&pd).map(|p| p.doorbell_gpa) else {
+            let Some((pd, gpa)) = self.doorbell_of_slot(slot) else {
                 continue;
             };
             for w in 0..words {
@@ -60,27 +58,25 @@ impl Node {
                 }
             }
         }
-        for &e in &rung {
+        // Any pushed out meanwhile with work waiting land in `self.rung`,
+        // for the next pass.
+        for e in rung {
             self.make_resident(mem, e, now);
         }
-        rung.clear();
-        // Endpoints that had to leave with work waiting were pushed onto
-        // `self.rung` meanwhile; keep them for the next pass.
-        rung.append(&mut self.rung);
-        self.rung = rung;
     }
 
     /// Makes endpoint `e` resident: doorbell wanted 0, polled from now on.
     /// When `RESIDENT_MAX` are, the one idle longest leaves first.
     pub fn make_resident(&mut self, mem: &GuestMemoryMmap<()>, e: u32, now: Instant) {
+        let Some(ep) = self.endpoint_mut(e) else {
+            return;
+        };
+        // Also for one already resident that still asked (`leave_all`).
+        ep.set_doorbell_wanted(mem, false);
         if let Some(r) = self.resident.iter_mut().find(|r| r.0 == e) {
             r.1 = now;
             return;
         }
-        let Some(ep) = self.endpoint_mut(e) else {
-            return;
-        };
-        ep.set_doorbell_wanted(mem, false);
         if self.resident.len() >= RESIDENT_MAX as usize {
             let oldest = (0..self.resident.len()).min_by_key(|&i| self.resident[i].1);
             if let Some(i) = oldest {
@@ -118,8 +114,11 @@ impl Node {
     }
 
     /// Before the engine sleeps: every resident endpoint is asked for
-    /// doorbells, then (after one fence) looked at once more; those with
-    /// work stay. Returns how many stayed.
+    /// doorbells, then (after one fence) looked at once more. Those with
+    /// descriptors waiting stay resident, still asking: the engine polls
+    /// them once more and may sleep if they cannot progress (fabric
+    /// back-pressure, a full event ring), to be woken by the fabric's next
+    /// event or their doorbell. Returns how many stayed.
     pub fn leave_all(&mut self, mem: &GuestMemoryMmap<()>, now: Instant) -> usize {
         let Node {
             resident,
@@ -139,7 +138,6 @@ impl Node {
             if ep.send_pending(mem) == 0 {
                 return false;
             }
-            ep.set_doorbell_wanted(mem, false);
             *active = now;
             true
         });

@@ -31,8 +31,6 @@ pub struct Node {
     pub endpoints: Vec<Option<Endpoint>>,
     /// Live protection domains.
     pub pds: HashMap<u32, Pd>,
-    /// Doorbell slot -> the protection domain holding it (spec §5.8).
-    pub doorbell_slots: Vec<Option<u32>>,
     /// Doorbell slots kicked since the engine last looked, a bit per slot.
     pub kicked: u64,
     /// Resident endpoints: the ones the engine polls (spec §5.8), each
@@ -88,7 +86,6 @@ impl Node {
             mem: None,
             endpoints: (0..max_endpoints).map(|_| None).collect(),
             pds: HashMap::new(),
-            doorbell_slots: vec![None; ulnic_abi::DOORBELL_QUEUES as usize],
             kicked: 0,
             resident: Vec::new(),
             rung: Vec::new(),
@@ -134,7 +131,6 @@ impl Node {
         }
         self.endpoints.iter_mut().for_each(|e| *e = None);
         self.pds.clear();
-        self.doorbell_slots.iter_mut().for_each(|s| *s = None);
         self.kicked = 0;
         self.resident.clear();
         self.rung.clear();
@@ -254,6 +250,21 @@ impl Node {
         }
         self.apertures.revoke_all(id);
         Some(ep)
+    }
+}
+
+impl Node {
+    /// The lowest doorbell slot no domain holds (spec §5.8).
+    pub fn free_doorbell_slot(&self) -> Option<u32> {
+        (0..ulnic_abi::DOORBELL_QUEUES).find(|s| self.pds.values().all(|p| p.slot != *s))
+    }
+
+    /// The domain holding doorbell slot `slot`, and its bitmap's address.
+    pub fn doorbell_of_slot(&self, slot: u32) -> Option<(u32, u64)> {
+        self.pds
+            .iter()
+            .find(|(_, p)| p.slot == slot)
+            .map(|(&id, p)| (id, p.doorbell_gpa))
     }
 }
 

@@ -59,7 +59,10 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
         // Dekker handshake with the drivers: every resident endpoint asks
         // for doorbells, then is looked at again, so a descriptor published
         // meanwhile is never missed (spec §5.8). Doorbells bring them back.
-        if switch.lock().leave_all() == 0 {
+        // Those that had descriptors stay; if one more pass cannot move
+        // them either, they wait for the fabric's next event.
+        let stayed = switch.lock().leave_all();
+        if stayed == 0 || switch.lock().poll() == 0 {
             switch.sleep(sleep);
         }
         idle_since = Instant::now();

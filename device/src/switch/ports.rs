@@ -347,8 +347,8 @@ impl Ports {
     }
 
     /// Before the engine sleeps: every resident endpoint of every port
-    /// asks for doorbells (spec §5.8). Returns how many had work after all
-    /// and stay resident (0: the engine may sleep).
+    /// asks for doorbells (spec §5.8). Returns how many had descriptors
+    /// waiting and stay resident (see `Node::leave_all`).
     pub fn leave_all(&mut self) -> usize {
         let now = Instant::now();
         let mut stayed = 0;

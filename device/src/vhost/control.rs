@@ -175,7 +175,7 @@ fn create_pd(
     if gpa % PAGE_SIZE + len > PAGE_SIZE || !guest::range_ok(mem, gpa, len) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
-    let Some(slot) = n.doorbell_slots.iter().position(Option::is_none) else {
+    let Some(slot) = n.free_doorbell_slot() else {
         return Err(Response::err(status::NO_RESOURCES));
     };
     let pd = n.next_pd;
@@ -183,14 +183,13 @@ fn create_pd(
     n.pds.insert(
         pd,
         Pd {
-            slot: slot as u32,
+            slot,
             doorbell_gpa: gpa,
         },
     );
-    n.doorbell_slots[slot] = Some(pd);
     let created = PdCreated {
         id: pd.into(),
-        doorbell_queue: ulnic_abi::doorbell_queue(slot as u32).into(),
+        doorbell_queue: ulnic_abi::doorbell_queue(slot).into(),
     };
     Ok(Response::ok(created.as_bytes().to_vec()))
 }
@@ -198,10 +197,9 @@ fn create_pd(
 fn destroy_pd(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
     let pd = payload::<ObjectId>(p)?.id.get();
     let n = &mut ports.nodes[node as usize];
-    let Some(gone) = n.pds.remove(&pd) else {
+    if n.pds.remove(&pd).is_none() {
         return Err(Response::err(status::NOT_FOUND));
-    };
-    n.doorbell_slots[gone.slot as usize] = None;
+    }
     let ids: Vec<u32> = (0..n.endpoints.len() as u32)
         .filter(|&i| n.endpoints[i as usize].as_ref().is_some_and(|e| e.pd == pd))
         .collect();
