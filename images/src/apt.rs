@@ -73,6 +73,14 @@ impl Apt {
         self.run("apt-get", &["-q", "update"]).map(|_| ())
     }
 
+    /// Whether package lists were fetched before (downloads need them).
+    pub fn has_lists(&self) -> bool {
+        std::fs::read_dir(self.root.join("state/lists")).is_ok_and(|d| {
+            d.filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().contains("_Packages"))
+        })
+    }
+
     /// The first dependency of a metapackage in `release` (e.g. the kernel
     /// ABI package that `linux-image-cloud-amd64` points at today).
     pub fn resolve_meta(&self, meta: &str, release: &str) -> Result<String, Error> {

@@ -11,11 +11,13 @@
 //!   busybox-static and ulnic's init.
 //!
 //! A build is redone only when an input changes: the resolved package
-//! versions or this builder's own files.
+//! versions or this builder's own files. Versions are resolved again after
+//! a day or on `force` (see `resolved`), so a warm start runs no apt.
 
 mod apt;
 mod error;
 pub mod newc;
+mod resolved;
 pub mod vm;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 pub use error::Error;
+use resolved::Resolved;
 
 /// Bumped when the build recipe changes in a way the inputs do not show.
 const RECIPE: u32 = 2;
@@ -212,28 +215,66 @@ pub fn build(
     }
     let mut fetched = Fetched::default();
 
-    progress("[1/4] resolving packages (bookworm-backports kernel, busybox-static)");
     let deb = Apt::new(&cache.join("apt-bookworm"), &BOOKWORM)?;
-    deb.update()?;
-    let kernel_pkg = deb.resolve_meta("linux-image-cloud-amd64", "bookworm-backports")?;
-    let kernel_version = deb.version(&kernel_pkg, Some("bookworm-backports"))?;
-    let busybox_version = deb.version("busybox-static", None)?;
+    let tri = Apt::new(&cache.join("apt-trixie"), &TRIXIE)?;
+    let system = system_qemu();
+    let stored = Resolved::load(&cache);
+    // A stored resolution serves only if it names a QEMU whenever the
+    // system has none.
+    let usable = |r: &Resolved| system.is_some() || r.qemu_bundle_version.is_some();
+    let resolved = match stored.clone().filter(|r| !force && r.is_fresh() && usable(r)) {
+        Some(r) => {
+            progress(&format!(
+                "[1/4] packages as resolved {} ago (asked again after a day, or with --force)",
+                resolved::describe_age(r.age())
+            ));
+            r
+        }
+        None => {
+            progress("[1/4] resolving packages (bookworm-backports kernel, busybox-static)");
+            match resolve_now(&deb, system.is_none().then_some(&tri)) {
+                Ok(r) => {
+                    r.store(&cache);
+                    r
+                }
+                Err(e) => match stored.filter(usable) {
+                    Some(r) => {
+                        progress(&format!(
+                            "      warning: {e}; using the packages resolved {} ago",
+                            resolved::describe_age(r.age())
+                        ));
+                        r
+                    }
+                    None => return Err(e),
+                },
+            }
+        }
+    };
+    let kernel_pkg = resolved.kernel_pkg.clone();
+    let kernel_version = resolved.kernel_version.clone();
+    let busybox_version = resolved.busybox_version.clone();
 
     progress("[2/4] QEMU");
-    let qemu = match system_qemu() {
-        Some(q) => {
+    let qemu = match (system, &resolved.qemu_bundle_version) {
+        (Some(q), _) => {
             progress(&format!("      using system QEMU {}", q.version()));
             q
         }
-        None => {
-            let tri = Apt::new(&cache.join("apt-trixie"), &TRIXIE)?;
-            tri.update()?;
-            let version = tri.version("qemu-system-x86", Some("trixie-backports"))?;
+        (None, None) => {
+            return Err(Error::Resolve(
+                "no system QEMU and no trixie-backports QEMU resolved".into(),
+            ))
+        }
+        (None, Some(version)) => {
+            let version = version.clone();
             let root = cache.join(format!("qemu-{}", version.replace([':', '~', '+'], "_")));
             if !root.join("usr/bin/qemu-system-x86_64").exists() || force {
                 progress(&format!(
                     "      fetching Debian trixie-backports QEMU {version} and its libraries"
                 ));
+                if !tri.has_lists() {
+                    tri.update()?;
+                }
                 let before = tri.cached()?;
                 let debs = tri.download_closure("qemu-system-x86", "trixie-backports")?;
                 let tmp = root.with_extension("partial");
@@ -307,6 +348,9 @@ pub fn build(
         "vde-switch".to_string(),
     ];
     let want_ref: Vec<&str> = want.iter().map(String::as_str).collect();
+    if !deb.has_lists() {
+        deb.update()?;
+    }
     let before = deb.cached()?;
     let debs = deb.download(&want_ref)?;
     let kroot = dir.join("root");
@@ -390,6 +434,29 @@ pub fn build(
         downloaded_bytes: fetched.bytes,
         packages: fetched.packages,
         seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Asks apt (after refreshing its lists) which packages to build from;
+/// `bundle` is the trixie apt when QEMU must come from there.
+fn resolve_now(deb: &Apt, bundle: Option<&Apt>) -> Result<Resolved, Error> {
+    deb.update()?;
+    let kernel_pkg = deb.resolve_meta("linux-image-cloud-amd64", "bookworm-backports")?;
+    let kernel_version = deb.version(&kernel_pkg, Some("bookworm-backports"))?;
+    let busybox_version = deb.version("busybox-static", None)?;
+    let qemu_bundle_version = match bundle {
+        Some(tri) => {
+            tri.update()?;
+            Some(tri.version("qemu-system-x86", Some("trixie-backports"))?)
+        }
+        None => None,
+    };
+    Ok(Resolved {
+        at_unix: resolved::now_unix(),
+        kernel_pkg,
+        kernel_version,
+        busybox_version,
+        qemu_bundle_version,
     })
 }
 

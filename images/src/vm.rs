@@ -112,6 +112,15 @@ pub fn ulnic_chardev_add(sock: &std::path::Path) -> serde_json::Value {
     })
 }
 
+/// Boot-time work the guests never use, skipped: under TCG these initcalls
+/// cost about 0.9 s of a 5.3 s boot (measured with `initcall_debug`). The
+/// module is unsigned anyway (no certificates needed), nothing uses BPF
+/// congestion control, encrypted keys or trace enums, and the entropy and
+/// KDF ones only self-test or seed a DRBG that the kernel seeds otherwise.
+const SKIPPED_INITCALLS: &str = "initcall_blacklist=load_system_certificate_list,\
+bpf_tcp_ca_kfunc_init,jent_mod_init,bpf_dummy_struct_ops_init,trace_eval_init,\
+crypto_kdf108_init,init_encrypted";
+
 /// A command that boots `image` with `cfg`, console on stdio.
 pub fn command(image: &Image, cfg: &VmConfig) -> Command {
     let mut c = image.qemu.command();
@@ -132,7 +141,10 @@ pub fn command(image: &Image, cfg: &VmConfig) -> Command {
         .arg(&image.initramfs);
     c.args([
         "-append",
-        &format!("console=ttyS0 quiet panic=-1 {}", cfg.append),
+        &format!(
+            "console=ttyS0 quiet panic=-1 {SKIPPED_INITCALLS} {}",
+            cfg.append
+        ),
     ]);
     c.args(["-nographic", "-nodefaults", "-serial", "stdio"]);
     if !cfg.allow_reboot {
@@ -154,7 +166,11 @@ pub fn command(image: &Image, cfg: &VmConfig) -> Command {
         c.arg("-netdev")
             .arg(format!("vde,id=net0,sock={}", dir.display()));
         c.arg("-device")
-            .arg(format!("virtio-net-pci,netdev=net0,mac={}", node_mac(*n)));
+            // romfile= leaves out iPXE: guests boot from -kernel, never the net.
+            .arg(format!(
+                "virtio-net-pci,netdev=net0,mac={},romfile=",
+                node_mac(*n)
+            ));
     }
     if let Some(sock) = &cfg.ulnic_socket {
         c.arg("-chardev").arg(format!(

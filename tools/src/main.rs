@@ -749,14 +749,17 @@ struct SelftestArgs {
 enum ImageCmd {
     /// Fetch and build the default guest (Debian cloud kernel, busybox
     /// initramfs) and QEMU into the cache; rebuilds only when an input
-    /// changed.
+    /// changed. Package versions are resolved with apt at most once a day
+    /// (kept in the cache's resolved.json); without network the last
+    /// resolution is used.
     ///
     /// Examples:
     ///   ulnic image build
     ///   ulnic image build --json
     #[command(verbatim_doc_comment)]
     Build {
-        /// Rebuild even when the cache is current.
+        /// Ask apt for the newest packages now and rebuild even when the
+        /// cache is current.
         #[arg(long)]
         force: bool,
         /// Print the result as one JSON object.
