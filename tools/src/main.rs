@@ -2322,6 +2322,7 @@ fn run_compare(
         rounds: a.rounds,
         iters: a.iters.unwrap_or(2000),
         stream_iters: a.iters.unwrap_or(3000),
+        touch: a.payload,
     };
     let rows = compare(&o, dir, scratch, &mut |l| eprintln!("{l}"))?;
     if a.json {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::payload::Touch;
 use super::pingpong::{run_one, Mode, Spec, Transport, Workload};
 use super::record::Record;
 
@@ -39,11 +40,15 @@ impl Peer {
         }
     }
 
-    /// How it touches payloads, and which statistic it reports.
-    fn rules(self) -> (&'static str, &'static str) {
+    /// How it touches payloads when `touch` is asked for, and which
+    /// statistic it reports. fabtests can only fill and check (`-c`) or
+    /// touch nothing, so `write` runs them untouched; sockperf never
+    /// touches payloads.
+    fn rules(self, touch: Touch) -> (&'static str, &'static str) {
         match self {
-            Peer::Internal(_) => ("write+verify", "median"),
-            Peer::FiPingpong(..) => ("fill+check (-c)", "mean"),
+            Peer::Internal(_) => (touch.label(), "median"),
+            Peer::FiPingpong(..) if touch == Touch::WriteVerify => ("fill+check (-c)", "mean"),
+            Peer::FiPingpong(..) => ("none", "mean"),
             Peer::Sockperf => ("none", "median"),
         }
     }
@@ -103,6 +108,8 @@ pub struct Options {
     pub iters: u64,
     /// Messages per stream run.
     pub stream_iters: u64,
+    /// How payloads are touched (each row says what its peer did).
+    pub touch: Touch,
 }
 
 /// Runs the comparison; `ulnic_dir` holds a running device's sockets
@@ -136,7 +143,7 @@ pub fn compare(
         for &size in sizes {
             let first = rows.len();
             for &p in peers {
-                let (payload, statistic) = p.rules();
+                let (payload, statistic) = p.rules(o.touch);
                 rows.push(Row {
                     workload: if workload == Workload::Pingpong {
                         "pingpong"
@@ -170,7 +177,7 @@ pub fn compare(
                     } else {
                         o.stream_iters
                     };
-                    match measure(p, workload, size, iters, ulnic_dir, scratch) {
+                    match measure(p, workload, size, iters, o.touch, ulnic_dir, scratch) {
                         Ok(v) => row.rounds.push(v),
                         Err(e) => {
                             row.missing = Some(format!("failed: {e}"));
@@ -206,6 +213,7 @@ fn measure(
     workload: Workload,
     size: u32,
     iters: u64,
+    touch: Touch,
     ulnic_dir: &Path,
     scratch: &Path,
 ) -> anyhow::Result<f64> {
@@ -219,7 +227,7 @@ fn measure(
                 mode: Mode::Poll,
                 corrupt_at: None,
                 nodes: (0, 1),
-                payload: super::payload::Touch::WriteVerify,
+                payload: touch,
                 endpoints: 1,
             };
             let r: Record = run_one(&spec, ulnic_dir, scratch)?;
@@ -233,7 +241,9 @@ fn measure(
                     .ok_or_else(|| anyhow::anyhow!("no rate measured")),
             }
         }
-        Peer::FiPingpong(provider, ep) => fi_pingpong(provider, ep, size, iters),
+        Peer::FiPingpong(provider, ep) => {
+            fi_pingpong(provider, ep, size, iters, touch == Touch::WriteVerify)
+        }
         Peer::Sockperf => sockperf(size),
     }
 }
@@ -260,10 +270,20 @@ impl Drop for Server {
 
 /// `fi_pingpong`'s mean round trip in microseconds: twice its usec/xfer
 /// (a transfer is one direction of a round trip).
-fn fi_pingpong(provider: &str, ep: &str, size: u32, iters: u64) -> anyhow::Result<f64> {
+fn fi_pingpong(
+    provider: &str,
+    ep: &str,
+    size: u32,
+    iters: u64,
+    check: bool,
+) -> anyhow::Result<f64> {
     let port = free_port()?.to_string();
     let common = |c: &mut Command| {
-        c.args(["-p", provider, "-e", ep, "-c", "-S"])
+        c.args(["-p", provider, "-e", ep]);
+        if check {
+            c.arg("-c");
+        }
+        c.arg("-S")
             .arg(size.to_string())
             .arg("-I")
             .arg(iters.to_string());
