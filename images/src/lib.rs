@@ -222,7 +222,10 @@ pub fn build(
     // A stored resolution serves only if it names a QEMU whenever the
     // system has none.
     let usable = |r: &Resolved| system.is_some() || r.qemu_bundle_version.is_some();
-    let resolved = match stored.clone().filter(|r| !force && r.is_fresh() && usable(r)) {
+    let resolved = match stored
+        .clone()
+        .filter(|r| !force && r.is_fresh() && usable(r))
+    {
         Some(r) => {
             progress(&format!(
                 "[1/4] packages as resolved {} ago (asked again after a day, or with --force)",

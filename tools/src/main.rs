@@ -915,7 +915,10 @@ struct BenchArgs {
     /// default): the sender writes every byte of every message and the
     /// receiver checks every byte. write: the sender writes, the receiver
     /// does not read. none: neither (the transfer alone, as fabtests by
-    /// default). Every result line says which ran.
+    /// default). Every result line says which ran. ulnic payloads are
+    /// written and read in place in the registered segment, the others'
+    /// through a user buffer; a ping-pong's answer is written afresh, so
+    /// both directions are touched, and round trips include the touching.
     #[arg(long, value_enum, default_value = "write+verify")]
     payload: crate::bench::payload::Touch,
     /// compare: interleaved rounds (each peer once per round).

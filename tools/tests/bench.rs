@@ -324,6 +324,29 @@ fn compare_runs_ulnic_beside_the_baselines_and_debians_peers() {
     }
     // ulnic against itself, round by round.
     assert_eq!(rows[0]["ulnic_ratio"], 1.0);
+    // Under the default every peer but sockperf touches payloads.
+    assert_eq!(rows[4]["payload"], "fill+check (-c)");
+    assert_eq!(rows[6]["payload"], "none");
+
+    // Asked to touch nothing, nobody does, and each row says so.
+    let rows = bench_json(&[
+        "bench",
+        "compare",
+        "--rounds",
+        "1",
+        "--iters",
+        "100",
+        "--size",
+        "8",
+        "--payload",
+        "none",
+        "--json",
+    ]);
+    assert_eq!(rows.len(), 11);
+    for r in &rows {
+        assert_eq!(r["missing"], serde_json::Value::Null, "{r}");
+        assert_eq!(r["payload"], "none", "{r}");
+    }
 }
 
 #[test]

@@ -120,6 +120,32 @@ trait Link {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
     /// The mode that really runs.
     fn mode(&self) -> Mode;
+
+    /// Sends a message of `scratch.len()` bytes that `fill` writes. Sockets
+    /// and the shm ring take a user buffer and copy it, so it is written
+    /// into `scratch` and sent; ulnic overrides this to write it in place
+    /// in its registered segment, as its applications do.
+    fn send_filled(
+        &mut self,
+        scratch: &mut [u8],
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<()> {
+        fill(scratch);
+        self.send(scratch)
+    }
+
+    /// Receives one message and shows it to `look` where it lies: sockets
+    /// and the shm ring copy it into `scratch` first; ulnic overrides this
+    /// to show the delivered buffer in its segment. Returns the length.
+    fn recv_seen(
+        &mut self,
+        scratch: &mut [u8],
+        look: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<usize> {
+        let n = self.recv(scratch)?;
+        look(&scratch[..n])?;
+        Ok(n)
+    }
 }
 
 // ---------------------------------------------------------------- streams
@@ -421,21 +447,32 @@ impl UlnicLink {
     }
 
     fn post(&mut self, tag: u32, data: &[u8]) -> io::Result<()> {
-        let inline = data.len() <= ulnic::INLINE_MAX as usize;
-        let off = (self.send_seq % u64::from(CREDITS)) * self.slot;
-        if !inline {
-            // Written once, before any retry. The slot is free: at most
-            // CREDITS messages are unconsumed by the peer, so the send that
-            // last used it has been delivered.
-            self.ep.write_segment(off as usize, data);
+        if data.len() <= ulnic::INLINE_MAX as usize {
+            return self.post_descriptor(tag, Some(data), data.len());
         }
+        // Written once, before any retry (the slot is free: see
+        // `send_filled`).
+        self.ep.write_segment(self.send_offset(), data);
+        self.post_descriptor(tag, None, data.len())
+    }
+
+    /// The segment offset of the next send's slot.
+    fn send_offset(&self) -> usize {
+        ((self.send_seq % u64::from(CREDITS)) * self.slot) as usize
+    }
+
+    /// Posts the next send: `inline` bytes, or `len` bytes already in its
+    /// slot; retried while the send ring is full.
+    fn post_descriptor(&mut self, tag: u32, inline: Option<&[u8]>, len: usize) -> io::Result<()> {
+        let off = self.send_offset() as u64;
         loop {
-            let r = if inline {
-                self.ep
-                    .post_send_inline(self.peer, tag, data, self.send_seq)
-            } else {
-                self.ep
-                    .post_send(self.peer, tag, off, data.len() as u32, self.send_seq, false)
+            let r = match inline {
+                Some(data) => self
+                    .ep
+                    .post_send_inline(self.peer, tag, data, self.send_seq),
+                None => self
+                    .ep
+                    .post_send(self.peer, tag, off, len as u32, self.send_seq, false),
             };
             match r {
                 Ok(()) => {
@@ -476,32 +513,82 @@ impl UlnicLink {
 
 impl Link for UlnicLink {
     fn send(&mut self, data: &[u8]) -> io::Result<()> {
-        while self.credits == 0 {
-            let m = self.next()?;
-            self.take(m, &mut [])?;
-        }
-        self.credits -= 1;
+        self.wait_for_credit()?;
         self.post(TAG_DATA, data)
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let m = self.next()?;
-            if let Some(n) = self.take(m, buf)? {
-                return Ok(n);
-            }
-        }
+        let cap = buf.len();
+        self.recv_with(cap, &mut |d| {
+            buf[..d.len()].copy_from_slice(d);
+            Ok(())
+        })
     }
 
     fn mode(&self) -> Mode {
         self.mode
     }
+
+    fn send_filled(
+        &mut self,
+        scratch: &mut [u8],
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<()> {
+        self.wait_for_credit()?;
+        let len = scratch.len();
+        if len <= ulnic::INLINE_MAX as usize {
+            fill(scratch);
+            return self.post_descriptor(TAG_DATA, Some(scratch), len);
+        }
+        let off = self.send_offset();
+        // SAFETY: the send slot is free (at most CREDITS messages are
+        // unconsumed by the peer, so the send that last used it has been
+        // delivered) and no other slice of it exists.
+        fill(unsafe { self.ep.segment_mut(off, len) });
+        self.post_descriptor(TAG_DATA, None, len)
+    }
+
+    fn recv_seen(
+        &mut self,
+        scratch: &mut [u8],
+        look: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<usize> {
+        self.recv_with(scratch.len(), look)
+    }
 }
 
 impl UlnicLink {
-    /// Consumes a received message: credits update the sender; data is
-    /// copied out (read) and its buffer reposted. Returns the data length.
-    fn take(&mut self, m: ulnic::Received, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    fn wait_for_credit(&mut self) -> io::Result<()> {
+        while self.credits == 0 {
+            let m = self.next()?;
+            self.take(m, 0, &mut |_| Ok(()))?;
+        }
+        self.credits -= 1;
+        Ok(())
+    }
+
+    fn recv_with(
+        &mut self,
+        cap: usize,
+        look: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<usize> {
+        loop {
+            let m = self.next()?;
+            if let Some(n) = self.take(m, cap, look)? {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// Consumes a received message: credits update the sender; data of at
+    /// most `cap` bytes is shown to `look` where it lies and its buffer
+    /// reposted. Returns the data length.
+    fn take(
+        &mut self,
+        m: ulnic::Received,
+        cap: usize,
+        look: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<Option<usize>> {
         if m.tag == TAG_HELLO {
             return Ok(None); // a repeated greeting from the start-up handshake
         }
@@ -512,13 +599,15 @@ impl UlnicLink {
             return Ok(None);
         }
         let n = m.len as usize;
-        if n > buf.len() {
+        if n > cap {
             return Err(io::Error::other("message larger than buffer"));
         }
         match m.payload {
-            ulnic::Payload::Inline(d) => buf[..n].copy_from_slice(&d[..n]),
+            ulnic::Payload::Inline(d) => look(&d[..n])?,
             ulnic::Payload::Buffer { offset, id } => {
-                self.ep.read_segment(offset as usize, &mut buf[..n]);
+                // SAFETY: a delivered buffer is ours until posted free
+                // again below; the device does not write it meanwhile.
+                look(unsafe { self.ep.segment(offset as usize, n) })?;
                 self.ep
                     .post_free(offset, self.slot as u32, id)
                     .map_err(io::Error::other)?;
@@ -556,34 +645,26 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         payload: Some(spec.payload.label().into()),
         ..Default::default()
     };
-    let fill = |out: &mut [u8], i: u64| {
-        if spec.payload != Touch::None {
-            fill_bytes(out, i);
-        }
-    };
     // A fault injected on purpose: one byte of one measured message
     // flipped after it was filled, which the receiver must catch.
-    let corrupt = |out: &mut [u8], i: u64, w: u64| {
-        if spec.corrupt_at.is_some_and(|n| i == w + n) {
-            if let Some(b) = out.first_mut() {
-                *b ^= 0xff;
-            }
-        }
-    };
+    let corrupt_at = spec.corrupt_at;
+    let touch = spec.payload;
     match spec.workload {
         Workload::Pingpong => {
             let w = warmup(spec.iters);
             let mut samples = Vec::with_capacity(spec.iters as usize);
             for i in 0..w + spec.iters {
-                fill(&mut out, i);
-                corrupt(&mut out, i, w);
+                // The round trip includes writing and checking payloads
+                // (when asked for), as it does for every transport.
                 let t = Instant::now();
-                link.send(&out)?;
-                let n = link.recv(&mut inb)?;
+                link.send_filled(&mut out, &mut |o| {
+                    fill(touch, o, i);
+                    if corrupt_at.is_some_and(|n| i == w + n) {
+                        corrupt(o);
+                    }
+                })?;
+                let n = link.recv_seen(&mut inb, &mut |d| check(touch, d, i))?;
                 let dt = t.elapsed().as_nanos() as u64;
-                if spec.payload == Touch::WriteVerify {
-                    check_bytes(&inb[..n], i)?;
-                }
                 if n != size {
                     return Err(io::Error::other("echo of wrong size"));
                 }
@@ -596,15 +677,17 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         Workload::Stream => {
             let w = warmup(spec.iters);
             for i in 0..w {
-                fill(&mut out, i);
-                link.send(&out)?;
+                link.send_filled(&mut out, &mut |o| fill(touch, o, i))?;
             }
             link.recv(&mut inb)?; // the receiver drained the warm-up
             let t = Instant::now();
             for i in 0..spec.iters {
-                fill(&mut out, i);
-                corrupt(&mut out, i, 0);
-                link.send(&out)?;
+                link.send_filled(&mut out, &mut |o| {
+                    fill(touch, o, i);
+                    if corrupt_at == Some(i) {
+                        corrupt(o);
+                    }
+                })?;
             }
             link.recv(&mut inb)?; // the receiver has read everything
             let s = t.elapsed().as_secs_f64();
@@ -622,6 +705,28 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
     Ok(rec)
 }
 
+/// Writes message `i`'s payload unless payloads are not touched.
+fn fill(touch: Touch, out: &mut [u8], i: u64) {
+    if touch != Touch::None {
+        fill_bytes(out, i);
+    }
+}
+
+/// Checks message `i`'s payload when payloads are verified.
+fn check(touch: Touch, data: &[u8], i: u64) -> io::Result<()> {
+    if touch == Touch::WriteVerify {
+        check_bytes(data, i)?;
+    }
+    Ok(())
+}
+
+/// Flips the first byte (`--corrupt-at`).
+fn corrupt(out: &mut [u8]) {
+    if let Some(b) = out.first_mut() {
+        *b ^= 0xff;
+    }
+}
+
 fn rdma_has_no_peers() -> io::Error {
     io::Error::other("RDMA benchmarks run in one process (bench_rdma), not with peers")
 }
@@ -632,24 +737,22 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
     }
     let size = spec.size as usize;
     let mut buf = vec![0u8; size.max(4)];
+    let mut out = vec![0u8; size];
+    let touch = spec.payload;
     let w = warmup(spec.iters);
     match spec.workload {
         Workload::Pingpong => {
             for i in 0..w + spec.iters {
-                let n = link.recv(&mut buf)?;
-                if spec.payload == Touch::WriteVerify {
-                    check_bytes(&buf[..n], i)?;
-                }
-                link.send(&buf[..n])?;
+                let n = link.recv_seen(&mut buf, &mut |d| check(touch, d, i))?;
+                // The answer is written afresh (message i's pattern), not
+                // echoed, so each direction is written and checked.
+                link.send_filled(&mut out[..n], &mut |o| fill(touch, o, i))?;
             }
         }
         Workload::Stream => {
             for (start, count) in [(0, w), (0, spec.iters)] {
                 for i in start..count {
-                    let n = link.recv(&mut buf)?;
-                    if spec.payload == Touch::WriteVerify {
-                        check_bytes(&buf[..n], i)?;
-                    }
+                    link.recv_seen(&mut buf, &mut |d| check(touch, d, i))?;
                 }
                 link.send(&[1])?;
             }
