@@ -7,9 +7,10 @@
 use std::sync::atomic::{fence, Ordering};
 
 use ulnic_abi::PAGE_SIZE;
+use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryLoadGuard,
-    GuestMemoryMmap, VolatileMemory,
+    GuestMemoryMmap, VolatileMemory, VolatileSlice,
 };
 
 /// The memory of one port's frontend, as the vhost-user backend hands it over.
@@ -229,7 +230,7 @@ pub fn copy_between(
             let d = dst_mem
                 .get_slice(GuestAddress(dgpa), n as usize)
                 .map_err(|_| BadAddress { addr: dgpa, len: n })?;
-            s.copy_to_volatile_slice(d);
+            copy_in_chunks(&s, &d);
             sgpa += n;
             slen -= n;
             if dlen > n {
@@ -238,6 +239,27 @@ pub fn copy_between(
         }
     }
     Ok(())
+}
+
+/// Largest piece handed to one `memcpy`. glibc copies larger blocks with
+/// `rep movsb`, which on AMD EPYC under KVM runs at about 2.7 GB/s when
+/// source and destination share their offset within a page (segment
+/// buffers are page-aligned, so they usually do); below its threshold it
+/// uses vector moves, at about 21 GB/s there (`ulnic bench rdma-write`).
+pub const COPY_CHUNK: usize = 2048;
+
+/// Copies `src` into `dst` (equal lengths) in `COPY_CHUNK` pieces.
+fn copy_in_chunks<B: BitmapSlice>(src: &VolatileSlice<'_, B>, dst: &VolatileSlice<'_, B>) {
+    let len = src.len().min(dst.len());
+    let mut off = 0;
+    while off < len {
+        let n = COPY_CHUNK.min(len - off);
+        // Both slices are at least `len` long, so neither subslice fails.
+        if let (Ok(s), Ok(d)) = (src.subslice(off, n), dst.subslice(off, n)) {
+            s.copy_to_volatile_slice(d);
+        }
+        off += n;
+    }
 }
 
 /// Writes `data` into a segment range (checked by the caller).

@@ -61,6 +61,17 @@ fn record(dir: Direction, transport: &str, size: u32, lat: &mut [u64], secs: f64
     r
 }
 
+/// `dst.copy_from_slice(src)` in pieces of the device's `COPY_CHUNK`, as
+/// the device copies: glibc's `rep movsb`
+/// path for larger blocks runs at about 2.7 GB/s on AMD EPYC under KVM when
+/// both buffers are page-aligned, which would make the baseline a straw man.
+fn copy_in_chunks(dst: &mut [u8], src: &[u8]) {
+    let chunk = ulnic_device::memory::guest::COPY_CHUNK;
+    for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+        d.copy_from_slice(s);
+    }
+}
+
 /// The memcpy baseline: the same buffers, touches and window of slots.
 pub fn memcpy_line(dir: Direction, size: u32, iters: u64) -> Record {
     let s = size as usize;
@@ -76,7 +87,7 @@ pub fn memcpy_line(dir: Direction, size: u32, iters: u64) -> Record {
         if dir == Direction::Write {
             fill_lines(&mut src[slot..slot + s], i);
         }
-        dst[slot..slot + s].copy_from_slice(&src[slot..slot + s]);
+        copy_in_chunks(&mut dst[slot..slot + s], &src[slot..slot + s]);
         if dir == Direction::Read {
             sink = sink.wrapping_add(touch_lines(&dst[slot..slot + s]));
         }
