@@ -17,10 +17,8 @@ pub(crate) struct EpMemory {
     pub ctrl_len: usize,
     pub seg: *mut u8,
     pub seg_len: usize,
-    /// Its domain's doorbell page mapped here, and the value to write to
-    /// ring it (the domain's queue index); null when doorbells go through
-    /// a call.
-    pub doorbell: *mut u8,
+    /// The value that rings its domain's doorbell page (the domain's queue
+    /// index), when the domain has one mapped (`Domain::doorbell_mapped`).
     pub doorbell_queue: u16,
 }
 
@@ -107,6 +105,10 @@ pub(crate) trait Domain: Send + Sync {
     fn ep_command(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>, Error>;
     /// Rings an endpoint's doorbell.
     fn ring_doorbell(&self, ep: &EpMemory);
+    /// Whether ringing is a store to a page mapped here rather than a call.
+    fn doorbell_mapped(&self) -> bool {
+        false
+    }
     /// Blocks until the endpoint is notified (true) or `timeout` (false).
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error>;
     /// A file descriptor readable while one of the domain's endpoints is

@@ -109,7 +109,6 @@ impl Domain for HostDomain {
             seg: segment.ptr.as_ptr(),
             seg_len: segment.len,
             // The device's kick eventfd is this process's: rung by a call.
-            doorbell: std::ptr::null_mut(),
             doorbell_queue: 0,
         })
     }

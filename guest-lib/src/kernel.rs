@@ -155,7 +155,6 @@ impl Domain for KernelDomain {
             ctrl_len,
             seg,
             seg_len,
-            doorbell: self.doorbell,
             doorbell_queue: a.doorbell_queue.get() as u16,
         })
     }
@@ -186,6 +185,10 @@ impl Domain for KernelDomain {
         }
         let n = (a.out_len.get() as usize).min(a.data.len());
         Ok(a.data[..n].to_vec())
+    }
+
+    fn doorbell_mapped(&self) -> bool {
+        !self.doorbell.is_null()
     }
 
     fn ring_doorbell(&self, ep: &EpMemory) {

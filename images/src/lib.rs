@@ -216,7 +216,8 @@ pub fn build(
     let mut fetched = Fetched::default();
 
     let deb = Apt::new(&cache.join("apt-bookworm"), &BOOKWORM)?;
-    let tri = Apt::new(&cache.join("apt-trixie"), &TRIXIE)?;
+    // trixie's apt only when QEMU must come from there.
+    let trixie = || Apt::new(&cache.join("apt-trixie"), &TRIXIE);
     let system = system_qemu();
     let stored = Resolved::load(&cache);
     // A stored resolution serves only if it names a QEMU whenever the
@@ -235,7 +236,8 @@ pub fn build(
         }
         None => {
             progress("[1/4] resolving packages (bookworm-backports kernel, busybox-static)");
-            match resolve_now(&deb, system.is_none().then_some(&tri)) {
+            let bundle = system.is_none().then(trixie).transpose()?;
+            match resolve_now(&deb, bundle.as_ref()) {
                 Ok(r) => {
                     r.store(&cache);
                     r
@@ -275,6 +277,7 @@ pub fn build(
                 progress(&format!(
                     "      fetching Debian trixie-backports QEMU {version} and its libraries"
                 ));
+                let tri = trixie()?;
                 if !tri.has_lists() {
                     tri.update()?;
                 }

@@ -36,6 +36,15 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 pub use error::{Error, COMMAND_TIMEOUT};
 
+pub use memory::{map_shared, DmaBuffer, DmaMemory};
+use virtqueue::DriverQueue;
+
+/// Takes a lock even when a holder panicked: nothing here is left half
+/// updated across a call that can panic.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A protection domain made by [`HostAttach::create_pd`]: its id, for
 /// commands, and its doorbell (spec §5.8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,12 +56,6 @@ pub struct ProtectionDomain {
     /// Where its doorbell bitmap is in shared memory.
     pub doorbell_gpa: u64,
 }
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-pub use memory::{map_shared, DmaBuffer, DmaMemory};
-use virtqueue::DriverQueue;
 
 /// Default size of the memory a process shares with the device.
 pub const DEFAULT_MEMORY: usize = 64 << 20;
@@ -292,7 +295,7 @@ impl HostAttach {
 
     /// Runs one control command and returns its result payload.
     pub fn command(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>, Error> {
-        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = lock(&self.control);
         let half = c.buf.len / 2;
         if CMD_HEADER_SIZE + payload.len() > half {
             return Err(Error::Command {
@@ -375,7 +378,7 @@ impl HostAttach {
         readable: &[(u64, u32)],
         writable: &[(u64, u32)],
     ) -> Result<u32, Error> {
-        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = lock(&self.control);
         Self::submit(&self.memory, &mut c, 0, readable, writable)
     }
 
@@ -467,7 +470,7 @@ impl HostAttach {
     /// returns (any record, any record for an endpoint other than the
     /// caller's). Records are only read under the lock, never waited for.
     fn drain_notifications(&self, caller: u32) -> (bool, bool) {
-        let mut n = self.notify.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = lock(&self.notify);
         let NotifyQueue { queue, kick, bufs } = &mut *n;
         let (mut any, mut others) = (false, false);
         while let Some((id, len)) = queue.pop_used(&self.memory) {

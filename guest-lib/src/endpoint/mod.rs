@@ -318,7 +318,7 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn doorbell_mapped(&self) -> bool {
-        !self.mem.doorbell.is_null()
+        self.dom.doorbell_mapped()
     }
 
     fn doorbell_if_wanted(&self) {
