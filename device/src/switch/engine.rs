@@ -26,7 +26,9 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
     let mut idle_since = Instant::now();
     while !switch.stop.load(Ordering::Relaxed) {
         if switch.paused.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(1));
+            // `Device::pause(false)` wakes this at once (a plain sleep
+            // would add up to its length to the drain it times).
+            switch.sleep(MAX_SLEEP);
             idle_since = Instant::now();
             continue;
         }

@@ -781,12 +781,21 @@ pub fn drain(
             let (c0, t0) = (cpu_time(), Instant::now());
             run.device.pause(false);
             let deadline = t0 + Duration::from_secs(120);
-            while delivered() < want {
+            // Coarse naps while most messages wait (this thread must not
+            // take a core from the engines), fine ones near the end: the
+            // nap in which the last message lands is what the drain's
+            // time is overstated by (2 ms was 3 to 6 % of a drain).
+            loop {
+                let got = delivered();
+                if got >= want {
+                    break;
+                }
                 anyhow::ensure!(
                     Instant::now() < deadline,
                     "the engine did not drain within 120 s"
                 );
-                std::thread::sleep(Duration::from_millis(2));
+                let nap = if got < want - want / 8 { 2_000 } else { 50 };
+                std::thread::sleep(Duration::from_micros(nap));
             }
             let (secs, cpu) = (t0.elapsed().as_secs_f64(), (cpu_time() - c0).as_secs_f64());
             // Every message is in its receiver's ring, in order.
