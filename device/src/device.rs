@@ -141,6 +141,16 @@ impl Device {
         }
     }
 
+    /// When an engine thread last finished a pass that moved something
+    /// (the latest over the shards).
+    pub fn last_busy(&self) -> std::time::Instant {
+        self.switches
+            .iter()
+            .map(|s| s.last_busy())
+            .max()
+            .unwrap_or_else(std::time::Instant::now)
+    }
+
     /// The fabric's counters, summed over the shards (each counts the
     /// lanes it sends on, the switches and nodes it serves).
     pub fn fabric_counters(&self) -> Option<FabricCounters> {

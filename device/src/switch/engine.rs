@@ -35,6 +35,7 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
         switch.disconnect_faulted();
         if switch.lock().poll() > 0 {
             idle_since = Instant::now();
+            switch.mark_busy(idle_since);
             continue;
         }
         // A packet about to arrive on an emulated link: keep polling on

@@ -9,9 +9,9 @@ pub mod rdma;
 pub mod snapshot;
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{error, info};
 use vhost_user_backend::VringT;
@@ -40,6 +40,11 @@ pub struct Switch {
     /// Set to hold the engine still (the drain benchmark fills rings
     /// first); control commands still run.
     pub paused: AtomicBool,
+    /// When the engine last finished a pass that moved something, in
+    /// nanoseconds after `born` (the drain benchmark's end, read without
+    /// a lock or a thread polling beside the engines).
+    busy_at: AtomicU64,
+    born: Instant,
     /// Endpoints per port.
     pub max_endpoints: u32,
     /// Number of nodes.
@@ -98,6 +103,8 @@ impl Switch {
             })?,
             stop: AtomicBool::new(false),
             paused: AtomicBool::new(false),
+            busy_at: AtomicU64::new(0),
+            born: Instant::now(),
             max_endpoints: config.max_endpoints(),
             nodes,
             watch_base: region::reserve_keys(nodes).map_err(|e| Error::Config(e.to_string()))?,
@@ -108,6 +115,18 @@ impl Switch {
     /// way that matters more than stopping would, so poisoning is ignored.
     pub fn lock(&self) -> MutexGuard<'_, Ports> {
         self.ports.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that the engine's pass that ended at `at` moved something.
+    pub fn mark_busy(&self, at: Instant) {
+        let ns = at.saturating_duration_since(self.born).as_nanos() as u64;
+        self.busy_at.store(ns, Ordering::Release);
+    }
+
+    /// When the engine last finished a pass that moved something (its
+    /// creation if never).
+    pub fn last_busy(&self) -> Instant {
+        self.born + Duration::from_nanos(self.busy_at.load(Ordering::Acquire))
     }
 
     /// Wakes the engine if it sleeps.

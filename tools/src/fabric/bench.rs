@@ -781,23 +781,26 @@ pub fn drain(
             let (c0, t0) = (cpu_time(), Instant::now());
             run.device.pause(false);
             let deadline = t0 + Duration::from_secs(120);
-            // Coarse naps while most messages wait (this thread must not
-            // take a core from the engines), fine ones near the end: the
-            // nap in which the last message lands is what the drain's
-            // time is overstated by (2 ms was 3 to 6 % of a drain).
-            loop {
-                let got = delivered();
-                if got >= want {
-                    break;
-                }
+            // Naps, so that this thread takes no core from the engines;
+            // the drain ends when the last engine pass that moved
+            // something did (the nap it landed in is not counted).
+            while delivered() < want {
                 anyhow::ensure!(
                     Instant::now() < deadline,
                     "the engine did not drain within 120 s"
                 );
-                let nap = if got < want - want / 8 { 2_000 } else { 50 };
-                std::thread::sleep(Duration::from_micros(nap));
+                std::thread::sleep(Duration::from_millis(2));
             }
-            let (secs, cpu) = (t0.elapsed().as_secs_f64(), (cpu_time() - c0).as_secs_f64());
+            let cpu = (cpu_time() - c0).as_secs_f64();
+            // The pass that published the last message records its end
+            // just after: give it time to.
+            std::thread::sleep(Duration::from_millis(2));
+            let secs = run
+                .device
+                .last_busy()
+                .saturating_duration_since(t0)
+                .as_secs_f64();
+            anyhow::ensure!(secs > 0.0, "no engine pass was recorded");
             // Every message is in its receiver's ring, in order.
             for to in [1usize, 3] {
                 for m in 0..per_pair {
