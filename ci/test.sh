@@ -26,6 +26,10 @@ command -v sparse >/dev/null || missing+=(sparse)
 # compat_ioctl (tools/tests/cluster_up.rs).
 echo 'int main(void) { return 0; }' | gcc -m32 -static -x c - -o /dev/null 2>/dev/null ||
   missing+=(gcc-multilib)
+# pkg-config and g++: the C API's examples build with pkg-config, and its
+# header is checked as C++ too (guest-lib/capi/tests).
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v g++ >/dev/null || missing+=(g++)
 # tshark reads `ulnic capture` files with the Lua dissector
 # (tools/tests/fabric.rs checks tools/wireshark/ulnic.lua).
 command -v tshark >/dev/null || missing+=(tshark)

@@ -73,3 +73,53 @@ fn blocked_receiver_is_woken_by_a_dropped_message() {
         })
     ));
 }
+
+/// Whether `fd` is readable within `ms`.
+fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+#[test]
+fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
+    let (dev, _dir) = common::device(2);
+    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
+    let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
+    ea.bind(1).unwrap();
+    eb.bind(2).unwrap();
+    let fd = eb
+        .notification_fd()
+        .expect("host attach has a pollable descriptor");
+    for round in 0..3u8 {
+        // Armed and empty: nothing to read until a message comes.
+        assert!(!eb.arm().unwrap(), "round {round}: armed with work waiting");
+        assert!(
+            !readable(fd, 50),
+            "round {round}: readable before any message"
+        );
+        ea.post_send_inline(Address { node: 1, port: 2 }, 0, &[round], 0)
+            .unwrap();
+        assert!(
+            readable(fd, 5000),
+            "round {round}: the message woke no poll"
+        );
+        assert!(
+            eb.take_notification().unwrap(),
+            "round {round}: no notification taken"
+        );
+        assert!(
+            !readable(fd, 0),
+            "round {round}: still readable after the take"
+        );
+        let m = eb.poll_recv().expect("the message that woke us");
+        assert!(matches!(m.payload, Payload::Inline(d) if d[0] == round));
+    }
+}

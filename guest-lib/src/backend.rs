@@ -112,10 +112,9 @@ pub(crate) trait Domain: Send + Sync {
     /// Blocks until the endpoint is notified (true) or `timeout` (false).
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error>;
     /// A file descriptor readable while one of the domain's endpoints is
-    /// notified (the Linux driver's open file); none under host attach.
-    fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
-    }
+    /// notified (the Linux driver's open file; under host attach the
+    /// notification queue's call eventfd, shared by the attach's domains).
+    fn notification_fd(&self) -> Option<std::os::fd::RawFd>;
     /// Memory for user buffers the device can reach once their pages are
     /// installed in the UTLB (page aligned, zeroed).
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error>;

@@ -52,3 +52,50 @@ pub enum Error {
     #[error("remote access failed: {0}")]
     Remote(SendError),
 }
+
+impl Error {
+    /// The `errno` value that stands for this error, for C callers and
+    /// for the socket layer (always positive): a device status maps as
+    /// the Linux driver maps it (spec §9), a failed remote access as the
+    /// nearest socket error.
+    ///
+    /// ```
+    /// assert_eq!(ulnic::Error::WouldBlock.errno(), libc::EAGAIN);
+    /// assert_eq!(ulnic::Error::DeviceGone.errno(), libc::ENODEV);
+    /// ```
+    pub fn errno(&self) -> i32 {
+        use ulnic_host_attach::Error as D;
+        match self {
+            Error::NoDevice | Error::DeviceGone => libc::ENODEV,
+            Error::Os(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::DeviceNotAnswering => libc::EIO,
+            Error::WouldBlock => libc::EAGAIN,
+            Error::InvalidArgument(_) => libc::EINVAL,
+            Error::Remote(e) => e.errno(),
+            Error::Driver(d) => match d {
+                D::Command { status, .. } => status_errno(*status),
+                D::OutOfMemory(_) => libc::ENOMEM,
+                D::PortBusy(_) => libc::EBUSY,
+                D::Incompatible(_) | D::BadResponse(_) => libc::EPROTO,
+                D::Timeout(_) => libc::ETIMEDOUT,
+                D::ControlQueueDead(_) => libc::EIO,
+                D::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+                _ => libc::EIO,
+            },
+        }
+    }
+}
+
+/// The errno for a device status, as the Linux driver gives it (spec §9).
+fn status_errno(status: u32) -> i32 {
+    use ulnic_abi::status as s;
+    match status {
+        s::INVALID_ARGUMENT | s::BAD_LENGTH => libc::EINVAL,
+        s::NO_RESOURCES => libc::ENOSPC,
+        s::NOT_FOUND => libc::ENOENT,
+        s::ADDRESS_IN_USE => libc::EADDRINUSE,
+        s::BAD_ADDRESS => libc::EFAULT,
+        s::NOT_SUPPORTED => libc::EOPNOTSUPP,
+        _ => libc::EPROTO,
+    }
+}

@@ -146,6 +146,10 @@ impl Domain for HostDomain {
         Ok(self.hw.wait_notification(ep, timeout))
     }
 
+    fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.hw.notification_fd())
+    }
+
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error> {
         let b = self.hw.memory().alloc(bytes)?;
         lock(&self.user).insert(b.ptr.as_ptr() as usize, b);

@@ -216,7 +216,13 @@ impl Domain for KernelDomain {
     }
 
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {
-        let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
+        // Zero is a look (the driver does not sleep); anything shorter
+        // than a millisecond still waits one.
+        let ms = if timeout.is_zero() {
+            0
+        } else {
+            timeout.as_millis().clamp(1, u128::from(u32::MAX)) as u32
+        };
         let mut a = IocWait {
             id: ep.into(),
             timeout_ms: ms.into(),

@@ -273,7 +273,12 @@ impl SendError {
             c => SendError::Other(c),
         }
     }
-    fn code(&self) -> u16 {
+    /// The device's TX_ERROR code for this failure (spec §5.9).
+    ///
+    /// ```
+    /// assert_eq!(ulnic::SendError::Unreachable.code(), 13);
+    /// ```
+    pub fn code(&self) -> u16 {
         match self {
             SendError::NoEndpoint => tx_error::NO_ENDPOINT,
             SendError::NoBuffer => tx_error::NO_BUFFER,
@@ -289,6 +294,31 @@ impl SendError {
             SendError::TooManyRedirects => tx_error::TOO_MANY_REDIRECTS,
             SendError::Unreachable => tx_error::UNREACHABLE,
             SendError::Other(c) => *c,
+        }
+    }
+}
+
+impl SendError {
+    /// The `errno` value nearest to this failure (always positive): no
+    /// endpoint is `ECONNREFUSED`, no buffer `ENOBUFS`, unreachable
+    /// `EHOSTUNREACH`, a bad or revoked cookie `EACCES`.
+    ///
+    /// ```
+    /// assert_eq!(ulnic::SendError::NoEndpoint.errno(), libc::ECONNREFUSED);
+    /// ```
+    pub fn errno(&self) -> i32 {
+        match self {
+            SendError::NoEndpoint => libc::ECONNREFUSED,
+            SendError::NoBuffer => libc::ENOBUFS,
+            SendError::Rejected | SendError::PermissionDenied => libc::EPERM,
+            SendError::BufferTooSmall => libc::EMSGSIZE,
+            SendError::BadDescriptor | SendError::NotBound => libc::EINVAL,
+            SendError::BadAddress | SendError::OutOfRange => libc::EFAULT,
+            SendError::BadCookie => libc::EACCES,
+            SendError::NoTranslation => libc::ENOENT,
+            SendError::TooManyRedirects => libc::ENOSPC,
+            SendError::Unreachable => libc::EHOSTUNREACH,
+            SendError::Other(_) => libc::EPROTO,
         }
     }
 }

@@ -596,6 +596,9 @@ mod tests {
         fn wait(&self, _: u32, _: Duration) -> Result<bool, Error> {
             Ok(false)
         }
+        fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+            None
+        }
         fn alloc_user_memory(&self, _: usize) -> Result<UserMemory, Error> {
             Err(Error::WouldBlock)
         }

@@ -439,11 +439,34 @@ impl HostAttach {
         }
     }
 
+    /// The notification queue's call eventfd, for `poll`, `select` and
+    /// `epoll`: readable once the device has posted a notification record
+    /// (for any endpoint) that no `wait_notification` has taken yet. A
+    /// `wait_notification` with a zero timeout takes what came and makes
+    /// it unreadable again.
+    ///
+    /// ```no_run
+    /// # let hw = ulnic_host_attach::HostAttach::connect("/tmp/u/node0.sock".as_ref(), 64 << 20)?;
+    /// let mut p = libc::pollfd { fd: hw.notification_fd(), events: libc::POLLIN, revents: 0 };
+    /// // SAFETY: one valid pollfd.
+    /// unsafe { libc::poll(&mut p, 1, 100) };
+    /// # Ok::<(), ulnic_host_attach::Error>(())
+    /// ```
+    pub fn notification_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.notify_call)
+    }
+
     /// Waits up to `timeout` for a notification for `endpoint`; true when one
     /// came. Notifications for other endpoints are kept for their waiters.
     pub fn wait_notification(&self, endpoint: u32, timeout: Duration) -> bool {
         let bit = 1u64 << (endpoint % 64);
         let deadline = Instant::now() + timeout;
+        if timeout.is_zero() {
+            // A look, for a caller that polls `notification_fd`: leave it
+            // unreadable unless a record comes after this (records read
+            // below set `pending`; others' waiters are woken there).
+            let _ = self.notify_call.read();
+        }
         loop {
             if self.pending.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
                 return true;

@@ -687,8 +687,10 @@ impl Endpoint {
 
     /// The file descriptor that becomes readable (`POLLIN`) when an armed
     /// endpoint of this endpoint's domain is notified, for `poll`,
-    /// `select` and `epoll` (the Linux driver's open file, spec §9);
-    /// `None` under host attach, where only [`Endpoint::wait`] blocks.
+    /// `select` and `epoll`: the Linux driver's open file (spec §9), or
+    /// under host attach the notification queue's call eventfd, which
+    /// every domain of the attachment shares (a wake-up may then be for
+    /// another endpoint: poll yours and arm again).
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;

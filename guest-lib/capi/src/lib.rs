@@ -1,0 +1,35 @@
+//! The C API of the ulnic user-level library: `libulnic.so.0` and
+//! `libulnic.a`, declared by `include/ulnic.h` (generated from this crate
+//! by cbindgen; `tests/header.rs` checks it is current).
+//!
+//! The style of libibverbs and ef_vi: opaque handles made and freed by
+//! pairs of calls, plain structs, and `int` results that are 0 (or a
+//! count) on success and a negative `errno` on failure, with
+//! [`ulnic_last_error`] saying more. No Rust type crosses the boundary.
+//!
+//! Threads: a `ulnic_nic` and a `ulnic_pd` may be used from any number of
+//! threads at once. Everything made from them (an endpoint, a buffer, a
+//! queue, a socket) is used by one thread at a time: calls on the same
+//! handle must not overlap; calls on different handles may.
+//!
+//! Inside: `status` (results, errno, the last error), `nic` (NICs,
+//! protection domains, user buffers), `endpoint` (rings, messages,
+//! events, blocking), `rdma` (apertures, RDMA, tripwires, redirection),
+//! `dmq` (message queues over RDMA).
+
+// Every exported function takes pointers from C: each checks them for
+// NULL and documents what else it relies on in the header.
+#![allow(clippy::missing_safety_doc)]
+#![allow(non_camel_case_types)]
+
+mod dmq;
+mod endpoint;
+mod nic;
+mod rdma;
+mod status;
+
+pub use dmq::*;
+pub use endpoint::*;
+pub use nic::*;
+pub use rdma::*;
+pub use status::*;

@@ -1,0 +1,207 @@
+//! The C examples, built as a user builds them (`install.sh` into a
+//! prefix, then `gcc ... $(pkg-config --cflags --libs ulnic)`), run in
+//! pairs of host processes attached to two ports of a device. One is also
+//! linked against `libulnic.a`. (tools/tests/cluster_up.rs runs them in
+//! guests.)
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ulnic_device::{Configuration, Device};
+
+/// The directory cargo built this test's profile into (where libulnic is).
+fn built() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A prefix with libulnic installed by the install script, once.
+fn prefix() -> &'static Path {
+    static PREFIX: OnceLock<tempfile::TempDir> = OnceLock::new();
+    PREFIX
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = Command::new("bash")
+                .arg(crate_dir().join("install.sh"))
+                .arg("--prefix")
+                .arg(dir.path())
+                .arg("--from")
+                .arg(built())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "install.sh failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dir
+        })
+        .path()
+}
+
+fn pkg_config(args: &[&str]) -> Vec<String> {
+    let out = Command::new("pkg-config")
+        .args(args)
+        .arg("ulnic")
+        .env("PKG_CONFIG_PATH", prefix().join("lib/pkgconfig"))
+        .output()
+        .expect("pkg-config runs (ci/test.sh installs it)");
+    assert!(out.status.success(), "pkg-config {args:?} ulnic failed");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Builds examples/`name`.c into `dir`, with `gcc $(pkg-config --cflags
+/// --libs ulnic)`, or against libulnic.a with `statically`.
+fn build(name: &str, dir: &Path, statically: bool) -> PathBuf {
+    let exe = dir.join(if statically {
+        format!("{name}-static")
+    } else {
+        name.to_string()
+    });
+    let mut gcc = Command::new("gcc");
+    gcc.args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(crate_dir().join("examples").join(format!("{name}.c")))
+        .args(pkg_config(&["--cflags"]))
+        .arg("-o")
+        .arg(&exe);
+    if statically {
+        gcc.arg(prefix().join("lib/libulnic.a")).args(
+            pkg_config(&["--static", "--libs-only-l"])
+                .iter()
+                .filter(|l| *l != "-lulnic"),
+        );
+    } else {
+        gcc.args(pkg_config(&["--libs"]));
+    }
+    let out = gcc.output().unwrap();
+    assert!(
+        out.status.success(),
+        "gcc {name}.c failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+fn device() -> (Device, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Configuration::builder(Configuration::socket_paths(dir.path(), 2))
+        .build()
+        .unwrap();
+    (Device::start(config).unwrap(), dir)
+}
+
+/// Runs `exe server_args` on node 1 until it says it is ready, then `exe
+/// client_args` on node 0; both must succeed. Returns both outputs.
+fn pair(dev: &Device, exe: &Path, server: &[&str], client: &[&str]) -> (String, String) {
+    let run = |node: usize, args: &[&str]| {
+        let mut c = Command::new(exe);
+        c.args(args)
+            .env("ULNIC_SOCKET", &dev.sockets()[node])
+            .env("LD_LIBRARY_PATH", prefix().join("lib"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut srv = run(1, server).spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(srv.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(
+        first.contains("on node 1"),
+        "{exe:?} {server:?} said {first:?}"
+    );
+    let cli = run(0, client).output().unwrap();
+    let client_out = String::from_utf8_lossy(&cli.stdout).to_string();
+    assert!(
+        cli.status.success(),
+        "{exe:?} {client:?} failed: {client_out}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    // The server ends by itself once the client is done.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while srv.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{exe:?} {server:?} did not end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let srv = srv.wait_with_output().unwrap();
+    assert!(
+        srv.status.success(),
+        "{exe:?} {server:?} failed: {}",
+        String::from_utf8_lossy(&srv.stderr)
+    );
+    (first + &String::from_utf8_lossy(&srv.stdout), client_out)
+}
+
+#[test]
+fn pingpong_in_c_checks_every_byte_inline_and_in_buffers() {
+    let bin = tempfile::tempdir().unwrap();
+    let (dev, _dir) = device();
+    for (exe, sizes) in [
+        (build("pingpong", bin.path(), false), ["8", "65536"]),
+        (build("pingpong", bin.path(), true), ["0", "4096"]),
+    ] {
+        for size in sizes {
+            let (server, client) = pair(
+                &dev,
+                &exe,
+                &["server", "7"],
+                &["client", "1", "7", "500", size],
+            );
+            assert!(server.contains("answered 500 messages"), "{server}");
+            assert!(
+                client.contains(&format!("500 round trips of {size} bytes with node 1"))
+                    && client.contains("every byte checked"),
+                "{client}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rdma_write_in_c_lands_in_order_before_its_immediate() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("rdma_write", bin.path(), false);
+    let (dev, _dir) = device();
+    let (target, initiator) = pair(
+        &dev,
+        &exe,
+        &["target", "9"],
+        &["initiator", "1", "9", "65536", "50"],
+    );
+    assert!(
+        target.contains("50 writes of 65536 bytes arrived, every byte checked"),
+        "{target}"
+    );
+    assert!(
+        initiator.contains("50 writes of 65536 bytes to node 1"),
+        "{initiator}"
+    );
+}
+
+#[test]
+fn tripwire_wait_in_c_wakes_the_sleeping_owner() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("tripwire_wait", bin.path(), false);
+    let (dev, _dir) = device();
+    let (owner, writer) = pair(&dev, &exe, &["owner", "11"], &["writer", "1", "11", "4242"]);
+    assert!(
+        owner.contains("woken by a remote write") && owner.contains("now 4242"),
+        "{owner}"
+    );
+    assert!(writer.contains("woke and read 4242"), "{writer}");
+}
