@@ -99,3 +99,17 @@ fn status_errno(status: u32) -> i32 {
         _ => libc::EPROTO,
     }
 }
+
+/// An `io::Error` of the kind the errno names, keeping the message (the
+/// socket layer's calls return `io::Result`).
+///
+/// ```
+/// let e: std::io::Error = ulnic::Error::WouldBlock.into();
+/// assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+/// ```
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        let kind = std::io::Error::from_raw_os_error(e.errno()).kind();
+        std::io::Error::new(kind, e)
+    }
+}

@@ -40,12 +40,13 @@ mod error;
 mod host;
 mod kernel;
 mod nic;
+pub mod sock;
 mod staging;
 mod types;
 mod utlb;
 
 pub use dmq::{DmqKind, DmqReceiver, DmqSender};
-pub use endpoint::{Endpoint, LINGER};
+pub use endpoint::{Endpoint, Waiter, LINGER};
 pub use env::{DEFAULT_DEVICE, DEVICE_ENV, MEMORY_ENV, SOCKET_ENV};
 pub use error::Error;
 pub use nic::{Nic, ProtectionDomain};

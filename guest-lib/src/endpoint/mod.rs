@@ -51,6 +51,35 @@ pub struct Endpoint {
     pub(crate) notify_enabled: bool,
 }
 
+/// Sleeps until an armed endpoint is notified ([`Endpoint::waiter`]).
+///
+/// ```no_run
+/// # let nic = ulnic::Nic::open()?;
+/// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+/// let w: ulnic::Waiter = ep.waiter();
+/// # Ok::<(), ulnic::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Waiter {
+    dom: Arc<dyn Domain>,
+    id: u32,
+}
+
+impl Waiter {
+    /// Sleeps until the endpoint is notified (true) or `timeout` passes
+    /// (false); a zero timeout only takes a notification that came.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// let notified = ep.waiter().wait(std::time::Duration::ZERO)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
+        self.dom.wait(self.id, timeout)
+    }
+}
+
 /// How long dropping an endpoint waits for the device to take its posted
 /// sends (like `SO_LINGER`): an orderly close does not lose messages.
 pub const LINGER: Duration = Duration::from_secs(1);
@@ -345,14 +374,50 @@ impl Endpoint {
         data: &[u8],
         id: u64,
     ) -> Result<(), Error> {
+        self.inline_send(dest, tag, data, id, false)
+    }
+
+    /// As [`Endpoint::post_send_inline`], with an [`Event::SendDone`]
+    /// once the message is delivered (after every earlier message to the
+    /// same endpoint).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// ep.post_send_inline_completion(ulnic::Address { node: 1, port: 5 }, 0, b"last", 9)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn post_send_inline_completion(
+        &mut self,
+        dest: Address,
+        tag: u32,
+        data: &[u8],
+        id: u64,
+    ) -> Result<(), Error> {
+        self.inline_send(dest, tag, data, id, true)
+    }
+
+    fn inline_send(
+        &mut self,
+        dest: Address,
+        tag: u32,
+        data: &[u8],
+        id: u64,
+        completion: bool,
+    ) -> Result<(), Error> {
         if data.len() > INLINE_MAX as usize {
             return Err(Error::InvalidArgument(
                 "inline payload larger than INLINE_MAX",
             ));
         }
+        let done = if completion {
+            send_flags::COMPLETION
+        } else {
+            0
+        };
         let d = SendDesc {
             opcode: ulnic_abi::op::SEND,
-            flags: send_flags::INLINE,
+            flags: send_flags::INLINE | done,
             len: data.len() as u32,
             dest_node: dest.node,
             dest_port: dest.port,
@@ -714,6 +779,41 @@ impl Endpoint {
     /// ```
     pub fn take_notification(&mut self) -> Result<bool, Error> {
         self.dom.wait(self.id, Duration::ZERO)
+    }
+
+    /// A handle that sleeps until this endpoint is notified, for a thread
+    /// that arms the endpoint ([`Endpoint::arm`]) and then waits without
+    /// holding it (another thread may use the endpoint meanwhile).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// let waiter = ep.waiter();
+    /// if !ep.arm()? {
+    ///     waiter.wait(std::time::Duration::from_millis(100))?;
+    /// }
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn waiter(&self) -> Waiter {
+        Waiter {
+            dom: self.dom.clone(),
+            id: self.id,
+        }
+    }
+
+    /// The send ring index the next post takes (free-running): with a
+    /// payload area of `send_entries` slots, slot `index % send_entries` is
+    /// free whenever a post succeeds, since the ring holds one descriptor
+    /// per slot.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// let slot = ep.send_position() % 256;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn send_position(&self) -> u32 {
+        self.send_producer
     }
 
     /// Blocks until a message or event is waiting, or `timeout` passes;

@@ -1,0 +1,179 @@
+//! What socket users name and set: addresses, readiness, the settings of
+//! a process's sockets, and the port ranges of docs/sockets.md §1.
+
+use std::time::Duration;
+
+/// Listener ports: a stream listener on port `p` binds `LISTEN_BASE + p`.
+pub const LISTEN_BASE: u32 = 0x5300_0000;
+/// Connection ports: each side of a connection binds `CONN_BASE + k`,
+/// `0 < k < 2^24`.
+pub const CONN_BASE: u32 = 0x4300_0000;
+/// Datagram ports: a datagram socket on port `p` binds `DGRAM_BASE + p`.
+pub const DGRAM_BASE: u32 = 0x4400_0000;
+/// Connection ports per node.
+pub const CONN_PORTS: u32 = 1 << 24;
+/// The first port an unbound datagram socket is given.
+pub const EPHEMERAL_FIRST: u16 = 32768;
+
+/// A socket address: a node of the fabric and a 16-bit port, as a host
+/// and a TCP or UDP port.
+///
+/// ```
+/// let a = ulnic::sock::SockAddr { node: 1, port: 6379 };
+/// assert_eq!(a.to_string(), "1:6379");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SockAddr {
+    /// Node.
+    pub node: u32,
+    /// Port.
+    pub port: u16,
+}
+
+impl std::fmt::Display for SockAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.node, self.port)
+    }
+}
+
+/// The program-visible port of connection port `k` (docs/sockets.md §1).
+///
+/// ```
+/// assert_eq!(ulnic::sock::visible_port(1), 32769);
+/// ```
+pub fn visible_port(k: u32) -> u16 {
+    (u32::from(EPHEMERAL_FIRST) + k % 28232) as u16
+}
+
+/// What a socket is ready for, as `poll` bits.
+///
+/// ```
+/// use ulnic::sock::Ready;
+/// let r = Ready::READ | Ready::WRITE;
+/// assert!(r.contains(Ready::READ) && !r.contains(Ready::ERROR));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ready(pub u32);
+
+impl Ready {
+    /// Nothing.
+    pub const NONE: Ready = Ready(0);
+    /// A read (or accept) would not block: data, end of stream, a reset,
+    /// or a connection request.
+    pub const READ: Ready = Ready(libc::POLLIN as u32);
+    /// A write would not block: credit and room, or a broken connection
+    /// whose write reports why.
+    pub const WRITE: Ready = Ready(libc::POLLOUT as u32);
+    /// An error is pending (connect failed, reset).
+    pub const ERROR: Ready = Ready(libc::POLLERR as u32);
+    /// Both directions are shut: the peer ended and so did we, or a reset.
+    pub const HUP: Ready = Ready(libc::POLLHUP as u32);
+    /// The peer sent its end of stream (`POLLRDHUP`).
+    pub const READ_HUP: Ready = Ready(libc::POLLRDHUP as u32);
+
+    /// Whether every bit of `other` is set.
+    ///
+    /// ```
+    /// use ulnic::sock::Ready;
+    /// assert!(Ready::READ.contains(Ready::NONE));
+    /// ```
+    pub fn contains(self, other: Ready) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether any bit of `other` is set.
+    ///
+    /// ```
+    /// use ulnic::sock::Ready;
+    /// assert!((Ready::READ | Ready::HUP).intersects(Ready::HUP | Ready::ERROR));
+    /// ```
+    pub fn intersects(self, other: Ready) -> bool {
+        self.0 & other.0 != 0
+    }
+}
+
+impl std::ops::BitOr for Ready {
+    type Output = Ready;
+    fn bitor(self, r: Ready) -> Ready {
+        Ready(self.0 | r.0)
+    }
+}
+
+impl std::ops::BitOrAssign for Ready {
+    fn bitor_assign(&mut self, r: Ready) {
+        self.0 |= r.0;
+    }
+}
+
+/// How a process's sockets are sized and how long they wait
+/// (`SockConfig::from_env` reads the environment).
+///
+/// ```
+/// let c = ulnic::sock::SockConfig::default();
+/// assert_eq!(c.credits, 8);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SockConfig {
+    /// Receive buffers a stream posts per connection: the messages its
+    /// peer may have in flight (`ULNIC_SOCK_CREDITS`, 2 to 1024).
+    pub credits: u32,
+    /// Bytes per stream buffer: the largest DATA message
+    /// (`ULNIC_SOCK_BUFFER`, 4096 to 1 MiB, a multiple of 4096).
+    pub buffer: u32,
+    /// Send slots (and send ring entries) per stream, a power of two.
+    pub send_slots: u32,
+    /// Receive buffers (of 64 KiB) per datagram socket.
+    pub datagram_buffers: u32,
+    /// How long a connect waits for the listener's answer.
+    pub connect_timeout: Duration,
+    /// How long a blocking call polls before it sleeps in the driver
+    /// (`ULNIC_SPIN_US`).
+    pub spin: Duration,
+}
+
+impl Default for SockConfig {
+    fn default() -> Self {
+        SockConfig {
+            credits: 8,
+            buffer: 16 << 10,
+            send_slots: 16,
+            datagram_buffers: 8,
+            connect_timeout: Duration::from_secs(30),
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+impl SockConfig {
+    /// The defaults, changed by `ULNIC_SOCK_CREDITS`, `ULNIC_SOCK_BUFFER`
+    /// and `ULNIC_SPIN_US` where set to an allowed value (others are
+    /// ignored, with a log line).
+    ///
+    /// ```
+    /// let c = ulnic::sock::SockConfig::from_env();
+    /// assert!(c.credits >= 2);
+    /// ```
+    pub fn from_env() -> SockConfig {
+        let mut c = SockConfig::default();
+        let num = |name: &str| -> Option<u64> {
+            let v = std::env::var(name).ok()?;
+            let n = v.trim().parse().ok();
+            if n.is_none() {
+                log::warn!("{name}={v:?} is not a number; ignored");
+            }
+            n
+        };
+        if let Some(n) = num("ULNIC_SOCK_CREDITS").filter(|n| (2..=1024).contains(n)) {
+            c.credits = n as u32;
+        }
+        if let Some(n) = num("ULNIC_SOCK_BUFFER")
+            .filter(|n| (4096..=1 << 20).contains(n) && n.is_multiple_of(4096))
+        {
+            c.buffer = n as u32;
+        }
+        if let Some(n) = num("ULNIC_SPIN_US").filter(|n| *n <= 1_000_000) {
+            c.spin = Duration::from_micros(n);
+        }
+        c
+    }
+}

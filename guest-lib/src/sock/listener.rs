@@ -1,0 +1,241 @@
+//! A stream listener: connection requests queued up to a backlog and
+//! accepted into connections of their own (docs/sockets.md §3).
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+use zerocopy::IntoBytes;
+
+use crate::endpoint::Endpoint;
+use crate::sock::addr::{Ready, SockAddr, CONN_BASE, CONN_PORTS};
+use crate::sock::net::Net;
+use crate::sock::stream::{errno, io_err, post_inline, Stream};
+use crate::sock::wire::{self, Hello};
+use crate::types::{Address, Payload};
+
+/// A listening stream socket on a port of this node.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// let net = ulnic::sock::Net::open()?;
+/// let mut l = ulnic::sock::Listener::bind(&net, 7, 128)?;
+/// let (mut s, from) = l.accept()?;
+/// let mut buf = [0u8; 4];
+/// s.read_exact(&mut buf)?;
+/// s.write_all(&buf)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct Listener {
+    ep: Endpoint,
+    net: Net,
+    port: u16,
+    backlog: usize,
+    queue: VecDeque<(Address, Hello)>,
+    nonblocking: bool,
+    refused: u64,
+    stray: u64,
+}
+
+impl Listener {
+    /// Listens on `port` (1..=65535) of this node, queueing up to
+    /// `backlog` requests (more are refused): `EADDRINUSE` if another
+    /// socket listens there.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// let l = ulnic::sock::Listener::bind(&net, 6379, 511)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn bind(net: &Net, port: u16, backlog: u32) -> io::Result<Listener> {
+        if port == 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        let backlog = backlog.clamp(1, 4000);
+        let ep = net.listener_endpoint(port, backlog).map_err(io_err)?;
+        Ok(Listener {
+            ep,
+            net: net.clone(),
+            port,
+            backlog: backlog as usize,
+            queue: VecDeque::new(),
+            nonblocking: false,
+            refused: 0,
+            stray: 0,
+        })
+    }
+
+    /// The address it listens on.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// assert_eq!(l.local_addr().port, 7);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn local_addr(&self) -> SockAddr {
+        SockAddr {
+            node: self.net.node(),
+            port: self.port,
+        }
+    }
+
+    /// Makes `accept` return `WouldBlock` instead of blocking.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// l.set_nonblocking(true);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn set_nonblocking(&mut self, on: bool) {
+        self.nonblocking = on;
+    }
+
+    /// The endpoint under the listener (for its notification descriptor).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let fd = l.endpoint().notification_fd();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Requests refused because the backlog was full.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// assert_eq!(l.refused(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    fn progress(&mut self) {
+        while let Some(m) = self.ep.poll_recv() {
+            let (kind, _) = wire::untag(m.tag);
+            let hello = match m.payload {
+                Payload::Inline(d) => Hello::parse(&d[..m.len.min(96) as usize]),
+                Payload::Buffer { .. } => None,
+            };
+            let from_conn = m.src.port > CONN_BASE && m.src.port < CONN_BASE + CONN_PORTS;
+            match (kind, hello) {
+                (wire::CONNECT, Some(h)) if from_conn && !m.close && !m.returned => {
+                    if self.queue.len() < self.backlog {
+                        self.queue.push_back((m.src, h));
+                    } else {
+                        self.refused += 1;
+                        let no = (libc::ECONNREFUSED as u32).to_le_bytes();
+                        let _ = post_inline(
+                            &mut self.ep,
+                            m.src,
+                            wire::tag(wire::REFUSE, 0),
+                            no.as_bytes(),
+                            0,
+                        );
+                    }
+                }
+                _ => self.stray += 1,
+            }
+        }
+        // Refusals that found nobody need no answer.
+        while self.ep.poll_event().is_some() {}
+    }
+
+    /// Whether a request waits (`Ready::READ`).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// if l.poll().contains(ulnic::sock::Ready::READ) { let _ = l.accept()?; }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn poll(&mut self) -> Ready {
+        self.progress();
+        if self.queue.is_empty() {
+            Ready::NONE
+        } else {
+            Ready::READ
+        }
+    }
+
+    /// Accepts the next request without blocking: the connection and the
+    /// client's address, or `WouldBlock`.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// match l.try_accept() {
+    ///     Ok((s, from)) => println!("connection from {from}"),
+    ///     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn try_accept(&mut self) -> io::Result<(Stream, SockAddr)> {
+        self.progress();
+        let Some((client, hello)) = self.queue.pop_front() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let s = Stream::accepted(&self.net, client, hello, self.port)?;
+        let from = s.peer_addr();
+        Ok((s, from))
+    }
+
+    /// Accepts the next request, blocking unless non-blocking.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let (s, from) = l.accept()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn accept(&mut self) -> io::Result<(Stream, SockAddr)> {
+        loop {
+            match self.try_accept() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !self.nonblocking => {
+                    self.wait(None)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Waits until a request waits or `deadline` passes: true when one
+    /// does.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let soon = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    /// if l.wait(Some(soon))? { let _ = l.accept()?; }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
+        let spin_until = Instant::now() + self.net.config().spin;
+        loop {
+            if self.poll().contains(Ready::READ) {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            let left = deadline.map_or(Duration::from_millis(100), |d| {
+                d.saturating_duration_since(now)
+            });
+            if left.is_zero() {
+                return Ok(false);
+            }
+            if now < spin_until {
+                std::thread::yield_now();
+            } else {
+                self.ep
+                    .wait(left.min(Duration::from_millis(100)))
+                    .map_err(io_err)?;
+            }
+        }
+    }
+}

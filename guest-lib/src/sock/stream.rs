@@ -1,0 +1,886 @@
+//! A stream connection (docs/sockets.md §3-4): bytes in order over one
+//! endpoint per side, credit flow control, orderly and abortive ends.
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+use ulnic_abi::INLINE_MAX;
+use zerocopy::IntoBytes;
+
+use crate::endpoint::{Endpoint, LINGER};
+use crate::error::Error;
+use crate::sock::addr::{visible_port, Ready, SockAddr, CONN_BASE, CONN_PORTS, LISTEN_BASE};
+use crate::sock::held::Held;
+use crate::sock::net::Net;
+use crate::sock::wire::{self, Hello};
+use crate::types::{Address, Event, SendError};
+use crate::FilterEntry;
+
+/// User ids of the messages whose fate matters.
+const ID_CONNECT: u64 = 1;
+const ID_FIN: u64 = 2;
+
+/// The longest a blocking call sleeps at once before it looks again (a
+/// wake-up another thread took is then noticed).
+const SLEEP_SLICE: Duration = Duration::from_millis(100);
+
+/// An `io::Error` for `errno`.
+pub(crate) fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// The library's error as an `io::Error`.
+pub(crate) fn io_err(e: Error) -> io::Error {
+    errno(e.errno())
+}
+
+/// Where a connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// CONNECT sent; waiting for ACCEPT until the deadline.
+    Connecting { deadline: Instant },
+    /// Connected.
+    Open,
+    /// The connect failed (errno); reported once, then `ENOTCONN`.
+    Failed(i32),
+}
+
+/// Our FIN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fin {
+    /// Not asked for.
+    No,
+    /// Asked for; posted when the send ring has room.
+    Wanted,
+    /// Posted; its completion not yet seen.
+    Posted,
+    /// Delivered (or its send failed: the connection is gone anyway).
+    Done,
+}
+
+/// What `shutdown` shuts.
+///
+/// ```
+/// let how = ulnic::sock::Shutdown::Write;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// No more reads: what arrives is discarded.
+    Read,
+    /// No more writes: the peer reads end of stream after what was sent.
+    Write,
+    /// Both.
+    Both,
+}
+
+/// A stream socket: connected, or connecting. Reads and writes bytes in
+/// order ([`std::io::Read`], [`std::io::Write`]); blocks unless set
+/// non-blocking. Dropping it closes it in order (its peer reads end of
+/// stream), or with a reset if data it never read was waiting.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// let net = ulnic::sock::Net::open()?;
+/// let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+/// s.write_all(b"ping")?;
+/// let mut answer = [0u8; 4];
+/// s.read_exact(&mut answer)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct Stream {
+    ep: Endpoint,
+    net: Net,
+    local: SockAddr,
+    peer: SockAddr,
+    /// Where our messages go: the listener while connecting, then the
+    /// peer's connection endpoint.
+    peer_ep: Address,
+    phase: Phase,
+    /// DATA messages we may still send.
+    credits: u32,
+    /// Credits we owe the peer (messages consumed, not yet announced).
+    owed: u32,
+    /// The largest DATA the peer takes.
+    peer_buffer: u32,
+    /// Received DATA not yet read, in order.
+    queue: VecDeque<Held>,
+    /// Bytes of the front of `queue` already read.
+    head_used: u32,
+    /// The peer's FIN came (after everything in `queue`).
+    fin_in: bool,
+    /// The connection was reset (RST, the peer's close message, a send
+    /// that failed or came back): reads fail once the queue is read.
+    reset: bool,
+    /// The reset was reported to a read.
+    reset_told: bool,
+    fin_out: Fin,
+    shut_read: bool,
+    nonblocking: bool,
+    /// Messages dropped for coming from a stranger or making no sense.
+    stray: u64,
+}
+
+impl Stream {
+    /// Connects to a listener at `to`, waiting for its answer (at most
+    /// the configured connect timeout): `ECONNREFUSED` if nobody listens,
+    /// `EHOSTUNREACH` if the fabric cannot reach the node, `ETIMEDOUT` if
+    /// nobody answers.
+    ///
+    /// ```no_run
+    /// let net = ulnic::sock::Net::open()?;
+    /// let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 6379 })?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn connect(net: &Net, to: SockAddr) -> io::Result<Stream> {
+        let mut s = Stream::start_connect(net, to)?;
+        let deadline = Instant::now() + net.config().connect_timeout;
+        while !s.wait(Ready::WRITE, Some(deadline))? {}
+        match s.take_error() {
+            Some(e) => Err(errno(e)),
+            None => Ok(s),
+        }
+    }
+
+    /// Starts connecting to `to` and returns at once (a non-blocking
+    /// connect): the stream becomes writable when it is connected, or
+    /// reports the failure ([`Stream::take_error`]).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// let mut s = ulnic::sock::Stream::start_connect(&net, ulnic::sock::SockAddr { node: 1, port: 80 })?;
+    /// while !s.poll().contains(ulnic::sock::Ready::WRITE) {}
+    /// assert!(s.take_error().is_none(), "connected");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_connect(net: &Net, to: SockAddr) -> io::Result<Stream> {
+        if to.port == 0 || to.node >= net.nodes() {
+            return Err(errno(if to.port == 0 {
+                libc::EINVAL
+            } else {
+                libc::ENETUNREACH
+            }));
+        }
+        let (mut ep, k) = net.stream_endpoint().map_err(io_err)?;
+        let local = SockAddr {
+            node: net.node(),
+            port: visible_port(k),
+        };
+        let cfg = *net.config();
+        let listener = Address {
+            node: to.node,
+            port: LISTEN_BASE + u32::from(to.port),
+        };
+        let hello = Hello::new(cfg.credits, cfg.buffer, local.port);
+        post_inline(
+            &mut ep,
+            listener,
+            wire::tag(wire::CONNECT, 0),
+            hello.as_bytes(),
+            ID_CONNECT,
+        )?;
+        Ok(Stream::new(
+            ep,
+            net,
+            local,
+            to,
+            listener,
+            Phase::Connecting {
+                deadline: Instant::now() + cfg.connect_timeout,
+            },
+        ))
+    }
+
+    /// The server's side of a connection a listener took from `client`:
+    /// binds a connection endpoint, lets only the client's endpoint in,
+    /// leaves an RST as its close message and sends ACCEPT.
+    pub(crate) fn accepted(
+        net: &Net,
+        client: Address,
+        hello: Hello,
+        port: u16,
+    ) -> io::Result<Stream> {
+        let (mut ep, _) = net.stream_endpoint().map_err(io_err)?;
+        let cfg = *net.config();
+        ep.set_filter(&[only(client)]).map_err(io_err)?;
+        ep.set_close_message(client, wire::tag(wire::RST, 0), &[])
+            .map_err(io_err)?;
+        let mine = Hello::new(cfg.credits, cfg.buffer, port);
+        post_inline(
+            &mut ep,
+            client,
+            wire::tag(wire::ACCEPT, 0),
+            mine.as_bytes(),
+            0,
+        )?;
+        let local = SockAddr {
+            node: net.node(),
+            port,
+        };
+        let peer = SockAddr {
+            node: client.node,
+            port: hello.port.get(),
+        };
+        let mut s = Stream::new(ep, net, local, peer, client, Phase::Open);
+        s.credits = hello.credits.get();
+        s.peer_buffer = hello.buffer.get();
+        Ok(s)
+    }
+
+    fn new(
+        ep: Endpoint,
+        net: &Net,
+        local: SockAddr,
+        peer: SockAddr,
+        peer_ep: Address,
+        phase: Phase,
+    ) -> Stream {
+        Stream {
+            ep,
+            net: net.clone(),
+            local,
+            peer,
+            peer_ep,
+            phase,
+            credits: 0,
+            owed: 0,
+            peer_buffer: INLINE_MAX,
+            queue: VecDeque::new(),
+            head_used: 0,
+            fin_in: false,
+            reset: false,
+            reset_told: false,
+            fin_out: Fin::No,
+            shut_read: false,
+            nonblocking: false,
+            stray: 0,
+        }
+    }
+
+    /// This side's address.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// println!("{}", s.local_addr());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn local_addr(&self) -> SockAddr {
+        self.local
+    }
+
+    /// The peer's address (the one connected to, or the client's).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert_eq!(s.peer_addr().node, 1);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn peer_addr(&self) -> SockAddr {
+        self.peer
+    }
+
+    /// Makes reads, writes and waits return `WouldBlock` instead of
+    /// blocking (or blocks again).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// s.set_nonblocking(true);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn set_nonblocking(&mut self, on: bool) {
+        self.nonblocking = on;
+    }
+
+    /// Whether calls return `WouldBlock` rather than block.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert!(!s.is_nonblocking());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking
+    }
+
+    /// Whether the connection is established.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert!(s.is_connected());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_connected(&self) -> bool {
+        self.phase == Phase::Open
+    }
+
+    /// The endpoint under the socket (for its notification descriptor).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let fd = s.endpoint().notification_fd();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Messages dropped because they came from someone other than the
+    /// peer or made no sense.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert_eq!(s.stray(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn stray(&self) -> u64 {
+        self.stray
+    }
+
+    /// The connect's failure, once (`SO_ERROR`): `None` when connected
+    /// or still connecting.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::start_connect(&net, ulnic::sock::SockAddr { node: 1, port: 80 })?;
+    /// if let Some(e) = s.take_error() {
+    ///     eprintln!("connect failed: {}", std::io::Error::from_raw_os_error(e));
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn take_error(&mut self) -> Option<i32> {
+        self.progress();
+        match self.phase {
+            Phase::Failed(e) if e != 0 => {
+                self.phase = Phase::Failed(0);
+                Some(e)
+            }
+            _ if self.reset && !self.reset_told && self.queue.is_empty() => {
+                self.reset_told = true;
+                Some(libc::ECONNRESET)
+            }
+            _ => None,
+        }
+    }
+
+    /// Takes what arrived into the socket: data into the queue, credits,
+    /// the handshake's answer, ends and resets; the outcome of sends.
+    fn progress(&mut self) {
+        while let Some(m) = self.ep.poll_recv() {
+            let held = Held::of(&m);
+            let consumed = self.take(&m, held);
+            if !consumed {
+                self.give_back(held);
+            }
+        }
+        while let Some(ev) = self.ep.poll_event() {
+            match ev {
+                Event::SendDone { id: ID_FIN } => self.fin_out = Fin::Done,
+                Event::SendFailed { id, reason, .. } => {
+                    if id == ID_FIN {
+                        self.fin_out = Fin::Done;
+                    }
+                    match self.phase {
+                        Phase::Connecting { .. } if id == ID_CONNECT => {
+                            self.phase = Phase::Failed(match reason {
+                                SendError::NoEndpoint => libc::ECONNREFUSED,
+                                SendError::Unreachable => libc::EHOSTUNREACH,
+                                r => r.errno(),
+                            });
+                        }
+                        Phase::Open => self.reset = true,
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Phase::Connecting { deadline } = self.phase {
+            if Instant::now() >= deadline {
+                self.phase = Phase::Failed(libc::ETIMEDOUT);
+            }
+        }
+        if self.fin_out == Fin::Wanted {
+            self.post_fin();
+        }
+    }
+
+    /// Takes message `m` in; false when it is not kept (its buffer goes
+    /// back at once).
+    fn take(&mut self, m: &crate::Received, held: Held) -> bool {
+        if m.returned {
+            // One of ours came back: the peer never got it.
+            self.reset |= self.phase == Phase::Open;
+            return false;
+        }
+        let (kind, credits) = wire::untag(m.tag);
+        match self.phase {
+            Phase::Connecting { .. } => {
+                if m.src.node != self.peer_ep.node {
+                    self.stray += 1;
+                } else if kind == wire::ACCEPT && is_conn_port(m.src.port) {
+                    match (held, Hello::parse(&inline_bytes(held))) {
+                        (Held::Inline { .. }, Some(h)) => self.opened(m.src, h),
+                        _ => self.stray += 1,
+                    }
+                } else if kind == wire::REFUSE && m.src == self.peer_ep {
+                    self.phase = Phase::Failed(libc::ECONNREFUSED);
+                } else {
+                    self.stray += 1;
+                }
+                false
+            }
+            Phase::Open if m.src != self.peer_ep => {
+                self.stray += 1;
+                false
+            }
+            Phase::Open if m.close => {
+                self.reset = true;
+                false
+            }
+            Phase::Open => {
+                self.credits = self.credits.saturating_add(credits);
+                match kind {
+                    wire::DATA if self.shut_read || held.len() == 0 => {
+                        // Consumed at once: its credit goes back.
+                        self.owed += 1;
+                        false
+                    }
+                    wire::DATA => {
+                        self.queue.push_back(held);
+                        true
+                    }
+                    wire::CREDIT => false,
+                    wire::FIN => {
+                        self.fin_in = true;
+                        false
+                    }
+                    wire::RST => {
+                        self.reset = true;
+                        false
+                    }
+                    _ => {
+                        self.stray += 1;
+                        false
+                    }
+                }
+            }
+            Phase::Failed(_) => false,
+        }
+    }
+
+    /// The ACCEPT from `server`'s connection endpoint came: connected.
+    fn opened(&mut self, server: Address, h: Hello) {
+        self.peer_ep = server;
+        self.credits = h.credits.get();
+        self.peer_buffer = h.buffer.get();
+        self.phase = Phase::Open;
+        // Only the peer from now on; our death resets it.
+        let filtered = self.ep.set_filter(&[only(server)]);
+        let farewell = self
+            .ep
+            .set_close_message(server, wire::tag(wire::RST, 0), &[]);
+        if filtered.is_err() || farewell.is_err() {
+            // Without them the connection is not what the protocol says.
+            self.reset = true;
+        }
+    }
+
+    fn give_back(&mut self, held: Held) {
+        let size = self.net.config().buffer;
+        if held.release(&mut self.ep, size).is_err() {
+            self.reset = true;
+        }
+    }
+
+    /// What the socket is ready for now. A program that finds it
+    /// unreadable gets every credit owed sent back (docs/sockets.md §3).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// if s.poll().contains(ulnic::sock::Ready::READ) { /* a read will not block */ }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn poll(&mut self) -> Ready {
+        self.progress();
+        let mut r = Ready::NONE;
+        match self.phase {
+            Phase::Connecting { .. } => {}
+            Phase::Failed(e) => {
+                r = Ready::WRITE | Ready::HUP;
+                if e != 0 {
+                    r |= Ready::ERROR;
+                }
+            }
+            Phase::Open => {
+                if self.reset {
+                    r = Ready::READ | Ready::WRITE | Ready::HUP;
+                    if !self.reset_told {
+                        r |= Ready::ERROR;
+                    }
+                    return r;
+                }
+                if !self.queue.is_empty() || self.fin_in || self.shut_read {
+                    r |= Ready::READ;
+                }
+                if self.fin_in {
+                    r |= Ready::READ_HUP;
+                }
+                if self.fin_out != Fin::No {
+                    r |= Ready::WRITE; // a write says EPIPE
+                    if self.fin_in {
+                        r |= Ready::HUP;
+                    }
+                } else if self.credits > 0 && self.ep.send_space() > 0 {
+                    r |= Ready::WRITE;
+                }
+                if !r.contains(Ready::READ) {
+                    self.return_credits();
+                }
+            }
+        }
+        r
+    }
+
+    /// Sends every credit owed in a CREDIT message, if there are any and
+    /// the ring has room (else they go with the next message).
+    fn return_credits(&mut self) {
+        if self.owed > 0 && self.phase == Phase::Open && !self.reset && self.ep.send_space() > 0 {
+            let tag = wire::tag(wire::CREDIT, self.owed);
+            if self.ep.post_send_inline(self.peer_ep, tag, &[], 0).is_ok() {
+                self.owed = 0;
+            }
+        }
+    }
+
+    /// Reads into `buf` without blocking: the bytes read, 0 at end of
+    /// stream, or `WouldBlock`; `ECONNRESET` once after a reset. With
+    /// `peek` the bytes stay to be read again.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let mut buf = [0u8; 4096];
+    /// match s.try_read(&mut buf, false) {
+    ///     Ok(0) => println!("end of stream"),
+    ///     Ok(n) => println!("{n} bytes"),
+    ///     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn try_read(&mut self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+        self.progress();
+        match self.phase {
+            Phase::Connecting { .. } => return Err(io::ErrorKind::WouldBlock.into()),
+            Phase::Failed(_) => return Err(errno(libc::ENOTCONN)),
+            Phase::Open => {}
+        }
+        let mut n = 0;
+        let mut used = self.head_used;
+        let mut i = 0;
+        while n < buf.len() {
+            let Some(h) = self.queue.get(i).copied() else {
+                break;
+            };
+            let got = h.copy_out(&self.ep, used, &mut buf[n..]);
+            n += got;
+            used += got as u32;
+            if used < h.len() {
+                break;
+            }
+            used = 0;
+            if peek {
+                i += 1;
+            } else {
+                self.queue.pop_front();
+                self.give_back(h);
+                self.owed += 1;
+            }
+        }
+        if !peek {
+            self.head_used = used;
+            if self.owed >= self.net.config().credits.div_ceil(2) {
+                self.return_credits();
+            }
+        }
+        if n > 0 || buf.is_empty() {
+            return Ok(n);
+        }
+        // The peer's FIN first: an end it said in order stays an end,
+        // whatever broke after it (our credits to a peer that has gone).
+        if self.fin_in || self.shut_read {
+            return Ok(0);
+        }
+        if self.reset {
+            if !self.reset_told {
+                self.reset_told = true;
+                return Err(errno(libc::ECONNRESET));
+            }
+            return Ok(0);
+        }
+        self.return_credits();
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
+    /// Writes from `buf` without blocking, as much as credit and ring room
+    /// allow: the bytes taken, or `WouldBlock`; `EPIPE` after a reset or
+    /// our own shutdown.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let n = s.try_write(b"hello")?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.progress();
+        match self.phase {
+            Phase::Connecting { .. } => return Err(io::ErrorKind::WouldBlock.into()),
+            Phase::Failed(_) => return Err(errno(libc::ENOTCONN)),
+            Phase::Open => {}
+        }
+        if self.reset || self.fin_out != Fin::No {
+            return Err(errno(libc::EPIPE));
+        }
+        let mut sent = 0;
+        while sent < buf.len() && self.credits > 0 && self.ep.send_space() > 0 {
+            let n = (buf.len() - sent).min(self.peer_buffer as usize);
+            let bytes = &buf[sent..sent + n];
+            let tag = wire::tag(wire::DATA, self.owed);
+            let posted = if n <= INLINE_MAX as usize {
+                self.ep.post_send_inline(self.peer_ep, tag, bytes, 0)
+            } else {
+                let slot = self.net.send_slot(self.ep.send_position());
+                self.ep.write_segment(slot as usize, bytes);
+                self.ep
+                    .post_send(self.peer_ep, tag, slot, n as u32, 0, false)
+            };
+            match posted {
+                Ok(()) => {}
+                Err(Error::WouldBlock) => break,
+                Err(e) => return Err(io_err(e)),
+            }
+            self.owed = 0;
+            self.credits -= 1;
+            sent += n;
+        }
+        if sent == 0 && !buf.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(sent)
+    }
+
+    /// Waits until the socket is ready for something in `want` (or has an
+    /// error or hang-up to report), or `deadline` passes (`None`: no
+    /// limit): true when ready. Polls for the configured spin time, then
+    /// sleeps in the driver.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// use ulnic::sock::Ready;
+    /// let soon = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    /// if s.wait(Ready::READ, Some(soon))? { /* readable */ }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn wait(&mut self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
+        let spin_until = Instant::now() + self.net.config().spin;
+        loop {
+            if self.poll().intersects(want | Ready::ERROR | Ready::HUP) {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            let left = deadline.map_or(SLEEP_SLICE, |d| d.saturating_duration_since(now));
+            if left.is_zero() {
+                return Ok(false);
+            }
+            if now < spin_until {
+                std::thread::yield_now();
+                continue;
+            }
+            // The rings are empty (poll took everything): sleep until the
+            // device posts something new.
+            self.ep.wait(left.min(SLEEP_SLICE)).map_err(io_err)?;
+        }
+    }
+
+    /// Shuts one or both directions: after `Write` the peer reads end of
+    /// stream once it has read what was sent.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// s.shutdown(ulnic::sock::Shutdown::Write)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
+        self.progress();
+        if self.phase != Phase::Open {
+            return Err(errno(libc::ENOTCONN));
+        }
+        if how != Shutdown::Write {
+            self.shut_read = true;
+            // What waits unread is consumed: its credits go back.
+            while let Some(h) = self.queue.pop_front() {
+                self.give_back(h);
+                self.owed += 1;
+            }
+            self.head_used = 0;
+        }
+        if how != Shutdown::Read && self.fin_out == Fin::No {
+            self.fin_out = Fin::Wanted;
+            self.post_fin();
+        }
+        Ok(())
+    }
+
+    fn post_fin(&mut self) {
+        if self.reset {
+            self.fin_out = Fin::Done;
+            return;
+        }
+        let tag = wire::tag(wire::FIN, self.owed);
+        let d = self.peer_ep;
+        if self.ep.send_space() > 0 && post_inline(&mut self.ep, d, tag, &[], ID_FIN).is_ok() {
+            self.owed = 0;
+            self.fin_out = Fin::Posted;
+        }
+    }
+
+    /// Aborts the connection now: the peer's reads fail with `ECONNRESET`
+    /// (`SO_LINGER` of 0). The socket is closed.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// s.abort();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn abort(mut self) {
+        self.progress();
+        self.reset_peer();
+    }
+
+    /// Sends RST (if connected and not already reset) and withdraws the
+    /// close message that would say the same.
+    fn reset_peer(&mut self) {
+        if self.phase == Phase::Open && !self.reset {
+            let d = self.peer_ep;
+            let _ = post_inline(&mut self.ep, d, wire::tag(wire::RST, 0), &[], 0);
+            self.reset = true;
+        }
+        self.ep.clear_close_message();
+    }
+
+    /// An orderly close: FIN after everything sent, then (for at most
+    /// `LINGER`) waiting for it to be delivered; a reset instead when data
+    /// was left unread.
+    fn close(&mut self) {
+        self.progress();
+        if self.phase != Phase::Open || self.reset {
+            self.ep.clear_close_message();
+            return;
+        }
+        if !self.queue.is_empty() {
+            self.reset_peer();
+            return;
+        }
+        if self.fin_out == Fin::No {
+            self.fin_out = Fin::Wanted;
+        }
+        let deadline = Instant::now() + LINGER;
+        while self.fin_out != Fin::Done && Instant::now() < deadline {
+            self.progress();
+            if self.fin_out != Fin::Done {
+                let _ = self.ep.wait(Duration::from_millis(10));
+            }
+        }
+        self.ep.clear_close_message();
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Blocks unless non-blocking; end of stream is `Ok(0)`.
+impl io::Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.try_read(buf, false) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !self.nonblocking => {
+                    self.wait(Ready::READ, None)?;
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+/// Blocks until at least one byte is taken, unless non-blocking.
+impl io::Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            match self.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !self.nonblocking => {
+                    self.wait(Ready::WRITE, None)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A filter entry letting only `a` in.
+fn only(a: Address) -> FilterEntry {
+    FilterEntry {
+        node: a.node,
+        port: a.port,
+        tag: 0,
+        tag_mask: 0,
+    }
+}
+
+/// Whether `port` is some side's connection port.
+fn is_conn_port(port: u32) -> bool {
+    port > CONN_BASE && port < CONN_BASE + CONN_PORTS
+}
+
+/// The bytes of an inline message (none for a buffer).
+fn inline_bytes(h: Held) -> Vec<u8> {
+    match h {
+        Held::Inline { data, len } => data[..len as usize].to_vec(),
+        Held::Buffer { .. } => Vec::new(),
+    }
+}
+
+/// Posts an inline message with user id `id`, and a completion for the
+/// FIN (whose delivery a close waits for).
+pub(crate) fn post_inline(
+    ep: &mut Endpoint,
+    to: Address,
+    tag: u32,
+    bytes: &[u8],
+    id: u64,
+) -> io::Result<()> {
+    let r = if id == ID_FIN {
+        ep.post_send_inline_completion(to, tag, bytes, id)
+    } else {
+        ep.post_send_inline(to, tag, bytes, id)
+    };
+    r.map_err(io_err)
+}
