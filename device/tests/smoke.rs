@@ -123,3 +123,48 @@ fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
         assert!(matches!(m.payload, Payload::Inline(d) if d[0] == round));
     }
 }
+
+#[test]
+fn one_call_takes_every_notification_of_a_domain() {
+    let (dev, _dir) = common::device(2);
+    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut tx = pa.create_endpoint(&EndpointConfig::default()).unwrap();
+    tx.bind(1).unwrap();
+    let mut rx: Vec<_> = (0..5u32)
+        .map(|i| {
+            let mut e = pb.create_endpoint(&EndpointConfig::default()).unwrap();
+            e.bind(10 + i).unwrap();
+            e
+        })
+        .collect();
+    let fd = pb.notification_fd().unwrap();
+    for e in &mut rx {
+        assert!(!e.arm().unwrap());
+    }
+    // Three of the five get a message.
+    for i in [0u32, 2, 4] {
+        tx.post_send_inline(
+            Address {
+                node: 1,
+                port: 10 + i,
+            },
+            0,
+            b"x",
+            0,
+        )
+        .unwrap();
+    }
+    let want: Vec<u32> = [0usize, 2, 4].iter().map(|&i| rx[i].id()).collect();
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while got.len() < 3 && std::time::Instant::now() < deadline {
+        readable(fd, 100);
+        got.extend(pb.take_notified().unwrap());
+    }
+    got.sort();
+    assert_eq!(got, want);
+    assert!(!readable(fd, 50), "readable after everything was taken");
+    assert!(pb.take_notified().unwrap().is_empty());
+}

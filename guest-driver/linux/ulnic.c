@@ -687,6 +687,34 @@ static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
 	return left > 0 ? 1 : 0;
 }
 
+/*
+ * IOC_TAKE_NOTIFIED: takes every notification of the file's endpoints at
+ * once, for a process sleeping in poll or epoll on the file for many of
+ * them (spec 9). A report that cannot be copied out is lost; the rings
+ * still hold what the notifications were about.
+ */
+static long ulnic_take_notified(struct ulnic_file *uf, void __user *arg)
+{
+	struct ulnic *u = uf->u;
+	struct ulnic_ioc_notified *n;
+	u32 i, last;
+	long err = 0;
+
+	if (!READ_ONCE(u->vdev))
+		return -ENODEV;
+	n = kzalloc(sizeof(*n), GFP_KERNEL);
+	if (!n)
+		return -ENOMEM;
+	last = min_t(u32, u->endpoints, ARRAY_SIZE(n->bits) * 64);
+	for (i = 0; i < last; i++)
+		if (READ_ONCE(uf->eps[i]) && test_and_clear_bit(i, u->notified))
+			n->bits[i / 64] |= cpu_to_le64(1ULL << (i % 64));
+	if (copy_to_user(arg, n, sizeof(*n)))
+		err = -EFAULT;
+	kfree(n);
+	return err;
+}
+
 /* IOC_UTLB_INIT: gives the file's domain a translation table (spec 9). */
 static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 {
@@ -864,6 +892,8 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		return ulnic_utlb_init(uf, p);
 	case ULNIC_IOC_UTLB_INSTALL:
 		return ulnic_utlb_install(uf, p);
+	case ULNIC_IOC_TAKE_NOTIFIED:
+		return ulnic_take_notified(uf, p);
 	default:
 		return -ENOTTY;
 	}

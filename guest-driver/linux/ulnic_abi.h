@@ -623,6 +623,13 @@ _Static_assert(__builtin_offsetof(struct ulnic_ioc_utlb_install, first) == 0, "s
 _Static_assert(__builtin_offsetof(struct ulnic_ioc_utlb_install, count) == 4, "struct ulnic_ioc_utlb_install: count");
 _Static_assert(__builtin_offsetof(struct ulnic_ioc_utlb_install, va) == 8, "struct ulnic_ioc_utlb_install: va");
 
+/* `IOC_TAKE_NOTIFIED` result (spec §9): which of the file's endpoints were notified, now taken. */
+struct ulnic_ioc_notified {
+	__le64 bits[64];
+};
+_Static_assert(sizeof(struct ulnic_ioc_notified) == 512, "struct ulnic_ioc_notified: size");
+_Static_assert(__builtin_offsetof(struct ulnic_ioc_notified, bits) == 0, "struct ulnic_ioc_notified: bits");
+
 /* ioctls of /dev/ulnicN (spec §9); arguments are the structs above. */
 #define ULNIC_IOC_INFO _IOR(ULNIC_IOC_TYPE, 1, struct ulnic_device_info)
 _Static_assert(ULNIC_IOC_INFO == 0x80285501u, "ULNIC_IOC_INFO");
@@ -640,5 +647,7 @@ _Static_assert(ULNIC_IOC_WAIT == 0x40085506u, "ULNIC_IOC_WAIT");
 _Static_assert(ULNIC_IOC_UTLB_INIT == 0x40045507u, "ULNIC_IOC_UTLB_INIT");
 #define ULNIC_IOC_UTLB_INSTALL _IOW(ULNIC_IOC_TYPE, 8, struct ulnic_ioc_utlb_install)
 _Static_assert(ULNIC_IOC_UTLB_INSTALL == 0x40105508u, "ULNIC_IOC_UTLB_INSTALL");
+#define ULNIC_IOC_TAKE_NOTIFIED _IOR(ULNIC_IOC_TYPE, 9, struct ulnic_ioc_notified)
+_Static_assert(ULNIC_IOC_TAKE_NOTIFIED == 0x82005509u, "ULNIC_IOC_TAKE_NOTIFIED");
 
 #endif /* ULNIC_ABI_H */

@@ -115,6 +115,9 @@ pub(crate) trait Domain: Send + Sync {
     /// notified (the Linux driver's open file; under host attach the
     /// notification queue's call eventfd, shared by the attach's domains).
     fn notification_fd(&self) -> Option<std::os::fd::RawFd>;
+    /// Takes every notification of the domain's endpoints (under host
+    /// attach, of the attachment's): the endpoints notified. Never blocks.
+    fn take_notified(&self) -> Result<Vec<u32>, Error>;
     /// Memory for user buffers the device can reach once their pages are
     /// installed in the UTLB (page aligned, zeroed).
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error>;

@@ -150,6 +150,10 @@ impl Domain for HostDomain {
         Some(self.hw.notification_fd())
     }
 
+    fn take_notified(&self) -> Result<Vec<u32>, Error> {
+        Ok(self.hw.take_notified())
+    }
+
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error> {
         let b = self.hw.memory().alloc(bytes)?;
         lock(&self.user).insert(b.ptr.as_ptr() as usize, b);

@@ -215,6 +215,20 @@ impl Domain for KernelDomain {
         Some(self.file.as_raw_fd())
     }
 
+    fn take_notified(&self) -> Result<Vec<u32>, Error> {
+        let mut n = ulnic_abi::wire::IocNotified::new_zeroed();
+        ioctl(&self.file, uapi::IOC_TAKE_NOTIFIED, &mut n)?;
+        let mut out = Vec::new();
+        for (i, w) in n.bits.iter().enumerate() {
+            let mut bits = w.get();
+            while bits != 0 {
+                out.push(i as u32 * 64 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+        Ok(out)
+    }
+
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {
         // Zero is a look (the driver does not sleep); anything shorter
         // than a millisecond still waits one.

@@ -260,6 +260,36 @@ impl ProtectionDomain {
             .unwrap_or_default()
     }
 
+    /// The descriptor that becomes readable when one of the domain's armed
+    /// endpoints is notified (the Linux driver's open file; under host
+    /// attach the attachment's notification eventfd), for a program that
+    /// waits for many endpoints at once in `poll`, `select` or `epoll`.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// let pd = nic.alloc_pd()?;
+    /// let fd = pd.notification_fd();
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.notification_fd()
+    }
+
+    /// Takes every notification of the domain's endpoints at once (one
+    /// call to the driver, whatever their number): the endpoints that were
+    /// notified. Afterwards the descriptor is unreadable until a new one
+    /// comes. Never blocks.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// let woken: Vec<u32> = pd.take_notified()?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn take_notified(&self) -> Result<Vec<u32>, Error> {
+        self.inner.take_notified()
+    }
+
     /// Creates an endpoint: allocates and registers its rings and segment.
     ///
     /// ```no_run

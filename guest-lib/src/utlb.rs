@@ -599,6 +599,9 @@ mod tests {
         fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
             None
         }
+        fn take_notified(&self) -> Result<Vec<u32>, Error> {
+            Ok(Vec::new())
+        }
         fn alloc_user_memory(&self, _: usize) -> Result<UserMemory, Error> {
             Err(Error::WouldBlock)
         }

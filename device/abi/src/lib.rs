@@ -1242,7 +1242,7 @@ mod tests {
 pub mod uapi {
     /// ioctl type byte ('U').
     pub const IOC_TYPE: u32 = 0x55;
-    use super::wire::{DeviceInfo, IocCommand, IocCreateEp, IocUtlbInstall, IocWait};
+    use super::wire::{DeviceInfo, IocCommand, IocCreateEp, IocNotified, IocUtlbInstall, IocWait};
 
     /// `_IOC(dir, 'U', nr, sizeof(T))`: the argument's size is its type's.
     const fn ioc<T>(dir: u32, nr: u32) -> u32 {
@@ -1290,6 +1290,10 @@ pub mod uapi {
     /// aligned) and install them at UTLB entries `first..first+count`,
     /// unpinning what was there: u32 first, u32 count, u64 va.
     pub const IOC_UTLB_INSTALL: u32 = ioc::<IocUtlbInstall>(WRITE, 8);
+    /// Take every notification of the file's endpoints at once
+    /// (`wire::IocNotified`): for a program that sleeps in `poll` or
+    /// `epoll` on the file for many endpoints.
+    pub const IOC_TAKE_NOTIFIED: u32 = ioc::<IocNotified>(READ, 9);
     /// Direction of an ioctl's argument, as `_IOR`, `_IOW`, `_IOWR` say.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Dir {
@@ -1303,7 +1307,7 @@ pub mod uapi {
 
     /// Every ioctl: name, direction, number, C argument type, and the
     /// number Rust computes (which the C header asserts equal to its own).
-    pub fn ioctls() -> [(&'static str, Dir, u32, &'static str, u32); 8] {
+    pub fn ioctls() -> [(&'static str, Dir, u32, &'static str, u32); 9] {
         [
             (
                 "IOC_INFO",
@@ -1336,6 +1340,13 @@ pub mod uapi {
                 8,
                 "struct ulnic_ioc_utlb_install",
                 IOC_UTLB_INSTALL,
+            ),
+            (
+                "IOC_TAKE_NOTIFIED",
+                Dir::Read,
+                9,
+                "struct ulnic_ioc_notified",
+                IOC_TAKE_NOTIFIED,
             ),
         ]
     }

@@ -77,6 +77,10 @@ impl<const N: usize> CType for [u8; N] {
     const C_TYPE: &'static str = "__u8";
     const ARRAY: Option<usize> = Some(N);
 }
+impl<const N: usize> CType for [U64; N] {
+    const C_TYPE: &'static str = "__le64";
+    const ARRAY: Option<usize> = Some(N);
+}
 
 /// Defines a wire struct and its [`Layout`].
 macro_rules! wire {
@@ -635,6 +639,13 @@ wire! {
         /// Page-aligned virtual address of the first page.
         pub va: U64,
     }
+
+    /// `IOC_TAKE_NOTIFIED` result (spec §9): which of the file's
+    /// endpoints were notified, now taken.
+    pub struct IocNotified = "ulnic_ioc_notified" {
+        /// Bit `e % 64` of word `e / 64` set for endpoint `e`.
+        pub bits: [U64; 64],
+    }
 }
 
 /// Every wire struct, for the header generator and its tests: (C name,
@@ -677,6 +688,7 @@ pub fn all() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         one::<IocCommand>(),
         one::<IocWait>(),
         one::<IocUtlbInstall>(),
+        one::<IocNotified>(),
     ]
 }
 

@@ -84,7 +84,8 @@ pub struct HostAttach {
     /// Doorbell bitmaps of the domains made by `create_pd`, by domain id.
     doorbell_bits: Mutex<std::collections::HashMap<u32, DmaBuffer>>,
     _unused_call: EventFd,
-    pending: AtomicU64,
+    /// Notified endpoints not yet taken: bit `e % 64` of word `e / 64`.
+    pending: Box<[AtomicU64]>,
     info: DeviceInfo,
 }
 
@@ -255,7 +256,9 @@ impl HostAttach {
             doorbells,
             doorbell_bits: Mutex::new(std::collections::HashMap::new()),
             _unused_call: unused_call,
-            pending: AtomicU64::new(0),
+            pending: (0..ulnic_abi::MAX_ENDPOINTS_LIMIT.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             info: DeviceInfo::default(),
         };
         let info = this.command(cmd::GET_INFO, &[])?;
@@ -459,6 +462,9 @@ impl HostAttach {
     /// Waits up to `timeout` for a notification for `endpoint`; true when one
     /// came. Notifications for other endpoints are kept for their waiters.
     pub fn wait_notification(&self, endpoint: u32, timeout: Duration) -> bool {
+        let Some(word) = self.pending.get(endpoint as usize / 64) else {
+            return false;
+        };
         let bit = 1u64 << (endpoint % 64);
         let deadline = Instant::now() + timeout;
         if timeout.is_zero() {
@@ -468,7 +474,7 @@ impl HostAttach {
             let _ = self.notify_call.read();
         }
         loop {
-            if self.pending.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+            if word.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
                 return true;
             }
             let (reposted, for_others) = self.drain_notifications(endpoint);
@@ -489,6 +495,35 @@ impl HostAttach {
         }
     }
 
+    /// Takes every notification that came, for any endpoint of this
+    /// attachment (for a process that slept on `notification_fd` for many):
+    /// the endpoints notified. Never blocks; the descriptor is unreadable
+    /// afterwards unless a record comes later.
+    ///
+    /// ```no_run
+    /// # let hw = ulnic_host_attach::HostAttach::connect("/tmp/u/node0.sock".as_ref(), 64 << 20)?;
+    /// for ep in hw.take_notified() {
+    ///     println!("endpoint {ep} was notified");
+    /// }
+    /// # Ok::<(), ulnic_host_attach::Error>(())
+    /// ```
+    pub fn take_notified(&self) -> Vec<u32> {
+        // A thread asleep in wait_notification meanwhile may lose its
+        // wake-up to this read; it finds its bit taken at its next look
+        // (taking everything is what this call means).
+        let _ = self.notify_call.read();
+        self.drain_notifications(u32::MAX);
+        let mut out = Vec::new();
+        for (i, w) in self.pending.iter().enumerate() {
+            let mut bits = w.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                out.push(i as u32 * 64 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+
     /// Moves notification records into `pending` and reposts their buffers;
     /// returns (any record, any record for an endpoint other than the
     /// caller's). Records are only read under the lock, never waited for.
@@ -502,7 +537,11 @@ impl HostAttach {
                 let mut rec = NotifyRecord::new_zeroed();
                 self.memory.read(gpa, rec.as_mut_bytes());
                 let ep = rec.endpoint.get();
-                self.pending.fetch_or(1u64 << (ep % 64), Ordering::AcqRel);
+                // The device names the endpoint; one past the limit is
+                // nobody's, and only wakes the caller.
+                if let Some(w) = self.pending.get(ep as usize / 64) {
+                    w.fetch_or(1u64 << (ep % 64), Ordering::AcqRel);
+                }
                 others |= ep != caller;
             }
             queue.add(&self.memory, &[], &[(gpa, NOTIFY_RECORD)]);

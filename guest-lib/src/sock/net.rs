@@ -128,6 +128,30 @@ impl Net {
         &self.inner.cfg
     }
 
+    /// The descriptor that becomes readable when one of these sockets,
+    /// armed, has something new (`poll`, `select`, `epoll`).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// let fd = net.notification_fd();
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.pd.notification_fd()
+    }
+
+    /// Takes every notification of these sockets at once: after a wake-up
+    /// on `notification_fd`, before looking at the sockets.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// net.take_notified()?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn take_notified(&self) -> Result<Vec<u32>, Error> {
+        self.inner.pd.take_notified()
+    }
+
     fn endpoint(&self, cfg: EndpointConfig) -> Result<Endpoint, Error> {
         self.inner.pd.create_endpoint(&cfg)
     }

@@ -678,6 +678,40 @@ impl Stream {
         Ok(sent)
     }
 
+    /// Asks for a notification when something new arrives, for a
+    /// program that sleeps on [`crate::sock::Net::notification_fd`] for many sockets:
+    /// true when something is waiting already (look again instead of
+    /// sleeping). Check, arm, re-check: nothing arriving is slept through.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// if !s.arm()? {
+    ///     // sleep in poll(2) on net.notification_fd(), then net.take_notified()
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn arm(&mut self) -> io::Result<bool> {
+        self.progress();
+        self.ep.arm().map_err(io_err)
+    }
+
+    /// A handle that sleeps until this socket's endpoint is notified,
+    /// without holding the socket (after [`Self::arm`]).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let w = s.waiter();
+    /// if !s.arm()? {
+    ///     w.wait(std::time::Duration::from_millis(100))?;
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn waiter(&self) -> crate::Waiter {
+        self.ep.waiter()
+    }
+
     /// Waits until the socket is ready for something in `want` (or has an
     /// error or hang-up to report), or `deadline` passes (`None`: no
     /// limit): true when ready. Polls for the configured spin time, then
