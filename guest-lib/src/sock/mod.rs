@@ -26,6 +26,7 @@
 
 mod addr;
 mod datagram;
+mod flusher;
 mod held;
 mod listener;
 mod net;

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ulnic_abi::INLINE_MAX;
@@ -11,6 +12,7 @@ use zerocopy::IntoBytes;
 use crate::endpoint::{Endpoint, LINGER};
 use crate::error::Error;
 use crate::sock::addr::{visible_port, Ready, SockAddr, CONN_BASE, CONN_PORTS, LISTEN_BASE};
+use crate::sock::flusher::{self, Flushable};
 use crate::sock::held::Held;
 use crate::sock::net::Net;
 use crate::sock::wire::{self, Hello};
@@ -20,6 +22,10 @@ use crate::FilterEntry;
 /// User ids of the messages whose fate matters.
 const ID_CONNECT: u64 = 1;
 const ID_FIN: u64 = 2;
+
+/// How long a closing connection waits for its peer to take more of what
+/// was written before it gives up and resets.
+const STALLED: Duration = Duration::from_secs(10);
 
 /// The longest a blocking call sleeps at once before it looks again (a
 /// wake-up another thread took is then noticed).
@@ -74,21 +80,8 @@ pub enum Shutdown {
     Both,
 }
 
-/// A stream socket: connected, or connecting. Reads and writes bytes in
-/// order ([`std::io::Read`], [`std::io::Write`]); blocks unless set
-/// non-blocking. Dropping it closes it in order (its peer reads end of
-/// stream), or with a reset if data it never read was waiting.
-///
-/// ```no_run
-/// use std::io::{Read, Write};
-/// let net = ulnic::sock::Net::open()?;
-/// let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-/// s.write_all(b"ping")?;
-/// let mut answer = [0u8; 4];
-/// s.read_exact(&mut answer)?;
-/// # Ok::<(), std::io::Error>(())
-/// ```
-pub struct Stream {
+/// The state of a connection, shared with the flusher thread.
+pub(crate) struct Core {
     ep: Endpoint,
     net: Net,
     local: SockAddr,
@@ -116,44 +109,19 @@ pub struct Stream {
     reset_told: bool,
     fin_out: Fin,
     shut_read: bool,
-    nonblocking: bool,
+    /// Registered with the flusher (bytes wait).
+    watched: bool,
+    /// Bytes written while the peer had no credit for them, waiting to
+    /// go (in order, before anything written later; the FIN after them).
+    pending: Vec<u8>,
+    /// How much of `pending` went already.
+    pending_sent: usize,
     /// Messages dropped for coming from a stranger or making no sense.
     stray: u64,
 }
 
-impl Stream {
-    /// Connects to a listener at `to`, waiting for its answer (at most
-    /// the configured connect timeout): `ECONNREFUSED` if nobody listens,
-    /// `EHOSTUNREACH` if the fabric cannot reach the node, `ETIMEDOUT` if
-    /// nobody answers.
-    ///
-    /// ```no_run
-    /// let net = ulnic::sock::Net::open()?;
-    /// let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 6379 })?;
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn connect(net: &Net, to: SockAddr) -> io::Result<Stream> {
-        let mut s = Stream::start_connect(net, to)?;
-        let deadline = Instant::now() + net.config().connect_timeout;
-        while !s.wait(Ready::WRITE, Some(deadline))? {}
-        match s.take_error() {
-            Some(e) => Err(errno(e)),
-            None => Ok(s),
-        }
-    }
-
-    /// Starts connecting to `to` and returns at once (a non-blocking
-    /// connect): the stream becomes writable when it is connected, or
-    /// reports the failure ([`Stream::take_error`]).
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// let mut s = ulnic::sock::Stream::start_connect(&net, ulnic::sock::SockAddr { node: 1, port: 80 })?;
-    /// while !s.poll().contains(ulnic::sock::Ready::WRITE) {}
-    /// assert!(s.take_error().is_none(), "connected");
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn start_connect(net: &Net, to: SockAddr) -> io::Result<Stream> {
+impl Core {
+    fn start_connect(net: &Net, to: SockAddr) -> io::Result<Core> {
         if to.port == 0 || to.node >= net.nodes() {
             return Err(errno(if to.port == 0 {
                 libc::EINVAL
@@ -179,7 +147,7 @@ impl Stream {
             hello.as_bytes(),
             ID_CONNECT,
         )?;
-        Ok(Stream::new(
+        Ok(Core::new(
             ep,
             net,
             local,
@@ -191,15 +159,7 @@ impl Stream {
         ))
     }
 
-    /// The server's side of a connection a listener took from `client`:
-    /// binds a connection endpoint, lets only the client's endpoint in,
-    /// leaves an RST as its close message and sends ACCEPT.
-    pub(crate) fn accepted(
-        net: &Net,
-        client: Address,
-        hello: Hello,
-        port: u16,
-    ) -> io::Result<Stream> {
+    fn accepted(net: &Net, client: Address, hello: Hello, port: u16) -> io::Result<Core> {
         let (mut ep, _) = net.stream_endpoint().map_err(io_err)?;
         let cfg = *net.config();
         ep.set_filter(&[only(client)]).map_err(io_err)?;
@@ -221,7 +181,7 @@ impl Stream {
             node: client.node,
             port: hello.port.get(),
         };
-        let mut s = Stream::new(ep, net, local, peer, client, Phase::Open);
+        let mut s = Core::new(ep, net, local, peer, client, Phase::Open);
         s.credits = hello.credits.get();
         s.peer_buffer = hello.buffer.get();
         Ok(s)
@@ -234,8 +194,8 @@ impl Stream {
         peer: SockAddr,
         peer_ep: Address,
         phase: Phase,
-    ) -> Stream {
-        Stream {
+    ) -> Core {
+        Core {
             ep,
             net: net.clone(),
             local,
@@ -252,109 +212,36 @@ impl Stream {
             reset_told: false,
             fin_out: Fin::No,
             shut_read: false,
-            nonblocking: false,
+            watched: false,
+            pending: Vec::new(),
+            pending_sent: 0,
             stray: 0,
         }
     }
 
-    /// This side's address.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// println!("{}", s.local_addr());
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn local_addr(&self) -> SockAddr {
+    pub(crate) fn local_addr(&self) -> SockAddr {
         self.local
     }
 
-    /// The peer's address (the one connected to, or the client's).
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// assert_eq!(s.peer_addr().node, 1);
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn peer_addr(&self) -> SockAddr {
+    pub(crate) fn peer_addr(&self) -> SockAddr {
         self.peer
     }
 
-    /// Makes reads, writes and waits return `WouldBlock` instead of
-    /// blocking (or blocks again).
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// s.set_nonblocking(true);
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn set_nonblocking(&mut self, on: bool) {
-        self.nonblocking = on;
-    }
-
-    /// Whether calls return `WouldBlock` rather than block.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// assert!(!s.is_nonblocking());
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn is_nonblocking(&self) -> bool {
-        self.nonblocking
-    }
-
-    /// Whether the connection is established.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// assert!(s.is_connected());
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn is_connected(&self) -> bool {
+    pub(crate) fn is_connected(&self) -> bool {
         self.phase == Phase::Open
     }
 
-    /// The endpoint under the socket (for its notification descriptor).
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// let fd = s.endpoint().notification_fd();
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn endpoint(&self) -> &Endpoint {
-        &self.ep
+    pub(crate) fn available(&mut self) -> usize {
+        self.progress();
+        let total: usize = self.queue.iter().map(|h| h.len() as usize).sum();
+        total - self.head_used as usize
     }
 
-    /// Messages dropped because they came from someone other than the
-    /// peer or made no sense.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// assert_eq!(s.stray(), 0);
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn stray(&self) -> u64 {
+    pub(crate) fn stray(&self) -> u64 {
         self.stray
     }
 
-    /// The connect's failure, once (`SO_ERROR`): `None` when connected
-    /// or still connecting.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::start_connect(&net, ulnic::sock::SockAddr { node: 1, port: 80 })?;
-    /// if let Some(e) = s.take_error() {
-    ///     eprintln!("connect failed: {}", std::io::Error::from_raw_os_error(e));
-    /// }
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn take_error(&mut self) -> Option<i32> {
+    pub(crate) fn take_error(&mut self) -> Option<i32> {
         self.progress();
         match self.phase {
             Phase::Failed(e) if e != 0 => {
@@ -406,8 +293,67 @@ impl Stream {
                 self.phase = Phase::Failed(libc::ETIMEDOUT);
             }
         }
-        if self.fin_out == Fin::Wanted {
+        self.flush();
+        if self.fin_out == Fin::Wanted && self.unsent() == 0 {
             self.post_fin();
+        }
+    }
+
+    /// Bytes written and not yet sent (waiting for credit).
+    fn unsent(&self) -> usize {
+        self.pending.len() - self.pending_sent
+    }
+
+    /// The most bytes writes may leave waiting for credit: twice what
+    /// the peer's credits carry, as a kernel's send buffer holds more than
+    /// the window.
+    fn send_buffer(&self) -> usize {
+        2 * self.net.config().credits as usize * self.peer_buffer.max(INLINE_MAX) as usize
+    }
+
+    /// Sends one message of `bytes` (at most the peer's buffer), taking a
+    /// credit: false when the ring has no room.
+    fn send_message(&mut self, bytes: &[u8]) -> io::Result<bool> {
+        let tag = wire::tag(wire::DATA, self.owed);
+        let posted = if bytes.len() <= INLINE_MAX as usize {
+            self.ep.post_send_inline(self.peer_ep, tag, bytes, 0)
+        } else {
+            let slot = self.net.send_slot(self.ep.send_position());
+            self.ep.write_segment(slot as usize, bytes);
+            self.ep
+                .post_send(self.peer_ep, tag, slot, bytes.len() as u32, 0, false)
+        };
+        match posted {
+            Ok(()) => {
+                self.owed = 0;
+                self.credits -= 1;
+                Ok(true)
+            }
+            Err(Error::WouldBlock) => Ok(false),
+            Err(e) => Err(io_err(e)),
+        }
+    }
+
+    /// Sends what waits for credit, as far as credit and ring room go.
+    fn flush(&mut self) {
+        while self.unsent() > 0 && self.credits > 0 && self.phase == Phase::Open && !self.reset {
+            let n = self.unsent().min(self.peer_buffer as usize);
+            let chunk = self.pending[self.pending_sent..self.pending_sent + n].to_vec();
+            match self.send_message(&chunk) {
+                Ok(true) => self.pending_sent += n,
+                Ok(false) => break,
+                Err(_) => {
+                    self.reset = true;
+                    break;
+                }
+            }
+        }
+        if self.pending_sent == self.pending.len() {
+            self.pending.clear();
+            self.pending_sent = 0;
+        } else if self.pending_sent > self.pending.len() / 2 {
+            self.pending.drain(..self.pending_sent);
+            self.pending_sent = 0;
         }
     }
 
@@ -499,16 +445,7 @@ impl Stream {
         }
     }
 
-    /// What the socket is ready for now. A program that finds it
-    /// unreadable gets every credit owed sent back (docs/sockets.md §3).
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// if s.poll().contains(ulnic::sock::Ready::READ) { /* a read will not block */ }
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn poll(&mut self) -> Ready {
+    pub(crate) fn poll(&mut self) -> Ready {
         self.progress();
         let mut r = Ready::NONE;
         match self.phase {
@@ -538,7 +475,7 @@ impl Stream {
                     if self.fin_in {
                         r |= Ready::HUP;
                     }
-                } else if self.credits > 0 && self.ep.send_space() > 0 {
+                } else if self.unsent() < self.send_buffer() {
                     r |= Ready::WRITE;
                 }
                 if !r.contains(Ready::READ) {
@@ -560,23 +497,7 @@ impl Stream {
         }
     }
 
-    /// Reads into `buf` without blocking: the bytes read, 0 at end of
-    /// stream, or `WouldBlock`; `ECONNRESET` once after a reset. With
-    /// `peek` the bytes stay to be read again.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// let mut buf = [0u8; 4096];
-    /// match s.try_read(&mut buf, false) {
-    ///     Ok(0) => println!("end of stream"),
-    ///     Ok(n) => println!("{n} bytes"),
-    ///     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-    ///     Err(e) => return Err(e),
-    /// }
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn try_read(&mut self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    pub(crate) fn try_read(&mut self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
         self.progress();
         match self.phase {
             Phase::Connecting { .. } => return Err(io::ErrorKind::WouldBlock.into()),
@@ -630,17 +551,7 @@ impl Stream {
         Err(io::ErrorKind::WouldBlock.into())
     }
 
-    /// Writes from `buf` without blocking, as much as credit and ring room
-    /// allow: the bytes taken, or `WouldBlock`; `EPIPE` after a reset or
-    /// our own shutdown.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// let n = s.try_write(b"hello")?;
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.progress();
         match self.phase {
             Phase::Connecting { .. } => return Err(io::ErrorKind::WouldBlock.into()),
@@ -651,111 +562,35 @@ impl Stream {
             return Err(errno(libc::EPIPE));
         }
         let mut sent = 0;
-        while sent < buf.len() && self.credits > 0 && self.ep.send_space() > 0 {
+        // Straight out while there is credit and nothing waits before it.
+        while self.unsent() == 0 && sent < buf.len() && self.credits > 0 {
             let n = (buf.len() - sent).min(self.peer_buffer as usize);
-            let bytes = &buf[sent..sent + n];
-            let tag = wire::tag(wire::DATA, self.owed);
-            let posted = if n <= INLINE_MAX as usize {
-                self.ep.post_send_inline(self.peer_ep, tag, bytes, 0)
-            } else {
-                let slot = self.net.send_slot(self.ep.send_position());
-                self.ep.write_segment(slot as usize, bytes);
-                self.ep
-                    .post_send(self.peer_ep, tag, slot, n as u32, 0, false)
-            };
-            match posted {
-                Ok(()) => {}
-                Err(Error::WouldBlock) => break,
-                Err(e) => return Err(io_err(e)),
+            if !self.send_message(&buf[sent..sent + n])? {
+                break;
             }
-            self.owed = 0;
-            self.credits -= 1;
             sent += n;
         }
+        // The rest waits for credit, as far as the send buffer goes.
+        let room = self.send_buffer().saturating_sub(self.unsent());
+        let take = room.min(buf.len() - sent);
+        self.pending.extend_from_slice(&buf[sent..sent + take]);
+        sent += take;
         if sent == 0 && !buf.is_empty() {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         Ok(sent)
     }
 
-    /// Asks for a notification when something new arrives, for a
-    /// program that sleeps on [`crate::sock::Net::notification_fd`] for many sockets:
-    /// true when something is waiting already (look again instead of
-    /// sleeping). Check, arm, re-check: nothing arriving is slept through.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// if !s.arm()? {
-    ///     // sleep in poll(2) on net.notification_fd(), then net.take_notified()
-    /// }
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn arm(&mut self) -> io::Result<bool> {
+    pub(crate) fn arm(&mut self) -> io::Result<bool> {
         self.progress();
         self.ep.arm().map_err(io_err)
     }
 
-    /// A handle that sleeps until this socket's endpoint is notified,
-    /// without holding the socket (after [`Self::arm`]).
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// let w = s.waiter();
-    /// if !s.arm()? {
-    ///     w.wait(std::time::Duration::from_millis(100))?;
-    /// }
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn waiter(&self) -> crate::Waiter {
+    pub(crate) fn waiter(&self) -> crate::Waiter {
         self.ep.waiter()
     }
 
-    /// Waits until the socket is ready for something in `want` (or has an
-    /// error or hang-up to report), or `deadline` passes (`None`: no
-    /// limit): true when ready. Polls for the configured spin time, then
-    /// sleeps in the driver.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// use ulnic::sock::Ready;
-    /// let soon = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    /// if s.wait(Ready::READ, Some(soon))? { /* readable */ }
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn wait(&mut self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
-        let spin_until = Instant::now() + self.net.config().spin;
-        loop {
-            if self.poll().intersects(want | Ready::ERROR | Ready::HUP) {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            let left = deadline.map_or(SLEEP_SLICE, |d| d.saturating_duration_since(now));
-            if left.is_zero() {
-                return Ok(false);
-            }
-            if now < spin_until {
-                std::thread::yield_now();
-                continue;
-            }
-            // The rings are empty (poll took everything): sleep until the
-            // device posts something new.
-            self.ep.wait(left.min(SLEEP_SLICE)).map_err(io_err)?;
-        }
-    }
-
-    /// Shuts one or both directions: after `Write` the peer reads end of
-    /// stream once it has read what was sent.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// s.shutdown(ulnic::sock::Shutdown::Write)?;
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
+    pub(crate) fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
         self.progress();
         if self.phase != Phase::Open {
             return Err(errno(libc::ENOTCONN));
@@ -771,7 +606,9 @@ impl Stream {
         }
         if how != Shutdown::Read && self.fin_out == Fin::No {
             self.fin_out = Fin::Wanted;
-            self.post_fin();
+            if self.unsent() == 0 {
+                self.post_fin();
+            }
         }
         Ok(())
     }
@@ -789,16 +626,7 @@ impl Stream {
         }
     }
 
-    /// Aborts the connection now: the peer's reads fail with `ECONNRESET`
-    /// (`SO_LINGER` of 0). The socket is closed.
-    ///
-    /// ```no_run
-    /// # let net = ulnic::sock::Net::open()?;
-    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
-    /// s.abort();
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn abort(mut self) {
+    fn abort(&mut self) {
         self.progress();
         self.reset_peer();
     }
@@ -830,20 +658,404 @@ impl Stream {
         if self.fin_out == Fin::No {
             self.fin_out = Fin::Wanted;
         }
-        let deadline = Instant::now() + LINGER;
-        while self.fin_out != Fin::Done && Instant::now() < deadline {
+        // What was written goes before the FIN, however slowly the peer
+        // reads: the close waits while bytes keep leaving, and gives up
+        // (a reset, so the peer knows) only when none has left for
+        // `STALLED` or the connection broke.
+        let mut last = (self.unsent(), Instant::now());
+        loop {
             self.progress();
-            if self.fin_out != Fin::Done {
-                let _ = self.ep.wait(Duration::from_millis(10));
+            if self.fin_out == Fin::Done || self.reset {
+                break;
             }
+            let now = Instant::now();
+            if self.unsent() != last.0 {
+                last = (self.unsent(), now);
+            }
+            let limit = if self.unsent() > 0 { STALLED } else { LINGER };
+            if now.duration_since(last.1) > limit {
+                if self.unsent() > 0 {
+                    self.reset_peer();
+                }
+                break;
+            }
+            let _ = self.ep.wait(Duration::from_millis(10));
         }
         self.ep.clear_close_message();
     }
 }
 
+/// A stream socket: connected, or connecting. Reads and writes bytes in
+/// order ([`std::io::Read`], [`std::io::Write`]); blocks unless set
+/// non-blocking. Dropping it closes it in order (its peer reads end of
+/// stream), or with a reset if data it never read was waiting.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// let net = ulnic::sock::Net::open()?;
+/// let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+/// s.write_all(b"ping")?;
+/// let mut answer = [0u8; 4];
+/// s.read_exact(&mut answer)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct Stream {
+    core: Arc<Mutex<Core>>,
+    nonblocking: bool,
+}
+
+impl Flushable for Mutex<Core> {
+    fn try_flush(&self) -> bool {
+        let Ok(mut c) = self.try_lock() else {
+            return true; // its program has it: it flushes on the way
+        };
+        c.progress();
+        let waiting = c.unsent() > 0 && c.phase == Phase::Open && !c.reset;
+        c.watched = waiting;
+        waiting
+    }
+}
+
+impl Stream {
+    fn wrap(core: Core) -> Stream {
+        Stream {
+            core: Arc::new(Mutex::new(core)),
+            nonblocking: false,
+        }
+    }
+
+    fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Connects to a listener at `to`, waiting for its answer (at most
+    /// the configured connect timeout): `ECONNREFUSED` if nobody listens,
+    /// `EHOSTUNREACH` if the fabric cannot reach the node, `ETIMEDOUT` if
+    /// nobody answers.
+    ///
+    /// ```no_run
+    /// let net = ulnic::sock::Net::open()?;
+    /// let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 6379 })?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn connect(net: &Net, to: SockAddr) -> io::Result<Stream> {
+        let s = Stream::start_connect(net, to)?;
+        let deadline = Instant::now() + net.config().connect_timeout;
+        while !s.wait(Ready::WRITE, Some(deadline))? {}
+        match s.take_error() {
+            Some(e) => Err(errno(e)),
+            None => Ok(s),
+        }
+    }
+
+    /// Starts connecting to `to` and returns at once (a non-blocking
+    /// connect): the stream becomes writable when it is connected, or
+    /// reports the failure ([`Stream::take_error`]).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// let mut s = ulnic::sock::Stream::start_connect(&net, ulnic::sock::SockAddr { node: 1, port: 80 })?;
+    /// while !s.poll().contains(ulnic::sock::Ready::WRITE) {}
+    /// assert!(s.take_error().is_none(), "connected");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_connect(net: &Net, to: SockAddr) -> io::Result<Stream> {
+        Core::start_connect(net, to).map(Stream::wrap)
+    }
+
+    /// The server's side of a connection a listener took from `client`:
+    /// binds a connection endpoint, lets only the client's endpoint in,
+    /// leaves an RST as its close message and sends ACCEPT.
+    pub(crate) fn accepted(
+        net: &Net,
+        client: Address,
+        hello: Hello,
+        port: u16,
+    ) -> io::Result<Stream> {
+        Core::accepted(net, client, hello, port).map(Stream::wrap)
+    }
+
+    /// This side's address.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// println!("{}", s.local_addr());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn local_addr(&self) -> SockAddr {
+        self.core().local_addr()
+    }
+
+    /// The peer's address (the one connected to, or the client's).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert_eq!(s.peer_addr().node, 1);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn peer_addr(&self) -> SockAddr {
+        self.core().peer_addr()
+    }
+
+    /// Makes reads, writes and waits return `WouldBlock` instead of
+    /// blocking (or blocks again).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// s.set_nonblocking(true);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn set_nonblocking(&mut self, on: bool) {
+        self.nonblocking = on;
+    }
+
+    /// Whether calls return `WouldBlock` rather than block.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert!(!s.is_nonblocking());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking
+    }
+
+    /// Whether the connection is established.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert!(s.is_connected());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_connected(&self) -> bool {
+        self.core().is_connected()
+    }
+
+    /// The descriptor that becomes readable when this socket, armed, has
+    /// something new (its domain's; shared with the domain's sockets).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let fd = s.notification_fd();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.core().ep.notification_fd()
+    }
+
+    /// Bytes received and not yet read (`FIONREAD`).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let waiting = s.available();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn available(&self) -> usize {
+        self.core().available()
+    }
+
+    /// Messages dropped because they came from someone other than the
+    /// peer or made no sense.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// assert_eq!(s.stray(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn stray(&self) -> u64 {
+        self.core().stray()
+    }
+
+    /// The connect's failure, or a reset, once (`SO_ERROR`): `None` when
+    /// connected or still connecting.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::start_connect(&net, ulnic::sock::SockAddr { node: 1, port: 80 })?;
+    /// if let Some(e) = s.take_error() {
+    ///     eprintln!("connect failed: {}", std::io::Error::from_raw_os_error(e));
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn take_error(&self) -> Option<i32> {
+        self.core().take_error()
+    }
+
+    /// What the socket is ready for now. A program that finds it
+    /// unreadable gets every credit owed sent back (docs/sockets.md §3).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// if s.poll().contains(ulnic::sock::Ready::READ) { /* a read will not block */ }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn poll(&self) -> Ready {
+        self.core().poll()
+    }
+
+    /// Reads into `buf` without blocking: the bytes read, 0 at end of
+    /// stream, or `WouldBlock`; `ECONNRESET` once after a reset. With
+    /// `peek` the bytes stay to be read again.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let mut buf = [0u8; 4096];
+    /// match s.try_read(&mut buf, false) {
+    ///     Ok(0) => println!("end of stream"),
+    ///     Ok(n) => println!("{n} bytes"),
+    ///     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn try_read(&self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+        self.core().try_read(buf, peek)
+    }
+
+    /// Writes from `buf` without blocking: sent at once as far as the
+    /// peer's credit goes, the rest kept in the send buffer (twice the
+    /// credit's worth) and sent as credit comes back, by the library's
+    /// flusher thread if the program does not call again; the bytes
+    /// taken, or `WouldBlock` when the send buffer is full; `EPIPE` after
+    /// a reset or our own shutdown.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let n = s.try_write(b"hello")?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut c = self.core();
+        let n = c.try_write(buf)?;
+        if c.unsent() > 0 && !c.watched {
+            c.watched = true;
+            let weak: std::sync::Weak<dyn Flushable> = Arc::downgrade(&self.core) as _;
+            flusher::watch(weak);
+        }
+        Ok(n)
+    }
+
+    /// Asks for a notification when something new arrives, for a
+    /// program that sleeps on [`crate::sock::Net::notification_fd`] for
+    /// many sockets: true when something is waiting already (look again
+    /// instead of sleeping). Check, arm, re-check: nothing arriving is
+    /// slept through.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// if !s.arm()? {
+    ///     // sleep in poll(2) on net.notification_fd(), then net.take_notified()
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn arm(&self) -> io::Result<bool> {
+        self.core().arm()
+    }
+
+    /// A handle that sleeps until this socket's endpoint is notified,
+    /// without holding the socket (after [`Stream::arm`]).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let w = s.waiter();
+    /// if !s.arm()? {
+    ///     w.wait(std::time::Duration::from_millis(100))?;
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn waiter(&self) -> crate::Waiter {
+        self.core().waiter()
+    }
+
+    /// Waits until the socket is ready for something in `want` (or has an
+    /// error or hang-up to report), or `deadline` passes (`None`: no
+    /// limit): true when ready. Polls for the configured spin time, then
+    /// sleeps in the driver.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// use ulnic::sock::Ready;
+    /// let soon = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    /// if s.wait(Ready::WRITE, Some(soon))? { /* writable */ }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn wait(&self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
+        let spin_until = Instant::now() + self.core().net.config().spin;
+        loop {
+            let waiter = {
+                let mut c = self.core();
+                if c.poll().intersects(want | Ready::ERROR | Ready::HUP) {
+                    return Ok(true);
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(false);
+                }
+                if now < spin_until {
+                    None
+                } else if c.arm()? {
+                    continue; // something came meanwhile
+                } else {
+                    Some(c.waiter())
+                }
+            };
+            match waiter {
+                None => std::thread::yield_now(),
+                Some(w) => {
+                    let left = deadline
+                        .map_or(SLEEP_SLICE, |d| d.saturating_duration_since(Instant::now()));
+                    w.wait(left.min(SLEEP_SLICE)).map_err(io_err)?;
+                }
+            }
+        }
+    }
+
+    /// Shuts one or both directions: after `Write` the peer reads end of
+    /// stream once it has read what was sent (and what waits to be).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// s.shutdown(ulnic::sock::Shutdown::Write)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.core().shutdown(how)
+    }
+
+    /// Aborts the connection now: the peer's reads fail with `ECONNRESET`
+    /// (`SO_LINGER` of 0). The socket is closed.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// s.abort();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn abort(self) {
+        self.core().abort();
+    }
+}
+
+/// Closes in order: what was written (and waits in the send buffer) goes,
+/// then the FIN; a reset instead when data was left unread.
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.close();
+        self.core().close();
     }
 }
 

@@ -1,0 +1,9 @@
+//! The interposed functions, by area: `socket` (making, naming,
+//! connecting, options), `io` (moving bytes), `fd` (descriptors), `wait`
+//! (poll, select, epoll), `process` (fork, exec).
+
+pub mod fd;
+pub mod io;
+pub mod process;
+pub mod socket;
+pub mod wait;

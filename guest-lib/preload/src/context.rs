@@ -1,0 +1,100 @@
+//! The process's interposition state, made at the first interposed call,
+//! and what the calls share: finding a descriptor's socket, handing a
+//! socket to the kernel, closing one, warnings.
+
+use std::ffi::c_int;
+use std::sync::{Arc, OnceLock};
+
+use crate::env::Env;
+use crate::epoll::Registry;
+use crate::real::real;
+use crate::sock::{self, Kind, Sock};
+use crate::table::Table;
+
+/// Everything the interposed calls share.
+pub struct Ctx {
+    /// Addresses, the socket context, counts across fork.
+    pub env: Env,
+    /// Interposed descriptors.
+    pub table: Table,
+    /// Epoll sets with interposed sockets.
+    pub epolls: Registry,
+}
+
+/// The state (made at the first call). Nothing here calls an interposed
+/// function while it is being made.
+pub fn ctx() -> &'static Ctx {
+    static CTX: OnceLock<Ctx> = OnceLock::new();
+    CTX.get_or_init(|| Ctx {
+        env: Env::new(),
+        table: Table::default(),
+        epolls: Registry::default(),
+    })
+}
+
+/// Makes the kernel descriptor non-blocking (the program's own view is
+/// kept in the socket's state).
+pub fn kernel_nonblocking(fd: c_int, on: bool) {
+    // SAFETY: plain fcntl on a descriptor the program owns.
+    unsafe {
+        let fl = (real().fcntl)(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let want = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            (real().fcntl)(fd, libc::F_SETFL, want as libc::c_ulong);
+        }
+    }
+}
+
+/// The socket goes to the kernel for good: every descriptor naming it
+/// stops being interposed, its blocking mode and epoll registrations
+/// become the program's own again, and any ulnic side it had is closed.
+pub fn handover(c: &Ctx, sock: &Arc<Sock>) {
+    let fds: Vec<c_int> = c
+        .table
+        .all_fds()
+        .into_iter()
+        .filter(|(_, s)| Arc::ptr_eq(s, sock))
+        .map(|(fd, _)| fd)
+        .collect();
+    {
+        let mut st = sock.lock();
+        for &fd in &fds {
+            kernel_nonblocking(fd, st.nonblock);
+        }
+        sock::restore_kernel_regs(&mut st);
+        st.regs.clear();
+        sock::finish(&mut st);
+        st.kind = Kind::Kernel;
+    }
+    c.epolls.forget(sock);
+    for fd in fds {
+        c.table.remove(fd);
+    }
+    if let (Some(a), Some(i)) = (&c.env.arena, sock.slot) {
+        a.release(i);
+    }
+}
+
+/// `fd`, one name of `sock`, is being closed: the last name in the last
+/// process that holds the socket closes it (in order, or with a reset).
+pub fn close_name(c: &Ctx, fd: c_int, sock: &Arc<Sock>) {
+    c.epolls.closed(fd, sock);
+    if c.table.names(sock) > 0 {
+        return; // another descriptor of this process still names it
+    }
+    let last = match (&c.env.arena, sock.slot) {
+        (Some(a), Some(i)) => a.release(i),
+        _ => true,
+    };
+    let mut st = sock.lock();
+    if last {
+        sock::finish(&mut st);
+    } else {
+        // A forked relative still holds it: leave the connection be.
+        sock::forget(&mut st);
+    }
+}

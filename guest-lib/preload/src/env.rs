@@ -1,0 +1,92 @@
+//! What every socket of the process shares: the ulnic network's address
+//! range, its socket context (opened at first use), the counts that
+//! survive fork, and how long calls poll before they sleep.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ulnic_lib::sock::{Net, SockConfig};
+
+use crate::config::Inet;
+use crate::share::Arena;
+
+/// The socket context, once asked for.
+enum NetState {
+    Unopened,
+    Open(Net),
+    /// Opening failed, or this process may not make sockets on the NIC
+    /// (a forked child of a host-attached process): the kernel serves.
+    Unavailable,
+}
+
+/// The process's shared socket state.
+pub struct Env {
+    /// Which addresses are ulnic's (`None`: none; the layer passes
+    /// everything to the kernel).
+    pub inet: Option<Inet>,
+    net: Mutex<NetState>,
+    /// Counts of sockets inherited across fork.
+    pub arena: Option<Arena>,
+    /// How long a call polls before it sleeps.
+    pub spin: Duration,
+}
+
+impl Env {
+    /// From the environment.
+    pub fn new() -> Env {
+        Env {
+            inet: Inet::from_env(),
+            net: Mutex::new(NetState::Unopened),
+            arena: Arena::new(),
+            spin: SockConfig::from_env().spin,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, NetState> {
+        self.net.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The socket context, opened at the first call (`None` when there is
+    /// no NIC: the kernel serves, as without the layer).
+    pub fn net(&self) -> Option<Net> {
+        let mut st = self.state();
+        if let NetState::Unopened = *st {
+            *st = match Net::open() {
+                Ok(n) => NetState::Open(n),
+                Err(e) => {
+                    crate::real::warn(&format!(
+                        "no ulnic NIC ({e}); sockets to ulnic addresses go to the kernel"
+                    ));
+                    NetState::Unavailable
+                }
+            };
+        }
+        match &*st {
+            NetState::Open(n) => Some(n.clone()),
+            _ => None,
+        }
+    }
+
+    /// The context if it is open (never opens it).
+    pub fn net_if_open(&self) -> Option<Net> {
+        match &*self.state() {
+            NetState::Open(n) => Some(n.clone()),
+            _ => None,
+        }
+    }
+
+    /// In a forked child: sockets made from now on get a protection domain
+    /// of the child's own (the inherited one may outlive the child's use
+    /// of it in the parent). A host attachment cannot be shared that way:
+    /// the child's new sockets are the kernel's.
+    pub fn forked(&self) {
+        let mut st = self.state();
+        let attached = std::env::var_os(ulnic_lib::SOCKET_ENV).is_some()
+            && !std::path::Path::new(ulnic_lib::DEFAULT_DEVICE).exists();
+        *st = if attached {
+            NetState::Unavailable
+        } else {
+            NetState::Unopened
+        };
+    }
+}

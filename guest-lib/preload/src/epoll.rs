@@ -1,0 +1,390 @@
+//! `epoll` over interposed sockets and kernel descriptors in one set.
+//!
+//! An interposed socket's registration is kept here (its readiness is
+//! user space's to compute); its kernel descriptor is also in the
+//! kernel's set while its kernel side is live (a fresh socket, a listener
+//! or datagram socket bound to any address), with data tagged so its
+//! events come back to the program with the program's data. To sleep, the
+//! sockets are armed and the domain's notification descriptor is in the
+//! set too (data `MAGIC`), so a message wakes the same `epoll_wait` a
+//! kernel descriptor would. Neither the tag nor `MAGIC` ever reaches the
+//! program.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use libc::epoll_event;
+
+use crate::env::Env;
+use crate::real::{fail, real};
+use crate::sock::{epoll_tag, Kind, Reg, Sock, TAG, TAG_MASK};
+
+/// Data of the notification descriptor's registration.
+pub const MAGIC: u64 = 0x756c_6e69_635f_6e66; // "ulnic_nf"
+
+/// The interposed sockets of each epoll set.
+#[derive(Default)]
+pub struct Registry {
+    sets: Mutex<HashMap<c_int, Set>>,
+}
+
+#[derive(Default, Clone)]
+struct Set {
+    /// Registered descriptors naming interposed sockets.
+    socks: Vec<(c_int, Arc<Sock>)>,
+    /// The notification descriptor added to the kernel's set, if any.
+    notify: Option<c_int>,
+}
+
+impl Registry {
+    fn sets(&self) -> std::sync::MutexGuard<'_, HashMap<c_int, Set>> {
+        self.sets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `epfd` has interposed sockets.
+    pub fn has(&self, epfd: c_int) -> bool {
+        self.sets().get(&epfd).is_some_and(|s| !s.socks.is_empty())
+    }
+
+    /// `epoll_ctl` for `fd`, which names `sock`.
+    pub fn ctl(
+        &self,
+        epfd: c_int,
+        op: c_int,
+        fd: c_int,
+        sock: &Arc<Sock>,
+        ev: *mut epoll_event,
+    ) -> c_int {
+        // SAFETY: NULL or the program's event (DEL may pass NULL).
+        let ev = unsafe { ev.as_ref() }.copied();
+        let mut st = sock.lock();
+        let at = st.regs.iter().position(|r| r.epfd == epfd && r.fd == fd);
+        match (op, at, ev) {
+            (libc::EPOLL_CTL_ADD, Some(_), _) => return fail(libc::EEXIST),
+            (libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL, None, _) => return fail(libc::ENOENT),
+            (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, _, None) => return fail(libc::EFAULT),
+            _ => {}
+        }
+        // The kernel's set holds the socket's descriptor only while its
+        // kernel side is live (a placeholder's own readiness, hang-up
+        // included, would be noise); then the kernel's answer (a bad
+        // epfd, a closed fd) is the program's.
+        if st.kernel_side_live() {
+            let r = match op {
+                libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
+                    let mut k = epoll_event {
+                        events: ev.map_or(0, |e| e.events),
+                        u64: epoll_tag(fd),
+                    };
+                    // SAFETY: plain system call with our own event struct.
+                    unsafe { (real().epoll_ctl)(epfd, op, fd, &mut k) }
+                }
+                // SAFETY: as above.
+                _ => unsafe { (real().epoll_ctl)(epfd, op, fd, std::ptr::null_mut()) },
+            };
+            if r < 0 {
+                return r;
+            }
+        }
+        match (op, at, ev) {
+            (libc::EPOLL_CTL_DEL, Some(i), _) => {
+                st.regs.remove(i);
+                drop(st);
+                let mut sets = self.sets();
+                if let Some(s) = sets.get_mut(&epfd) {
+                    s.socks.retain(|(f, _)| *f != fd);
+                }
+            }
+            (libc::EPOLL_CTL_MOD, Some(i), Some(e)) => {
+                st.regs[i] = Reg {
+                    epfd,
+                    fd,
+                    events: e.events,
+                    data: e.u64,
+                    disabled: false,
+                };
+            }
+            (_, _, Some(e)) => {
+                st.regs.push(Reg {
+                    epfd,
+                    fd,
+                    events: e.events,
+                    data: e.u64,
+                    disabled: false,
+                });
+                drop(st);
+                self.sets()
+                    .entry(epfd)
+                    .or_default()
+                    .socks
+                    .push((fd, sock.clone()));
+            }
+            _ => {}
+        }
+        0
+    }
+
+    /// `fd` was closed: its registrations go (the kernel drops its own
+    /// when the last descriptor of the file goes).
+    pub fn closed(&self, fd: c_int, sock: &Sock) {
+        let epfds: Vec<c_int> = {
+            let mut st = sock.lock();
+            let e = st
+                .regs
+                .iter()
+                .filter(|r| r.fd == fd)
+                .map(|r| r.epfd)
+                .collect();
+            st.regs.retain(|r| r.fd != fd);
+            e
+        };
+        let mut sets = self.sets();
+        for epfd in epfds {
+            if let Some(s) = sets.get_mut(&epfd) {
+                s.socks.retain(|(f, _)| *f != fd);
+            }
+        }
+    }
+
+    /// `fd` was closed and may have been an epoll set: forget the set.
+    pub fn epoll_closed(&self, fd: c_int) {
+        self.sets().remove(&fd);
+    }
+
+    /// `sock` went to the kernel: its registrations speak for themselves
+    /// now (the caller gave them back their data).
+    pub fn forget(&self, sock: &Arc<Sock>) {
+        for s in self.sets().values_mut() {
+            s.socks.retain(|(_, x)| !Arc::ptr_eq(x, sock));
+        }
+    }
+
+    fn snapshot(&self, epfd: c_int) -> Option<Set> {
+        self.sets().get(&epfd).cloned()
+    }
+
+    fn set_notify(&self, epfd: c_int, fd: c_int) {
+        if let Some(s) = self.sets().get_mut(&epfd) {
+            s.notify = Some(fd);
+        }
+    }
+
+    /// `epoll_wait` on a set with interposed sockets (`timeout` `None`:
+    /// forever).
+    pub fn wait(
+        &self,
+        env: &Env,
+        epfd: c_int,
+        out: *mut epoll_event,
+        max: c_int,
+        timeout: Option<Duration>,
+        sigmask: *const libc::sigset_t,
+    ) -> c_int {
+        if out.is_null() || max <= 0 {
+            return fail(libc::EINVAL);
+        }
+        let Some(set) = self.snapshot(epfd) else {
+            return kernel_wait(epfd, out, max, timeout, sigmask);
+        };
+        // SAFETY: the program gives `max` events of room.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let mut n = user_ready(&set, epfd, out);
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            let spinning = start.elapsed() < env.spin;
+            let look_kernel = n > 0
+                || left.is_some_and(|l| l.is_zero())
+                || (spinning && spins.is_multiple_of(16));
+            if look_kernel {
+                let k = kernel_wait(
+                    epfd,
+                    out[n..].as_mut_ptr(),
+                    (max as usize - n) as c_int,
+                    Some(Duration::ZERO),
+                    sigmask,
+                );
+                if k < 0 {
+                    return k;
+                }
+                n = merge(&set, epfd, out, n, k as usize);
+            }
+            if n > 0 || left.is_some_and(|l| l.is_zero()) {
+                return n as c_int;
+            }
+            spins += 1;
+            if spinning {
+                std::thread::yield_now();
+                continue;
+            }
+            // Sleep: arm every socket; something already there means look
+            // again instead.
+            if arm_all(&set, epfd) {
+                continue;
+            }
+            let net = env.net_if_open();
+            if let Some(nfd) = net.as_ref().and_then(|n| n.notification_fd()) {
+                if set.notify != Some(nfd) {
+                    let mut e = epoll_event {
+                        events: libc::EPOLLIN as u32,
+                        u64: MAGIC,
+                    };
+                    // SAFETY: plain system call; EEXIST when a dup of
+                    // this set already has it, which is as good.
+                    unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_ADD, nfd, &mut e) };
+                    self.set_notify(epfd, nfd);
+                }
+            }
+            let k = kernel_wait(epfd, out.as_mut_ptr(), max, left, sigmask);
+            if k < 0 {
+                return k;
+            }
+            let mut notified = false;
+            let mut kept = 0;
+            for i in 0..k as usize {
+                if out[i].u64 == MAGIC {
+                    notified = true;
+                } else {
+                    out[kept] = out[i];
+                    kept += 1;
+                }
+            }
+            if notified {
+                if let Some(net) = &net {
+                    let _ = net.take_notified();
+                }
+            }
+            if kept > 0 {
+                // Kernel descriptors are ready; the sockets' state joins
+                // them (without sleeping again).
+                let kernel: Vec<epoll_event> = out[..kept].to_vec();
+                let n = user_ready(&set, epfd, out);
+                let room = max as usize - n;
+                let k = kernel.len().min(room);
+                out[n..n + k].copy_from_slice(&kernel[..k]);
+                return merge(&set, epfd, out, n, k) as c_int;
+            }
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                return 0;
+            }
+        }
+    }
+}
+
+/// The real `epoll_pwait` with `timeout`.
+fn kernel_wait(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: c_int,
+    timeout: Option<Duration>,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    if max <= 0 {
+        return 0;
+    }
+    let ms = timeout.map_or(-1, |t| {
+        if t.is_zero() {
+            0
+        } else {
+            t.as_millis().clamp(1, i32::MAX as u128) as c_int
+        }
+    });
+    // SAFETY: the program's buffer (`max` events) and mask, passed on.
+    unsafe { (real().epoll_pwait)(epfd, out, max, ms, sigmask) }
+}
+
+/// Fills `out` with the interposed sockets' events: how many.
+fn user_ready(set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usize {
+    let mut n = 0;
+    for (fd, sock) in &set.socks {
+        if n == out.len() {
+            break;
+        }
+        let mut st = sock.lock();
+        if matches!(st.kind, Kind::Fresh | Kind::Kernel) {
+            continue; // the kernel's registration speaks for it
+        }
+        let Some(i) = st.regs.iter().position(|r| r.epfd == epfd && r.fd == *fd) else {
+            continue;
+        };
+        let reg = st.regs[i];
+        if reg.disabled {
+            continue;
+        }
+        let always = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+        let ev = st.ready().0 & (reg.events | always);
+        if ev != 0 {
+            out[n] = epoll_event {
+                events: ev,
+                u64: reg.data,
+            };
+            n += 1;
+            if reg.events & libc::EPOLLONESHOT as u32 != 0 {
+                st.regs[i].disabled = true;
+            }
+        }
+    }
+    n
+}
+
+/// Turns the `k` kernel events after the first `n` of `out` into the
+/// program's: tagged ones get the program's data (joined with the same
+/// socket's user-space event, if any); `MAGIC` ones go. Returns the count.
+fn merge(set: &Set, epfd: c_int, out: &mut [epoll_event], n: usize, k: usize) -> usize {
+    let mut total = n;
+    for i in n..n + k {
+        let e = out[i];
+        if e.u64 == MAGIC {
+            continue;
+        }
+        if e.u64 & TAG_MASK == TAG {
+            let fd = (e.u64 & 0xffff_ffff) as c_int;
+            let Some((_, sock)) = set.socks.iter().find(|(f, _)| *f == fd) else {
+                continue;
+            };
+            let st = sock.lock();
+            let Some(reg) = st
+                .regs
+                .iter()
+                .find(|r| r.epfd == epfd && r.fd == fd)
+                .copied()
+            else {
+                continue;
+            };
+            if !st.kernel_side_live() {
+                continue; // a placeholder's own state: noise
+            }
+            drop(st);
+            if let Some(j) = out[..total].iter().position(|x| x.u64 == reg.data) {
+                out[j].events |= e.events;
+                continue;
+            }
+            out[total] = epoll_event {
+                events: e.events,
+                u64: reg.data,
+            };
+        } else {
+            out[total] = e;
+        }
+        total += 1;
+    }
+    total
+}
+
+/// Arms every registered socket: true when one has something already.
+fn arm_all(set: &Set, epfd: c_int) -> bool {
+    for (fd, sock) in &set.socks {
+        let mut st = sock.lock();
+        let live = st
+            .regs
+            .iter()
+            .any(|r| r.epfd == epfd && r.fd == *fd && !r.disabled);
+        if live && st.arm().unwrap_or(true) {
+            return true;
+        }
+    }
+    false
+}

@@ -1,0 +1,544 @@
+//! One interposed socket: what the program made with `socket()` and what
+//! it became (a ulnic listener, connection or datagram socket, or still
+//! undecided), and the socket calls on it. Errors are errno values.
+//!
+//! Every interposed socket keeps its kernel descriptor: the program's
+//! descriptor number, what `fstat`, `fcntl` and options see, and for a
+//! listener or datagram socket bound to any address, the kernel socket
+//! that serves kernel peers beside ulnic ones. That descriptor is kept
+//! non-blocking; the program's own view is `State::nonblock`.
+
+use std::ffi::c_int;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ulnic_lib::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream};
+
+use crate::config::Target;
+use crate::env::Env;
+use crate::real::real;
+
+/// Kernel epoll registrations of interposed sockets carry `TAG | fd` as
+/// their data, so their events can be given the program's own.
+pub const TAG: u64 = 0x756c_6e00_0000_0000;
+/// The bits of `TAG`.
+pub const TAG_MASK: u64 = 0xffff_ff00_0000_0000;
+
+/// The tagged data of `fd`'s kernel registration.
+pub fn epoll_tag(fd: c_int) -> u64 {
+    TAG | u64::from(fd as u32)
+}
+
+/// The longest a blocking call sleeps before it looks again.
+const SLICE: Duration = Duration::from_millis(100);
+
+/// What a socket is.
+pub enum Kind {
+    /// Made, not yet connected, bound or listening anywhere ulnic: the
+    /// kernel's for now.
+    Fresh,
+    /// A listener on ulnic (and on the kernel too when `kernel_listening`).
+    Listener(Listener),
+    /// A ulnic connection.
+    Stream(Stream),
+    /// A ulnic datagram socket (and a kernel one when `kernel_bound`).
+    Datagram(Datagram),
+    /// Gone to the kernel for good (its table entry is being dropped).
+    Kernel,
+}
+
+/// An `epoll` registration of one of the socket's descriptors.
+#[derive(Debug, Clone, Copy)]
+pub struct Reg {
+    /// The epoll set.
+    pub epfd: c_int,
+    /// The descriptor registered (a socket may have several, by `dup`).
+    pub fd: c_int,
+    /// The events asked for.
+    pub events: u32,
+    /// The program's data.
+    pub data: u64,
+    /// A one-shot registration that fired (until `EPOLL_CTL_MOD`).
+    pub disabled: bool,
+}
+
+/// A socket's state, under its lock.
+pub struct State {
+    /// What it is.
+    pub kind: Kind,
+    /// `AF_INET` or `AF_INET6`: how addresses are shown.
+    pub family: c_int,
+    /// A datagram socket (else a stream).
+    pub dgram: bool,
+    /// The program's `O_NONBLOCK`.
+    pub nonblock: bool,
+    /// The port bound, if any.
+    pub port: Option<u16>,
+    /// Bound to any address (or only to this node's ulnic one).
+    pub any: bool,
+    /// The kernel socket listens too.
+    pub kernel_listening: bool,
+    /// The kernel socket is bound (datagrams: kernel peers reach it).
+    pub kernel_bound: bool,
+    /// `SO_LINGER` with a zero timeout: close aborts.
+    pub linger_zero: bool,
+    /// `SO_RCVTIMEO` and `SO_SNDTIMEO`.
+    pub rcvtimeo: Option<Duration>,
+    /// As above.
+    pub sndtimeo: Option<Duration>,
+    /// Its epoll registrations.
+    pub regs: Vec<Reg>,
+}
+
+/// An interposed socket, shared by the descriptors that name it (`dup`).
+pub struct Sock {
+    st: Mutex<State>,
+    /// Its count in the fork-shared arena.
+    pub slot: Option<usize>,
+}
+
+/// A result whose error is an errno.
+pub type Res<T> = Result<T, c_int>;
+
+/// The errno of an I/O error (`EIO` if it has none).
+pub fn errno_of(e: &io::Error) -> c_int {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        libc::EAGAIN
+    } else {
+        e.raw_os_error().unwrap_or(libc::EIO)
+    }
+}
+
+fn res<T>(r: io::Result<T>) -> Res<T> {
+    r.map_err(|e| errno_of(&e))
+}
+
+impl Sock {
+    /// A fresh socket of `family` (a datagram one with `dgram`).
+    pub fn new(env: &Env, family: c_int, dgram: bool, nonblock: bool) -> Arc<Sock> {
+        Arc::new(Sock {
+            st: Mutex::new(State {
+                kind: Kind::Fresh,
+                family,
+                dgram,
+                nonblock,
+                port: None,
+                any: true,
+                kernel_listening: false,
+                kernel_bound: false,
+                linger_zero: false,
+                rcvtimeo: None,
+                sndtimeo: None,
+                regs: Vec::new(),
+            }),
+            slot: env.arena.as_ref().and_then(|a| a.claim()),
+        })
+    }
+
+    /// Its state, locked.
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `op` until it does not report `EAGAIN`, sleeping between
+    /// tries unless the socket is non-blocking (or `dontwait`): polls for
+    /// the spin time, then sleeps until the device or, for a socket with a
+    /// live kernel side, the kernel socket `fd` has something. `timeout`
+    /// (`SO_RCVTIMEO`-like) ends the wait with `EAGAIN`.
+    pub fn block<T>(
+        &self,
+        env: &Env,
+        fd: c_int,
+        want: Ready,
+        dontwait: bool,
+        timeout: Option<Duration>,
+        mut op: impl FnMut(&mut State) -> Res<T>,
+    ) -> Res<T> {
+        let start = Instant::now();
+        loop {
+            let mut st = self.lock();
+            match op(&mut st) {
+                Err(libc::EAGAIN) => {}
+                r => return r,
+            }
+            if st.nonblock || dontwait {
+                return Err(libc::EAGAIN);
+            }
+            let elapsed = start.elapsed();
+            let left = match timeout {
+                Some(t) if elapsed >= t => return Err(libc::EAGAIN),
+                Some(t) => (t - elapsed).min(SLICE),
+                None => SLICE,
+            };
+            if elapsed < env.spin {
+                drop(st);
+                std::thread::yield_now();
+                continue;
+            }
+            match st.arm() {
+                Ok(true) => continue, // something came meanwhile
+                Ok(false) => {}
+                Err(e) => return Err(e),
+            }
+            if st.kernel_side_live() {
+                drop(st);
+                sleep_on(env, &[(fd, want)], left);
+            } else if let Some(w) = st.waiter() {
+                drop(st);
+                let _ = w.wait(left);
+            } else {
+                drop(st);
+                std::thread::sleep(left.min(Duration::from_millis(1)));
+            }
+        }
+    }
+}
+
+/// Sleeps until one of `fds` is ready as asked, or the domain's
+/// notification descriptor wakes (its notifications are then taken), or
+/// `timeout`.
+pub fn sleep_on(env: &Env, fds: &[(c_int, Ready)], timeout: Duration) {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, want)| libc::pollfd {
+            fd,
+            events: (want.0 & (libc::POLLIN | libc::POLLOUT) as u32) as i16,
+            revents: 0,
+        })
+        .collect();
+    let net = env.net_if_open();
+    let notify = net.as_ref().and_then(Net::notification_fd);
+    if let Some(n) = notify {
+        p.push(libc::pollfd {
+            fd: n,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: a valid array of pollfds for the duration of the call.
+    unsafe { (real().poll)(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if let (Some(net), Some(last)) = (net, p.last()) {
+        if notify.is_some() && last.revents != 0 {
+            let _ = net.take_notified();
+        }
+    }
+}
+
+impl State {
+    /// Whether the kernel socket is part of what the program sees.
+    pub fn kernel_side_live(&self) -> bool {
+        match self.kind {
+            Kind::Fresh | Kind::Kernel => true,
+            Kind::Listener(_) => self.kernel_listening,
+            Kind::Datagram(_) => self.kernel_bound,
+            Kind::Stream(_) => false,
+        }
+    }
+
+    /// What the ulnic side is ready for (nothing for a fresh socket).
+    pub fn ready(&mut self) -> Ready {
+        match &mut self.kind {
+            Kind::Listener(l) => l.poll(),
+            Kind::Stream(s) => s.poll(),
+            Kind::Datagram(d) => d.poll(),
+            Kind::Fresh | Kind::Kernel => Ready::NONE,
+        }
+    }
+
+    /// Arms the ulnic side: true when something waits already.
+    pub fn arm(&mut self) -> Res<bool> {
+        match &mut self.kind {
+            Kind::Listener(l) => res(l.arm()),
+            Kind::Stream(s) => res(s.arm()),
+            Kind::Datagram(d) => res(d.arm()),
+            Kind::Fresh | Kind::Kernel => Ok(false),
+        }
+    }
+
+    fn waiter(&self) -> Option<ulnic_lib::Waiter> {
+        match &self.kind {
+            Kind::Listener(l) => Some(l.waiter()),
+            Kind::Stream(s) => Some(s.waiter()),
+            Kind::Datagram(d) => Some(d.waiter()),
+            Kind::Fresh | Kind::Kernel => None,
+        }
+    }
+
+    /// The ulnic datagram socket, made (bound to the port asked for, or a
+    /// free one) if there is none yet.
+    pub fn datagram(&mut self, net: &Net) -> Res<&mut Datagram> {
+        if !matches!(self.kind, Kind::Datagram(_)) {
+            let d = res(Datagram::bind(net, self.port))?;
+            self.port = Some(d.local_addr().port);
+            self.kind = Kind::Datagram(d);
+            if !self.kernel_bound {
+                drop_kernel_regs(self);
+            }
+        }
+        match &mut self.kind {
+            Kind::Datagram(d) => Ok(d),
+            _ => Err(libc::EIO),
+        }
+    }
+}
+
+/// What `connect` decided.
+pub enum Connected {
+    /// Done on ulnic (or failed there, with the errno).
+    Ulnic(Res<()>),
+    /// The kernel's: the caller hands the socket over and connects it.
+    Kernel,
+}
+
+/// `connect` of a socket to `target`.
+pub fn connect(env: &Env, sock: &Sock, fd: c_int, target: Target) -> Connected {
+    let Target::Node(node, port) = target else {
+        return Connected::Kernel;
+    };
+    let Some(net) = env.net().filter(|n| node < n.nodes()) else {
+        return Connected::Kernel;
+    };
+    let to = SockAddr { node, port };
+    let mut st = sock.lock();
+    if st.dgram {
+        let r = st.datagram(&net).map(|d| d.connect(Some(to)));
+        return Connected::Ulnic(r);
+    }
+    match &mut st.kind {
+        Kind::Fresh => {}
+        Kind::Stream(s) if s.is_connected() => return Connected::Ulnic(Err(libc::EISCONN)),
+        Kind::Stream(_) => return Connected::Ulnic(Err(libc::EALREADY)),
+        Kind::Listener(_) => return Connected::Ulnic(Err(libc::EINVAL)),
+        Kind::Datagram(_) | Kind::Kernel => return Connected::Kernel,
+    }
+    let s = match Stream::start_connect(&net, to) {
+        Ok(s) => s,
+        Err(e) => return Connected::Ulnic(Err(errno_of(&e))),
+    };
+    st.kind = Kind::Stream(s);
+    // The placeholder's kernel readiness means nothing now.
+    drop_kernel_regs(&mut st);
+    if st.nonblock {
+        return Connected::Ulnic(Err(libc::EINPROGRESS));
+    }
+    drop(st);
+    let deadline = net.config().connect_timeout;
+    let r = sock.block(
+        env,
+        fd,
+        Ready::WRITE,
+        false,
+        Some(deadline),
+        |st| match &mut st.kind {
+            Kind::Stream(s) => {
+                if s.poll()
+                    .intersects(Ready::WRITE | Ready::ERROR | Ready::HUP)
+                {
+                    match s.take_error() {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    }
+                } else {
+                    Err(libc::EAGAIN)
+                }
+            }
+            _ => Err(libc::EBADF),
+        },
+    );
+    Connected::Ulnic(r.map_err(|e| {
+        if e == libc::EAGAIN {
+            libc::ETIMEDOUT
+        } else {
+            e
+        }
+    }))
+}
+
+/// Takes the socket's descriptors out of the kernel's epoll sets (the
+/// socket is ulnic's only now: its placeholder's readiness, hang-up
+/// included, means nothing; the user-space registrations speak for it).
+pub fn drop_kernel_regs(st: &mut State) {
+    for r in &st.regs {
+        // SAFETY: plain system call on descriptors the program owns.
+        unsafe { (real().epoll_ctl)(r.epfd, libc::EPOLL_CTL_DEL, r.fd, std::ptr::null_mut()) };
+    }
+}
+
+/// Gives the socket's kernel registrations the program's own events and
+/// data (the socket is the kernel's from now on).
+pub fn restore_kernel_regs(st: &mut State) {
+    for r in &st.regs {
+        let mut e = libc::epoll_event {
+            events: r.events,
+            u64: r.data,
+        };
+        // SAFETY: as above.
+        unsafe { (real().epoll_ctl)(r.epfd, libc::EPOLL_CTL_MOD, r.fd, &mut e) };
+    }
+}
+
+/// `bind` of a fresh socket to `target` (the kernel socket was bound, or
+/// refused with `kernel_err`): records the port, and for a datagram
+/// socket makes its ulnic side at once.
+pub fn bind(
+    env: &Env,
+    sock: &Sock,
+    target: Target,
+    kernel_port: Option<u16>,
+    kernel_err: Option<c_int>,
+) -> Res<()> {
+    let mut st = sock.lock();
+    if !matches!(st.kind, Kind::Fresh) {
+        return Err(libc::EINVAL);
+    }
+    let (port, any) = match target {
+        Target::Any(p) => (p, true),
+        Target::Node(n, p) => {
+            let Some(net) = env.net() else {
+                return kernel_err.map_or(Ok(()), Err);
+            };
+            if n != net.node() {
+                return Err(libc::EADDRNOTAVAIL);
+            }
+            (p, false)
+        }
+        Target::Kernel => return kernel_err.map_or(Ok(()), Err),
+    };
+    // The kernel's port when it chose one (bind to port 0).
+    let port = if port == 0 {
+        kernel_port.unwrap_or(0)
+    } else {
+        port
+    };
+    st.kernel_bound = kernel_err.is_none();
+    if let (Some(e), true) = (kernel_err, any) {
+        return Err(e);
+    }
+    st.port = (port != 0).then_some(port);
+    st.any = any;
+    if st.dgram {
+        if let Some(net) = env.net() {
+            st.datagram(&net)?;
+        }
+    }
+    Ok(())
+}
+
+/// `listen`: a ulnic listener on the bound port, beside the kernel's
+/// (`kernel_listening`) when bound to any address. `Ok(false)` when
+/// ulnic cannot listen there: the socket is the kernel's.
+pub fn listen(env: &Env, sock: &Sock, backlog: c_int, kernel_listening: bool) -> Res<bool> {
+    let mut st = sock.lock();
+    match st.kind {
+        Kind::Fresh => {}
+        Kind::Listener(_) => return Ok(true),
+        _ => return Err(libc::EINVAL),
+    }
+    let (Some(net), Some(port)) = (env.net(), st.port) else {
+        return Ok(false);
+    };
+    let backlog = if backlog <= 0 { 128 } else { backlog as u32 };
+    match Listener::bind(&net, port, backlog) {
+        Ok(l) => {
+            st.kind = Kind::Listener(l);
+            st.kernel_listening = kernel_listening;
+            if !kernel_listening {
+                drop_kernel_regs(&mut st);
+            }
+            Ok(true)
+        }
+        // Another socket listens there on ulnic (an IPv6 twin of this
+        // IPv4 one, or another process): the kernel serves this one.
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && st.any => Ok(false),
+        Err(e) => Err(errno_of(&e)),
+    }
+}
+
+/// What `accept` found.
+pub enum Accepted {
+    /// A ulnic connection, and who it is from.
+    Ulnic(Stream, SockAddr),
+    /// The kernel's (descriptor already accepted).
+    Kernel(c_int),
+}
+
+/// One `accept` try on a listener, ulnic first, then the kernel socket:
+/// `EAGAIN` when neither has a connection.
+pub fn try_accept(
+    st: &mut State,
+    fd: c_int,
+    addr: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+    flags: c_int,
+) -> Res<Accepted> {
+    let kernel = st.kernel_listening;
+    let Kind::Listener(l) = &mut st.kind else {
+        return Err(libc::EINVAL);
+    };
+    match l.try_accept() {
+        Ok((s, from)) => return Ok(Accepted::Ulnic(s, from)),
+        Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(errno_of(&e)),
+        Err(_) => {}
+    }
+    if kernel {
+        // The kernel descriptor is non-blocking: this never waits.
+        // SAFETY: the program's own arguments, passed on.
+        let k = unsafe { (real().accept4)(fd, addr, len, flags) };
+        if k >= 0 {
+            return Ok(Accepted::Kernel(k));
+        }
+        let e = crate::real::errno();
+        if e != libc::EAGAIN && e != libc::EWOULDBLOCK {
+            return Err(e);
+        }
+    }
+    Err(libc::EAGAIN)
+}
+
+/// Reads from a stream (`peek` keeps the bytes).
+pub fn stream_read(st: &mut State, buf: &mut [u8], peek: bool) -> Res<usize> {
+    match &mut st.kind {
+        Kind::Stream(s) => res(s.try_read(buf, peek)),
+        _ => Err(libc::ENOTCONN),
+    }
+}
+
+/// Writes to a stream.
+pub fn stream_write(st: &mut State, buf: &[u8]) -> Res<usize> {
+    match &mut st.kind {
+        Kind::Stream(s) => res(s.try_write(buf)),
+        _ => Err(libc::ENOTCONN),
+    }
+}
+
+/// `shutdown`.
+pub fn shutdown(st: &mut State, how: c_int) -> Res<()> {
+    let how = match how {
+        libc::SHUT_RD => Shutdown::Read,
+        libc::SHUT_WR => Shutdown::Write,
+        libc::SHUT_RDWR => Shutdown::Both,
+        _ => return Err(libc::EINVAL),
+    };
+    match &mut st.kind {
+        Kind::Stream(s) => res(s.shutdown(how)),
+        _ => Err(libc::ENOTCONN),
+    }
+}
+
+/// The socket's last holder let go: closes its ulnic side in order (or
+/// aborts it, with `SO_LINGER` 0).
+pub fn finish(st: &mut State) {
+    let kind = std::mem::replace(&mut st.kind, Kind::Kernel);
+    match kind {
+        Kind::Stream(s) if st.linger_zero => s.abort(),
+        other => drop(other),
+    }
+}
+
+/// Forgets the socket's ulnic side without closing it: another process
+/// (a fork) still holds it.
+pub fn forget(st: &mut State) {
+    std::mem::forget(std::mem::replace(&mut st.kind, Kind::Kernel));
+}
