@@ -40,6 +40,11 @@ command -v ssh >/dev/null || missing+=(openssh-client)
 # The peers `ulnic bench compare` runs beside ulnic (tools/tests/bench.rs).
 command -v fi_pingpong >/dev/null || missing+=(libfabric-bin)
 command -v sockperf >/dev/null || missing+=(sockperf)
+# Unmodified programs the preload layer runs over ulnic
+# (guest-lib/preload/tests/preload.rs).
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-benchmark >/dev/null || missing+=(redis-tools)
+command -v iperf3 >/dev/null || missing+=(iperf3)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

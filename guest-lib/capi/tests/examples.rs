@@ -93,12 +93,14 @@ fn build(name: &str, dir: &Path, statically: bool) -> PathBuf {
     exe
 }
 
-fn device() -> (Device, tempfile::TempDir) {
+fn device() -> (tempfile::TempDir, Device) {
     let dir = tempfile::tempdir().unwrap();
     let config = Configuration::builder(Configuration::socket_paths(dir.path(), 2))
         .build()
         .unwrap();
-    (Device::start(config).unwrap(), dir)
+    // The device goes first when the pair is dropped (its sockets must
+    // still exist to wake its port threads).
+    (dir, Device::start(config).unwrap())
 }
 
 /// Runs `exe server_args` on node 1 until it says it is ready, then `exe
@@ -150,7 +152,7 @@ fn pair(dev: &Device, exe: &Path, server: &[&str], client: &[&str]) -> (String, 
 #[test]
 fn pingpong_in_c_checks_every_byte_inline_and_in_buffers() {
     let bin = tempfile::tempdir().unwrap();
-    let (dev, _dir) = device();
+    let (_dir, dev) = device();
     for (exe, sizes) in [
         (build("pingpong", bin.path(), false), ["8", "65536"]),
         (build("pingpong", bin.path(), true), ["0", "4096"]),
@@ -176,7 +178,7 @@ fn pingpong_in_c_checks_every_byte_inline_and_in_buffers() {
 fn rdma_write_in_c_lands_in_order_before_its_immediate() {
     let bin = tempfile::tempdir().unwrap();
     let exe = build("rdma_write", bin.path(), false);
-    let (dev, _dir) = device();
+    let (_dir, dev) = device();
     let (target, initiator) = pair(
         &dev,
         &exe,
@@ -197,7 +199,7 @@ fn rdma_write_in_c_lands_in_order_before_its_immediate() {
 fn tripwire_wait_in_c_wakes_the_sleeping_owner() {
     let bin = tempfile::tempdir().unwrap();
     let exe = build("tripwire_wait", bin.path(), false);
-    let (dev, _dir) = device();
+    let (_dir, dev) = device();
     let (owner, writer) = pair(&dev, &exe, &["owner", "11"], &["writer", "1", "11", "4242"]);
     assert!(
         owner.contains("woken by a remote write") && owner.contains("now 4242"),

@@ -25,11 +25,29 @@ pub struct Ctx {
 /// function while it is being made.
 pub fn ctx() -> &'static Ctx {
     static CTX: OnceLock<Ctx> = OnceLock::new();
-    CTX.get_or_init(|| Ctx {
-        env: Env::new(),
-        table: Table::default(),
-        epolls: Registry::default(),
+    CTX.get_or_init(|| {
+        // SAFETY: registers a plain function to run at exit().
+        unsafe { libc::atexit(at_exit) };
+        Ctx {
+            env: Env::new(),
+            table: Table::default(),
+            epolls: Registry::default(),
+        }
     })
+}
+
+/// At `exit`, every socket still open is closed as the kernel closes a
+/// TCP socket of an exiting process: what was written is sent (the
+/// device takes it, the send buffer drains), then the FIN. Without this,
+/// bytes a program wrote just before it exited would go with its
+/// endpoints. (`_exit` and signals skip it: the device's close messages
+/// then reset the peers.)
+extern "C" fn at_exit() {
+    let c = ctx();
+    for (fd, s) in c.table.all_fds() {
+        c.table.remove(fd);
+        close_name(c, fd, &s);
+    }
 }
 
 /// Makes the kernel descriptor non-blocking (the program's own view is
@@ -86,15 +104,19 @@ pub fn close_name(c: &Ctx, fd: c_int, sock: &Arc<Sock>) {
     if c.table.names(sock) > 0 {
         return; // another descriptor of this process still names it
     }
-    let last = match (&c.env.arena, sock.slot) {
-        (Some(a), Some(i)) => a.release(i),
+    // The owner's close ends the connection (the others cannot use it);
+    // with no owner, the last close does; another's copy is only dropped.
+    let end = match (&c.env.arena, sock.slot) {
+        (Some(a), Some(i)) => {
+            let last = a.release(i);
+            a.owned_by_me(i).unwrap_or(last)
+        }
         _ => true,
     };
     let mut st = sock.lock();
-    if last {
+    if end {
         sock::finish(&mut st);
     } else {
-        // A forked relative still holds it: leave the connection be.
         sock::forget(&mut st);
     }
 }

@@ -43,9 +43,28 @@ impl Registry {
         self.sets.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether `epfd` has interposed sockets.
+    /// Whether `epfd` has interposed sockets (or the notification
+    /// descriptor, whose events must not reach the program).
     pub fn has(&self, epfd: c_int) -> bool {
-        self.sets().get(&epfd).is_some_and(|s| !s.socks.is_empty())
+        self.sets()
+            .get(&epfd)
+            .is_some_and(|s| !s.socks.is_empty() || s.notify.is_some())
+    }
+
+    /// Drops `fd` from set `epfd`; the notification descriptor leaves the
+    /// kernel's set with the last socket.
+    fn unregister(sets: &mut HashMap<c_int, Set>, epfd: c_int, fd: c_int) {
+        if let Some(s) = sets.get_mut(&epfd) {
+            s.socks.retain(|(f, _)| *f != fd);
+            if s.socks.is_empty() {
+                if let Some(n) = s.notify.take() {
+                    // SAFETY: plain system call on descriptors we know.
+                    unsafe {
+                        (real().epoll_ctl)(epfd, libc::EPOLL_CTL_DEL, n, std::ptr::null_mut())
+                    };
+                }
+            }
+        }
     }
 
     /// `epoll_ctl` for `fd`, which names `sock`.
@@ -92,10 +111,7 @@ impl Registry {
             (libc::EPOLL_CTL_DEL, Some(i), _) => {
                 st.regs.remove(i);
                 drop(st);
-                let mut sets = self.sets();
-                if let Some(s) = sets.get_mut(&epfd) {
-                    s.socks.retain(|(f, _)| *f != fd);
-                }
+                Registry::unregister(&mut self.sets(), epfd, fd);
             }
             (libc::EPOLL_CTL_MOD, Some(i), Some(e)) => {
                 st.regs[i] = Reg {
@@ -142,9 +158,7 @@ impl Registry {
         };
         let mut sets = self.sets();
         for epfd in epfds {
-            if let Some(s) = sets.get_mut(&epfd) {
-                s.socks.retain(|(f, _)| *f != fd);
-            }
+            Registry::unregister(&mut sets, epfd, fd);
         }
     }
 
@@ -193,7 +207,7 @@ impl Registry {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            let mut n = user_ready(&set, epfd, out);
+            let mut n = user_ready(env, &set, epfd, out);
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
             let spinning = start.elapsed() < env.spin;
             let look_kernel = n > 0
@@ -261,7 +275,7 @@ impl Registry {
                 // Kernel descriptors are ready; the sockets' state joins
                 // them (without sleeping again).
                 let kernel: Vec<epoll_event> = out[..kept].to_vec();
-                let n = user_ready(&set, epfd, out);
+                let n = user_ready(env, &set, epfd, out);
                 let room = max as usize - n;
                 let k = kernel.len().min(room);
                 out[n..n + k].copy_from_slice(&kernel[..k]);
@@ -297,12 +311,14 @@ fn kernel_wait(
 }
 
 /// Fills `out` with the interposed sockets' events: how many.
-fn user_ready(set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usize {
+fn user_ready(env: &Env, set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usize {
     let mut n = 0;
     for (fd, sock) in &set.socks {
         if n == out.len() {
             break;
         }
+        // Another process's since a fork: an error to report.
+        let theirs = sock.usable(env).is_err();
         let mut st = sock.lock();
         if matches!(st.kind, Kind::Fresh | Kind::Kernel) {
             continue; // the kernel's registration speaks for it
@@ -315,7 +331,11 @@ fn user_ready(set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usize {
             continue;
         }
         let always = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
-        let ev = st.ready().0 & (reg.events | always);
+        let ev = if theirs {
+            always
+        } else {
+            st.ready().0 & (reg.events | always)
+        };
         if ev != 0 {
             out[n] = epoll_event {
                 events: ev,

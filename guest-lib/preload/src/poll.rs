@@ -69,7 +69,11 @@ pub fn poll_many(
             p.revents = 0;
             if let Some(s) = s {
                 let always = (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) as u32;
-                let r = s.lock().ready().0 & (p.events as u32 | always);
+                let r = if s.usable(env).is_err() {
+                    (libc::POLLERR | libc::POLLHUP) as u32
+                } else {
+                    s.lock().ready().0 & (p.events as u32 | always)
+                };
                 p.revents = r as i16;
             }
         }

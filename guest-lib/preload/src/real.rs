@@ -116,3 +116,19 @@ pub fn warn(msg: &str) {
     // SAFETY: writes a buffer we own to stderr.
     unsafe { (real().write)(2, line.as_ptr().cast(), line.len()) };
 }
+
+/// Whether `ULNIC_TRACE` asks for a line per call on an interposed socket.
+pub fn tracing() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("ULNIC_TRACE").is_some_and(|v| v != "0"))
+}
+
+/// Writes a trace line when `ULNIC_TRACE` is set.
+macro_rules! trace {
+    ($($arg:tt)*) => {
+        if $crate::real::tracing() {
+            $crate::real::warn(&format!("[{}] {}", std::process::id(), format_args!($($arg)*)));
+        }
+    };
+}
+pub(crate) use trace;

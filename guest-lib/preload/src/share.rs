@@ -2,6 +2,14 @@
 //! open in both processes, and only the last `close` ends the connection
 //! (as the kernel counts a TCP socket's descriptors).
 //!
+//! Each count has an owner beside it. A socket nobody forked with has
+//! none; at a fork it becomes unclaimed, and the first process to use it
+//! afterwards owns it: the other may close its copy (which leaves the
+//! connection to the owner) but not use it, since each process keeps its
+//! own copy of the socket's state, which one of them would then make
+//! wrong. The kernel lets two processes share a TCP socket; this layer
+//! lets them hand one over.
+//!
 //! The counts live in one anonymous shared mapping made before any fork,
 //! so parent and child see the same memory.
 
@@ -11,9 +19,23 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// descended from the first that made one.
 const SLOTS: usize = 16384;
 
-/// The shared counts.
+/// The shared counts (and after them, their owners).
 pub struct Arena {
     base: *const AtomicU32,
+}
+
+/// An owner word: never forked.
+const NOBODY: u32 = 0;
+/// An owner word: forked, not yet used since.
+const UNCLAIMED: u32 = u32::MAX;
+
+/// Whether a process may use a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// Yes.
+    Mine,
+    /// No: another process (this pid) has used it since the fork.
+    Theirs(u32),
 }
 
 // SAFETY: the mapping is never unmapped and holds only atomics.
@@ -26,7 +48,7 @@ impl Arena {
     /// are counted per process, and a forked child's close of an
     /// inherited one is taken as the last).
     pub fn new() -> Option<Arena> {
-        let bytes = SLOTS * std::mem::size_of::<AtomicU32>();
+        let bytes = 2 * SLOTS * std::mem::size_of::<AtomicU32>();
         // SAFETY: a fresh shared anonymous mapping; nothing else refers
         // to it.
         let p = unsafe {
@@ -48,13 +70,53 @@ impl Arena {
         unsafe { &*self.base.add(i) }
     }
 
-    /// Claims a free count, set to 1.
+    fn owner(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: as above; owners follow the counts.
+        unsafe { &*self.base.add(SLOTS + i) }
+    }
+
+    /// Whether the calling process may use socket `i`, claiming it if
+    /// it is unclaimed.
+    pub fn claim_use(&self, i: usize) -> Use {
+        let me = std::process::id();
+        let o = self.owner(i);
+        match o.load(Ordering::Acquire) {
+            NOBODY => Use::Mine,
+            x if x == me => Use::Mine,
+            UNCLAIMED => {
+                match o.compare_exchange(UNCLAIMED, me, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => Use::Mine,
+                    Err(x) if x == me => Use::Mine,
+                    Err(x) => Use::Theirs(x),
+                }
+            }
+            x => Use::Theirs(x),
+        }
+    }
+
+    /// Whether the calling process owns socket `i`: `None` when nobody
+    /// does (never forked, or not used since the fork).
+    pub fn owned_by_me(&self, i: usize) -> Option<bool> {
+        match self.owner(i).load(Ordering::Acquire) {
+            NOBODY | UNCLAIMED => None,
+            x => Some(x == std::process::id()),
+        }
+    }
+
+    /// Socket `i` is being forked: whoever uses it next owns it.
+    pub fn forking(&self, i: usize) {
+        self.owner(i).store(UNCLAIMED, Ordering::Release);
+    }
+
+    /// Claims a free count, set to 1, owned by nobody.
     pub fn claim(&self) -> Option<usize> {
-        (0..SLOTS).find(|&i| {
+        let i = (0..SLOTS).find(|&i| {
             self.slot(i)
                 .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
-        })
+        })?;
+        self.owner(i).store(NOBODY, Ordering::Release);
+        Some(i)
     }
 
     /// One more holder (a fork).

@@ -136,6 +136,27 @@ impl Sock {
         })
     }
 
+    /// Whether this process may use the socket: `EBUSY` when, after a
+    /// fork, the other process used it first (it owns it now; this one may
+    /// only close its copy).
+    pub fn usable(&self, env: &Env) -> Res<()> {
+        match (&env.arena, self.slot) {
+            (Some(a), Some(i)) => match a.claim_use(i) {
+                crate::share::Use::Mine => Ok(()),
+                crate::share::Use::Theirs(pid) => {
+                    static TOLD: std::sync::Once = std::sync::Once::new();
+                    TOLD.call_once(|| {
+                        crate::real::warn(&format!(
+                            "a ulnic socket inherited across fork is process {pid}'s now (it used it first); this process may only close it (EBUSY)"
+                        ))
+                    });
+                    Err(libc::EBUSY)
+                }
+            },
+            _ => Ok(()),
+        }
+    }
+
     /// Its state, locked.
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())

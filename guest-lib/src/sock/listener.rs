@@ -220,7 +220,9 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn arm(&mut self) -> io::Result<bool> {
-        self.progress();
+        // No look at the rings first: what that took in would be ready
+        // without the caller knowing. The caller looked just before; the
+        // arm's own re-check sees anything since.
         self.ep.arm().map_err(io_err)
     }
 

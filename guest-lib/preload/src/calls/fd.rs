@@ -142,6 +142,9 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
                 return 0;
             }
             libc::FIONREAD if !p.is_null() => {
+                if let Err(e) = s.usable(&c.env) {
+                    return fail(e);
+                }
                 let mut st = s.lock();
                 if let Kind::Stream(x) = &mut st.kind {
                     let n = x.available().min(c_int::MAX as usize) as c_int;

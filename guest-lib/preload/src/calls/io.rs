@@ -11,7 +11,7 @@ use ulnic_lib::sock::{Ready, SockAddr};
 
 use crate::config::{write_addr, Target};
 use crate::context::{ctx, Ctx};
-use crate::real::{fail_size, real};
+use crate::real::{fail_size, real, trace};
 use crate::sock::{self, Kind, Sock};
 
 /// The program's buffer as a slice.
@@ -94,6 +94,7 @@ fn recv_on(
             let r = s.block(&c.env, fd, Ready::READ, dontwait, timeout, |st| {
                 sock::stream_read(st, &mut out[got..], peek)
             });
+            trace!("read({fd}, {} bytes): {r:?}", out.len() - got);
             match r {
                 Ok(0) => return got as ssize_t,
                 Ok(n) => {
@@ -165,6 +166,9 @@ fn send_on(
     flags: c_int,
     dest: Option<(*const sockaddr, socklen_t)>,
 ) -> ssize_t {
+    if let Err(e) = s.usable(&c.env) {
+        return fail_size(e);
+    }
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     let nosignal = flags & libc::MSG_NOSIGNAL != 0;
     let (timeout, is_stream, nonblock) = {
@@ -177,6 +181,7 @@ fn send_on(
             let r = s.block(&c.env, fd, Ready::WRITE, dontwait, timeout, |st| {
                 sock::stream_write(st, &data[sent..])
             });
+            trace!("write({fd}, {} bytes): {r:?}", data.len() - sent);
             match r {
                 Ok(n) => {
                     sent += n;
@@ -235,6 +240,7 @@ fn send_on(
             }
         }
     });
+    trace!("send({fd}, {} bytes): {r:?}", data.len());
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => {

@@ -19,6 +19,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     for (_, s) in &socks {
         if let (Some(a), Some(i)) = (arena, s.slot) {
             a.add(i);
+            a.forking(i);
         }
     }
     // SAFETY: the real fork.

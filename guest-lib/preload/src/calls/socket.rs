@@ -10,7 +10,7 @@ use libc::{sockaddr, socklen_t};
 
 use crate::config::{write_addr, Target};
 use crate::context::{close_name, ctx, handover, kernel_nonblocking};
-use crate::real::{fail, real};
+use crate::real::{fail, real, trace};
 use crate::sock::{self, Accepted, Connected, Kind, Sock};
 
 /// `socket`: TCP and UDP sockets of IPv4 and IPv6 are interposed (while
@@ -144,6 +144,9 @@ pub unsafe extern "C" fn accept4(
         // SAFETY: the program's arguments, passed on.
         return unsafe { (real().accept4)(fd, addr, len, flags) };
     };
+    if let Err(e) = s.usable(&c.env) {
+        return fail(e);
+    }
     let r = s.block(
         &c.env,
         fd,
@@ -174,6 +177,7 @@ pub unsafe extern "C" fn accept4(
         st.kind = Kind::Stream(stream);
     }
     c.table.insert(nfd, ns);
+    trace!("accept({fd}): {nfd} from {from}");
     if let Some(inet) = c.env.inet {
         // SAFETY: NULL or the program's buffer of `*len` bytes.
         unsafe { write_addr(family, inet.addr_of(from.node), from.port, addr, len) };
@@ -189,12 +193,25 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: the program's arguments, passed on.
         return unsafe { (real().connect)(fd, addr, len) };
     };
+    if let Err(e) = s.usable(&c.env) {
+        return fail(e);
+    }
     // SAFETY: the program gives `len` bytes at `addr`.
     let target = unsafe { inet.target(addr, len) };
     match sock::connect(&c.env, &s, fd, target) {
-        Connected::Ulnic(Ok(())) => 0,
-        Connected::Ulnic(Err(e)) => fail(e),
+        Connected::Ulnic(Ok(())) => {
+            trace!("connect({fd}) to {target:?}: connected");
+            0
+        }
+        Connected::Ulnic(Err(e)) => {
+            trace!(
+                "connect({fd}) to {target:?}: {}",
+                std::io::Error::from_raw_os_error(e)
+            );
+            fail(e)
+        }
         Connected::Kernel => {
+            trace!("connect({fd}) to {target:?}: the kernel's");
             handover(c, &s);
             // SAFETY: as above.
             unsafe { (real().connect)(fd, addr, len) }
@@ -207,6 +224,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     let c = ctx();
     if let Some(s) = c.table.get(fd) {
+        if let Err(e) = s.usable(&c.env) {
+            return fail(e);
+        }
         let mut st = s.lock();
         if matches!(st.kind, Kind::Stream(_)) {
             return match sock::shutdown(&mut st, how) {
@@ -340,6 +360,9 @@ pub unsafe extern "C" fn getsockopt(
 ) -> c_int {
     if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
         if let Some(s) = ctx().table.get(fd) {
+            if let Err(e) = s.usable(&ctx().env) {
+                return fail(e);
+            }
             let mut st = s.lock();
             if let Kind::Stream(x) = &mut st.kind {
                 let e: c_int = x.take_error().unwrap_or(0);
@@ -363,6 +386,7 @@ pub unsafe extern "C" fn getsockopt(
 pub fn closing(fd: c_int) {
     let c = ctx();
     if let Some(s) = c.table.remove(fd) {
+        trace!("close({fd})");
         close_name(c, fd, &s);
     } else {
         // It may have been an epoll set this layer knows: a set made

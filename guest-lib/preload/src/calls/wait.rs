@@ -9,7 +9,7 @@ use libc::{epoll_event, nfds_t, pollfd, sigset_t, timespec};
 
 use crate::context::ctx;
 use crate::poll::{poll_many, select_many, FdSets};
-use crate::real::{fail, real};
+use crate::real::{fail, real, trace};
 
 fn ms_timeout(ms: c_int) -> Option<Duration> {
     (ms >= 0).then(|| Duration::from_millis(ms as u64))
@@ -173,7 +173,13 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     let c = ctx();
     match c.table.get(fd) {
-        Some(s) => c.epolls.ctl(epfd, op, fd, &s, ev),
+        Some(s) => {
+            let r = c.epolls.ctl(epfd, op, fd, &s, ev);
+            // SAFETY: NULL or the program's event.
+            let events = unsafe { ev.as_ref() }.map(|e| e.events);
+            trace!("epoll_ctl({epfd}, op {op}, {fd}, events {events:x?}): {r}");
+            r
+        }
         // SAFETY: the program's arguments, passed on.
         None => unsafe { (real().epoll_ctl)(epfd, op, fd, ev) },
     }

@@ -1,0 +1,448 @@
+/* SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause */
+/*
+ * An ordinary sockets program (it knows nothing of ulnic) that the
+ * preload layer's tests run with and without LD_PRELOAD. Every mode
+ * prints one line "ok ..." when it saw what it should, else "fail ..."
+ * and exits 1.
+ *
+ *   sockcheck serve PORT                      accept one connection, echo it
+ *   sockcheck stream IP PORT BYTES            send BYTES (a pattern), read the echo, check it
+ *   sockcheck sink PORT                       accept one connection, read until it ends, report how
+ *   sockcheck source IP PORT                  connect and send a pattern until the write fails, report how
+ *   sockcheck udp-echo PORT COUNT             echo COUNT datagrams
+ *   sockcheck udp IP PORT COUNT               send COUNT datagrams of sizes 0..1500, check the echoes
+ *   sockcheck epoll IP PORT                   one epoll set: a ulnic connection, a pipe, a kernel TCP
+ *                                             connection on 127.0.0.1; each fires for what it got
+ *   sockcheck fork-child-closes IP PORT       connect, fork; the child closes its copy, the parent uses the connection
+ *   sockcheck fork-child-uses IP PORT         connect, fork; the child uses it; the parent's copy then says EBUSY
+ *   sockcheck exec                            exec itself with an empty environment; the child says whether the layer is loaded
+ *   sockcheck loaded                          (what exec runs)
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void fail(const char *what)
+{
+	printf("fail %s: %s\n", what, strerror(errno));
+	fflush(stdout);
+	exit(1);
+}
+
+static unsigned char pat(unsigned long i)
+{
+	return (unsigned char)((i * 2654435761u) >> 11);
+}
+
+static int listener(int port, int type)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	int one = 1, s = socket(AF_INET, type, 0);
+
+	if (s < 0)
+		fail("socket");
+	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(s, (struct sockaddr *)&a, sizeof(a)))
+		fail("bind");
+	if (type == SOCK_STREAM && listen(s, 16))
+		fail("listen");
+	printf("ready\n");
+	fflush(stdout);
+	return s;
+}
+
+static int dial(const char *ip, int port, int type)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	int s = socket(AF_INET, type, 0);
+
+	if (s < 0)
+		fail("socket");
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	if (connect(s, (struct sockaddr *)&a, sizeof(a)))
+		fail("connect");
+	return s;
+}
+
+static int serve(int port)
+{
+	int l = listener(port, SOCK_STREAM), c = accept(l, NULL, NULL);
+	char buf[65536];
+	long total = 0;
+	ssize_t n;
+
+	if (c < 0)
+		fail("accept");
+	while ((n = read(c, buf, sizeof(buf))) > 0) {
+		for (ssize_t at = 0; at < n;) {
+			ssize_t w = write(c, buf + at, n - at);
+			if (w <= 0)
+				fail("write");
+			at += w;
+		}
+		total += n;
+	}
+	if (n < 0)
+		fail("read");
+	close(c);
+	printf("ok served %ld bytes\n", total);
+	return 0;
+}
+
+/* Sends `bytes` of the pattern in writes of odd, changing sizes while
+ * reading the echo, with poll, so neither side waits for the other. */
+static int stream(const char *ip, int port, long bytes)
+{
+	int s = dial(ip, port, SOCK_STREAM);
+	long sent = 0, got = 0, step = 1;
+	static char buf[70000];
+
+	fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+	while (got < bytes) {
+		struct pollfd p = { .fd = s, .events = POLLIN | (sent < bytes ? POLLOUT : 0) };
+
+		if (poll(&p, 1, 10000) != 1)
+			fail("poll timed out");
+		if ((p.revents & POLLOUT) && sent < bytes) {
+			long n = step < bytes - sent ? step : bytes - sent;
+
+			for (long i = 0; i < n; i++)
+				buf[i] = pat(sent + i);
+			ssize_t w = write(s, buf, n);
+			if (w < 0 && errno != EAGAIN)
+				fail("write");
+			if (w > 0)
+				sent += w;
+			step = step * 3 + 1 > 65536 ? 7 : step * 3 + 1;
+			if (sent == bytes)
+				shutdown(s, SHUT_WR);
+		}
+		if (p.revents & (POLLIN | POLLHUP)) {
+			ssize_t r = read(s, buf, sizeof(buf));
+			if (r < 0 && errno != EAGAIN)
+				fail("read");
+			if (r == 0)
+				break;
+			for (ssize_t i = 0; i < r; i++)
+				if ((unsigned char)buf[i] != pat(got + i)) {
+					printf("fail byte %ld differs\n", got + i);
+					return 1;
+				}
+			if (r > 0)
+				got += r;
+		}
+	}
+	if (got != bytes) {
+		printf("fail echo ended after %ld of %ld bytes\n", got, bytes);
+		return 1;
+	}
+	printf("ok %ld bytes echoed intact\n", got);
+	return 0;
+}
+
+/* Reads until the stream ends; every byte must be the pattern's. */
+static int sink(int port)
+{
+	int l = listener(port, SOCK_STREAM), c = accept(l, NULL, NULL);
+	static char buf[65536];
+	long got = 0;
+	ssize_t n;
+
+	if (c < 0)
+		fail("accept");
+	printf("connected\n");
+	fflush(stdout);
+	while ((n = read(c, buf, sizeof(buf))) > 0) {
+		for (ssize_t i = 0; i < n; i++)
+			if ((unsigned char)buf[i] != pat(got + i)) {
+				printf("fail byte %ld differs\n", got + i);
+				return 1;
+			}
+		got += n;
+	}
+	printf("ok read %ld intact bytes, then %s\n", got, n == 0 ? "end of stream" : strerror(errno));
+	return 0;
+}
+
+/* Writes the pattern until a write fails. */
+static int source(const char *ip, int port)
+{
+	int s = dial(ip, port, SOCK_STREAM);
+	static char buf[16384];
+	long sent = 0;
+
+	signal(SIGPIPE, SIG_IGN);
+	printf("connected\n");
+	fflush(stdout);
+	for (;;) {
+		for (unsigned i = 0; i < sizeof(buf); i++)
+			buf[i] = pat(sent + i);
+		ssize_t w = write(s, buf, sizeof(buf));
+		if (w < 0) {
+			printf("ok wrote %ld bytes, then %s\n", sent, strerror(errno));
+			return 0;
+		}
+		sent += w;
+	}
+}
+
+static int udp_echo(int port, int count)
+{
+	int s = listener(port, SOCK_DGRAM);
+	static char buf[65536];
+
+	for (int i = 0; i < count; i++) {
+		struct sockaddr_storage from;
+		socklen_t len = sizeof(from);
+		ssize_t n = recvfrom(s, buf, sizeof(buf), 0, (struct sockaddr *)&from, &len);
+
+		if (n < 0)
+			fail("recvfrom");
+		if (sendto(s, buf, n, 0, (struct sockaddr *)&from, len) != n)
+			fail("sendto");
+	}
+	printf("ok echoed %d datagrams\n", count);
+	return 0;
+}
+
+static int udp(const char *ip, int port, int count)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	int s = socket(AF_INET, SOCK_DGRAM, 0);
+	static char buf[2000], back[2000];
+
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	for (int i = 0; i < count; i++) {
+		int n = (i * 37) % 1501;
+
+		for (int b = 0; b < n; b++)
+			buf[b] = pat(i + b);
+		if (sendto(s, buf, n, 0, (struct sockaddr *)&a, sizeof(a)) != n)
+			fail("sendto");
+		struct pollfd p = { .fd = s, .events = POLLIN };
+		if (poll(&p, 1, 5000) != 1)
+			fail("no echo within 5 s");
+		struct sockaddr_in from;
+		socklen_t len = sizeof(from);
+		ssize_t r = recvfrom(s, back, sizeof(back), 0, (struct sockaddr *)&from, &len);
+		if (r != n || memcmp(buf, back, n) || from.sin_addr.s_addr != a.sin_addr.s_addr ||
+		    from.sin_port != a.sin_port) {
+			printf("fail datagram %d came back wrong (%zd bytes)\n", i, r);
+			return 1;
+		}
+	}
+	printf("ok %d datagrams echoed intact from %s:%d\n", count, ip, port);
+	return 0;
+}
+
+/* One epoll set watches a ulnic connection (to an echo server), a pipe
+ * and a kernel TCP connection on loopback; each is made ready in turn
+ * and must be the one, and the only one, reported. */
+static int epoll_mix(const char *ip, int port)
+{
+	int u = dial(ip, port, SOCK_STREAM), pf[2], ep = epoll_create1(0);
+	int kl = listener(0, SOCK_STREAM);
+	struct sockaddr_in ka;
+	socklen_t kal = sizeof(ka);
+	struct epoll_event ev, got[8];
+	char buf[64];
+
+	if (pipe(pf) || ep < 0)
+		fail("pipe or epoll");
+	getsockname(kl, (struct sockaddr *)&ka, &kal);
+	ka.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int kc = socket(AF_INET, SOCK_STREAM, 0);
+	if (connect(kc, (struct sockaddr *)&ka, sizeof(ka)))
+		fail("kernel connect");
+	int ks = accept(kl, NULL, NULL);
+	if (ks < 0)
+		fail("kernel accept");
+	int fds[3] = { u, pf[0], kc };
+	for (int i = 0; i < 3; i++) {
+		ev.events = EPOLLIN;
+		ev.data.u64 = 1000 + i;
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev))
+			fail("epoll_ctl");
+	}
+	if (epoll_wait(ep, got, 8, 100) != 0) {
+		printf("fail an idle set reported events\n");
+		return 1;
+	}
+	for (int round = 0; round < 30; round++) {
+		int which = round % 3;
+
+		if (which == 0 && write(u, "u", 1) != 1)
+			fail("write ulnic");
+		if (which == 1 && write(pf[1], "p", 1) != 1)
+			fail("write pipe");
+		if (which == 2 && write(ks, "k", 1) != 1)
+			fail("write kernel");
+		int n = epoll_wait(ep, got, 8, 5000);
+		if (n != 1 || got[0].data.u64 != (uint64_t)(1000 + which) || !(got[0].events & EPOLLIN)) {
+			printf("fail round %d: %d events, first %llu, expected %d\n", round, n,
+			       n > 0 ? (unsigned long long)got[0].data.u64 : 0ULL, 1000 + which);
+			return 1;
+		}
+		if (read(fds[which], buf, sizeof(buf)) != 1)
+			fail("read");
+	}
+	/* Removed from the set, the ulnic socket is quiet there. */
+	epoll_ctl(ep, EPOLL_CTL_DEL, u, NULL);
+	if (write(u, "u", 1) != 1)
+		fail("write ulnic");
+	if (epoll_wait(ep, got, 8, 200) != 0) {
+		printf("fail a removed socket still fired\n");
+		return 1;
+	}
+	printf("ok 30 rounds: ulnic, pipe and kernel socket each woke the set alone\n");
+	return 0;
+}
+
+/* Reads what the echo server sends back until it ends. */
+static void read_echo(int s, char *buf, size_t cap)
+{
+	size_t got = 0;
+	ssize_t n;
+
+	while (got < cap - 1 && (n = read(s, buf + got, cap - 1 - got)) > 0)
+		got += n;
+	buf[got] = 0;
+}
+
+/* After a fork the child closes its copy; the parent goes on using the
+ * connection. */
+static int fork_child_closes(const char *ip, int port)
+{
+	int s = dial(ip, port, SOCK_STREAM), status;
+	pid_t pid = fork();
+	char buf[64];
+
+	if (pid < 0)
+		fail("fork");
+	if (pid == 0) {
+		close(s);
+		_exit(0);
+	}
+	waitpid(pid, &status, 0);
+	if (write(s, "parent", 6) != 6)
+		fail("parent write after the child closed its copy");
+	shutdown(s, SHUT_WR);
+	read_echo(s, buf, sizeof(buf));
+	if (strcmp(buf, "parent")) {
+		printf("fail the echo was \"%s\"\n", buf);
+		return 1;
+	}
+	printf("ok the child closed its copy and the parent's connection went on: \"%s\"\n", buf);
+	return 0;
+}
+
+/* After a fork the child uses the connection (and so owns it); the
+ * parent's copy may then only be closed. */
+static int fork_child_uses(const char *ip, int port)
+{
+	int s = dial(ip, port, SOCK_STREAM), p[2], status;
+	char buf[64] = { 0 };
+
+	if (pipe(p))
+		fail("pipe");
+	pid_t pid = fork();
+	if (pid < 0)
+		fail("fork");
+	if (pid == 0) {
+		if (write(s, "child", 5) != 5)
+			_exit(2);
+		shutdown(s, SHUT_WR);
+		read_echo(s, buf, sizeof(buf));
+		close(s);
+		_exit(strcmp(buf, "child") ? 3 : 0);
+	}
+	waitpid(pid, &status, 0);
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		printf("fail the child's exchange failed (status %d)\n", WEXITSTATUS(status));
+		return 1;
+	}
+	errno = 0;
+	if (write(s, "parent", 6) != -1 || errno != EBUSY) {
+		printf("fail the parent's write after the child used the connection gave %s\n", strerror(errno));
+		return 1;
+	}
+	close(s);
+	printf("ok the child used the inherited connection; the parent's copy said EBUSY\n");
+	return 0;
+}
+
+static int loaded(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int yes = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		yes |= strstr(line, "libulnic_preload") != NULL;
+	printf("%s\n", yes ? "loaded" : "not loaded");
+	return 0;
+}
+
+static int exec_check(char *self)
+{
+	char *argv[] = { self, "loaded", NULL }, *envp[] = { "HOME=/", NULL };
+	int p[2];
+
+	if (pipe(p))
+		fail("pipe");
+	pid_t pid = fork();
+	if (pid == 0) {
+		dup2(p[1], 1);
+		execve(self, argv, envp);
+		_exit(3);
+	}
+	close(p[1]);
+	char buf[64] = { 0 };
+	if (read(p[0], buf, sizeof(buf) - 1) < 0)
+		fail("read");
+	waitpid(pid, NULL, 0);
+	printf("%s after exec with an empty environment: %s", strncmp(buf, "loaded", 6) ? "fail" : "ok",
+	       buf);
+	return strncmp(buf, "loaded", 6) != 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 3 && !strcmp(argv[1], "serve"))
+		return serve(atoi(argv[2]));
+	if (argc == 5 && !strcmp(argv[1], "stream"))
+		return stream(argv[2], atoi(argv[3]), atol(argv[4]));
+	if (argc == 3 && !strcmp(argv[1], "sink"))
+		return sink(atoi(argv[2]));
+	if (argc == 4 && !strcmp(argv[1], "source"))
+		return source(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "udp-echo"))
+		return udp_echo(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 5 && !strcmp(argv[1], "udp"))
+		return udp(argv[2], atoi(argv[3]), atoi(argv[4]));
+	if (argc == 4 && !strcmp(argv[1], "epoll"))
+		return epoll_mix(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "fork-child-closes"))
+		return fork_child_closes(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "fork-child-uses"))
+		return fork_child_uses(argv[2], atoi(argv[3]));
+	if (argc == 2 && !strcmp(argv[1], "exec"))
+		return exec_check(argv[0]);
+	if (argc == 2 && !strcmp(argv[1], "loaded"))
+		return loaded();
+	fprintf(stderr, "usage: see the comment at the top of sockcheck.c\n");
+	return 2;
+}
