@@ -124,6 +124,21 @@ impl Apt {
         self.debs_matching(&[])
     }
 
+    /// What installing `pkgs` on an empty system would install, each
+    /// with its version (dependencies resolved, no recommends).
+    pub fn closure(&self, pkgs: &[&str]) -> Result<Vec<(String, String)>, Error> {
+        let out = self.run("apt-get", &[&["-q", "-s", "install"][..], pkgs].concat())?;
+        Ok(out
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("Inst ")?;
+                let (name, rest) = rest.split_once(' ')?;
+                let version = rest.trim_start_matches('(').split_whitespace().next()?;
+                Some((name.to_string(), version.to_string()))
+            })
+            .collect())
+    }
+
     /// The .deb files already in the cache.
     pub fn cached(&self) -> Result<Vec<PathBuf>, Error> {
         self.debs_matching(&[])

@@ -3,7 +3,7 @@
 # then either powers off (ulnic.poweroff on the kernel command line) or
 # gives a shell on the console.
 /bin/busybox --install -s /bin
-export PATH=/bin:/sbin
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mkdir -p /proc /sys /dev /tmp /run
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -16,10 +16,17 @@ for m in failover net_failover virtio_net; do
   [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko
 done
 ip link set lo up
+arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^$1=//p" | head -n 1; }
+# The network whose addresses are ulnic nodes for the preload layer
+# (node n is 10.81.0.(n+1)); eth0 carries the same addresses over the
+# kernel's TCP, so one program can be run either way.
+export ULNIC_INET=10.81.0.0/24
 if [ -e /sys/class/net/eth0 ]; then
-  # IPv6 link-local only: no routable address; the segment has no uplink.
+  # IPv6 link-local, and 10.81.0.(node+1)/24; the segment has no uplink.
   ip link set eth0 up
-  echo "ulnic-guest: net eth0 $(cat /sys/class/net/eth0/address)"
+  NODE=$(arg ulnic.node)
+  [ -n "$NODE" ] && ip addr add 10.81.0.$((NODE + 1))/24 dev eth0
+  echo "ulnic-guest: net eth0 $(cat /sys/class/net/eth0/address) ${NODE:+10.81.0.$((NODE + 1))}"
 fi
 for d in /sys/bus/virtio/devices/*; do
   [ -e "$d/device" ] || continue
@@ -31,7 +38,6 @@ fi
 echo "ulnic-guest: ready kernel=$(uname -r)"
 # A command from the cluster launcher: ulnic.cmd=<base64>, run with
 # ULNIC_NODE / ULNIC_NODES set; its output is framed for the host.
-arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^$1=//p" | head -n 1; }
 CMD64=$(arg ulnic.cmd)
 if [ -n "$CMD64" ]; then
   export ULNIC_NODE=$(arg ulnic.node) ULNIC_NODES=$(arg ulnic.nodes) HOME=/tmp

@@ -16,7 +16,9 @@
 
 mod apt;
 mod error;
+mod fnv;
 pub mod newc;
+mod packages;
 mod resolved;
 pub mod vm;
 
@@ -27,6 +29,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 pub use error::Error;
+use fnv::fnv;
 use resolved::Resolved;
 
 /// Bumped when the build recipe changes in a way the inputs do not show.
@@ -161,14 +164,6 @@ struct Stamp {
     qemu: Qemu,
 }
 
-fn fnv(s: &str) -> String {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in s.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
-    }
-    format!("{h:016x}")
-}
-
 /// Parses `QEMU emulator version 11.1.3 (...)` into (major, minor).
 fn parse_qemu_version(out: &str) -> Option<(u32, u32, String)> {
     let v = out
@@ -195,8 +190,9 @@ fn system_qemu() -> Option<Qemu> {
 }
 
 /// Builds (or reuses) the default image with `tools` (host binaries, copied
-/// with the shared libraries they need) in its `/bin`; `progress` receives
-/// one line per step.
+/// with the shared libraries they need) in its `/bin`, shared libraries
+/// among them (`*.so`) in its `/lib`; `progress` receives one line per
+/// step.
 pub fn build(
     force: bool,
     tools: &[PathBuf],
@@ -207,12 +203,7 @@ pub fn build(
     let dir = cache.join("image");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     // One build at a time per cache: concurrent runs share apt state and files.
-    let lock_path = cache.join("build.lock");
-    let lock = std::fs::File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
-    // SAFETY: flock on a descriptor we own; released when `lock` drops.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-        return Err(Error::io(&lock_path, std::io::Error::last_os_error()));
-    }
+    let _lock = build_lock(&cache)?;
     let mut fetched = Fetched::default();
 
     let deb = Apt::new(&cache.join("apt-bookworm"), &BOOKWORM)?;
@@ -501,6 +492,76 @@ fn relocate_headers(headers: &Path, common: &Path) -> Result<(), Error> {
 }
 
 /// Builds guest-driver/linux against `headers` in `dir`; returns the .ko.
+/// Takes the cache's build lock until the returned file is dropped.
+fn build_lock(cache: &Path) -> Result<std::fs::File, Error> {
+    let lock_path = cache.join("build.lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+    // SAFETY: flock on a descriptor we own; released when `lock` drops.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(Error::io(&lock_path, std::io::Error::last_os_error()));
+    }
+    Ok(lock)
+}
+
+/// Builds (or finds in the cache) an initramfs piece holding the Debian
+/// bookworm packages `names` and the shared libraries their programs need
+/// (for [`with_pieces`]); `progress` gets a line per step.
+pub fn packages(names: &[String], progress: &mut dyn FnMut(&str)) -> Result<PathBuf, Error> {
+    let cache = cache_dir();
+    let dir = cache.join("image");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let _lock = build_lock(&cache)?;
+    let deb = Apt::new(&cache.join("apt-bookworm"), &BOOKWORM)?;
+    packages::build(&deb, &dir, names, progress)
+}
+
+/// An initramfs piece holding host directory `dir` at `guest` (an
+/// absolute guest path), made afresh each time.
+pub fn directory_piece(dir: &Path, guest: &str) -> Result<PathBuf, Error> {
+    let pieces = cache_dir().join("image/pieces");
+    std::fs::create_dir_all(&pieces).map_err(|e| Error::io(&pieces, e))?;
+    let out = pieces.join(format!(
+        "dir-{}.cpio",
+        fnv(&format!("{}:{guest}", dir.display()))
+    ));
+    packages::directory(dir, guest, &out)?;
+    Ok(out)
+}
+
+/// `image` with `pieces` unpacked after its own initramfs (the kernel
+/// unpacks concatenated archives in order): one file in the cache, made
+/// again only when an input changed.
+pub fn with_pieces(image: &Image, pieces: &[PathBuf]) -> Result<Image, Error> {
+    if pieces.is_empty() {
+        return Ok(image.clone());
+    }
+    let mut key = String::new();
+    for p in std::iter::once(&image.initramfs).chain(pieces) {
+        let m = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
+        let mtime = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        key.push_str(&format!("{}:{}:{:?};", p.display(), m.len(), mtime));
+    }
+    let out = cache_dir().join(format!("image/pieces/initramfs-{}.cpio", fnv(&key)));
+    if !out.exists() {
+        std::fs::create_dir_all(out.parent().unwrap_or(Path::new("/")))
+            .map_err(|e| Error::io(&out, e))?;
+        let tmp = out.with_extension("partial");
+        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        for p in std::iter::once(&image.initramfs).chain(pieces) {
+            let mut src = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+            std::io::copy(&mut src, &mut f).map_err(|e| Error::io(&tmp, e))?;
+        }
+        std::fs::rename(&tmp, &out).map_err(|e| Error::io(&out, e))?;
+    }
+    Ok(Image {
+        initramfs: out,
+        ..image.clone()
+    })
+}
+
 /// BTF generation is skipped (it needs pahole and only adds debug data).
 pub fn build_module(dir: &Path, headers: &Path) -> Result<PathBuf, Error> {
     let _ = std::fs::remove_dir_all(dir);
@@ -589,7 +650,13 @@ fn add_tools(a: &mut newc::Archive, tools: &[PathBuf], scratch: &Path) -> Result
             std::fs::copy(t, &stripped).map_err(|e| Error::io(t, e))?;
         }
         let data = std::fs::read(&stripped).map_err(|e| Error::io(&stripped, e))?;
-        a.file(&format!("bin/{name}"), 0o755, &data);
+        // Shared libraries (the preload layer, the C API) go where the
+        // dynamic loader looks; programs go on the PATH.
+        let at = if name.contains(".so") { "lib" } else { "bin" };
+        a.file(&format!("{at}/{name}"), 0o755, &data);
+        if name == "libulnic.so" {
+            a.symlink("lib/libulnic.so.0", "libulnic.so");
+        }
         let out = Command::new("ldd")
             .arg(t)
             .output()

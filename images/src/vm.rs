@@ -43,6 +43,22 @@ pub struct VmConfig {
     pub allow_reboot: bool,
 }
 
+/// The IPv4 network of the cluster segment (eth0 of node `n` is its
+/// address `n + 1`), which guests also export as `ULNIC_INET`: the same
+/// addresses reach a node over the kernel's TCP, or over ulnic through
+/// the preload layer.
+pub const GUEST_INET: &str = "10.81.0.0/24";
+
+/// Node `n`'s IPv4 address on the cluster segment.
+pub fn node_ipv4(n: u32) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(
+        10,
+        81,
+        (((n + 1) >> 8) & 0xff) as u8,
+        ((n + 1) & 0xff) as u8,
+    )
+}
+
 /// The MAC of node `n` on the cluster segment (locally administered).
 pub fn node_mac(n: u32) -> String {
     format!("52:54:00:75:{:02x}:{:02x}", (n >> 8) & 0xff, n & 0xff)

@@ -416,6 +416,15 @@ struct ClusterOpts {
     /// up this way cannot `restart-device`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     devices: u32,
+    /// Debian (bookworm) packages to add to the guests, with the shared
+    /// libraries their programs need; fetched once into the cache.
+    /// Example: --packages redis-server,redis-tools,iperf3,sockperf
+    #[arg(long, value_delimiter = ',', value_name = "PKG,...")]
+    packages: Vec<String>,
+    /// A host directory to copy into the guests: HOST_DIR[:GUEST_DIR]
+    /// (default /opt/<its name>). May be given more than once.
+    #[arg(long = "add", value_name = "HOST_DIR[:GUEST_DIR]")]
+    add: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -1792,7 +1801,7 @@ fn fabric_routes(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
 
 fn cluster_up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
     let dir = state_dir(name);
-    let image = cluster_image(&mut |l| eprintln!("{l}"))?;
+    let image = cluster_image(o, &mut |l| eprintln!("{l}"))?;
     let accel = crate::cluster::choose_accel(&image, o.accel, &mut |l| eprintln!("{l}"));
     let args = crate::cluster::supervisor::SuperviseArgs {
         dir: dir.clone(),
@@ -1951,10 +1960,55 @@ fn run_device(a: DeviceArgs) -> anyhow::Result<()> {
     }
 }
 
-fn cluster_image(say: &mut dyn FnMut(&str)) -> anyhow::Result<ulnic_images::Image> {
-    let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
-    let r = ulnic_images::build(false, &tools, say)?;
-    Ok(r.image)
+/// What goes into guest images from this host: this `ulnic` binary, and
+/// the preload layer and C library built beside it (when they were).
+fn image_tools() -> Vec<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok();
+    let dir = exe
+        .as_ref()
+        .and_then(|e| e.parent().map(|d| d.to_path_buf()));
+    let mut tools: Vec<std::path::PathBuf> = exe.into_iter().collect();
+    for lib in ["libulnic_preload.so", "libulnic.so"] {
+        if let Some(p) = dir.as_ref().map(|d| d.join(lib)).filter(|p| p.exists()) {
+            tools.push(p);
+        }
+    }
+    tools
+}
+
+/// The guests' image: the base one, with the packages and host
+/// directories `o` asks for unpacked after it.
+fn cluster_image(
+    o: &ClusterOpts,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<ulnic_images::Image> {
+    let r = ulnic_images::build(false, &image_tools(), say)?;
+    let mut pieces = Vec::new();
+    if !o.packages.is_empty() {
+        say(&format!("[+] packages: {}", o.packages.join(", ")));
+        pieces.push(ulnic_images::packages(&o.packages, say)?);
+    }
+    for a in &o.add {
+        let (host, guest) = match a.split_once(':') {
+            Some((h, g)) => (PathBuf::from(h), g.to_string()),
+            None => {
+                let h = PathBuf::from(a);
+                let name = h
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .ok_or_else(|| anyhow::anyhow!("--add {a}: name a directory"))?;
+                (h, format!("/opt/{name}"))
+            }
+        };
+        anyhow::ensure!(
+            host.is_dir(),
+            "--add {a}: {} is not a directory",
+            host.display()
+        );
+        say(&format!("[+] {} -> {guest}", host.display()));
+        pieces.push(ulnic_images::directory_piece(&host, &guest)?);
+    }
+    Ok(ulnic_images::with_pieces(&r.image, &pieces)?)
 }
 
 /// Runs `command` on a cluster; returns each node's output lines.
@@ -1974,7 +2028,7 @@ fn run_cluster(o: &ClusterOpts, command: &str, quiet: bool) -> anyhow::Result<Ve
             eprintln!("{l}");
         }
     };
-    let image = cluster_image(&mut |l| {
+    let image = cluster_image(o, &mut |l| {
         if !quiet {
             eprintln!("{l}")
         }
@@ -2097,8 +2151,9 @@ fn run_cluster_bench(
 }
 
 fn run_image_build(force: bool, json: bool) -> anyhow::Result<()> {
-    // The guest gets this very binary, so `ulnic` runs the same inside.
-    let tools: Vec<std::path::PathBuf> = std::env::current_exe().into_iter().collect();
+    // The guest gets this very binary (so `ulnic` runs the same inside),
+    // the preload layer and the C library.
+    let tools = image_tools();
     eprintln!(
         "ulnic: building the guest image in {}",
         ulnic_images::cache_dir().display()

@@ -1,0 +1,318 @@
+//! Debian packages for the guests, beside the base image: the named
+//! packages' files and the shared libraries their programs need (found
+//! by following every ELF file's `DT_NEEDED` through the packages apt
+//! resolves for them), as an initramfs piece the kernel unpacks after
+//! the base one; and a host directory as such a piece.
+//!
+//! Only libraries are taken from the dependencies: maintainer-script
+//! helpers (perl, debconf, adduser) that apt would install never run in a
+//! guest.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::apt::{self, Apt};
+use crate::error::Error;
+use crate::newc::Archive;
+
+/// Parts of a package a guest never reads.
+const SKIP: [&str; 7] = [
+    "usr/share/doc/",
+    "usr/share/man/",
+    "usr/share/info/",
+    "usr/share/locale/",
+    "usr/share/lintian/",
+    "usr/share/bug/",
+    "usr/share/bash-completion/",
+];
+
+/// Whether `name` can be a Debian package name (what apt is given).
+pub fn valid_name(name: &str) -> bool {
+    name.len() >= 2
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c))
+}
+
+/// Builds (or finds in `cache`) the piece holding `names` (resolved with
+/// `apt`): its path.
+pub fn build(
+    apt: &Apt,
+    cache: &Path,
+    names: &[String],
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, Error> {
+    if let Some(bad) = names.iter().find(|n| !valid_name(n)) {
+        return Err(Error::Resolve(format!(
+            "'{bad}' is not a Debian package name"
+        )));
+    }
+    if !apt.has_lists() {
+        apt.update()?;
+    }
+    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+    let closure = apt.closure(&wanted)?;
+    if closure.is_empty() {
+        return Err(Error::Resolve(format!(
+            "apt resolves nothing for {}",
+            names.join(", ")
+        )));
+    }
+    // The piece is named by what went into it: the packages asked for and
+    // every version resolved.
+    let mut key = names.join(",");
+    for (n, v) in &closure {
+        key.push_str(&format!(" {n}={v}"));
+    }
+    let out = cache.join(format!("packages-{}.cpio", crate::fnv::fnv(&key)));
+    if out.exists() {
+        progress(&format!("      packages {}: cached", names.join(", ")));
+        return Ok(out);
+    }
+    progress(&format!(
+        "      packages {}: {} resolved with their dependencies; fetching",
+        names.join(", "),
+        closure.len()
+    ));
+    let all: Vec<&str> = closure.iter().map(|(n, _)| n.as_str()).collect();
+    let debs = apt.download(&all)?;
+    let pool = cache.join("packages-pool");
+    let _ = std::fs::remove_dir_all(&pool);
+    std::fs::create_dir_all(&pool).map_err(|e| Error::io(&pool, e))?;
+    let mut roots: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for (name, _) in &closure {
+        let deb = debs
+            .iter()
+            .find(|d| {
+                d.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.starts_with(&format!("{name}_")))
+            })
+            .ok_or_else(|| Error::Resolve(format!("{name} was not downloaded")))?;
+        let root = pool.join(name);
+        apt::extract(deb, &root)?;
+        roots.insert(name.clone(), root);
+    }
+    // Every shared library the dependencies hold, by file name.
+    let mut libs: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for root in roots.values() {
+        for f in walk(root)? {
+            let rel = f.strip_prefix(root).unwrap_or(&f);
+            let in_lib = rel
+                .components()
+                .any(|c| c.as_os_str().to_str().is_some_and(|s| s.starts_with("lib")));
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if in_lib && name.starts_with("lib") && name.contains(".so") {
+                libs.entry(name.to_string()).or_insert(f.clone());
+            }
+        }
+    }
+    // The asked-for packages whole (but their documentation), then the
+    // libraries every ELF file of the selection needs, until none is new.
+    let mut take: BTreeSet<PathBuf> = BTreeSet::new();
+    for n in names {
+        let root = &roots[n];
+        for f in walk(root)? {
+            let rel = f
+                .strip_prefix(root)
+                .unwrap_or(&f)
+                .to_string_lossy()
+                .to_string();
+            if !SKIP.iter().any(|s| rel.starts_with(s)) {
+                take.insert(f);
+            }
+        }
+    }
+    let mut todo: Vec<PathBuf> = take.iter().cloned().collect();
+    let mut missing = BTreeSet::new();
+    while let Some(f) = todo.pop() {
+        // A link brings its target (libfoo.so.1 -> libfoo.so.1.2.3).
+        if let Ok(target) = std::fs::read_link(&f) {
+            let t = f.parent().unwrap_or(Path::new("/")).join(target);
+            if t.starts_with(&pool) && t.exists() && take.insert(t.clone()) {
+                todo.push(t);
+            }
+            continue;
+        }
+        for need in needed(&f) {
+            match libs.get(&need) {
+                Some(lib) => {
+                    if take.insert(lib.clone()) {
+                        todo.push(lib.clone());
+                    }
+                }
+                None => {
+                    missing.insert(need);
+                }
+            }
+        }
+    }
+    // Libraries the base image has (the C library and its kin come from
+    // it) are not missing; anything else would fail at run time, so say so.
+    missing.retain(|m| !BASE_LIBS.iter().any(|b| m.starts_with(b)));
+    if !missing.is_empty() {
+        progress(&format!(
+            "      warning: no package of the closure holds {}",
+            missing.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let mut a = Archive::default();
+    let mut dirs = BTreeSet::new();
+    for f in &take {
+        let root = roots
+            .values()
+            .find(|r| f.starts_with(r))
+            .cloned()
+            .unwrap_or_default();
+        let rel = f.strip_prefix(&root).unwrap_or(f);
+        add_path(&mut a, &mut dirs, f, &rel.to_string_lossy())?;
+    }
+    let tmp = out.with_extension("partial");
+    let mut file = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    a.finish(&mut file).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, &out).map_err(|e| Error::io(&out, e))?;
+    let _ = std::fs::remove_dir_all(&pool);
+    progress(&format!(
+        "      packages {}: {} files",
+        names.join(", "),
+        take.len()
+    ));
+    Ok(out)
+}
+
+/// The C library's own files, which the base image holds already.
+const BASE_LIBS: [&str; 8] = [
+    "libc.so",
+    "libm.so",
+    "libpthread.so",
+    "libdl.so",
+    "librt.so",
+    "libgcc_s.so",
+    "ld-linux",
+    "libresolv.so",
+];
+
+/// The piece holding host directory `dir` at `guest` in the guest.
+pub fn directory(dir: &Path, guest: &str, out: &Path) -> Result<(), Error> {
+    let guest = guest.trim_matches('/');
+    if guest.is_empty() || guest.split('/').any(|c| c == ".." || c.is_empty()) {
+        return Err(Error::Resolve(format!(
+            "'{guest}' is not a guest path like /opt/app"
+        )));
+    }
+    let mut a = Archive::default();
+    let mut dirs = BTreeSet::new();
+    for f in walk(dir)? {
+        let rel = f.strip_prefix(dir).unwrap_or(&f);
+        add_path(
+            &mut a,
+            &mut dirs,
+            &f,
+            &format!("{guest}/{}", rel.to_string_lossy()),
+        )?;
+    }
+    let mut file = std::fs::File::create(out).map_err(|e| Error::io(out, e))?;
+    a.finish(&mut file).map_err(|e| Error::io(out, e))
+}
+
+/// Adds `f` (a file or symbolic link) as `name`, with its parents.
+fn add_path(
+    a: &mut Archive,
+    dirs: &mut BTreeSet<String>,
+    f: &Path,
+    name: &str,
+) -> Result<(), Error> {
+    let mut parent = String::new();
+    for c in Path::new(name)
+        .parent()
+        .into_iter()
+        .flat_map(|p| p.components())
+    {
+        if !parent.is_empty() {
+            parent.push('/');
+        }
+        parent.push_str(&c.as_os_str().to_string_lossy());
+        if dirs.insert(parent.clone()) {
+            a.dir(&parent);
+        }
+    }
+    let meta = std::fs::symlink_metadata(f).map_err(|e| Error::io(f, e))?;
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(f).map_err(|e| Error::io(f, e))?;
+        a.symlink(name, &target.to_string_lossy());
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        let data = std::fs::read(f).map_err(|e| Error::io(f, e))?;
+        a.file(name, meta.permissions().mode() & 0o7777, &data);
+    }
+    Ok(())
+}
+
+/// Every file and symbolic link under `dir`.
+fn walk(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let e = e.map_err(|e| Error::io(&d, e))?;
+            let t = e.file_type().map_err(|err| Error::io(e.path(), err))?;
+            if t.is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The libraries an ELF file names as needed (none for anything else).
+fn needed(f: &Path) -> Vec<String> {
+    let is_elf = std::fs::File::open(f)
+        .and_then(|mut h| {
+            let mut magic = [0u8; 4];
+            std::io::Read::read_exact(&mut h, &mut magic).map(|_| magic)
+        })
+        .is_ok_and(|m| m == *b"\x7fELF");
+    if !is_elf || std::fs::symlink_metadata(f).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Vec::new();
+    }
+    let Ok(out) = Command::new("readelf").arg("-d").arg(f).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split_once('[')?.1.split_once(']')?.0.to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_names_are_checked_before_apt_sees_them() {
+        assert!(valid_name("redis-server") && valid_name("libstdc++6") && valid_name("g++"));
+        assert!(!valid_name("-o") && !valid_name("a b") && !valid_name("x") && !valid_name("Foo"));
+    }
+
+    #[test]
+    fn a_directory_becomes_a_piece_under_its_guest_path() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        std::fs::write(d.path().join("sub/f"), b"hi").unwrap();
+        let out = d.path().join("x.cpio");
+        directory(&d.path().join("sub"), "/opt/app", &out).unwrap();
+        let bytes = std::fs::read(&out).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains("opt/app/f") && text.contains("TRAILER!!!"));
+        assert!(directory(d.path(), "/opt/../etc", &out).is_err());
+    }
+}
