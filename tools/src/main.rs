@@ -198,6 +198,9 @@ enum Cmd {
     /// One side of a benchmark (started by `ulnic bench`).
     #[command(hide = true)]
     BenchPeer(PeerArgs),
+    /// One guest's side of `cluster bench apps`.
+    #[command(hide = true)]
+    AppsPeer(crate::bench::apps::PeerArgs),
     /// The guest agent: serves `ulnic cluster exec/put` inside a guest
     /// (started by the guest's init).
     #[command(hide = true)]
@@ -388,6 +391,8 @@ enum ClusterCmd {
         /// Print the JSON result lines only.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        apps: crate::bench::apps::AppsArgs,
     },
 }
 
@@ -941,6 +946,8 @@ struct BenchArgs {
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     endpoints: u32,
+    #[command(flatten)]
+    apps: crate::bench::apps::AppsArgs,
 }
 
 /// "A,B": two node numbers.
@@ -1013,12 +1020,20 @@ fn main() -> ExitCode {
                 .and_then(|c| run_cluster(&opts, &c, false).map(|_| ()))
         }
         Cmd::Cluster(ClusterCmd::Bench {
+            workload: Workload::Apps,
+            opts,
+            json,
+            apps,
+            ..
+        }) => run_cluster_apps(&opts, &apps, json),
+        Cmd::Cluster(ClusterCmd::Bench {
             workload,
             opts,
             size,
             iters,
             mode,
             json,
+            apps: _,
         }) => run_cluster_bench(&opts, workload, &size, iters, mode, json),
         Cmd::Selftest => match crate::selftest::run() {
             Ok(lines) => {
@@ -1076,6 +1091,7 @@ fn main() -> ExitCode {
             })
         }
         Cmd::BenchPeer(a) => bench::peer(&a).map_err(anyhow::Error::from),
+        Cmd::AppsPeer(a) => crate::bench::apps::peer(&a),
         Cmd::Agent { port } => {
             match port.or_else(crate::cluster::agent::find_port) {
                 Some(p) => crate::cluster::agent::run(&p),
@@ -2150,6 +2166,113 @@ fn run_cluster_bench(
     Ok(())
 }
 
+/// `ulnic bench apps`: the programs between two host processes attached
+/// to ports 0 and 1 of a device this process starts, against loopback TCP.
+fn run_apps_host(a: &BenchArgs) -> anyhow::Result<()> {
+    use crate::bench::apps;
+    anyhow::ensure!(
+        a.device_dir.is_none(),
+        "bench apps starts its own device (one connection is one endpoint: redis-benchmark's \
+         --clients need as many), so it takes no --device-dir"
+    );
+    let scratch = tempfile::Builder::new().prefix("ulnic-apps-").tempdir()?;
+    let nodes = apps::Attach::host_nodes(a.apps.apps.len(), a.apps.app_rounds);
+    let sockets = Configuration::socket_paths(scratch.path(), nodes);
+    let config = Configuration::builder(sockets.clone())
+        .max_endpoints(apps_endpoints(&a.apps))
+        .build()?;
+    let device = Device::start(config)?;
+    let quiet = a.json;
+    let mut say = |l: &str| {
+        if !quiet {
+            eprintln!("{l}")
+        }
+    };
+    let results = apps::run_local(&a.apps, &sockets, scratch.path(), &mut say);
+    drop(device);
+    let results = results?;
+    let extra = serde_json::json!({"where": "host"});
+    apps::print(&results, &a.apps, &extra, a.json);
+    Ok(())
+}
+
+/// Endpoints a port needs for `bench apps`: one per connection (the
+/// benchmark's, the servers' listeners, their accepted ones) with room
+/// for connections still closing.
+fn apps_endpoints(a: &crate::bench::apps::AppsArgs) -> u32 {
+    (a.clients * 2 + 64).clamp(256, ulnic_abi::MAX_ENDPOINTS_LIMIT)
+}
+
+/// `ulnic cluster bench apps`: node 1 serves, node 0 runs the clients;
+/// the guests get the programs' packages.
+fn run_cluster_apps(
+    o: &ClusterOpts,
+    a: &crate::bench::apps::AppsArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    use crate::bench::apps;
+    anyhow::ensure!(
+        o.nodes >= 2,
+        "cluster bench apps needs --nodes 2 or more (node 1 serves, node 0 runs the clients)"
+    );
+    let mut o = ClusterOpts {
+        packages: o.packages.clone(),
+        add: o.add.clone(),
+        ..*o
+    };
+    for p in a.apps.iter().flat_map(|app| app.packages()) {
+        if !o.packages.iter().any(|q| q == p) {
+            o.packages.push(p.to_string());
+        }
+    }
+    let need = apps_endpoints(a);
+    if o.endpoints < need {
+        if !json {
+            eprintln!(
+                "ulnic: bench apps gives each guest {need} endpoints (one per connection), not {}",
+                o.endpoints
+            );
+        }
+        o.endpoints = need;
+    }
+    let args = apps_peer_args(a);
+    let script = format!(
+        "case $ULNIC_NODE in
+         0) ulnic apps-peer --role client --peer-node 1 {args};;
+         1) ulnic apps-peer --role server --peer-node 0 {args};;
+         esac
+"
+    );
+    let outputs = run_cluster(&o, &script, json)?;
+    let mut results = Vec::new();
+    for line in outputs.first().into_iter().flatten() {
+        if let Some(rec) = line.strip_prefix("RESULT ") {
+            results.push(serde_json::from_str::<apps::AppResult>(rec)?);
+        }
+    }
+    anyhow::ensure!(!results.is_empty(), "node 0 reported no results");
+    let extra = serde_json::json!({"where": "guests", "nodes": [0, 1]});
+    apps::print(&results, a, &extra, json);
+    Ok(())
+}
+
+/// The apps options again, as `ulnic apps-peer` takes them.
+fn apps_peer_args(a: &crate::bench::apps::AppsArgs) -> String {
+    let names: Vec<String> = a
+        .apps
+        .iter()
+        .filter_map(|x| clap::ValueEnum::to_possible_value(x).map(|v| v.get_name().to_string()))
+        .collect();
+    format!(
+        "--apps {} --requests {} --clients {} --seconds {} --app-rounds {}",
+        names.join(","),
+        a.requests,
+        a.clients,
+        a.seconds,
+        a.app_rounds
+    )
+}
+
 fn run_image_build(force: bool, json: bool) -> anyhow::Result<()> {
     // The guest gets this very binary (so `ulnic` runs the same inside),
     // the preload layer and the C library.
@@ -2190,7 +2313,7 @@ fn default_iters(w: Workload, size: u32) -> u64 {
         Workload::Tripwire => 2000,
         Workload::Dmq => 2000,
         Workload::Utlb => 20_000,
-        Workload::Compare => 2000,
+        Workload::Compare | Workload::Apps => 2000,
     }
 }
 
@@ -2423,6 +2546,9 @@ fn run_compare(
 }
 
 fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
+    if a.workload == Workload::Apps {
+        return run_apps_host(&a);
+    }
     // Sockets, shm files and the device of this run; removed when done.
     let scratch_dir = tempfile::Builder::new()
         .prefix("ulnic-bench-")
@@ -2445,6 +2571,7 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.workload == Workload::Compare {
         return run_compare(&a, &dir, &scratch);
     }
+
     anyhow::ensure!(
         a.corrupt_at.is_none() || a.payload == crate::bench::payload::Touch::WriteVerify,
         "--corrupt-at needs --payload write+verify: only a receiver that checks can catch the flipped byte"

@@ -379,3 +379,21 @@ fn payload_touching_is_an_option_and_every_line_says_which_ran() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--payload write+verify"));
 }
+
+#[test]
+fn apps_run_unmodified_programs_over_ulnic_and_the_kernel() {
+    // redis-benchmark, iperf3 and sockperf (Debian's, installed by
+    // ci/test.sh) between host processes, each on a port of its own,
+    // under the LD_PRELOAD layer and without it. Figures are not judged:
+    // only that each program ran over each transport and reported.
+    let rows = bench_json(&[
+        "bench",
+        "apps",
+        "--requests",
+        "2000",
+        "--seconds",
+        "1",
+        "--json",
+    ]);
+    cli::assert_apps_lines(&rows, "host");
+}

@@ -3,6 +3,8 @@
 //! processes joined over UDP.
 use std::process::Command;
 
+mod cli;
+
 fn ulnic(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ulnic"))
         .args(args)
@@ -141,6 +143,32 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
             .all(|l| l["iters"] == 100 && l["devices"] == 2),
         "{out}"
     );
+
+    // Unmodified Debian programs between two guests, over ulnic (the
+    // LD_PRELOAD layer) and over kernel TCP on virtio-net; the guests get
+    // the packages with their libraries.
+    let (ok, out, err) = ulnic(&[
+        "cluster",
+        "bench",
+        "apps",
+        "--accel",
+        "tcg",
+        "--requests",
+        "2000",
+        "--seconds",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        ok,
+        "cluster bench apps failed:
+{err}"
+    );
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    cli::assert_apps_lines(&rows, "guests");
 
     // A failing node fails the run and shows why. (One test function: the
     // runs are heavy for 2 cores and better not overlap.)

@@ -48,6 +48,46 @@ fn json(o: &Output) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// Builds the C API's example `name` into `dir` as its users do:
+/// libulnic installed into a prefix by install.sh (from the libraries
+/// built beside this `ulnic`), then `gcc $(pkg-config --cflags --libs
+/// ulnic)`.
+fn c_example(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let capi = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-lib/capi");
+    let prefix = dir.join("prefix");
+    if !prefix.join("lib/pkgconfig/ulnic.pc").exists() {
+        let built = std::path::Path::new(env!("CARGO_BIN_EXE_ulnic"))
+            .parent()
+            .unwrap();
+        let o = Command::new("bash")
+            .arg(format!("{capi}/install.sh"))
+            .arg("--prefix")
+            .arg(&prefix)
+            .arg("--from")
+            .arg(built)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "install.sh:\n{}", text(&o));
+    }
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "ulnic"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .output()
+        .unwrap();
+    assert!(flags.status.success(), "pkg-config:\n{}", text(&flags));
+    let exe = dir.join(name);
+    let o = Command::new("gcc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(format!("{capi}/examples/{name}.c"))
+        .args(String::from_utf8_lossy(&flags.stdout).split_whitespace())
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "gcc {name}.c:\n{}", text(&o));
+    exe
+}
+
 /// Takes cluster `.0` down however the test ends.
 struct Down(String);
 impl Drop for Down {
@@ -230,6 +270,65 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         "{}",
         text(&o)
     );
+
+    // The C API's examples in guests, built as a user builds them
+    // (install.sh, then gcc with pkg-config) and linked against
+    // libulnic.so.0, which the guests carry in /lib: a ping-pong that
+    // checks every byte, RDMA writes with an immediate, a tripwire waking
+    // its sleeping owner, over /dev/ulnic0.
+    for (name, server, client, server_says, client_says) in [
+        (
+            "pingpong",
+            "server 7",
+            "client 1 7 300 4096",
+            "answered 300 messages",
+            "every byte checked",
+        ),
+        (
+            "rdma_write",
+            "target 9",
+            "initiator 1 9 65536 20",
+            "20 writes of 65536 bytes arrived, every byte checked",
+            "20 writes of 65536 bytes to node 1",
+        ),
+        (
+            "tripwire_wait",
+            "owner 11",
+            "writer 1 11 4242",
+            "now 4242",
+            "woke and read 4242",
+        ),
+    ] {
+        let exe = c_example(dir.path(), name);
+        let o = ulnic(&[
+            "cluster",
+            "put",
+            "all",
+            exe.to_str().unwrap(),
+            &format!("/bin/{name}"),
+            "--name",
+            &n,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let log = format!("/tmp/{name}.server");
+        let srv = exec_in_background("1", format!("{name} {server} > {log} 2>&1"));
+        wait_until("1", &format!("grep -q 'on node 1' {log}"), name, &srv);
+        let cli = exec("0", &format!("{name} {client}"));
+        let srv = srv.join().unwrap();
+        assert!(cli.status.success(), "{name} {client}:\n{}", text(&cli));
+        assert!(srv.status.success(), "{name} {server}:\n{}", text(&srv));
+        let said = exec("1", &format!("cat {log}"));
+        assert!(
+            String::from_utf8_lossy(&said.stdout).contains(server_says),
+            "{name} {server}:\n{}",
+            text(&said)
+        );
+        assert!(
+            String::from_utf8_lossy(&cli.stdout).contains(client_says),
+            "{name} {client}:\n{}",
+            text(&cli)
+        );
+    }
 
     // Across guests: every message once, in order, intact (checked by the
     // receiver), small (inline) and large (buffers, returns resent).

@@ -2,8 +2,9 @@
 //! ulnic and the baselines, and the peer processes), `rdma` (RDMA, the
 //! tripwire wake-up, the message queues), `utlb` (UTLB hits, misses and
 //! stress); `record` is the result line, `payload` how payloads are
-//! touched.
+//! touched; `apps` unmodified programs over the LD_PRELOAD layer.
 
+pub mod apps;
 pub mod compare;
 pub mod payload;
 pub mod pingpong;

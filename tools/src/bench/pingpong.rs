@@ -48,6 +48,10 @@ pub enum Workload {
     /// interleaved rounds, with paired ratios; a peer not installed is
     /// reported missing.
     Compare,
+    /// Unmodified Debian programs (redis-benchmark and redis-server,
+    /// iperf3, sockperf) under the LD_PRELOAD layer against the same
+    /// programs over the kernel's TCP.
+    Apps,
 }
 
 impl Workload {
@@ -700,7 +704,8 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         | Workload::Tripwire
         | Workload::Dmq
         | Workload::Utlb
-        | Workload::Compare => return Err(rdma_has_no_peers()),
+        | Workload::Compare
+        | Workload::Apps => return Err(rdma_has_no_peers()),
     }
     Ok(rec)
 }
@@ -762,7 +767,8 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
         | Workload::Tripwire
         | Workload::Dmq
         | Workload::Utlb
-        | Workload::Compare => return Err(rdma_has_no_peers()),
+        | Workload::Compare
+        | Workload::Apps => return Err(rdma_has_no_peers()),
     }
     Ok(())
 }

@@ -20,3 +20,73 @@ pub fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// Checks `bench apps --json` lines: for each of redis (SET, GET),
+/// iperf3 and sockperf one measurement over ulnic and one over the
+/// kernel, each with positive figures, then the paired ratios.
+pub fn assert_apps_lines(rows: &[serde_json::Value], place: &str) {
+    let measured: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .filter(|r| r["bench"] == "apps")
+        .map(|r| {
+            assert_eq!(r["where"], place, "{r}");
+            assert_eq!(r["round"], 0, "{r}");
+            (
+                r["app"].as_str().unwrap(),
+                r["test"].as_str().unwrap(),
+                r["transport"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        measured,
+        [
+            ("redis", "SET", "ulnic"),
+            ("redis", "GET", "ulnic"),
+            ("redis", "SET", "tcp"),
+            ("redis", "GET", "tcp"),
+            ("iperf3", "stream", "ulnic"),
+            ("iperf3", "stream", "tcp"),
+            ("sockperf", "ping-pong", "ulnic"),
+            ("sockperf", "ping-pong", "tcp"),
+        ]
+    );
+    for r in rows.iter().filter(|r| r["bench"] == "apps") {
+        let positive = |k: &str| r[k].as_f64().is_some_and(|v| v > 0.0);
+        match r["app"].as_str().unwrap() {
+            "iperf3" => assert!(positive("gbit_per_s"), "{r}"),
+            _ => assert!(
+                positive("ops_per_s")
+                    && positive("p50_us")
+                    && r["p99_us"].as_f64() >= r["p50_us"].as_f64(),
+                "{r}"
+            ),
+        }
+    }
+    let ratios: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .filter(|r| r["bench"] == "apps-ratio")
+        .map(|r| {
+            let (u, t) = (r["ulnic"].as_f64().unwrap(), r["tcp"].as_f64().unwrap());
+            let ratio = r["ratio"].as_f64().unwrap();
+            assert!((ratio - u / t).abs() <= 1e-9 * ratio.max(1.0), "{r}");
+            (
+                r["app"].as_str().unwrap(),
+                r["test"].as_str().unwrap(),
+                r["metric"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ratios,
+        [
+            ("redis", "SET", "ops/s"),
+            ("redis", "SET", "p50 us"),
+            ("redis", "GET", "ops/s"),
+            ("redis", "GET", "p50 us"),
+            ("iperf3", "stream", "Gbit/s"),
+            ("sockperf", "ping-pong", "RTT p50 us"),
+            ("sockperf", "ping-pong", "RTT p99 us"),
+        ]
+    );
+}
