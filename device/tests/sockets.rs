@@ -108,7 +108,9 @@ fn a_writer_waits_for_credit_and_goes_on_when_the_reader_reads() {
     c.set_nonblocking(true);
     // Nobody reads: the writer gets as far as the credits go, then blocks.
     let mut sent = 0usize;
-    let chunk = vec![9u8; 16384];
+    let cfg = SockConfig::default();
+    // Writes of a whole buffer each: one message, one credit.
+    let chunk = vec![9u8; cfg.buffer as usize];
     loop {
         match c.try_write(&chunk) {
             Ok(n) => sent += n,
@@ -116,7 +118,6 @@ fn a_writer_waits_for_credit_and_goes_on_when_the_reader_reads() {
             Err(e) => panic!("{e}"),
         }
     }
-    let cfg = SockConfig::default();
     let window = (cfg.credits * cfg.buffer) as usize;
     // The credit's worth in flight, twice that waiting in the send buffer.
     assert_eq!(

@@ -275,7 +275,8 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     // (install.sh, then gcc with pkg-config) and linked against
     // libulnic.so.0, which the guests carry in /lib: a ping-pong that
     // checks every byte, RDMA writes with an immediate, a tripwire waking
-    // its sleeping owner, over /dev/ulnic0.
+    // its sleeping owner, sockets echoing a datagram and a stream, over
+    // /dev/ulnic0.
     for (name, server, client, server_says, client_says) in [
         (
             "pingpong",
@@ -297,6 +298,13 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
             "writer 1 11 4242",
             "now 4242",
             "woke and read 4242",
+        ),
+        (
+            "sock_echo",
+            "server 7",
+            "client 1 7 200000",
+            "echoed a datagram and 200000 bytes from node 0",
+            "200000 bytes echoed by node 1, every byte checked",
         ),
     ] {
         let exe = c_example(dir.path(), name);

@@ -17,7 +17,7 @@
 
 /* Exits with a message; for a ulnic call's negative errno, with the
  * library's own account of it. */
-static void die(int err, const char *fmt, ...)
+static inline void die(int err, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -31,7 +31,7 @@ static void die(int err, const char *fmt, ...)
 	exit(1);
 }
 
-static double now_us(void)
+static inline double now_us(void)
 {
 	struct timespec t;
 
@@ -42,7 +42,7 @@ static double now_us(void)
 /* Opens the NIC the environment names (ULNIC_SOCKET on a host,
  * /dev/ulnic0 in a guest) and one endpoint bound to `port`, with
  * `buffers` receive buffers of 64 KiB at the start of its segment. */
-static struct ulnic_ep *open_endpoint(uint32_t port, unsigned buffers,
+static inline struct ulnic_ep *open_endpoint(uint32_t port, unsigned buffers,
 				      struct ulnic_nic **nic_out)
 {
 	struct ulnic_nic *nic;
@@ -76,7 +76,7 @@ static struct ulnic_ep *open_endpoint(uint32_t port, unsigned buffers,
  * the core away between looks (the device's engine may need it: two
  * programs and the engine spinning on two cores starve one another),
  * then sleeps in the driver. A failed send (an event) ends the program. */
-static void next_message(struct ulnic_ep *ep, struct ulnic_recv *m, int timeout_ms)
+static inline void next_message(struct ulnic_ep *ep, struct ulnic_recv *m, int timeout_ms)
 {
 	double deadline = now_us() + timeout_ms * 1e3;
 	struct ulnic_event ev;
@@ -100,7 +100,7 @@ static void next_message(struct ulnic_ep *ep, struct ulnic_recv *m, int timeout_
 
 /* Sends `len` bytes (at most ULNIC_INLINE_MAX) to `to`, retrying while
  * the send ring is full. */
-static void send_small(struct ulnic_ep *ep, struct ulnic_address to, uint32_t tag,
+static inline void send_small(struct ulnic_ep *ep, struct ulnic_address to, uint32_t tag,
 		       const void *data, size_t len)
 {
 	int err;

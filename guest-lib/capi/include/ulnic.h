@@ -109,6 +109,31 @@
 #define ULNIC_TRIPWIRE_PERSISTENT 4
 
 /**
+ * Readiness: a read (or accept) would not block (`POLLIN`).
+ */
+#define ULNIC_SOCK_READ 1
+
+/**
+ * A write would not block (`POLLOUT`).
+ */
+#define ULNIC_SOCK_WRITE 4
+
+/**
+ * An error is pending (`POLLERR`).
+ */
+#define ULNIC_SOCK_ERROR 8
+
+/**
+ * Both directions are shut (`POLLHUP`).
+ */
+#define ULNIC_SOCK_HUP 16
+
+/**
+ * The peer sent its end of stream (`POLLRDHUP`).
+ */
+#define ULNIC_SOCK_READ_HUP 8192
+
+/**
  * The version of this API: the soname is `libulnic.so.ULNIC_API_MAJOR`.
  */
 #define ULNIC_API_MAJOR 0
@@ -116,13 +141,18 @@
 /**
  * Minor version: grows when calls are added.
  */
-#define ULNIC_API_MINOR 1
+#define ULNIC_API_MINOR 2
 
 /**
  * Memory the device can reach through a domain's UTLB once registered
  * (page aligned, zeroed, whole pages).
  */
 struct ulnic_buffer;
+
+/**
+ * A datagram socket.
+ */
+struct ulnic_dgram;
 
 /**
  * The receiving end of a queue. One thread at a time.
@@ -141,6 +171,11 @@ struct ulnic_dmq_sender;
 struct ulnic_ep;
 
 /**
+ * A stream listener on a port.
+ */
+struct ulnic_listener;
+
+/**
  * An open NIC: a device port attached from a host process, or a guest's
  * `/dev/ulnicN`. Thread-safe.
  */
@@ -151,6 +186,17 @@ struct ulnic_nic;
  * doorbell and one open file of the driver. Thread-safe.
  */
 struct ulnic_pd;
+
+/**
+ * A process's sockets: one protection domain on the NIC the environment
+ * names (as `ulnic_open`). Thread-safe.
+ */
+struct ulnic_sock_net;
+
+/**
+ * A byte-stream connection.
+ */
+struct ulnic_stream;
 
 /**
  * An aperture's cookie: the capability to access it, from any node.
@@ -350,6 +396,24 @@ struct ulnic_utlb_config {
    * With fallback, the bounce buffer's size.
    */
   uint64_t bounce_bytes;
+};
+
+/**
+ * A socket address: a node and a 16-bit port.
+ */
+struct ulnic_sockaddr {
+  /**
+   * The node.
+   */
+  uint32_t node;
+  /**
+   * The port.
+   */
+  uint16_t port;
+  /**
+   * Zero.
+   */
+  uint16_t reserved;
 };
 
 #ifdef __cplusplus
@@ -1048,6 +1112,240 @@ int32_t ulnic_ep_post_redirect(struct ulnic_ep *ep, const struct ulnic_cookie *a
  * ```
  */
 int32_t ulnic_ep_end_redirect(struct ulnic_ep *ep, uint64_t id);
+
+/**
+ * Opens this process's sockets on the NIC the environment names
+ * (`ULNIC_SOCKET` on a host, `/dev/ulnic0` in a guest), with the
+ * settings of `ULNIC_SOCK_CREDITS`, `ULNIC_SOCK_BUFFER` and
+ * `ULNIC_SPIN_US`. Free with `ulnic_sock_close_net` after every socket.
+ *
+ * ```c
+ * struct ulnic_sock_net *net;
+ * if (ulnic_sock_open(&net) < 0) { fprintf(stderr, "%s\n", ulnic_last_error()); return 1; }
+ * printf("this is node %u\n", ulnic_sock_node(net));
+ * ```
+ */
+int32_t ulnic_sock_open(struct ulnic_sock_net **out);
+
+/**
+ * Frees what `ulnic_sock_open` made (NULL is ignored). Close its
+ * sockets first.
+ *
+ * ```c
+ * ulnic_sock_close_net(net);
+ * ```
+ */
+void ulnic_sock_close_net(struct ulnic_sock_net *net);
+
+/**
+ * This process's node (0 for NULL).
+ *
+ * ```c
+ * uint32_t me = ulnic_sock_node(net);
+ * ```
+ */
+uint32_t ulnic_sock_node(const struct ulnic_sock_net *net);
+
+/**
+ * The descriptor that becomes readable when an armed socket of `net`
+ * has something: put it in a poll or epoll set, then call
+ * `ulnic_sock_take_notified`. `-ENOTSUP` when the NIC has none.
+ *
+ * ```c
+ * struct pollfd p = { .fd = ulnic_sock_notification_fd(net), .events = POLLIN };
+ * ```
+ */
+int32_t ulnic_sock_notification_fd(const struct ulnic_sock_net *net);
+
+/**
+ * Clears the notification descriptor's readiness after a wake-up; then
+ * look at each socket (`ulnic_stream_poll`, ...) and arm again those to
+ * sleep on. Returns the number of endpoints that had notified.
+ *
+ * ```c
+ * ulnic_sock_take_notified(net);
+ * ```
+ */
+int32_t ulnic_sock_take_notified(const struct ulnic_sock_net *net);
+
+/**
+ * Listens on `port` for up to `backlog` waiting connections.
+ *
+ * ```c
+ * struct ulnic_listener *l;
+ * int err = ulnic_listen(net, 7, 16, &l);   // -EADDRINUSE if taken
+ * ```
+ */
+int32_t ulnic_listen(const struct ulnic_sock_net *net, uint16_t port, uint32_t backlog, struct ulnic_listener **out);
+
+/**
+ * Takes the next connection, waiting up to `timeout_ms`; the peer's
+ * address goes to `peer` unless NULL.
+ *
+ * ```c
+ * struct ulnic_stream *s;
+ * struct ulnic_sockaddr from;
+ * int err = ulnic_accept(l, -1, &s, &from);
+ * ```
+ */
+int32_t ulnic_accept(struct ulnic_listener *l, int32_t timeout_ms, struct ulnic_stream **out, struct ulnic_sockaddr *peer);
+
+/**
+ * Arms the listener: 1 when a connection waits already (do not sleep),
+ * 0 when the notification descriptor will wake for the next.
+ *
+ * ```c
+ * if (ulnic_listener_arm(l) == 0) poll(&p, 1, -1);
+ * ```
+ */
+int32_t ulnic_listener_arm(struct ulnic_listener *l);
+
+/**
+ * Stops listening; connections not yet accepted are refused. NULL is
+ * ignored.
+ *
+ * ```c
+ * ulnic_listener_close(l);
+ * ```
+ */
+void ulnic_listener_close(struct ulnic_listener *l);
+
+/**
+ * Connects to a listener (`-ECONNREFUSED` when nothing listens there,
+ * `-EHOSTUNREACH`, `-ETIMEDOUT` after 30 s).
+ *
+ * ```c
+ * struct ulnic_sockaddr to = { .node = 1, .port = 7 };
+ * struct ulnic_stream *s;
+ * int err = ulnic_connect(net, to, &s);
+ * ```
+ */
+int32_t ulnic_connect(const struct ulnic_sock_net *net, struct ulnic_sockaddr to, struct ulnic_stream **out);
+
+/**
+ * Reads up to `len` bytes, waiting up to `timeout_ms` for the first:
+ * the count, 0 at the end of the stream, `-ECONNRESET` when the peer
+ * aborted or died, `-EAGAIN` when the time ran out.
+ *
+ * ```c
+ * char buf[4096];
+ * int64_t n = ulnic_stream_read(s, buf, sizeof buf, -1);
+ * ```
+ */
+int64_t ulnic_stream_read(struct ulnic_stream *s, void *buf, size_t len, int32_t timeout_ms);
+
+/**
+ * Writes up to `len` bytes, waiting up to `timeout_ms` for room: the
+ * count taken (perhaps fewer than `len`), `-EPIPE` after a shutdown or
+ * the peer's end, `-ECONNRESET`, `-EAGAIN` when the time ran out.
+ *
+ * ```c
+ * int64_t n = ulnic_stream_write(s, "hello", 5, -1);
+ * ```
+ */
+int64_t ulnic_stream_write(struct ulnic_stream *s, const void *buf, size_t len, int32_t timeout_ms);
+
+/**
+ * What the stream is ready for now: `ULNIC_SOCK_*` bits.
+ *
+ * ```c
+ * if (ulnic_stream_poll(s) & ULNIC_SOCK_READ) { ... }  // a read will not block
+ * ```
+ */
+int32_t ulnic_stream_poll(struct ulnic_stream *s);
+
+/**
+ * Arms the stream: 1 when something is there already (do not sleep), 0
+ * when the notification descriptor will wake for what comes next.
+ *
+ * ```c
+ * if (ulnic_stream_arm(s) == 0) poll(&p, 1, -1);
+ * ```
+ */
+int32_t ulnic_stream_arm(struct ulnic_stream *s);
+
+/**
+ * Shuts the reading (`SHUT_RD`), writing (`SHUT_WR`: the peer reads the
+ * end once it has read the rest) or both (`SHUT_RDWR`) directions.
+ *
+ * ```c
+ * ulnic_stream_shutdown(s, SHUT_WR);
+ * ```
+ */
+int32_t ulnic_stream_shutdown(struct ulnic_stream *s, int32_t how);
+
+/**
+ * The stream's own and its peer's address.
+ *
+ * ```c
+ * struct ulnic_sockaddr me, peer;
+ * ulnic_stream_addrs(s, &me, &peer);
+ * ```
+ */
+int32_t ulnic_stream_addrs(struct ulnic_stream *s, struct ulnic_sockaddr *local, struct ulnic_sockaddr *peer);
+
+/**
+ * Closes in order: what was written still goes, then the end of the
+ * stream (a reset instead when data was left unread). NULL is ignored.
+ *
+ * ```c
+ * ulnic_stream_close(s);
+ * ```
+ */
+void ulnic_stream_close(struct ulnic_stream *s);
+
+/**
+ * Closes by aborting: the peer's reads fail with `ECONNRESET` (as
+ * `SO_LINGER` of 0). NULL is ignored.
+ *
+ * ```c
+ * ulnic_stream_abort(s);
+ * ```
+ */
+void ulnic_stream_abort(struct ulnic_stream *s);
+
+/**
+ * A datagram socket on `port` (0: a free one).
+ *
+ * ```c
+ * struct ulnic_dgram *d;
+ * int err = ulnic_dgram_bind(net, 9, &d);
+ * ```
+ */
+int32_t ulnic_dgram_bind(const struct ulnic_sock_net *net, uint16_t port, struct ulnic_dgram **out);
+
+/**
+ * Sends one datagram of `len` bytes (at most 65,507) to `to`, waiting
+ * up to `timeout_ms` for ring room: `len`, or `-EMSGSIZE`, `-EAGAIN`.
+ *
+ * ```c
+ * struct ulnic_sockaddr to = { .node = 1, .port = 9 };
+ * ulnic_dgram_send_to(d, "ping", 4, to, -1);
+ * ```
+ */
+int64_t ulnic_dgram_send_to(struct ulnic_dgram *d, const void *buf, size_t len, struct ulnic_sockaddr to, int32_t timeout_ms);
+
+/**
+ * Receives the next datagram into `buf`, waiting up to `timeout_ms`:
+ * its full length (more than `len` when it was truncated, as UDP's
+ * MSG_TRUNC says), its sender in `from` unless NULL.
+ *
+ * ```c
+ * char buf[1500];
+ * struct ulnic_sockaddr from;
+ * int64_t n = ulnic_dgram_recv_from(d, buf, sizeof buf, &from, -1);
+ * ```
+ */
+int64_t ulnic_dgram_recv_from(struct ulnic_dgram *d, void *buf, size_t len, struct ulnic_sockaddr *from, int32_t timeout_ms);
+
+/**
+ * Closes a datagram socket (NULL is ignored).
+ *
+ * ```c
+ * ulnic_dgram_close(d);
+ * ```
+ */
+void ulnic_dgram_close(struct ulnic_dgram *d);
 
 /**
  * The text of this thread's last failed call (empty if none failed): what

@@ -15,7 +15,7 @@
 //! Inside: `status` (results, errno, the last error), `nic` (NICs,
 //! protection domains, user buffers), `endpoint` (rings, messages,
 //! events, blocking), `rdma` (apertures, RDMA, tripwires, redirection),
-//! `dmq` (message queues over RDMA).
+//! `dmq` (message queues over RDMA), `sock` (sockets over endpoints).
 
 // Every exported function takes pointers from C: each checks them for
 // NULL and documents what else it relies on in the header.
@@ -26,10 +26,12 @@ mod dmq;
 mod endpoint;
 mod nic;
 mod rdma;
+mod sock;
 mod status;
 
 pub use dmq::*;
 pub use endpoint::*;
 pub use nic::*;
 pub use rdma::*;
+pub use sock::*;
 pub use status::*;

@@ -9,7 +9,7 @@ use ulnic_lib::Error;
 /// The version of this API: the soname is `libulnic.so.ULNIC_API_MAJOR`.
 pub const ULNIC_API_MAJOR: u32 = 0;
 /// Minor version: grows when calls are added.
-pub const ULNIC_API_MINOR: u32 = 1;
+pub const ULNIC_API_MINOR: u32 = 2;
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
@@ -50,7 +50,9 @@ macro_rules! handle {
         // not freed, used by one thread at a time (the header says so).
         match unsafe { $p.as_mut() } {
             Some(h) => h,
-            None => return $crate::status::invalid($what, concat!(stringify!($p), " is NULL")),
+            None => {
+                return $crate::status::invalid($what, concat!(stringify!($p), " is NULL")).into()
+            }
         }
     };
 }

@@ -1,6 +1,7 @@
 //! The C examples, built as a user builds them (`install.sh` into a
 //! prefix, then `gcc ... $(pkg-config --cflags --libs ulnic)`), run in
-//! pairs of host processes attached to two ports of a device. One is also
+//! pairs of host processes attached to two ports of a device (ping-pong,
+//! RDMA write, tripwire wait, sockets). One is also
 //! linked against `libulnic.a`. (tools/tests/cluster_up.rs runs them in
 //! guests.)
 
@@ -206,4 +207,25 @@ fn tripwire_wait_in_c_wakes_the_sleeping_owner() {
         "{owner}"
     );
     assert!(writer.contains("woke and read 4242"), "{writer}");
+}
+
+#[test]
+fn sockets_in_c_echo_a_datagram_and_a_stream_without_blocking() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("sock_echo", bin.path(), false);
+    let (_dir, dev) = device();
+    let (server, client) = pair(
+        &dev,
+        &exe,
+        &["server", "7"],
+        &["client", "1", "7", "1000000"],
+    );
+    assert!(
+        server.contains("echoed a datagram and 1000000 bytes from node 0"),
+        "{server}"
+    );
+    assert!(
+        client.contains("a datagram and 1000000 bytes echoed by node 1, every byte checked"),
+        "{client}"
+    );
 }

@@ -177,6 +177,7 @@ impl Sock {
         mut op: impl FnMut(&mut State) -> Res<T>,
     ) -> Res<T> {
         let start = Instant::now();
+        let mut spin = None;
         loop {
             let mut st = self.lock();
             match op(&mut st) {
@@ -192,7 +193,10 @@ impl Sock {
                 Some(t) => (t - elapsed).min(SLICE),
                 None => SLICE,
             };
-            if elapsed < env.spin {
+            if spin
+                .get_or_insert_with(|| ulnic_lib::sock::Spin::start(env.spin))
+                .spinning()
+            {
                 drop(st);
                 std::thread::yield_now();
                 continue;

@@ -382,7 +382,7 @@ impl Datagram {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&mut self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
-        let spin_until = Instant::now() + self.net.config().spin;
+        let mut spin = super::Spin::start(self.net.config().spin);
         loop {
             if self.poll().intersects(want) {
                 return Ok(true);
@@ -394,7 +394,7 @@ impl Datagram {
             if left.is_zero() {
                 return Ok(false);
             }
-            if now < spin_until {
+            if spin.spinning() {
                 std::thread::yield_now();
             } else {
                 self.ep

@@ -253,7 +253,7 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
-        let spin_until = Instant::now() + self.net.config().spin;
+        let mut spin = super::Spin::start(self.net.config().spin);
         loop {
             if self.poll().contains(Ready::READ) {
                 return Ok(true);
@@ -265,7 +265,7 @@ impl Listener {
             if left.is_zero() {
                 return Ok(false);
             }
-            if now < spin_until {
+            if spin.spinning() {
                 std::thread::yield_now();
             } else {
                 self.ep

@@ -297,6 +297,8 @@ impl Core {
         if self.fin_out == Fin::Wanted && self.unsent() == 0 {
             self.post_fin();
         }
+        // DATA consumed as it came (after shutdown(SHUT_RD)) owes credit.
+        self.return_due_credits();
     }
 
     /// Bytes written and not yet sent (waiting for credit).
@@ -478,12 +480,21 @@ impl Core {
                 } else if self.unsent() < self.send_buffer() {
                     r |= Ready::WRITE;
                 }
-                if !r.contains(Ready::READ) {
-                    self.return_credits();
-                }
             }
         }
         r
+    }
+
+    /// Returns the credits owed in a CREDIT message once they are half
+    /// the peer's window; fewer ride on the next DATA or FIN. The peer
+    /// then always has credit for a message we have not consumed yet or
+    /// more than half its window, so it never waits for a CREDIT that
+    /// does not come; and a request-response exchange sends no CREDIT at
+    /// all (each would cost the peer a wake-up for nothing).
+    fn return_due_credits(&mut self) {
+        if self.owed >= self.net.config().credits.div_ceil(2) {
+            self.return_credits();
+        }
     }
 
     /// Sends every credit owed in a CREDIT message, if there are any and
@@ -528,9 +539,7 @@ impl Core {
         }
         if !peek {
             self.head_used = used;
-            if self.owed >= self.net.config().credits.div_ceil(2) {
-                self.return_credits();
-            }
+            self.return_due_credits();
         }
         if n > 0 || buf.is_empty() {
             return Ok(n);
@@ -547,7 +556,6 @@ impl Core {
             }
             return Ok(0);
         }
-        self.return_credits();
         Err(io::ErrorKind::WouldBlock.into())
     }
 
@@ -891,8 +899,7 @@ impl Stream {
         self.core().take_error()
     }
 
-    /// What the socket is ready for now. A program that finds it
-    /// unreadable gets every credit owed sent back (docs/sockets.md §3).
+    /// What the socket is ready for now (and what came is taken in).
     ///
     /// ```no_run
     /// # let net = ulnic::sock::Net::open()?;
@@ -996,7 +1003,7 @@ impl Stream {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
-        let spin_until = Instant::now() + self.core().net.config().spin;
+        let mut spin = super::Spin::start(self.core().net.config().spin);
         loop {
             let waiter = {
                 let mut c = self.core();
@@ -1007,7 +1014,7 @@ impl Stream {
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(false);
                 }
-                if now < spin_until {
+                if spin.spinning() {
                     None
                 } else if c.arm()? {
                     continue; // something came meanwhile
