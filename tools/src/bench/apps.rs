@@ -939,11 +939,13 @@ mod tests {
         let rs = ratios(&[
             r("ulnic", 0, 1.0, 20.0),
             r("tcp", 0, 1.0, 100.0),
-            r("ulnic", 1, 1.0, 40.0),
+            r("ulnic", 1, 1.0, 35.0),
             r("tcp", 1, 1.0, 100.0),
         ]);
         assert_eq!(rs.len(), 1);
-        assert!((rs[0].ratio - 0.3).abs() < 1e-9);
+        // The median of the paired ratios 0.2 and 0.35.
+        assert!((rs[0].ratio - 0.275).abs() < 1e-9);
+        assert!((rs[0].ulnic - 27.5).abs() < 1e-9 && (rs[0].tcp - 100.0).abs() < 1e-9);
         assert!(rs[0].met);
         let rs = ratios(&[r("ulnic", 0, 1.0, 50.0), r("tcp", 0, 1.0, 100.0)]);
         assert!(!rs[0].met);
