@@ -382,7 +382,7 @@ impl Datagram {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&mut self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
-        let mut spin = super::Spin::start(self.net.config().spin);
+        let mut spin = super::spin::Spin::start(self.net.config().spin);
         loop {
             if self.poll().intersects(want) {
                 return Ok(true);

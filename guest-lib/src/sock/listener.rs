@@ -253,7 +253,7 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
-        let mut spin = super::Spin::start(self.net.config().spin);
+        let mut spin = super::spin::Spin::start(self.net.config().spin);
         loop {
             if self.poll().contains(Ready::READ) {
                 return Ok(true);

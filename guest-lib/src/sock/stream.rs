@@ -1003,7 +1003,7 @@ impl Stream {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
-        let mut spin = super::Spin::start(self.core().net.config().spin);
+        let mut spin = super::spin::Spin::start(self.core().net.config().spin);
         loop {
             let waiter = {
                 let mut c = self.core();
