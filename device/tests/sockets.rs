@@ -367,3 +367,76 @@ fn many_connections_at_once_each_keep_their_own_bytes() {
     }
     drop(server.join().unwrap());
 }
+
+#[test]
+fn sides_with_different_buffer_sizes_keep_every_byte() {
+    // The server's hello offers buffers four times the client's send
+    // slots: the client must still send no more than a slot holds.
+    let dir = tempfile::tempdir().unwrap();
+    let config = ulnic_device::Configuration::builder(ulnic_device::Configuration::socket_paths(
+        dir.path(),
+        2,
+    ))
+    .max_endpoints(64)
+    .build()
+    .unwrap();
+    let dev = ulnic_device::Device::start(config).unwrap();
+    let small = SockConfig {
+        buffer: 16 << 10,
+        ..SockConfig::default()
+    };
+    let large = SockConfig {
+        buffer: 64 << 10,
+        ..SockConfig::default()
+    };
+    let a = Net::new(&Nic::attach(&common::socket(&dev, 0)).unwrap(), small).unwrap();
+    let b = Net::new(&Nic::attach(&common::socket(&dev, 1)).unwrap(), large).unwrap();
+    let (c, mut s) = pair(&a, &b, 9);
+    let sent = pattern(5, 0, 1 << 20);
+    let echo = thread::scope(|t| {
+        // The server echoes what it reads, as it reads it.
+        let s = &mut s;
+        t.spawn(|| {
+            let mut buf = vec![0u8; 100_000];
+            let mut left = sent.len();
+            while left > 0 {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "end of stream with {left} bytes to come");
+                s.write_all(&buf[..n]).unwrap();
+                left -= n;
+            }
+        });
+        // The client writes from one thread and reads from another.
+        let (c, sent) = (&c, &sent);
+        t.spawn(move || {
+            let mut at = 0;
+            while at < sent.len() {
+                match c.try_write(&sent[at..]) {
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        c.wait(Ready::WRITE, None).unwrap();
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+        let mut got = vec![0u8; sent.len()];
+        let mut at = 0;
+        while at < got.len() {
+            match c.try_read(&mut got[at..], false) {
+                Ok(0) => panic!("end of stream at {at}"),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    c.wait(Ready::READ, None).unwrap();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        got
+    });
+    let first_wrong = echo.iter().zip(&sent).position(|(a, b)| a != b);
+    assert!(
+        echo == sent,
+        "a megabyte from the small side and back: first wrong byte {first_wrong:?}"
+    );
+}

@@ -706,7 +706,8 @@ static long ulnic_take_notified(struct ulnic_file *uf, void __user *arg)
 	if (!n)
 		return -ENOMEM;
 	last = min_t(u32, u->endpoints, ARRAY_SIZE(n->bits) * 64);
-	for (i = 0; i < last; i++)
+	/* Only the notified endpoints are looked at, not all 4096. */
+	for_each_set_bit(i, u->notified, last)
 		if (READ_ONCE(uf->eps[i]) && test_and_clear_bit(i, u->notified))
 			n->bits[i / 64] |= cpu_to_le64(1ULL << (i % 64));
 	if (copy_to_user(arg, n, sizeof(*n)))

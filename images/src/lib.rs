@@ -491,7 +491,6 @@ fn relocate_headers(headers: &Path, common: &Path) -> Result<(), Error> {
         .map_err(|e| Error::io(&mk, e))
 }
 
-/// Builds guest-driver/linux against `headers` in `dir`; returns the .ko.
 /// Takes the cache's build lock until the returned file is dropped.
 fn build_lock(cache: &Path) -> Result<std::fs::File, Error> {
     let lock_path = cache.join("build.lock");
@@ -529,28 +528,31 @@ pub fn directory_piece(dir: &Path, guest: &str) -> Result<PathBuf, Error> {
 }
 
 /// `image` with `pieces` unpacked after its own initramfs (the kernel
-/// unpacks concatenated archives in order): one file in the cache, made
-/// again only when an input changed.
+/// unpacks concatenated archives in order): one file in the cache per set
+/// of inputs, made again when one of them is newer than it (a directory
+/// piece is made afresh on every run, so it is rewritten in place rather
+/// than left behind under a new name).
 pub fn with_pieces(image: &Image, pieces: &[PathBuf]) -> Result<Image, Error> {
     if pieces.is_empty() {
         return Ok(image.clone());
     }
-    let mut key = String::new();
-    for p in std::iter::once(&image.initramfs).chain(pieces) {
-        let m = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
-        let mtime = m
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-        key.push_str(&format!("{}:{}:{:?};", p.display(), m.len(), mtime));
-    }
+    let inputs: Vec<&PathBuf> = std::iter::once(&image.initramfs).chain(pieces).collect();
+    let key: String = inputs.iter().map(|p| format!("{};", p.display())).collect();
     let out = cache_dir().join(format!("image/pieces/initramfs-{}.cpio", fnv(&key)));
-    if !out.exists() {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified());
+    let mut stale = true;
+    if let Ok(made) = modified(&out) {
+        stale = false;
+        for p in &inputs {
+            stale |= modified(p).map_err(|e| Error::io(p, e))? >= made;
+        }
+    }
+    if stale {
         std::fs::create_dir_all(out.parent().unwrap_or(Path::new("/")))
             .map_err(|e| Error::io(&out, e))?;
         let tmp = out.with_extension("partial");
         let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        for p in std::iter::once(&image.initramfs).chain(pieces) {
+        for p in &inputs {
             let mut src = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
             std::io::copy(&mut src, &mut f).map_err(|e| Error::io(&tmp, e))?;
         }
@@ -562,6 +564,7 @@ pub fn with_pieces(image: &Image, pieces: &[PathBuf]) -> Result<Image, Error> {
     })
 }
 
+/// Builds guest-driver/linux against `headers` in `dir`; returns the .ko.
 /// BTF generation is skipped (it needs pahole and only adds debug data).
 pub fn build_module(dir: &Path, headers: &Path) -> Result<PathBuf, Error> {
     let _ = std::fs::remove_dir_all(dir);

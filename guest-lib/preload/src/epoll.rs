@@ -206,12 +206,10 @@ impl Registry {
         let out = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
         let start = Instant::now();
         let mut spins = 0u32;
-        // A wait that returns at once is not scored; one that has to wait is.
-        let mut spin = ulnic_lib::sock::Spin::start(env.spin);
         loop {
             let mut n = user_ready(env, &set, epfd, out);
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            let spinning = spin.within();
+            let spinning = start.elapsed() < env.spin;
             let look_kernel = n > 0
                 || left.is_some_and(|l| l.is_zero())
                 || (spinning && spins.is_multiple_of(16));
@@ -232,7 +230,7 @@ impl Registry {
                 return n as c_int;
             }
             spins += 1;
-            if spin.spinning() {
+            if spinning {
                 std::thread::yield_now();
                 continue;
             }

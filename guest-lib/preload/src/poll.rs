@@ -62,8 +62,6 @@ pub fn poll_many(
         .collect();
     let start = Instant::now();
     let mut spins = 0u32;
-    // A wait that returns at once is not scored; one that has to wait is.
-    let mut spin = ulnic_lib::sock::Spin::start(env.spin);
     let mut look_kernel = true;
     loop {
         let mut ready = 0;
@@ -80,7 +78,7 @@ pub fn poll_many(
             }
         }
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-        let spinning = spin.within();
+        let spinning = start.elapsed() < env.spin;
         let any_user = fds.iter().any(|p| p.revents != 0);
         if any_user
             || look_kernel
@@ -101,7 +99,7 @@ pub fn poll_many(
             return ready as c_int;
         }
         spins += 1;
-        if spin.spinning() {
+        if spinning {
             std::thread::yield_now();
             continue;
         }

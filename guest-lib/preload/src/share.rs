@@ -38,6 +38,32 @@ pub enum Use {
     Theirs(u32),
 }
 
+/// This process's id, kept: `getpid` is a system call, and a socket
+/// inherited across fork is checked on every call on it.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn forgot_pid() {
+    PID.store(0, Ordering::Relaxed);
+}
+
+/// This process's id (looked up once, and again in a forked child).
+fn my_pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            static AT_FORK: std::sync::Once = std::sync::Once::new();
+            // SAFETY: registers a handler that stores to an atomic, run in
+            // the child of every fork.
+            AT_FORK.call_once(|| unsafe {
+                libc::pthread_atfork(None, None, Some(forgot_pid));
+            });
+            let me = std::process::id();
+            PID.store(me, Ordering::Relaxed);
+            me
+        }
+        me => me,
+    }
+}
+
 // SAFETY: the mapping is never unmapped and holds only atomics.
 unsafe impl Send for Arena {}
 // SAFETY: as above.
@@ -78,10 +104,13 @@ impl Arena {
     /// Whether the calling process may use socket `i`, claiming it if
     /// it is unclaimed.
     pub fn claim_use(&self, i: usize) -> Use {
-        let me = std::process::id();
         let o = self.owner(i);
-        match o.load(Ordering::Acquire) {
-            NOBODY => Use::Mine,
+        let owner = o.load(Ordering::Acquire);
+        if owner == NOBODY {
+            return Use::Mine; // never forked: every call of an unforked program
+        }
+        let me = my_pid();
+        match owner {
             x if x == me => Use::Mine,
             UNCLAIMED => {
                 match o.compare_exchange(UNCLAIMED, me, Ordering::AcqRel, Ordering::Acquire) {
@@ -99,7 +128,7 @@ impl Arena {
     pub fn owned_by_me(&self, i: usize) -> Option<bool> {
         match self.owner(i).load(Ordering::Acquire) {
             NOBODY | UNCLAIMED => None,
-            x => Some(x == std::process::id()),
+            x => Some(x == my_pid()),
         }
     }
 

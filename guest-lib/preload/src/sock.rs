@@ -177,7 +177,6 @@ impl Sock {
         mut op: impl FnMut(&mut State) -> Res<T>,
     ) -> Res<T> {
         let start = Instant::now();
-        let mut spin = None;
         loop {
             let mut st = self.lock();
             match op(&mut st) {
@@ -193,10 +192,7 @@ impl Sock {
                 Some(t) => (t - elapsed).min(SLICE),
                 None => SLICE,
             };
-            if spin
-                .get_or_insert_with(|| ulnic_lib::sock::Spin::start(env.spin))
-                .spinning()
-            {
+            if elapsed < env.spin {
                 drop(st);
                 std::thread::yield_now();
                 continue;

@@ -128,7 +128,9 @@ pub struct SockConfig {
     /// How long a connect waits for the listener's answer.
     pub connect_timeout: Duration,
     /// How long a blocking call polls before it sleeps in the driver
-    /// (`ULNIC_SPIN_US`).
+    /// (`ULNIC_SPIN_US`). Between two TCG guests on 2 cores, where a
+    /// polling vCPU cannot yield the host's cores, 0 made sockperf's
+    /// round trip 237 us instead of 310 but redis-benchmark 10 % slower.
     pub spin: Duration,
 }
 

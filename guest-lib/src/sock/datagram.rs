@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ulnic_abi::INLINE_MAX;
 
@@ -382,25 +382,13 @@ impl Datagram {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&mut self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
-        let mut spin = super::spin::Spin::start(self.net.config().spin);
-        loop {
-            if self.poll().intersects(want) {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            let left = deadline.map_or(Duration::from_millis(100), |d| {
-                d.saturating_duration_since(now)
-            });
-            if left.is_zero() {
-                return Ok(false);
-            }
-            if spin.spinning() {
-                std::thread::yield_now();
-            } else {
-                self.ep
-                    .wait(left.min(Duration::from_millis(100)))
-                    .map_err(io_err)?;
-            }
-        }
+        let spin = self.net.config().spin;
+        super::wait::until(
+            self,
+            spin,
+            deadline,
+            |d| d.poll().intersects(want),
+            |d, t| d.ep.wait(t).map(|_| ()).map_err(io_err),
+        )
     }
 }

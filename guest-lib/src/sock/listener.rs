@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use zerocopy::IntoBytes;
 
@@ -253,25 +253,13 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
-        let mut spin = super::spin::Spin::start(self.net.config().spin);
-        loop {
-            if self.poll().contains(Ready::READ) {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            let left = deadline.map_or(Duration::from_millis(100), |d| {
-                d.saturating_duration_since(now)
-            });
-            if left.is_zero() {
-                return Ok(false);
-            }
-            if spin.spinning() {
-                std::thread::yield_now();
-            } else {
-                self.ep
-                    .wait(left.min(Duration::from_millis(100)))
-                    .map_err(io_err)?;
-            }
-        }
+        let spin = self.net.config().spin;
+        super::wait::until(
+            self,
+            spin,
+            deadline,
+            |l| l.poll().contains(Ready::READ),
+            |l, t| l.ep.wait(t).map(|_| ()).map_err(io_err),
+        )
     }
 }

@@ -22,7 +22,7 @@
 //! Inside: `addr` (addresses, readiness, settings, port ranges), `wire`
 //! (the protocol's messages), `held` (received messages a socket keeps),
 //! `net` (a process's sockets: domain, sizes, ports), `stream`,
-//! `listener`, `datagram`; `spin` how long blocking calls poll.
+//! `listener`, `datagram`; `wait` the poll-then-sleep loop they share.
 
 mod addr;
 mod datagram;
@@ -30,8 +30,8 @@ mod flusher;
 mod held;
 mod listener;
 mod net;
-mod spin;
 mod stream;
+mod wait;
 mod wire;
 
 pub use addr::{
@@ -41,6 +41,5 @@ pub use addr::{
 pub use datagram::{Datagram, MAX_DATAGRAM};
 pub use listener::Listener;
 pub use net::Net;
-pub use spin::Spin;
 pub use stream::{Shutdown, Stream};
 pub use wire::PROTOCOL_VERSION;

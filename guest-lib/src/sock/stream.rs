@@ -310,12 +310,26 @@ impl Core {
     /// the peer's credits carry, as a kernel's send buffer holds more than
     /// the window.
     fn send_buffer(&self) -> usize {
-        2 * self.net.config().credits as usize * self.peer_buffer.max(INLINE_MAX) as usize
+        2 * self.net.config().credits as usize * self.message_max()
+    }
+
+    /// The largest DATA this side sends: what the peer's buffers hold
+    /// (its hello says; a peer's word, so no more than this side's own
+    /// send slots hold either).
+    fn message_max(&self) -> usize {
+        self.peer_buffer
+            .min(self.net.config().buffer)
+            .max(INLINE_MAX) as usize
     }
 
     /// Sends one message of `bytes` (at most the peer's buffer), taking a
     /// credit: false when the ring has no room.
     fn send_message(&mut self, bytes: &[u8]) -> io::Result<bool> {
+        // The slot is the ring position's: with the ring full, the send
+        // that last used it is not done yet, so nothing may be written.
+        if self.ep.send_space() == 0 {
+            return Ok(false);
+        }
         let tag = wire::tag(wire::DATA, self.owed);
         let posted = if bytes.len() <= INLINE_MAX as usize {
             self.ep.post_send_inline(self.peer_ep, tag, bytes, 0)
@@ -338,10 +352,16 @@ impl Core {
 
     /// Sends what waits for credit, as far as credit and ring room go.
     fn flush(&mut self) {
-        while self.unsent() > 0 && self.credits > 0 && self.phase == Phase::Open && !self.reset {
-            let n = self.unsent().min(self.peer_buffer as usize);
-            let chunk = self.pending[self.pending_sent..self.pending_sent + n].to_vec();
-            match self.send_message(&chunk) {
+        // Sent straight from the buffer (taken out for the loop, so
+        // send_message may borrow the rest of self), not from a copy.
+        let pending = std::mem::take(&mut self.pending);
+        while pending.len() > self.pending_sent
+            && self.credits > 0
+            && self.phase == Phase::Open
+            && !self.reset
+        {
+            let n = (pending.len() - self.pending_sent).min(self.message_max());
+            match self.send_message(&pending[self.pending_sent..self.pending_sent + n]) {
                 Ok(true) => self.pending_sent += n,
                 Ok(false) => break,
                 Err(_) => {
@@ -350,6 +370,7 @@ impl Core {
                 }
             }
         }
+        self.pending = pending;
         if self.pending_sent == self.pending.len() {
             self.pending.clear();
             self.pending_sent = 0;
@@ -572,7 +593,7 @@ impl Core {
         let mut sent = 0;
         // Straight out while there is credit and nothing waits before it.
         while self.unsent() == 0 && sent < buf.len() && self.credits > 0 {
-            let n = (buf.len() - sent).min(self.peer_buffer as usize);
+            let n = (buf.len() - sent).min(self.message_max());
             if !self.send_message(&buf[sent..sent + n])? {
                 break;
             }
@@ -1003,7 +1024,7 @@ impl Stream {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn wait(&self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
-        let mut spin = super::spin::Spin::start(self.core().net.config().spin);
+        let spin_until = Instant::now() + self.core().net.config().spin;
         loop {
             let waiter = {
                 let mut c = self.core();
@@ -1014,7 +1035,7 @@ impl Stream {
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(false);
                 }
-                if spin.spinning() {
+                if now < spin_until {
                     None
                 } else if c.arm()? {
                     continue; // something came meanwhile

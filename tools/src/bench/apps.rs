@@ -4,7 +4,7 @@
 //! iperf3 (a TCP stream) and sockperf (TCP ping-pong).
 //!
 //! One side starts every server twice, once under the layer and once
-//! without it, on ports of its own ([`Ports`]); the other runs each
+//! without it, on ports of its own ([`port`]); the other runs each
 //! client against both, the two transports taking turns within a round.
 //! Between two host processes attached to one device ([`run_local`]) the
 //! kernel's side is loopback; between two guests (`cluster bench apps`,
@@ -84,24 +84,15 @@ pub struct AppsArgs {
     pub app_rounds: u32,
 }
 
-/// The ports the servers listen on: ulnic's under the layer, the
-/// kernel's without it.
-#[derive(Debug, Clone, Copy)]
-pub struct Ports;
-
-impl Ports {
-    fn of(app: App, over_ulnic: bool) -> u16 {
-        let base = match app {
-            App::Redis => 6379,
-            App::Iperf3 => 5201,
-            App::Sockperf => 11111,
-        };
-        if over_ulnic {
-            base
-        } else {
-            base + 1
-        }
-    }
+/// The port an app's server listens on: ulnic's under the layer, the
+/// kernel's (without it) the next one.
+fn port(app: App, over_ulnic: bool) -> u16 {
+    let base = match app {
+        App::Redis => 6379,
+        App::Iperf3 => 5201,
+        App::Sockperf => 11111,
+    };
+    base + u16::from(!over_ulnic)
 }
 
 /// How the programs' processes reach ulnic.
@@ -299,7 +290,7 @@ pub fn start_servers(
     let mut want = Vec::new();
     for &app in apps {
         for over_ulnic in [true, false] {
-            let port = Ports::of(app, over_ulnic);
+            let port = port(app, over_ulnic);
             let (prog, args): (&str, Vec<String>) = match app {
                 App::Redis => (
                     "redis-server",
@@ -502,7 +493,7 @@ pub fn run_clients(
                     &s.kernel_addr
                 };
                 let node = over_ulnic.then(|| s.attach.client_node(&a.apps, app, round));
-                let port = Ports::of(app, over_ulnic).to_string();
+                let port = port(app, over_ulnic).to_string();
                 let label = format!("{} over {transport}", app.name());
                 say(&format!("round {round}: {label}"));
                 let base = AppResult {

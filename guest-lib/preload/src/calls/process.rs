@@ -88,6 +88,18 @@ fn pointers(vars: &[CString]) -> Vec<*const c_char> {
         .collect()
 }
 
+/// Runs `exec` with `envp`, or with `envp` and the layer's variables
+/// where it lacks them.
+fn exec_with_layer(
+    envp: *const *const c_char,
+    exec: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    match with_layer(envp) {
+        Some(vars) => exec(pointers(&vars).as_ptr()),
+        None => exec(envp),
+    }
+}
+
 /// `execve`.
 #[no_mangle]
 pub unsafe extern "C" fn execve(
@@ -95,15 +107,8 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    match with_layer(envp) {
-        Some(vars) => {
-            let p = pointers(&vars);
-            // SAFETY: the program's path and arguments, our environment.
-            unsafe { (real().execve)(path, argv, p.as_ptr()) }
-        }
-        // SAFETY: the program's arguments, passed on.
-        None => unsafe { (real().execve)(path, argv, envp) },
-    }
+    // SAFETY: the program's path and arguments; its environment or ours.
+    exec_with_layer(envp, |env| unsafe { (real().execve)(path, argv, env) })
 }
 
 /// `execvpe`.
@@ -113,15 +118,8 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    match with_layer(envp) {
-        Some(vars) => {
-            let p = pointers(&vars);
-            // SAFETY: as above.
-            unsafe { (real().execvpe)(file, argv, p.as_ptr()) }
-        }
-        // SAFETY: the program's arguments, passed on.
-        None => unsafe { (real().execvpe)(file, argv, envp) },
-    }
+    // SAFETY: as `execve`.
+    exec_with_layer(envp, |env| unsafe { (real().execvpe)(file, argv, env) })
 }
 
 #[cfg(test)]

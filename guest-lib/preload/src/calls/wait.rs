@@ -119,19 +119,23 @@ pub unsafe extern "C" fn select(
     let timeout = unsafe { tv.as_ref() }.map(|t| {
         Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
     });
+    select_ours(nfds, [r, w, e], timeout, std::ptr::null())
+}
+
+/// `select` and `pselect` over sets that hold interposed sockets.
+fn select_ours(
+    nfds: c_int,
+    [read, write, except]: [*mut libc::fd_set; 3],
+    timeout: Option<Duration>,
+    mask: *const sigset_t,
+) -> c_int {
     let c = ctx();
-    select_many(
-        &c.env,
-        &c.table,
-        nfds,
-        FdSets {
-            read: r,
-            write: w,
-            except: e,
-        },
-        timeout,
-        std::ptr::null(),
-    )
+    let sets = FdSets {
+        read,
+        write,
+        except,
+    };
+    select_many(&c.env, &c.table, nfds, sets, timeout, mask)
 }
 
 /// `pselect`.
@@ -148,19 +152,7 @@ pub unsafe extern "C" fn pselect(
         // SAFETY: the program's arguments, passed on.
         return unsafe { (real().pselect)(nfds, r, w, e, ts, mask) };
     }
-    let c = ctx();
-    select_many(
-        &c.env,
-        &c.table,
-        nfds,
-        FdSets {
-            read: r,
-            write: w,
-            except: e,
-        },
-        ts_timeout(ts),
-        mask,
-    )
+    select_ours(nfds, [r, w, e], ts_timeout(ts), mask)
 }
 
 /// `epoll_ctl`.
