@@ -290,8 +290,17 @@ const BENCH_PORT: u32 = 1;
 const TAG_DATA: u32 = 0;
 const TAG_CREDIT: u32 = 1;
 const TAG_HELLO: u32 = 2;
+/// The send id of greetings (data sends count up from 0).
+const HELLO_ID: u64 = u64::MAX;
 /// Receive buffers the receiver keeps posted (and the sender's credits).
 const CREDITS: u32 = 64;
+
+/// How long a receive may wait for the peer before the run is reported as
+/// stalled (far beyond any round trip, even between TCG guests).
+const STALL: Duration = Duration::from_secs(30);
+
+/// After a stall, how long to wait once the doorbell was rung by hand.
+const STALL_KICKED: Duration = Duration::from_secs(5);
 
 /// First port of the endpoints `--endpoints` adds beside the measured one.
 const OTHERS_PORT: u32 = 1000;
@@ -420,7 +429,7 @@ impl UlnicLink {
             }
             if !server && last.elapsed() > Duration::from_millis(20) && self.ep.send_space() > 0 {
                 self.ep
-                    .post_send_inline(self.peer, TAG_HELLO, &[], 0)
+                    .post_send_inline(self.peer, TAG_HELLO, &[], HELLO_ID)
                     .map_err(io::Error::other)?;
                 last = Instant::now();
             }
@@ -431,7 +440,7 @@ impl UlnicLink {
                 if m.tag == TAG_HELLO && !m.returned {
                     if server {
                         self.ep
-                            .post_send_inline(self.peer, TAG_HELLO, &[], 0)
+                            .post_send_inline(self.peer, TAG_HELLO, &[], HELLO_ID)
                             .map_err(io::Error::other)?;
                     }
                     return Ok(());
@@ -444,7 +453,11 @@ impl UlnicLink {
     fn handle_events(&mut self) -> io::Result<()> {
         while let Some(ev) = self.ep.poll_event() {
             if let ulnic::Event::SendFailed { id, reason, .. } = ev {
-                return Err(io::Error::other(format!("send {id} failed: {reason}")));
+                // A greeting sent before the peer was bound comes back
+                // (NO_ENDPOINT), possibly after the peer has answered one.
+                if id != HELLO_ID {
+                    return Err(io::Error::other(format!("send {id} failed: {reason}")));
+                }
             }
         }
         Ok(())
@@ -495,14 +508,43 @@ impl UlnicLink {
     /// Next message of any tag from the peer, waiting per the mode. One of
     /// ours handed back by the fabric is skipped: its send failed, which
     /// its TX_ERROR event reports.
+    ///
+    /// A peer silent for `STALL` is a fault, never a hang: the endpoint's
+    /// state is recorded, its doorbell rung by hand (a descriptor the
+    /// device never looked at would move then), and after `STALL_KICKED`
+    /// more the run fails, saying what it saw either way.
     fn next(&mut self) -> io::Result<ulnic::Received> {
+        let started = Instant::now();
+        let mut kicked: Option<(Instant, String)> = None;
         loop {
             if let Some(m) = self.ep.poll_recv() {
                 if !m.returned {
+                    if let Some((_, before)) = kicked {
+                        return Err(io::Error::other(format!(
+                            "stalled {} s, then a message came after the doorbell was rung by hand (a send the device did not see?); before: {before}",
+                            STALL.as_secs()
+                        )));
+                    }
                     return Ok(m);
                 }
             }
             self.handle_events()?;
+            if started.elapsed() > STALL {
+                match &kicked {
+                    None => {
+                        kicked = Some((Instant::now(), self.describe()));
+                        self.ep.ring_doorbell();
+                    }
+                    Some((at, before)) if at.elapsed() > STALL_KICKED => {
+                        return Err(io::Error::other(format!(
+                            "nothing from the peer for {} s, nor after the doorbell was rung by hand; before: {before}; now: {}",
+                            started.elapsed().as_secs(),
+                            self.describe()
+                        )));
+                    }
+                    Some(_) => {}
+                }
+            }
             match self.mode {
                 Mode::Poll => std::thread::yield_now(),
                 Mode::Block => {
@@ -512,6 +554,31 @@ impl UlnicLink {
                 }
             }
         }
+    }
+}
+
+impl UlnicLink {
+    /// This side's state for a stall report: sequence, credits, rings and
+    /// the device's counters for the endpoint.
+    fn describe(&self) -> String {
+        let stats = self.ep.stats().map_or_else(
+            |e| format!("stats unavailable: {e}"),
+            |s| {
+                s.iter()
+                    .filter(|(_, v)| *v != 0)
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
+        );
+        format!(
+            "sent {} credits {} consumed {} send_space {} sends_done {} device: {stats}",
+            self.send_seq,
+            self.credits,
+            self.consumed,
+            self.ep.send_space(),
+            self.ep.sends_done()
+        )
     }
 }
 
