@@ -2489,20 +2489,30 @@ fn run_compare(
     dir: &std::path::Path,
     scratch: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use crate::bench::compare::{compare, Options};
+    use crate::bench::compare::{compare, Kind, Options};
     anyhow::ensure!(a.rounds > 0, "--rounds must be at least 1");
-    // Without --size: 8 bytes and 64 KiB round trips, 64 KiB streams.
+    // Without --size: 8-byte and 64 KiB round trips, 8-byte blocking
+    // round trips and message rate, 64 KiB streams and RDMA writes (the
+    // rows of the performance issue's table); with it, every section at
+    // those sizes.
     let given = a.size != DEFAULT_SIZES;
-    let o = Options {
-        pingpong_sizes: if given {
+    let sizes = |default: &[u32]| {
+        if given {
             a.size.clone()
         } else {
-            vec![8, 65536]
-        },
-        stream_sizes: if given { a.size.clone() } else { vec![65536] },
+            default.to_vec()
+        }
+    };
+    let o = Options {
+        pingpong_sizes: sizes(&[8, 65536]),
+        block_sizes: sizes(&[8]),
+        stream_sizes: sizes(&[65536]),
+        rate_sizes: sizes(&[8]),
+        rdma_sizes: sizes(&[65536]),
         rounds: a.rounds,
         iters: a.iters.unwrap_or(2000),
         stream_iters: a.iters.unwrap_or(3000),
+        rate_iters: a.iters.unwrap_or(100_000),
         touch: a.payload,
     };
     let rows = compare(&o, dir, scratch, &mut |l| eprintln!("{l}"))?;
@@ -2517,18 +2527,25 @@ fn run_compare(
         a.rounds
     );
     println!(
-        "{:<9} {:>6}  {:<16} {:<16} {:<7} {:>12}  {:>10}",
+        "{:<10} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}",
         "workload", "bytes", "peer", "payload", "stat", "figure", "ulnic/peer"
     );
+    let kinds = [
+        Kind::Pingpong,
+        Kind::BlockCpu,
+        Kind::Stream,
+        Kind::Rate,
+        Kind::RdmaWrite,
+    ];
     for r in &rows {
-        let figure = match (r.value, r.workload) {
-            (Some(v), "pingpong") => format!("{v:.2} us RTT"),
-            (Some(v), _) => format!("{v:.0} MB/s"),
-            (None, _) => "-".into(),
+        let kind = kinds.iter().find(|k| k.label() == r.workload);
+        let figure = match (r.value, kind) {
+            (Some(v), Some(k)) => k.show(v),
+            _ => "-".into(),
         };
         let ratio = r.ulnic_ratio.map_or("-".into(), |x| format!("{x:.2}x"));
         println!(
-            "{:<9} {:>6}  {:<16} {:<16} {:<7} {:>12}  {:>10}{}",
+            "{:<10} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}{}",
             r.workload,
             r.size,
             r.peer,
@@ -2541,7 +2558,7 @@ fn run_compare(
                 .map_or(String::new(), |m| format!("  missing: {m}"))
         );
     }
-    println!("(round trips: ulnic/peer below 1 is ulnic faster; streams: above 1 is. fi_msg_bw, fi_rdm_tagged_bw and fi_rma_bw are fabtests, which Debian does not package: not run)");
+    println!("(pingpong and block-cpu: ulnic/peer below 1 is ulnic ahead; stream, rate and rdma-write: above 1 is. block-cpu: user+system time of both peers and the device per round trip, warm-up and start-up included)");
     Ok(())
 }
 

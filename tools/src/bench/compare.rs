@@ -1,10 +1,13 @@
 //! `ulnic bench compare`: ulnic beside the baselines in this binary (a
-//! shared-memory spin ring, a Unix socket, loopback TCP) and beside real
-//! peers a user installs from Debian (fi_pingpong of libfabric-bin over
-//! its shm and tcp providers; sockperf), in interleaved rounds. Each
-//! ratio is ulnic's figure over the peer's in the same round, and the
-//! median of those is reported, so a noisy round weighs on both sides.
-//! A peer that is not installed is reported missing, never as zero.
+//! shared-memory spin ring, a Unix socket, loopback TCP, memcpy) and
+//! beside real peers a user installs (fi_pingpong of Debian's
+//! libfabric-bin over its shm and tcp providers; sockperf; fabtests'
+//! fi_rdm_tagged_bw, fi_msg_bw and fi_rma_bw, which Debian does not
+//! package), in interleaved rounds: round trips polling, CPU time per
+//! round trip blocking, streams, message rate and RDMA writes. Each ratio
+//! is ulnic's figure over the peer's in the same round, and the median of
+//! those is reported, so a noisy round weighs on both sides. A peer that
+//! is not installed is reported missing, never as zero.
 
 use std::io;
 use std::path::Path;
@@ -14,8 +17,48 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::payload::Touch;
-use super::pingpong::{run_one, Mode, Spec, Transport, Workload};
+use super::pingpong::{run_one, warmup, Mode, Spec, Transport, Workload};
+use super::rdma::{memcpy_line, ulnic_line, Direction};
 use super::record::Record;
+
+/// What a section of the comparison measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Round trips, receivers polling: microseconds.
+    Pingpong,
+    /// Round trips, receivers blocking in the kernel: CPU time of both
+    /// sides and the device per round trip, microseconds.
+    BlockCpu,
+    /// One-way messages as fast as flow control allows: MB/s.
+    Stream,
+    /// The same, counted in messages: millions per second.
+    Rate,
+    /// One-sided writes into the peer's memory: MB/s.
+    RdmaWrite,
+}
+
+impl Kind {
+    /// Its name in the table and the JSON.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Pingpong => "pingpong",
+            Kind::BlockCpu => "block-cpu",
+            Kind::Stream => "stream",
+            Kind::Rate => "rate",
+            Kind::RdmaWrite => "rdma-write",
+        }
+    }
+
+    /// Its figure with the unit.
+    pub fn show(self, v: f64) -> String {
+        match self {
+            Kind::Pingpong => format!("{v:.2} us RTT"),
+            Kind::BlockCpu => format!("{v:.2} us CPU"),
+            Kind::Rate => format!("{v:.2} M msg/s"),
+            Kind::Stream | Kind::RdmaWrite => format!("{v:.0} MB/s"),
+        }
+    }
+}
 
 /// One peer: who, and how it touches payloads.
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +69,12 @@ enum Peer {
     FiPingpong(&'static str, &'static str),
     /// `sockperf ping-pong --tcp --full-rtt`.
     Sockperf,
+    /// A transport of `ulnic bench` with receivers blocking.
+    Blocking(Transport),
+    /// memcpy between two buffers of this process (the RDMA baseline).
+    Memcpy,
+    /// A fabtests bandwidth test: tool, provider, its other arguments.
+    Fabtest(&'static str, &'static str, &'static [&'static str]),
 }
 
 impl Peer {
@@ -37,6 +86,9 @@ impl Peer {
             Peer::Internal(Transport::Tcp) => "tcp loopback".into(),
             Peer::FiPingpong(p, _) => format!("fi_pingpong {p}"),
             Peer::Sockperf => "sockperf tcp".into(),
+            Peer::Blocking(t) => Peer::Internal(t).name(),
+            Peer::Memcpy => "memcpy".into(),
+            Peer::Fabtest(tool, p, _) => format!("{tool} {p}"),
         }
     }
 
@@ -46,10 +98,14 @@ impl Peer {
     /// touches payloads.
     fn rules(self, touch: Touch) -> (&'static str, &'static str) {
         match self {
-            Peer::Internal(_) => (touch.label(), "median"),
+            Peer::Internal(_) | Peer::Blocking(_) => (touch.label(), "median"),
             Peer::FiPingpong(..) if touch == Touch::WriteVerify => ("fill+check (-c)", "mean"),
             Peer::FiPingpong(..) => ("none", "mean"),
             Peer::Sockperf => ("none", "median"),
+            // A copy reads and writes every byte; neither side looks.
+            Peer::Memcpy => ("copy", "mean"),
+            Peer::Fabtest(..) if touch == Touch::WriteVerify => ("fill+check (-v)", "mean"),
+            Peer::Fabtest(..) => ("none", "mean"),
         }
     }
 
@@ -57,7 +113,11 @@ impl Peer {
     /// cannot.
     fn missing(self, size: u32) -> Option<String> {
         let (tool, package) = match self {
-            Peer::Internal(_) => return None,
+            Peer::Internal(_) | Peer::Blocking(_) | Peer::Memcpy => return None,
+            Peer::Fabtest(tool, ..) => (
+                tool,
+                "fabtests: Debian does not package them; docs/benchmarks.md says how to build them from libfabric's source",
+            ),
             Peer::FiPingpong(..) => ("fi_pingpong", "libfabric-bin"),
             Peer::Sockperf if size > SOCKPERF_MAX => {
                 return Some(format!(
@@ -68,14 +128,22 @@ impl Peer {
         };
         let found = std::env::var_os("PATH")
             .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-        (!found).then(|| format!("{tool} not found (apt install {package})"))
+        (!found).then(|| {
+            if package.contains(' ') {
+                format!("{tool} not found ({package})")
+            } else {
+                format!("{tool} not found (apt install {package})")
+            }
+        })
     }
 }
 
 /// One line of the comparison.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// "pingpong" (round trip, microseconds) or "stream" (MB/s).
+    /// "pingpong" (round trip polling, us), "block-cpu" (CPU time per
+    /// round trip blocking, us), "stream" (MB/s), "rate" (M msg/s) or
+    /// "rdma-write" (MB/s).
     pub workload: &'static str,
     /// Message size in bytes.
     pub size: u32,
@@ -90,7 +158,7 @@ pub struct Row {
     /// Median of the rounds.
     pub value: Option<f64>,
     /// Median over the rounds of ulnic's figure over this peer's (round
-    /// trips: below 1 is ulnic faster; streams: above 1 is).
+    /// trips and CPU time: below 1 is ulnic ahead; the others: above 1 is).
     pub ulnic_ratio: Option<f64>,
     /// Why the peer did not run.
     pub missing: Option<String>,
@@ -100,14 +168,22 @@ pub struct Row {
 pub struct Options {
     /// Ping-pong sizes.
     pub pingpong_sizes: Vec<u32>,
+    /// Sizes of blocking round trips (CPU time).
+    pub block_sizes: Vec<u32>,
     /// Stream sizes.
     pub stream_sizes: Vec<u32>,
+    /// Message-rate sizes.
+    pub rate_sizes: Vec<u32>,
+    /// RDMA write sizes.
+    pub rdma_sizes: Vec<u32>,
     /// Interleaved rounds.
     pub rounds: u32,
     /// Round trips per ping-pong run.
     pub iters: u64,
-    /// Messages per stream run.
+    /// Messages per stream and RDMA run.
     pub stream_iters: u64,
+    /// Messages per message-rate run.
+    pub rate_iters: u64,
     /// How payloads are touched (each row says what its peer did).
     pub touch: Touch,
 }
@@ -129,27 +205,43 @@ pub fn compare(
         Peer::FiPingpong("tcp", "msg"),
         Peer::Sockperf,
     ];
+    let block_peers = [
+        Peer::Blocking(Transport::Ulnic),
+        Peer::Blocking(Transport::Unix),
+    ];
+    let tagged = Peer::Fabtest("fi_rdm_tagged_bw", "shm", &[]);
     let stream_peers = [
         Peer::Internal(Transport::Ulnic),
         Peer::Internal(Transport::Shm),
         Peer::Internal(Transport::Unix),
         Peer::Internal(Transport::Tcp),
+        tagged,
+        Peer::Fabtest("fi_msg_bw", "tcp", &[]),
+    ];
+    let rate_peers = [
+        Peer::Internal(Transport::Ulnic),
+        Peer::Internal(Transport::Shm),
+        tagged,
+    ];
+    let rdma_peers = [
+        Peer::Internal(Transport::Ulnic),
+        Peer::Memcpy,
+        Peer::Fabtest("fi_rma_bw", "shm", &["-e", "rdm", "-o", "write"]),
     ];
     let mut rows = Vec::new();
-    for (workload, sizes, peers) in [
-        (Workload::Pingpong, &o.pingpong_sizes, &pingpong_peers[..]),
-        (Workload::Stream, &o.stream_sizes, &stream_peers[..]),
+    for (kind, sizes, peers) in [
+        (Kind::Pingpong, &o.pingpong_sizes, &pingpong_peers[..]),
+        (Kind::BlockCpu, &o.block_sizes, &block_peers[..]),
+        (Kind::Stream, &o.stream_sizes, &stream_peers[..]),
+        (Kind::Rate, &o.rate_sizes, &rate_peers[..]),
+        (Kind::RdmaWrite, &o.rdma_sizes, &rdma_peers[..]),
     ] {
         for &size in sizes {
             let first = rows.len();
             for &p in peers {
                 let (payload, statistic) = p.rules(o.touch);
                 rows.push(Row {
-                    workload: if workload == Workload::Pingpong {
-                        "pingpong"
-                    } else {
-                        "stream"
-                    },
+                    workload: kind.label(),
                     size,
                     peer: p.name(),
                     payload,
@@ -172,12 +264,12 @@ pub fn compare(
                     if row.missing.is_some() {
                         continue;
                     }
-                    let iters = if workload == Workload::Pingpong {
-                        o.iters
-                    } else {
-                        o.stream_iters
+                    let iters = match kind {
+                        Kind::Pingpong | Kind::BlockCpu => o.iters,
+                        Kind::Stream | Kind::RdmaWrite => o.stream_iters,
+                        Kind::Rate => o.rate_iters,
                     };
-                    match measure(p, workload, size, iters, o.touch, ulnic_dir, scratch) {
+                    match measure(p, kind, size, iters, o.touch, ulnic_dir, scratch) {
                         Ok(v) => row.rounds.push(v),
                         Err(e) => {
                             row.missing = Some(format!("failed: {e}"));
@@ -207,45 +299,157 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// One run of `p`: a round trip in microseconds, or MB/s for a stream.
+/// One run of `p`, in `kind`'s unit.
 fn measure(
     p: Peer,
-    workload: Workload,
+    kind: Kind,
     size: u32,
     iters: u64,
     touch: Touch,
     ulnic_dir: &Path,
     scratch: &Path,
 ) -> anyhow::Result<f64> {
-    match p {
-        Peer::Internal(t) => {
-            let spec = Spec {
-                workload,
-                transport: t,
-                size,
-                iters,
-                mode: Mode::Poll,
-                corrupt_at: None,
-                nodes: (0, 1),
-                payload: touch,
-                endpoints: 1,
-            };
-            let r: Record = run_one(&spec, ulnic_dir, scratch)?;
-            match workload {
-                Workload::Pingpong => r
-                    .median_ns
-                    .map(|ns| ns as f64 / 1e3)
-                    .ok_or_else(|| anyhow::anyhow!("no round trip measured")),
-                _ => r
-                    .mbytes_per_s
-                    .ok_or_else(|| anyhow::anyhow!("no rate measured")),
-            }
+    let spec = |transport, workload, mode| Spec {
+        workload,
+        transport,
+        size,
+        iters,
+        mode,
+        corrupt_at: None,
+        nodes: (0, 1),
+        payload: touch,
+        endpoints: 1,
+    };
+    let mbytes = |r: Record| {
+        r.mbytes_per_s
+            .ok_or_else(|| anyhow::anyhow!("no rate measured"))
+    };
+    match (p, kind) {
+        (Peer::Internal(Transport::Ulnic), Kind::RdmaWrite) => {
+            mbytes(ulnic_line(Direction::Write, size, iters, ulnic_dir)?)
         }
-        Peer::FiPingpong(provider, ep) => {
+        (Peer::Memcpy, _) => mbytes(memcpy_line(Direction::Write, size, iters)),
+        (Peer::Internal(t), Kind::Pingpong) => {
+            let r = run_one(&spec(t, Workload::Pingpong, Mode::Poll), ulnic_dir, scratch)?;
+            r.median_ns
+                .map(|ns| ns as f64 / 1e3)
+                .ok_or_else(|| anyhow::anyhow!("no round trip measured"))
+        }
+        (Peer::Internal(t), Kind::Stream) => mbytes(run_one(
+            &spec(t, Workload::Stream, Mode::Poll),
+            ulnic_dir,
+            scratch,
+        )?),
+        (Peer::Internal(t), Kind::Rate) => {
+            anyhow::ensure!(size > 0, "a message rate needs messages of at least a byte");
+            let r = run_one(&spec(t, Workload::Stream, Mode::Poll), ulnic_dir, scratch)?;
+            Ok(mbytes(r)? / f64::from(size))
+        }
+        (Peer::Blocking(t), Kind::BlockCpu) => {
+            // Both peers are children, the device a thread of this
+            // process (idle but for this run): the CPU time of all of them.
+            let before = cpu_seconds();
+            run_one(
+                &spec(t, Workload::Pingpong, Mode::Block),
+                ulnic_dir,
+                scratch,
+            )?;
+            let used = cpu_seconds() - before;
+            Ok(used * 1e6 / (iters + warmup(iters)) as f64)
+        }
+        (Peer::FiPingpong(provider, ep), _) => {
             fi_pingpong(provider, ep, size, iters, touch == Touch::WriteVerify)
         }
-        Peer::Sockperf => sockperf(size),
+        (Peer::Sockperf, _) => sockperf(size),
+        (Peer::Fabtest(tool, provider, extra), _) => {
+            let (mb, mmsg) = fabtest_bw(
+                tool,
+                provider,
+                extra,
+                size,
+                iters,
+                touch == Touch::WriteVerify,
+            )?;
+            Ok(if kind == Kind::Rate { mmsg } else { mb })
+        }
+        (p, k) => anyhow::bail!("{} does not run {}", p.name(), k.label()),
     }
+}
+
+/// CPU seconds used so far by this process and its waited-for children.
+fn cpu_seconds() -> f64 {
+    let usage = |who| {
+        // SAFETY: getrusage fills the struct it is given; a zeroed rusage
+        // is a valid value of that plain C struct.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `u` is a valid, writable rusage for the call.
+        unsafe { libc::getrusage(who, &mut u) };
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+        t(u.ru_utime) + t(u.ru_stime)
+    };
+    usage(libc::RUSAGE_SELF) + usage(libc::RUSAGE_CHILDREN)
+}
+
+/// A fabtests bandwidth test on loopback: (MB/s, millions of messages a
+/// second) from the client's result line for `size`. `-s 127.0.0.1` on
+/// both sides (the shm provider names its endpoints from it).
+fn fabtest_bw(
+    tool: &str,
+    provider: &str,
+    extra: &[&str],
+    size: u32,
+    iters: u64,
+    check: bool,
+) -> anyhow::Result<(f64, f64)> {
+    let port = free_port()?.to_string();
+    let common = |c: &mut Command| {
+        c.args(["-p", provider, "-s", "127.0.0.1"]).args(extra);
+        if check {
+            c.arg("-v");
+        }
+        c.arg("-S")
+            .arg(size.to_string())
+            .arg("-I")
+            .arg(iters.to_string());
+    };
+    let mut srv = Command::new(tool);
+    common(&mut srv);
+    let _server = Server(
+        srv.args(["-B", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut cli = Command::new(tool);
+        common(&mut cli);
+        let out = cli.args(["-P", &port, "127.0.0.1"]).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            return parse_fabtest_bw(&text, size)
+                .ok_or_else(|| anyhow::anyhow!("{tool} printed no result line: {text}"));
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{tool} -p {provider}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// MB/sec and Mxfers/sec of a fabtests bandwidth line for `size`
+/// (columns: bytes, iters, total, time, MB/sec, usec/xfer, Mxfers/sec).
+fn parse_fabtest_bw(text: &str, size: u32) -> Option<(f64, f64)> {
+    let label = fabtests_size(size);
+    text.lines().find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        if cols.len() < 7 || cols[0] != label {
+            return None;
+        }
+        Some((cols[4].parse().ok()?, cols[6].parse().ok()?))
+    })
 }
 
 /// sockperf's largest message.
@@ -410,5 +614,9 @@ mod tests {
                   sockperf: ---> percentile 50.000 =   12.197\n";
         assert_eq!(parse_sockperf(sp), Some(12.197));
         assert_eq!(parse_sockperf("nothing"), None);
+        let bw = "bytes   iters   total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+                  8       100k    781k        0.05s     17.71       0.45       2.21\n";
+        assert_eq!(parse_fabtest_bw(bw, 8), Some((17.71, 2.21)));
+        assert_eq!(parse_fabtest_bw(bw, 64), None);
     }
 }

@@ -696,7 +696,7 @@ impl UlnicLink {
 
 // ---------------------------------------------------------------- workloads
 
-fn warmup(iters: u64) -> u64 {
+pub(crate) fn warmup(iters: u64) -> u64 {
     (iters / 10).clamp(10, 10_000)
 }
 
