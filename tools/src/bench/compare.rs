@@ -401,8 +401,7 @@ fn fabtest_bw(
     iters: u64,
     check: bool,
 ) -> anyhow::Result<(f64, f64)> {
-    let port = free_port()?.to_string();
-    let common = |c: &mut Command| {
+    let args = |c: &mut Command| {
         c.args(["-p", provider, "-s", "127.0.0.1"]).args(extra);
         if check {
             c.arg("-v");
@@ -412,8 +411,22 @@ fn fabtest_bw(
             .arg("-I")
             .arg(iters.to_string());
     };
+    let text = fabtests_pair(tool, provider, &args)?;
+    parse_fabtest_bw(&text, size)
+        .ok_or_else(|| anyhow::anyhow!("{tool} printed no result line: {text}"))
+}
+
+/// Runs a fabtests program's server (`-B port`) and client (`-P port
+/// 127.0.0.1`) on loopback, each with `args`; the client's output. The
+/// client is started again while the server is not listening yet.
+fn fabtests_pair(
+    tool: &str,
+    provider: &str,
+    args: &dyn Fn(&mut Command),
+) -> anyhow::Result<String> {
+    let port = free_port()?.to_string();
     let mut srv = Command::new(tool);
-    common(&mut srv);
+    args(&mut srv);
     let _server = Server(
         srv.args(["-B", &port])
             .stdout(Stdio::null())
@@ -423,12 +436,10 @@ fn fabtest_bw(
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut cli = Command::new(tool);
-        common(&mut cli);
+        args(&mut cli);
         let out = cli.args(["-P", &port, "127.0.0.1"]).output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
         if out.status.success() {
-            return parse_fabtest_bw(&text, size)
-                .ok_or_else(|| anyhow::anyhow!("{tool} printed no result line: {text}"));
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -481,7 +492,6 @@ fn fi_pingpong(
     iters: u64,
     check: bool,
 ) -> anyhow::Result<f64> {
-    let port = free_port()?.to_string();
     let common = |c: &mut Command| {
         c.args(["-p", provider, "-e", ep]);
         if check {
@@ -492,32 +502,9 @@ fn fi_pingpong(
             .arg("-I")
             .arg(iters.to_string());
     };
-    let mut srv = Command::new("fi_pingpong");
-    common(&mut srv);
-    let _server = Server(
-        srv.args(["-B", &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    // The server listens on its control port a moment after it starts.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut cli = Command::new("fi_pingpong");
-        common(&mut cli);
-        let out = cli.args(["-P", &port, "127.0.0.1"]).output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if out.status.success() {
-            return parse_fi_pingpong(&text, size)
-                .ok_or_else(|| anyhow::anyhow!("fi_pingpong printed no result line: {text}"));
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "fi_pingpong -p {provider}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let text = fabtests_pair("fi_pingpong", provider, &common)?;
+    parse_fi_pingpong(&text, size)
+        .ok_or_else(|| anyhow::anyhow!("fi_pingpong printed no result line: {text}"))
 }
 
 /// `size` as fabtests print it: whole kilo-, mega- or gigabytes (of 1024)
