@@ -14,6 +14,11 @@ use ulnic::Nic;
 
 /// Two nodes with room for 64 sockets each, and a socket context on each.
 fn nets() -> (tempfile::TempDir, ulnic_device::Device, Net, Net) {
+    nets_with(SockConfig::default(), SockConfig::default())
+}
+
+/// As `nets`, node 0's sockets set up as `a`, node 1's as `b`.
+fn nets_with(a: SockConfig, b: SockConfig) -> (tempfile::TempDir, ulnic_device::Device, Net, Net) {
     let dir = tempfile::tempdir().unwrap();
     let config = ulnic_device::Configuration::builder(ulnic_device::Configuration::socket_paths(
         dir.path(),
@@ -23,14 +28,13 @@ fn nets() -> (tempfile::TempDir, ulnic_device::Device, Net, Net) {
     .build()
     .unwrap();
     let dev = ulnic_device::Device::start(config).unwrap();
-    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
-    let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
-    let cfg = SockConfig::default();
+    let na = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let nb = Nic::attach(&common::socket(&dev, 1)).unwrap();
     (
         dir,
         dev,
-        Net::new(&a, cfg).unwrap(),
-        Net::new(&b, cfg).unwrap(),
+        Net::new(&na, a).unwrap(),
+        Net::new(&nb, b).unwrap(),
     )
 }
 
@@ -372,15 +376,6 @@ fn many_connections_at_once_each_keep_their_own_bytes() {
 fn sides_with_different_buffer_sizes_keep_every_byte() {
     // The server's hello offers buffers four times the client's send
     // slots: the client must still send no more than a slot holds.
-    let dir = tempfile::tempdir().unwrap();
-    let config = ulnic_device::Configuration::builder(ulnic_device::Configuration::socket_paths(
-        dir.path(),
-        2,
-    ))
-    .max_endpoints(64)
-    .build()
-    .unwrap();
-    let dev = ulnic_device::Device::start(config).unwrap();
     let small = SockConfig {
         buffer: 16 << 10,
         ..SockConfig::default()
@@ -389,8 +384,7 @@ fn sides_with_different_buffer_sizes_keep_every_byte() {
         buffer: 64 << 10,
         ..SockConfig::default()
     };
-    let a = Net::new(&Nic::attach(&common::socket(&dev, 0)).unwrap(), small).unwrap();
-    let b = Net::new(&Nic::attach(&common::socket(&dev, 1)).unwrap(), large).unwrap();
+    let (_dir, _dev, a, b) = nets_with(small, large);
     let (c, mut s) = pair(&a, &b, 9);
     let sent = pattern(5, 0, 1 << 20);
     let echo = thread::scope(|t| {

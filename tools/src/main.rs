@@ -2489,7 +2489,7 @@ fn run_compare(
     dir: &std::path::Path,
     scratch: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use crate::bench::compare::{compare, Kind, Options};
+    use crate::bench::compare::{compare, Options};
     anyhow::ensure!(a.rounds > 0, "--rounds must be at least 1");
     // Without --size: 8-byte and 64 KiB round trips, 8-byte blocking
     // round trips and message rate, 64 KiB streams and RDMA writes (the
@@ -2530,23 +2530,12 @@ fn run_compare(
         "{:<10} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}",
         "workload", "bytes", "peer", "payload", "stat", "figure", "ulnic/peer"
     );
-    let kinds = [
-        Kind::Pingpong,
-        Kind::BlockCpu,
-        Kind::Stream,
-        Kind::Rate,
-        Kind::RdmaWrite,
-    ];
     for r in &rows {
-        let kind = kinds.iter().find(|k| k.label() == r.workload);
-        let figure = match (r.value, kind) {
-            (Some(v), Some(k)) => k.show(v),
-            _ => "-".into(),
-        };
+        let figure = r.value.map_or("-".into(), |v| r.workload.show(v));
         let ratio = r.ulnic_ratio.map_or("-".into(), |x| format!("{x:.2}x"));
         println!(
             "{:<10} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}{}",
-            r.workload,
+            r.workload.label(),
             r.size,
             r.peer,
             r.payload,

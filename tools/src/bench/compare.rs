@@ -21,8 +21,10 @@ use super::pingpong::{run_one, warmup, Mode, Spec, Transport, Workload};
 use super::rdma::{memcpy_line, ulnic_line, Direction};
 use super::record::Record;
 
-/// What a section of the comparison measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a section of the comparison measures (its JSON name: the
+/// variant's in kebab case, as [`Kind::label`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Kind {
     /// Round trips, receivers polling: microseconds.
     Pingpong,
@@ -38,7 +40,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Its name in the table and the JSON.
+    /// Its name in the table.
     pub fn label(self) -> &'static str {
         match self {
             Kind::Pingpong => "pingpong",
@@ -69,8 +71,6 @@ enum Peer {
     FiPingpong(&'static str, &'static str),
     /// `sockperf ping-pong --tcp --full-rtt`.
     Sockperf,
-    /// A transport of `ulnic bench` with receivers blocking.
-    Blocking(Transport),
     /// memcpy between two buffers of this process (the RDMA baseline).
     Memcpy,
     /// A fabtests bandwidth test: tool, provider, its other arguments.
@@ -86,7 +86,6 @@ impl Peer {
             Peer::Internal(Transport::Tcp) => "tcp loopback".into(),
             Peer::FiPingpong(p, _) => format!("fi_pingpong {p}"),
             Peer::Sockperf => "sockperf tcp".into(),
-            Peer::Blocking(t) => Peer::Internal(t).name(),
             Peer::Memcpy => "memcpy".into(),
             Peer::Fabtest(tool, p, _) => format!("{tool} {p}"),
         }
@@ -98,7 +97,7 @@ impl Peer {
     /// touches payloads.
     fn rules(self, touch: Touch) -> (&'static str, &'static str) {
         match self {
-            Peer::Internal(_) | Peer::Blocking(_) => (touch.label(), "median"),
+            Peer::Internal(_) => (touch.label(), "median"),
             Peer::FiPingpong(..) if touch == Touch::WriteVerify => ("fill+check (-c)", "mean"),
             Peer::FiPingpong(..) => ("none", "mean"),
             Peer::Sockperf => ("none", "median"),
@@ -112,29 +111,23 @@ impl Peer {
     /// Why it cannot run here with messages of `size` bytes, if it
     /// cannot.
     fn missing(self, size: u32) -> Option<String> {
-        let (tool, package) = match self {
-            Peer::Internal(_) | Peer::Blocking(_) | Peer::Memcpy => return None,
+        let (tool, hint) = match self {
+            Peer::Internal(_) | Peer::Memcpy => return None,
             Peer::Fabtest(tool, ..) => (
                 tool,
-                "fabtests: Debian does not package them; docs/benchmarks.md says how to build them from libfabric's source",
+                "fabtests, which Debian does not package: README.md, under `ulnic bench compare`, says how to build them",
             ),
-            Peer::FiPingpong(..) => ("fi_pingpong", "libfabric-bin"),
+            Peer::FiPingpong(..) => ("fi_pingpong", "apt install libfabric-bin"),
             Peer::Sockperf if size > SOCKPERF_MAX => {
                 return Some(format!(
                     "sockperf's messages are at most {SOCKPERF_MAX} bytes"
                 ))
             }
-            Peer::Sockperf => ("sockperf", "sockperf"),
+            Peer::Sockperf => ("sockperf", "apt install sockperf"),
         };
         let found = std::env::var_os("PATH")
             .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-        (!found).then(|| {
-            if package.contains(' ') {
-                format!("{tool} not found ({package})")
-            } else {
-                format!("{tool} not found (apt install {package})")
-            }
-        })
+        (!found).then(|| format!("{tool} not found ({hint})"))
     }
 }
 
@@ -144,7 +137,7 @@ pub struct Row {
     /// "pingpong" (round trip polling, us), "block-cpu" (CPU time per
     /// round trip blocking, us), "stream" (MB/s), "rate" (M msg/s) or
     /// "rdma-write" (MB/s).
-    pub workload: &'static str,
+    pub workload: Kind,
     /// Message size in bytes.
     pub size: u32,
     /// The peer.
@@ -206,8 +199,8 @@ pub fn compare(
         Peer::Sockperf,
     ];
     let block_peers = [
-        Peer::Blocking(Transport::Ulnic),
-        Peer::Blocking(Transport::Unix),
+        Peer::Internal(Transport::Ulnic),
+        Peer::Internal(Transport::Unix),
     ];
     let tagged = Peer::Fabtest("fi_rdm_tagged_bw", "shm", &[]);
     let stream_peers = [
@@ -241,7 +234,7 @@ pub fn compare(
             for &p in peers {
                 let (payload, statistic) = p.rules(o.touch);
                 rows.push(Row {
-                    workload: kind.label(),
+                    workload: kind,
                     size,
                     peer: p.name(),
                     payload,
@@ -255,7 +248,7 @@ pub fn compare(
             for r in 0..o.rounds {
                 say(&format!(
                     "compare: {} {size} B, round {} of {}",
-                    rows[first].workload,
+                    kind.label(),
                     r + 1,
                     o.rounds
                 ));
@@ -345,7 +338,7 @@ fn measure(
             let r = run_one(&spec(t, Workload::Stream, Mode::Poll), ulnic_dir, scratch)?;
             Ok(mbytes(r)? / f64::from(size))
         }
-        (Peer::Blocking(t), Kind::BlockCpu) => {
+        (Peer::Internal(t), Kind::BlockCpu) => {
             // Both peers are children, the device a thread of this
             // process (idle but for this run): the CPU time of all of them.
             let before = cpu_seconds();
