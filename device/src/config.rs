@@ -54,7 +54,7 @@ pub struct Configuration {
 
 impl Configuration {
     /// A builder for a device with one port per socket (port `i` is node
-    /// `i`), with the defaults: 8 endpoints per port, 500 us of polling
+    /// `i`), with the defaults: 8 endpoints per port, 200 us of polling
     /// before sleeping, the default tripwire cap and UTLB cache.
     pub fn builder(sockets: Vec<PathBuf>) -> ConfigurationBuilder {
         ConfigurationBuilder(Configuration {
@@ -228,7 +228,7 @@ impl Configuration {
 pub const DEFAULT_ENDPOINTS: u32 = 8;
 
 /// Polling time before the engine sleeps, unless set.
-pub const DEFAULT_POLL_FOR: Duration = Duration::from_micros(500);
+pub const DEFAULT_POLL_FOR: Duration = Duration::from_micros(200);
 
 /// Builds a [`Configuration`]; [`ConfigurationBuilder::build`] checks it.
 #[derive(Debug, Clone)]

@@ -168,3 +168,56 @@ fn one_call_takes_every_notification_of_a_domain() {
     assert!(!readable(fd, 50), "readable after everything was taken");
     assert!(pb.take_notified().unwrap().is_empty());
 }
+
+/// With an engine that sleeps as soon as it is idle, every blocking
+/// message's doorbell comes while it sleeps: the port thread that
+/// receives the kick serves the send and wakes the receiver itself
+/// (spec §5.8), and every message of the ping-pong arrives intact.
+#[test]
+fn kicks_while_the_engine_sleeps_are_served_by_the_port_thread() {
+    let (dev, _dir) = common::device_polling_for(2, Duration::ZERO);
+    let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut ea = pa.create_endpoint(&EndpointConfig::default()).unwrap();
+    let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
+    ea.bind(10).unwrap();
+    eb.bind(20).unwrap();
+    let served = || {
+        dev.snapshot()
+            .totals
+            .named()
+            .into_iter()
+            .find(|(k, _)| *k == "kicks_served_asleep")
+            .map(|(_, v)| v)
+            .unwrap()
+    };
+    let before = served();
+    let receive = |ep: &mut ulnic::Endpoint| loop {
+        if let Some(m) = ep.poll_recv() {
+            break m;
+        }
+        assert!(
+            ep.wait(Duration::from_secs(10)).unwrap(),
+            "no message within 10 s"
+        );
+    };
+    const ROUNDS: u32 = 200;
+    for i in 0..ROUNDS {
+        let ping = i.to_le_bytes();
+        ea.post_send_inline(Address { node: 1, port: 20 }, i, &ping, 1)
+            .unwrap();
+        let m = receive(&mut eb);
+        assert_eq!(m.tag, i);
+        assert!(matches!(m.payload, Payload::Inline(d) if d[..4] == ping));
+        eb.post_send_inline(Address { node: 0, port: 10 }, i, &ping, 1)
+            .unwrap();
+        let m = receive(&mut ea);
+        assert!(matches!(m.payload, Payload::Inline(d) if d[..4] == ping));
+    }
+    let served = served() - before;
+    // Each of the 400 sends rang a doorbell; the engine, idle between
+    // them, was asleep for (nearly) all.
+    assert!(served > 0, "no kick was served by a port thread");
+    assert!(served <= 2 * u64::from(ROUNDS) + 8, "{served} kicks served");
+}

@@ -801,7 +801,7 @@ struct DeviceArgs {
     endpoints: u32,
     /// Microseconds the data-path engine keeps polling after its last work
     /// before it sleeps and asks drivers for doorbells.
-    #[arg(long, default_value_t = 200, value_name = "US")]
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64, value_name = "US")]
     poll_us: u64,
     /// Tripwires each endpoint may set (their fired flags live in the
     /// endpoint's control block, so at most 3072).

@@ -4,6 +4,7 @@
 //! for a doorbell, which names them in their domain's bitmap, so a kick
 //! costs the same however many endpoints there are.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ulnic_abi::{DOORBELL_QUEUES, FIRST_DOORBELL_QUEUE, RESIDENT_MAX};
@@ -12,19 +13,21 @@ use vm_memory::GuestMemoryMmap;
 use crate::memory::guest::{self, full_fence};
 use crate::nic::node::Node;
 
-impl Node {
-    /// Records a kick of virtqueue `queue`, if it is a doorbell queue (the
-    /// engine looks at the domain's bitmap on its next pass).
-    pub fn kick(&mut self, queue: u16) {
-        let slot = u32::from(queue).wrapping_sub(u32::from(FIRST_DOORBELL_QUEUE));
-        if slot < DOORBELL_QUEUES {
-            self.kicked |= 1 << slot;
-        }
+/// Records a kick of virtqueue `queue` in a port's `kicked` word, if it is
+/// a doorbell queue (the engine looks at the domain's bitmap on its next
+/// pass). Sequentially consistent: the caller then reads whether the
+/// engine sleeps, which the engine wrote before reading these words.
+pub fn record_kick(kicked: &AtomicU64, queue: u16) {
+    let slot = u32::from(queue).wrapping_sub(u32::from(FIRST_DOORBELL_QUEUE));
+    if slot < DOORBELL_QUEUES {
+        kicked.fetch_or(1 << slot, Ordering::SeqCst);
     }
+}
 
+impl Node {
     /// Whether doorbells wait to be looked at.
     pub fn doorbells_waiting(&self) -> bool {
-        self.kicked != 0 || !self.rung.is_empty()
+        self.kicked.load(Ordering::Relaxed) != 0 || !self.rung.is_empty()
     }
 
     /// Takes the doorbells rung since the last look: clears each kicked
@@ -32,7 +35,7 @@ impl Node {
     /// every endpoint of that domain whose bit was set resident. Bits
     /// naming no endpoint, or another domain's, are ignored.
     pub fn take_doorbells(&mut self, mem: &GuestMemoryMmap<()>, now: Instant) {
-        let mut kicked = std::mem::take(&mut self.kicked);
+        let mut kicked = self.kicked.swap(0, Ordering::SeqCst);
         let words = self.endpoints.len().div_ceil(64) as u64;
         // Those that left with work waiting come back first.
         let mut rung = std::mem::take(&mut self.rung);

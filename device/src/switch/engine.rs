@@ -1,6 +1,8 @@
 //! The data-path engine: one thread that polls the resident endpoints while
 //! there is work, yields the core between passes, and after `poll_for` of
-//! idleness asks every endpoint for doorbells and sleeps until one rings.
+//! idleness (at once when no endpoint is resident) asks every endpoint for
+//! doorbells and sleeps; a doorbell rung meanwhile is served by the thread
+//! that receives it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -33,7 +35,11 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
             continue;
         }
         switch.disconnect_faulted();
-        if switch.lock().poll() > 0 {
+        let (work, resident) = {
+            let mut ports = switch.lock();
+            (ports.poll(), ports.resident_total())
+        };
+        if work > 0 {
             idle_since = Instant::now();
             switch.mark_busy(idle_since);
             continue;
@@ -48,7 +54,9 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
             idle_since = Instant::now();
             continue;
         }
-        if idle_since.elapsed() < poll_for {
+        // With no endpoint resident there is nothing to poll: every one
+        // rings when it sends.
+        if resident > 0 && idle_since.elapsed() < poll_for {
             std::thread::yield_now();
             continue;
         }
@@ -65,8 +73,10 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
         // Those that had descriptors stay; if one more pass cannot move
         // them either, they wait for the fabric's next event.
         let stayed = switch.lock().leave_all();
+        // While it sleeps, a kick is served by the thread that receives
+        // it (`Switch::kicked`).
         if stayed == 0 || switch.lock().poll() == 0 {
-            switch.sleep(sleep);
+            switch.sleep_for_doorbells(sleep);
         }
         idle_since = Instant::now();
     }

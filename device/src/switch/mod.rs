@@ -10,7 +10,7 @@ pub mod snapshot;
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use log::{error, info};
@@ -40,6 +40,11 @@ pub struct Switch {
     /// Set to hold the engine still (the drain benchmark fills rings
     /// first); control commands still run.
     pub paused: AtomicBool,
+    /// Set while the engine sleeps waiting for doorbells: a kick is then
+    /// served by the thread that received it (`kicked`).
+    sleeping: AtomicBool,
+    /// Each port's `Node::kicked` word, reachable without the lock.
+    kicks: Vec<Arc<AtomicU64>>,
     /// When the engine last finished a pass that moved something, in
     /// nanoseconds after `born` (the drain benchmark's end, read without
     /// a lock or a thread polling beside the engines).
@@ -76,7 +81,7 @@ impl Switch {
         config: &Configuration,
         me: usize,
         switch_owner: Vec<usize>,
-        shared: std::sync::Arc<crate::fabric::span::MemoryShared>,
+        shared: Arc<crate::fabric::span::MemoryShared>,
     ) -> Result<Switch, Error> {
         let fabric = config
             .fabric()
@@ -94,6 +99,7 @@ impl Switch {
         ports.utlb.cache = TranslationCache::new(config.utlb_cache());
         ports.network = network;
         let udp = ports.network.as_ref().and_then(Network::wire_fd);
+        let kicks = ports.nodes.iter().map(|n| n.kicked.clone()).collect();
         Ok(Switch {
             udp,
             ports: Mutex::new(ports),
@@ -103,6 +109,8 @@ impl Switch {
             })?,
             stop: AtomicBool::new(false),
             paused: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            kicks,
             busy_at: AtomicU64::new(0),
             born: Instant::now(),
             max_endpoints: config.max_endpoints(),
@@ -304,6 +312,50 @@ impl Switch {
             .nodes
             .get(node as usize)
             .and_then(|n| n.reset_at)
+    }
+
+    /// A kick of port `node`'s virtqueue `queue` (a doorbell, spec §5.8).
+    /// While the engine runs, it is recorded for the engine's next pass,
+    /// without the lock. While the engine sleeps, this thread does the
+    /// pass the engine would have woken for: the kicked endpoints' sends
+    /// are served and their receivers notified from here, one thread
+    /// wake-up fewer per blocking message. The engine is woken only when
+    /// endpoints stay resident (sends this pass could not serve).
+    pub fn kicked(&self, node: u32, queue: u16) {
+        let Some(kicked) = self.kicks.get(node as usize) else {
+            return;
+        };
+        crate::nic::doorbell::record_kick(kicked, queue);
+        // Pairs with `sleep_for_doorbells`: either it sees the kick and
+        // does not sleep, or this sees it sleeping.
+        if !self.sleeping.load(Ordering::SeqCst) {
+            return;
+        }
+        if self.paused.load(Ordering::Relaxed) {
+            // Served when the pause ends (which wakes the engine).
+            return;
+        }
+        self.disconnect_faulted();
+        let mut ports = self.lock();
+        ports.counters.kicks_served_asleep += 1;
+        if ports.poll() > 0 {
+            self.mark_busy(Instant::now());
+        }
+        if ports.resident_total() > 0 && ports.leave_all() > 0 {
+            drop(ports);
+            self.wake();
+        }
+    }
+
+    /// The engine's sleep when idle: until woken, a kick or `timeout`.
+    /// Returns at once if a kick came since the engine last looked.
+    pub fn sleep_for_doorbells(&self, timeout: Duration) {
+        self.sleeping.store(true, Ordering::SeqCst);
+        let kicked = self.kicks.iter().any(|k| k.load(Ordering::SeqCst) != 0);
+        if !kicked {
+            self.sleep(timeout);
+        }
+        self.sleeping.store(false, Ordering::SeqCst);
     }
 
     /// Sleeps until woken or `timeout`.

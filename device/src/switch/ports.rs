@@ -51,6 +51,9 @@ pub struct Counters {
     /// sender's endpoint is gone, or too many waited for its buffers);
     /// their TX_ERROR event was posted all the same.
     pub returns_lost: u64,
+    /// Kicks that came while the engine slept, served by the port thread
+    /// that received them (spec §5.8).
+    pub kicks_served_asleep: u64,
 }
 
 summable!(Counters {
@@ -60,7 +63,8 @@ summable!(Counters {
     closes_delivered,
     closes_undeliverable,
     returned_to_sender,
-    returns_lost
+    returns_lost,
+    kicks_served_asleep
 });
 
 /// What became of a send descriptor.
@@ -344,6 +348,12 @@ impl Ports {
         mems.clear();
         self.mems = mems;
         work
+    }
+
+    /// How many endpoints are resident on all ports (those the engine
+    /// polls).
+    pub fn resident_total(&self) -> usize {
+        self.nodes.iter().map(|n| n.resident.len()).sum()
     }
 
     /// Before the engine sleeps: every resident endpoint of every port

@@ -352,11 +352,10 @@ impl VhostUserBackend for PortBackend {
                 Ok(())
             }
             q => {
-                // A domain's doorbell: the engine reads its bitmap on its
-                // next pass (spec §5.8) and counts a doorbell for each
-                // endpoint named there.
-                self.switch.lock().nodes[self.node as usize].kick(q);
-                self.switch.wake();
+                // A domain's doorbell: its bitmap is read on the engine's
+                // next pass, or now if the engine sleeps (spec §5.8),
+                // counting a doorbell for each endpoint named there.
+                self.switch.kicked(self.node, q);
                 Ok(())
             }
         }

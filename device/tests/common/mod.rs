@@ -11,13 +11,19 @@ pub mod raw;
 /// A device with `nodes` ports on sockets in a fresh temporary directory
 /// (removed when the returned guard drops).
 pub fn device(nodes: u32) -> (Device, tempfile::TempDir) {
+    device_polling_for(nodes, Duration::from_micros(200))
+}
+
+/// As `device`, with an engine that polls for `poll_for` after its last
+/// work before it sleeps.
+pub fn device_polling_for(nodes: u32, poll_for: Duration) -> (Device, tempfile::TempDir) {
     let _ = env_logger::builder().is_test(true).try_init();
     let dir = tempfile::Builder::new()
         .prefix("ulnic-test-")
         .tempdir()
         .unwrap();
     let config = Configuration::builder(Configuration::socket_paths(dir.path(), nodes))
-        .poll_for(Duration::from_micros(200))
+        .poll_for(poll_for)
         .build()
         .expect("a valid configuration");
     (Device::start(config).expect("device starts"), dir)
