@@ -946,6 +946,12 @@ struct BenchArgs {
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     endpoints: u32,
+    /// compare: also boot QEMU guests (TCG unless KVM works here; the
+    /// guest image is built on first use): 8-byte round trips between two
+    /// guests over ulnic against kernel TCP on their virtio-net link, and
+    /// how long `cluster up` takes for 2 and for 8 guests. Adds minutes.
+    #[arg(long)]
+    guests: bool,
     #[command(flatten)]
     apps: crate::bench::apps::AppsArgs,
 }
@@ -2509,11 +2515,39 @@ fn run_compare(
         stream_sizes: sizes(&[65536]),
         rate_sizes: sizes(&[8]),
         rdma_sizes: sizes(&[65536]),
+        endpoint_sizes: sizes(&[8]),
         rounds: a.rounds,
         iters: a.iters.unwrap_or(2000),
         stream_iters: a.iters.unwrap_or(3000),
         rate_iters: a.iters.unwrap_or(100_000),
         touch: a.payload,
+        endpoints: None,
+        guests: a.guests,
+    };
+    // The endpoints section: round trips with thousands of endpoints open
+    // on each port against one, on a device whose ports have room for
+    // them (or on the one given with --device-dir).
+    let many = if a.endpoints > 1 {
+        a.endpoints
+    } else {
+        ulnic_abi::MAX_ENDPOINTS_LIMIT
+    };
+    let mut _endpoints_device = None;
+    let endpoints_dir = match &a.device_dir {
+        Some(d) => d.clone(),
+        None => {
+            let d = scratch.join("endpoints");
+            std::fs::create_dir_all(&d)?;
+            let config = Configuration::builder(Configuration::socket_paths(&d, 2))
+                .max_endpoints((many + 4).min(ulnic_abi::MAX_ENDPOINTS_LIMIT))
+                .build()?;
+            _endpoints_device = Some(Device::start(config)?);
+            d
+        }
+    };
+    let o = Options {
+        endpoints: Some((many, endpoints_dir)),
+        ..o
     };
     let rows = compare(&o, dir, scratch, &mut |l| eprintln!("{l}"))?;
     if a.json {
@@ -2527,16 +2561,21 @@ fn run_compare(
         a.rounds
     );
     println!(
-        "{:<10} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}",
+        "{:<11} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}",
         "workload", "bytes", "peer", "payload", "stat", "figure", "ulnic/peer"
     );
     for r in &rows {
         let figure = r.value.map_or("-".into(), |v| r.workload.show(v));
         let ratio = r.ulnic_ratio.map_or("-".into(), |x| format!("{x:.2}x"));
+        let size = if r.workload == crate::bench::compare::Kind::ClusterUp {
+            "-".to_string()
+        } else {
+            r.size.to_string()
+        };
         println!(
-            "{:<10} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}{}",
+            "{:<11} {:>6}  {:<21} {:<16} {:<7} {:>14}  {:>10}{}",
             r.workload.label(),
-            r.size,
+            size,
             r.peer,
             r.payload,
             r.statistic,
@@ -2547,7 +2586,7 @@ fn run_compare(
                 .map_or(String::new(), |m| format!("  missing: {m}"))
         );
     }
-    println!("(pingpong and block-cpu: ulnic/peer below 1 is ulnic ahead; stream, rate and rdma-write: above 1 is. block-cpu: user+system time of both peers and the device per round trip, warm-up and start-up included)");
+    println!("(pingpong, block-cpu, endpoints and vm-pingpong: ulnic/peer below 1 is ulnic ahead (endpoints: RTT with the many over RTT with one); stream, rate and rdma-write: above 1 is. block-cpu: user+system time of both peers and the device per round trip, warm-up and start-up included; cluster-up: seconds until every guest is ready, guest image cached)");
     Ok(())
 }
 

@@ -293,7 +293,17 @@ fn compare_runs_ulnic_beside_the_baselines_and_debians_peers() {
     // not be missing here; fabtests (not packaged by Debian) may be, and
     // then say so and what to do, with no figure.
     let rows = bench_json(&[
-        "bench", "compare", "--rounds", "2", "--iters", "200", "--size", "16", "--json",
+        "bench",
+        "compare",
+        "--rounds",
+        "2",
+        "--iters",
+        "200",
+        "--size",
+        "16",
+        "--endpoints",
+        "100",
+        "--json",
     ]);
     let peers: Vec<(&str, &str)> = rows
         .iter()
@@ -323,6 +333,8 @@ fn compare_runs_ulnic_beside_the_baselines_and_debians_peers() {
             ("rdma-write", "ulnic"),
             ("rdma-write", "memcpy"),
             ("rdma-write", "fi_rma_bw shm"),
+            ("endpoints", "ulnic, 100 endpoints"),
+            ("endpoints", "ulnic, 1 endpoint"),
         ]
     );
     for r in &rows {
@@ -345,7 +357,7 @@ fn compare_runs_ulnic_beside_the_baselines_and_debians_peers() {
     }
     // ulnic against itself, round by round, in every section.
     for (i, r) in rows.iter().enumerate() {
-        if r["peer"] == "ulnic" {
+        if r["peer"] == "ulnic" || r["peer"] == "ulnic, 100 endpoints" {
             assert_eq!(r["ulnic_ratio"], 1.0, "row {i}: {r}");
         }
     }
@@ -366,9 +378,11 @@ fn compare_runs_ulnic_beside_the_baselines_and_debians_peers() {
         "8",
         "--payload",
         "none",
+        "--endpoints",
+        "100",
         "--json",
     ]);
-    assert_eq!(rows.len(), 21);
+    assert_eq!(rows.len(), 23);
     for r in &rows {
         if r["peer"] != "memcpy" {
             assert_eq!(r["payload"], "none", "{r}");

@@ -170,6 +170,53 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
         .collect();
     cli::assert_apps_lines(&rows, "guests");
 
+    // The comparison's guest rows: round trips between two guests over
+    // ulnic and kernel TCP, and `cluster up` timed for 2 and 8 guests.
+    let (ok, out, err) = ulnic(&[
+        "bench",
+        "compare",
+        "--guests",
+        "--rounds",
+        "1",
+        "--iters",
+        "100",
+        "--size",
+        "8",
+        "--endpoints",
+        "70",
+        "--json",
+    ]);
+    assert!(ok, "bench compare --guests failed:\n{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let guest_rows: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| matches!(r["workload"].as_str(), Some("vm-pingpong" | "cluster-up")))
+        .map(|r| (r["workload"].as_str().unwrap(), r["peer"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        guest_rows,
+        [
+            ("vm-pingpong", "guests: ulnic"),
+            ("vm-pingpong", "guests: kernel tcp"),
+            ("cluster-up", "cluster up --nodes 2"),
+            ("cluster-up", "cluster up --nodes 8"),
+        ],
+        "{out}"
+    );
+    for r in rows.iter().rev().take(4) {
+        assert_eq!(r["missing"], serde_json::Value::Null, "{r}");
+        assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+        // cluster up has a goal, not a peer: no ratio.
+        assert_eq!(
+            r["ulnic_ratio"].is_null(),
+            r["workload"] == "cluster-up",
+            "{r}"
+        );
+    }
+
     // A failing node fails the run and shows why. (One test function: the
     // runs are heavy for 2 cores and better not overlap.)
     let (ok, _, err) = ulnic(&[

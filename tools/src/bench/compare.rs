@@ -4,7 +4,9 @@
 //! libfabric-bin over its shm and tcp providers; sockperf; fabtests'
 //! fi_rdm_tagged_bw, fi_msg_bw and fi_rma_bw, which Debian does not
 //! package), in interleaved rounds: round trips polling, CPU time per
-//! round trip blocking, streams, message rate and RDMA writes. Each ratio
+//! round trip blocking, streams, message rate, RDMA writes, round trips
+//! with thousands of endpoints open against one, and (asked for) round
+//! trips between QEMU guests and `cluster up` times. Each ratio
 //! is ulnic's figure over the peer's in the same round, and the median of
 //! those is reported, so a noisy round weighs on both sides. A peer that
 //! is not installed is reported missing, never as zero.
@@ -37,6 +39,15 @@ pub enum Kind {
     Rate,
     /// One-sided writes into the peer's memory: MB/s.
     RdmaWrite,
+    /// Round trips polling with thousands of endpoints open on each port
+    /// against one: microseconds.
+    Endpoints,
+    /// Round trips between processes on two QEMU guests, blocking (as
+    /// kernel TCP does): microseconds.
+    VmPingpong,
+    /// `ulnic cluster up` until every guest is ready, warm image cache:
+    /// seconds. No ratio: its goal is absolute.
+    ClusterUp,
 }
 
 impl Kind {
@@ -48,13 +59,17 @@ impl Kind {
             Kind::Stream => "stream",
             Kind::Rate => "rate",
             Kind::RdmaWrite => "rdma-write",
+            Kind::Endpoints => "endpoints",
+            Kind::VmPingpong => "vm-pingpong",
+            Kind::ClusterUp => "cluster-up",
         }
     }
 
     /// Its figure with the unit.
     pub fn show(self, v: f64) -> String {
         match self {
-            Kind::Pingpong => format!("{v:.2} us RTT"),
+            Kind::Pingpong | Kind::Endpoints | Kind::VmPingpong => format!("{v:.2} us RTT"),
+            Kind::ClusterUp => format!("{v:.1} s"),
             Kind::BlockCpu => format!("{v:.2} us CPU"),
             Kind::Rate => format!("{v:.2} M msg/s"),
             Kind::Stream | Kind::RdmaWrite => format!("{v:.0} MB/s"),
@@ -75,6 +90,14 @@ enum Peer {
     Memcpy,
     /// A fabtests bandwidth test: tool, provider, its other arguments.
     Fabtest(&'static str, &'static str, &'static [&'static str]),
+    /// ulnic ping-pong with this many endpoints open on each port (on the
+    /// device made for the endpoints section).
+    UlnicEndpoints(u32),
+    /// `ulnic cluster bench pingpong` on two guests: its ulnic line, or
+    /// (`Tcp`) its kernel TCP line over the guests' virtio-net.
+    Guests(Transport),
+    /// `ulnic cluster up --nodes N`.
+    ClusterUp(u32),
 }
 
 impl Peer {
@@ -88,6 +111,11 @@ impl Peer {
             Peer::Sockperf => "sockperf tcp".into(),
             Peer::Memcpy => "memcpy".into(),
             Peer::Fabtest(tool, p, _) => format!("{tool} {p}"),
+            Peer::UlnicEndpoints(1) => "ulnic, 1 endpoint".into(),
+            Peer::UlnicEndpoints(n) => format!("ulnic, {n} endpoints"),
+            Peer::Guests(Transport::Ulnic) => "guests: ulnic".into(),
+            Peer::Guests(_) => "guests: kernel tcp".into(),
+            Peer::ClusterUp(n) => format!("cluster up --nodes {n}"),
         }
     }
 
@@ -97,7 +125,10 @@ impl Peer {
     /// touches payloads.
     fn rules(self, touch: Touch) -> (&'static str, &'static str) {
         match self {
-            Peer::Internal(_) => (touch.label(), "median"),
+            Peer::Internal(_) | Peer::UlnicEndpoints(_) => (touch.label(), "median"),
+            // The guests' ping-pong writes and checks every byte both ways.
+            Peer::Guests(_) => ("write+verify", "median"),
+            Peer::ClusterUp(_) => ("-", "wall"),
             Peer::FiPingpong(..) if touch == Touch::WriteVerify => ("fill+check (-c)", "mean"),
             Peer::FiPingpong(..) => ("none", "mean"),
             Peer::Sockperf => ("none", "median"),
@@ -112,7 +143,11 @@ impl Peer {
     /// cannot.
     fn missing(self, size: u32) -> Option<String> {
         let (tool, hint) = match self {
-            Peer::Internal(_) | Peer::Memcpy => return None,
+            Peer::Internal(_)
+            | Peer::Memcpy
+            | Peer::UlnicEndpoints(_)
+            | Peer::Guests(_)
+            | Peer::ClusterUp(_) => return None,
             Peer::Fabtest(tool, ..) => (
                 tool,
                 "fabtests, which Debian does not package: README.md, under `ulnic bench compare`, says how to build them",
@@ -169,6 +204,8 @@ pub struct Options {
     pub rate_sizes: Vec<u32>,
     /// RDMA write sizes.
     pub rdma_sizes: Vec<u32>,
+    /// Sizes of the endpoints section's and the guests' round trips.
+    pub endpoint_sizes: Vec<u32>,
     /// Interleaved rounds.
     pub rounds: u32,
     /// Round trips per ping-pong run.
@@ -179,6 +216,13 @@ pub struct Options {
     pub rate_iters: u64,
     /// How payloads are touched (each row says what its peer did).
     pub touch: Touch,
+    /// The endpoints section: endpoints per port, and the socket
+    /// directory of a device whose ports have that many (and a few more);
+    /// `None` leaves the section out.
+    pub endpoints: Option<(u32, std::path::PathBuf)>,
+    /// Also boot QEMU guests: round trips between two of them, and how
+    /// long `cluster up` takes for 2 and for 8.
+    pub guests: bool,
 }
 
 /// Runs the comparison; `ulnic_dir` holds a running device's sockets
@@ -221,14 +265,39 @@ pub fn compare(
         Peer::Memcpy,
         Peer::Fabtest("fi_rma_bw", "shm", &["-e", "rdm", "-o", "write"]),
     ];
+    let endpoint_peers = match &o.endpoints {
+        Some((n, _)) => vec![Peer::UlnicEndpoints(*n), Peer::UlnicEndpoints(1)],
+        None => Vec::new(),
+    };
+    let (guest_peers, up_peers) = if o.guests {
+        (
+            vec![Peer::Guests(Transport::Ulnic), Peer::Guests(Transport::Tcp)],
+            vec![Peer::ClusterUp(2), Peer::ClusterUp(8)],
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let mut rows = Vec::new();
+    let mut guest_run = None;
     for (kind, sizes, peers) in [
-        (Kind::Pingpong, &o.pingpong_sizes, &pingpong_peers[..]),
+        (Kind::Pingpong, &o.pingpong_sizes[..], &pingpong_peers[..]),
         (Kind::BlockCpu, &o.block_sizes, &block_peers[..]),
         (Kind::Stream, &o.stream_sizes, &stream_peers[..]),
         (Kind::Rate, &o.rate_sizes, &rate_peers[..]),
         (Kind::RdmaWrite, &o.rdma_sizes, &rdma_peers[..]),
+        (Kind::Endpoints, &o.endpoint_sizes, &endpoint_peers),
+        (Kind::VmPingpong, &o.endpoint_sizes, &guest_peers),
+        (Kind::ClusterUp, &[0], &up_peers),
     ] {
+        if peers.is_empty() {
+            continue;
+        }
+        if matches!(kind, Kind::VmPingpong | Kind::ClusterUp) {
+            // Build the guest image (or find it cached) first, so no
+            // round's figure includes the build.
+            say("compare: guest image (built on first use)");
+            run_self(&["image", "build"])?;
+        }
         for &size in sizes {
             let first = rows.len();
             for &p in peers {
@@ -258,11 +327,21 @@ pub fn compare(
                         continue;
                     }
                     let iters = match kind {
-                        Kind::Pingpong | Kind::BlockCpu => o.iters,
+                        Kind::Pingpong | Kind::BlockCpu | Kind::Endpoints => o.iters,
                         Kind::Stream | Kind::RdmaWrite => o.stream_iters,
                         Kind::Rate => o.rate_iters,
+                        Kind::VmPingpong => o.iters.min(1000),
+                        Kind::ClusterUp => 1,
                     };
-                    match measure(p, kind, size, iters, o.touch, ulnic_dir, scratch) {
+                    let dir = match (&o.endpoints, kind) {
+                        (Some((_, d)), Kind::Endpoints) => d.as_path(),
+                        _ => ulnic_dir,
+                    };
+                    let at = Where {
+                        ulnic_dir: dir,
+                        scratch,
+                    };
+                    match measure(p, kind, size, iters, o.touch, &at, &mut guest_run) {
                         Ok(v) => row.rounds.push(v),
                         Err(e) => {
                             row.missing = Some(format!("failed: {e}"));
@@ -277,6 +356,9 @@ pub fn compare(
                     continue;
                 }
                 row.value = Some(median(row.rounds.clone()));
+                if kind == Kind::ClusterUp {
+                    continue;
+                }
                 let paired: Vec<f64> = ulnic.iter().zip(&row.rounds).map(|(u, p)| u / p).collect();
                 if !paired.is_empty() {
                     row.ulnic_ratio = Some(median(paired));
@@ -292,16 +374,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// One run of `p`, in `kind`'s unit.
+/// Where a run's sockets are: the ulnic device's directory (nodes 0 and
+/// 1) and a scratch directory for the baselines.
+struct Where<'a> {
+    ulnic_dir: &'a Path,
+    scratch: &'a Path,
+}
+
+/// One run of `p`, in `kind`'s unit. `guest_run` carries one guest
+/// ping-pong's lines from its ulnic peer to its TCP peer (one run of
+/// `cluster bench` measures both).
 fn measure(
     p: Peer,
     kind: Kind,
     size: u32,
     iters: u64,
     touch: Touch,
-    ulnic_dir: &Path,
-    scratch: &Path,
+    at: &Where,
+    guest_run: &mut Option<Vec<Record>>,
 ) -> anyhow::Result<f64> {
+    let Where { ulnic_dir, scratch } = *at;
     let spec = |transport, workload, mode| Spec {
         workload,
         transport,
@@ -364,6 +456,55 @@ fn measure(
                 touch == Touch::WriteVerify,
             )?;
             Ok(if kind == Kind::Rate { mmsg } else { mb })
+        }
+        (Peer::UlnicEndpoints(n), Kind::Endpoints) => {
+            let mut s = spec(Transport::Ulnic, Workload::Pingpong, Mode::Poll);
+            s.endpoints = n;
+            let r = run_one(&s, ulnic_dir, scratch)?;
+            r.median_ns
+                .map(|ns| ns as f64 / 1e3)
+                .ok_or_else(|| anyhow::anyhow!("no round trip measured"))
+        }
+        (Peer::Guests(t), Kind::VmPingpong) => {
+            if t == Transport::Ulnic {
+                let size = size.to_string();
+                let iters = iters.to_string();
+                let out = run_self(&[
+                    "cluster", "bench", "pingpong", "--nodes", "2", "--mode", "block", "--size",
+                    &size, "--iters", &iters, "--json",
+                ])?;
+                *guest_run = Some(
+                    out.lines()
+                        .filter_map(|l| serde_json::from_str::<Record>(l).ok())
+                        .collect(),
+                );
+            }
+            let want = if t == Transport::Ulnic {
+                "ulnic"
+            } else {
+                "tcp"
+            };
+            let records = guest_run
+                .as_ref()
+                .ok_or_else(|| anyhow::anyhow!("the guests' ulnic run failed"))?;
+            records
+                .iter()
+                .find(|r| r.transport.starts_with(want))
+                .and_then(|r| r.median_ns)
+                .map(|ns| ns as f64 / 1e3)
+                .ok_or_else(|| anyhow::anyhow!("cluster bench printed no {want} line"))
+        }
+        (Peer::ClusterUp(n), Kind::ClusterUp) => {
+            let name = format!("compare-{}", std::process::id());
+            let nodes = n.to_string();
+            let started = Instant::now();
+            let up = run_self(&["cluster", "up", "--nodes", &nodes, "--name", &name]);
+            let seconds = started.elapsed().as_secs_f64();
+            // Down whether or not it came up: nothing is left running.
+            let down = run_self(&["cluster", "down", "--name", &name]);
+            up?;
+            down?;
+            Ok(seconds)
         }
         (p, k) => anyhow::bail!("{} does not run {}", p.name(), k.label()),
     }
@@ -575,6 +716,28 @@ fn parse_sockperf(text: &str) -> Option<f64> {
         let rest = l.split("percentile 50.000 =").nth(1)?;
         rest.trim().parse().ok()
     })
+}
+
+/// Runs this very program with `args` (a cluster or the image builder,
+/// which live in the same binary), its progress on stderr passed
+/// through; its stdout, or an error with the tail of what it said.
+fn run_self(args: &[&str]) -> anyhow::Result<String> {
+    let exe = std::env::current_exe()?;
+    let out = Command::new(&exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    anyhow::ensure!(
+        out.status.success(),
+        "`ulnic {}` failed ({}): {}",
+        args.join(" "),
+        out.status,
+        stdout.lines().rev().take(3).collect::<Vec<_>>().join(" / ")
+    );
+    Ok(stdout)
 }
 
 #[cfg(test)]

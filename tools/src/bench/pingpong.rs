@@ -43,9 +43,12 @@ pub enum Workload {
     /// table size under each miss policy (Schoinas & Hill), against
     /// single-copy.
     Utlb,
-    /// ulnic ping-pong and stream beside the baselines and the peers a user
-    /// installs from Debian (fi_pingpong over shm and tcp, sockperf), in
-    /// interleaved rounds, with paired ratios; a peer not installed is
+    /// The performance table in one run: ulnic beside the baselines and
+    /// the peers a user installs (fi_pingpong over shm and tcp, sockperf,
+    /// fabtests) in interleaved rounds with paired ratios: round trips,
+    /// CPU per blocking round trip, streams, message rate, RDMA writes,
+    /// 4096 endpoints against one; with --guests, round trips between
+    /// QEMU guests and `cluster up` times. A peer not installed is
     /// reported missing.
     Compare,
     /// Unmodified Debian programs (redis-benchmark and redis-server,
