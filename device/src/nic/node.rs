@@ -181,23 +181,8 @@ impl Node {
         if !st.get_queue().ready() {
             return false;
         }
-        let mut popped = chain::pop_checked(st.get_queue_mut(), mem);
-        if let Ok(None) = popped {
-            // Out of buffers: ask for a kick when the driver posts more
-            // (the record waits in the backlog), then look once more, for
-            // a buffer posted before the driver could see the request.
-            if let Ok(true) = st.get_queue_mut().enable_notification(mem) {
-                popped = chain::pop_checked(st.get_queue_mut(), mem);
-            }
-        }
-        let chain = match popped {
-            Ok(Some(chain)) => {
-                // Buffers to spare: a driver reposting one need not kick
-                // (VRING_USED_F_NO_NOTIFY, spec §6), a system call and two
-                // thread wake-ups fewer per notification.
-                let _ = st.get_queue_mut().disable_notification(mem);
-                chain
-            }
+        let chain = match chain::pop_checked(st.get_queue_mut(), mem) {
+            Ok(Some(chain)) => chain,
             Ok(None) => return false,
             Err(RingFault::Indirect { head }) => {
                 warn!("notification buffer {head} uses indirect descriptors (not offered); completed empty");
@@ -325,63 +310,5 @@ impl Node {
     pub fn aperture_for(&self, c: &Cookie) -> Option<Aperture> {
         let a = *self.apertures.get(c.aperture)?;
         (a.generation == c.generation && a.key == c.key).then_some(a)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use virtio_bindings::virtio_ring::{VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY};
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
-
-    const BUFFERS: u64 = 0x8000;
-
-    /// A node whose notification queue is `mock`'s rings, with `posted`
-    /// record buffers posted.
-    fn node_with_buffers(
-        mem: &GuestMemoryMmap<()>,
-        mock: &MockSplitQueue<GuestMemoryMmap<()>>,
-        posted: u16,
-    ) -> Node {
-        let vring = VringRwLock::new(GuestMemoryAtomic::new(mem.clone()), 16).unwrap();
-        vring.set_queue_size(16);
-        vring
-            .set_queue_info(
-                mock.desc_table_addr().0,
-                mock.avail_addr().0,
-                mock.used_addr().0,
-            )
-            .unwrap();
-        vring.set_queue_ready(true);
-        let descs: Vec<RawDescriptor> = (0..posted)
-            .map(|i| {
-                let addr = BUFFERS + 16 * u64::from(i);
-                SplitDescriptor::new(addr, 8, VRING_DESC_F_WRITE as u16, 0).into()
-            })
-            .collect();
-        mock.add_desc_chains(&descs, 0).unwrap();
-        let mut node = Node::new(0, 4);
-        node.notify = Some(vring);
-        node
-    }
-
-    #[test]
-    fn notification_queue_kicks_are_asked_for_only_when_buffers_run_out() {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
-        let mock = MockSplitQueue::new(&mem, 16);
-        let mut node = node_with_buffers(&mem, &mock, 2);
-        // The used ring's flags are its first u16.
-        let no_notify = || {
-            let flags: u16 = mem.read_obj(mock.used_addr()).unwrap();
-            u16::from_le(flags) & VRING_USED_F_NO_NOTIFY as u16 != 0
-        };
-        assert!(node.push_notification(&mem, 1));
-        assert!(no_notify(), "a buffer to spare: reposting needs no kick");
-        assert!(node.push_notification(&mem, 2));
-        assert!(!node.push_notification(&mem, 3), "no buffer left");
-        assert!(!no_notify(), "out of buffers: the next repost must kick");
-        assert_eq!(mock.used().idx().load(), 2);
     }
 }

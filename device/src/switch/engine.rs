@@ -1,8 +1,7 @@
 //! The data-path engine: one thread that polls the resident endpoints while
 //! there is work, yields the core between passes, and after `poll_for` of
-//! idleness (at once when no endpoint is resident) asks every endpoint for
-//! doorbells and sleeps; a doorbell rung meanwhile is served by the thread
-//! that receives it.
+//! idleness asks every endpoint for doorbells and sleeps; a doorbell rung
+//! meanwhile is served by the thread that receives it (`Switch::kicked`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,11 +34,7 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
             continue;
         }
         switch.disconnect_faulted();
-        let (work, resident) = {
-            let mut ports = switch.lock();
-            (ports.poll(), ports.resident_total())
-        };
-        if work > 0 {
+        if switch.lock().poll() > 0 {
             idle_since = Instant::now();
             switch.mark_busy(idle_since);
             continue;
@@ -54,9 +49,7 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
             idle_since = Instant::now();
             continue;
         }
-        // With no endpoint resident there is nothing to poll: every one
-        // rings when it sends.
-        if resident > 0 && idle_since.elapsed() < poll_for {
+        if idle_since.elapsed() < poll_for {
             std::thread::yield_now();
             continue;
         }

@@ -318,9 +318,10 @@ impl Switch {
     /// While the engine runs, it is recorded for the engine's next pass,
     /// without the lock. While the engine sleeps, this thread does the
     /// pass the engine would have woken for: the kicked endpoints' sends
-    /// are served and their receivers notified from here, one thread
-    /// wake-up fewer per blocking message. The engine is woken only when
-    /// endpoints stay resident (sends this pass could not serve).
+    /// are served and their receivers notified from here, without waiting
+    /// for the engine to wake. Then the engine is woken to poll them for
+    /// its idle period; with none (`poll_for` zero) it sleeps on, so a
+    /// blocking message costs the device one thread wake-up, not two.
     pub fn kicked(&self, node: u32, queue: u16) {
         let Some(kicked) = self.kicks.get(node as usize) else {
             return;
@@ -341,7 +342,15 @@ impl Switch {
         if ports.poll() > 0 {
             self.mark_busy(Instant::now());
         }
-        if ports.resident_total() > 0 && ports.leave_all() > 0 {
+        if ports.resident_total() == 0 {
+            return;
+        }
+        // With an idle period to poll for, the engine takes the kicked
+        // endpoints over, as it would have after waking (an owner that
+        // sends again soon is then polled, not rung for). Without one,
+        // they ask for doorbells again and the engine sleeps on, unless
+        // sends wait that this pass could not serve.
+        if !ports.resident_idle.is_zero() || ports.leave_all() > 0 {
             drop(ports);
             self.wake();
         }

@@ -547,7 +547,7 @@ impl HostAttach {
             queue.add(&self.memory, &[], &[(gpa, NOTIFY_RECORD)]);
             any = true;
         }
-        if any && queue.kick_wanted(&self.memory) {
+        if any {
             let _ = kick.write(1);
         }
         (any, others)

@@ -9,7 +9,6 @@ use crate::memory::{DmaBuffer, DmaMemory};
 
 const VIRTQ_DESC_F_NEXT: u16 = 1;
 const VIRTQ_DESC_F_WRITE: u16 = 2;
-const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
 
 /// One split virtqueue in shared memory.
 pub struct DriverQueue {
@@ -81,13 +80,6 @@ impl DriverQueue {
         fence(Ordering::Release);
         mem.store_u16(self.avail_gpa() + 2, self.avail_idx);
         fence(Ordering::SeqCst);
-    }
-
-    /// Whether the device wants a kick for what was added: it sets
-    /// `VIRTQ_USED_F_NO_NOTIFY` in the used ring's flags when it does not
-    /// (virtio 1.x §2.7.7). `add` ends with the full fence this needs.
-    pub fn kick_wanted(&self, mem: &DmaMemory) -> bool {
-        mem.load_u16(self.used_gpa()) & VIRTQ_USED_F_NO_NOTIFY == 0
     }
 
     /// Takes the next used entry: (head, bytes written).
