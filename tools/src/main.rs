@@ -2509,21 +2509,6 @@ fn run_compare(
             default.to_vec()
         }
     };
-    let o = Options {
-        pingpong_sizes: sizes(&[8, 65536]),
-        block_sizes: sizes(&[8]),
-        stream_sizes: sizes(&[65536]),
-        rate_sizes: sizes(&[8]),
-        rdma_sizes: sizes(&[65536]),
-        endpoint_sizes: sizes(&[8]),
-        rounds: a.rounds,
-        iters: a.iters.unwrap_or(2000),
-        stream_iters: a.iters.unwrap_or(3000),
-        rate_iters: a.iters.unwrap_or(100_000),
-        touch: a.payload,
-        endpoints: None,
-        guests: a.guests,
-    };
     // The endpoints section: round trips with thousands of endpoints open
     // on each port against one, on a device whose ports have room for
     // them (or on the one given with --device-dir).
@@ -2546,8 +2531,19 @@ fn run_compare(
         }
     };
     let o = Options {
+        pingpong_sizes: sizes(&[8, 65536]),
+        block_sizes: sizes(&[8]),
+        stream_sizes: sizes(&[65536]),
+        rate_sizes: sizes(&[8]),
+        rdma_sizes: sizes(&[65536]),
+        endpoint_sizes: sizes(&[8]),
+        rounds: a.rounds,
+        iters: a.iters.unwrap_or(2000),
+        stream_iters: a.iters.unwrap_or(3000),
+        rate_iters: a.iters.unwrap_or(100_000),
+        touch: a.payload,
         endpoints: Some((many, endpoints_dir)),
-        ..o
+        guests: a.guests,
     };
     let rows = compare(&o, dir, scratch, &mut |l| eprintln!("{l}"))?;
     if a.json {

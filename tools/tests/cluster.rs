@@ -172,7 +172,7 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
 
     // The comparison's guest rows: round trips between two guests over
     // ulnic and kernel TCP, and `cluster up` timed for 2 and 8 guests.
-    let (ok, out, err) = ulnic(&[
+    let rows = cli::json_lines(&[
         "bench",
         "compare",
         "--guests",
@@ -186,11 +186,6 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
         "70",
         "--json",
     ]);
-    assert!(ok, "bench compare --guests failed:\n{err}");
-    let rows: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     let guest_rows: Vec<(&str, &str)> = rows
         .iter()
         .filter(|r| matches!(r["workload"].as_str(), Some("vm-pingpong" | "cluster-up")))
@@ -204,7 +199,7 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
             ("cluster-up", "cluster up --nodes 2"),
             ("cluster-up", "cluster up --nodes 8"),
         ],
-        "{out}"
+        "{rows:?}"
     );
     for r in rows.iter().rev().take(4) {
         assert_eq!(r["missing"], serde_json::Value::Null, "{r}");

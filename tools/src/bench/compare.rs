@@ -278,7 +278,11 @@ pub fn compare(
         (Vec::new(), Vec::new())
     };
     let mut rows = Vec::new();
-    let mut guest_run = None;
+    let mut at = Where {
+        ulnic_dir,
+        scratch,
+        guest_lines: None,
+    };
     for (kind, sizes, peers) in [
         (Kind::Pingpong, &o.pingpong_sizes[..], &pingpong_peers[..]),
         (Kind::BlockCpu, &o.block_sizes, &block_peers[..]),
@@ -292,9 +296,9 @@ pub fn compare(
         if peers.is_empty() {
             continue;
         }
-        if matches!(kind, Kind::VmPingpong | Kind::ClusterUp) {
-            // Build the guest image (or find it cached) first, so no
-            // round's figure includes the build.
+        if kind == Kind::VmPingpong {
+            // Build the guest image (or find it cached) once, before the
+            // guest sections, so no round's figure includes the build.
             say("compare: guest image (built on first use)");
             run_self(&["image", "build"])?;
         }
@@ -330,18 +334,15 @@ pub fn compare(
                         Kind::Pingpong | Kind::BlockCpu | Kind::Endpoints => o.iters,
                         Kind::Stream | Kind::RdmaWrite => o.stream_iters,
                         Kind::Rate => o.rate_iters,
+                        // 0.2-0.6 ms each under TCG: about a second a run.
                         Kind::VmPingpong => o.iters.min(1000),
                         Kind::ClusterUp => 1,
                     };
-                    let dir = match (&o.endpoints, kind) {
+                    at.ulnic_dir = match (&o.endpoints, kind) {
                         (Some((_, d)), Kind::Endpoints) => d.as_path(),
                         _ => ulnic_dir,
                     };
-                    let at = Where {
-                        ulnic_dir: dir,
-                        scratch,
-                    };
-                    match measure(p, kind, size, iters, o.touch, &at, &mut guest_run) {
+                    match measure(p, kind, size, iters, o.touch, &mut at) {
                         Ok(v) => row.rounds.push(v),
                         Err(e) => {
                             row.missing = Some(format!("failed: {e}"));
@@ -374,26 +375,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Where a run's sockets are: the ulnic device's directory (nodes 0 and
-/// 1) and a scratch directory for the baselines.
+/// Where runs happen: the ulnic device's socket directory (nodes 0 and 1)
+/// and a scratch directory for the baselines; and the lines of this
+/// round's guest ping-pong, which its ulnic peer runs and its TCP peer
+/// reads (one run of `cluster bench` measures both).
 struct Where<'a> {
     ulnic_dir: &'a Path,
     scratch: &'a Path,
+    guest_lines: Option<Vec<Record>>,
 }
 
-/// One run of `p`, in `kind`'s unit. `guest_run` carries one guest
-/// ping-pong's lines from its ulnic peer to its TCP peer (one run of
-/// `cluster bench` measures both).
+/// One run of `p`, in `kind`'s unit.
 fn measure(
     p: Peer,
     kind: Kind,
     size: u32,
     iters: u64,
     touch: Touch,
-    at: &Where,
-    guest_run: &mut Option<Vec<Record>>,
+    at: &mut Where,
 ) -> anyhow::Result<f64> {
-    let Where { ulnic_dir, scratch } = *at;
+    let (ulnic_dir, scratch) = (at.ulnic_dir, at.scratch);
     let spec = |transport, workload, mode| Spec {
         workload,
         transport,
@@ -409,17 +410,21 @@ fn measure(
         r.mbytes_per_s
             .ok_or_else(|| anyhow::anyhow!("no rate measured"))
     };
+    let micros = |r: &Record| {
+        r.median_ns
+            .map(|ns| ns as f64 / 1e3)
+            .ok_or_else(|| anyhow::anyhow!("no round trip measured"))
+    };
     match (p, kind) {
         (Peer::Internal(Transport::Ulnic), Kind::RdmaWrite) => {
             mbytes(ulnic_line(Direction::Write, size, iters, ulnic_dir)?)
         }
         (Peer::Memcpy, _) => mbytes(memcpy_line(Direction::Write, size, iters)),
-        (Peer::Internal(t), Kind::Pingpong) => {
-            let r = run_one(&spec(t, Workload::Pingpong, Mode::Poll), ulnic_dir, scratch)?;
-            r.median_ns
-                .map(|ns| ns as f64 / 1e3)
-                .ok_or_else(|| anyhow::anyhow!("no round trip measured"))
-        }
+        (Peer::Internal(t), Kind::Pingpong) => micros(&run_one(
+            &spec(t, Workload::Pingpong, Mode::Poll),
+            ulnic_dir,
+            scratch,
+        )?),
         (Peer::Internal(t), Kind::Stream) => mbytes(run_one(
             &spec(t, Workload::Stream, Mode::Poll),
             ulnic_dir,
@@ -460,20 +465,20 @@ fn measure(
         (Peer::UlnicEndpoints(n), Kind::Endpoints) => {
             let mut s = spec(Transport::Ulnic, Workload::Pingpong, Mode::Poll);
             s.endpoints = n;
-            let r = run_one(&s, ulnic_dir, scratch)?;
-            r.median_ns
-                .map(|ns| ns as f64 / 1e3)
-                .ok_or_else(|| anyhow::anyhow!("no round trip measured"))
+            micros(&run_one(&s, ulnic_dir, scratch)?)
         }
         (Peer::Guests(t), Kind::VmPingpong) => {
             if t == Transport::Ulnic {
+                // A failed run leaves nothing for the TCP peer, not the
+                // last round's lines.
+                at.guest_lines = None;
                 let size = size.to_string();
                 let iters = iters.to_string();
                 let out = run_self(&[
                     "cluster", "bench", "pingpong", "--nodes", "2", "--mode", "block", "--size",
                     &size, "--iters", &iters, "--json",
                 ])?;
-                *guest_run = Some(
+                at.guest_lines = Some(
                     out.lines()
                         .filter_map(|l| serde_json::from_str::<Record>(l).ok())
                         .collect(),
@@ -484,15 +489,15 @@ fn measure(
             } else {
                 "tcp"
             };
-            let records = guest_run
+            let records = at
+                .guest_lines
                 .as_ref()
                 .ok_or_else(|| anyhow::anyhow!("the guests' ulnic run failed"))?;
-            records
+            let line = records
                 .iter()
                 .find(|r| r.transport.starts_with(want))
-                .and_then(|r| r.median_ns)
-                .map(|ns| ns as f64 / 1e3)
-                .ok_or_else(|| anyhow::anyhow!("cluster bench printed no {want} line"))
+                .ok_or_else(|| anyhow::anyhow!("cluster bench printed no {want} line"))?;
+            micros(line)
         }
         (Peer::ClusterUp(n), Kind::ClusterUp) => {
             let name = format!("compare-{}", std::process::id());
