@@ -933,6 +933,9 @@ struct BenchArgs {
     /// written and read in place in the registered segment, the others'
     /// through a user buffer; a ping-pong's answer is written afresh, so
     /// both directions are touched, and round trips include the touching.
+    /// With none, ulnic sends every message from one buffer into one, as
+    /// fabtests do; otherwise each message in flight has its own slot (64
+    /// a side). Lines say which ("buffers" in --json).
     #[arg(long, value_enum, default_value = "write+verify")]
     payload: crate::bench::payload::Touch,
     /// compare: interleaved rounds (each peer once per round).

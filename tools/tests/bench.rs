@@ -411,6 +411,13 @@ fn payload_touching_is_an_option_and_every_line_says_which_ran() {
             assert_eq!(l["payload"], touch, "{l}");
             assert_latency_line(l, 100);
         }
+        // ulnic's lines say how many buffers a side cycled through: one
+        // when nothing touches payloads (as fabtests), else one per
+        // message in flight.
+        let want = if touch == "none" { 1 } else { 64 };
+        assert_eq!(lines[0]["transport"], "ulnic");
+        assert_eq!(lines[0]["buffers"], want, "{}", lines[0]);
+        assert!(lines[1].get("buffers").is_none(), "{}", lines[1]);
     }
     // Only a checking receiver can catch a flipped byte: refused otherwise.
     let o = Command::new(env!("CARGO_BIN_EXE_ulnic"))

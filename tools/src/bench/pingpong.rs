@@ -348,6 +348,25 @@ fn open_others(
     Ok(eps)
 }
 
+/// How many distinct payload buffers a ulnic peer cycles through on each
+/// side (send slots; receive buffers posted).
+///
+/// When nothing writes or reads payloads (`--payload none`), every message
+/// goes from one send buffer into one receive buffer (the one buffer is
+/// posted `CREDITS` times), as fabtests post every transfer from one tx
+/// buffer into one rx buffer. When payloads are written, each message in
+/// flight has its own slot, so its bytes are never rewritten while it is
+/// in flight. The footprint decides whether copies run from a core's cache
+/// or from memory (64 slots of 64 KiB are 8 MiB a side, beyond a core's
+/// L2), so result lines say which ran (`buffers`).
+pub(crate) fn ulnic_buffers(payload: Touch) -> u32 {
+    if payload == Touch::None {
+        1
+    } else {
+        CREDITS
+    }
+}
+
 /// ulnic: inline sends up to INLINE_MAX, segment sends beyond; credit-based
 /// flow control (the receiver returns credits every CREDITS/2 messages) so
 /// nothing is ever returned for lack of a buffer.
@@ -359,6 +378,13 @@ struct UlnicLink {
     peer: ulnic::Address,
     mode: Mode,
     slot: u64,
+    /// Distinct send slots and receive buffers (`ulnic_buffers`).
+    buffers: u32,
+    /// Whether payloads are written in their send slot: not with one
+    /// slot, which messages in flight share. Nothing is written then
+    /// (`--payload none`), and no slice of bytes the device may be reading
+    /// is made.
+    fill_in_place: bool,
     send_seq: u64,
     credits: u32,
     consumed: u32,
@@ -368,13 +394,16 @@ impl UlnicLink {
     /// `socket` None: the guest device (`Nic::open`).
     /// `others`: endpoints to open first, each of which sends one message
     /// to the next and receives one, then stays open and idle.
+    /// `payload` decides the buffers (`ulnic_buffers`).
     fn open(
         socket: Option<&Path>,
         peer_node: u32,
         max: u32,
         mode: Mode,
         others: u32,
+        payload: Touch,
     ) -> io::Result<UlnicLink> {
+        let buffers = ulnic_buffers(payload);
         let slot = u64::from(max.max(1)).div_ceil(4096) * 4096;
         let seg = (slot * u64::from(2 * CREDITS)) as usize;
         // A small endpoint: its control pages, a segment page, its table,
@@ -399,9 +428,11 @@ impl UlnicLink {
         };
         let mut ep = pd.create_endpoint(&cfg).map_err(io::Error::other)?;
         ep.bind(BENCH_PORT).map_err(io::Error::other)?;
-        // Receive buffers live in the second half of the segment.
+        // Receive buffers live in the second half of the segment; with
+        // one buffer, every descriptor names the same bytes.
         for i in 0..u64::from(CREDITS) {
-            ep.post_free(slot * (u64::from(CREDITS) + i), slot as u32, i)
+            let at = u64::from(CREDITS) + i % u64::from(buffers);
+            ep.post_free(slot * at, slot as u32, i)
                 .map_err(io::Error::other)?;
         }
         Ok(UlnicLink {
@@ -414,6 +445,8 @@ impl UlnicLink {
             },
             mode,
             slot,
+            buffers,
+            fill_in_place: buffers > 1,
             send_seq: 0,
             credits: CREDITS,
             consumed: 0,
@@ -478,7 +511,7 @@ impl UlnicLink {
 
     /// The segment offset of the next send's slot.
     fn send_offset(&self) -> usize {
-        ((self.send_seq % u64::from(CREDITS)) * self.slot) as usize
+        ((self.send_seq % u64::from(self.buffers)) * self.slot) as usize
     }
 
     /// Posts the next send: `inline` bytes, or `len` bytes already in its
@@ -615,6 +648,10 @@ impl Link for UlnicLink {
             fill(scratch);
             return self.post_descriptor(TAG_DATA, Some(scratch), len);
         }
+        if !self.fill_in_place {
+            fill(scratch); // writes nothing: see `fill_in_place`
+            return self.post_descriptor(TAG_DATA, None, len);
+        }
         let off = self.send_offset();
         // SAFETY: the send slot is free (at most CREDITS messages are
         // unconsumed by the peer, so the send that last used it has been
@@ -718,6 +755,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         iters: spec.iters,
         mode: format!("{:?}", link.mode()).to_lowercase(),
         payload: Some(spec.payload.label().into()),
+        buffers: (spec.transport == Transport::Ulnic).then(|| ulnic_buffers(spec.payload)),
         ..Default::default()
     };
     // A fault injected on purpose: one byte of one measured message
@@ -1009,6 +1047,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 spec.size,
                 spec.mode,
                 spec.endpoints.saturating_sub(1),
+                spec.payload,
             )?;
             if a.at == "device" {
                 // Guests come up at different times: meet first.

@@ -49,7 +49,9 @@ pub struct Record {
     /// UTLB: pages per buffer.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pages: Option<u32>,
-    /// UTLB stress: distinct one-page buffers swept.
+    /// Ping-pong and stream over ulnic: distinct payload buffers each
+    /// side cycles through (1, or one per message in flight: see
+    /// `--payload`). UTLB stress: distinct one-page buffers swept.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub buffers: Option<u32>,
     /// UTLB stress: entries in the domain's table.
