@@ -93,6 +93,8 @@ struct ulnic {
 	phys_addr_t doorbell_pa[ULNIC_DOORBELL_QUEUES];
 	/* Notification buffers posted (at most one per endpoint). */
 	unsigned int notify_count;
+	/* Buffers reposted since the notification queue was last kicked. */
+	unsigned int notify_unkicked;
 	/*
 	 * Where doorbell pages are mapped (the device node's address space,
 	 * set by the first doorbell mmap), so that remove() can revoke them:
@@ -193,8 +195,19 @@ static void ulnic_notify_done(struct virtqueue *vq)
 			wake_up_interruptible_all(&u->wq);
 		}
 		ulnic_post_notify(u, rec - u->notify_bufs);
+		u->notify_unkicked++;
 	}
-	virtqueue_kick(vq);
+	/*
+	 * The device reads the available ring whenever it has a record to
+	 * post, so a repost need not wake it (a kick is an exit to the
+	 * hypervisor). It runs out only when every buffer holds a record not
+	 * yet drained, and reposting those counts at least notify_count,
+	 * which kicks (spec 6).
+	 */
+	if (u->notify_unkicked >= max(u->notify_count / 2, 1U)) {
+		u->notify_unkicked = 0;
+		virtqueue_kick(vq);
+	}
 }
 
 /* The errno for a device status (spec 4.1). */

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ulnic_device::{Configuration, Device};
+use ulnic_device::{Configuration, ConfigurationBuilder, Device};
 
 pub mod raw;
 
@@ -17,15 +17,21 @@ pub fn device(nodes: u32) -> (Device, tempfile::TempDir) {
 /// As `device`, with an engine that polls for `poll_for` after its last
 /// work before it sleeps.
 pub fn device_polling_for(nodes: u32, poll_for: Duration) -> (Device, tempfile::TempDir) {
+    device_with(nodes, |b| b.poll_for(poll_for))
+}
+
+/// As `device`, with the configuration's other settings from `set`.
+pub fn device_with(
+    nodes: u32,
+    set: impl FnOnce(ConfigurationBuilder) -> ConfigurationBuilder,
+) -> (Device, tempfile::TempDir) {
     let _ = env_logger::builder().is_test(true).try_init();
     let dir = tempfile::Builder::new()
         .prefix("ulnic-test-")
         .tempdir()
         .unwrap();
-    let config = Configuration::builder(Configuration::socket_paths(dir.path(), nodes))
-        .poll_for(poll_for)
-        .build()
-        .expect("a valid configuration");
+    let builder = Configuration::builder(Configuration::socket_paths(dir.path(), nodes));
+    let config = set(builder).build().expect("a valid configuration");
     (Device::start(config).expect("device starts"), dir)
 }
 
