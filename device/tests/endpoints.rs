@@ -4,36 +4,18 @@
 mod common;
 use std::time::{Duration, Instant};
 
-use ulnic::{Address, EndpointConfig, Nic, Payload};
-use ulnic_device::{Configuration, Device};
+use ulnic::{Address, Nic, Payload};
 
 #[test]
 fn four_thousand_endpoints_on_one_port_each_exchange_a_message() {
     const N: u32 = ulnic_abi::MAX_ENDPOINTS_LIMIT;
-    let _ = env_logger::builder().is_test(true).try_init();
-    let dir = tempfile::tempdir().unwrap();
-    let config = Configuration::builder(Configuration::socket_paths(dir.path(), 1))
-        .max_endpoints(N)
-        .poll_for(Duration::from_micros(200))
-        .build()
-        .unwrap();
-    let dev = Device::start(config).unwrap();
+    let (dev, _dir) = common::device_with(1, |b| {
+        b.max_endpoints(N).poll_for(Duration::from_micros(200))
+    });
     // Small rings: a 2-page control region and a 1-page segment each.
     let nic = Nic::attach_with_memory(&common::socket(&dev, 0), 96 << 20).unwrap();
     let pd = nic.alloc_pd().unwrap();
-    let small = EndpointConfig {
-        send_entries: 2,
-        recv_entries: 2,
-        free_entries: 2,
-        segment_bytes: 4096,
-    };
-    let mut eps: Vec<_> = (0..N)
-        .map(|i| {
-            let mut e = pd.create_endpoint(&small).unwrap();
-            e.bind(1000 + i).unwrap();
-            e
-        })
-        .collect();
+    let mut eps = common::small_endpoints(&pd, N, 1000);
     assert!(
         dev.switch().lock().nodes[0].resident.len() <= ulnic_abi::RESIDENT_MAX as usize,
         "more endpoints polled than the resident limit"

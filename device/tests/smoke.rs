@@ -183,15 +183,7 @@ fn kicks_while_the_engine_sleeps_are_served_by_the_port_thread() {
     let mut eb = pb.create_endpoint(&EndpointConfig::default()).unwrap();
     ea.bind(10).unwrap();
     eb.bind(20).unwrap();
-    let served = || {
-        dev.snapshot()
-            .totals
-            .named()
-            .into_iter()
-            .find(|(k, _)| *k == "kicks_served_asleep")
-            .map(|(_, v)| v)
-            .unwrap()
-    };
+    let served = || dev.snapshot().totals.kicks_served_asleep;
     let before = served();
     let receive = |ep: &mut ulnic::Endpoint| loop {
         if let Some(m) = ep.poll_recv() {
@@ -239,19 +231,7 @@ fn notifications_past_the_queues_buffers_all_arrive() {
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let mut tx = pa.create_endpoint(&EndpointConfig::default()).unwrap();
     tx.bind(1).unwrap();
-    let small = EndpointConfig {
-        send_entries: 2,
-        recv_entries: 2,
-        free_entries: 2,
-        segment_bytes: 4096,
-    };
-    let mut rx: Vec<_> = (0..N)
-        .map(|i| {
-            let mut e = pb.create_endpoint(&small).unwrap();
-            e.bind(100 + i).unwrap();
-            e
-        })
-        .collect();
+    let mut rx = common::small_endpoints(&pb, N, 100);
     let ids: std::collections::HashMap<u32, usize> =
         rx.iter().enumerate().map(|(i, e)| (e.id(), i)).collect();
     for round in 0..6u32 {

@@ -39,6 +39,29 @@ pub fn socket(dev: &Device, node: usize) -> PathBuf {
     dev.sockets()[node].clone()
 }
 
+/// `n` endpoints of `pd` with the smallest rings (2 entries each, a 2-page
+/// control region and a 1-page segment), bound to ports `first_port..`:
+/// where a test needs many.
+pub fn small_endpoints(
+    pd: &ulnic::ProtectionDomain,
+    n: u32,
+    first_port: u32,
+) -> Vec<ulnic::Endpoint> {
+    let small = ulnic::EndpointConfig {
+        send_entries: 2,
+        recv_entries: 2,
+        free_entries: 2,
+        segment_bytes: 4096,
+    };
+    (0..n)
+        .map(|i| {
+            let mut e = pd.create_endpoint(&small).unwrap();
+            e.bind(first_port + i).unwrap();
+            e
+        })
+        .collect()
+}
+
 /// The next event of `ep`, waiting up to 10 s.
 pub fn next_event(ep: &mut ulnic::Endpoint) -> ulnic::Event {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

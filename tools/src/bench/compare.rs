@@ -169,9 +169,7 @@ impl Peer {
 /// One line of the comparison.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// "pingpong" (round trip polling, us), "block-cpu" (CPU time per
-    /// round trip blocking, us), "stream" (MB/s), "rate" (M msg/s) or
-    /// "rdma-write" (MB/s).
+    /// What the row measures, in which unit ([`Kind`]).
     pub workload: Kind,
     /// Message size in bytes.
     pub size: u32,
@@ -302,6 +300,18 @@ pub fn compare(
             say("compare: guest image (built on first use)");
             run_self(&["image", "build"])?;
         }
+        let iters = match kind {
+            Kind::Pingpong | Kind::BlockCpu | Kind::Endpoints => o.iters,
+            Kind::Stream | Kind::RdmaWrite => o.stream_iters,
+            Kind::Rate => o.rate_iters,
+            // 0.2-0.6 ms each under TCG: about a second a run.
+            Kind::VmPingpong => o.iters.min(1000),
+            Kind::ClusterUp => 1,
+        };
+        at.ulnic_dir = match (&o.endpoints, kind) {
+            (Some((_, d)), Kind::Endpoints) => d.as_path(),
+            _ => ulnic_dir,
+        };
         for &size in sizes {
             let first = rows.len();
             for &p in peers {
@@ -330,18 +340,6 @@ pub fn compare(
                     if row.missing.is_some() {
                         continue;
                     }
-                    let iters = match kind {
-                        Kind::Pingpong | Kind::BlockCpu | Kind::Endpoints => o.iters,
-                        Kind::Stream | Kind::RdmaWrite => o.stream_iters,
-                        Kind::Rate => o.rate_iters,
-                        // 0.2-0.6 ms each under TCG: about a second a run.
-                        Kind::VmPingpong => o.iters.min(1000),
-                        Kind::ClusterUp => 1,
-                    };
-                    at.ulnic_dir = match (&o.endpoints, kind) {
-                        (Some((_, d)), Kind::Endpoints) => d.as_path(),
-                        _ => ulnic_dir,
-                    };
                     match measure(p, kind, size, iters, o.touch, &mut at) {
                         Ok(v) => row.rounds.push(v),
                         Err(e) => {
@@ -540,19 +538,43 @@ fn fabtest_bw(
     iters: u64,
     check: bool,
 ) -> anyhow::Result<(f64, f64)> {
-    let args = |c: &mut Command| {
-        c.args(["-p", provider, "-s", "127.0.0.1"]).args(extra);
-        if check {
-            c.arg("-v");
-        }
+    let args = [&["-s", "127.0.0.1"], extra].concat();
+    let check = check.then_some("-v");
+    let text = fabtests_pair(
+        tool,
+        provider,
+        &fabtests_args(provider, &args, check, size, iters),
+    )?;
+    parse_fabtest_bw(&text, size)
+        .ok_or_else(|| anyhow::anyhow!("{tool} printed no result line: {text}"))
+}
+
+/// A fabtests program's arguments for both sides: `-p provider`, `extra`,
+/// the check flag when payloads are checked (`-c` or `-v`, by program),
+/// `-S size -I iters`.
+fn fabtests_args<'a>(
+    provider: &'a str,
+    extra: &'a [&'a str],
+    check: Option<&'a str>,
+    size: u32,
+    iters: u64,
+) -> impl Fn(&mut Command) + 'a {
+    move |c: &mut Command| {
+        c.args(["-p", provider]).args(extra).args(check);
         c.arg("-S")
             .arg(size.to_string())
             .arg("-I")
             .arg(iters.to_string());
-    };
-    let text = fabtests_pair(tool, provider, &args)?;
-    parse_fabtest_bw(&text, size)
-        .ok_or_else(|| anyhow::anyhow!("{tool} printed no result line: {text}"))
+    }
+}
+
+/// The columns of a fabtests result line for `size` (its first column),
+/// when it has at least `min` of them.
+fn fabtests_line(text: &str, size: u32, min: usize) -> Option<Vec<&str>> {
+    let label = fabtests_size(size);
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cols| cols.len() >= min && cols[0] == label)
 }
 
 /// Runs a fabtests program's server (`-B port`) and client (`-P port
@@ -592,14 +614,8 @@ fn fabtests_pair(
 /// MB/sec and Mxfers/sec of a fabtests bandwidth line for `size`
 /// (columns: bytes, iters, total, time, MB/sec, usec/xfer, Mxfers/sec).
 fn parse_fabtest_bw(text: &str, size: u32) -> Option<(f64, f64)> {
-    let label = fabtests_size(size);
-    text.lines().find_map(|l| {
-        let cols: Vec<&str> = l.split_whitespace().collect();
-        if cols.len() < 7 || cols[0] != label {
-            return None;
-        }
-        Some((cols[4].parse().ok()?, cols[6].parse().ok()?))
-    })
+    let cols = fabtests_line(text, size, 7)?;
+    Some((cols[4].parse().ok()?, cols[6].parse().ok()?))
 }
 
 /// sockperf's largest message.
@@ -631,17 +647,9 @@ fn fi_pingpong(
     iters: u64,
     check: bool,
 ) -> anyhow::Result<f64> {
-    let common = |c: &mut Command| {
-        c.args(["-p", provider, "-e", ep]);
-        if check {
-            c.arg("-c");
-        }
-        c.arg("-S")
-            .arg(size.to_string())
-            .arg("-I")
-            .arg(iters.to_string());
-    };
-    let text = fabtests_pair("fi_pingpong", provider, &common)?;
+    let extra = ["-e", ep];
+    let args = fabtests_args(provider, &extra, check.then_some("-c"), size, iters);
+    let text = fabtests_pair("fi_pingpong", provider, &args)?;
     parse_fi_pingpong(&text, size)
         .ok_or_else(|| anyhow::anyhow!("fi_pingpong printed no result line: {text}"))
 }
@@ -659,14 +667,8 @@ fn fabtests_size(size: u32) -> String {
 
 /// The round trip (2 x usec/xfer) in fi_pingpong's result line for `size`.
 fn parse_fi_pingpong(text: &str, size: u32) -> Option<f64> {
-    let label = fabtests_size(size);
-    text.lines().find_map(|l| {
-        let cols: Vec<&str> = l.split_whitespace().collect();
-        (cols.len() >= 8 && cols[0] == label)
-            .then(|| cols[6].parse::<f64>().ok())
-            .flatten()
-            .map(|us| 2.0 * us)
-    })
+    let cols = fabtests_line(text, size, 8)?;
+    cols[6].parse::<f64>().ok().map(|us| 2.0 * us)
 }
 
 /// sockperf's median round trip over TCP on loopback, in microseconds

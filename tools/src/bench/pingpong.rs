@@ -380,11 +380,6 @@ struct UlnicLink {
     slot: u64,
     /// Distinct send slots and receive buffers (`ulnic_buffers`).
     buffers: u32,
-    /// Whether payloads are written in their send slot: not with one
-    /// slot, which messages in flight share. Nothing is written then
-    /// (`--payload none`), and no slice of bytes the device may be reading
-    /// is made.
-    fill_in_place: bool,
     send_seq: u64,
     credits: u32,
     consumed: u32,
@@ -446,7 +441,6 @@ impl UlnicLink {
             mode,
             slot,
             buffers,
-            fill_in_place: buffers > 1,
             send_seq: 0,
             credits: CREDITS,
             consumed: 0,
@@ -648,8 +642,11 @@ impl Link for UlnicLink {
             fill(scratch);
             return self.post_descriptor(TAG_DATA, Some(scratch), len);
         }
-        if !self.fill_in_place {
-            fill(scratch); // writes nothing: see `fill_in_place`
+        if self.buffers == 1 {
+            // Messages in flight share the one slot, so nothing writes
+            // payloads (`ulnic_buffers`), and no slice of bytes the device
+            // may be reading is made.
+            fill(scratch);
             return self.post_descriptor(TAG_DATA, None, len);
         }
         let off = self.send_offset();
