@@ -30,7 +30,9 @@ pub struct Device {
     node_shard: Vec<usize>,
     sockets: Vec<PathBuf>,
     engines: Vec<JoinHandle<()>>,
-    ports: Vec<JoinHandle<()>>,
+    /// Each port's thread, and its listening socket (shut down to end an
+    /// accept() the thread may be waiting in).
+    ports: Vec<(JoinHandle<()>, std::os::fd::OwnedFd)>,
 }
 
 impl Device {
@@ -67,6 +69,16 @@ impl Device {
                 path: path.clone(),
                 source,
             })?;
+            // SAFETY: the listener's descriptor is open for this call; the
+            // borrow ends when the duplicate is made.
+            let listening = unsafe {
+                std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&listener))
+            }
+            .try_clone_to_owned()
+            .map_err(|source| Error::Os {
+                what: "the port's listening socket",
+                source,
+            })?;
             let sw = switches[node_shard[node]].clone();
             let path = path.clone();
             let port = std::thread::Builder::new()
@@ -76,7 +88,7 @@ impl Device {
                     what: "port thread",
                     source,
                 })?;
-            ports.push(port);
+            ports.push((port, listening));
             info!(
                 "node {node}: listening on {}",
                 config.sockets()[node].display()
@@ -262,10 +274,12 @@ impl Drop for Device {
         for h in handles {
             h.shutdown();
         }
-        // A port thread waiting in accept() is woken by a connection that
-        // ends at once; it then sees `stop`.
-        for s in &self.sockets {
-            let _ = std::os::unix::net::UnixStream::connect(s);
+        // A port thread waiting in accept() returns from it once its
+        // listening socket is shut down (whether or not the socket's path
+        // is still there), and then sees `stop`.
+        for (_, listening) in &self.ports {
+            // SAFETY: shutdown on a descriptor this device owns.
+            unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(listening), libc::SHUT_RDWR) };
         }
         for sw in &self.switches {
             sw.wake();
@@ -274,7 +288,7 @@ impl Drop for Device {
             let _ = e.join();
         }
         let deadline = std::time::Instant::now() + STOP_GRACE;
-        for p in self.ports.drain(..) {
+        for (p, _listening) in self.ports.drain(..) {
             while !p.is_finished() && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }

@@ -91,6 +91,9 @@ pub fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: 
         if let Err(e) = daemon.start(&mut listener) {
             drop(daemon);
             backend.close_exit_events();
+            if switch.stop.load(Ordering::Relaxed) {
+                return; // the device shut the listening socket to stop
+            }
             error!("node {node}: accept on {} failed: {e}", path.display());
             std::thread::sleep(Duration::from_millis(100));
             continue;
