@@ -34,6 +34,10 @@ pub enum RingFault {
         /// The chain's head index.
         head: u16,
     },
+    /// The queue's call eventfd cannot take another signal: the frontend
+    /// filled its counter (spec §8). The device does not wait on it.
+    #[error("its call eventfd cannot take another signal (the frontend filled its counter)")]
+    CallFull,
 }
 
 /// The next available chain, checked: `Ok(None)` when there is none,

@@ -41,6 +41,7 @@ impl Device {
     /// soon as this returns.
     pub fn start(config: Configuration) -> Result<Device, Error> {
         region::install();
+        crate::notifier::install();
         let switches: Vec<Arc<Switch>> = match config.shard_plan() {
             None => vec![Arc::new(Switch::new(&config)?)],
             Some(plan) => {

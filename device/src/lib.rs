@@ -7,6 +7,8 @@
 //! - [`memory`]: checked access to a frontend's memory (`guest`), and the
 //!   checks and fault containment for the regions it shares (`region`).
 //! - [`chain`]: checked popping of virtqueue descriptor chains.
+//! - [`notifier`]: signals into a frontend's eventfds that never hold the
+//!   device, however the frontend set them up.
 //! - [`nic`]: the per-port NIC: endpoints and their rings (`endpoint`,
 //!   `receive`, `stats`), the UTLB (`utlb`), apertures and tripwires
 //!   (`aperture`), transfer redirection (`redirect`), and a port (`node`).
@@ -49,6 +51,7 @@ pub mod device;
 pub mod fabric;
 pub mod memory;
 pub mod nic;
+pub mod notifier;
 pub mod switch;
 pub mod vhost;
 

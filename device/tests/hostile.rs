@@ -654,3 +654,68 @@ fn doorbell_bitmaps_are_checked_and_confined_to_their_domain() {
         more[0].doorbell_queue
     );
 }
+
+/// A frontend whose notification eventfd cannot take another signal: it
+/// made the fd blocking and filled its counter to the limit, so a plain
+/// write(2) of the device's signal would sleep until the frontend reads.
+/// That must cost only that frontend, never the device's other ports.
+#[test]
+fn a_call_fd_that_would_block_stalls_only_its_frontend() {
+    // A device held by the write would hang this test rather than fail
+    // it: run it aside and give up on it after a minute.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        call_fd_that_would_block();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the device is still held after 60 s by one frontend's full call fd")
+        }
+        Err(e) => panic!("the test body failed: {e}"),
+    }
+}
+
+fn call_fd_that_would_block() {
+    use ulnic::{Address, EndpointConfig, Nic};
+    let (dev, _dir) = common::device(4);
+    let victim = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let sender = Nic::attach(&common::socket(&dev, 1)).unwrap();
+    let pv = victim.alloc_pd().unwrap();
+    let ps = sender.alloc_pd().unwrap();
+    let mut ev = pv.create_endpoint(&EndpointConfig::default()).unwrap();
+    ev.bind(100).unwrap();
+    let mut es = ps.create_endpoint(&EndpointConfig::default()).unwrap();
+    es.bind(101).unwrap();
+    let fd = pv.notification_fd().unwrap();
+    // SAFETY: fcntl and write on the frontend's own eventfd, with a live
+    // 8-byte buffer.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0);
+        let full = (u64::MAX - 1).to_ne_bytes();
+        assert_eq!(libc::write(fd, full.as_ptr().cast(), 8), 8);
+    }
+    assert!(!ev.arm().unwrap());
+    let to = Address { node: 0, port: 100 };
+    for i in 0..3u64 {
+        es.post_send_inline(to, 1, b"wake", i).unwrap();
+    }
+    // The device stops that frontend's notification queue (and only it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dev.switch().lock().nodes[0].queue_broken(ulnic_abi::NOTIFY_QUEUE) {
+        assert!(
+            Instant::now() < deadline,
+            "the full call fd was not noticed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The other ports go on: both directions, blocking waiters notified.
+    common::exchange(&dev, 2, 3);
+    common::exchange(&dev, 3, 2);
+    assert!(!dev.switch().lock().nodes[1].queue_broken(ulnic_abi::NOTIFY_QUEUE));
+    // The victim's messages still arrive; it polls instead of blocking.
+    let got = (0..3).filter_map(|_| ev.poll_recv()).count();
+    assert_eq!(got, 3);
+}

@@ -3,6 +3,7 @@
 //! notification queue, and what its frontend broke.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -218,8 +219,16 @@ impl Node {
             return false;
         }
         drop(st);
-        if let Err(err) = vring.signal_used_queue() {
-            warn!("cannot signal the notification queue: {err}");
+        let signalled = match vring.get_ref().get_call() {
+            Some(call) => crate::notifier::signal(call.as_raw_fd()),
+            None => Ok(()),
+        };
+        match signalled {
+            Ok(()) => {}
+            Err(crate::notifier::SignalError::Full) => {
+                self.break_queue(NOTIFY_QUEUE, RingFault::CallFull)
+            }
+            Err(err) => warn!("cannot signal the notification queue: {err}"),
         }
         written > 0
     }

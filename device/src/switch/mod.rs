@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use log::{error, info};
+use log::{error, info, warn};
 use vhost_user_backend::VringT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -193,11 +193,11 @@ impl Switch {
                 // Kicks the queue as the driver would, so the port's own
                 // thread serves what waited.
                 if let Some(kick) = vring.get_ref().get_kick() {
-                    let one = 1u64.to_ne_bytes();
-                    // SAFETY: writes 8 bytes from a live buffer to the kick
-                    // fd the port thread polls; if the frontend gave some
-                    // other kind of fd the write just fails.
-                    unsafe { libc::write(kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+                    // The frontend's eventfd: a full one (or another kind
+                    // of fd) only leaves the queue unkicked.
+                    if let Err(e) = crate::notifier::signal(kick.as_raw_fd()) {
+                        warn!("node {node}: cannot kick the control queue: {e}");
+                    }
                 }
             }
         }

@@ -159,7 +159,17 @@ impl PortBackend {
             }
         }
         if any {
-            vring.signal_used_queue()?;
+            let signalled = match vring.get_ref().get_call() {
+                Some(call) => crate::notifier::signal(call.as_raw_fd()),
+                None => Ok(()),
+            };
+            match signalled {
+                Ok(()) => {}
+                Err(crate::notifier::SignalError::Full) => self.switch.lock().nodes
+                    [self.node as usize]
+                    .break_queue(CONTROL_QUEUE, RingFault::CallFull),
+                Err(crate::notifier::SignalError::Io(e)) => return Err(e),
+            }
         }
         self.switch.disconnect_faulted();
         Ok(())
