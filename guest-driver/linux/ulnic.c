@@ -31,6 +31,9 @@
 
 #define ULNIC_CMD_TIMEOUT (10 * HZ)
 #define ULNIC_CMD_BUF_SIZE 1024
+/* Notification buffers posted at most (8 bytes each). */
+#define ULNIC_NOTIFY_MAX 256
+
 /* Config space offsets (spec 2.2). */
 
 struct ulnic_file;
@@ -81,7 +84,7 @@ struct ulnic {
 	 */
 	bool removing;
 
-	/* Notification records, one per endpoint (spec 6). */
+	/* Notification records, as many as the queue holds (spec 6). */
 	struct ulnic_notify_record *notify_bufs;
 	unsigned long notifications;
 
@@ -91,7 +94,7 @@ struct ulnic {
 	 * to one process.
 	 */
 	phys_addr_t doorbell_pa[ULNIC_DOORBELL_QUEUES];
-	/* Notification buffers posted (at most one per endpoint). */
+	/* Notification buffers posted (the queue's size, at most ULNIC_NOTIFY_MAX). */
 	unsigned int notify_count;
 	/* Buffers reposted since the notification queue was last kicked. */
 	unsigned int notify_unkicked;
@@ -1214,7 +1217,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	}
 
 	u->cmd_buf = kzalloc(ULNIC_CMD_BUF_SIZE, GFP_KERNEL);
-	u->notify_bufs = kcalloc(u->endpoints, sizeof(*u->notify_bufs),
+	u->notify_bufs = kcalloc(ULNIC_NOTIFY_MAX, sizeof(*u->notify_bufs),
 				 GFP_KERNEL);
 	u->owners = kvcalloc(u->endpoints, sizeof(*u->owners), GFP_KERNEL);
 	u->notified = bitmap_zalloc(u->endpoints, GFP_KERNEL);
@@ -1235,10 +1238,12 @@ static int ulnic_probe(struct virtio_device *vdev)
 	virtio_device_ready(vdev);
 
 	/*
-	 * One notification buffer per endpoint, as many as the queue holds:
-	 * the device keeps what finds no buffer until one comes (spec 6).
+	 * As many notification buffers as the queue holds, whatever the
+	 * number of endpoints: reposts kick once per half of them (spec 6),
+	 * and each kick is an exit to the hypervisor. The device keeps what
+	 * finds no buffer until one comes.
 	 */
-	u->notify_count = min(u->endpoints,
+	u->notify_count = min_t(unsigned int, ULNIC_NOTIFY_MAX,
 			      virtqueue_get_vring_size(u->vqs[ULNIC_NOTIFY_QUEUE]));
 	for (i = 0; i < u->notify_count; i++) {
 		err = ulnic_post_notify(u, i);
