@@ -7,8 +7,9 @@
 //! - [`memory`]: checked access to a frontend's memory (`guest`), and the
 //!   checks and fault containment for the regions it shares (`region`).
 //! - [`chain`]: checked popping of virtqueue descriptor chains.
-//! - [`notifier`]: signals into a frontend's eventfds that never hold the
-//!   device, however the frontend set them up.
+//! - [`notifier`]: signals into a frontend's eventfds, and reads of its
+//!   kicks, that never hold the device, however the frontend set them up.
+//! - [`vring`]: a port's virtqueue, whose kicks are read through `notifier`.
 //! - [`nic`]: the per-port NIC: endpoints and their rings (`endpoint`,
 //!   `receive`, `stats`), the UTLB (`utlb`), apertures and tripwires
 //!   (`aperture`), transfer redirection (`redirect`), and a port (`node`).
@@ -54,6 +55,7 @@ pub mod nic;
 pub mod notifier;
 pub mod switch;
 pub mod vhost;
+pub mod vring;
 
 pub use config::{Configuration, ConfigurationBuilder, Error};
 pub use device::Device;

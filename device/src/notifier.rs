@@ -1,5 +1,5 @@
-//! Signals into a frontend's eventfds that can never hold the device
-//! (spec §8).
+//! Signals into a frontend's eventfds, and reads of its kick eventfds,
+//! that can never hold the device (spec §8).
 //!
 //! A queue's call fd belongs to the frontend: it chose the file, and it
 //! shares the file description, flags included, with the device. An eventfd
@@ -22,6 +22,12 @@
 //!
 //! An honest frontend never gets there: the device writes 1 at a time and
 //! the counter's limit is 2^64 - 2.
+//!
+//! Kicks are the mirror case: epoll says a kick eventfd is readable, the
+//! frontend reads it first, and the device's read of a blocking eventfd
+//! sleeps, holding that queue's lock, which the engine then waits for.
+//! [`consume`] is bracketed the same way and reports the interrupted read
+//! as [`ConsumeError::Blocked`].
 
 use std::io;
 use std::os::fd::RawFd;
@@ -169,38 +175,47 @@ fn watch() {
     }
 }
 
+/// Runs `op`, an 8-byte read or write of eventfd `fd`, where the watchdog
+/// can end it; returns its result and errno. `ready` is the poll event that
+/// says `op` would not block, checked instead when this thread is exiting
+/// (its registration gone): then `None` if `fd` is not ready.
+fn guarded(fd: RawFd, ready: libc::c_short, op: impl Fn() -> isize) -> Option<(isize, io::Error)> {
+    let run = || {
+        let n = op();
+        (n, io::Error::last_os_error())
+    };
+    match MINE.try_with(|r| {
+        r.0.state.fetch_add(1, Ordering::AcqRel);
+        let out = run();
+        r.0.state.fetch_add(1, Ordering::AcqRel);
+        out
+    }) {
+        Ok(out) => Some(out),
+        Err(_) => {
+            let mut p = libc::pollfd {
+                fd,
+                events: ready,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, zero timeout.
+            if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
+                return None;
+            }
+            Some(run())
+        }
+    }
+}
+
 /// Writes the 8-byte value 1 to eventfd `fd` (a queue's call fd, or a kick
 /// fd the device rings for its driver). Never blocks for longer than two
 /// [`TICK`]s once [`install`] ran.
 pub fn signal(fd: RawFd) -> Result<(), SignalError> {
     let one = 1u64.to_ne_bytes();
-    let write = || {
-        // SAFETY: writes 8 bytes from a live buffer to a descriptor the
-        // caller holds; a descriptor of another kind only fails the write.
-        let n = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
-        (n, io::Error::last_os_error())
-    };
-    let (n, err) = match MINE.try_with(|r| {
-        r.0.state.fetch_add(1, Ordering::AcqRel);
-        let out = write();
-        r.0.state.fetch_add(1, Ordering::AcqRel);
-        out
-    }) {
-        Ok(out) => out,
-        // This thread is exiting (its registration is gone): write only if
-        // the eventfd can take it now.
-        Err(_) => {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLOUT,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, zero timeout.
-            if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
-                return Err(SignalError::Full);
-            }
-            write()
-        }
+    // SAFETY: writes 8 bytes from a live buffer to a descriptor the caller
+    // holds; a descriptor of another kind only fails the write.
+    let write = || unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+    let Some((n, err)) = guarded(fd, libc::POLLOUT, write) else {
+        return Err(SignalError::Full);
     };
     if n == one.len() as isize {
         return Ok(());
@@ -208,6 +223,45 @@ pub fn signal(fd: RawFd) -> Result<(), SignalError> {
     match err.raw_os_error() {
         Some(libc::EAGAIN) | Some(libc::EINTR) => Err(SignalError::Full),
         _ => Err(SignalError::Io(err)),
+    }
+}
+
+/// What reading a frontend's kick eventfd found.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError {
+    /// Nothing to read: someone else (the frontend itself) took the count,
+    /// and the eventfd is non-blocking.
+    #[error("its kick eventfd was empty")]
+    Empty,
+    /// The read slept on an empty blocking eventfd (the frontend drained it
+    /// itself) until the watchdog ended it.
+    #[error("its kick eventfd was drained by the frontend and blocks the device's read")]
+    Blocked,
+    /// Any other failure of the read.
+    #[error("cannot read its kick eventfd: {0}")]
+    Io(io::Error),
+}
+
+/// Reads (and so resets) eventfd `fd`, a queue's kick fd that epoll said
+/// was readable. Never blocks for longer than two [`TICK`]s once
+/// [`install`] ran.
+pub fn consume(fd: RawFd) -> Result<(), ConsumeError> {
+    let read = || {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live 8-byte buffer from a
+        // descriptor the caller holds.
+        unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) }
+    };
+    let Some((n, err)) = guarded(fd, libc::POLLIN, read) else {
+        return Err(ConsumeError::Empty);
+    };
+    if n == 8 {
+        return Ok(());
+    }
+    match err.raw_os_error() {
+        Some(libc::EAGAIN) => Err(ConsumeError::Empty),
+        Some(libc::EINTR) => Err(ConsumeError::Blocked),
+        _ => Err(ConsumeError::Io(err)),
     }
 }
 
@@ -266,8 +320,26 @@ mod tests {
     }
 
     #[test]
+    fn a_kick_is_read_and_an_empty_eventfd_is_not_waited_on() {
+        install();
+        let e = EventFd::new(EFD_NONBLOCK).unwrap();
+        e.write(3).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&e);
+        consume(fd).unwrap();
+        assert!(matches!(consume(fd), Err(ConsumeError::Empty)));
+        // Blocking and empty (the frontend drained it): only the watchdog
+        // ends this read.
+        let blocking = EventFd::new(0).unwrap();
+        let before = interrupted();
+        let r = consume(std::os::fd::AsRawFd::as_raw_fd(&blocking));
+        assert!(matches!(r, Err(ConsumeError::Blocked)), "{r:?}");
+        assert!(interrupted() > before);
+    }
+
+    #[test]
     fn other_descriptors_fail_plainly() {
         install();
         assert!(matches!(signal(-1), Err(SignalError::Io(_))));
+        assert!(matches!(consume(-1), Err(ConsumeError::Io(_))));
     }
 }

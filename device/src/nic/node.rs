@@ -3,7 +3,6 @@
 //! notification queue, and what its frontend broke.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +10,7 @@ use std::time::Instant;
 use log::{debug, error, warn};
 use ulnic_abi::wire::NotifyRecord;
 use ulnic_abi::{Cookie, NOTIFY_QUEUE};
-use vhost_user_backend::{VringRwLock, VringT};
+use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 use zerocopy::IntoBytes;
@@ -22,7 +21,7 @@ use crate::nic::aperture::{Aperture, ApertureTable};
 use crate::nic::endpoint::Endpoint;
 
 /// A virtqueue of a port, as handed over by the vhost-user backend.
-pub type PortVring = VringRwLock<PortMemory>;
+pub type PortVring = crate::vring::PortVring<PortMemory>;
 
 /// One port of the device: a node of the switch.
 pub struct Node {
@@ -219,10 +218,7 @@ impl Node {
             return false;
         }
         drop(st);
-        let signalled = match vring.get_ref().get_call() {
-            Some(call) => crate::notifier::signal(call.as_raw_fd()),
-            None => Ok(()),
-        };
+        let signalled = crate::vring::signal_call(&vring.get_ref());
         match signalled {
             Ok(()) => {}
             Err(crate::notifier::SignalError::Full) => {

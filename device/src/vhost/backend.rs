@@ -12,7 +12,7 @@ use ulnic_abi::{
     SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::QueueT;
 use vm_memory::{
@@ -29,7 +29,7 @@ use ulnic_abi::wire::ConfigSpace;
 use crate::chain::{pop_checked, RingFault};
 use crate::memory::guest::PortMemory;
 use crate::memory::region;
-use crate::nic::node::queue_bit;
+use crate::nic::node::{queue_bit, PortVring};
 use crate::switch::Switch;
 use crate::vhost::control;
 
@@ -108,7 +108,7 @@ impl PortBackend {
         })
     }
 
-    fn process_control(&self, vring: &VringRwLock<PortMemory>) -> io::Result<()> {
+    fn process_control(&self, vring: &PortVring) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -159,10 +159,7 @@ impl PortBackend {
             }
         }
         if any {
-            let signalled = match vring.get_ref().get_call() {
-                Some(call) => crate::notifier::signal(call.as_raw_fd()),
-                None => Ok(()),
-            };
+            let signalled = crate::vring::signal_call(&vring.get_ref());
             match signalled {
                 Ok(()) => {}
                 Err(crate::notifier::SignalError::Full) => self.switch.lock().nodes
@@ -229,7 +226,7 @@ impl PortBackend {
 
 impl VhostUserBackend for PortBackend {
     type Bitmap = ();
-    type Vring = VringRwLock<PortMemory>;
+    type Vring = PortVring;
 
     fn num_queues(&self) -> usize {
         self.num_queues
@@ -405,9 +402,9 @@ mod tests {
     fn vrings(
         mem: &GuestMemoryMmap<()>,
         mock: &MockSplitQueue<GuestMemoryMmap<()>>,
-    ) -> Vec<VringRwLock<PortMemory>> {
+    ) -> Vec<PortVring> {
         let control =
-            VringRwLock::new(GuestMemoryAtomic::new(mem.clone()), MAX_QUEUE_SIZE as u16).unwrap();
+            PortVring::new(GuestMemoryAtomic::new(mem.clone()), MAX_QUEUE_SIZE as u16).unwrap();
         control.set_queue_size(QUEUE_SIZE);
         control
             .set_queue_info(

@@ -1,0 +1,219 @@
+//! A port's virtqueue: the vhost-user crate's `VringRwLock`, except that a
+//! kick is read so that the frontend cannot hold the device (spec §8).
+//!
+//! The crate reads a kicked queue's eventfd with a plain read while it holds
+//! the queue's lock. A frontend that made its kick eventfd blocking and reads
+//! it itself between the device's epoll and that read leaves the read asleep
+//! with the lock held; the engine, which takes the same lock to post a
+//! notification, would then wait for ever, holding the switch. Here the read
+//! goes through [`notifier::consume`], which the watchdog ends: an empty
+//! non-blocking eventfd is a kick already taken (nothing to do), and a read
+//! that slept fails the queue's event handler, which ends that connection's
+//! queue thread. Only that frontend's port stops being served.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+use log::warn;
+use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
+use virtio_queue::Error as VirtQueError;
+use vm_memory::GuestAddressSpace;
+
+use crate::notifier::{self, ConsumeError};
+
+/// A port's virtqueue (see the module's comment).
+#[derive(Clone)]
+pub struct PortVring<M: GuestAddressSpace>(VringRwLock<M>);
+
+impl<'a, M: 'a + GuestAddressSpace> VringStateGuard<'a, M> for PortVring<M> {
+    type G = <VringRwLock<M> as VringStateGuard<'a, M>>::G;
+}
+
+impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for PortVring<M> {
+    type G = <VringRwLock<M> as VringStateMutGuard<'a, M>>::G;
+}
+
+impl<M: 'static + GuestAddressSpace> VringT<M> for PortVring<M> {
+    fn new(mem: M, max_queue_size: u16) -> Result<Self, VirtQueError> {
+        VringRwLock::new(mem, max_queue_size).map(PortVring)
+    }
+
+    fn get_ref(&self) -> <Self as VringStateGuard<'_, M>>::G {
+        self.0.get_ref()
+    }
+
+    fn get_mut(&self) -> <Self as VringStateMutGuard<'_, M>>::G {
+        self.0.get_mut()
+    }
+
+    fn add_used(&self, desc_index: u16, len: u32) -> Result<(), VirtQueError> {
+        self.0.add_used(desc_index, len)
+    }
+
+    /// Through the notifier, like every signal the device sends.
+    fn signal_used_queue(&self) -> io::Result<()> {
+        signal_call(&self.0.get_ref()).map_err(io::Error::other)
+    }
+
+    fn enable_notification(&self) -> Result<bool, VirtQueError> {
+        self.0.enable_notification()
+    }
+
+    fn disable_notification(&self) -> Result<(), VirtQueError> {
+        self.0.disable_notification()
+    }
+
+    fn needs_notification(&self) -> Result<bool, VirtQueError> {
+        self.0.needs_notification()
+    }
+
+    fn set_enabled(&self, enabled: bool) {
+        self.0.set_enabled(enabled)
+    }
+
+    fn set_queue_info(
+        &self,
+        desc_table: u64,
+        avail_ring: u64,
+        used_ring: u64,
+    ) -> Result<(), VirtQueError> {
+        self.0.set_queue_info(desc_table, avail_ring, used_ring)
+    }
+
+    fn queue_next_avail(&self) -> u16 {
+        self.0.queue_next_avail()
+    }
+
+    fn set_queue_next_avail(&self, base: u16) {
+        self.0.set_queue_next_avail(base)
+    }
+
+    fn set_queue_next_used(&self, idx: u16) {
+        self.0.set_queue_next_used(idx)
+    }
+
+    fn queue_used_idx(&self) -> Result<u16, VirtQueError> {
+        self.0.queue_used_idx()
+    }
+
+    fn set_queue_size(&self, num: u16) {
+        self.0.set_queue_size(num)
+    }
+
+    fn set_queue_event_idx(&self, enabled: bool) {
+        self.0.set_queue_event_idx(enabled)
+    }
+
+    fn set_queue_ready(&self, ready: bool) {
+        self.0.set_queue_ready(ready)
+    }
+
+    fn set_kick(&self, file: Option<File>) {
+        self.0.set_kick(file)
+    }
+
+    /// Takes the kick through [`notifier::consume`] (see the module's
+    /// comment); whether the queue is enabled, or an error that ends the
+    /// connection's queue thread when the frontend made the read sleep.
+    fn read_kick(&self) -> io::Result<bool> {
+        let state = self.0.get_ref();
+        if let Some(kick) = state.get_kick() {
+            match notifier::consume(kick.as_raw_fd()) {
+                Ok(()) | Err(ConsumeError::Empty) => {}
+                Err(e) => {
+                    warn!("a queue's kick: {e}; this connection's queues are no longer served");
+                    return Err(io::Error::other(e));
+                }
+            }
+        }
+        Ok(state.is_enabled())
+    }
+
+    fn set_call(&self, file: Option<File>) {
+        self.0.set_call(file)
+    }
+
+    fn set_err(&self, file: Option<File>) {
+        self.0.set_err(file)
+    }
+}
+
+/// Signals the queue's call eventfd, if it has one, through the notifier.
+pub fn signal_call<M: GuestAddressSpace>(
+    state: &VringState<M>,
+) -> Result<(), notifier::SignalError> {
+    match state.get_call() {
+        Some(call) => notifier::signal(call.as_raw_fd()),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+    type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+
+    fn vring() -> PortVring<Mem> {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let v = PortVring::new(GuestMemoryAtomic::new(mem), 16).unwrap();
+        v.set_enabled(true);
+        v
+    }
+
+    fn file(e: &EventFd) -> File {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        // SAFETY: the clone's descriptor is fresh and owned by nothing else
+        // once into_raw_fd gives it up.
+        unsafe { File::from_raw_fd(e.try_clone().unwrap().into_raw_fd()) }
+    }
+
+    #[test]
+    fn a_kick_is_taken_and_one_already_taken_is_nothing() {
+        notifier::install();
+        let v = vring();
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        v.set_kick(Some(file(&kick)));
+        kick.write(1).unwrap();
+        assert!(v.read_kick().unwrap());
+        // Empty now (as if the frontend had read it first): not an error.
+        assert!(v.read_kick().unwrap());
+    }
+
+    #[test]
+    fn a_kick_read_the_frontend_made_sleep_ends_and_lets_the_queue_go() {
+        notifier::install();
+        // Run aside: a read that is never ended would hang, not fail.
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let v = vring();
+            // Blocking and empty: the frontend took the count after epoll
+            // saw it.
+            let kick = EventFd::new(0).unwrap();
+            v.set_kick(Some(file(&kick)));
+            let failed = v.read_kick().is_err();
+            // The queue's lock was let go: the engine can take it.
+            drop(v.get_mut());
+            let _ = done.send(failed);
+        });
+        let failed = finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the kick read still sleeps after 60 s");
+        assert!(failed);
+    }
+
+    #[test]
+    fn signals_go_through_the_notifier() {
+        notifier::install();
+        let v = vring();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        v.set_call(Some(file(&call)));
+        v.signal_used_queue().unwrap();
+        assert_eq!(call.read().unwrap(), 1);
+        call.write(u64::MAX - 1).unwrap();
+        assert!(v.signal_used_queue().is_err());
+    }
+}
