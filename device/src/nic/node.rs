@@ -217,8 +217,9 @@ impl Node {
         if st.get_queue_mut().add_used(mem, head, written).is_err() {
             return false;
         }
+        // Signalled through the guard already held, not a second lock.
+        let signalled = crate::vring::signal_call(&st);
         drop(st);
-        let signalled = crate::vring::signal_call(&vring.get_ref());
         match signalled {
             Ok(()) => {}
             Err(crate::notifier::SignalError::Full) => {
