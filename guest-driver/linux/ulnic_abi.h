@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */
-/* Generated from device/abi/src/{lib,wire}.rs by ulnic_abi::c_header(); do not edit.
+/* Generated from abi/src/{lib,wire}.rs by ulnic_abi::c_header(); do not edit.
  * Regenerate: ULNIC_BLESS=1 cargo test -p ulnic-abi */
 #ifndef ULNIC_ABI_H
 #define ULNIC_ABI_H

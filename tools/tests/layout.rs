@@ -72,6 +72,18 @@ fn dependencies(manifest: &str, section: &str) -> Vec<String> {
     out
 }
 
+/// The package in `folder`: `ulnic-<folder>`, except the library, which
+/// is the `ulnic` programs depend on and import.
+fn package_name(folder: &str) -> String {
+    match folder {
+        "guest-lib" => "ulnic".into(),
+        _ => format!(
+            "ulnic-{}",
+            Path::new(folder).file_name().unwrap().to_str().unwrap()
+        ),
+    }
+}
+
 #[test]
 fn crates_are_named_after_their_folders() {
     let members = members();
@@ -79,12 +91,38 @@ fn crates_are_named_after_their_folders() {
     for m in &members {
         let manifest = std::fs::read_to_string(root().join(m).join("Cargo.toml")).unwrap();
         let name = manifest_value(&manifest, "package", "name").unwrap();
-        let folder = Path::new(m).file_name().unwrap().to_str().unwrap();
-        assert_eq!(
-            name,
-            format!("ulnic-{folder}"),
-            "the crate in {m}/ is named {name}"
+        assert_eq!(name, package_name(m), "the crate in {m}/ is named {name}");
+    }
+}
+
+/// One name per crate: no dependency is renamed (`package = ...`), and a
+/// crate's Rust name is its package's (`[lib] name` only renames what a C
+/// program links, for crates that build no Rust library).
+#[test]
+fn every_crate_is_imported_under_its_package_name() {
+    for m in members() {
+        let manifest = std::fs::read_to_string(root().join(&m).join("Cargo.toml")).unwrap();
+        assert!(
+            !manifest.contains("package ="),
+            "{m}/Cargo.toml renames a dependency"
         );
+        if let Some(lib) = manifest_value(&manifest, "lib", "name") {
+            let kinds = manifest_value(&manifest, "lib", "crate-type").unwrap_or_default();
+            assert!(
+                lib == package_name(&m).replace('-', "_")
+                    || !(kinds.contains("\"lib\"") || kinds.contains("\"rlib\"")),
+                "{m}: the Rust crate is named {lib}, not after its package"
+            );
+        }
+    }
+    // Sources name the library `ulnic`, never an old alias.
+    for m in members() {
+        for file in modules(&root().join(&m).join("src")).values() {
+            let text = std::fs::read_to_string(file).unwrap();
+            for old in ["ulnic_lib", "ulnic_guest_lib"] {
+                assert!(!text.contains(old), "{} names {old}", file.display());
+            }
+        }
     }
 }
 
@@ -93,14 +131,14 @@ fn the_engine_and_the_contract_depend_on_no_tool() {
     let tools_only = [
         "ulnic-tools",
         "ulnic-images",
-        "ulnic-guest-lib",
+        "ulnic",
         "ulnic-host-attach",
         "clap",
         "serde",
         "serde_json",
         "anyhow",
     ];
-    for (folder, allowed_workspace) in [("device", &["ulnic-abi"][..]), ("device/abi", &[][..])] {
+    for (folder, allowed_workspace) in [("device", &["ulnic-abi"][..]), ("abi", &[][..])] {
         let manifest = std::fs::read_to_string(root().join(folder).join("Cargo.toml")).unwrap();
         for dep in dependencies(&manifest, "dependencies") {
             assert!(

@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use ulnic_lib::{DmqKind, DmqReceiver, DmqSender};
+use ulnic::{DmqKind, DmqReceiver, DmqSender};
 
 use crate::endpoint::{timeout_arg, ulnic_ep};
 use crate::nic::put;
@@ -33,7 +33,7 @@ fn kind(entry: u32) -> DmqKind {
 
 /// Takes the endpoint out of its handle: the queue owns it from now on
 /// (do not destroy `ep` yourself).
-fn take_ep(ep: *mut ulnic_ep) -> ulnic_lib::Endpoint {
+fn take_ep(ep: *mut ulnic_ep) -> ulnic::Endpoint {
     // SAFETY: a live handle from this library, given up by the caller.
     unsafe { Box::from_raw(ep) }.ep
 }

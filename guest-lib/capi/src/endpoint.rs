@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
-use ulnic_lib::{Address, Endpoint, EndpointConfig, Event, FilterEntry, Payload, RedirectOutcome};
+use ulnic::{Address, Endpoint, EndpointConfig, Event, FilterEntry, Payload, RedirectOutcome};
 
 use crate::nic::{put, ulnic_buffer, ulnic_pd};
 use crate::status::{guard, handle, invalid};
@@ -401,11 +401,11 @@ pub unsafe extern "C" fn ulnic_ep_post_send_buffer(
     })
 }
 
-pub(crate) fn translation_code(t: ulnic_lib::Translation) -> i32 {
+pub(crate) fn translation_code(t: ulnic::Translation) -> i32 {
     match t {
-        ulnic_lib::Translation::Hit => 0,
-        ulnic_lib::Translation::Miss => 1,
-        ulnic_lib::Translation::Fallback => 2,
+        ulnic::Translation::Hit => 0,
+        ulnic::Translation::Miss => 1,
+        ulnic::Translation::Fallback => 2,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::path::Path;
 
-use ulnic_lib::{Nic, ProtectionDomain, UserBuffer, UtlbConfig};
+use ulnic::{Nic, ProtectionDomain, UserBuffer, UtlbConfig};
 
 use crate::status::{guard, handle, invalid};
 

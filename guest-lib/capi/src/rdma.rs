@@ -1,7 +1,7 @@
 //! Remote memory: apertures and cookies, RDMA write, read and immediate,
 //! tripwires, and transfer redirection (spec §5.12-5.15).
 
-use ulnic_lib::{Cookie, Immediate, Permissions, TripwireOn};
+use ulnic::{Cookie, Immediate, Permissions, TripwireOn};
 
 use crate::endpoint::{timeout_arg, translation_code, ulnic_ep, ULNIC_COMPLETION};
 use crate::nic::{put, ulnic_buffer};
@@ -391,7 +391,7 @@ pub unsafe extern "C" fn ulnic_ep_take_tripwire_fired(ep: *mut ulnic_ep, id: u32
 }
 
 /// Whether `offset` names an aligned 64-bit word inside the segment.
-fn word_of_segment(ep: &ulnic_lib::Endpoint, offset: u64) -> bool {
+fn word_of_segment(ep: &ulnic::Endpoint, offset: u64) -> bool {
     offset.is_multiple_of(8) && offset.saturating_add(8) <= ep.segment_len() as u64
 }
 

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::io;
 use std::time::{Duration, Instant};
 
-use ulnic_lib::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream};
+use ulnic::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream};
 
 use crate::nic::put;
 use crate::status::{handle, invalid, set_last};

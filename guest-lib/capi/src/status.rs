@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
-use ulnic_lib::Error;
+use ulnic::Error;
 
 /// The version of this API: the soname is `libulnic.so.ULNIC_API_MAJOR`.
 pub const ULNIC_API_MAJOR: u32 = 0;

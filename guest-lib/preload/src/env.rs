@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ulnic_lib::sock::{Net, SockConfig};
+use ulnic::sock::{Net, SockConfig};
 
 use crate::config::Inet;
 use crate::share::Arena;
@@ -81,8 +81,8 @@ impl Env {
     /// the child's new sockets are the kernel's.
     pub fn forked(&self) {
         let mut st = self.state();
-        let attached = std::env::var_os(ulnic_lib::SOCKET_ENV).is_some()
-            && !std::path::Path::new(ulnic_lib::DEFAULT_DEVICE).exists();
+        let attached = std::env::var_os(ulnic::SOCKET_ENV).is_some()
+            && !std::path::Path::new(ulnic::DEFAULT_DEVICE).exists();
         *st = if attached {
             NetState::Unavailable
         } else {

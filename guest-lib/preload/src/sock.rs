@@ -13,7 +13,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ulnic_lib::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream};
+use ulnic::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream};
 
 use crate::config::Target;
 use crate::env::Env;
@@ -278,7 +278,7 @@ impl State {
         }
     }
 
-    fn waiter(&self) -> Option<ulnic_lib::Waiter> {
+    fn waiter(&self) -> Option<ulnic::Waiter> {
         match &self.kind {
             Kind::Listener(l) => Some(l.waiter()),
             Kind::Stream(s) => Some(s.waiter()),

@@ -7,7 +7,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
-use ulnic_lib::sock::{Ready, SockAddr};
+use ulnic::sock::{Ready, SockAddr};
 
 use crate::config::{write_addr, Target};
 use crate::context::{ctx, Ctx};

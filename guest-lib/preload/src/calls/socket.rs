@@ -147,14 +147,9 @@ pub unsafe extern "C" fn accept4(
     if let Err(e) = s.usable(&c.env) {
         return fail(e);
     }
-    let r = s.block(
-        &c.env,
-        fd,
-        ulnic_lib::sock::Ready::READ,
-        false,
-        None,
-        |st| sock::try_accept(st, fd, addr, len, flags),
-    );
+    let r = s.block(&c.env, fd, ulnic::sock::Ready::READ, false, None, |st| {
+        sock::try_accept(st, fd, addr, len, flags)
+    });
     let (stream, from) = match r {
         Ok(Accepted::Kernel(k)) => return k,
         Ok(Accepted::Ulnic(stream, from)) => (stream, from),

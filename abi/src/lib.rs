@@ -1454,7 +1454,7 @@ pub fn c_header() -> String {
     defs.sort_by_key(|d| d.0);
     let mut h = String::from(
         "/* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */\n\
-         /* Generated from device/abi/src/{lib,wire}.rs by ulnic_abi::c_header(); do not edit.\n \
+         /* Generated from abi/src/{lib,wire}.rs by ulnic_abi::c_header(); do not edit.\n \
          * Regenerate: ULNIC_BLESS=1 cargo test -p ulnic-abi */\n\
          #ifndef ULNIC_ABI_H\n#define ULNIC_ABI_H\n\n\
          #include <linux/types.h>\n#include <linux/ioctl.h>\n\n",
@@ -1556,7 +1556,7 @@ mod header_tests {
     fn committed_c_header_matches_the_rust_abi() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../guest-driver/linux/ulnic_abi.h"
+            "/../guest-driver/linux/ulnic_abi.h"
         );
         let want = super::c_header();
         if std::env::var_os("ULNIC_BLESS").is_some() {
