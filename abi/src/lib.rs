@@ -82,21 +82,21 @@ pub const NOTIFY_QUEUE: u16 = 1;
 /// Queue index of doorbell slot 0; the protection domain in slot `s`
 /// rings queue `FIRST_DOORBELL_QUEUE + s` (spec §5.8).
 pub const FIRST_DOORBELL_QUEUE: u16 = 2;
-/// Virtqueues of every port, whatever its number of endpoints (QEMU's
+/// Virtqueues of every node, whatever its number of endpoints (QEMU's
 /// `num_vqs`; the vhost-user backend crate's limit).
 pub const QUEUE_COUNT: u32 = 64;
-/// Doorbell queues of a port: one per protection domain, so also the
-/// limit on protection domains per port.
+/// Doorbell queues of a node: one per protection domain, so also the
+/// limit on protection domains per node.
 pub const DOORBELL_QUEUES: u32 = QUEUE_COUNT - FIRST_DOORBELL_QUEUE as u32;
 /// The doorbell queue of doorbell slot `slot`.
 pub const fn doorbell_queue(slot: u32) -> u32 {
     FIRST_DOORBELL_QUEUE as u32 + slot
 }
-/// Upper bound on endpoints per port (spec §3).
+/// Upper bound on endpoints per node (spec §3).
 pub const MAX_ENDPOINTS_LIMIT: u32 = 4096;
-/// Endpoints of a port the device polls without a doorbell (spec §5.8).
+/// Endpoints of a node the device polls without a doorbell (spec §5.8).
 pub const RESIDENT_MAX: u32 = 64;
-/// Bytes of a doorbell bitmap for a port of `endpoints` endpoints: one bit
+/// Bytes of a doorbell bitmap for a node of `endpoints` endpoints: one bit
 /// per endpoint, in whole u64 words (spec §5.8).
 pub const fn doorbell_bitmap_bytes(endpoints: u32) -> u64 {
     (endpoints as u64).div_ceil(64) * 8
@@ -170,7 +170,7 @@ pub const RECV_DESC_SIZE: u64 = core::mem::size_of::<wire::RecvDesc>() as u64;
 /// Free descriptor size.
 pub const FREE_DESC_SIZE: u64 = core::mem::size_of::<wire::FreeDesc>() as u64;
 /// Event record size.
-pub const EVENT_SIZE: u64 = core::mem::size_of::<wire::Event>() as u64;
+pub const EVENT_SIZE: u64 = core::mem::size_of::<wire::EventRecord>() as u64;
 /// Bytes of one entry of a page table (a segment's pages, spec §4.3; a
 /// UTLB table, §5.14): a little-endian u64 page address.
 pub const PAGE_ENTRY_SIZE: u64 = core::mem::size_of::<U64>() as u64;
@@ -314,7 +314,7 @@ pub mod status {
     pub const INVALID_ARGUMENT: u32 = 3;
     /// A limit was reached (endpoints, domains).
     pub const NO_RESOURCES: u32 = 4;
-    /// No such protection domain or endpoint on this port.
+    /// No such protection domain or endpoint on this node.
     pub const NOT_FOUND: u32 = 5;
     /// The port number is already bound on this node.
     pub const ADDRESS_IN_USE: u32 = 6;
@@ -800,7 +800,7 @@ impl RdmaDesc {
 
 /// An event record (spec §5.6).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Event {
+pub struct EventRecord {
     /// `event::*`.
     pub kind: u16,
     /// Error or condition code.
@@ -817,11 +817,11 @@ pub struct Event {
     pub aux: u32,
 }
 
-impl Event {
+impl EventRecord {
     /// Decodes an event.
     pub fn decode(b: &[u8]) -> Self {
-        let w: wire::Event = wire::read(b);
-        Event {
+        let w: wire::EventRecord = wire::read(b);
+        EventRecord {
             kind: w.kind.get(),
             code: w.code.get(),
             user_id: w.user_id.get(),
@@ -833,7 +833,7 @@ impl Event {
     }
     /// Encodes into a 32-byte slot.
     pub fn encode(&self, b: &mut [u8]) {
-        let w = wire::Event {
+        let w = wire::EventRecord {
             kind: self.kind.into(),
             code: self.code.into(),
             aux: self.aux.into(),
@@ -983,15 +983,15 @@ pub struct DeviceInfo {
     pub version_major: u16,
     /// Spec minor version.
     pub version_minor: u16,
-    /// This port's node address.
+    /// This node's address.
     pub node: u32,
-    /// Endpoints this port supports.
+    /// Endpoints this node supports.
     pub max_endpoints: u32,
     /// Inline payload limit.
     pub inline_max: u32,
     /// Message size limit.
     pub max_message: u32,
-    /// Number of nodes (ports) in the fabric.
+    /// Number of nodes in the fabric.
     pub nodes: u32,
     /// Implemented feature bits (`F_*`).
     pub features: u64,
@@ -1164,7 +1164,7 @@ mod tests {
         let mut b = [0u8; 32];
         f.encode(&mut b);
         assert_eq!(FreeDesc::decode(&b), f);
-        let e = Event {
+        let e = EventRecord {
             kind: event::TX_ERROR,
             code: tx_error::NO_BUFFER,
             user_id: 7,
@@ -1175,7 +1175,7 @@ mod tests {
         };
         let mut b = [0u8; 32];
         e.encode(&mut b);
-        assert_eq!(Event::decode(&b), e);
+        assert_eq!(EventRecord::decode(&b), e);
         let r = RdmaDesc {
             opcode: op::WRITE_IMMEDIATE,
             flags: send_flags::COMPLETION,

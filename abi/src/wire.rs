@@ -11,14 +11,14 @@
 //! the device then checks the fields.
 //!
 //! ```
-//! use ulnic_abi::wire::{Event, Layout};
+//! use ulnic_abi::wire::{EventRecord, Layout};
 //! use zerocopy::{FromBytes, IntoBytes};
-//! let e = Event { kind: 1.into(), user_id: 7.into(), ..FromZeros::new_zeroed() };
+//! let e = EventRecord { kind: 1.into(), user_id: 7.into(), ..FromZeros::new_zeroed() };
 //! # use zerocopy::FromZeros;
 //! let bytes = e.as_bytes();
 //! assert_eq!(bytes.len(), 32);
-//! assert_eq!(Event::read_from_bytes(bytes).unwrap().user_id.get(), 7);
-//! assert_eq!(Event::C_NAME, "ulnic_event");
+//! assert_eq!(EventRecord::read_from_bytes(bytes).unwrap().user_id.get(), 7);
+//! assert_eq!(EventRecord::C_NAME, "ulnic_event_record");
 //! ```
 
 use zerocopy::little_endian::{U16, U32, U64};
@@ -126,9 +126,9 @@ wire! {
         pub version_major: U16,
         /// Spec minor version.
         pub version_minor: U16,
-        /// This port's node address.
+        /// This node's address.
         pub node: U32,
-        /// Endpoints per port.
+        /// Endpoints per node.
         pub endpoints: U32,
         /// `INLINE_MAX`.
         pub inline_max: U32,
@@ -339,9 +339,9 @@ wire! {
         pub version_major: U16,
         /// Spec minor version.
         pub version_minor: U16,
-        /// This port's node address.
+        /// This node's address.
         pub node: U32,
-        /// Endpoints per port.
+        /// Endpoints per node.
         pub max_endpoints: U32,
         /// Inline payload limit.
         pub inline_max: U32,
@@ -504,8 +504,8 @@ wire! {
         pub reserved1: U64,
     }
 
-    /// An event (spec §5.6).
-    pub struct Event = "ulnic_event" {
+    /// An event record: one entry of the event ring (spec §5.6).
+    pub struct EventRecord = "ulnic_event_record" {
         /// `event::*`.
         pub kind: U16,
         /// Error or condition code.
@@ -577,7 +577,7 @@ wire! {
         /// NACK: why (a `tx_error` code).
         pub code: U16,
         /// Source-route bytes between the header and the payload, one
-        /// output port per switch; not covered by the CRC.
+        /// gate to leave by per switch; not covered by the CRC.
         pub route_len: U16,
         /// CRC-32 (IEEE) of the header, with `hop`, `route_len` and `crc`
         /// zero, and the payload.
@@ -681,7 +681,7 @@ pub fn all() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         one::<RedirectDesc>(),
         one::<RecvDesc>(),
         one::<FreeDesc>(),
-        one::<Event>(),
+        one::<EventRecord>(),
         one::<NotifyRecord>(),
         one::<PacketHeader>(),
         one::<IocCreateEp>(),
@@ -717,7 +717,7 @@ mod tests {
             ("ulnic_redirect_desc", 128),
             ("ulnic_recv_desc", 128),
             ("ulnic_free_desc", 32),
-            ("ulnic_event", 32),
+            ("ulnic_event_record", 32),
             ("ulnic_notify_record", 8),
             ("ulnic_packet_header", 64),
             ("ulnic_ioc_create_ep", 64),
@@ -753,7 +753,7 @@ mod tests {
 
     #[test]
     fn short_input_reads_as_zero_past_its_end() {
-        let e: Event = read(&[1, 0, 2]);
+        let e: EventRecord = read(&[1, 0, 2]);
         assert_eq!((e.kind.get(), e.code.get(), e.user_id.get()), (1, 2, 0));
     }
 }

@@ -14,7 +14,7 @@ pub enum Error {
     /// The configuration is not usable.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// A port socket could not be created.
+    /// A node's socket could not be created.
     #[error("cannot listen on {path}: {source}")]
     Listen {
         /// The socket path.
@@ -22,7 +22,7 @@ pub enum Error {
         /// Why.
         source: vhost::vhost_user::Error,
     },
-    /// A node number past the device's last port.
+    /// A node number past the device's last node.
     #[error("no node {node}: the device has {nodes} node(s), numbered from 0")]
     NoSuchNode {
         /// The number asked for.
@@ -53,8 +53,8 @@ pub struct Configuration {
 }
 
 impl Configuration {
-    /// A builder for a device with one port per socket (port `i` is node
-    /// `i`), with the defaults: 8 endpoints per port, 200 us of polling
+    /// A builder for a device with one node per socket (socket `i` is node
+    /// `i`), with the defaults: 8 endpoints per node, 200 us of polling
     /// before sleeping, the default tripwire cap and UTLB cache.
     pub fn builder(sockets: Vec<PathBuf>) -> ConfigurationBuilder {
         ConfigurationBuilder(Configuration {
@@ -73,12 +73,12 @@ impl Configuration {
         (0..n).map(|i| dir.join(format!("node{i}.sock"))).collect()
     }
 
-    /// One socket per port; port `i` is node `i`.
+    /// One socket per node; socket `i` is node `i`.
     pub fn sockets(&self) -> &[PathBuf] {
         &self.sockets
     }
 
-    /// Endpoints per port.
+    /// Endpoints per node.
     pub fn max_endpoints(&self) -> u32 {
         self.max_endpoints
     }
@@ -99,7 +99,7 @@ impl Configuration {
         self.utlb_cache
     }
 
-    /// The emulated fabric, if one was set; with none, ports are one copy
+    /// The emulated fabric, if one was set; with none, nodes are one copy
     /// apart (one switch, ideal links, no transport: the fast default).
     pub fn fabric(&self) -> Option<&FabricConfig> {
         self.fabric.as_ref()
@@ -128,7 +128,7 @@ impl Configuration {
         }
     }
 
-    /// Whether this device serves node `n`'s port (with a fabric spanning
+    /// Whether this device serves node `n` (with a fabric spanning
     /// devices, only the nodes on its own switches).
     pub fn is_local(&self, n: u32) -> bool {
         self.fabric.as_ref().is_none_or(|f| f.is_local(n))
@@ -161,7 +161,7 @@ impl Configuration {
         if let Some(f) = &self.fabric {
             if f.topology.nodes() as usize != self.sockets.len() {
                 return Err(Error::Config(format!(
-                    "the topology has {} nodes but the device {} ports",
+                    "the topology has {} nodes but the device {} nodes",
                     f.topology.nodes(),
                     self.sockets.len()
                 )));
@@ -199,12 +199,12 @@ impl Configuration {
             }
         }
         if self.sockets.is_empty() {
-            return Err(Error::Config("at least one port socket is needed".into()));
+            return Err(Error::Config("at least one node socket is needed".into()));
         }
-        if self.sockets.len() > region::MAX_PORTS {
+        if self.sockets.len() > region::MAX_NODES {
             return Err(Error::Config(format!(
-                "at most {} ports (nodes) per device",
-                region::MAX_PORTS
+                "at most {} nodes per device",
+                region::MAX_NODES
             )));
         }
         if !(1..=ulnic_abi::MAX_TRIPWIRES_LIMIT).contains(&self.tripwires) {
@@ -224,7 +224,7 @@ impl Configuration {
     }
 }
 
-/// Endpoints per port unless set.
+/// Endpoints per node unless set.
 pub const DEFAULT_ENDPOINTS: u32 = 8;
 
 /// Polling time before the engine sleeps, unless set.
@@ -235,7 +235,7 @@ pub const DEFAULT_POLL_FOR: Duration = Duration::from_micros(200);
 pub struct ConfigurationBuilder(Configuration);
 
 impl ConfigurationBuilder {
-    /// Endpoints per port (1 to `ulnic_abi::MAX_ENDPOINTS_LIMIT`).
+    /// Endpoints per node (1 to `ulnic_abi::MAX_ENDPOINTS_LIMIT`).
     pub fn max_endpoints(mut self, n: u32) -> Self {
         self.0.max_endpoints = n;
         self
@@ -267,7 +267,7 @@ impl ConfigurationBuilder {
         self
     }
 
-    /// An emulated fabric between the ports (spec §10): messages between
+    /// An emulated fabric between the nodes (spec §10): messages between
     /// nodes then cross its links as packets under the reliable transport.
     pub fn fabric(mut self, f: FabricConfig) -> Self {
         self.0.fabric = Some(f);

@@ -1,4 +1,4 @@
-//! A running device: the switch, one thread per port socket and the
+//! A running device: its shards, one thread per node socket and the
 //! engine thread, stopped in order when dropped.
 
 use std::path::PathBuf;
@@ -18,32 +18,32 @@ use crate::fabric::network::{Captured, FabricConfig, FabricCounters};
 use crate::fabric::span::MemoryShared;
 use crate::fabric::topology::Faults;
 use crate::memory::region;
-use crate::switch::snapshot::Snapshot;
-use crate::switch::{engine, Switch};
-use crate::vhost::port::serve_port;
+use crate::shard::snapshot::Snapshot;
+use crate::shard::{engine, Shard};
+use crate::vhost::socket::serve_node;
 
 /// A running device.
 pub struct Device {
     /// One per engine thread (shard); usually one.
-    switches: Vec<Arc<Switch>>,
+    shards: Vec<Arc<Shard>>,
     /// The shard serving each node.
     node_shard: Vec<usize>,
     sockets: Vec<PathBuf>,
     engines: Vec<JoinHandle<()>>,
-    /// Each port's thread, and its listening socket (shut down to end an
+    /// Each node's thread, and its listening socket (shut down to end an
     /// accept() the thread may be waiting in).
-    ports: Vec<(JoinHandle<()>, std::os::fd::OwnedFd)>,
+    node_threads: Vec<(JoinHandle<()>, std::os::fd::OwnedFd)>,
 }
 
 impl Device {
-    /// Creates the port sockets, starts one thread per port and the engine
+    /// Creates the node sockets, starts one thread per node and the engine
     /// (one thread per shard with `engine_threads`). Clients may connect as
     /// soon as this returns.
     pub fn start(config: Configuration) -> Result<Device, Error> {
         region::install();
         crate::notifier::install();
-        let switches: Vec<Arc<Switch>> = match config.shard_plan() {
-            None => vec![Arc::new(Switch::new(&config)?)],
+        let shards: Vec<Arc<Shard>> = match config.shard_plan() {
+            None => vec![Arc::new(Shard::new(&config)?)],
             Some(plan) => {
                 let k = config.engine_threads() as usize;
                 let lanes = config.fabric().map_or(0, |f| 2 * f.topology.links().len());
@@ -52,16 +52,14 @@ impl Device {
                     source,
                 })?;
                 (0..k)
-                    .map(|me| {
-                        Switch::shard(&config, me, plan.clone(), shared.clone()).map(Arc::new)
-                    })
+                    .map(|me| Shard::nth(&config, me, plan.clone(), shared.clone()).map(Arc::new))
                     .collect::<Result<_, _>>()?
             }
         };
         let node_shard: Vec<usize> = (0..config.sockets().len() as u32)
             .map(|n| config.shard_of(n))
             .collect();
-        let mut ports = Vec::new();
+        let mut node_threads = Vec::new();
         for (node, path) in config.sockets().iter().enumerate() {
             if !config.is_local(node as u32) {
                 continue; // served by another device of the fabric
@@ -77,19 +75,19 @@ impl Device {
             }
             .try_clone_to_owned()
             .map_err(|source| Error::Os {
-                what: "the port's listening socket",
+                what: "the node's listening socket",
                 source,
             })?;
-            let sw = switches[node_shard[node]].clone();
+            let shard = shards[node_shard[node]].clone();
             let path = path.clone();
-            let port = std::thread::Builder::new()
-                .name(format!("ulnic-port{node}"))
-                .spawn(move || serve_port(node as u32, sw, listener, &path))
+            let thread = std::thread::Builder::new()
+                .name(format!("ulnic-node{node}"))
+                .spawn(move || serve_node(node as u32, shard, listener, &path))
                 .map_err(|source| Error::Os {
-                    what: "port thread",
+                    what: "node thread",
                     source,
                 })?;
-            ports.push((port, listening));
+            node_threads.push((thread, listening));
             info!(
                 "node {node}: listening on {}",
                 config.sockets()[node].display()
@@ -97,11 +95,11 @@ impl Device {
         }
         let poll_for = config.poll_for();
         let mut engines = Vec::new();
-        for (k, sw) in switches.iter().enumerate() {
-            let sw = sw.clone();
+        for (k, shard) in shards.iter().enumerate() {
+            let shard = shard.clone();
             let engine = std::thread::Builder::new()
                 .name(format!("ulnic-engine{k}"))
-                .spawn(move || engine::run(sw, poll_for))
+                .spawn(move || engine::run(shard, poll_for))
                 .map_err(|source| Error::Os {
                     what: "engine thread",
                     source,
@@ -109,7 +107,7 @@ impl Device {
             engines.push(engine);
         }
         Ok(Device {
-            switches,
+            shards,
             node_shard,
             sockets: config
                 .sockets()
@@ -119,28 +117,28 @@ impl Device {
                 .map(|(_, p)| p.clone())
                 .collect(),
             engines,
-            ports,
+            node_threads,
         })
     }
 
     /// The shared state of the first (usually only) shard, for reports and
-    /// tests; `switch_of` finds a node's.
-    pub fn switch(&self) -> &Arc<Switch> {
-        &self.switches[0]
+    /// tests; `shard_of` finds a node's.
+    pub fn shard(&self) -> &Arc<Shard> {
+        &self.shards[0]
     }
 
     /// The shard serving node `n`.
-    pub fn switch_of(&self, n: u32) -> &Arc<Switch> {
+    pub fn shard_of(&self, n: u32) -> &Arc<Shard> {
         let k = self.node_shard.get(n as usize).copied().unwrap_or(0);
-        &self.switches[k]
+        &self.shards[k]
     }
 
     /// Every shard.
-    pub fn switches(&self) -> &[Arc<Switch>] {
-        &self.switches
+    pub fn shards(&self) -> &[Arc<Shard>] {
+        &self.shards
     }
 
-    /// The port sockets.
+    /// The node sockets.
     pub fn sockets(&self) -> &[PathBuf] {
         &self.sockets
     }
@@ -148,7 +146,7 @@ impl Device {
     /// Holds every engine thread still (true) or lets them go: the drain
     /// benchmark fills rings first. Control commands still run.
     pub fn pause(&self, paused: bool) {
-        for s in &self.switches {
+        for s in &self.shards {
             s.paused.store(paused, Ordering::Relaxed);
             s.wake();
         }
@@ -157,7 +155,7 @@ impl Device {
     /// When an engine thread last finished a pass that moved something
     /// (the latest over the shards).
     pub fn last_busy(&self) -> std::time::Instant {
-        self.switches
+        self.shards
             .iter()
             .map(|s| s.last_busy())
             .max()
@@ -167,7 +165,7 @@ impl Device {
     /// The fabric's counters, summed over the shards (each counts the
     /// lanes it sends on, the switches and nodes it serves).
     pub fn fabric_counters(&self) -> Option<FabricCounters> {
-        let mut all = self.switches.iter().filter_map(|s| s.fabric_counters());
+        let mut all = self.shards.iter().filter_map(|s| s.fabric_counters());
         let mut sum = all.next()?;
         for c in all {
             sum.add(&c);
@@ -178,7 +176,7 @@ impl Device {
     /// Changes a link's faults (in every shard: the one sending on a lane
     /// emulates it).
     pub fn set_link_faults(&self, link: usize, faults: Faults) -> Result<(), Error> {
-        for s in &self.switches {
+        for s in &self.shards {
             s.set_link_faults(link, faults)?;
         }
         Ok(())
@@ -186,7 +184,7 @@ impl Device {
 
     /// Captures a link's packets from every shard into `to`.
     pub fn capture(&self, lanes: Vec<usize>, to: SyncSender<Captured>) -> Result<(), Error> {
-        for s in &self.switches {
+        for s in &self.shards {
             s.capture(lanes.clone(), to.clone())?;
         }
         Ok(())
@@ -200,7 +198,7 @@ impl Device {
             Error::Config("no mapper runs on this device (it has no fabric, or the mapper's node is on another member)".into())
         };
         let (shard, round) = self
-            .switches
+            .shards
             .iter()
             .find_map(|s| Some((s, s.request_map()?)))
             .ok_or_else(no_mapper)?;
@@ -220,12 +218,12 @@ impl Device {
 
     /// The fabric's settings, if any.
     pub fn fabric_config(&self) -> Option<FabricConfig> {
-        self.switches[0].fabric_config()
+        self.shards[0].fabric_config()
     }
 
     /// One-way delays through the fabric since the last call, every shard.
     pub fn take_fabric_delays(&self) -> Vec<u64> {
-        self.switches
+        self.shards
             .iter()
             .flat_map(|s| s.take_fabric_delays())
             .collect()
@@ -234,7 +232,7 @@ impl Device {
     /// Every counter of the device: each node from the shard serving it,
     /// the fabric's summed.
     pub fn snapshot(&self) -> Snapshot {
-        let mut shots: Vec<Snapshot> = self.switches.iter().map(|s| s.snapshot()).collect();
+        let mut shots: Vec<Snapshot> = self.shards.iter().map(|s| s.snapshot()).collect();
         let mut out = shots.remove(0);
         for (n, node) in out.nodes.iter_mut().enumerate() {
             let k = self.node_shard.get(n).copied().unwrap_or(0);
@@ -254,19 +252,20 @@ impl Device {
     }
 }
 
-/// How long stopping a device waits for each port thread to finish.
+/// How long stopping a device waits for each node thread to finish.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
 impl Drop for Device {
     /// Stops the device as a crash would, but in order: every frontend's
-    /// connection is closed (to QEMU its backend is gone), the port threads
+    /// connection is closed (to QEMU its backend is gone), the node threads
     /// and the engine end, and the sockets are removed.
     fn drop(&mut self) {
         let mut handles = Vec::new();
-        for sw in &self.switches {
-            sw.stop.store(true, Ordering::Relaxed);
+        for shard in &self.shards {
+            shard.stop.store(true, Ordering::Relaxed);
             handles.extend(
-                sw.lock()
+                shard
+                    .lock()
                     .nodes
                     .iter_mut()
                     .filter_map(|n| n.disconnect.take()),
@@ -275,28 +274,28 @@ impl Drop for Device {
         for h in handles {
             h.shutdown();
         }
-        // A port thread waiting in accept() returns from it once its
+        // A node thread waiting in accept() returns from it once its
         // listening socket is shut down (whether or not the socket's path
         // is still there), and then sees `stop`.
-        for (_, listening) in &self.ports {
+        for (_, listening) in &self.node_threads {
             // SAFETY: shutdown on a descriptor this device owns.
             unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(listening), libc::SHUT_RDWR) };
         }
-        for sw in &self.switches {
-            sw.wake();
+        for shard in &self.shards {
+            shard.wake();
         }
         for e in self.engines.drain(..) {
             let _ = e.join();
         }
         let deadline = std::time::Instant::now() + STOP_GRACE;
-        for (p, _listening) in self.ports.drain(..) {
+        for (p, _listening) in self.node_threads.drain(..) {
             while !p.is_finished() && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
             if p.is_finished() {
                 let _ = p.join();
             } else {
-                warn!("a port thread did not stop within {STOP_GRACE:?}");
+                warn!("a node thread did not stop within {STOP_GRACE:?}");
             }
         }
         for s in &self.sockets {

@@ -1,6 +1,6 @@
 //! The ulnic device: a NIC that exists only in software. One process serves
-//! many ports (nodes), each a vhost-user socket that a QEMU guest or a
-//! host process attaches to, joined by a switch.
+//! many nodes, each a vhost-user socket that a QEMU guest or a host process
+//! attaches to, joined by one shard (or several, one per engine thread).
 //!
 //! The modules, bottom up (a module uses only those above it in this list):
 //!
@@ -9,20 +9,20 @@
 //! - [`chain`]: checked popping of virtqueue descriptor chains.
 //! - [`notifier`]: signals into a frontend's eventfds, and reads of its
 //!   kicks, that never hold the device, however the frontend set them up.
-//! - [`vring`]: a port's virtqueue, whose kicks are read through `notifier`.
-//! - [`nic`]: the per-port NIC: endpoints and their rings (`endpoint`,
+//! - [`vring`]: a node's virtqueue, whose kicks are read through `notifier`.
+//! - [`nic`]: the per-node NIC: endpoints and their rings (`endpoint`,
 //!   `receive`, `stats`), the UTLB (`utlb`), apertures and tripwires
-//!   (`aperture`), transfer redirection (`redirect`), and a port (`node`).
+//!   (`aperture`), transfer redirection (`redirect`), and a node (`node`).
 //! - [`fabric`]: the emulated fabric: its topology and deadlock-free
 //!   routes, packets, links with their faults, VN's reliable transport,
 //!   and the network of switches that moves packets (`network`).
 //! - [`config`]: the validated configuration and the errors.
-//! - [`switch`]: every port behind one lock, the data path between them
-//!   (`ports`, through the fabric when there is one), remote memory
+//! - [`shard`]: every node behind one lock, the data path between them
+//!   (`nodes`, through the fabric when there is one), remote memory
 //!   operations (`rdma`), the engine thread (`engine`), and the counters
 //!   at one moment (`snapshot`).
-//! - [`vhost`]: each port's vhost-user face: the backend (`backend`), the
-//!   control commands (`control`), the socket (`port`).
+//! - [`vhost`]: each node's vhost-user face: the backend (`backend`), the
+//!   control commands (`control`), the socket (`socket`).
 //! - [`device`]: a running device.
 //!
 //! docs/architecture.md draws the crates and the path of a message.
@@ -53,10 +53,10 @@ pub mod fabric;
 pub mod memory;
 pub mod nic;
 pub mod notifier;
-pub mod switch;
+pub mod shard;
 pub mod vhost;
 pub mod vring;
 
 pub use config::{Configuration, ConfigurationBuilder, Error};
 pub use device::Device;
-pub use switch::Switch;
+pub use shard::Shard;

@@ -6,8 +6,8 @@
 //! whose counter is one short of its limit blocks a writer until someone
 //! reads it, unless the description is non-blocking, and the frontend can
 //! clear `O_NONBLOCK` whenever it likes. The device signals notification
-//! queues from its engine while it holds the switch, so one such write
-//! would stop every port. Checking first (poll for `POLLOUT`) races with a
+//! queues from its engine while it holds the shard lock, so one such write
+//! would stop every node. Checking first (poll for `POLLOUT`) races with a
 //! frontend that fills the counter in between.
 //!
 //! So every signal is a plain write, bracketed: the writing thread marks
@@ -176,7 +176,7 @@ fn watch() {
 }
 
 /// Runs `op`, an 8-byte read or write of eventfd `fd`, where the watchdog
-/// can end it; returns its result and errno. `ready` is the poll event that
+/// can end it; returns its result and errno. `ready` is the poll readiness that
 /// says `op` would not block, checked instead when this thread is exiting
 /// (its registration gone): then `None` if `fd` is not ready.
 fn guarded(fd: RawFd, ready: libc::c_short, op: impl Fn() -> isize) -> Option<(isize, io::Error)> {

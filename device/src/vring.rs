@@ -1,15 +1,15 @@
-//! A port's virtqueue: the vhost-user crate's `VringRwLock`, except that a
+//! A node's virtqueue: the vhost-user crate's `VringRwLock`, except that a
 //! kick is read so that the frontend cannot hold the device (spec §8).
 //!
 //! The crate reads a kicked queue's eventfd with a plain read while it holds
 //! the queue's lock. A frontend that made its kick eventfd blocking and reads
 //! it itself between the device's epoll and that read leaves the read asleep
 //! with the lock held; the engine, which takes the same lock to post a
-//! notification, would then wait for ever, holding the switch. Here the read
+//! notification, would then wait for ever, holding the shard. Here the read
 //! goes through [`notifier::consume`], which the watchdog ends: an empty
 //! non-blocking eventfd is a kick already taken (nothing to do), and a read
-//! that slept fails the queue's event handler, which ends that connection's
-//! queue thread. Only that frontend's port stops being served.
+//! that slept fails the queue's handler (`handle_event`), which ends that
+//! connection's queue thread. Only that frontend's node stops being served.
 
 use std::fs::File;
 use std::io;
@@ -22,21 +22,21 @@ use vm_memory::GuestAddressSpace;
 
 use crate::notifier::{self, ConsumeError};
 
-/// A port's virtqueue (see the module's comment).
+/// A node's virtqueue (see the module's comment).
 #[derive(Clone)]
-pub struct PortVring<M: GuestAddressSpace>(VringRwLock<M>);
+pub struct NodeVring<M: GuestAddressSpace>(VringRwLock<M>);
 
-impl<'a, M: 'a + GuestAddressSpace> VringStateGuard<'a, M> for PortVring<M> {
+impl<'a, M: 'a + GuestAddressSpace> VringStateGuard<'a, M> for NodeVring<M> {
     type G = <VringRwLock<M> as VringStateGuard<'a, M>>::G;
 }
 
-impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for PortVring<M> {
+impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for NodeVring<M> {
     type G = <VringRwLock<M> as VringStateMutGuard<'a, M>>::G;
 }
 
-impl<M: 'static + GuestAddressSpace> VringT<M> for PortVring<M> {
+impl<M: 'static + GuestAddressSpace> VringT<M> for NodeVring<M> {
     fn new(mem: M, max_queue_size: u16) -> Result<Self, VirtQueError> {
-        VringRwLock::new(mem, max_queue_size).map(PortVring)
+        VringRwLock::new(mem, max_queue_size).map(NodeVring)
     }
 
     fn get_ref(&self) -> <Self as VringStateGuard<'_, M>>::G {
@@ -157,9 +157,9 @@ mod tests {
 
     type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
 
-    fn vring() -> PortVring<Mem> {
+    fn vring() -> NodeVring<Mem> {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
-        let v = PortVring::new(GuestMemoryAtomic::new(mem), 16).unwrap();
+        let v = NodeVring::new(GuestMemoryAtomic::new(mem), 16).unwrap();
         v.set_enabled(true);
         v
     }

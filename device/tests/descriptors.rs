@@ -1,7 +1,7 @@
-//! A port serves connection after connection without keeping a file
+//! A node serves connection after connection without keeping a file
 //! descriptor from each: the vhost_user fuzz target found one eventfd
 //! leaked per connection (vhost-user-backend 0.24 never closes the exit
-//! event it is given), which ran the device out of descriptors after about
+//! eventfd it is given), which ran the device out of descriptors after about
 //! 20,000 frontends. Alone in its binary: it counts this process's fds.
 mod common;
 
@@ -12,7 +12,7 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// This process's open descriptors once port 0's thread waits in accept
+/// This process's open descriptors once node 0's thread waits in accept
 /// for its next frontend, its next connection's daemon made: counted at
 /// the same point every time (counting while that daemon is being made
 /// would see its descriptors come and go).
@@ -21,28 +21,28 @@ fn settled_fds() -> usize {
         .unwrap()
         .filter_map(|t| t.ok())
         .find(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "ulnic-port0")
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "ulnic-node0")
         })
         .and_then(|t| t.file_name().to_str()?.parse().ok())
-        .expect("the port thread");
+        .expect("the node thread");
     common::until_blocked(tid);
     open_fds()
 }
 
-/// Connects to port 0, leaves at once, and waits until the device let go.
+/// Connects to node 0, leaves at once, and waits until the device let go.
 fn connect_and_leave(dev: &ulnic_device::Device) {
-    let before = dev.switch().lock().nodes[0].connections;
+    let before = dev.shard().lock().nodes[0].connections;
     drop(UnixStream::connect(common::socket(dev, 0)).unwrap());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         {
-            let f = dev.switch().lock();
+            let f = dev.shard().lock();
             let n = &f.nodes[0];
             if n.connections > before && n.disconnect.is_none() {
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "port 0 never released");
+        assert!(Instant::now() < deadline, "node 0 never released");
         std::thread::sleep(Duration::from_millis(1));
     }
 }

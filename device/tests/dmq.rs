@@ -78,7 +78,7 @@ fn arguments_are_checked() {
     let (dev, _dir) = common::device(3);
     let (mut tx, _rx) = pair(&dev, 1024, DmqKind::Fixed { entry: 64 });
     assert!(tx.send(&[0u8; 61], T).is_err(), "larger than an entry");
-    // Node 2: a port serves one frontend at a time.
+    // Node 2: a node serves one frontend at a time.
     let nic = Nic::attach(&common::socket(&dev, 2)).unwrap();
     let ep = nic
         .alloc_pd()

@@ -1,4 +1,4 @@
-//! Many endpoints on one port (spec §5.8, VN's endpoint virtualization):
+//! Many endpoints on one node (spec §5.8, VN's endpoint virtualization):
 //! thousands exist, a bounded number are polled, the rest come back by
 //! doorbell; every one of them sends and receives.
 mod common;
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ulnic::{Address, Nic, Payload};
 
 #[test]
-fn four_thousand_endpoints_on_one_port_each_exchange_a_message() {
+fn four_thousand_endpoints_on_one_node_each_exchange_a_message() {
     const N: u32 = ulnic_abi::MAX_ENDPOINTS_LIMIT;
     let (dev, _dir) = common::device_with(1, |b| {
         b.max_endpoints(N).poll_for(Duration::from_micros(200))
@@ -17,7 +17,7 @@ fn four_thousand_endpoints_on_one_port_each_exchange_a_message() {
     let pd = nic.alloc_pd().unwrap();
     let mut eps = common::small_endpoints(&pd, N, 1000);
     assert!(
-        dev.switch().lock().nodes[0].resident.len() <= ulnic_abi::RESIDENT_MAX as usize,
+        dev.shard().lock().nodes[0].resident.len() <= ulnic_abi::RESIDENT_MAX as usize,
         "more endpoints polled than the resident limit"
     );
     // Endpoint i sends to endpoint i+1 (a ring over all of them), in
@@ -73,5 +73,5 @@ fn four_thousand_endpoints_on_one_port_each_exchange_a_message() {
         rung >= u64::from(N - ulnic_abi::RESIDENT_MAX),
         "only {rung} doorbells for {N} endpoints"
     );
-    assert!(dev.switch().lock().nodes[0].resident.len() <= ulnic_abi::RESIDENT_MAX as usize);
+    assert!(dev.shard().lock().nodes[0].resident.len() <= ulnic_abi::RESIDENT_MAX as usize);
 }

@@ -1,5 +1,5 @@
 //! The emulated fabric (spec §10) through the real path: host-attached
-//! ports on a device whose nodes hang on two switches with a small MTU, so
+//! nodes of a device, hanging on two switches with a small MTU, so
 //! messages are cut into packets, cross links and switches, and come back
 //! to their sender when they cannot be delivered.
 mod common;
@@ -54,7 +54,7 @@ fn start_with_threads(threads: u32) -> (tempfile::TempDir, Device) {
     start_on(fabric(), threads)
 }
 
-/// A device of three ports on `fabric`, with `threads` engine threads.
+/// A device of three nodes on `fabric`, with `threads` engine threads.
 fn start_on(fabric: FabricConfig, threads: u32) -> (tempfile::TempDir, Device) {
     let _ = env_logger::builder().is_test(true).try_init();
     let dir = tempfile::tempdir().unwrap();
@@ -130,7 +130,7 @@ fn a_large_message_crosses_two_switches_in_packets_and_completes_on_its_ack() {
     rx.read_segment(offset as usize, &mut got);
     assert!(got == data, "payload damaged on the way");
     assert_eq!(common::next_event(&mut tx), Event::SendDone { id: 11 });
-    let counters = dev.switch().fabric_counters().unwrap();
+    let counters = dev.shard().fabric_counters().unwrap();
     let packets: u64 = counters.transport.iter().map(|t| t.data_packets).sum();
     assert!(
         packets >= 196,
@@ -156,7 +156,7 @@ fn a_full_receiver_is_retried_until_it_posts_a_buffer() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(tx.poll_event(), None, "the send failed instead of waiting");
     let nacks: u64 = dev
-        .switch()
+        .shard()
         .fabric_counters()
         .unwrap()
         .transport
@@ -205,7 +205,7 @@ fn undeliverable_messages_come_back_to_their_sender_with_their_payload() {
     // (Counted from here: a slow host may have timed the refused message
     // out once before its NACK came.)
     let timeouts = || -> u64 {
-        dev.switch()
+        dev.shard()
             .fabric_counters()
             .unwrap()
             .transport
@@ -214,7 +214,7 @@ fn undeliverable_messages_come_back_to_their_sender_with_their_payload() {
             .sum()
     };
     let before = timeouts();
-    dev.switch()
+    dev.shard()
         .set_link_faults(
             3,
             Faults {
@@ -243,8 +243,8 @@ fn undeliverable_messages_come_back_to_their_sender_with_their_payload() {
 #[test]
 fn two_engine_threads_carry_messages_within_and_across_their_shards() {
     let (_dir, dev) = start_with_threads(2);
-    assert_eq!(dev.switches().len(), 2);
-    assert!(!std::sync::Arc::ptr_eq(dev.switch_of(0), dev.switch_of(2)));
+    assert_eq!(dev.shards().len(), 2);
+    assert!(!std::sync::Arc::ptr_eq(dev.shard_of(0), dev.shard_of(2)));
     let nics: Vec<Nic> = (0..3)
         .map(|n| Nic::attach(&common::socket(&dev, n)).unwrap())
         .collect();

@@ -5,7 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 use ulnic_abi::{
-    cmd, condition, ctrl, event, op, send_flags, status, tx_error, CreateEndpoint, Event, SendDesc,
+    cmd, condition, ctrl, event, op, send_flags, status, tx_error, CreateEndpoint, EventRecord,
+    SendDesc,
 };
 use ulnic_host_attach::HostAttach;
 
@@ -284,7 +285,10 @@ fn malformed_descriptors_and_indices_are_contained() {
     let mut ev2 = [0u8; 32];
     b.memory()
         .read(eb.ctrl.gpa + eb.layout.event_offset() + 32, &mut ev2);
-    assert_eq!(Event::decode(&ev2).code, condition::BAD_FREE_DESCRIPTOR);
+    assert_eq!(
+        EventRecord::decode(&ev2).code,
+        condition::BAD_FREE_DESCRIPTOR
+    );
 
     // An impossible producer index: ignored, reported once, endpoint keeps working.
     let before = ea.send_prod;
@@ -563,7 +567,7 @@ fn malformed_control_chains_are_refused_and_the_queue_keeps_working() {
     a.create_pd().unwrap();
 }
 
-/// CREATE_PD's doorbell bitmap is checked (spec §4.2, §5.8), a port holds
+/// CREATE_PD's doorbell bitmap is checked (spec §4.2, §5.8), a node holds
 /// one domain per doorbell queue, and a domain's bitmap rings only its own
 /// endpoints.
 #[test]
@@ -644,7 +648,7 @@ fn doorbell_bitmaps_are_checked_and_confined_to_their_domain() {
         }
     }
     assert_eq!(
-        dev.switch().lock().nodes[0].pds.len(),
+        dev.shard().lock().nodes[0].pds.len(),
         ulnic_abi::DOORBELL_QUEUES as usize
     );
     // A freed slot is handed out again.
@@ -658,7 +662,7 @@ fn doorbell_bitmaps_are_checked_and_confined_to_their_domain() {
 /// A frontend whose notification eventfd cannot take another signal: it
 /// made the fd blocking and filled its counter to the limit, so a plain
 /// write(2) of the device's signal would sleep until the frontend reads.
-/// That must cost only that frontend, never the device's other ports.
+/// That must cost only that frontend, never the device's other nodes.
 #[test]
 fn a_call_fd_that_would_block_stalls_only_its_frontend() {
     // A device held by the write would hang this test rather than fail
@@ -704,17 +708,17 @@ fn call_fd_that_would_block() {
     }
     // The device stops that frontend's notification queue (and only it).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !dev.switch().lock().nodes[0].queue_broken(ulnic_abi::NOTIFY_QUEUE) {
+    while !dev.shard().lock().nodes[0].queue_broken(ulnic_abi::NOTIFY_QUEUE) {
         assert!(
             Instant::now() < deadline,
             "the full call fd was not noticed"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    // The other ports go on: both directions, blocking waiters notified.
+    // The other nodes go on: both directions, blocking waiters notified.
     common::exchange(&dev, 2, 3);
     common::exchange(&dev, 3, 2);
-    assert!(!dev.switch().lock().nodes[1].queue_broken(ulnic_abi::NOTIFY_QUEUE));
+    assert!(!dev.shard().lock().nodes[1].queue_broken(ulnic_abi::NOTIFY_QUEUE));
     // The victim's messages still arrive; it polls instead of blocking.
     let got = (0..3).filter_map(|_| ev.poll_recv()).count();
     assert_eq!(got, 3);

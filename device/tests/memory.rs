@@ -1,7 +1,7 @@
 //! Shared memory that would crash the device (SIGBUS) costs only the
 //! frontend that shared it (spec §2.3). Each attack is followed by a
-//! message exchange between two other ports of the same device, and by a
-//! good frontend attaching to the attacked port again.
+//! message exchange between two other nodes of the same device, and by a
+//! good frontend attaching to the attacked node again.
 mod common;
 
 use std::fs::File;
@@ -83,8 +83,8 @@ fn share_region_and_kick(
     true
 }
 
-/// The attacked port serves a well-behaved frontend again.
-fn port_usable_again(dev: &Device, node: usize) {
+/// The attacked node serves a well-behaved frontend again.
+fn node_usable_again(dev: &Device, node: usize) {
     assert_eq!(common::attach_again(dev, node).node(), node as u32);
 }
 
@@ -97,7 +97,7 @@ fn a_region_longer_than_its_file_is_refused() {
         share_region_and_kick(&common::socket(&dev, 0), &file, 2 * MIB, 0, MIB + 0x10000);
     assert!(!accepted, "SET_MEM_TABLE must fail");
     common::exchange(&dev, 1, 2);
-    port_usable_again(&dev, 0);
+    node_usable_again(&dev, 0);
     common::exchange(&dev, 0, 1);
 }
 
@@ -108,11 +108,11 @@ fn a_region_offset_past_the_end_of_its_file_is_refused() {
     let accepted = share_region_and_kick(&common::socket(&dev, 0), &file, MIB, 2 * MIB, 0);
     assert!(!accepted, "SET_MEM_TABLE must fail");
     common::exchange(&dev, 1, 2);
-    port_usable_again(&dev, 0);
+    node_usable_again(&dev, 0);
 }
 
 #[test]
-fn a_file_shrunk_after_setup_costs_only_its_port() {
+fn a_file_shrunk_after_setup_costs_only_its_node() {
     let (dev, _dir) = common::device(3);
     // Memory the device cannot seal (no MFD_ALLOW_SEALING): it must
     // contain the fault rather than prevent it.
@@ -124,18 +124,18 @@ fn a_file_shrunk_after_setup_costs_only_its_port() {
     // SAFETY: plain syscall on a descriptor the attachment holds.
     assert_eq!(unsafe { libc::ftruncate(fd, MIB as libc::off_t) }, 0);
     // A command whose request lies in the lost pages. The device answers
-    // nothing useful (its view of the port is gone), so do not wait for it.
+    // nothing useful (its view of the node is gone), so do not wait for it.
     let hw = std::sync::Arc::new(hw);
     let attacker = hw.clone();
     std::thread::spawn(move || attacker.raw_control_chain(&[(3 * MIB, 8)], &[(resp.gpa, 512)]));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while dev.switch().lock().nodes[0].memory_faults == 0 {
+    while dev.shard().lock().nodes[0].memory_faults == 0 {
         assert!(Instant::now() < deadline, "fault not contained");
         std::thread::sleep(Duration::from_millis(10));
     }
     common::exchange(&dev, 1, 2);
     drop(hw);
-    port_usable_again(&dev, 0);
+    node_usable_again(&dev, 0);
     common::exchange(&dev, 0, 2);
 }
 

@@ -1,6 +1,6 @@
 //! A frontend that dies mid-stream (SIGKILL, no cleanup) and reconnects, as
 //! a rebooting VM does: its peer gets errors, not silence; the device frees
-//! the port's state and sends the dead endpoint's close message; the new
+//! the node's state and sends the dead endpoint's close message; the new
 //! connection works.
 mod common;
 
@@ -31,7 +31,7 @@ fn child_receiver() {
 }
 
 #[test]
-fn killed_peer_is_reported_and_port_recovers() {
+fn killed_peer_is_reported_and_node_recovers() {
     let (dev, _dir) = common::device(2);
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let pa = a.alloc_pd().unwrap();
@@ -123,7 +123,7 @@ fn killed_peer_is_reported_and_port_recovers() {
 }
 
 #[test]
-fn a_second_frontend_on_a_busy_port_is_refused_at_once() {
+fn a_second_frontend_on_a_busy_node_is_refused_at_once() {
     let (dev, _dir) = common::device(1);
     let sock = common::socket(&dev, 0);
     let first = Nic::attach(&sock).unwrap();
@@ -133,14 +133,14 @@ fn a_second_frontend_on_a_busy_port_is_refused_at_once() {
     let s2 = sock.clone();
     std::thread::spawn(move || tx.send(Nic::attach(&s2).map(|_| ())));
     match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Err(ulnic::Error::Driver(ulnic_host_attach::Error::PortBusy(p)))) => {
+        Ok(Err(ulnic::Error::Driver(ulnic_host_attach::Error::NodeBusy(p)))) => {
             assert_eq!(p, sock)
         }
-        Ok(Err(e)) => panic!("expected port busy, got {e}"),
-        Ok(Ok(())) => panic!("a second frontend was attached to a busy port"),
+        Ok(Err(e)) => panic!("expected node busy, got {e}"),
+        Ok(Ok(())) => panic!("a second frontend was attached to a busy node"),
         Err(_) => panic!("the second attach blocked instead of being refused"),
     }
-    // The first keeps working; once it leaves, the port takes a new one.
+    // The first keeps working; once it leaves, the node takes a new one.
     let pd = first.alloc_pd().unwrap();
     drop(pd);
     drop(first);
@@ -152,7 +152,7 @@ fn a_second_frontend_on_a_busy_port_is_refused_at_once() {
                 break;
             }
             Err(e) => {
-                assert!(Instant::now() < deadline, "port did not free up: {e}");
+                assert!(Instant::now() < deadline, "node did not free up: {e}");
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -183,8 +183,8 @@ fn every_connection_has_a_new_epoch() {
         seen.push(e);
         // The next connection is accepted once this one is gone.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while dev.switch().lock().nodes[0].disconnect.is_some() {
-            assert!(Instant::now() < deadline, "the port was not released");
+        while dev.shard().lock().nodes[0].disconnect.is_some() {
+            assert!(Instant::now() < deadline, "the node was not released");
             std::thread::sleep(Duration::from_millis(5));
         }
     }

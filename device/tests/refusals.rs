@@ -10,7 +10,7 @@ use ulnic_device::Device;
 use ulnic_host_attach::{DmaMemory, HostAttach};
 
 fn counts(dev: &Device, node: usize) -> ObjectCounts {
-    dev.switch().lock().nodes[node].object_counts()
+    dev.shard().lock().nodes[node].object_counts()
 }
 
 /// A PD, an endpoint bound to port 5 with an aperture and a tripwire:

@@ -2,9 +2,9 @@
 //! protocol (issue 9's findings at 8c66b57): an indirect descriptor, which
 //! the device never offered, is completed unexecuted; a descriptor loop
 //! ends after the queue's size and is refused; an avail index further ahead than the ring is
-//! long breaks that queue visibly (config space word 52, the port's error
-//! count) instead of stopping it silently; other ports never notice, and
-//! the port serves its next frontend.
+//! long breaks that queue visibly (config space word 52, the node's error
+//! count) instead of stopping it silently; other nodes never notice, and
+//! the node serves its next frontend.
 mod common;
 
 use std::fs::File;
@@ -220,14 +220,14 @@ fn an_impossible_avail_index_breaks_only_that_queue_visibly() {
         assert!(Instant::now() < deadline, "the control queue never broke");
         std::thread::yield_now();
     }
-    assert_eq!(dev.switch().lock().nodes[0].queue_errors, 1);
+    assert_eq!(dev.shard().lock().nodes[0].queue_errors, 1);
     assert_eq!(r.u16_at(USED + 2), 1, "nothing used after the jump");
     assert_eq!(r.read(RESP, 4), [0xee; 4], "nothing executed");
     // The rest of the device never noticed.
     common::exchange(&dev, 1, 2);
-    // The port serves its next frontend with a working control queue.
+    // The node serves its next frontend with a working control queue.
     drop(r);
     let nic = common::attach_again(&dev, 0);
     nic.alloc_pd().unwrap();
-    assert_eq!(dev.switch().lock().nodes[0].broken_queues, 0);
+    assert_eq!(dev.shard().lock().nodes[0].broken_queues, 0);
 }

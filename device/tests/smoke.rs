@@ -170,11 +170,11 @@ fn one_call_takes_every_notification_of_a_domain() {
 }
 
 /// With an engine that sleeps as soon as it is idle, every blocking
-/// message's doorbell comes while it sleeps: the port thread that
+/// message's doorbell comes while it sleeps: the node's thread that
 /// receives the kick serves the send and wakes the receiver itself
 /// (spec §5.8), and every message of the ping-pong arrives intact.
 #[test]
-fn kicks_while_the_engine_sleeps_are_served_by_the_port_thread() {
+fn kicks_while_the_engine_sleeps_are_served_by_the_node_thread() {
     let (dev, _dir) = common::device_polling_for(2, Duration::ZERO);
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
@@ -210,7 +210,7 @@ fn kicks_while_the_engine_sleeps_are_served_by_the_port_thread() {
     let served = served() - before;
     // Each of the 400 sends rang a doorbell; the engine, idle between
     // them, was asleep for (nearly) all.
-    assert!(served > 0, "no kick was served by a port thread");
+    assert!(served > 0, "no kick was served by a node thread");
     assert!(served <= 2 * u64::from(ROUNDS) + 8, "{served} kicks served");
 }
 

@@ -1,7 +1,7 @@
-//! A device that stops answering commands (`Switch::stall_control`, the
+//! A device that stops answering commands (`Shard::stall_control`, the
 //! fault `ulnic cluster stall-control` injects), driven through the real
-//! vhost-user protocol by the host-attach driver: while one port's control
-//! queue is stalled its data path, doorbells and the other ports go on; a
+//! vhost-user protocol by the host-attach driver: while one node's control
+//! queue is stalled its data path, doorbells and the other nodes go on; a
 //! command that waited runs when the stall ends; and a command that timed
 //! out leaves the attachment's control queue dead for good, so a late
 //! answer is never read as a later command's (spec §4).
@@ -53,7 +53,7 @@ fn stalled_control_queue_holds_commands_and_nothing_else() {
     let to_b = Address { node: 1, port: 2 };
     exchange(&mut a, &mut b, to_b, 10);
 
-    dev.switch().stall_control(0, true).unwrap();
+    dev.shard().stall_control(0, true).unwrap();
     std::thread::scope(|s| {
         let (done_tx, done_rx) = mpsc::channel();
         let nic0 = &nic0;
@@ -69,14 +69,14 @@ fn stalled_control_queue_holds_commands_and_nothing_else() {
             done_rx.try_recv().is_err(),
             "a command was answered while the control queue was stalled"
         );
-        dev.switch().stall_control(0, false).unwrap();
+        dev.shard().stall_control(0, false).unwrap();
         let r = done_rx
             .recv_timeout(Duration::from_secs(10))
             .expect("the waiting command runs once the stall ends");
         assert!(r.is_ok(), "{r:?}");
     });
     exchange(&mut a, &mut b, to_b, 10);
-    assert!(dev.switch().stall_control(2, true).is_err(), "no node 2");
+    assert!(dev.shard().stall_control(2, true).is_err(), "no node 2");
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn timed_out_command_kills_the_control_queue_not_the_data_path() {
     let (_pd1, mut b) = bound(&nic1, 2);
     let to_b = Address { node: 1, port: 2 };
 
-    dev.switch().stall_control(0, true).unwrap();
+    dev.shard().stall_control(0, true).unwrap();
     let e = nic0.alloc_pd().err().expect("a stalled device times out");
     assert!(
         e.to_string().contains("did not answer command"),
@@ -95,10 +95,10 @@ fn timed_out_command_kills_the_control_queue_not_the_data_path() {
     );
     // The late answer arrives (into the old buffer) and is never taken
     // for the next command's.
-    let pds = dev.switch().lock().nodes[0].pds.len();
-    dev.switch().stall_control(0, false).unwrap();
+    let pds = dev.shard().lock().nodes[0].pds.len();
+    dev.shard().stall_control(0, false).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while dev.switch().lock().nodes[0].pds.len() == pds {
+    while dev.shard().lock().nodes[0].pds.len() == pds {
         assert!(
             std::time::Instant::now() < deadline,
             "the late command never ran"
@@ -112,7 +112,7 @@ fn timed_out_command_kills_the_control_queue_not_the_data_path() {
     );
     // Endpoints that exist still move data.
     exchange(&mut a, &mut b, to_b, 50);
-    // A new attachment to the same port works (the device is fine).
+    // A new attachment to the same node works (the device is fine).
     drop((a, pd0, nic0));
     let nic0 = common::attach_again(&dev, 0);
     let (_pd0, mut a) = bound(&nic0, 1);

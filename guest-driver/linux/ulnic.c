@@ -503,7 +503,7 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 		     (u64)send * sizeof(struct ulnic_send_desc) +
 		     (u64)recv * sizeof(struct ulnic_recv_desc) +
 		     (u64)fre * sizeof(struct ulnic_free_desc) +
-		     (u64)event * sizeof(struct ulnic_event);
+		     (u64)event * sizeof(struct ulnic_event_record);
 	if (ctrl_bytes > ULNIC_MAX_CTRL_BYTES)
 		return -EINVAL;
 	ctrl_bytes = PAGE_ALIGN(ctrl_bytes);

@@ -488,8 +488,8 @@ _Static_assert(__builtin_offsetof(struct ulnic_free_desc, reserved0) == 12, "str
 _Static_assert(__builtin_offsetof(struct ulnic_free_desc, user_id) == 16, "struct ulnic_free_desc: user_id");
 _Static_assert(__builtin_offsetof(struct ulnic_free_desc, reserved1) == 24, "struct ulnic_free_desc: reserved1");
 
-/* An event (spec §5.6). */
-struct ulnic_event {
+/* An event record: one entry of the event ring (spec §5.6). */
+struct ulnic_event_record {
 	__le16 kind;
 	__le16 code;
 	__le32 aux;
@@ -499,15 +499,15 @@ struct ulnic_event {
 	__le32 len;
 	__le32 reserved;
 };
-_Static_assert(sizeof(struct ulnic_event) == 32, "struct ulnic_event: size");
-_Static_assert(__builtin_offsetof(struct ulnic_event, kind) == 0, "struct ulnic_event: kind");
-_Static_assert(__builtin_offsetof(struct ulnic_event, code) == 2, "struct ulnic_event: code");
-_Static_assert(__builtin_offsetof(struct ulnic_event, aux) == 4, "struct ulnic_event: aux");
-_Static_assert(__builtin_offsetof(struct ulnic_event, user_id) == 8, "struct ulnic_event: user_id");
-_Static_assert(__builtin_offsetof(struct ulnic_event, node) == 16, "struct ulnic_event: node");
-_Static_assert(__builtin_offsetof(struct ulnic_event, port) == 20, "struct ulnic_event: port");
-_Static_assert(__builtin_offsetof(struct ulnic_event, len) == 24, "struct ulnic_event: len");
-_Static_assert(__builtin_offsetof(struct ulnic_event, reserved) == 28, "struct ulnic_event: reserved");
+_Static_assert(sizeof(struct ulnic_event_record) == 32, "struct ulnic_event_record: size");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, kind) == 0, "struct ulnic_event_record: kind");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, code) == 2, "struct ulnic_event_record: code");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, aux) == 4, "struct ulnic_event_record: aux");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, user_id) == 8, "struct ulnic_event_record: user_id");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, node) == 16, "struct ulnic_event_record: node");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, port) == 20, "struct ulnic_event_record: port");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, len) == 24, "struct ulnic_event_record: len");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, reserved) == 28, "struct ulnic_event_record: reserved");
 
 /* A notification record (spec §6). */
 struct ulnic_notify_record {

@@ -1,6 +1,6 @@
 //! Where the library finds its device: environment variables and defaults.
 
-/// Environment variable naming the device port socket to attach to.
+/// Environment variable naming the device node socket to attach to.
 pub const SOCKET_ENV: &str = "ULNIC_SOCKET";
 /// Environment variable naming the guest device file (default `/dev/ulnic0`).
 pub const DEVICE_ENV: &str = "ULNIC_DEVICE";

@@ -7,7 +7,7 @@ use crate::types::SendError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No device: `ULNIC_SOCKET` is unset and there is no guest device.
-    #[error("no ulnic device: set {SOCKET_ENV} to a port socket of `ulnic device` (guest device files come with the kernel driver)")]
+    #[error("no ulnic device: set {SOCKET_ENV} to a node socket of `ulnic device` (guest device files come with the kernel driver)")]
     NoDevice,
     /// The driver failed (attach, command, memory).
     #[error(transparent)]
@@ -75,7 +75,7 @@ impl Error {
             Error::Driver(d) => match d {
                 D::Command { status, .. } => status_errno(*status),
                 D::OutOfMemory(_) => libc::ENOMEM,
-                D::PortBusy(_) => libc::EBUSY,
+                D::NodeBusy(_) => libc::EBUSY,
                 D::Incompatible(_) | D::BadResponse(_) => libc::EPROTO,
                 D::Timeout(_) => libc::ETIMEDOUT,
                 D::ControlQueueDead(_) => libc::EIO,

@@ -9,7 +9,7 @@
 //! ```no_run
 //! use ulnic::{Address, EndpointConfig, Nic};
 //! # fn main() -> Result<(), ulnic::Error> {
-//! let nic = Nic::open()?; // ULNIC_SOCKET names the device port
+//! let nic = Nic::open()?; // ULNIC_SOCKET names the device node's socket
 //! let pd = nic.alloc_pd()?;
 //! let mut ep = pd.create_endpoint(&EndpointConfig::default())?;
 //! ep.bind(7)?;
@@ -54,5 +54,5 @@ pub use types::{
     Address, EndpointConfig, Event, Immediate, Payload, Permissions, Received, RedirectOutcome,
     SendError, TripwireOn,
 };
-pub use ulnic_abi::{Cookie, Event as RawEvent, FilterEntry, ANY, INLINE_MAX};
+pub use ulnic_abi::{Cookie, EventRecord, FilterEntry, ANY, INLINE_MAX};
 pub use utlb::{Registration, Translation, UserBuffer, UtlbConfig, UtlbStats};

@@ -1,4 +1,4 @@
-//! Opening a NIC (a device port attached from the host, or the Linux
+//! Opening a NIC (a device node attached from the host, or the Linux
 //! driver's device file) and its protection domains.
 
 use std::path::Path;
@@ -25,13 +25,14 @@ use crate::{host, kernel};
 /// ```
 #[derive(Clone)]
 pub struct Nic {
-    port: Port,
+    attachment: Attachment,
     info: DeviceInfo,
 }
 
+/// How this process reaches its node.
 #[derive(Clone)]
-enum Port {
-    /// Host attach: this process drives a device port over vhost-user.
+enum Attachment {
+    /// Host attach: this process drives a device node over vhost-user.
     Host(Arc<HostAttach>),
     /// The Linux driver: each protection domain is an open of this file.
     Kernel(std::path::PathBuf),
@@ -39,7 +40,7 @@ enum Port {
 
 impl Nic {
     /// Opens the NIC: the guest device file (`ULNIC_DEVICE`, default
-    /// `/dev/ulnic0`) when it exists, otherwise the port socket named by
+    /// `/dev/ulnic0`) when it exists, otherwise the node socket named by
     /// `ULNIC_SOCKET` (host attach).
     ///
     /// ```no_run
@@ -64,12 +65,12 @@ impl Nic {
     pub fn open_device(path: &Path) -> Result<Nic, Error> {
         let info = kernel::device_info(path)?;
         Ok(Nic {
-            port: Port::Kernel(path.to_path_buf()),
+            attachment: Attachment::Kernel(path.to_path_buf()),
             info,
         })
     }
 
-    /// Attaches to a device port socket directly.
+    /// Attaches to a device node's socket directly.
     ///
     /// ```no_run
     /// let nic = ulnic::Nic::attach("/tmp/ulnic/node0.sock".as_ref())?;
@@ -94,7 +95,7 @@ impl Nic {
         let hw = Arc::new(HostAttach::connect(socket, bytes)?);
         Ok(Nic {
             info: *hw.info(),
-            port: Port::Host(hw),
+            attachment: Attachment::Host(hw),
         })
     }
 
@@ -139,9 +140,9 @@ impl Nic {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, Error> {
-        let inner: Arc<dyn Domain> = match &self.port {
-            Port::Host(hw) => Arc::new(host::HostDomain::new(hw.clone())?),
-            Port::Kernel(path) => Arc::new(kernel::KernelDomain::open(path, self.info)?),
+        let inner: Arc<dyn Domain> = match &self.attachment {
+            Attachment::Host(hw) => Arc::new(host::HostDomain::new(hw.clone())?),
+            Attachment::Kernel(path) => Arc::new(kernel::KernelDomain::open(path, self.info)?),
         };
         Ok(ProtectionDomain {
             inner,

@@ -2,7 +2,7 @@
 //! received messages, events, send errors, and what remote-memory calls
 //! take.
 
-use ulnic_abi::{perm, tx_error, Event as RawEvent, INLINE_MAX};
+use ulnic_abi::{perm, tx_error, EventRecord, INLINE_MAX};
 
 /// A network address: a node of the fabric and a port bound on it.
 ///
@@ -12,7 +12,7 @@ use ulnic_abi::{perm, tx_error, Event as RawEvent, INLINE_MAX};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Address {
-    /// Node (device port) number.
+    /// Node number (one vhost-user socket of a device).
     pub node: u32,
     /// Port bound on that node.
     pub port: u32,
@@ -196,7 +196,7 @@ pub enum Event {
         from: Address,
     },
     /// An event this library version does not know.
-    Unknown(RawEvent),
+    Unknown(EventRecord),
 }
 
 /// How a transfer redirection ended (VMMC-2 §3).

@@ -1,4 +1,4 @@
-//! The QEMU command line for one guest with a ulnic port: the piece the
+//! The QEMU command line for one guest with a ulnic node: the piece the
 //! cluster launcher builds on.
 
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use crate::Image;
 pub struct VmConfig {
     /// Guest RAM in MiB (shared with the device: memfd, share=on).
     pub memory_mb: u32,
-    /// The ulnic port socket, if the guest gets a ulnic NIC.
+    /// The ulnic node socket, if the guest gets a ulnic NIC.
     pub ulnic_socket: Option<PathBuf>,
     /// Give the guest its NIC by hotplug, so that a restarted device can be
     /// plugged in again while the guest runs: the guest starts paused
@@ -89,7 +89,7 @@ impl Default for VmConfig {
 pub const ULNIC_ROOT_PORT: &str = "ulnic-rp";
 /// QEMU's id of the guest's ulnic NIC (for `device_del`).
 pub const ULNIC_DEVICE_ID: &str = "ulnic0dev";
-/// QEMU's id of the chardev joining that NIC to its port socket.
+/// QEMU's id of the chardev joining that NIC to its node socket.
 pub const ULNIC_CHARDEV_ID: &str = "ulnic0";
 
 /// The QMP `device_add` command of the ulnic NIC of a guest started with
@@ -111,7 +111,7 @@ pub fn ulnic_device_add() -> serde_json::Value {
 }
 
 /// The QMP `chardev-add` command that connects a guest's NIC chardev to the
-/// port socket `sock` again (after `chardev-remove`).
+/// node socket `sock` again (after `chardev-remove`).
 pub fn ulnic_chardev_add(sock: &std::path::Path) -> serde_json::Value {
     serde_json::json!({
         "execute": "chardev-add",

@@ -5,7 +5,7 @@
 //! lines; a capture streams one line per packet until the client hangs up.
 //!
 //! The device model knows nothing of this: the server turns requests into
-//! calls on the device's `Switch` (snapshot, set_link_faults, capture).
+//! calls on the `Device` (snapshot, set_link_faults, capture).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -19,10 +19,10 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use ulnic_device::fabric::mapping::FabricMap;
 use ulnic_device::fabric::topology::{Faults, Topology};
-use ulnic_device::switch::snapshot::Snapshot;
+use ulnic_device::shard::snapshot::Snapshot;
 use ulnic_device::Device;
 
-/// The control socket of a device whose port sockets are in `dir`
+/// The control socket of a device whose node sockets are in `dir`
 /// (`control-MEMBER.sock` for a member of a fabric spread over devices,
 /// which may share the directory).
 pub fn socket_path(dir: &Path, member: Option<&str>) -> PathBuf {
@@ -185,16 +185,17 @@ pub struct MapSwitch {
     pub id: u32,
     /// Its name.
     pub name: String,
-    /// Ports it has.
-    pub ports: u8,
-    /// The route from the mapper to it, port by port.
+    /// Gates it has (read as `ports` from devices that named them so).
+    #[serde(alias = "ports")]
+    pub gates: u8,
+    /// The route from the mapper to it, gate by gate.
     pub route: Vec<u8>,
 }
 
-/// A link the mapper found between two switch ports.
+/// A link the mapper found between two switch gates.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct MapLink {
-    /// One switch, by name, and its port.
+    /// One switch, by name, and its gate.
     pub a: (String, u8),
     /// The other.
     pub b: (String, u8),
@@ -214,13 +215,13 @@ pub struct MapReport {
     pub took_us: f64,
     /// Probes sent, counting resends.
     pub probes: u64,
-    /// Probes unanswered in time (an empty port, a dead link, a loss).
+    /// Probes unanswered in time (an empty gate, a dead link, a loss).
     pub timeouts: u64,
     /// Switches found.
     pub switches: Vec<MapSwitch>,
     /// Links between switches found.
     pub links: Vec<MapLink>,
-    /// Nodes found: (node, switch name, port).
+    /// Nodes found: (node, switch name, gate).
     pub nodes: Vec<(u32, String, u8)>,
     /// Whether it is the topology file's fabric with every link up.
     pub matches_topology: bool,
@@ -245,8 +246,8 @@ pub fn map_report(m: &FabricMap, topo: &Topology) -> MapReport {
             .map(|s| MapSwitch {
                 id: s.id,
                 name: s.name.clone(),
-                ports: s.ports,
-                route: s.route.ports().to_vec(),
+                gates: s.gates,
+                route: s.route.gates().to_vec(),
             })
             .collect(),
         links: m
@@ -361,7 +362,7 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
 
 /// Serves the control socket at `path` for `device` on a thread of its
 /// own, a thread per client.
-pub fn serve(switch: Arc<Device>, path: &Path) -> anyhow::Result<()> {
+pub fn serve(device: Arc<Device>, path: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener =
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
@@ -370,11 +371,11 @@ pub fn serve(switch: Arc<Device>, path: &Path) -> anyhow::Result<()> {
         .name("ulnic-control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                let switch = switch.clone();
+                let device = device.clone();
                 let _ = std::thread::Builder::new()
                     .name("ulnic-control-client".into())
                     .spawn(move || {
-                        if let Err(e) = client(&switch, conn) {
+                        if let Err(e) = client(&device, conn) {
                             log::debug!("control client: {e:#}");
                         }
                     });
@@ -384,8 +385,8 @@ pub fn serve(switch: Arc<Device>, path: &Path) -> anyhow::Result<()> {
 }
 
 /// The lanes of `link`, or of the link `node` hangs on.
-fn lanes_of(switch: &Device, link: Option<usize>, node: Option<u32>) -> anyhow::Result<usize> {
-    let fabric = switch
+fn lanes_of(device: &Device, link: Option<usize>, node: Option<u32>) -> anyhow::Result<usize> {
+    let fabric = device
         .fabric_config()
         .context("this device has no emulated fabric (start it with --topology)")?;
     let topo = &fabric.topology;
@@ -409,7 +410,7 @@ fn lanes_of(switch: &Device, link: Option<usize>, node: Option<u32>) -> anyhow::
     Ok(l)
 }
 
-fn client(switch: &Device, conn: UnixStream) -> anyhow::Result<()> {
+fn client(device: &Device, conn: UnixStream) -> anyhow::Result<()> {
     let mut out = conn.try_clone()?;
     let reader = BufReader::new(conn);
     for line in reader.lines() {
@@ -426,27 +427,27 @@ fn client(switch: &Device, conn: UnixStream) -> anyhow::Result<()> {
         };
         match req {
             Request::Stats => {
-                let faults: Vec<Faults> = switch
+                let faults: Vec<Faults> = device
                     .fabric_config()
                     .map(|f| f.topology.links().iter().map(|l| l.params.faults).collect())
                     .unwrap_or_default();
-                let s = stats_of(&switch.snapshot(), &faults);
+                let s = stats_of(&device.snapshot(), &faults);
                 writeln!(out, "{}", serde_json::to_string(&s)?)?;
             }
             Request::SetFaults { link, node, faults } => {
-                let r = lanes_of(switch, link, node).and_then(|l| {
-                    switch
+                let r = lanes_of(device, link, node).and_then(|l| {
+                    device
                         .set_link_faults(l, faults.faults()?)
                         .map_err(anyhow::Error::from)
                 });
                 reply(&mut out, r)?;
             }
             Request::Map => {
-                let r = switch
+                let r = device
                     .fabric_config()
                     .context("this device has no emulated fabric (start it with --topology)")
                     .and_then(|f| {
-                        let m = switch.map_fabric(Duration::from_secs(30))?;
+                        let m = device.map_fabric(Duration::from_secs(30))?;
                         Ok(map_report(&m, &f.topology))
                     });
                 match r {
@@ -455,7 +456,7 @@ fn client(switch: &Device, conn: UnixStream) -> anyhow::Result<()> {
                 }
             }
             Request::Capture { link, node } => {
-                let l = match lanes_of(switch, link, node) {
+                let l = match lanes_of(device, link, node) {
                     Ok(l) => l,
                     Err(e) => {
                         reply(&mut out, Err(e))?;
@@ -463,7 +464,7 @@ fn client(switch: &Device, conn: UnixStream) -> anyhow::Result<()> {
                     }
                 };
                 let (tx, rx) = std::sync::mpsc::sync_channel(4096);
-                switch.capture(vec![2 * l, 2 * l + 1], tx)?;
+                device.capture(vec![2 * l, 2 * l + 1], tx)?;
                 reply(&mut out, Ok(()))?;
                 // Until the client hangs up (a write fails); dropping `rx`
                 // ends the tap.
@@ -565,5 +566,28 @@ impl Client {
             }
         }
         Ok(l)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MapSwitch;
+
+    #[test]
+    fn a_map_switch_is_written_with_gates_and_read_with_gates_or_ports() {
+        let s = MapSwitch {
+            id: 1,
+            name: "a".into(),
+            gates: 3,
+            route: vec![0],
+        };
+        assert!(serde_json::to_string(&s).unwrap().contains(r#""gates":3"#));
+        // Devices of a spread fabric may run an older build, which wrote
+        // the key as `ports`.
+        for key in ["gates", "ports"] {
+            let line = format!(r#"{{"id":1,"name":"a","{key}":3,"route":[0]}}"#);
+            let s: MapSwitch = serde_json::from_str(&line).unwrap();
+            assert_eq!(s.gates, 3);
+        }
     }
 }

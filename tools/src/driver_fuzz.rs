@@ -57,7 +57,7 @@ struct Mapping {
 const PAGE: usize = 4096;
 /// Pages of our own memory offered to UTLB_INSTALL.
 const BUFFER_PAGES: usize = 64;
-/// The driver's fault-injection switch and memory budget.
+/// The driver's fault-injection toggle and memory budget.
 const FAIL_ALLOC: &str = "/sys/module/ulnic/parameters/fail_alloc";
 const MEM_LIMIT: &str = "/sys/module/ulnic/parameters/mem_limit_mb";
 /// An address in the kernel's direct map: never a user address.

@@ -42,8 +42,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Run the device: one vhost-user socket per port, each port a node of
-    /// one switch fabric.
+    /// Run the device: one vhost-user socket per node, each node attached
+    /// to one switch fabric.
     ///
     /// Examples:
     ///   ulnic device --socket-dir /tmp/ulnic --nodes 2
@@ -223,7 +223,7 @@ enum ClusterCmd {
     /// Boot N guests on one device and keep them running (a supervisor
     /// process holds them) until `ulnic cluster down`.
     ///
-    /// Each guest has a ulnic port and a virtio-net NIC on a private
+    /// Each guest has a ulnic node and a virtio-net NIC on a private
     /// segment (IPv6 link-local, no uplink); console logs are kept per node
     /// in the cluster's directory (shown by `status`).
     ///
@@ -274,7 +274,7 @@ enum ClusterCmd {
         name: ClusterName,
     },
     /// Reset one guest (like pressing its reset button) and wait until it
-    /// is ready again. Its ulnic port is reset: its endpoints go, their
+    /// is ready again. Its ulnic node is reset: its endpoints go, their
     /// close messages are sent; the other guests keep running.
     Reboot {
         /// The node.
@@ -452,7 +452,7 @@ enum FabricCmd {
     },
     /// Check the fabric's reliable transport end to end: start a device
     /// whose links drop, corrupt, duplicate and reorder packets (seeded,
-    /// so a run can be repeated), attach one host port per node, have
+    /// so a run can be repeated), attach one host process per node, have
     /// every node send numbered messages to every other, and count what
     /// arrives. With the transport working, lost, duplicated and
     /// out_of_order are 0 and delivered equals sent. Exits 1 otherwise.
@@ -465,7 +465,7 @@ enum FabricCmd {
     #[command(verbatim_doc_comment)]
     Selftest(SelftestArgs),
     /// Benchmark the emulated fabric, on a device started in this process
-    /// with host-attached ports.
+    /// with host-attached nodes.
     ///
     /// link: is a link what it was configured to be? Its one-way latency
     /// (half the median ping-pong difference against an ideal link, in
@@ -552,7 +552,7 @@ enum FabricCmd {
         ssh: String,
     },
     /// Map a running device's fabric over the fabric itself (docs/spec.md
-    /// §10.9): the mapper's node sends probes through every switch port,
+    /// §10.9): the mapper's node sends probes through every switch gate,
     /// switches and nodes answer, and what answered is printed with how it
     /// compares to the topology file. On a fabric with a [mapping] section
     /// the routes every node uses come from these rounds (run on their own
@@ -726,7 +726,7 @@ struct FabricBenchArgs {
 
 #[derive(clap::Args, Debug)]
 struct SelftestArgs {
-    /// Nodes (host-attached ports).
+    /// Nodes (attached from host processes).
     #[arg(long, default_value_t = 4)]
     nodes: u32,
     /// Messages in all, spread over the nodes.
@@ -784,16 +784,16 @@ enum ImageCmd {
 
 #[derive(clap::Args, Debug)]
 struct DeviceArgs {
-    /// Directory for the port sockets: DIR/node0.sock, DIR/node1.sock, ...
+    /// Directory for the node sockets: DIR/node0.sock, DIR/node1.sock, ...
     #[arg(long, value_name = "DIR", required_unless_present = "socket")]
     socket_dir: Option<PathBuf>,
-    /// Number of ports (nodes) to create in --socket-dir.
+    /// Number of nodes (sockets) to create in --socket-dir.
     #[arg(long, default_value_t = 2, value_name = "N")]
     nodes: u32,
-    /// Explicit socket path for a port; repeat for more. Port i is node i.
+    /// Explicit socket path for a node; repeat for more. Socket i is node i.
     #[arg(long, value_name = "PATH", conflicts_with = "socket_dir")]
     socket: Vec<PathBuf>,
-    /// Endpoints per port, 1 to 4096 (the port's 64 virtqueues do not
+    /// Endpoints per node, 1 to 4096 (the node's 64 virtqueues do not
     /// depend on it: give QEMU num_vqs=64). The device polls at most 64
     /// of them; the others ring a doorbell when they send (spec §5.8).
     #[arg(long, default_value_t = 16, value_name = "N",
@@ -811,7 +811,7 @@ struct DeviceArgs {
     utlb_cache: UtlbCacheArgs,
     /// Emulate the fabric this topology file describes (docs/spec.md
     /// §10): messages between nodes cross its links as packets, under
-    /// the reliable transport, with the file's faults. Without it, ports
+    /// the reliable transport, with the file's faults. Without it, nodes
     /// are one copy apart.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
@@ -942,9 +942,9 @@ struct BenchArgs {
     #[arg(long, default_value_t = 5, value_name = "N")]
     rounds: u32,
     /// pingpong and stream over ulnic: endpoints each peer keeps open on
-    /// its port, all but the measured one having exchanged a message
-    /// first. The device polls at most 64 per port and the others wait
-    /// for doorbells (spec §5.8), so this shows what a port's endpoint
+    /// its node, all but the measured one having exchanged a message
+    /// first. The device polls at most 64 per node and the others wait
+    /// for doorbells (spec §5.8), so this shows what a node's endpoint
     /// count costs the one in use. Lines say "ulnic:Nep".
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
@@ -1408,7 +1408,7 @@ fn fabric_map(dir: &std::path::Path, member: Option<&str>, json: bool) -> anyhow
         }
         println!(
             "\n{:<16} {:>4} {:>6}  route from the mapper",
-            "switch", "id", "ports"
+            "switch", "id", "gates"
         );
         for s in &m.switches {
             let route: Vec<String> = s.route.iter().map(u8::to_string).collect();
@@ -1417,7 +1417,7 @@ fn fabric_map(dir: &std::path::Path, member: Option<&str>, json: bool) -> anyhow
             } else {
                 route.join(",")
             };
-            println!("{:<16} {:>4} {:>6}  {route}", s.name, s.id, s.ports);
+            println!("{:<16} {:>4} {:>6}  {route}", s.name, s.id, s.gates);
         }
         println!("\nlinks");
         for l in &m.links {
@@ -2176,7 +2176,7 @@ fn run_cluster_bench(
 }
 
 /// `ulnic bench apps`: the programs between two host processes attached
-/// to ports 0 and 1 of a device this process starts, against loopback TCP.
+/// to nodes 0 and 1 of a device this process starts, against loopback TCP.
 fn run_apps_host(a: &BenchArgs) -> anyhow::Result<()> {
     use crate::bench::apps;
     anyhow::ensure!(
@@ -2205,7 +2205,7 @@ fn run_apps_host(a: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Endpoints a port needs for `bench apps`: one per connection (the
+/// Endpoints a node needs for `bench apps`: one per connection (the
 /// benchmark's, the servers' listeners, their accepted ones) with room
 /// for connections still closing.
 fn apps_endpoints(a: &crate::bench::apps::AppsArgs) -> u32 {
@@ -2513,7 +2513,7 @@ fn run_compare(
         }
     };
     // The endpoints section: round trips with thousands of endpoints open
-    // on each port against one, on a device whose ports have room for
+    // on each node against one, on a device whose nodes have room for
     // them (or on the one given with --device-dir).
     let many = if a.endpoints > 1 {
         a.endpoints

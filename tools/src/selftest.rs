@@ -241,7 +241,7 @@ fn ownership_check(ep: u32) -> anyhow::Result<Option<String>> {
     use std::os::fd::AsRawFd;
     let path = std::env::var(ulnic::DEVICE_ENV).unwrap_or_else(|_| ulnic::DEFAULT_DEVICE.into());
     let Ok(f) = std::fs::File::options().read(true).write(true).open(&path) else {
-        return Ok(None); // host attach: processes do not share a port
+        return Ok(None); // host attach: processes do not share a node
     };
     let mut id = ep.to_le_bytes();
     let kick = match ioctl(&f, ulnic_abi::uapi::IOC_KICK, &mut id) {

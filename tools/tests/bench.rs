@@ -431,7 +431,7 @@ fn payload_touching_is_an_option_and_every_line_says_which_ran() {
 #[test]
 fn apps_run_unmodified_programs_over_ulnic_and_the_kernel() {
     // redis-benchmark, iperf3 and sockperf (Debian's, installed by
-    // ci/test.sh) between host processes, each on a port of its own,
+    // ci/test.sh) between host processes, each on a node of its own,
     // under the LD_PRELOAD layer and without it. Figures are not judged:
     // only that each program ran over each transport and reported.
     let rows = bench_json(&[

@@ -1,4 +1,4 @@
-//! A real QEMU guest (TCG) boots the default image with a ulnic port; the
+//! A real QEMU guest (TCG) boots the default image with a ulnic node; the
 //! ulnic kernel module binds the device and talks to it. Builds the image (network: Debian's
 //! archive) if the cache lacks it.
 #[path = "../../device/tests/common/mod.rs"]

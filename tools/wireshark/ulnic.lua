@@ -2,7 +2,7 @@
 --
 -- `ulnic capture` writes pcap files of link type USER0 (147): every record
 -- is one packet: its 64-byte header, its source route (route_len bytes,
--- one output port per switch) and its payload. Open one with
+-- one gate to leave by per switch) and its payload. Open one with
 --   wireshark -X lua_script:tools/wireshark/ulnic.lua capture.pcap
 --   tshark -X lua_script:tools/wireshark/ulnic.lua -r capture.pcap -V
 -- or copy this file into Wireshark's personal plugins folder.
@@ -43,7 +43,7 @@ local f = {
   code         = ProtoField.uint16("ulnic.code", "Code", base.DEC, tx_errors),
   route_len    = ProtoField.uint16("ulnic.route_len", "Route length"),
   crc          = ProtoField.uint32("ulnic.crc", "CRC-32", base.HEX),
-  route        = ProtoField.bytes("ulnic.route", "Route (port per switch)", base.SPACE),
+  route        = ProtoField.bytes("ulnic.route", "Route (gate per switch)", base.SPACE),
   payload      = ProtoField.bytes("ulnic.payload", "Payload"),
 }
 ulnic.fields = {

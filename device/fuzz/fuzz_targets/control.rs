@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use ulnic_device::shard::nodes::Nodes;
 use ulnic_device::vhost::control::execute;
-use ulnic_device::switch::ports::Ports;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const MEM: usize = 1 << 20;
@@ -17,8 +17,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
-    let mut ports = Ports::new(2, 4);
-    ports.nodes[0].features = ulnic_abi::F_IMPLEMENTED;
+    let mut nodes = Nodes::new(2, 4);
+    nodes.nodes[0].features = ulnic_abi::F_IMPLEMENTED;
     // Guest memory gets a copy of the whole input, so tables point at it.
     let _ = mem.write_slice(&data[..data.len().min(MEM)], GuestAddress(0x8000));
     for _ in 0..(n % 16) {
@@ -29,22 +29,22 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[2..];
         let req = &rest[..len.min(rest.len())];
         rest = &rest[req.len()..];
-        let before = ports.nodes[0].object_counts();
+        let before = nodes.nodes[0].object_counts();
         let room = usize::from(n & 0xf0) * 4; // 0..=960 bytes of response room
-        let r = execute(&mut ports, 0, &mem, req, room);
+        let r = execute(&mut nodes, 0, &mem, req, room);
         if r.status != ulnic_abi::status::OK {
             assert_eq!(
-                ports.nodes[0].object_counts(),
+                nodes.nodes[0].object_counts(),
                 before,
                 "refused command changed state"
             );
             assert!(r.payload.is_empty());
         }
         assert!(
-            ports.nodes[1].object_counts() == Default::default(),
+            nodes.nodes[1].object_counts() == Default::default(),
             "another node changed"
         );
     }
     // Polling the data path over whatever was created must not panic.
-    ports.poll();
+    nodes.poll();
 });

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ulnic_abi::{Cookie, DeviceInfo, Event, FreeDesc, RecvDesc, SendDesc};
+use ulnic_abi::{Cookie, DeviceInfo, EventRecord, FreeDesc, RecvDesc, SendDesc};
 
 fuzz_target!(|data: &[u8]| {
     let mut b = [0u8; 128];
@@ -15,10 +15,10 @@ fuzz_target!(|data: &[u8]| {
     let mut again = [0u8; 128];
     s.encode_header(&mut again);
     assert_eq!(SendDesc::decode(&again).len, s.len);
-    let e = Event::decode(&b[..32]);
+    let e = EventRecord::decode(&b[..32]);
     let mut eb = [0u8; 32];
     e.encode(&mut eb);
-    assert_eq!(Event::decode(&eb), e);
+    assert_eq!(EventRecord::decode(&eb), e);
     let _ = FreeDesc::decode(&b[..32]);
     let c = Cookie::decode(&b[..Cookie::SIZE]);
     assert_eq!(Cookie::decode(&c.encode()), c);

@@ -1,11 +1,11 @@
 //! The device's vhost-user message handling (spec §2), through a real
-//! port socket of a running device: each input is one frontend's whole
+//! node socket of a running device: each input is one frontend's whole
 //! connection. Optionally a valid bring-up first (features, a memory
 //! table whose memfd holds a ring the input fills, one queue set up,
 //! enabled and kicked), then arbitrary messages with arbitrary headers,
 //! payloads and attached descriptors (eventfds, memfds of any size, a pipe,
 //! none). The device must survive every connection (a crash or SIGBUS ends
-//! the run) and let go of the port within a few seconds of the frontend
+//! the run) and let go of the node within a few seconds of the frontend
 //! leaving, so that the next connection is served.
 #![no_main]
 
@@ -234,14 +234,14 @@ fn arbitrary_message(sock: &UnixStream, input: &mut Input<'_>, keep: &mut Vec<Ow
     send(sock, request, flags, &payload, &fds);
 }
 
-/// Waits for the device to have let go of the port after our connection
+/// Waits for the device to have let go of the node after our connection
 /// ended; a device that holds on to it would refuse every later frontend.
 fn wait_released(before: u64) {
     let t = target();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         {
-            let f = t.device.switch().lock();
+            let f = t.device.shard().lock();
             let n = &f.nodes[0];
             if n.connections > before && n.disconnect.is_none() {
                 return;
@@ -249,7 +249,7 @@ fn wait_released(before: u64) {
         }
         assert!(
             Instant::now() < deadline,
-            "the device did not release port 0 within 10 s of the frontend leaving"
+            "the device did not release node 0 within 10 s of the frontend leaving"
         );
         std::thread::sleep(Duration::from_micros(200));
     }
@@ -258,8 +258,8 @@ fn wait_released(before: u64) {
 fuzz_target!(|data: &[u8]| {
     let t = target();
     let mut input = Input(data);
-    let before = t.device.switch().lock().nodes[0].connections;
-    let sock = UnixStream::connect(&t.socket).expect("connect to port 0");
+    let before = t.device.shard().lock().nodes[0].connections;
+    let sock = UnixStream::connect(&t.socket).expect("connect to node 0");
     let mode = input.u8();
     let mut keep = Vec::new();
     let ring = (mode & 1 != 0).then(|| bring_up(&sock, &mut input));

@@ -2,13 +2,13 @@
 //! node's NIC finds the fabric by sending probes through it, computes
 //! up*/down* routes on what it found and hands every node its routes.
 //!
-//! A probe carries a source route. Each switch it passes appends the port
+//! A probe carries a source route. Each switch it passes appends the gate
 //! it came in by, so whoever answers knows the way back: the switch where
-//! the route ends answers with its id, name and port count, and a node the
+//! the route ends answers with its id, name and gate count, and a node the
 //! route leads to answers with its number. The mapper starts with the empty
-//! route (its own switch), then probes every port of every switch it has
+//! route (its own switch), then probes every gate of every switch it has
 //! found; a probe unanswered after its tries means nothing (or a dead link)
-//! is on that port. Probes are packets like any other: they cross the same
+//! is on that gate. Probes are packets like any other: they cross the same
 //! lanes, with the same latency, credits and faults.
 //!
 //! This module is the mapper's state; the network sends and receives its
@@ -33,7 +33,7 @@ pub struct MappingConfig {
     pub interval: Duration,
     /// How long a probe waits for its answer before it is sent again.
     pub probe_timeout: Duration,
-    /// Sends of one probe before its port is taken as empty.
+    /// Sends of one probe before its gate is taken as empty.
     pub probe_tries: u32,
 }
 
@@ -75,16 +75,16 @@ pub struct FoundSwitch {
     pub id: u32,
     /// Its name.
     pub name: String,
-    /// How many ports it has.
-    pub ports: u8,
+    /// How many gates it has.
+    pub gates: u8,
     /// The route from the mapper to it.
     pub route: Route,
 }
 
-/// A link between two switch ports, by found-switch index.
+/// A link between two switch gates, by found-switch index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FoundLink {
-    /// One end: (switch, port), the smaller of the two.
+    /// One end: (switch, gate), the smaller of the two.
     pub a: (usize, u8),
     /// The other end.
     pub b: (usize, u8),
@@ -101,7 +101,7 @@ pub struct FabricMap {
     pub switches: Vec<FoundSwitch>,
     /// Links between switches.
     pub links: Vec<FoundLink>,
-    /// Nodes: (node, switch, port).
+    /// Nodes: (node, switch, gate).
     pub nodes: Vec<(u32, usize, u8)>,
     /// Probes sent, counting resends.
     pub probes: u64,
@@ -141,7 +141,7 @@ impl FabricMap {
     }
 
     /// What a mapper should find in `topo` with every link up: the
-    /// switches by index, links and nodes on their ports.
+    /// switches by index, links and nodes on their gates.
     pub fn expected(topo: &Topology) -> FabricMap {
         let g = Graph::of(topo);
         let switches = topo
@@ -151,7 +151,7 @@ impl FabricMap {
             .map(|(i, name)| FoundSwitch {
                 id: i as u32,
                 name: name.clone(),
-                ports: g
+                gates: g
                     .links
                     .iter()
                     .flatten()
@@ -190,7 +190,7 @@ impl FabricMap {
     }
 
     /// How this map differs from `expected`, for people: links and nodes
-    /// one has and the other has not, by switch name and port.
+    /// one has and the other has not, by switch name and gate.
     pub fn differences(&self, expected: &FabricMap) -> Vec<String> {
         let (mine, theirs) = (self.shape(), expected.shape());
         let name = |m: &FabricMap, id: u32| {
@@ -236,8 +236,8 @@ impl FabricMap {
     }
 }
 
-/// A map's wiring by switch id: links as (id, port, id, port), smaller end
-/// first, and nodes as (node, id, port).
+/// A map's wiring by switch id: links as (id, gate, id, gate), smaller end
+/// first, and nodes as (node, id, gate).
 type Shape = (BTreeSet<(u32, u8, u32, u8)>, BTreeSet<(u32, u32, u8)>);
 
 /// Answer kinds in a `PROBE_REPLY`.
@@ -251,17 +251,17 @@ pub const FROM_SWITCH: u32 = u32::MAX;
 /// Who answered a probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// A switch: its id, name, port count and the port the probe came in
+    /// A switch: its id, name, gate count and the gate the probe came in
     /// by.
     Switch {
         /// Id.
         id: u32,
         /// Name.
         name: String,
-        /// Ports.
-        ports: u8,
-        /// The port the probe arrived on.
-        in_port: u8,
+        /// Gates.
+        gates: u8,
+        /// The gate the probe arrived on.
+        in_gate: u8,
     },
     /// A node, by number.
     Node(u32),
@@ -279,7 +279,7 @@ pub fn probe(mapper: u32, round: u64, id: u32, route: Route) -> Packet {
     p
 }
 
-/// The answer to probe `p` (whose payload is its trail of input ports),
+/// The answer to probe `p` (whose payload is its trail of input gates),
 /// going back the way it came.
 pub fn reply(p: &Packet, answer: &Answer) -> Option<Packet> {
     let back = Route::new(&p.payload)?.reversed();
@@ -291,11 +291,11 @@ pub fn reply(p: &Packet, answer: &Answer) -> Option<Packet> {
         Answer::Switch {
             id,
             name,
-            ports,
-            in_port,
+            gates,
+            in_gate,
         } => {
             r.header.src_node = FROM_SWITCH.into();
-            r.payload = vec![ANSWER_SWITCH, *in_port, *ports, 0];
+            r.payload = vec![ANSWER_SWITCH, *in_gate, *gates, 0];
             r.payload.extend_from_slice(&id.to_le_bytes());
             let name = name.as_bytes();
             r.payload
@@ -318,8 +318,8 @@ fn parse_answer(payload: &[u8]) -> Option<Answer> {
         ANSWER_SWITCH => Some(Answer::Switch {
             id,
             name: String::from_utf8_lossy(&payload[8..]).into_owned(),
-            ports: payload[2],
-            in_port: payload[1],
+            gates: payload[2],
+            in_gate: payload[1],
         }),
         ANSWER_NODE if payload.len() == 8 => Some(Answer::Node(id)),
         _ => None,
@@ -359,7 +359,7 @@ pub fn routes_packets(
         }
         payload.extend_from_slice(&d.to_le_bytes());
         payload.push(r.len() as u8);
-        payload.extend_from_slice(r.ports());
+        payload.extend_from_slice(r.gates());
     }
     if !payload.is_empty() {
         send(&mut payload);
@@ -386,7 +386,7 @@ pub fn parse_routes(payload: &[u8]) -> Option<Vec<(u32, Route)>> {
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     route: Route,
-    /// The switch and port probed (`None`: the mapper's own switch).
+    /// The switch and gate probed (`None`: the mapper's own switch).
     from: Option<(usize, u8)>,
     sent_at: Nanos,
     tries: u32,
@@ -534,17 +534,17 @@ impl Mapper {
         let pending = r.pending.remove(&p.header.seq.get())?;
         match parse_answer(&p.payload) {
             Some(Answer::Node(n)) => {
-                if let Some((s, port)) = pending.from {
+                if let Some((s, gate)) = pending.from {
                     if !r.map.nodes.iter().any(|x| x.0 == n) {
-                        r.map.nodes.push((n, s, port));
+                        r.map.nodes.push((n, s, gate));
                     }
                 }
             }
             Some(Answer::Switch {
                 id,
                 name,
-                ports,
-                in_port,
+                gates,
+                in_gate,
             }) => {
                 let known = r.by_id.get(&id).copied();
                 let s = match known {
@@ -555,30 +555,30 @@ impl Mapper {
                         r.map.switches.push(FoundSwitch {
                             id,
                             name,
-                            ports,
+                            gates,
                             route: pending.route,
                         });
                         s
                     }
                 };
                 if let Some(from) = pending.from {
-                    let (a, b) = if from <= (s, in_port) {
-                        (from, (s, in_port))
+                    let (a, b) = if from <= (s, in_gate) {
+                        (from, (s, in_gate))
                     } else {
-                        ((s, in_port), from)
+                        ((s, in_gate), from)
                     };
                     r.links.insert(FoundLink { a, b });
                 }
                 if known.is_none() {
-                    // Probe each of its ports but the one the probe came in by
+                    // Probe each of its gates but the one the probe came in by
                     // (whatever is there was reached already).
-                    for port in 0..ports {
-                        let came_by = pending.from.is_some() && port == in_port;
+                    for gate in 0..gates {
+                        let came_by = pending.from.is_some() && gate == in_gate;
                         let mut route = pending.route;
-                        if came_by || !route.push(port) {
+                        if came_by || !route.push(gate) {
                             continue;
                         }
-                        Self::send_to(self.node, r, route, Some((s, port)), now, out);
+                        Self::send_to(self.node, r, route, Some((s, gate)), now, out);
                     }
                 }
             }
@@ -649,17 +649,17 @@ mod tests {
     #[test]
     fn replies_go_back_the_way_the_probe_came() {
         let mut p = probe(3, 1, 9, Route::new(&[4, 1]).unwrap());
-        // Two switches passed: it came in on port 2, then on port 0.
+        // Two switches passed: it came in on gate 2, then on gate 0.
         p.payload = vec![2, 0];
         p.seal();
         let answer = Answer::Switch {
             id: 7,
             name: "spine".into(),
-            ports: 5,
-            in_port: 0,
+            gates: 5,
+            in_gate: 0,
         };
         let r = reply(&p, &answer).unwrap();
-        assert_eq!(r.route.ports(), [0, 2]);
+        assert_eq!(r.route.gates(), [0, 2]);
         assert_eq!(r.header.dst_node.get(), 3);
         assert_eq!(r.header.seq.get(), 9);
         assert!(r.intact());

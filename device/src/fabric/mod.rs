@@ -1,4 +1,4 @@
-//! The fabric between ports (spec §10): its shape (`topology`), the routes
+//! The fabric between nodes (spec §10): its shape (`topology`), the routes
 //! through it (`routing`), packets (`packet`), the links that carry them
 //! (`link`), VN's reliable transport (`transport`), the wires to other
 //! members of a fabric split between processes or engine shards (`span`),

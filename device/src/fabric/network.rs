@@ -130,7 +130,7 @@ summable!(SwitchCounters {
 struct SwitchState {
     /// Lanes that end here.
     inputs: Vec<usize>,
-    /// By port: the lane leaving on it.
+    /// By gate: the lane leaving on it.
     out: Vec<usize>,
     /// Where the round-robin starts next.
     turn: usize,
@@ -146,7 +146,7 @@ pub struct Network {
     table_generation: Vec<u64>,
     /// By `2 * link + (0 if crossed a to b, else 1)`.
     lanes: Vec<Lane>,
-    /// Per lane ending at a switch: the switch and the port it enters by.
+    /// Per lane ending at a switch: the switch and the gate it enters by.
     lane_entry: Vec<Option<(usize, u8)>>,
     /// Per node: packets its NIC makes itself (mapper probes and routes,
     /// answers to probes), sent before the transport's.
@@ -191,11 +191,11 @@ fn lanes_along(
 ) -> Vec<usize> {
     let mut lanes = vec![first];
     let mut at = first;
-    for &port in route.ports() {
+    for &gate in route.gates() {
         let Some((s, _)) = entry[at] else {
             break;
         };
-        match switches[s].out.get(usize::from(port)) {
+        match switches[s].out.get(usize::from(gate)) {
             Some(&l) => {
                 lanes.push(l);
                 at = l;
@@ -317,8 +317,8 @@ impl Network {
             let ends = graph.links[i];
             for (dir, (from, to)) in [(l.a, l.b), (l.b, l.a)].into_iter().enumerate() {
                 let lane = 2 * i + dir;
-                // A switch's ports are numbered in link order, so the
-                // lane leaving port p is pushed p-th.
+                // A switch's gates are numbered in link order, so the
+                // lane leaving gate p is pushed p-th.
                 if let End::Switch(s) = from {
                     switches[s].out.push(lane);
                 }
@@ -791,7 +791,7 @@ impl Network {
     }
 
     /// Passes the packet at the head of lane `input` (ending at switch
-    /// `s`) on by the port its route names, if that lane has credit. A
+    /// `s`) on by the gate its route names, if that lane has credit. A
     /// probe whose route ends here is answered instead.
     fn forward(&mut self, s: usize, input: usize, now: Nanos) -> Forward {
         let Some(p) = self.lanes[input].front() else {
@@ -799,7 +799,7 @@ impl Network {
         };
         let hop = usize::from(p.header.hop.get());
         let probe = p.header.kind.get() == packet::PROBE;
-        let Some(port) = p.route.port(hop) else {
+        let Some(gate) = p.route.gate(hop) else {
             let Some(p) = self.lanes[input].pop() else {
                 return Forward::Empty;
             };
@@ -810,7 +810,7 @@ impl Network {
             }
             return Forward::Dropped;
         };
-        let Some(&out) = self.switches[s].out.get(usize::from(port)) else {
+        let Some(&out) = self.switches[s].out.get(usize::from(gate)) else {
             self.lanes[input].pop();
             self.switches[s].counters.misrouted += 1;
             return Forward::Dropped;
@@ -824,9 +824,9 @@ impl Network {
         };
         p.header.hop = (p.header.hop.get() + 1).into();
         if probe {
-            // The trail home: the port it came in by.
-            if let Some((_, in_port)) = self.lane_entry[input] {
-                p.payload.push(in_port);
+            // The trail home: the gate it came in by.
+            if let Some((_, in_gate)) = self.lane_entry[input] {
+                p.payload.push(in_gate);
                 p.seal();
             }
         }
@@ -836,23 +836,23 @@ impl Network {
     }
 
     /// Switch `s` answers probe `p`, which came in on lane `input`: its id,
-    /// name and ports, back the way the probe came (dropped, like any
+    /// name and gates, back the way the probe came (dropped, like any
     /// packet a switch cannot place, when that lane has no credit).
     fn answer_probe(&mut self, s: usize, input: usize, now: Nanos, mut p: Packet) {
-        let Some((_, in_port)) = self.lane_entry[input] else {
+        let Some((_, in_gate)) = self.lane_entry[input] else {
             return;
         };
-        p.payload.push(in_port);
+        p.payload.push(in_gate);
         let answer = Answer::Switch {
             id: s as u32,
             name: self.config.topology.switches()[s].clone(),
-            ports: self.switches[s].out.len() as u8,
-            in_port,
+            gates: self.switches[s].out.len() as u8,
+            in_gate,
         };
         let Some(mut r) = mapping::reply(&p, &answer) else {
             return;
         };
-        let out = self.switches[s].out[usize::from(in_port)];
+        let out = self.switches[s].out[usize::from(in_gate)];
         if !self.lanes[out].has_credit() {
             return;
         }

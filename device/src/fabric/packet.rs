@@ -7,20 +7,20 @@ use ulnic_abi::packet::{self, HEADER_SIZE, MAX_ROUTE};
 use ulnic_abi::wire::{self, PacketHeader};
 use zerocopy::{FromZeros, IntoBytes};
 
-/// A source route: the output port to take at each switch, in order (as
+/// A source route: the gate to leave by at each switch, in order (as
 /// a Myrinet packet carries one route byte per switch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Route {
     len: u8,
-    ports: [u8; MAX_ROUTE],
+    gates: [u8; MAX_ROUTE],
 }
 
 impl Route {
-    /// The route through `ports`, if it crosses at most `MAX_ROUTE`
+    /// The route through `gates`, if it crosses at most `MAX_ROUTE`
     /// switches.
-    pub fn new(ports: &[u8]) -> Option<Route> {
+    pub fn new(gates: &[u8]) -> Option<Route> {
         let mut r = Route::default();
-        for &p in ports {
+        for &p in gates {
             if !r.push(p) {
                 return None;
             }
@@ -28,14 +28,14 @@ impl Route {
         Some(r)
     }
 
-    /// The ports, first switch first.
-    pub fn ports(&self) -> &[u8] {
-        &self.ports[..usize::from(self.len)]
+    /// The gates, first switch first.
+    pub fn gates(&self) -> &[u8] {
+        &self.gates[..usize::from(self.len)]
     }
 
-    /// The port to take at switch `i` of the route.
-    pub fn port(&self, i: usize) -> Option<u8> {
-        self.ports().get(i).copied()
+    /// The gate to leave by at switch `i` of the route.
+    pub fn gate(&self, i: usize) -> Option<u8> {
+        self.gates().get(i).copied()
     }
 
     /// Switches crossed.
@@ -48,21 +48,21 @@ impl Route {
         self.len == 0
     }
 
-    /// Appends a port; false when the route is already as long as a route
+    /// Appends a gate; false when the route is already as long as a route
     /// may be.
-    pub fn push(&mut self, port: u8) -> bool {
-        let Some(slot) = self.ports.get_mut(usize::from(self.len)) else {
+    pub fn push(&mut self, gate: u8) -> bool {
+        let Some(slot) = self.gates.get_mut(usize::from(self.len)) else {
             return false;
         };
-        *slot = port;
+        *slot = gate;
         self.len += 1;
         true
     }
 
-    /// The same ports, last first.
+    /// The same gates, last first.
     pub fn reversed(&self) -> Route {
         let mut r = *self;
-        r.ports[..usize::from(self.len)].reverse();
+        r.gates[..usize::from(self.len)].reverse();
         r
     }
 }
@@ -72,7 +72,7 @@ impl Route {
 pub struct Packet {
     /// The header (little-endian wire fields).
     pub header: PacketHeader,
-    /// The ports it takes at each switch; `header.hop` says how many it
+    /// The gates it takes at each switch; `header.hop` says how many it
     /// has used.
     pub route: Route,
     /// `header.len` payload bytes.
@@ -167,7 +167,7 @@ impl Packet {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(self.wire_len());
         b.extend_from_slice(self.header.as_bytes());
-        b.extend_from_slice(self.route.ports());
+        b.extend_from_slice(self.route.gates());
         b.extend_from_slice(&self.payload);
         b
     }
@@ -231,9 +231,9 @@ mod tests {
     #[test]
     fn a_route_is_bounded_and_reverses() {
         let r = Route::new(&[1, 2, 3]).unwrap();
-        assert_eq!(r.reversed().ports(), [3, 2, 1]);
-        assert_eq!(r.port(1), Some(2));
-        assert_eq!(r.port(3), None);
+        assert_eq!(r.reversed().gates(), [3, 2, 1]);
+        assert_eq!(r.gate(1), Some(2));
+        assert_eq!(r.gate(3), None);
         assert!(Route::new(&[0; MAX_ROUTE]).is_some());
         assert!(Route::new(&[0; MAX_ROUTE + 1]).is_none());
     }

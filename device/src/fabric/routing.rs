@@ -11,7 +11,7 @@
 //!
 //! Routes are computed on a [`Graph`]: the topology file's (static routes)
 //! or the one a mapper found (spec §10.9); either way each becomes a
-//! source route of output ports.
+//! source route of gates to leave by.
 
 use std::collections::VecDeque;
 
@@ -29,14 +29,14 @@ pub struct Hop {
 }
 
 /// A fabric's wiring as routing sees it: switches, and links whose ends
-/// are switch ports or nodes.
+/// are switch gates or nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Graph {
     /// Number of switches.
     pub switches: usize,
     /// The switch the up*/down* ranking starts from.
     pub root: usize,
-    /// Each link's two ends, with the port number at a switch end (0 at a
+    /// Each link's two ends, with the gate number at a switch end (0 at a
     /// node).
     pub links: Vec<[(End, u8); 2]>,
     /// By node number: the link it hangs on, if it was found.
@@ -45,13 +45,13 @@ pub struct Graph {
 
 impl Graph {
     /// The wiring of `topo`: every link in file order, and a switch's
-    /// ports numbered by the order its links appear in the file.
+    /// gates numbered by the order its links appear in the file.
     pub fn of(topo: &Topology) -> Graph {
-        let mut next_port = vec![0u8; topo.switches().len()];
+        let mut next_gate = vec![0u8; topo.switches().len()];
         let mut end = |e: End| match e {
             End::Switch(s) => {
-                let p = next_port[s];
-                next_port[s] = p.wrapping_add(1);
+                let p = next_gate[s];
+                next_gate[s] = p.wrapping_add(1);
                 (e, p)
             }
             End::Node(_) => (e, 0),
@@ -89,7 +89,7 @@ impl Graph {
         Some((l, s))
     }
 
-    /// The end a hop leaves from and its port there.
+    /// The end a hop leaves from and its gate there.
     fn leaving_end(&self, h: Hop) -> (End, u8) {
         self.links[h.link][usize::from(!h.forward)]
     }
@@ -102,8 +102,8 @@ pub struct Routes {
     /// By `src * nodes + dst`: the hops from `src`'s host link to `dst`'s,
     /// `None` when one of them was not found.
     paths: Vec<Option<Vec<Hop>>>,
-    /// The same as output ports at each switch.
-    ports: Vec<Option<Route>>,
+    /// The same as the gates to leave by at each switch.
+    gate_routes: Vec<Option<Route>>,
 }
 
 impl Routes {
@@ -138,30 +138,30 @@ impl Routes {
                 paths.push(p);
             }
         }
-        // Every hop after the first leaves a switch by a port.
-        let ports = paths
+        // Every hop after the first leaves a switch by a gate.
+        let gate_routes = paths
             .iter()
             .map(|p| {
                 let p = p.as_ref()?;
-                let ports: Vec<u8> = p.iter().skip(1).map(|h| g.leaving_end(*h).1).collect();
-                Route::new(&ports)
+                let gates: Vec<u8> = p.iter().skip(1).map(|h| g.leaving_end(*h).1).collect();
+                Route::new(&gates)
             })
             .collect();
         Routes {
             nodes,
             paths,
-            ports,
+            gate_routes,
         }
     }
 
     /// The hops from node `src` to node `dst` (empty for a node to
-    /// itself, which never leaves its port), if there is a route.
+    /// itself, which never leaves the node), if there is a route.
     pub fn path(&self, src: u32, dst: u32) -> Option<&[Hop]> {
         if src >= self.nodes || dst >= self.nodes {
             return None;
         }
         let i = (src * self.nodes + dst) as usize;
-        self.ports[i]?;
+        self.gate_routes[i]?;
         self.paths[i].as_deref()
     }
 
@@ -170,7 +170,7 @@ impl Routes {
         if src >= self.nodes || dst >= self.nodes {
             return None;
         }
-        self.ports[(src * self.nodes + dst) as usize]
+        self.gate_routes[(src * self.nodes + dst) as usize]
     }
 
     /// Number of nodes.
@@ -311,12 +311,12 @@ mod tests {
                     at = to;
                 }
                 assert_eq!(at, End::Node(dst), "{src}->{dst}: {p:?}");
-                // The source route names the same links, port by port.
+                // The source route names the same links, gate by gate.
                 let g = Graph::of(topo);
                 let route = r.route(src, dst).expect("a route");
                 assert_eq!(route.len(), p.len() - 1);
-                for (h, port) in p.iter().skip(1).zip(route.ports()) {
-                    assert_eq!(g.leaving_end(*h).1, *port);
+                for (h, gate) in p.iter().skip(1).zip(route.gates()) {
+                    assert_eq!(g.leaving_end(*h).1, *gate);
                 }
             }
         }
@@ -353,7 +353,7 @@ mod tests {
         let r = Routes::up_down(&Graph::of(&t));
         assert_connected_routes(&t, &r);
         assert_eq!(r.path(0, 2).map(<[Hop]>::len), Some(2));
-        assert_eq!(r.route(0, 2).map(|r| r.ports().to_vec()), Some(vec![2]));
+        assert_eq!(r.route(0, 2).map(|r| r.gates().to_vec()), Some(vec![2]));
     }
 
     proptest! {

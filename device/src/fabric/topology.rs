@@ -76,8 +76,8 @@ impl Faults {
 
 /// Largest MTU a link may have (a message is at most 1 MiB anyway).
 pub const MAX_MTU: u32 = 1 << 20;
-/// Most links one switch may have: its ports are numbered by a route byte.
-pub const MAX_PORTS: usize = 256;
+/// Most links one switch may have: its gates are numbered by a route byte.
+pub const MAX_GATES: usize = 256;
 /// Smallest MTU a link may have: an inline message fits in one packet.
 pub const MIN_MTU: u32 = 256;
 
@@ -98,7 +98,7 @@ impl Default for LinkParams {
 pub enum End {
     /// A switch, by index.
     Switch(usize),
-    /// A node (a device port), by number.
+    /// A node (one vhost-user socket of a device), by number.
     Node(u32),
 }
 
@@ -142,8 +142,8 @@ pub enum TopologyError {
         links: usize,
     },
     /// A switch has more links than a route byte can number.
-    #[error("switch '{0}' has more than {MAX_PORTS} links")]
-    TooManyPorts(String),
+    #[error("switch '{0}' has more than {MAX_GATES} links")]
+    TooManyGates(String),
     /// Some switches cannot reach the others.
     #[error("switch '{0}' is not connected to switch '{1}'")]
     Disconnected(String, String),
@@ -227,12 +227,12 @@ impl Topology {
             check_params(i, &l.params)?;
         }
         for (i, name) in switches.iter().enumerate() {
-            let ports = links
+            let gates = links
                 .iter()
                 .filter(|l| l.a == End::Switch(i) || l.b == End::Switch(i))
                 .count();
-            if ports > MAX_PORTS {
-                return Err(TopologyError::TooManyPorts(name.clone()));
+            if gates > MAX_GATES {
+                return Err(TopologyError::TooManyGates(name.clone()));
             }
         }
         let host_link = host_link

@@ -13,8 +13,8 @@ use vm_memory::{
     GuestMemoryMmap, VolatileMemory, VolatileSlice,
 };
 
-/// The memory of one port's frontend, as the vhost-user backend hands it over.
-pub type PortMemory = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+/// The memory of one node's frontend, as the vhost-user backend hands it over.
+pub type NodeMemory = GuestMemoryAtomic<GuestMemoryMmap<()>>;
 /// A snapshot of that memory, valid while held.
 pub type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
 
@@ -203,7 +203,7 @@ impl Iterator for Pieces<'_> {
 }
 
 /// Copies `len` bytes from a source segment range to a destination segment
-/// range, possibly in different ports' memories. Both ranges were checked
+/// range, possibly in different nodes' memories. Both ranges were checked
 /// with `Segment::contains`; each piece is still checked by vm-memory.
 pub fn copy_between(
     src_mem: &GuestMemoryMmap<()>,

@@ -8,8 +8,8 @@
 //! region is set up ([`check_region`]). The third is prevented by a seal
 //! where the file allows one, and otherwise contained: SIGBUS at an address
 //! inside a watched region maps zero pages over the whole region, marks its
-//! port faulted and lets the access finish; the device then disconnects
-//! that port ([`take_faulted`]). Nothing else notices.
+//! node faulted and lets the access finish; the device then disconnects
+//! that node ([`take_faulted`]). Nothing else notices.
 
 use std::fs::File;
 use std::io;
@@ -87,16 +87,16 @@ fn seal_against_shrinking(file: &File) -> Protection {
     }
 }
 
-/// Most regions watched at once, over all ports.
+/// Most regions watched at once, over all nodes.
 pub const MAX_WATCHED: usize = 1024;
-/// Most ports one device may have.
-pub const MAX_PORTS: usize = 4096;
-/// Watch keys a process can hand out (each port of each device started in
+/// Most nodes one device may have.
+pub const MAX_NODES: usize = 4096;
+/// Watch keys a process can hand out (each node of each device started in
 /// the process takes one; tests start many devices in one process).
 const MAX_KEYS: usize = 1 << 16;
 static NEXT_KEY: AtomicU32 = AtomicU32::new(0);
 
-/// Reserves `n` consecutive watch keys for the ports of one device: port
+/// Reserves `n` consecutive watch keys for the nodes of one device: node
 /// `i` then watches and faults under key `base + i`.
 pub fn reserve_keys(n: u32) -> Result<u32, RegionError> {
     let base = NEXT_KEY.fetch_add(n, Ordering::Relaxed);
@@ -109,14 +109,14 @@ pub fn reserve_keys(n: u32) -> Result<u32, RegionError> {
 const FREE: u32 = u32::MAX;
 
 struct Slot {
-    port: AtomicU32,
+    key: AtomicU32,
     start: AtomicUsize,
     end: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_SLOT: Slot = Slot {
-    port: AtomicU32::new(FREE),
+    key: AtomicU32::new(FREE),
     start: AtomicUsize::new(0),
     end: AtomicUsize::new(0),
 };
@@ -153,27 +153,27 @@ pub fn install() {
     });
 }
 
-/// Watches the regions of the port with watch key `port`, given as host
+/// Watches the regions of the node with watch key `key`, given as host
 /// `(address, length)` ranges, replacing whatever was watched for it.
-pub fn watch(port: u32, ranges: &[(usize, usize)]) -> Result<(), RegionError> {
+pub fn watch(key: u32, ranges: &[(usize, usize)]) -> Result<(), RegionError> {
     let _g = WATCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let free = SLOTS
         .iter()
         .filter(|s| {
-            let p = s.port.load(Ordering::Relaxed);
-            p == FREE || p == port
+            let p = s.key.load(Ordering::Relaxed);
+            p == FREE || p == key
         })
         .count();
     if free < ranges.len() {
         return Err(RegionError::TooMany);
     }
-    // New ranges first, old ones after: the port stays covered throughout.
+    // New ranges first, old ones after: the node stays covered throughout.
     let mut added = Vec::with_capacity(ranges.len());
     for &(start, len) in ranges {
         let Some(slot) = SLOTS
             .iter()
             .enumerate()
-            .find(|(_, s)| s.port.load(Ordering::Relaxed) == FREE)
+            .find(|(_, s)| s.key.load(Ordering::Relaxed) == FREE)
         else {
             break;
         };
@@ -181,28 +181,28 @@ pub fn watch(port: u32, ranges: &[(usize, usize)]) -> Result<(), RegionError> {
         slot.1
             .end
             .store(start.saturating_add(len), Ordering::Relaxed);
-        slot.1.port.store(port, Ordering::Release);
+        slot.1.key.store(key, Ordering::Release);
         added.push(slot.0);
     }
     for (i, s) in SLOTS.iter().enumerate() {
-        if s.port.load(Ordering::Relaxed) == port && !added.contains(&i) {
-            s.port.store(FREE, Ordering::Release);
+        if s.key.load(Ordering::Relaxed) == key && !added.contains(&i) {
+            s.key.store(FREE, Ordering::Release);
         }
     }
     Ok(())
 }
 
-/// Stops watching `port`'s regions (its memory is being released).
-pub fn unwatch(port: u32) {
+/// Stops watching `key`'s regions (its memory is being released).
+pub fn unwatch(key: u32) {
     let _g = WATCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     for s in SLOTS.iter() {
-        if s.port.load(Ordering::Relaxed) == port {
-            s.port.store(FREE, Ordering::Release);
+        if s.key.load(Ordering::Relaxed) == key {
+            s.key.store(FREE, Ordering::Release);
         }
     }
 }
 
-/// Whether some port faulted and was not taken yet: one relaxed load,
+/// Whether some node faulted and was not taken yet: one relaxed load,
 /// cheap enough for the engine's loop.
 pub fn pending() -> bool {
     PENDING.load(Ordering::Relaxed)
@@ -236,8 +236,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let addr = unsafe { (*info).si_addr() } as usize;
     for slot in SLOTS.iter() {
-        let port = slot.port.load(Ordering::Acquire);
-        if port == FREE {
+        let key = slot.key.load(Ordering::Acquire);
+        if key == FREE {
             continue;
         }
         let (start, end) = (
@@ -247,12 +247,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         if addr < start || addr >= end {
             continue;
         }
-        // Replace the whole region with zero pages: its port is lost
+        // Replace the whole region with zero pages: its node is lost
         // anyway, and a region-sized mapping suits any page size (a 4 KiB
         // mapping cannot split a hugetlbfs region).
-        // SAFETY: [start, end) is a mapping the device made of this port's
+        // SAFETY: [start, end) is a mapping the device made of this node's
         // shared file; replacing it keeps the range mapped (so no other
-        // mapping can land there) and only ever affects that port's view.
+        // mapping can land there) and only ever affects that node's view.
         let p = unsafe {
             libc::mmap(
                 start as *mut libc::c_void,
@@ -266,8 +266,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         if p == libc::MAP_FAILED {
             break;
         }
-        if let Some(word) = FAULTED.get(port as usize / 64) {
-            word.fetch_or(1 << (port % 64), Ordering::AcqRel);
+        if let Some(word) = FAULTED.get(key as usize / 64) {
+            word.fetch_or(1 << (key % 64), Ordering::AcqRel);
         }
         FAULTS.fetch_add(1, Ordering::Relaxed);
         PENDING.store(true, Ordering::Release);

@@ -1,7 +1,7 @@
 //! Remote memory state (spec §5.12, §5.13): apertures exported from an
 //! endpoint's segment or a UTLB-named user buffer and named by cookies,
 //! and the tripwires set on them. The operations that use them (RDMA,
-//! redirection) live in `switch::rdma`.
+//! redirection) live in `shard::rdma`.
 
 use ulnic_abi::{Cookie, MAX_APERTURES};
 
@@ -125,7 +125,7 @@ impl ApertureTable {
         }
     }
 
-    /// Forgets everything (the port was reset); generations are kept, so
+    /// Forgets everything (the node was reset); generations are kept, so
     /// cookies from before stay dead.
     pub fn clear(&mut self) {
         self.slots.iter_mut().for_each(|s| *s = None);

@@ -1,5 +1,5 @@
 //! Doorbells and resident endpoints (spec §5.8, VN's endpoint
-//! virtualization): a port may have thousands of endpoints, the engine
+//! virtualization): a node may have thousands of endpoints, the engine
 //! polls the send rings of at most `RESIDENT_MAX` of them; the others ask
 //! for a doorbell, which names them in their domain's bitmap, so a kick
 //! costs the same however many endpoints there are.
@@ -13,7 +13,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::memory::guest::{self, full_fence};
 use crate::nic::node::Node;
 
-/// Records a kick of virtqueue `queue` in a port's `kicked` word, if it is
+/// Records a kick of virtqueue `queue` in a node's `kicked` word, if it is
 /// a doorbell queue (the engine looks at the domain's bitmap on its next
 /// pass). Sequentially consistent: the caller then reads whether the
 /// engine sleeps, which the engine wrote before reading these words.
@@ -121,7 +121,7 @@ impl Node {
     /// descriptors waiting stay resident, still asking: the engine polls
     /// them once more and may sleep if they cannot progress (fabric
     /// back-pressure, a full event ring), to be woken by the fabric's next
-    /// event or their doorbell. Returns how many stayed.
+    /// due time or their doorbell. Returns how many stayed.
     pub fn leave_all(&mut self, mem: &GuestMemoryMmap<()>, now: Instant) -> usize {
         let Node {
             resident,

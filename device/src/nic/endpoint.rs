@@ -6,7 +6,7 @@
 //! with them except reduced modulo the ring size.
 
 use ulnic_abi::{
-    condition, ctrl, event, tripwire_flags, Event, FilterEntry, RingLayout, CONDITION_RESERVE,
+    condition, ctrl, event, tripwire_flags, EventRecord, FilterEntry, RingLayout, CONDITION_RESERVE,
 };
 use vm_memory::GuestMemoryMmap;
 
@@ -191,7 +191,7 @@ impl Endpoint {
     /// Posts an event; counts it lost when the ring is full (the user
     /// published a consumer index that left no room, so it can only hurt
     /// itself).
-    pub fn post_event(&mut self, mem: &GuestMemoryMmap<()>, ev: &Event) -> bool {
+    pub fn post_event(&mut self, mem: &GuestMemoryMmap<()>, ev: &EventRecord) -> bool {
         let (p, n) = (self.event_producer, self.layout.event_entries);
         if !matches!(self.room(mem, ctrl::EVENT_CONSUMER, p, n), Some(r) if r > 0) {
             self.stats.events_lost += 1;
@@ -226,7 +226,7 @@ impl Endpoint {
         let _ = guest::write(mem, flag, &[1]);
         self.post_event(
             mem,
-            &Event {
+            &EventRecord {
                 kind: event::CONDITION,
                 code,
                 ..Default::default()
@@ -341,7 +341,7 @@ impl Endpoint {
             }
             posted |= self.post_event(
                 mem,
-                &Event {
+                &EventRecord {
                     kind: event::TRIPWIRE,
                     code: u16::from(access.read),
                     user_id: user,
@@ -431,7 +431,7 @@ mod tests {
             assert!(e.event_room_for_send(&m));
             assert!(e.post_event(
                 &m,
-                &Event {
+                &EventRecord {
                     kind: event::TX_DONE,
                     ..Default::default()
                 }
@@ -439,13 +439,13 @@ mod tests {
         }
         assert!(!e.event_room_for_send(&m));
         for _ in 0..CONDITION_RESERVE {
-            assert!(e.post_event(&m, &Event::default()));
+            assert!(e.post_event(&m, &EventRecord::default()));
         }
-        assert!(!e.post_event(&m, &Event::default()));
+        assert!(!e.post_event(&m, &EventRecord::default()));
         assert_eq!(e.stats.events_lost, 1);
         // A hostile consumer index (ahead of the producer) gives no room.
         guest::store_u32(&m, 0x10000 + ctrl::EVENT_CONSUMER, e.event_producer + 5).unwrap();
-        assert!(!e.post_event(&m, &Event::default()));
+        assert!(!e.post_event(&m, &EventRecord::default()));
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! The per-port NIC: the state of one port and its endpoints, and what an
+//! The per-node NIC: the state of one node and its endpoints, and what an
 //! endpoint does on its own (its rings, receiving, counters, UTLB
 //! translation, apertures, tripwires, redirection). Nothing here reaches
-//! across ports; `switch` does that.
+//! across nodes; `shard` does that.
 
 pub mod aperture;
 pub mod doorbell;

@@ -1,6 +1,6 @@
-//! One port of the device (a node of the switch): its endpoint slots,
-//! protection domains, bound port numbers, exported apertures, the
-//! notification queue, and what its frontend broke.
+//! One node of the device (one vhost-user socket and its NIC state): its
+//! endpoint slots, protection domains, bound port numbers, exported
+//! apertures, the notification queue, and what its frontend broke.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,26 +16,27 @@ use vm_memory::GuestMemoryMmap;
 use zerocopy::IntoBytes;
 
 use crate::chain::{self, RingFault};
-use crate::memory::guest::PortMemory;
+use crate::memory::guest::NodeMemory;
 use crate::nic::aperture::{Aperture, ApertureTable};
 use crate::nic::endpoint::Endpoint;
 
-/// A virtqueue of a port, as handed over by the vhost-user backend.
-pub type PortVring = crate::vring::PortVring<PortMemory>;
+/// A virtqueue of a node, as handed over by the vhost-user backend.
+pub type NodeVring = crate::vring::NodeVring<NodeMemory>;
 
-/// One port of the device: a node of the switch.
+/// One node of the device: a vhost-user socket's frontend and its NIC
+/// state.
 pub struct Node {
     /// Node address.
     pub id: u32,
     /// The connected frontend's memory, while connected.
-    pub mem: Option<PortMemory>,
+    pub mem: Option<NodeMemory>,
     /// Endpoint slots; the index is the endpoint id.
     pub endpoints: Vec<Option<Endpoint>>,
     /// Live protection domains.
     pub pds: HashMap<u32, Pd>,
     /// Doorbell slots kicked since the engine last looked, a bit per
     /// slot: set by the thread that receives the kick without the
-    /// switch's lock (the engine may hold it for a whole pass), taken by
+    /// shard's lock (the engine may hold it for a whole pass), taken by
     /// the engine under it.
     pub kicked: Arc<AtomicU64>,
     /// Resident endpoints: the ones the engine polls (spec §5.8), each
@@ -49,7 +50,7 @@ pub struct Node {
     /// Bound ports: port number -> endpoint id.
     pub ports: HashMap<u32, u32>,
     /// The notification queue, once the frontend set it up.
-    pub notify: Option<PortVring>,
+    pub notify: Option<NodeVring>,
     /// Endpoints owed a notification that found no notification buffer,
     /// each at most once (so at most one per endpoint slot).
     pub notify_backlog: VecDeque<u32>,
@@ -60,13 +61,13 @@ pub struct Node {
     /// Feature bits the frontend accepted (SET_FEATURES); only these are
     /// acted on.
     pub features: u64,
-    /// Virtqueues this port's frontend broke (impossible avail index),
+    /// Virtqueues this node's frontend broke (impossible avail index),
     /// counted over the device's life.
     pub queue_errors: u64,
     /// The queues broken now, a bit per queue index (spec §2.1, config
     /// space word 52); cleared when the queue is stopped or the node reset.
     pub broken_queues: u32,
-    /// Faults in this port's shared memory that cost it its connection.
+    /// Faults in this node's shared memory that cost it its connection.
     pub memory_faults: u64,
     /// Ends the current frontend's connection (set while one is attached).
     pub disconnect: Option<vhost_user_backend::ShutdownHandle>,
@@ -74,12 +75,12 @@ pub struct Node {
     /// so a driver can tell that the device it talks to forgot its state.
     pub epoch: u32,
     /// While set, the control queue is left unserved: a fault injected on
-    /// purpose (`Switch::stall_control`), kept across resets.
+    /// purpose (`Shard::stall_control`), kept across resets.
     pub control_stalled: bool,
     /// The control queue, once the frontend kicked it (to serve it again
     /// when a stall ends).
-    pub control: Option<PortVring>,
-    /// When the port was last reset (its frontend left, reset the device,
+    pub control: Option<NodeVring>,
+    /// When the node was last reset (its frontend left, reset the device,
     /// or its guest rebooted).
     pub reset_at: Option<std::time::Instant>,
 }
@@ -112,7 +113,7 @@ impl Node {
         }
     }
 
-    /// Gives the port a new nonzero epoch, unlikely to repeat one the
+    /// Gives the node a new nonzero epoch, unlikely to repeat one the
     /// driver has seen: from now on nothing created before exists.
     pub fn renew_epoch(&mut self) {
         self.epoch = loop {
@@ -167,7 +168,7 @@ impl Node {
         }
     }
 
-    /// Puts one notification record (endpoint id, reason) into the port's
+    /// Puts one notification record (endpoint id, reason) into the node's
     /// notification queue and signals the frontend; false when the driver
     /// has posted no buffer (or broke the queue).
     pub fn push_notification(&mut self, mem: &GuestMemoryMmap<()>, e: u32) -> bool {

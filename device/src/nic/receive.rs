@@ -22,7 +22,7 @@ pub enum Payload<'a> {
     },
 }
 
-/// A message on its way through the switch.
+/// A message on its way through the shard.
 pub struct Message<'a> {
     /// Receive flags added to the descriptor (`recv_flags::CLOSE`).
     pub flags: u16,

@@ -1,10 +1,10 @@
 //! Transfer redirection (VMMC-2 §3, spec §5.15): the owner of an aperture
 //! (the default receive buffer) redirects part of it into a user buffer
 //! named through the UTLB; writes arriving there afterwards land in the
-//! user buffer. The device orders posts and arrivals under its switch
+//! user buffer. The device orders posts and arrivals under its shard
 //! lock and reports exactly which part was redirected.
 
-use ulnic_abi::{event, Event};
+use ulnic_abi::{event, EventRecord};
 use vm_memory::GuestMemoryMmap;
 
 use crate::memory::guest::Segment;
@@ -33,8 +33,8 @@ pub struct Redirect {
 
 impl Redirect {
     /// The event that ends it.
-    pub fn report(&self, outcome: u16) -> Event {
-        Event {
+    pub fn report(&self, outcome: u16) -> EventRecord {
+        EventRecord {
             kind: event::REDIRECTED,
             code: outcome,
             user_id: self.id,

@@ -325,7 +325,7 @@ impl Tables {
     }
 }
 
-/// The UTLB as the switch holds it: every domain's table and the one
+/// The UTLB as the shard holds it: every domain's table and the one
 /// translation cache in front of them all.
 pub struct Utlb {
     /// Tables by (node, domain).

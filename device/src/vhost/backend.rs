@@ -1,4 +1,4 @@
-//! The vhost-user backend of one port: virtio identity, config space, the
+//! The vhost-user backend of one node: virtio identity, config space, the
 //! control queue, and kicks that wake the data-path engine.
 
 use std::io::{self, Read, Write};
@@ -27,51 +27,51 @@ use vmm_sys_util::event::{
 use ulnic_abi::wire::ConfigSpace;
 
 use crate::chain::{pop_checked, RingFault};
-use crate::memory::guest::PortMemory;
+use crate::memory::guest::NodeMemory;
 use crate::memory::region;
-use crate::nic::node::{queue_bit, PortVring};
-use crate::switch::Switch;
+use crate::nic::node::{queue_bit, NodeVring};
+use crate::shard::Shard;
 use crate::vhost::control;
 
 /// Descriptors per virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 256;
 
-/// One port's backend; the state it acts on lives in the shared switch.
-pub struct PortBackend {
+/// One node's backend; the state it acts on lives in the shared shard.
+pub struct NodeBackend {
     node: u32,
-    switch: Arc<Switch>,
+    shard: Arc<Shard>,
     /// The frontend's memory as validated by `update_memory`. The
     /// vhost-user handler installs a new table in its own copy before it
     /// tells the backend, so the device never reads through that copy.
-    mem: RwLock<Option<PortMemory>>,
+    mem: RwLock<Option<NodeMemory>>,
     num_queues: usize,
-    /// Exit-event consumers handed to the vhost-user worker threads.
+    /// Exit eventfds (consumer ends) handed to the vhost-user worker threads.
     /// vhost-user-backend 0.24 turns each into a raw fd for its epoll and
     /// never closes it (VringEpollHandler::new): one eventfd per connection
     /// would leak until the device ran out of descriptors (found by the
-    /// vhost_user fuzz target after ~20,000 connections). The port closes
-    /// them once the connection's daemon is gone: `close_exit_events`.
-    exit_events: Mutex<Vec<RawFd>>,
+    /// vhost_user fuzz target after ~20,000 connections). The node closes
+    /// them once the connection's daemon is gone: `close_exit_fds`.
+    exit_fds: Mutex<Vec<RawFd>>,
 }
 
-impl PortBackend {
+impl NodeBackend {
     /// A backend for node `node`.
-    pub fn new(node: u32, switch: Arc<Switch>) -> Self {
+    pub fn new(node: u32, shard: Arc<Shard>) -> Self {
         let num_queues = ulnic_abi::QUEUE_COUNT as usize;
-        PortBackend {
+        NodeBackend {
             node,
-            switch,
+            shard,
             mem: RwLock::new(None),
             num_queues,
-            exit_events: Mutex::new(Vec::new()),
+            exit_fds: Mutex::new(Vec::new()),
         }
     }
 
-    /// Closes the exit-event consumers handed out for this connection.
+    /// Closes the exit eventfds handed out for this connection.
     /// Call only after its daemon, and so every worker thread and epoll
     /// that used them, is gone.
-    pub fn close_exit_events(&self) {
-        let fds = std::mem::take(&mut *self.exit_events.lock().unwrap_or_else(|p| p.into_inner()));
+    pub fn close_exit_fds(&self) {
+        let fds = std::mem::take(&mut *self.exit_fds.lock().unwrap_or_else(|p| p.into_inner()));
         for fd in fds {
             // SAFETY: `fd` is a consumer this backend created and gave away
             // in `exit_event`; vhost-user-backend 0.24 keeps it only as a
@@ -84,7 +84,7 @@ impl PortBackend {
     /// The config space (spec §2.2).
     pub fn config_space(&self) -> [u8; CONFIG_SIZE] {
         let (tripwires, broken, epoch) = {
-            let f = self.switch.lock();
+            let f = self.shard.lock();
             let n = &f.nodes[self.node as usize];
             (f.max_tripwires, n.broken_queues, n.epoch)
         };
@@ -93,12 +93,12 @@ impl PortBackend {
             version_major: SPEC_VERSION_MAJOR.into(),
             version_minor: SPEC_VERSION_MINOR.into(),
             node: self.node.into(),
-            endpoints: self.switch.max_endpoints.into(),
+            endpoints: self.shard.max_endpoints.into(),
             inline_max: INLINE_MAX.into(),
             max_message: MAX_MESSAGE.into(),
             first_doorbell_queue: u32::from(FIRST_DOORBELL_QUEUE).into(),
             max_ring_entries: MAX_RING_ENTRIES.into(),
-            nodes: self.switch.nodes.into(),
+            nodes: self.shard.nodes.into(),
             tripwires: tripwires.into(),
             features: F_IMPLEMENTED.into(),
             apertures: ulnic_abi::MAX_APERTURES.into(),
@@ -108,7 +108,7 @@ impl PortBackend {
         })
     }
 
-    fn process_control(&self, vring: &PortVring) -> io::Result<()> {
+    fn process_control(&self, vring: &NodeVring) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -118,7 +118,7 @@ impl PortBackend {
             return Ok(());
         };
         {
-            let mut f = self.switch.lock();
+            let mut f = self.shard.lock();
             let node = &mut f.nodes[self.node as usize];
             node.control = Some(vring.clone());
             if node.queue_broken(CONTROL_QUEUE) || node.control_stalled {
@@ -145,7 +145,7 @@ impl PortBackend {
                 }
                 Err(fault) => {
                     drop(state);
-                    self.switch.lock().nodes[self.node as usize].break_queue(CONTROL_QUEUE, fault);
+                    self.shard.lock().nodes[self.node as usize].break_queue(CONTROL_QUEUE, fault);
                     break;
                 }
             };
@@ -162,13 +162,13 @@ impl PortBackend {
             let signalled = crate::vring::signal_call(&vring.get_ref());
             match signalled {
                 Ok(()) => {}
-                Err(crate::notifier::SignalError::Full) => self.switch.lock().nodes
+                Err(crate::notifier::SignalError::Full) => self.shard.lock().nodes
                     [self.node as usize]
                     .break_queue(CONTROL_QUEUE, RingFault::CallFull),
                 Err(crate::notifier::SignalError::Io(e)) => return Err(e),
             }
         }
-        self.switch.disconnect_faulted();
+        self.shard.disconnect_faulted();
         Ok(())
     }
 
@@ -205,12 +205,12 @@ impl PortBackend {
         let room = writer.available_bytes() - RESP_HEADER_SIZE;
         let resp = match reader.read_exact(&mut req) {
             Ok(()) => {
-                let mut fabric = self.switch.lock();
+                let mut fabric = self.shard.lock();
                 control::execute(&mut fabric, self.node, mem, &req, room)
             }
             Err(_) => control::Response::err(ulnic_abi::status::BAD_LENGTH),
         };
-        self.switch.wake();
+        self.shard.wake();
         let mut bytes = resp.encode();
         if bytes.len() > writer.available_bytes() {
             // Cannot happen for a known command (checked above); kept so a
@@ -224,9 +224,9 @@ impl PortBackend {
     }
 }
 
-impl VhostUserBackend for PortBackend {
+impl VhostUserBackend for NodeBackend {
     type Bitmap = ();
-    type Vring = PortVring;
+    type Vring = NodeVring;
 
     fn num_queues(&self) -> usize {
         self.num_queues
@@ -252,12 +252,12 @@ impl VhostUserBackend for PortBackend {
 
     fn acked_features(&self, features: u64) {
         // Only what the driver accepted is acted on (spec §2).
-        self.switch.lock().nodes[self.node as usize].features = features;
+        self.shard.lock().nodes[self.node as usize].features = features;
     }
 
     fn reset_device(&self) {
         debug!("node {}: device reset", self.node);
-        let mut f = self.switch.lock();
+        let mut f = self.shard.lock();
         f.reset_node(self.node);
         f.nodes[self.node as usize].features = 0;
     }
@@ -265,7 +265,7 @@ impl VhostUserBackend for PortBackend {
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         // The driver stops the control queue when it resets the device or
         // the VM reboots: everything it created is gone with it.
-        let mut f = self.switch.lock();
+        let mut f = self.shard.lock();
         if queue_index == u32::from(CONTROL_QUEUE) {
             f.reset_node(self.node);
             f.nodes[self.node as usize].renew_epoch();
@@ -284,7 +284,7 @@ impl VhostUserBackend for PortBackend {
         }
     }
 
-    fn update_memory(&self, mem: PortMemory) -> io::Result<()> {
+    fn update_memory(&self, mem: NodeMemory) -> io::Result<()> {
         // Check every region before the device reads through any of it
         // (spec §2.3); a bad one ends this connection and nothing else.
         let table: GuestMemoryMmap<()> = (*mem.memory()).clone();
@@ -315,16 +315,16 @@ impl VhostUserBackend for PortBackend {
             );
             ranges.push((host as usize, region.len() as usize));
         }
-        region::watch(self.switch.watch_base + self.node, &ranges).map_err(io::Error::other)?;
+        region::watch(self.shard.watch_base + self.node, &ranges).map_err(io::Error::other)?;
         let validated = GuestMemoryAtomic::new(table);
         *self.mem.write().map_err(|_| io::Error::other("poisoned"))? = Some(validated.clone());
-        self.switch.lock().nodes[self.node as usize].mem = Some(validated);
+        self.shard.lock().nodes[self.node as usize].mem = Some(validated);
         Ok(())
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
-        self.exit_events
+        self.exit_fds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(consumer.as_raw_fd());
@@ -333,18 +333,18 @@ impl VhostUserBackend for PortBackend {
 
     fn handle_event(
         &self,
-        device_event: u16,
-        evset: EventSet,
+        queue: u16,
+        ready: EventSet,
         vrings: &[Self::Vring],
         _thread: usize,
     ) -> io::Result<()> {
-        if evset != EventSet::IN {
-            return Err(io::Error::other(format!("unexpected event set {evset:?}")));
+        if ready != EventSet::IN {
+            return Err(io::Error::other(format!("unexpected readiness {ready:?}")));
         }
-        match device_event {
+        match queue {
             CONTROL_QUEUE => {
                 if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
-                    self.switch.lock().nodes[self.node as usize].notify = Some(v.clone());
+                    self.shard.lock().nodes[self.node as usize].notify = Some(v.clone());
                 }
                 let vring = vrings
                     .get(usize::from(CONTROL_QUEUE))
@@ -353,16 +353,16 @@ impl VhostUserBackend for PortBackend {
             }
             NOTIFY_QUEUE => {
                 if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
-                    self.switch.lock().nodes[self.node as usize].notify = Some(v.clone());
+                    self.shard.lock().nodes[self.node as usize].notify = Some(v.clone());
                 }
-                self.switch.wake();
+                self.shard.wake();
                 Ok(())
             }
             q => {
                 // A domain's doorbell: its bitmap is read on the engine's
                 // next pass, or now if the engine sleeps (spec §5.8),
                 // counting a doorbell for each endpoint named there.
-                self.switch.kicked(self.node, q);
+                self.shard.kicked(self.node, q);
                 Ok(())
             }
         }
@@ -385,15 +385,15 @@ mod tests {
     const RESPONSE: u64 = 0x9000;
     const QUEUE_SIZE: u16 = 16;
 
-    /// A one-port backend whose frontend shared `mem` and accepted every
+    /// A one-node backend whose frontend shared `mem` and accepted every
     /// feature (what the vhost-user handshake would have done).
-    fn backend(mem: &GuestMemoryMmap<()>) -> PortBackend {
+    fn backend(mem: &GuestMemoryMmap<()>) -> NodeBackend {
         let config = Configuration::builder(vec!["unused.sock".into()])
             .build()
             .unwrap();
-        let b = PortBackend::new(0, Arc::new(Switch::new(&config).unwrap()));
+        let b = NodeBackend::new(0, Arc::new(Shard::new(&config).unwrap()));
         *b.mem.write().unwrap() = Some(GuestMemoryAtomic::new(mem.clone()));
-        b.switch.lock().nodes[0].features = F_IMPLEMENTED;
+        b.shard.lock().nodes[0].features = F_IMPLEMENTED;
         b
     }
 
@@ -402,9 +402,9 @@ mod tests {
     fn vrings(
         mem: &GuestMemoryMmap<()>,
         mock: &MockSplitQueue<GuestMemoryMmap<()>>,
-    ) -> Vec<PortVring> {
+    ) -> Vec<NodeVring> {
         let control =
-            PortVring::new(GuestMemoryAtomic::new(mem.clone()), MAX_QUEUE_SIZE as u16).unwrap();
+            NodeVring::new(GuestMemoryAtomic::new(mem.clone()), MAX_QUEUE_SIZE as u16).unwrap();
         control.set_queue_size(QUEUE_SIZE);
         control
             .set_queue_info(
@@ -491,6 +491,6 @@ mod tests {
             1 << CONTROL_QUEUE,
             "config space reports the broken queue"
         );
-        assert_eq!(b.switch.lock().nodes[0].queue_errors, 1);
+        assert_eq!(b.shard.lock().nodes[0].queue_errors, 1);
     }
 }

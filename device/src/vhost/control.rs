@@ -1,5 +1,5 @@
 //! Control-queue commands (spec §4): parsing, validation and execution
-//! against one node of the switch.
+//! against one node of its shard.
 
 use log::debug;
 use ulnic_abi::wire::{
@@ -19,7 +19,7 @@ use crate::nic::aperture::Tripwire;
 use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Pd;
 use crate::nic::utlb::{Table, UtlbRef};
-use crate::switch::ports::Ports;
+use crate::shard::nodes::Nodes;
 
 /// The outcome of one command: a status and a result payload.
 #[derive(Debug, PartialEq, Eq)]
@@ -74,8 +74,8 @@ fn payload<T: FromBytes + IntoBytes>(p: &[u8]) -> Result<T, Response> {
     Ok(wire::read(p))
 }
 
-/// What runs one command: (ports, node, guest memory, payload).
-type Handler = fn(&mut Ports, u32, &GuestMemoryMmap<()>, &[u8]) -> Result<Response, Response>;
+/// What runs one command: (the shard's nodes, node, guest memory, payload).
+type Handler = fn(&mut Nodes, u32, &GuestMemoryMmap<()>, &[u8]) -> Result<Response, Response>;
 
 /// The handler of every command this device implements; `None` for any
 /// other opcode. The one list of implemented commands.
@@ -107,7 +107,7 @@ fn handler(opcode: u32) -> Option<Handler> {
 /// comes before any effect, in the order of spec §4: a refused command
 /// changes nothing.
 pub fn execute(
-    ports: &mut Ports,
+    nodes: &mut Nodes,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     req: &[u8],
@@ -123,11 +123,11 @@ pub fn execute(
         None if cmd::is_reserved(opcode) => Err(Response::err(status::NOT_SUPPORTED)),
         None => Err(Response::err(status::UNKNOWN_COMMAND)),
         Some(_) if header.reserved.get() != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
-        Some(_) if cmd::required_features(opcode) & !ports.nodes[node as usize].features != 0 => {
+        Some(_) if cmd::required_features(opcode) & !nodes.nodes[node as usize].features != 0 => {
             Err(Response::err(status::NOT_SUPPORTED))
         }
         Some(_) if cmd::result_len(opcode) > room => Err(Response::err(status::BAD_LENGTH)),
-        Some(run) => run(ports, node, mem, p),
+        Some(run) => run(nodes, node, mem, p),
     };
     let r = r.unwrap_or_else(|e| e);
     if r.status != status::OK {
@@ -139,8 +139,8 @@ pub fn execute(
     r
 }
 
-fn get_info(ports: &Ports, node: u32) -> Response {
-    let n = &ports.nodes[node as usize];
+fn get_info(nodes: &Nodes, node: u32) -> Response {
+    let n = &nodes.nodes[node as usize];
     Response::ok(
         DeviceInfo {
             version_major: SPEC_VERSION_MAJOR,
@@ -149,9 +149,9 @@ fn get_info(ports: &Ports, node: u32) -> Response {
             max_endpoints: n.endpoints.len() as u32,
             inline_max: INLINE_MAX,
             max_message: MAX_MESSAGE,
-            nodes: ports.nodes.len() as u32,
+            nodes: nodes.nodes.len() as u32,
             features: F_IMPLEMENTED,
-            max_tripwires: ports.max_tripwires,
+            max_tripwires: nodes.max_tripwires,
             max_apertures: ulnic_abi::MAX_APERTURES,
         }
         .encode(),
@@ -160,13 +160,13 @@ fn get_info(ports: &Ports, node: u32) -> Response {
 
 /// CREATE_PD (spec §4.2, §5.8): a domain, its doorbell slot and bitmap.
 fn create_pd(
-    ports: &mut Ports,
+    nodes: &mut Nodes,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
     let gpa = payload::<CreatePd>(p)?.doorbell_gpa.get();
-    let n = &mut ports.nodes[node as usize];
+    let n = &mut nodes.nodes[node as usize];
     if !gpa.is_multiple_of(8) {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
@@ -194,9 +194,9 @@ fn create_pd(
     Ok(Response::ok(created.as_bytes().to_vec()))
 }
 
-fn destroy_pd(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn destroy_pd(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let pd = payload::<ObjectId>(p)?.id.get();
-    let n = &mut ports.nodes[node as usize];
+    let n = &mut nodes.nodes[node as usize];
     if n.pds.remove(&pd).is_none() {
         return Err(Response::err(status::NOT_FOUND));
     }
@@ -204,23 +204,23 @@ fn destroy_pd(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respon
         .filter(|&i| n.endpoints[i as usize].as_ref().is_some_and(|e| e.pd == pd))
         .collect();
     for id in ids {
-        ports.close_endpoint(node, id);
+        nodes.close_endpoint(node, id);
     }
-    ports.utlb.tables.remove((node, pd));
-    ports.utlb.cache.invalidate_domain((node, pd));
+    nodes.utlb.tables.remove((node, pd));
+    nodes.utlb.cache.invalidate_domain((node, pd));
     Ok(Response::ok(Vec::new()))
 }
 
 /// UTLB_SET_TABLE (spec §5.14).
 fn utlb_set_table(
-    ports: &mut Ports,
+    nodes: &mut Nodes,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
     let a: UtlbSetTable = payload(p)?;
     let (pd, entries, gpa) = (a.pd.get(), a.entries.get(), a.table_gpa.get());
-    if !ports.nodes[node as usize].pds.contains_key(&pd) {
+    if !nodes.nodes[node as usize].pds.contains_key(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
     if entries == 0
@@ -232,32 +232,32 @@ fn utlb_set_table(
     if !guest::range_ok(mem, gpa, u64::from(entries) * ulnic_abi::PAGE_ENTRY_SIZE) {
         return Err(Response::err(status::BAD_ADDRESS));
     }
-    ports.utlb.cache.invalidate_domain((node, pd));
-    ports.utlb.tables.set((node, pd), Table { gpa, entries });
+    nodes.utlb.cache.invalidate_domain((node, pd));
+    nodes.utlb.tables.set((node, pd), Table { gpa, entries });
     Ok(Response::ok(Vec::new()))
 }
 
-/// UTLB_INVALIDATE. Runs under the switch
+/// UTLB_INVALIDATE. Runs under the shard
 /// lock, so once it returns no descriptor uses the old translations.
-fn utlb_invalidate(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn utlb_invalidate(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: UtlbInvalidate = payload(p)?;
     let (pd, first, count) = (a.pd.get(), a.first.get(), a.count.get());
-    if !ports.nodes[node as usize].pds.contains_key(&pd) {
+    if !nodes.nodes[node as usize].pds.contains_key(&pd) {
         return Err(Response::err(status::NOT_FOUND));
     }
-    ports.utlb.cache.invalidate((node, pd), first, count);
+    nodes.utlb.cache.invalidate((node, pd), first, count);
     Ok(Response::ok(Vec::new()))
 }
 
 fn create_endpoint(
-    ports: &mut Ports,
+    nodes: &mut Nodes,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
 ) -> Result<Response, Response> {
     need(p, CreateEndpoint::SIZE)?;
     let c = CreateEndpoint::decode(p);
-    let n = &mut ports.nodes[node as usize];
+    let n = &mut nodes.nodes[node as usize];
     let Some(domain) = n.pds.get(&c.pd).copied() else {
         return Err(Response::err(status::NOT_FOUND));
     };
@@ -314,22 +314,22 @@ fn create_endpoint(
     Ok(Response::ok(created.as_bytes().to_vec()))
 }
 
-fn destroy_endpoint(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn destroy_endpoint(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let id = payload::<ObjectId>(p)?.id.get();
-    if !ports.close_endpoint(node, id) {
+    if !nodes.close_endpoint(node, id) {
         return Err(Response::err(status::NOT_FOUND));
     }
     debug!("node {node}: endpoint {id} destroyed");
     Ok(Response::ok(Vec::new()))
 }
 
-fn bind_port(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn bind_port(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: BindPort = payload(p)?;
     let (id, port) = (a.endpoint.get(), a.port.get());
     if port == 0 || port == ulnic_abi::ANY {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let n = &mut ports.nodes[node as usize];
+    let n = &mut nodes.nodes[node as usize];
     // A port already bound, even by this endpoint, is in use.
     if n.ports.contains_key(&port) {
         return Err(Response::err(status::ADDRESS_IN_USE));
@@ -343,7 +343,7 @@ fn bind_port(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respons
     Ok(Response::ok(Vec::new()))
 }
 
-fn set_filter(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn set_filter(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let head = size_of::<SetFilter>();
     if p.len() < head {
         return Err(Response::err(status::BAD_LENGTH));
@@ -358,25 +358,25 @@ fn set_filter(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respon
         .chunks_exact(FilterEntry::SIZE)
         .map(FilterEntry::decode)
         .collect();
-    let ep = ports.nodes[node as usize]
+    let ep = nodes.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     ep.filters = filters;
     Ok(Response::ok(Vec::new()))
 }
 
-fn arm(ports: &mut Ports, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
+fn arm(nodes: &mut Nodes, node: u32, p: &[u8], on: bool) -> Result<Response, Response> {
     let id = payload::<ObjectId>(p)?.id.get();
-    let ep = ports.nodes[node as usize]
+    let ep = nodes.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     ep.notify_enabled = on;
     Ok(Response::ok(Vec::new()))
 }
 
-fn get_stats(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn get_stats(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let id = payload::<ObjectId>(p)?.id.get();
-    let ep = ports.nodes[node as usize]
+    let ep = nodes.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     Ok(Response::ok(
@@ -388,11 +388,11 @@ fn get_stats(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Respons
     ))
 }
 
-fn export(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn export(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: Export = payload(p)?;
     let (id, perms) = (a.endpoint.get(), a.perms.get());
     let (offset, len) = (a.offset.get(), a.len.get());
-    let n = &mut ports.nodes[node as usize];
+    let n = &mut nodes.nodes[node as usize];
     let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if perms == 0
         || perms & !perm::ALL != 0
@@ -413,7 +413,7 @@ fn export(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> 
 
 /// EXPORT_BUFFER (spec §5.12, §5.14).
 fn export_buffer(
-    ports: &mut Ports,
+    nodes: &mut Nodes,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
@@ -426,17 +426,17 @@ fn export_buffer(
         offset: a.page_offset.get(),
     };
     let len = a.len.get();
-    let n = &mut ports.nodes[node as usize];
+    let n = &mut nodes.nodes[node as usize];
     let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if perms == 0 || perms & !perm::ALL != 0 || len == 0 || !r.offset.is_multiple_of(8) {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
     // The entries must translate now; each access translates them again.
     let tag = (node, ep.pd);
-    let seg = ports
+    let seg = nodes
         .utlb
         .cache
-        .translate(mem, ports.utlb.tables.get(tag), tag, r, len, &mut ep.stats)
+        .translate(mem, nodes.utlb.tables.get(tag), tag, r, len, &mut ep.stats)
         .map_err(|code| {
             Response::err(if code == ulnic_abi::tx_error::BAD_ADDRESS {
                 status::BAD_ADDRESS
@@ -444,7 +444,7 @@ fn export_buffer(
                 status::INVALID_ARGUMENT
             })
         })?;
-    ports.utlb.cache.recycle(seg);
+    nodes.utlb.cache.recycle(seg);
     let mut cookie = n
         .apertures
         .export(id, r.offset, len, perms, Some(r))
@@ -457,10 +457,10 @@ fn export_buffer(
     Ok(Response::ok(cookie.encode().to_vec()))
 }
 
-fn revoke(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn revoke(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: Revoke = payload(p)?;
     let (id, aperture) = (a.endpoint.get(), a.aperture.get());
-    let n = &mut ports.nodes[node as usize];
+    let n = &mut nodes.nodes[node as usize];
     n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if !n.apertures.revoke(id, aperture) {
         return Err(Response::err(status::NOT_FOUND));
@@ -469,7 +469,7 @@ fn revoke(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> 
 }
 
 fn set_tripwire(
-    ports: &mut Ports,
+    nodes: &mut Nodes,
     node: u32,
     mem: &GuestMemoryMmap<()>,
     p: &[u8],
@@ -481,8 +481,8 @@ fn set_tripwire(
     if a.reserved.get() != 0 {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let cap = ports.max_tripwires;
-    let n = &mut ports.nodes[node as usize];
+    let cap = nodes.max_tripwires;
+    let n = &mut nodes.nodes[node as usize];
     let ap = *n
         .apertures
         .get(aperture)
@@ -515,10 +515,10 @@ fn set_tripwire(
     ))
 }
 
-fn clear_tripwire(ports: &mut Ports, node: u32, p: &[u8]) -> Result<Response, Response> {
+fn clear_tripwire(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: ClearTripwire = payload(p)?;
     let (id, tid) = (a.endpoint.get(), a.tripwire.get());
-    let ep = ports.nodes[node as usize]
+    let ep = nodes.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     match ep.tripwires.get_mut(tid as usize) {
@@ -537,7 +537,7 @@ mod tests {
     use ulnic_abi::{cmd, status, CreateEndpoint};
 
     /// Runs a request from node 1 with a response buffer of 512 bytes.
-    fn exec(f: &mut Ports, m: &GuestMemoryMmap<()>, r: &[u8]) -> Response {
+    fn exec(f: &mut Nodes, m: &GuestMemoryMmap<()>, r: &[u8]) -> Response {
         execute(f, 1, m, r, 512)
     }
 
@@ -554,7 +554,7 @@ mod tests {
     #[test]
     fn commands_on_mock_memory() {
         let m = mem(1 << 20);
-        let mut f = Ports::new(2, 4);
+        let mut f = Nodes::new(2, 4);
         // Nothing but GET_INFO before the driver accepted the features.
         assert_eq!(
             exec(&mut f, &m, &req(cmd::CREATE_PD, &PD)).status,

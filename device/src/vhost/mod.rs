@@ -1,6 +1,6 @@
-//! Each port's vhost-user face: the backend QEMU or the host-attach driver
-//! talks to, the control commands it carries, and the port socket.
+//! Each node's vhost-user face: the backend QEMU or the host-attach driver
+//! talks to, the control commands it carries, and the node's socket.
 
 pub mod backend;
 pub mod control;
-pub mod port;
+pub mod socket;

@@ -8,7 +8,7 @@ use ulnic_device::{Configuration, ConfigurationBuilder, Device};
 
 pub mod raw;
 
-/// A device with `nodes` ports on sockets in a fresh temporary directory
+/// A device with `nodes` nodes on sockets in a fresh temporary directory
 /// (removed when the returned guard drops).
 pub fn device(nodes: u32) -> (Device, tempfile::TempDir) {
     device_polling_for(nodes, Duration::from_micros(200))
@@ -108,7 +108,7 @@ pub fn frontend(
 }
 
 /// Node `from` sends a message to node `to` through fresh attachments and
-/// endpoints, and `to` receives it: the device still serves those ports.
+/// endpoints, and `to` receives it: the device still serves those nodes.
 pub fn exchange(dev: &Device, from: usize, to: usize) {
     use ulnic::{Address, EndpointConfig, Nic};
     let a = Nic::attach(&socket(dev, from)).unwrap();
@@ -137,8 +137,8 @@ pub fn exchange(dev: &Device, from: usize, to: usize) {
     assert_eq!((m.src.node, m.src.port, m.len), (from as u32, 11, 10));
 }
 
-/// Attaches to port `node` once the device has seen its last frontend
-/// leave (a port serves one at a time), waiting up to 10 s.
+/// Attaches to node `node` once the device has seen its last frontend
+/// leave (a node serves one at a time), waiting up to 10 s.
 pub fn attach_again(dev: &Device, node: usize) -> ulnic::Nic {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -147,7 +147,7 @@ pub fn attach_again(dev: &Device, node: usize) -> ulnic::Nic {
             Err(e) => {
                 assert!(
                     std::time::Instant::now() < deadline,
-                    "port {node} unusable: {e}"
+                    "node {node} unusable: {e}"
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }

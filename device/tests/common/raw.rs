@@ -2,7 +2,7 @@
 //! descriptors and rings themselves (hostile and refused inputs).
 
 use std::time::{Duration, Instant};
-use ulnic_abi::{cmd, ctrl, status, CreateEndpoint, Event, RingLayout};
+use ulnic_abi::{cmd, ctrl, status, CreateEndpoint, EventRecord, RingLayout};
 use ulnic_host_attach::{DmaBuffer, Error, HostAttach, ProtectionDomain};
 
 pub fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
@@ -94,7 +94,7 @@ impl RawEp {
         let p = self.send_prod;
         self.set(hw, ctrl::SEND_PRODUCER, p);
     }
-    pub fn next_event(&mut self, hw: &HostAttach) -> Event {
+    pub fn next_event(&mut self, hw: &HostAttach) -> EventRecord {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.word(hw, ctrl::EVENT_PRODUCER) == self.event_cons {
             assert!(Instant::now() < deadline, "no event within 5 s");
@@ -109,6 +109,6 @@ impl RawEp {
         self.event_cons += 1;
         let c = self.event_cons;
         self.set(hw, ctrl::EVENT_CONSUMER, c);
-        Event::decode(&b)
+        EventRecord::decode(&b)
     }
 }

@@ -51,8 +51,8 @@ pub enum Error {
     /// The device answered with a malformed response.
     #[error("malformed response to command {0:#x}")]
     BadResponse(u32),
-    /// The port closed the connection at once: another frontend (a VM or
-    /// a process) is attached to it, and a port serves one at a time.
-    #[error("port {0} is in use by another frontend (one VM or process per port)")]
-    PortBusy(std::path::PathBuf),
+    /// The node closed the connection at once: another frontend (a VM or
+    /// a process) is attached to it, and a node serves one at a time.
+    #[error("node {0} is in use by another frontend (one VM or process per node)")]
+    NodeBusy(std::path::PathBuf),
 }

@@ -1,5 +1,5 @@
 //! The ulnic host-attach driver: attaches an ordinary host process straight
-//! to a ulnic device port over vhost-user, the way DPDK's virtio-user does.
+//! to a ulnic device node over vhost-user, the way DPDK's virtio-user does.
 //!
 //! The process plays the part a VM and its kernel driver play elsewhere: it
 //! creates memfd-backed "guest" memory, shares it with the device
@@ -70,7 +70,7 @@ fn proto(step: &'static str) -> impl FnOnce(vhost::Error) -> Error {
     move |source| Error::Protocol { step, source }
 }
 
-/// A process attached to one device port.
+/// A process attached to one device node.
 pub struct HostAttach {
     frontend: Mutex<Frontend>,
     memory: DmaMemory,
@@ -143,12 +143,12 @@ impl RepostKicks {
 const NOTIFY_RECORD: u32 = ulnic_abi::NOTIFY_RECORD_SIZE as u32;
 
 impl HostAttach {
-    /// Connects to the port socket at `path`, sharing `memory_size` bytes.
+    /// Connects to the node socket at `path`, sharing `memory_size` bytes.
     pub fn connect(path: &Path, memory_size: usize) -> Result<HostAttach, Error> {
         Self::connect_with_memory(path, DmaMemory::new(memory_size)?)
     }
 
-    /// Connects to the port socket at `path`, sharing `memory`.
+    /// Connects to the node socket at `path`, sharing `memory`.
     pub fn connect_with_memory(path: &Path, memory: DmaMemory) -> Result<HostAttach, Error> {
         Self::connect_accepting(path, memory, ulnic_abi::F_IMPLEMENTED)
     }
@@ -170,7 +170,7 @@ impl HostAttach {
                 vhost::vhost_user::Error::Disconnected
                 | vhost::vhost_user::Error::SocketBroken(_)
                 | vhost::vhost_user::Error::PartialMessage,
-            ) => Error::PortBusy(path.to_path_buf()),
+            ) => Error::NodeBusy(path.to_path_buf()),
             e => proto("GET_FEATURES")(e),
         })?;
         let want = VIRTIO_F_VERSION_1

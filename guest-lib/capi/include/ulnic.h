@@ -176,7 +176,7 @@ struct ulnic_ep;
 struct ulnic_listener;
 
 /**
- * An open NIC: a device port attached from a host process, or a guest's
+ * An open NIC: a device node attached from a host process, or a guest's
  * `/dev/ulnicN`. Thread-safe.
  */
 struct ulnic_nic;
@@ -279,7 +279,7 @@ struct ulnic_filter {
  */
 struct ulnic_address {
   /**
-   * Node (a device port).
+   * Node number (one vhost-user socket of a device).
    */
   uint32_t node;
   /**
@@ -786,7 +786,7 @@ const char *ulnic_stat_name(uint32_t i);
 
 /**
  * Opens the NIC the environment names: `ULNIC_DEVICE` or `/dev/ulnic0`
- * when it exists (in a guest), else the device port socket in
+ * when it exists (in a guest), else the device node socket in
  * `ULNIC_SOCKET` (a host process). Free it with `ulnic_close`.
  *
  * ```c
@@ -811,9 +811,9 @@ int32_t ulnic_open(struct ulnic_nic **out);
 int32_t ulnic_open_device(const char *path, struct ulnic_nic **out);
 
 /**
- * Attaches this process to a device port (the socket `ulnic device`
+ * Attaches this process to a device node (the socket `ulnic device`
  * made, e.g. `/tmp/ulnic/node0.sock`): the process is that node. One
- * process (or VM) per port at a time; `-EBUSY` otherwise.
+ * process (or VM) per node at a time; `-EBUSY` otherwise.
  *
  * ```c
  * struct ulnic_nic *nic;

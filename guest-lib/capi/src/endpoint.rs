@@ -19,7 +19,7 @@ pub struct ulnic_ep {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ulnic_address {
-    /// Node (a device port).
+    /// Node number (one vhost-user socket of a device).
     pub node: u32,
     /// Port number an endpoint is bound to on that node.
     pub port: u32,

@@ -7,7 +7,7 @@ use ulnic::{Nic, ProtectionDomain, UserBuffer, UtlbConfig};
 
 use crate::status::{guard, handle, invalid};
 
-/// An open NIC: a device port attached from a host process, or a guest's
+/// An open NIC: a device node attached from a host process, or a guest's
 /// `/dev/ulnicN`. Thread-safe.
 pub struct ulnic_nic {
     pub(crate) nic: Nic,
@@ -52,7 +52,7 @@ pub(crate) fn put<T>(out: *mut T, value: T) -> bool {
 }
 
 /// Opens the NIC the environment names: `ULNIC_DEVICE` or `/dev/ulnic0`
-/// when it exists (in a guest), else the device port socket in
+/// when it exists (in a guest), else the device node socket in
 /// `ULNIC_SOCKET` (a host process). Free it with `ulnic_close`.
 ///
 /// ```c
@@ -102,9 +102,9 @@ pub unsafe extern "C" fn ulnic_open_device(path: *const c_char, out: *mut *mut u
     })
 }
 
-/// Attaches this process to a device port (the socket `ulnic device`
+/// Attaches this process to a device node (the socket `ulnic device`
 /// made, e.g. `/tmp/ulnic/node0.sock`): the process is that node. One
-/// process (or VM) per port at a time; `-EBUSY` otherwise.
+/// process (or VM) per node at a time; `-EBUSY` otherwise.
 ///
 /// ```c
 /// struct ulnic_nic *nic;

@@ -1,6 +1,6 @@
 //! The C examples, built as a user builds them (`install.sh` into a
 //! prefix, then `gcc ... $(pkg-config --cflags --libs ulnic)`), run in
-//! pairs of host processes attached to two ports of a device (ping-pong,
+//! pairs of host processes attached to two nodes of a device (ping-pong,
 //! RDMA write, tripwire wait, sockets). One is also
 //! linked against `libulnic.a`. (tools/tests/cluster_up.rs runs them in
 //! guests.)
@@ -100,7 +100,7 @@ fn device() -> (tempfile::TempDir, Device) {
         .build()
         .unwrap();
     // The device goes first when the pair is dropped (its sockets must
-    // still exist to wake its port threads).
+    // still exist to wake its node threads).
     (dir, Device::start(config).unwrap())
 }
 

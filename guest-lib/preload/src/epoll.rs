@@ -4,7 +4,7 @@
 //! user space's to compute); its kernel descriptor is also in the
 //! kernel's set while its kernel side is live (a fresh socket, a listener
 //! or datagram socket bound to any address), with data tagged so its
-//! events come back to the program with the program's data. To sleep, the
+//! readiness comes back to the program with the program's data. To sleep, the
 //! sockets are armed and the domain's notification descriptor is in the
 //! set too (data `MAGIC`), so a message wakes the same `epoll_wait` a
 //! kernel descriptor would. Neither the tag nor `MAGIC` ever reaches the
@@ -44,7 +44,7 @@ impl Registry {
     }
 
     /// Whether `epfd` has interposed sockets (or the notification
-    /// descriptor, whose events must not reach the program).
+    /// descriptor, whose readiness must not reach the program).
     pub fn has(&self, epfd: c_int) -> bool {
         self.sets()
             .get(&epfd)
@@ -76,7 +76,7 @@ impl Registry {
         sock: &Arc<Sock>,
         ev: *mut epoll_event,
     ) -> c_int {
-        // SAFETY: NULL or the program's event (DEL may pass NULL).
+        // SAFETY: NULL or the program's epoll_event (DEL may pass NULL).
         let ev = unsafe { ev.as_ref() }.copied();
         let mut st = sock.lock();
         let at = st.regs.iter().position(|r| r.epfd == epfd && r.fd == fd);
@@ -97,7 +97,7 @@ impl Registry {
                         events: ev.map_or(0, |e| e.events),
                         u64: epoll_tag(fd),
                     };
-                    // SAFETY: plain system call with our own event struct.
+                    // SAFETY: plain system call with our own epoll_event.
                     unsafe { (real().epoll_ctl)(epfd, op, fd, &mut k) }
                 }
                 // SAFETY: as above.
@@ -117,7 +117,7 @@ impl Registry {
                 st.regs[i] = Reg {
                     epfd,
                     fd,
-                    events: e.events,
+                    interest: e.events,
                     data: e.u64,
                     disabled: false,
                 };
@@ -126,7 +126,7 @@ impl Registry {
                 st.regs.push(Reg {
                     epfd,
                     fd,
-                    events: e.events,
+                    interest: e.events,
                     data: e.u64,
                     disabled: false,
                 });
@@ -202,7 +202,7 @@ impl Registry {
         let Some(set) = self.snapshot(epfd) else {
             return kernel_wait(epfd, out, max, timeout, sigmask);
         };
-        // SAFETY: the program gives `max` events of room.
+        // SAFETY: the program gives `max` entries of room.
         let out = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
         let start = Instant::now();
         let mut spins = 0u32;
@@ -306,11 +306,11 @@ fn kernel_wait(
             t.as_millis().clamp(1, i32::MAX as u128) as c_int
         }
     });
-    // SAFETY: the program's buffer (`max` events) and mask, passed on.
+    // SAFETY: the program's buffer (`max` entries) and mask, passed on.
     unsafe { (real().epoll_pwait)(epfd, out, max, ms, sigmask) }
 }
 
-/// Fills `out` with the interposed sockets' events: how many.
+/// Fills `out` with the interposed sockets' readiness: how many entries.
 fn user_ready(env: &Env, set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usize {
     let mut n = 0;
     for (fd, sock) in &set.socks {
@@ -334,7 +334,7 @@ fn user_ready(env: &Env, set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usi
         let ev = if theirs {
             always
         } else {
-            st.ready().0 & (reg.events | always)
+            st.ready().0 & (reg.interest | always)
         };
         if ev != 0 {
             out[n] = epoll_event {
@@ -342,7 +342,7 @@ fn user_ready(env: &Env, set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usi
                 u64: reg.data,
             };
             n += 1;
-            if reg.events & libc::EPOLLONESHOT as u32 != 0 {
+            if reg.interest & libc::EPOLLONESHOT as u32 != 0 {
                 st.regs[i].disabled = true;
             }
         }
@@ -350,9 +350,9 @@ fn user_ready(env: &Env, set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usi
     n
 }
 
-/// Turns the `k` kernel events after the first `n` of `out` into the
+/// Turns the `k` kernel entries after the first `n` of `out` into the
 /// program's: tagged ones get the program's data (joined with the same
-/// socket's user-space event, if any); `MAGIC` ones go. Returns the count.
+/// socket's user-space readiness, if any); `MAGIC` ones go. Returns the count.
 fn merge(set: &Set, epfd: c_int, out: &mut [epoll_event], n: usize, k: usize) -> usize {
     let mut total = n;
     for i in n..n + k {

@@ -173,20 +173,20 @@ pub fn select_many(
     };
     let mut fds: Vec<pollfd> = Vec::new();
     for fd in 0..nfds {
-        let mut events = 0;
+        let mut mask = 0;
         if isset(read, fd) {
-            events |= libc::POLLIN;
+            mask |= libc::POLLIN;
         }
         if isset(write, fd) {
-            events |= libc::POLLOUT;
+            mask |= libc::POLLOUT;
         }
         if isset(except, fd) {
-            events |= libc::POLLPRI;
+            mask |= libc::POLLPRI;
         }
-        if events != 0 {
+        if mask != 0 {
             fds.push(pollfd {
                 fd,
-                events,
+                events: mask,
                 revents: 0,
             });
         }

@@ -20,7 +20,7 @@ use crate::env::Env;
 use crate::real::real;
 
 /// Kernel epoll registrations of interposed sockets carry `TAG | fd` as
-/// their data, so their events can be given the program's own.
+/// their data, so their readiness can be given the program's own.
 pub const TAG: u64 = 0x756c_6e00_0000_0000;
 /// The bits of `TAG`.
 pub const TAG_MASK: u64 = 0xffff_ff00_0000_0000;
@@ -55,8 +55,8 @@ pub struct Reg {
     pub epfd: c_int,
     /// The descriptor registered (a socket may have several, by `dup`).
     pub fd: c_int,
-    /// The events asked for.
-    pub events: u32,
+    /// The readiness asked for (`epoll_event.events`).
+    pub interest: u32,
     /// The program's data.
     pub data: u64,
     /// A one-shot registration that fired (until `EPOLL_CTL_MOD`).
@@ -387,12 +387,12 @@ pub fn drop_kernel_regs(st: &mut State) {
     }
 }
 
-/// Gives the socket's kernel registrations the program's own events and
+/// Gives the socket's kernel registrations the program's own interest and
 /// data (the socket is the kernel's from now on).
 pub fn restore_kernel_regs(st: &mut State) {
     for r in &st.regs {
         let mut e = libc::epoll_event {
-            events: r.events,
+            events: r.interest,
             u64: r.data,
         };
         // SAFETY: as above.

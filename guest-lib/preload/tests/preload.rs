@@ -1,7 +1,7 @@
 //! The preload layer under real programs that know nothing of ulnic:
 //! `tests/progs/sockcheck.c` (built here with gcc) and Debian's
 //! redis-server, redis-benchmark, iperf3 and sockperf, as separate
-//! processes attached to ports of a device, with
+//! processes attached to nodes of a device, with
 //! `LD_PRELOAD=libulnic_preload.so`. Bytes arrive intact and in order;
 //! a killed peer ends reads with end of stream or ECONNRESET and writes
 //! with EPIPE, never a hang; one epoll set mixes ulnic and kernel
@@ -53,7 +53,7 @@ fn sockcheck() -> &'static Path {
     .1
 }
 
-/// A device with `nodes` ports of 256 endpoints each.
+/// A device with `nodes` nodes of 256 endpoints each.
 fn device(nodes: u32) -> (tempfile::TempDir, Device) {
     let dir = tempfile::tempdir().unwrap();
     let config = Configuration::builder(Configuration::socket_paths(dir.path(), nodes))
@@ -61,7 +61,7 @@ fn device(nodes: u32) -> (tempfile::TempDir, Device) {
         .build()
         .unwrap();
     // The device goes first when the pair is dropped (its sockets must
-    // still exist to wake its port threads).
+    // still exist to wake its node threads).
     (dir, Device::start(config).unwrap())
 }
 

@@ -14,7 +14,7 @@ use ulnic_abi::{
     cmd, ctrl, event, recv_flags, redirect, send_flags, FreeDesc, RecvDesc, RingLayout, SendDesc,
     CONDITION_RESERVE, EVENT_SIZE, FREE_DESC_SIZE, INLINE_OFFSET, RECV_DESC_SIZE, SEND_DESC_SIZE,
 };
-use ulnic_abi::{Event as RawEvent, FilterEntry, INLINE_MAX};
+use ulnic_abi::{EventRecord, FilterEntry, INLINE_MAX};
 use zerocopy::IntoBytes;
 
 use crate::backend::{Domain, EpMemory};
@@ -654,7 +654,7 @@ impl Endpoint {
         let mut b = [0u8; EVENT_SIZE as usize];
         self.mem
             .ctrl_read(self.layout.event_offset() + slot * EVENT_SIZE, &mut b);
-        let e = RawEvent::decode(&b);
+        let e = EventRecord::decode(&b);
         self.event_consumer = self.event_consumer.wrapping_add(1);
         self.word(ctrl::EVENT_CONSUMER)
             .store(self.event_consumer.to_le(), Ordering::Release);

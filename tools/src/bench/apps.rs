@@ -104,8 +104,8 @@ pub enum Attach {
         /// The server guest's node.
         server: u32,
     },
-    /// On the host: each process attaches to a port of its own (host
-    /// attach takes one process per port), `sockets[n]` being node n's:
+    /// On the host: each process attaches to a node of its own (host
+    /// attach takes one process per node), `sockets[n]` being node n's:
     /// node 1 + i serves app i, the clients of round r take the nodes
     /// after those.
     Host {
@@ -787,8 +787,8 @@ pub fn find_preload() -> anyhow::Result<PathBuf> {
     )
 }
 
-/// Both sides in this process's care, on ports of one device (host
-/// attach, one port per process as [`Attach::Host`] assigns them): the
+/// Both sides in this process's care, on nodes of one device (host
+/// attach, one node per process as [`Attach::Host`] assigns them): the
 /// kernel's side over loopback.
 pub fn run_local(
     a: &AppsArgs,

@@ -39,7 +39,7 @@ pub enum Kind {
     Rate,
     /// One-sided writes into the peer's memory: MB/s.
     RdmaWrite,
-    /// Round trips polling with thousands of endpoints open on each port
+    /// Round trips polling with thousands of endpoints open on each node
     /// against one: microseconds.
     Endpoints,
     /// Round trips between processes on two QEMU guests, blocking (as
@@ -90,7 +90,7 @@ enum Peer {
     Memcpy,
     /// A fabtests bandwidth test: tool, provider, its other arguments.
     Fabtest(&'static str, &'static str, &'static [&'static str]),
-    /// ulnic ping-pong with this many endpoints open on each port (on the
+    /// ulnic ping-pong with this many endpoints open on each node (on the
     /// device made for the endpoints section).
     UlnicEndpoints(u32),
     /// `ulnic cluster bench pingpong` on two guests: its ulnic line, or
@@ -214,8 +214,8 @@ pub struct Options {
     pub rate_iters: u64,
     /// How payloads are touched (each row says what its peer did).
     pub touch: Touch,
-    /// The endpoints section: endpoints per port, and the socket
-    /// directory of a device whose ports have that many (and a few more);
+    /// The endpoints section: endpoints per node, and the socket
+    /// directory of a device whose nodes have that many (and a few more);
     /// `None` leaves the section out.
     pub endpoints: Option<(u32, std::path::PathBuf)>,
     /// Also boot QEMU guests: round trips between two of them, and how

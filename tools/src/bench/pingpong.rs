@@ -902,7 +902,7 @@ pub struct PeerArgs {
     /// Mode.
     #[arg(long, value_enum)]
     pub mode: Mode,
-    /// Rendezvous: socket path, TCP port, shm file, or ulnic port socket.
+    /// Rendezvous: socket path, TCP port, shm file, or ulnic node socket.
     #[arg(long)]
     pub at: String,
     /// Flip one byte of measured message N (see `ulnic bench --help`).

@@ -230,7 +230,7 @@ pub fn restart_device(dir: &Path, timeout: Duration) -> anyhow::Result<DeviceRes
 }
 
 /// Stalls node `node`'s control queue on the cluster's device, or serves
-/// it again (`Switch::stall_control`).
+/// it again (`Shard::stall_control`).
 pub fn stall_control(dir: &Path, node: u32, stalled: bool) -> anyhow::Result<()> {
     let mut s = request(dir, &Request::StallControl { node, stalled })?;
     finish(&mut s, |_| {}).map(|_| ())

@@ -1,5 +1,5 @@
 //! `ulnic cluster run`: one device process, N QEMU guests each with a ulnic
-//! port, a command run on every node, output collected, all torn down.
+//! node, a command run on every node, output collected, all torn down.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -40,10 +40,10 @@ pub struct RunOptions {
     pub memory_mb: u32,
     /// Give up on a node after this long.
     pub timeout: Duration,
-    /// Endpoints per port.
+    /// Endpoints per node.
     pub endpoints: u32,
     /// Device processes the nodes are spread over (1: one device in this
-    /// process, ports one copy apart; more: a star fabric of that many
+    /// process, nodes one copy apart; more: a star fabric of that many
     /// `ulnic device` processes joined over loopback UDP).
     pub devices: u32,
 }

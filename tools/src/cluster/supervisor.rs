@@ -94,7 +94,7 @@ pub struct SuperviseArgs {
     /// Guest RAM in MiB.
     #[arg(long)]
     pub memory: u32,
-    /// Endpoints per port.
+    /// Endpoints per node.
     #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS)]
     pub endpoints: u32,
     /// Device processes the guests' NICs are spread over (1: one device
@@ -116,7 +116,7 @@ impl Sup {
     }
 
     /// Counts a boot nobody asked for (the guest rebooted itself) and
-    /// returns its time: since the device last saw node `n`'s port reset.
+    /// returns its time: since the device last saw node `n` reset.
     fn rebooted_itself(&self, n: u32) -> f64 {
         if let Some(slot) = self
             .slots
@@ -131,7 +131,7 @@ impl Sup {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .and_then(|d| d.switch().last_reset(n));
+            .and_then(|d| d.shard().last_reset(n));
         reset.map_or(0.0, |t| t.elapsed().as_secs_f64())
     }
 
@@ -369,7 +369,7 @@ fn agent_link(sup: &Arc<Sup>, n: u32) {
             let boot_seconds = match sup.phase(n) {
                 Some(Phase::Booting(t)) => t.elapsed().as_secs_f64(),
                 // The guest rebooted on its own: a boot, timed from when
-                // the device saw its port reset.
+                // the device saw its node reset.
                 _ => sup.rebooted_itself(n),
             };
             // Streams from before a reboot cannot finish any more.
@@ -489,7 +489,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
                 .as_ref()
             {
                 Some(d) => d
-                    .switch()
+                    .shard()
                     .stall_control(n, stalled)
                     .map_err(anyhow::Error::from),
                 None => Err(anyhow::anyhow!(
@@ -556,7 +556,7 @@ fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarte
     let stopped = t0.elapsed().as_secs_f64();
     let device = Device::start(sup.device_config.clone())
         .map_err(|e| anyhow::anyhow!("the new device did not start: {e}"))?;
-    let switch = device.switch().clone();
+    let shard = device.shard().clone();
     *slot = Some(device);
     drop(slot);
     let running: Vec<u32> = (0..sup.agents.len() as u32)
@@ -570,7 +570,7 @@ fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarte
     loop {
         // A driver that accepted features has started the new NIC.
         let waiting: Vec<u32> = {
-            let f = switch.lock();
+            let f = shard.lock();
             running
                 .iter()
                 .copied()
@@ -671,7 +671,7 @@ fn wait_ready(sup: &Sup, n: u32, timeout: Duration) -> anyhow::Result<f64> {
 }
 
 /// Resets a guest through QEMU's QMP socket (a hardware reset: the guest
-/// reboots without its cooperation; the device sees the port reset).
+/// reboots without its cooperation; the device sees the node reset).
 fn qmp_reset(path: &Path) -> anyhow::Result<()> {
     qmp(path, &[json!({ "execute": "system_reset" })])
 }
@@ -683,8 +683,9 @@ fn qmp(path: &Path, commands: &[Value]) -> anyhow::Result<()> {
     qmp_steps(path, &steps)
 }
 
-/// Like [`qmp`], and after a command with an event pattern, waits (up to
-/// 60 s) for an event line that contains every string of the pattern.
+/// Like [`qmp`], and after a command with a QMP message pattern, waits (up
+/// to 60 s) for a QMP message line that contains every string of the
+/// pattern.
 fn qmp_steps(path: &Path, steps: &[(Value, Option<&[&str]>)]) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let s = loop {
@@ -714,10 +715,10 @@ fn qmp_steps(path: &Path, steps: &[(Value, Option<&[&str]>)]) -> anyhow::Result<
     lines.next(); // greeting
     writeln!(w, "{{\"execute\":\"qmp_capabilities\"}}")?;
     expect_return(&mut lines)?;
-    for (c, event) in steps {
+    for (c, awaited) in steps {
         writeln!(w, "{c}")?;
         expect_return(&mut lines)?;
-        if let Some(pattern) = event {
+        if let Some(pattern) = awaited {
             loop {
                 match lines.next() {
                     Some(Ok(l)) if pattern.iter().all(|p| l.contains(p)) => break,
@@ -768,7 +769,7 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> anyhow::Result<(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
-                .is_some_and(|d| d.switch().lock().nodes[n as usize].disconnect.is_some()),
+                .is_some_and(|d| d.shard().lock().nodes[n as usize].disconnect.is_some()),
         };
         if connected {
             break;

@@ -1,5 +1,5 @@
 //! `ulnic fabric bench`: benchmarks of the emulated fabric, run on a
-//! device started in this process with host-attached ports.
+//! device started in this process with host-attached nodes.
 //!
 //! - `link`: is an emulated link what it was configured to be? Two
 //!   switches joined by the link under test, one node on each. The
@@ -340,7 +340,7 @@ pub fn link(
             goodput.push(payload / 1e6);
         }
         // One 8-byte message is one packet: a 64-byte header, its route
-        // (a port for each of the two switches) and 8 bytes.
+        // (a gate for each of the two switches) and 8 bytes.
         let serialise_us = (64.0 + 2.0 + 8.0) * 8.0 / (c.gbps * 1e9) * 1e6;
         let configured_one_way_us = c.latency_us + serialise_us;
         let achieved_gbps = median(rate);

@@ -146,7 +146,7 @@ pub struct UpOptions {
     pub remote_ulnic: String,
     /// First UDP port (member k uses port + k).
     pub port: u16,
-    /// Endpoints per port.
+    /// Endpoints per node.
     pub endpoints: u32,
     /// Write the files and print the commands, start nothing.
     pub dry_run: bool,

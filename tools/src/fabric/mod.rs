@@ -1,7 +1,7 @@
 //! `ulnic fabric`: the topology file (`file`), the self-test of the
 //! reliable transport (`selftest`) and the fabric benchmarks (`bench`),
 //! and what they share: a device with a fabric, started in this process,
-//! its ports on temporary sockets.
+//! its nodes on temporary sockets.
 
 pub mod bench;
 pub mod file;
@@ -14,7 +14,7 @@ use ulnic_device::config::Configuration;
 use ulnic_device::device::Device;
 use ulnic_device::fabric::network::FabricConfig;
 
-/// A device with `fabric`, one port per node, in this process. Drops
+/// A device with `fabric`, one socket per node, in this process. Drops
 /// the device before its socket directory.
 pub struct InProcess {
     /// The device.
@@ -25,13 +25,13 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    /// Starts it, with `endpoints` endpoints per port.
+    /// Starts it, with `endpoints` endpoints per node.
     pub fn start(fabric: FabricConfig, endpoints: u32) -> anyhow::Result<InProcess> {
         let nodes = fabric.topology.nodes();
         Self::start_with(nodes, Some(fabric), endpoints)
     }
 
-    /// Starts a device of `nodes` ports with `fabric`, or with none (ports
+    /// Starts a device of `nodes` nodes with `fabric`, or with none (nodes
     /// one copy apart, no transport).
     pub fn start_with(
         nodes: u32,

@@ -1,6 +1,6 @@
 //! `ulnic fabric selftest`: starts a device with an emulated fabric whose
 //! links drop, corrupt, duplicate and reorder packets, attaches a host
-//! process port per node, and has every node send numbered messages to
+//! process to each node, and has every node send numbered messages to
 //! every other; then reports what arrived: sent, delivered, lost,
 //! duplicated, out of order, returned, and the transport's counters. The
 //! reliable transport (spec §10.4) should make lost, duplicated and
@@ -23,7 +23,7 @@ const PORT: u32 = 1;
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Nodes (host-attached ports), at least 2.
+    /// Nodes (attached from host processes), at least 2.
     pub nodes: u32,
     /// Messages in all, spread evenly over the nodes.
     pub messages: u64,

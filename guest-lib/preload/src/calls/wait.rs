@@ -167,9 +167,9 @@ pub unsafe extern "C" fn epoll_ctl(
     match c.table.get(fd) {
         Some(s) => {
             let r = c.epolls.ctl(epfd, op, fd, &s, ev);
-            // SAFETY: NULL or the program's event.
-            let events = unsafe { ev.as_ref() }.map(|e| e.events);
-            trace!("epoll_ctl({epfd}, op {op}, {fd}, events {events:x?}): {r}");
+            // SAFETY: NULL or the program's epoll_event.
+            let interest = unsafe { ev.as_ref() }.map(|e| e.events);
+            trace!("epoll_ctl({epfd}, op {op}, {fd}, interest {interest:x?}): {r}");
             r
         }
         // SAFETY: the program's arguments, passed on.

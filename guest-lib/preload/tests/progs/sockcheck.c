@@ -277,7 +277,7 @@ static int epoll_mix(const char *ip, int port)
 			fail("epoll_ctl");
 	}
 	if (epoll_wait(ep, got, 8, 100) != 0) {
-		printf("fail an idle set reported events\n");
+		printf("fail an idle set reported readiness\n");
 		return 1;
 	}
 	for (int round = 0; round < 30; round++) {
@@ -291,7 +291,7 @@ static int epoll_mix(const char *ip, int port)
 			fail("write kernel");
 		int n = epoll_wait(ep, got, 8, 5000);
 		if (n != 1 || got[0].data.u64 != (uint64_t)(1000 + which) || !(got[0].events & EPOLLIN)) {
-			printf("fail round %d: %d events, first %llu, expected %d\n", round, n,
+			printf("fail round %d: %d ready, first %llu, expected %d\n", round, n,
 			       n > 0 ? (unsigned long long)got[0].data.u64 : 0ULL, 1000 + which);
 			return 1;
 		}

@@ -1,9 +1,9 @@
 //! A device's counters at one moment, as `ulnic stats` shows them: per
-//! node, per endpoint, the switch's totals, and the fabric's links,
+//! node, per endpoint, the shards' totals, and the fabric's links,
 //! switches and transport.
 
 use crate::fabric::network::FabricCounters;
-use crate::switch::ports::Counters;
+use crate::shard::nodes::Counters;
 
 /// One endpoint's counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub struct EndpointSnapshot {
     pub in_flight: u32,
 }
 
-/// One node's (port's) state and counters.
+/// One node's state and counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSnapshot {
     /// Its number.
@@ -40,7 +40,7 @@ pub struct NodeSnapshot {
 pub struct Snapshot {
     /// Per node.
     pub nodes: Vec<NodeSnapshot>,
-    /// The switch's totals.
+    /// The shards' totals.
     pub totals: Counters,
     /// The fabric's, when it has one; with the names of its links and
     /// switches.

@@ -1,7 +1,7 @@
 //! The data-path engine: one thread that polls the resident endpoints while
 //! there is work, yields the core between passes, and after `poll_for` of
 //! idleness asks every endpoint for doorbells and sleeps; a doorbell rung
-//! meanwhile is served by the thread that receives it (`Switch::kicked`).
+//! meanwhile is served by the thread that receives it (`Shard::kicked`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,41 +9,41 @@ use std::time::{Duration, Instant};
 
 use log::debug;
 
-use crate::switch::Switch;
+use crate::shard::Shard;
 
 /// Longest sleep without a doorbell: a safety net, not part of the protocol.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
-/// A fabric event nearer than this is waited for spinning on the core.
+/// A fabric due time nearer than this is waited for spinning on the core.
 const SPIN_FOR: Duration = Duration::from_micros(50);
 
-/// A fabric event nearer than this is waited for by polling, not sleeping
+/// A fabric due time nearer than this is waited for by polling, not sleeping
 /// (a sleep's wake-up costs tens of microseconds and rounds to
 /// milliseconds).
 const SPIN_UNDER: Duration = Duration::from_millis(2);
 
-/// Runs until the switch is stopped.
-pub fn run(switch: Arc<Switch>, poll_for: Duration) {
+/// Runs until the shard is stopped.
+pub fn run(shard: Arc<Shard>, poll_for: Duration) {
     let mut idle_since = Instant::now();
-    while !switch.stop.load(Ordering::Relaxed) {
-        if switch.paused.load(Ordering::Relaxed) {
+    while !shard.stop.load(Ordering::Relaxed) {
+        if shard.paused.load(Ordering::Relaxed) {
             // `Device::pause(false)` wakes this at once (a plain sleep
             // would add up to its length to the drain it times).
-            switch.sleep(MAX_SLEEP);
+            shard.sleep(MAX_SLEEP);
             idle_since = Instant::now();
             continue;
         }
-        switch.disconnect_faulted();
-        if switch.lock().poll() > 0 {
+        shard.disconnect_faulted();
+        if shard.lock().poll() > 0 {
             idle_since = Instant::now();
-            switch.mark_busy(idle_since);
+            shard.mark_busy(idle_since);
             continue;
         }
         // A packet about to arrive on an emulated link: keep polling on
         // the core, not yielding to the scheduler, so the link's latency is
         // what was configured and not a time slice more (and sends posted
         // meanwhile are still seen at once).
-        let due = switch.lock().fabric_due();
+        let due = shard.lock().fabric_due();
         if due.is_some_and(|d| d < SPIN_FOR) {
             std::hint::spin_loop();
             idle_since = Instant::now();
@@ -64,12 +64,12 @@ pub fn run(switch: Arc<Switch>, poll_for: Duration) {
         // for doorbells, then is looked at again, so a descriptor published
         // meanwhile is never missed (spec §5.8). Doorbells bring them back.
         // Those that had descriptors stay; if one more pass cannot move
-        // them either, they wait for the fabric's next event.
-        let stayed = switch.lock().leave_all();
+        // them either, they wait for the fabric's next due time.
+        let stayed = shard.lock().leave_all();
         // While it sleeps, a kick is served by the thread that receives
-        // it (`Switch::kicked`).
-        if stayed == 0 || switch.lock().poll() == 0 {
-            switch.sleep_for_doorbells(sleep);
+        // it (`Shard::kicked`).
+        if stayed == 0 || shard.lock().poll() == 0 {
+            shard.sleep_for_doorbells(sleep);
         }
         idle_since = Instant::now();
     }

@@ -1,16 +1,16 @@
 //! The remote-memory operations of the send ring (spec §5.12 to §5.15):
 //! RDMA write, read and write-immediate against an aperture named by a
-//! cookie, anywhere on the switch, and REDIRECT / REDIRECT_END on one's
+//! cookie, anywhere on the shard, and REDIRECT / REDIRECT_END on one's
 //! own apertures. Tripwires fire and redirections land here.
 //!
-//! Everything here runs under the switch lock, as commands do, so a REVOKE
+//! Everything here runs under the shard lock, as commands do, so a REVOKE
 //! and an access never interleave: an access completes before a revocation
 //! or fails after it.
 
 use ulnic_abi::wire::RedirectDesc;
 use ulnic_abi::{
-    event, op, perm, redirect, send_flags, tx_error, Event, RdmaDesc, MAX_RDMA, MAX_REDIRECTS,
-    PAGE_SIZE, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
+    event, op, perm, redirect, send_flags, tx_error, EventRecord, RdmaDesc, MAX_RDMA,
+    MAX_REDIRECTS, PAGE_SIZE, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::GuestMemoryMmap;
 
@@ -215,8 +215,8 @@ pub fn execute(
     Ok(())
 }
 
-fn refused(id: u64, code: u16) -> Event {
-    Event {
+fn refused(id: u64, code: u16) -> EventRecord {
+    EventRecord {
         kind: event::REDIRECTED,
         code: redirect::REFUSED,
         user_id: id,
@@ -235,7 +235,7 @@ pub fn redirect(
     e: u32,
     ep: &mut Endpoint,
     raw: &[u8; SEND_DESC_SIZE as usize],
-) -> Event {
+) -> EventRecord {
     let d: &RedirectDesc = zerocopy::transmute_ref!(raw);
     let (opcode, id) = (d.opcode.get(), d.id.get());
     if opcode == op::REDIRECT_END {
@@ -248,7 +248,7 @@ pub fn redirect(
                     redirect::PARTIAL
                 })
             }
-            None => Event {
+            None => EventRecord {
                 kind: event::TX_ERROR,
                 code: tx_error::BAD_DESCRIPTOR,
                 user_id: id,
@@ -260,7 +260,7 @@ pub fn redirect(
         Ok(r) => {
             ep.redirects.push(r);
             // Nothing to report until it ends.
-            Event::default()
+            EventRecord::default()
         }
         Err(code) => {
             ep.stats.tx_errors += 1;

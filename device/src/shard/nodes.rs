@@ -1,9 +1,9 @@
-//! The switch's data path: every port (node) of one device process, and
-//! the engine pass that serves their send rings and moves messages between
-//! their endpoints.
+//! A shard's data path: every node of one device process, and the engine
+//! pass that serves their send rings and moves messages between their
+//! endpoints.
 //!
-//! One engine thread runs `Ports::poll`; control commands run on the port
-//! threads. Both hold the switch lock, so the data path sees a consistent
+//! One engine thread runs `Nodes::poll`; control commands run on the node
+//! threads. Both hold the shard lock, so the data path sees a consistent
 //! endpoint table and never races a destroy.
 
 use std::collections::VecDeque;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use ulnic_abi::{
-    ctrl, event, op, recv_flags, send_flags, tx_error, Event, SendDesc, F_CLOSE_MESSAGE,
+    ctrl, event, op, recv_flags, send_flags, tx_error, EventRecord, SendDesc, F_CLOSE_MESSAGE,
     F_MESSAGING, F_RDMA, F_RETURN_TO_SENDER, F_UTLB, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE,
     SEND_DESC_SIZE, SEND_UTLB_REF_OFFSET,
 };
@@ -24,12 +24,12 @@ use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Node;
 use crate::nic::receive::{deliver_and_arm, has_room_for, Message, Payload};
 use crate::nic::utlb::{Utlb, UtlbRef};
-use crate::switch::rdma;
+use crate::shard::rdma;
 
 /// Send descriptors served per endpoint per pass, for fairness.
 const SEND_BATCH: u32 = 32;
 
-/// Totals across the switch, logged when a frontend disconnects.
+/// Totals across the shard, logged when a frontend disconnects.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Counters {
     /// Messages delivered.
@@ -51,7 +51,7 @@ pub struct Counters {
     /// sender's endpoint is gone, or too many waited for its buffers);
     /// their TX_ERROR event was posted all the same.
     pub returns_lost: u64,
-    /// Kicks that came while the engine slept, served by the port thread
+    /// Kicks that came while the engine slept, served by the node thread
     /// that received them (spec §5.8).
     pub kicks_served_asleep: u64,
 }
@@ -87,7 +87,7 @@ struct PendingReturn {
     msg: transport::Message,
 }
 
-/// Close messages waiting for room at their receiver, switch-wide; beyond
+/// Close messages waiting for room at their receiver, shard-wide; beyond
 /// this the oldest is discarded (and counted), so a receiver that never
 /// drains cannot make the device grow without bound.
 const MAX_PENDING_CLOSES: usize = 4096;
@@ -105,9 +105,9 @@ struct PendingClose {
     bytes: [u8; INLINE_MAX as usize],
 }
 
-/// Every port of one device process, and what they share: the UTLB,
+/// Every node of one device process, and what they share: the UTLB,
 /// close messages in flight, totals.
-pub struct Ports {
+pub struct Nodes {
     /// Nodes by address.
     pub nodes: Vec<Node>,
     /// Totals.
@@ -131,10 +131,10 @@ pub struct Ports {
     pub resident_idle: Duration,
 }
 
-impl Ports {
-    /// Ports for `nodes` nodes with `max_endpoints` endpoint slots each.
+impl Nodes {
+    /// `nodes` nodes with `max_endpoints` endpoint slots each.
     pub fn new(nodes: u32, max_endpoints: u32) -> Self {
-        Ports {
+        Nodes {
             nodes: (0..nodes).map(|i| Node::new(i, max_endpoints)).collect(),
             counters: Counters::default(),
             mems: Vec::new(),
@@ -293,7 +293,7 @@ impl Ports {
             while i < self.nodes[n].resident.len() {
                 let e = self.nodes[n].resident[i].0 as usize;
                 // Look first; move the endpoint out of its slot (to borrow the
-                // switch for delivery) only when it has sends waiting.
+                // shard for delivery) only when it has sends waiting.
                 let Some(ep) = self.nodes[n].endpoints.get_mut(e).and_then(Option::as_mut) else {
                     self.nodes[n].resident.swap_remove(i);
                     continue;
@@ -350,13 +350,13 @@ impl Ports {
         work
     }
 
-    /// How many endpoints are resident on all ports (those the engine
+    /// How many endpoints are resident on all nodes (those the engine
     /// polls).
     pub fn resident_total(&self) -> usize {
         self.nodes.iter().map(|n| n.resident.len()).sum()
     }
 
-    /// Before the engine sleeps: every resident endpoint of every port
+    /// Before the engine sleeps: every resident endpoint of every node
     /// asks for doorbells (spec §5.8). Returns how many had descriptors
     /// waiting and stay resident (see `Node::leave_all`).
     pub fn leave_all(&mut self) -> usize {
@@ -423,7 +423,7 @@ impl Ports {
                     ep.complete_send(smem);
                     return true;
                 }
-                Event {
+                EventRecord {
                     kind: event::TX_DONE,
                     code: 0,
                     user_id: desc.user_id,
@@ -449,7 +449,7 @@ impl Ports {
                     desc.dest_port,
                     tx_error::name(code)
                 );
-                Event {
+                EventRecord {
                     kind: event::TX_ERROR,
                     code,
                     user_id: desc.user_id,
@@ -740,7 +740,7 @@ struct NicSink<'a> {
 impl NicSink<'_> {
     /// Posts an event to the sending endpoint of `key`, settling one of the
     /// event slots its send reserved, and wakes its owner if armed.
-    fn settle(&mut self, key: ChannelKey, ev: Option<Event>) -> bool {
+    fn settle(&mut self, key: ChannelKey, ev: Option<EventRecord>) -> bool {
         let Some(mem) = self.mems.get(key.src as usize).and_then(|m| m.as_deref()) else {
             return false;
         };
@@ -831,7 +831,7 @@ impl Sink for NicSink<'_> {
     }
 
     fn acked(&mut self, key: ChannelKey, msg: transport::Message) {
-        let ev = msg.completion.then_some(Event {
+        let ev = msg.completion.then_some(EventRecord {
             kind: event::TX_DONE,
             code: 0,
             user_id: msg.user_id,
@@ -854,7 +854,7 @@ impl Sink for NicSink<'_> {
             key.port,
             tx_error::name(code)
         );
-        let ev = Event {
+        let ev = EventRecord {
             kind: event::TX_ERROR,
             code,
             user_id: msg.user_id,
@@ -940,12 +940,12 @@ mod tests {
     }
 
     /// Two nodes sharing one mock memory, one bound endpoint each.
-    fn setup() -> (Ports, GuestMemoryMmap<()>) {
+    fn setup() -> (Nodes, GuestMemoryMmap<()>) {
         let m = mem(MEM);
         m.write_slice(&vec![SENTINEL; MEM], GuestAddress(0))
             .unwrap();
         let atomic = GuestMemoryAtomic::new(m.clone());
-        let mut f = Ports::new(2, 2);
+        let mut f = Nodes::new(2, 2);
         for n in 0..2 {
             f.nodes[n].features = ulnic_abi::F_IMPLEMENTED;
             // Payload bytes differ from the sentinel, so a stray copy shows.
@@ -1116,7 +1116,7 @@ mod tests {
         let mut ev = [0u8; 32];
         m.read_slice(&mut ev, GuestAddress(CTRL[0] + layout().event_offset()))
             .unwrap();
-        let ev = Event::decode(&ev);
+        let ev = EventRecord::decode(&ev);
         assert_eq!((ev.kind, ev.user_id), (event::TX_DONE, 9));
     }
 

@@ -1,10 +1,10 @@
-//! The switch: the state every port thread and the engine share (the
-//! ports behind one lock, the engine's wake-up, fault injection), the
-//! data path between ports (`ports`), remote memory (`rdma`) and the
+//! A shard: the state every node thread and the engine share (the
+//! nodes behind one lock, the engine's wake-up, fault injection), the
+//! data path between nodes (`nodes`), remote memory (`rdma`) and the
 //! engine thread (`engine`).
 
 pub mod engine;
-pub mod ports;
+pub mod nodes;
 pub mod rdma;
 pub mod snapshot;
 
@@ -25,15 +25,15 @@ use crate::fabric::network::{Captured, FabricConfig, FabricCounters, Network};
 use crate::fabric::topology::Faults;
 use crate::memory::region;
 use crate::nic::utlb::TranslationCache;
-use crate::switch::ports::Ports;
-use crate::switch::snapshot::{EndpointSnapshot, NodeSnapshot, Snapshot};
+use crate::shard::nodes::Nodes;
+use crate::shard::snapshot::{EndpointSnapshot, NodeSnapshot, Snapshot};
 
-/// State shared by every port thread and the engine.
-pub struct Switch {
-    ports: Mutex<Ports>,
+/// State shared by every node thread and the engine.
+pub struct Shard {
+    state: Mutex<Nodes>,
     wake: EventFd,
     /// A spanning fabric's UDP socket (owned by the network, which lives
-    /// as long as the switch): a datagram wakes the engine too.
+    /// as long as the shard): a datagram wakes the engine too.
     udp: Option<std::os::fd::RawFd>,
     /// Set to stop the engine.
     pub stop: AtomicBool,
@@ -43,14 +43,14 @@ pub struct Switch {
     /// Set while the engine sleeps waiting for doorbells: a kick is then
     /// served by the thread that received it (`kicked`).
     sleeping: AtomicBool,
-    /// Each port's `Node::kicked` word, reachable without the lock.
+    /// Each node's `Node::kicked` word, reachable without the lock.
     kicks: Vec<Arc<AtomicU64>>,
     /// When the engine last finished a pass that moved something, in
     /// nanoseconds after `born` (the drain benchmark's end, read without
     /// a lock or a thread polling beside the engines).
     busy_at: AtomicU64,
     born: Instant,
-    /// Endpoints per port.
+    /// Endpoints per node.
     pub max_endpoints: u32,
     /// Number of nodes.
     pub nodes: u32,
@@ -59,9 +59,9 @@ pub struct Switch {
     pub watch_base: u32,
 }
 
-impl Switch {
-    /// The switch of a device configured by `config`, its ports empty.
-    pub fn new(config: &Configuration) -> Result<Switch, Error> {
+impl Shard {
+    /// The only shard of a device configured by `config`, its nodes empty.
+    pub fn new(config: &Configuration) -> Result<Shard, Error> {
         let network = config
             .fabric()
             .cloned()
@@ -75,14 +75,14 @@ impl Switch {
     }
 
     /// Shard `me` of a device whose engine is split by switch (spec
-    /// §10.8): its own ports, lock and engine, the fabric's switches
+    /// §10.8): its own nodes, lock and engine, the fabric's switches
     /// `switch_owner` gives it, and queues to the other shards.
-    pub fn shard(
+    pub fn nth(
         config: &Configuration,
         me: usize,
         switch_owner: Vec<usize>,
         shared: Arc<crate::fabric::span::MemoryShared>,
-    ) -> Result<Switch, Error> {
+    ) -> Result<Shard, Error> {
         let fabric = config
             .fabric()
             .cloned()
@@ -91,18 +91,18 @@ impl Switch {
         Self::with_network(config, Some(network))
     }
 
-    fn with_network(config: &Configuration, network: Option<Network>) -> Result<Switch, Error> {
-        let nodes = config.sockets().len() as u32;
-        let mut ports = Ports::new(nodes, config.max_endpoints());
-        ports.max_tripwires = config.tripwires();
-        ports.resident_idle = config.poll_for();
-        ports.utlb.cache = TranslationCache::new(config.utlb_cache());
-        ports.network = network;
-        let udp = ports.network.as_ref().and_then(Network::wire_fd);
-        let kicks = ports.nodes.iter().map(|n| n.kicked.clone()).collect();
-        Ok(Switch {
+    fn with_network(config: &Configuration, network: Option<Network>) -> Result<Shard, Error> {
+        let count = config.sockets().len() as u32;
+        let mut nodes = Nodes::new(count, config.max_endpoints());
+        nodes.max_tripwires = config.tripwires();
+        nodes.resident_idle = config.poll_for();
+        nodes.utlb.cache = TranslationCache::new(config.utlb_cache());
+        nodes.network = network;
+        let udp = nodes.network.as_ref().and_then(Network::wire_fd);
+        let kicks = nodes.nodes.iter().map(|n| n.kicked.clone()).collect();
+        Ok(Shard {
             udp,
-            ports: Mutex::new(ports),
+            state: Mutex::new(nodes),
             wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
                 what: "eventfd",
                 source,
@@ -114,15 +114,15 @@ impl Switch {
             busy_at: AtomicU64::new(0),
             born: Instant::now(),
             max_endpoints: config.max_endpoints(),
-            nodes,
-            watch_base: region::reserve_keys(nodes).map_err(|e| Error::Config(e.to_string()))?,
+            nodes: count,
+            watch_base: region::reserve_keys(count).map_err(|e| Error::Config(e.to_string()))?,
         })
     }
 
-    /// Locks the ports. A panic elsewhere cannot leave it half-updated in a
+    /// Locks the nodes. A panic elsewhere cannot leave them half-updated in a
     /// way that matters more than stopping would, so poisoning is ignored.
-    pub fn lock(&self) -> MutexGuard<'_, Ports> {
-        self.ports.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn lock(&self) -> MutexGuard<'_, Nodes> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records that the engine's pass that ended at `at` moved something.
@@ -142,9 +142,9 @@ impl Switch {
         let _ = self.wake.write(1);
     }
 
-    /// Ends the connection of every port whose shared memory faulted
+    /// Ends the connection of every node whose shared memory faulted
     /// (a file shrunk under the device, spec §2.3): that frontend loses its
-    /// port, everyone else goes on. Cheap when nothing faulted.
+    /// node, everyone else goes on. Cheap when nothing faulted.
     pub fn disconnect_faulted(&self) {
         if !region::pending() {
             return;
@@ -168,11 +168,11 @@ impl Switch {
         }
     }
 
-    /// Stops serving port `node`'s control queue (`stalled`), or serves it
+    /// Stops serving node `node`'s control queue (`stalled`), or serves it
     /// again: a fault injected on purpose, to see how a driver copes with
     /// a device that stops answering commands. Commands wait in the ring
     /// while doorbells, data and notifications go on; when the stall ends
-    /// the waiting commands run. Kept across resets of the port.
+    /// the waiting commands run. Kept across resets of the node.
     pub fn stall_control(&self, node: u32, stalled: bool) -> Result<(), Error> {
         let mut f = self.lock();
         let n = f.nodes.get_mut(node as usize).ok_or(Error::NoSuchNode {
@@ -190,7 +190,7 @@ impl Switch {
         );
         if !stalled {
             if let Some(vring) = &n.control {
-                // Kicks the queue as the driver would, so the port's own
+                // Kicks the queue as the driver would, so the node's own
                 // thread serves what waited.
                 if let Some(kick) = vring.get_ref().get_kick() {
                     // The frontend's eventfd: a full one (or another kind
@@ -305,7 +305,7 @@ impl Switch {
         }
     }
 
-    /// When port `node` was last reset (its frontend left, reset the
+    /// When node `node` was last reset (its frontend left, reset the
     /// device, or its guest rebooted); `None` if never.
     pub fn last_reset(&self, node: u32) -> Option<std::time::Instant> {
         self.lock()
@@ -314,7 +314,7 @@ impl Switch {
             .and_then(|n| n.reset_at)
     }
 
-    /// A kick of port `node`'s virtqueue `queue` (a doorbell, spec §5.8).
+    /// A kick of node `node`'s virtqueue `queue` (a doorbell, spec §5.8).
     /// While the engine runs, it is recorded for the engine's next pass,
     /// without the lock. While the engine sleeps, this thread does the
     /// pass the engine would have woken for: the kicked endpoints' sends
@@ -337,12 +337,12 @@ impl Switch {
             return;
         }
         self.disconnect_faulted();
-        let mut ports = self.lock();
-        ports.counters.kicks_served_asleep += 1;
-        if ports.poll() > 0 {
+        let mut nodes = self.lock();
+        nodes.counters.kicks_served_asleep += 1;
+        if nodes.poll() > 0 {
             self.mark_busy(Instant::now());
         }
-        if ports.resident_total() == 0 {
+        if nodes.resident_total() == 0 {
             return;
         }
         // With an idle period to poll for, the engine takes the kicked
@@ -350,8 +350,8 @@ impl Switch {
         // sends again soon is then polled, not rung for). Without one,
         // they ask for doorbells again and the engine sleeps on, unless
         // sends wait that this pass could not serve.
-        if !ports.resident_idle.is_zero() || ports.leave_all() > 0 {
-            drop(ports);
+        if !nodes.resident_idle.is_zero() || nodes.leave_all() > 0 {
+            drop(nodes);
             self.wake();
         }
     }

@@ -1,5 +1,5 @@
-//! One port's socket: a vhost-user connection at a time, served by a
-//! [`PortBackend`]; the port's state is freed when its frontend leaves,
+//! One node's socket: a vhost-user connection at a time, served by a
+//! [`NodeBackend`]; the node's state is freed when its frontend leaves,
 //! and a second frontend is refused while one is attached (spec §2).
 
 use std::os::fd::AsRawFd;
@@ -15,16 +15,16 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::memory::region;
-use crate::switch::Switch;
-use crate::vhost::backend::PortBackend;
+use crate::shard::Shard;
+use crate::vhost::backend::NodeBackend;
 
 /// How long a pending connection waits for the current frontend to leave
 /// before it is refused.
 const REFUSE_GRACE: Duration = Duration::from_secs(2);
 
-/// Accepts and closes connections to a port that already has a frontend,
+/// Accepts and closes connections to a node that already has a frontend,
 /// until `connected` clears and `ended` is signalled: one VM or process per
-/// port (spec §2). Waiting on `ended` as well as the listener lets the port
+/// node (spec §2). Waiting on `ended` as well as the listener lets the node
 /// take its next frontend the moment the current one leaves.
 fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool, ended: &EventFd) {
     while connected.load(Ordering::Relaxed) {
@@ -54,16 +54,16 @@ fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool, ended: 
         }
         if connected.load(Ordering::Relaxed) {
             if let Ok(Some(extra)) = listener.accept() {
-                warn!("node {node}: refused a second frontend (the port is in use)");
+                warn!("node {node}: refused a second frontend (the node is in use)");
                 drop(extra);
             }
         }
     }
 }
 
-/// Serves one port forever: a connection at a time, freeing the port's state
+/// Serves one node forever: a connection at a time, freeing the node's state
 /// when a frontend goes away so a rebooted VM starts clean.
-pub fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: &Path) {
+pub fn serve_node(node: u32, shard: Arc<Shard>, mut listener: Listener, path: &Path) {
     // Written when a connection ends, so `refuse_others` stops at once.
     let left = match EventFd::new(EFD_NONBLOCK) {
         Ok(e) => e,
@@ -73,12 +73,12 @@ pub fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: 
         }
     };
     loop {
-        if switch.stop.load(Ordering::Relaxed) {
+        if shard.stop.load(Ordering::Relaxed) {
             return;
         }
-        let backend = Arc::new(PortBackend::new(node, switch.clone()));
+        let backend = Arc::new(NodeBackend::new(node, shard.clone()));
         let mut daemon = match VhostUserDaemon::new(
-            format!("ulnic-node{node}"),
+            format!("ulnic-vhost{node}"),
             backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         ) {
@@ -90,8 +90,8 @@ pub fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: 
         };
         if let Err(e) = daemon.start(&mut listener) {
             drop(daemon);
-            backend.close_exit_events();
-            if switch.stop.load(Ordering::Relaxed) {
+            backend.close_exit_fds();
+            if shard.stop.load(Ordering::Relaxed) {
                 return; // the device shut the listening socket to stop
             }
             error!("node {node}: accept on {} failed: {e}", path.display());
@@ -99,7 +99,7 @@ pub fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: 
             continue;
         }
         {
-            let mut f = switch.lock();
+            let mut f = shard.lock();
             f.nodes[node as usize].disconnect = daemon.shutdown_handle();
             f.nodes[node as usize].connections += 1;
             // A new connection is a new device as far as the driver can
@@ -130,8 +130,8 @@ pub fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: 
             Err(e) => warn!("node {node}: frontend connection ended: {e}"),
         }
         drop(daemon);
-        backend.close_exit_events();
-        let mut f = switch.lock();
+        backend.close_exit_fds();
+        let mut f = shard.lock();
         // Closing the node's endpoints sends their close messages first.
         f.reset_node(node);
         let c = f.counters;
@@ -144,6 +144,6 @@ pub fn serve_port(node: u32, switch: Arc<Switch>, mut listener: Listener, path: 
         n.features = 0;
         n.disconnect = None;
         drop(f);
-        region::unwatch(switch.watch_base + node);
+        region::unwatch(shard.watch_base + node);
     }
 }
