@@ -8,23 +8,62 @@
 //! notification, would then wait for ever, holding the shard. Here the read
 //! goes through [`notifier::consume`], which the watchdog ends: an empty
 //! non-blocking eventfd is a kick already taken (nothing to do), and a read
-//! that slept fails the queue's handler (`handle_event`), which ends that
-//! connection's queue thread. Only that frontend's node stops being served.
+//! that slept, or failed otherwise, marks the queue (`kick_failed`); the
+//! node's backend then frees the node's state and ends the connection
+//! (spec §8). Only that frontend's node stops being served.
+//!
+//! Kicks are checked when they are given (spec §2.4): only an eventfd is a
+//! kick, and only for a queue that has not started. The crate registers a
+//! kick with its epoll only when it starts the queue, so a kick of another
+//! kind would fail there and one for a started queue would never be read:
+//! either is replaced by a file epoll refuses, so the message that starts
+//! the queue fails and the connection ends, instead of being acknowledged
+//! for a queue that never runs.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use log::warn;
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
-use virtio_queue::Error as VirtQueError;
+use virtio_queue::{Error as VirtQueError, QueueT};
 use vm_memory::GuestAddressSpace;
 
 use crate::notifier::{self, ConsumeError};
 
 /// A node's virtqueue (see the module's comment).
 #[derive(Clone)]
-pub struct NodeVring<M: GuestAddressSpace>(VringRwLock<M>);
+pub struct NodeVring<M: GuestAddressSpace>(VringRwLock<M>, Arc<AtomicBool>);
+
+impl<M: GuestAddressSpace> NodeVring<M> {
+    /// Whether reading this queue's kick failed (the frontend made the
+    /// read sleep, or the kick cannot be read): its connection must end.
+    pub fn kick_failed(&self) -> bool {
+        self.1.load(Ordering::Acquire)
+    }
+}
+
+/// Whether `file` is an eventfd (what Linux shows for it in /proc).
+fn is_eventfd(file: &impl AsRawFd) -> bool {
+    match std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+        Ok(target) => target.as_os_str() == "anon_inode:[eventfd]",
+        // Without /proc the kind cannot be told: accepted, as before.
+        Err(_) => true,
+    }
+}
+
+/// A file epoll refuses to watch (a memfd, a regular file): given to a
+/// queue instead of a kick the device refuses, so that starting the queue
+/// fails.
+fn unwatchable() -> Option<File> {
+    // SAFETY: a valid NUL-terminated name; the descriptor returned is new
+    // and owned by nothing else.
+    let fd = unsafe { libc::memfd_create(c"ulnic-refused-kick".as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: as above; checked non-negative.
+    (fd >= 0).then(|| unsafe { File::from_raw_fd(fd) })
+}
 
 impl<'a, M: 'a + GuestAddressSpace> VringStateGuard<'a, M> for NodeVring<M> {
     type G = <VringRwLock<M> as VringStateGuard<'a, M>>::G;
@@ -36,7 +75,7 @@ impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for NodeVring<M> {
 
 impl<M: 'static + GuestAddressSpace> VringT<M> for NodeVring<M> {
     fn new(mem: M, max_queue_size: u16) -> Result<Self, VirtQueError> {
-        VringRwLock::new(mem, max_queue_size).map(NodeVring)
+        VringRwLock::new(mem, max_queue_size).map(|v| NodeVring(v, Arc::default()))
     }
 
     fn get_ref(&self) -> <Self as VringStateGuard<'_, M>>::G {
@@ -109,21 +148,47 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for NodeVring<M> {
         self.0.set_queue_ready(ready)
     }
 
+    /// Checks a new kick (see the module's comment). `None` also comes
+    /// from the crate itself when a queue stops, so it cannot be refused:
+    /// a queue given no kick (vhost-user's polling) never starts.
     fn set_kick(&self, file: Option<File>) {
-        self.0.set_kick(file)
+        let Some(file) = file else {
+            return self.0.set_kick(None);
+        };
+        let refused = if !is_eventfd(&file) {
+            Some("is not an eventfd")
+        } else if self.0.get_ref().get_queue().ready() {
+            Some("is for a queue that has started (stop it first)")
+        } else {
+            None
+        };
+        let Some(why) = refused else {
+            return self.0.set_kick(Some(file));
+        };
+        warn!("a queue's new kick {why}: refused; starting the queue will fail");
+        match unwatchable() {
+            Some(refusal) => {
+                // Started again on the refusal, whose registration fails.
+                self.0.set_queue_ready(false);
+                self.0.set_kick(Some(refusal));
+            }
+            None => self.0.set_kick(Some(file)),
+        }
     }
 
     /// Takes the kick through [`notifier::consume`] (see the module's
-    /// comment); whether the queue is enabled, or an error that ends the
-    /// connection's queue thread when the frontend made the read sleep.
+    /// comment); whether the queue is enabled. A read that slept or failed
+    /// marks the queue and reports it enabled, so that the backend's
+    /// `handle_event` runs and ends the connection.
     fn read_kick(&self) -> io::Result<bool> {
         let state = self.0.get_ref();
         if let Some(kick) = state.get_kick() {
             match notifier::consume(kick.as_raw_fd()) {
                 Ok(()) | Err(ConsumeError::Empty) => {}
                 Err(e) => {
-                    warn!("a queue's kick: {e}; this connection's queues are no longer served");
-                    return Err(io::Error::other(e));
+                    warn!("a queue's kick: {e}; ending this connection");
+                    self.1.store(true, Ordering::Release);
+                    return Ok(true);
                 }
             }
         }
@@ -194,7 +259,7 @@ mod tests {
             // saw it.
             let kick = EventFd::new(0).unwrap();
             v.set_kick(Some(file(&kick)));
-            let failed = v.read_kick().is_err();
+            let failed = v.read_kick().unwrap() && v.kick_failed();
             // The queue's lock was let go: the engine can take it.
             drop(v.get_mut());
             let _ = done.send(failed);
@@ -203,6 +268,59 @@ mod tests {
             .recv_timeout(std::time::Duration::from_secs(60))
             .expect("the kick read still sleeps after 60 s");
         assert!(failed);
+    }
+
+    /// Whether the queue's kick is `e` (the same eventfd, by its count).
+    fn kick_is(v: &NodeVring<Mem>, e: &EventFd) -> bool {
+        let state = v.get_ref();
+        let Some(kick) = state.get_kick() else {
+            return false;
+        };
+        e.write(1).unwrap();
+        let mut b = [0u8; 8];
+        let same = nix_read(kick.as_raw_fd(), &mut b) == 8 && u64::from_ne_bytes(b) == 1;
+        let _ = e.read();
+        same
+    }
+
+    fn nix_read(fd: i32, b: &mut [u8; 8]) -> isize {
+        // SAFETY: `b` is 8 writable bytes for the duration of the call.
+        unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) }
+    }
+
+    #[test]
+    fn only_an_eventfd_for_a_queue_not_started_is_a_kick() {
+        let v = vring();
+        // An eventfd for a queue that has not started: taken.
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        v.set_kick(Some(file(&kick)));
+        assert!(kick_is(&v, &kick));
+        assert!(!v.get_ref().get_queue().ready());
+        // A regular file: replaced by one epoll refuses.
+        let regular = tempfile::tempfile().unwrap();
+        v.set_kick(Some(regular));
+        let refused = v.get_ref().get_kick().as_ref().map(is_eventfd);
+        assert_eq!(refused, Some(false), "a kick that is no eventfd");
+        assert!(!v.get_ref().get_queue().ready());
+        // A new eventfd for a started queue: refused the same way, and the
+        // queue is not started any more (starting it again fails).
+        v.set_kick(Some(file(&kick)));
+        v.set_queue_ready(true);
+        let other = EventFd::new(EFD_NONBLOCK).unwrap();
+        v.set_kick(Some(file(&other)));
+        assert!(!kick_is(&v, &other));
+        assert!(!v.get_ref().get_queue().ready());
+        let epoll = vmm_sys_util::epoll::Epoll::new().unwrap();
+        let fd = v.get_ref().get_kick().as_ref().unwrap().as_raw_fd();
+        let watched = epoll.ctl(
+            vmm_sys_util::epoll::ControlOperation::Add,
+            fd,
+            vmm_sys_util::epoll::EpollEvent::new(vmm_sys_util::epoll::EventSet::IN, 0),
+        );
+        assert!(watched.is_err(), "epoll watched the refusal");
+        // No kick at all (the crate stopping the queue): accepted.
+        v.set_kick(None);
+        assert!(v.get_ref().get_kick().is_none());
     }
 
     #[test]

@@ -165,7 +165,14 @@ fn one_call_takes_every_notification_of_a_domain() {
     }
     got.sort();
     assert_eq!(got, want);
-    assert!(!readable(fd, 50), "readable after everything was taken");
+    // The device signals after it posts a record, so the take above may
+    // have taken a record whose signal came after it: one wake-up that
+    // finds nothing (spec §6). Once that is taken, nothing is left.
+    // Its signal follows the record at once: 50 ms is ample.
+    if readable(fd, 50) {
+        assert!(pb.take_notified().unwrap().is_empty(), "a fourth notification");
+    }
+    assert!(!readable(fd, 0), "readable after everything was taken");
     assert!(pb.take_notified().unwrap().is_empty());
 }
 

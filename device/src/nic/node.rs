@@ -257,6 +257,9 @@ impl Node {
     pub fn remove_endpoint(&mut self, id: u32) -> Option<Endpoint> {
         let ep = self.endpoints.get_mut(id as usize)?.take()?;
         self.resident.retain(|&(e, _)| e != id);
+        // A kept notification would name an endpoint that is gone, or the
+        // next one given its id (spec §2.1).
+        self.notify_backlog.retain(|&e| e != id);
         if let Some(p) = ep.port {
             self.ports.remove(&p);
         }

@@ -160,11 +160,16 @@ impl Shard {
                 "node {node}: its shared memory shrank under the device (contained fault {} in all); disconnecting its frontend",
                 region::fault_count()
             );
-            if let Some(d) = n.disconnect.take() {
+            let disconnect = n.disconnect.take();
+            // Nothing more is read from that memory, and the state is
+            // gone before the frontend sees its connection end (spec §8).
+            f.reset_node(node);
+            let n = &mut f.nodes[node as usize];
+            n.mem = None;
+            n.renew_epoch();
+            if let Some(d) = disconnect {
                 d.shutdown();
             }
-            // Nothing more is read from that memory.
-            f.reset_node(node);
         }
     }
 

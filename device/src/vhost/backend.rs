@@ -36,6 +36,15 @@ use crate::vhost::control;
 /// Descriptors per virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 256;
 
+/// The mask naming the first `n` queues (at most 64).
+fn all_queues(n: usize) -> u64 {
+    match n {
+        0 => 0,
+        n if n >= 64 => u64::MAX,
+        n => (1u64 << n) - 1,
+    }
+}
+
 /// One node's backend; the state it acts on lives in the shared shard.
 pub struct NodeBackend {
     node: u32,
@@ -165,10 +174,87 @@ impl NodeBackend {
                 Err(crate::notifier::SignalError::Full) => self.shard.lock().nodes
                     [self.node as usize]
                     .break_queue(CONTROL_QUEUE, RingFault::CallFull),
-                Err(crate::notifier::SignalError::Io(e)) => return Err(e),
+                Err(crate::notifier::SignalError::Io(e)) => {
+                    self.end_connection(&format!("its control queue's call cannot be signalled: {e}"));
+                    return Ok(());
+                }
             }
         }
         self.shard.disconnect_faulted();
+        Ok(())
+    }
+
+    /// Frees the node's state before the device itself ends the
+    /// connection or refuses a message that ends it (spec §8): nothing
+    /// more is delivered into the frontend's memory or read from it, and
+    /// the epoch changes. The connection's own end frees it again (a
+    /// command already being served may have created something since).
+    fn detach(&self, why: &str) {
+        warn!(
+            "node {}: {why}; freeing its state and ending the connection",
+            self.node
+        );
+        if let Ok(mut m) = self.mem.write() {
+            *m = None;
+        }
+        let mut f = self.shard.lock();
+        // Close messages are read from the memory before it goes.
+        f.reset_node(self.node);
+        let n = &mut f.nodes[self.node as usize];
+        n.mem = None;
+        n.renew_epoch();
+    }
+
+    /// Frees the node's state, then closes the connection (a kick that
+    /// cannot be read, a call that cannot be signalled): counted in the
+    /// node's queue errors.
+    fn end_connection(&self, why: &str) {
+        self.detach(why);
+        let mut f = self.shard.lock();
+        let n = &mut f.nodes[self.node as usize];
+        n.queue_errors += 1;
+        if let Some(d) = n.disconnect.take() {
+            d.shutdown();
+        }
+    }
+
+    /// Checks the frontend's memory table and, when every region passes,
+    /// makes it the one the device reads and writes through.
+    fn install_memory(&self, mem: NodeMemory) -> io::Result<()> {
+        // Check every region before the device reads through any of it
+        // (spec §2.3); a bad one ends this connection and nothing else.
+        let table: GuestMemoryMmap<()> = (*mem.memory()).clone();
+        let mut ranges = Vec::new();
+        for region in table.iter() {
+            let refuse = |why: String| {
+                error!(
+                    "node {}: refused memory region at {:#x} ({} bytes): {why}",
+                    self.node,
+                    region.start_addr().0,
+                    region.len()
+                );
+                io::Error::other(why)
+            };
+            let file = region
+                .file_offset()
+                .ok_or_else(|| refuse("not backed by a file descriptor".into()))?;
+            let protection = region::check_region(file.file(), file.start(), region.len())
+                .map_err(|e| refuse(e.to_string()))?;
+            let host = region
+                .get_host_address(MemoryRegionAddress(0))
+                .map_err(|e| refuse(e.to_string()))?;
+            debug!(
+                "node {}: memory region at {:#x}, {} bytes, {protection:?}",
+                self.node,
+                region.start_addr().0,
+                region.len()
+            );
+            ranges.push((host as usize, region.len() as usize));
+        }
+        region::watch(self.shard.watch_base + self.node, &ranges).map_err(io::Error::other)?;
+        let validated = GuestMemoryAtomic::new(table);
+        *self.mem.write().map_err(|_| io::Error::other("poisoned"))? = Some(validated.clone());
+        self.shard.lock().nodes[self.node as usize].mem = Some(validated);
         Ok(())
     }
 
@@ -236,6 +322,13 @@ impl VhostUserBackend for NodeBackend {
         MAX_QUEUE_SIZE
     }
 
+    /// One worker thread serves every queue. The crate's default mask
+    /// (0xffff_ffff) covers queues 0..=31 only: the kicks of doorbell
+    /// slots 30 and up would never be watched, and never fail either.
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![all_queues(self.num_queues)]
+    }
+
     fn features(&self) -> u64 {
         (1 << VIRTIO_F_VERSION_1)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
@@ -259,7 +352,9 @@ impl VhostUserBackend for NodeBackend {
         debug!("node {}: device reset", self.node);
         let mut f = self.shard.lock();
         f.reset_node(self.node);
-        f.nodes[self.node as usize].features = 0;
+        let n = &mut f.nodes[self.node as usize];
+        n.features = 0;
+        n.renew_epoch();
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
@@ -285,41 +380,13 @@ impl VhostUserBackend for NodeBackend {
     }
 
     fn update_memory(&self, mem: NodeMemory) -> io::Result<()> {
-        // Check every region before the device reads through any of it
-        // (spec §2.3); a bad one ends this connection and nothing else.
-        let table: GuestMemoryMmap<()> = (*mem.memory()).clone();
-        let mut ranges = Vec::new();
-        for region in table.iter() {
-            let refuse = |why: String| {
-                error!(
-                    "node {}: refused memory region at {:#x} ({} bytes): {why}",
-                    self.node,
-                    region.start_addr().0,
-                    region.len()
-                );
-                io::Error::other(why)
-            };
-            let file = region
-                .file_offset()
-                .ok_or_else(|| refuse("not backed by a file descriptor".into()))?;
-            let protection = region::check_region(file.file(), file.start(), region.len())
-                .map_err(|e| refuse(e.to_string()))?;
-            let host = region
-                .get_host_address(MemoryRegionAddress(0))
-                .map_err(|e| refuse(e.to_string()))?;
-            debug!(
-                "node {}: memory region at {:#x}, {} bytes, {protection:?}",
-                self.node,
-                region.start_addr().0,
-                region.len()
-            );
-            ranges.push((host as usize, region.len() as usize));
+        // A refused table ends the connection (the crate replies and
+        // closes); the node's state is freed before that (spec §2.3).
+        let r = self.install_memory(mem);
+        if r.is_err() {
+            self.detach("its memory table was refused");
         }
-        region::watch(self.shard.watch_base + self.node, &ranges).map_err(io::Error::other)?;
-        let validated = GuestMemoryAtomic::new(table);
-        *self.mem.write().map_err(|_| io::Error::other("poisoned"))? = Some(validated.clone());
-        self.shard.lock().nodes[self.node as usize].mem = Some(validated);
-        Ok(())
+        r
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -340,6 +407,13 @@ impl VhostUserBackend for NodeBackend {
     ) -> io::Result<()> {
         if ready != EventSet::IN {
             return Err(io::Error::other(format!("unexpected readiness {ready:?}")));
+        }
+        if vrings
+            .get(usize::from(queue))
+            .is_some_and(NodeVring::kick_failed)
+        {
+            self.end_connection(&format!("queue {queue}'s kick cannot be read"));
+            return Ok(());
         }
         match queue {
             CONTROL_QUEUE => {
@@ -452,6 +526,18 @@ mod tests {
         mem.read_slice(&mut out, GuestAddress(RESPONSE)).unwrap();
         let resp: RespHeader = ulnic_abi::wire::read(&out);
         (len, resp, out[size_of::<RespHeader>()..].to_vec())
+    }
+
+    #[test]
+    fn one_thread_watches_every_queue() {
+        assert_eq!(all_queues(64), u64::MAX);
+        assert_eq!(all_queues(2), 0b11);
+        assert_eq!(all_queues(0), 0);
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let b = backend(&mem);
+        let masks = b.queues_per_thread();
+        assert_eq!(masks.len(), 1);
+        assert_eq!(masks[0].count_ones(), ulnic_abi::QUEUE_COUNT);
     }
 
     #[test]

@@ -350,10 +350,11 @@ fn set_filter(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Respon
     }
     let a: SetFilter = wire::read(p);
     let (id, count) = (a.endpoint.get(), a.count.get() as usize);
+    // The length first (spec §4 step 6), then the count (step 7).
+    need(p, head + count * FilterEntry::SIZE)?;
     if count > MAX_FILTERS {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    need(p, head + count * FilterEntry::SIZE)?;
     let filters = p[head..]
         .chunks_exact(FilterEntry::SIZE)
         .map(FilterEntry::decode)
