@@ -22,6 +22,33 @@ pub enum Payload<'a> {
     },
 }
 
+impl Payload<'_> {
+    /// Copies `n` of its bytes, from `rel` bytes in, to offset `dst_off`
+    /// of segment `dst` in `dst_mem`.
+    pub fn copy_into(
+        &self,
+        rel: u64,
+        n: u64,
+        dst_mem: &GuestMemoryMmap<()>,
+        dst: &Segment,
+        dst_off: u64,
+    ) -> Result<(), guest::BadAddress> {
+        match self {
+            Payload::Bytes(b) => {
+                let bytes = usize::try_from(rel)
+                    .ok()
+                    .zip(usize::try_from(rel.saturating_add(n)).ok())
+                    .and_then(|(from, to)| b.get(from..to))
+                    .ok_or(guest::BadAddress { addr: rel, len: n })?;
+                guest::write_segment(dst_mem, dst, dst_off, bytes)
+            }
+            Payload::Segment { mem, seg, offset } => {
+                guest::copy_between(mem, seg, offset + rel, dst_mem, dst, dst_off, n)
+            }
+        }
+    }
+}
+
 /// A message on its way through the shard.
 pub struct Message<'a> {
     /// Receive flags added to the descriptor (`recv_flags::CLOSE`).
@@ -36,6 +63,32 @@ pub struct Message<'a> {
     pub len: u32,
     /// Where the payload is.
     pub payload: Payload<'a>,
+}
+
+impl<'a> Message<'a> {
+    /// A message of `len` bytes from `(src_node, src_port)` with the
+    /// sender's tag, and no receive flags.
+    pub fn new(src: (u32, u32), tag: u32, len: u32, payload: Payload<'a>) -> Self {
+        Message {
+            flags: 0,
+            src_node: src.0,
+            src_port: src.1,
+            tag,
+            len,
+            payload,
+        }
+    }
+
+    /// The message of `bytes`, in hand, from `src`.
+    pub fn bytes(src: (u32, u32), tag: u32, bytes: &'a [u8]) -> Self {
+        Self::new(src, tag, bytes.len() as u32, Payload::Bytes(bytes))
+    }
+
+    /// The same message with receive flags (`recv_flags::CLOSE`,
+    /// `recv_flags::RETURNED`).
+    pub fn flagged(self, flags: u16) -> Self {
+        Message { flags, ..self }
+    }
 }
 
 /// Delivers, and reports whether the receiver must be woken: anything it

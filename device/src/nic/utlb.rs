@@ -343,6 +343,28 @@ impl Default for Utlb {
     }
 }
 
+impl Utlb {
+    /// Translates `len` bytes of the buffer `r` names in the table of
+    /// domain `tag` (node, domain), through the cache; `stats` counts the
+    /// hit or miss. Give the segment back with `recycle` when done.
+    pub fn translate(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        tag: Tag,
+        r: UtlbRef,
+        len: u64,
+        stats: &mut Stats,
+    ) -> Result<Segment, u16> {
+        self.cache
+            .translate(mem, self.tables.get(tag), tag, r, len, stats)
+    }
+
+    /// Returns a translated segment's storage for the next translation.
+    pub fn recycle(&mut self, seg: Segment) {
+        self.cache.recycle(seg);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,9 +3,13 @@
 //! data path between nodes (`nodes`), remote memory (`rdma`) and the
 //! engine thread (`engine`).
 
+pub mod counters;
 pub mod engine;
 pub mod nodes;
+pub mod pass;
 pub mod rdma;
+pub mod send;
+pub mod sink;
 pub mod snapshot;
 
 use std::os::fd::AsRawFd;

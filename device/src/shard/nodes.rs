@@ -12,80 +12,24 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use ulnic_abi::{
     ctrl, event, op, recv_flags, send_flags, tx_error, EventRecord, SendDesc, F_CLOSE_MESSAGE,
-    F_MESSAGING, F_RDMA, F_RETURN_TO_SENDER, F_UTLB, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE,
-    SEND_DESC_SIZE, SEND_UTLB_REF_OFFSET,
+    F_MESSAGING, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::fabric::network::Network;
-use crate::fabric::transport::{self, ChannelKey, Sink};
 use crate::memory::guest::{self, MemGuard};
 use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Node;
-use crate::nic::receive::{deliver_and_arm, has_room_for, Message, Payload};
-use crate::nic::utlb::{Utlb, UtlbRef};
+use crate::nic::receive::Message;
+use crate::nic::utlb::Utlb;
+use crate::shard::counters::Counters;
+use crate::shard::pass::{Initiator, Pass};
 use crate::shard::rdma;
+use crate::shard::send::{self, Sent};
+use crate::shard::sink::{NicSink, PendingReturn};
 
 /// Send descriptors served per endpoint per pass, for fairness.
 const SEND_BATCH: u32 = 32;
-
-/// Totals across the shard, logged when a frontend disconnects.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Counters {
-    /// Messages delivered.
-    pub delivered: u64,
-    /// Messages returned to their sender.
-    pub returned: u64,
-    /// Notifications raised.
-    pub notifications: u64,
-    /// Close messages delivered.
-    pub closes_delivered: u64,
-    /// Close messages that could not be delivered (malformed, sender not
-    /// bound, receiver gone or its filter refused), or were discarded
-    /// because too many waited.
-    pub closes_undeliverable: u64,
-    /// Messages the fabric gave back and the device put in their sender's
-    /// receive queue (spec §10.4).
-    pub returned_to_sender: u64,
-    /// Messages the fabric gave back that could not be put there (the
-    /// sender's endpoint is gone, or too many waited for its buffers);
-    /// their TX_ERROR event was posted all the same.
-    pub returns_lost: u64,
-    /// Kicks that came while the engine slept, served by the node thread
-    /// that received them (spec §5.8).
-    pub kicks_served_asleep: u64,
-}
-
-summable!(Counters {
-    delivered,
-    returned,
-    notifications,
-    closes_delivered,
-    closes_undeliverable,
-    returned_to_sender,
-    returns_lost,
-    kicks_served_asleep
-});
-
-/// What became of a send descriptor.
-enum Sent {
-    /// Delivered, or carried out (RDMA).
-    Done,
-    /// Handed to the fabric's transport; its outcome comes later.
-    InFabric,
-    /// The fabric channel is full: the descriptor stays in the ring.
-    Blocked,
-}
-
-/// Returned messages waiting for room in their sender's receive queue,
-/// device-wide; beyond this the oldest is dropped (and counted).
-const MAX_PENDING_RETURNS: usize = 4096;
-
-/// A message the fabric returned, waiting for room at its sender.
-struct PendingReturn {
-    key: ChannelKey,
-    msg: transport::Message,
-}
 
 /// Close messages waiting for room at their receiver, shard-wide; beyond
 /// this the oldest is discarded (and counted), so a receiver that never
@@ -159,8 +103,7 @@ impl Nodes {
         if let Some(net) = &mut self.network {
             net.forget_endpoint(n, id);
         }
-        self.pending_returns
-            .retain(|r| (r.key.src, r.key.endpoint) != (n, id));
+        self.pending_returns.retain(|r| !r.from(n, id));
         let Some(mem) = node.mem.as_ref().map(|m| m.memory()) else {
             return true; // no memory to read a close message from
         };
@@ -233,22 +176,15 @@ impl Nodes {
         let mut wake = Vec::new();
         let mut keep = VecDeque::new();
         while let Some(c) = self.pending_closes.pop_front() {
-            let msg = Message {
-                flags: recv_flags::CLOSE,
-                src_node: c.src_node,
-                src_port: c.src_port,
-                tag: c.tag,
-                len: c.len,
-                payload: Payload::Bytes(&c.bytes[..c.len as usize]),
+            let msg = Message::bytes((c.src_node, c.src_port), c.tag, &c.bytes[..c.len as usize])
+                .flagged(recv_flags::CLOSE);
+            let mut pass = Pass {
+                nodes: &mut self.nodes,
+                utlb: &mut self.utlb,
+                mems: &mems,
+                wake: &mut wake,
             };
-            match deliver_to(
-                &mut self.nodes,
-                &mems,
-                c.dest_node,
-                c.dest_port,
-                &msg,
-                &mut wake,
-            ) {
+            match pass.deliver(c.dest_node, c.dest_port, &msg) {
                 Ok(()) => self.counters.closes_delivered += 1,
                 Err(tx_error::NO_BUFFER) => keep.push_back(c),
                 Err(code) => {
@@ -315,7 +251,7 @@ impl Nodes {
                         if !owned.event_room_for_send(smem) {
                             break; // back-pressure: the owner must drain its events first
                         }
-                        if !self.serve_send(&mems, n as u32, e as u32, &mut owned, &mut wake) {
+                        if !self.serve_send(&mems, &mut wake, (n as u32, e as u32), &mut owned) {
                             break; // back-pressure from the fabric
                         }
                         work += 1;
@@ -371,16 +307,16 @@ impl Nodes {
         stayed
     }
 
-    /// Reads, checks and carries out one send descriptor of `ep` (node `n`,
-    /// id `e`, taken out of its slot by the caller). False when the fabric
-    /// pushed back and the descriptor stays in the ring.
+    /// Reads one send descriptor of `ep` (endpoint `e` of node `n`, taken
+    /// out of its slot by the caller), matches its opcode once, has the
+    /// operation carry it out, and retires it with its event. False when
+    /// the fabric pushed back and the descriptor stays in the ring.
     fn serve_send(
         &mut self,
         mems: &[Option<MemGuard>],
-        n: u32,
-        e: u32,
-        ep: &mut Endpoint,
         wake: &mut Vec<(u32, u32)>,
+        (n, e): (u32, u32),
+        ep: &mut Endpoint,
     ) -> bool {
         let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
         let mut raw = [0u8; SEND_DESC_SIZE as usize];
@@ -388,50 +324,54 @@ impl Nodes {
             Ok(()) => SendDesc::decode(&raw),
             Err(_) => SendDesc::default(), // unreadable slot: reported as a bad descriptor below
         };
-        // Checked once here; everything else where the descriptor is served.
         let allowed = descriptor_allowed(&desc, &raw, self.nodes[n as usize].features);
-        if allowed && matches!(desc.opcode, op::REDIRECT | op::REDIRECT_END) {
-            let ev = rdma::redirect(&mut self.nodes, &mut self.utlb, mems, n, e, ep, &raw);
-            if ev.kind != 0 {
-                ep.post_event(smem, &ev);
-            }
-            ep.complete_send(smem);
-            return true;
-        }
-        let result = if allowed {
-            self.check_and_deliver(mems, n, e, ep, &desc, &raw, wake)
-        } else {
-            Err(tx_error::BAD_DESCRIPTOR)
+        let mut from = Initiator {
+            node: n,
+            id: e,
+            ep,
+            mem: smem,
         };
-        // The event is posted before the send consumer moves past the
-        // descriptor: a retired send with no event succeeded (spec §5.6).
-        let ev = match result {
+        let mut pass = Pass {
+            nodes: &mut self.nodes,
+            utlb: &mut self.utlb,
+            mems,
+            wake,
+        };
+        // Each operation checks the rest of its descriptor.
+        let outcome = match desc.opcode {
+            _ if !allowed => Err(tx_error::BAD_DESCRIPTOR),
+            op::SEND => send::serve(&mut pass, self.network.as_mut(), &mut from, &desc, &raw),
+            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => {
+                rdma::serve(&mut pass, &mut from, &raw).map(|()| Sent::Done)
+            }
+            op::REDIRECT | op::REDIRECT_END => Ok(Sent::Reported(rdma::redirect(
+                &mut pass, &mut from, &raw,
+            ))),
+            _ => Err(tx_error::BAD_DESCRIPTOR),
+        };
+        self.retire(&mut from, &desc, outcome)
+    }
+
+    /// Counts a served descriptor and posts its event, before the send
+    /// consumer moves past it: a retired send with no event succeeded
+    /// (spec §5.6). False when it stays in the ring (`Sent::Blocked`).
+    fn retire(&mut self, from: &mut Initiator<'_>, d: &SendDesc, outcome: Result<Sent, u16>) -> bool {
+        let ep = &mut *from.ep;
+        let ev = match outcome {
             Ok(Sent::Blocked) => return false,
+            Ok(Sent::Reported(ev)) => (ev.kind != 0).then_some(ev),
             Ok(Sent::InFabric) => {
                 // Its event, if any, comes when the transport settles it.
                 ep.stats.tx_messages += 1;
-                ep.stats.tx_bytes += u64::from(desc.len);
+                ep.stats.tx_bytes += u64::from(d.len);
                 ep.events_owed += 1;
-                ep.complete_send(smem);
-                return true;
+                None
             }
             Ok(Sent::Done) => {
                 ep.stats.tx_messages += 1;
-                ep.stats.tx_bytes += u64::from(desc.len);
+                ep.stats.tx_bytes += u64::from(d.len);
                 self.counters.delivered += 1;
-                if desc.flags & send_flags::COMPLETION == 0 {
-                    ep.complete_send(smem);
-                    return true;
-                }
-                EventRecord {
-                    kind: event::TX_DONE,
-                    code: 0,
-                    user_id: desc.user_id,
-                    node: desc.dest_node,
-                    port: desc.dest_port,
-                    len: desc.len,
-                    aux: 0,
-                }
+                (d.flags & send_flags::COMPLETION != 0).then(|| outcome_event(d, event::TX_DONE, 0))
             }
             Err(code) => {
                 ep.stats.tx_errors += 1;
@@ -443,157 +383,22 @@ impl Nodes {
                 }
                 self.counters.returned += 1;
                 debug!(
-                    "node {n} ep {e}: send {} to {}:{} failed: {}",
-                    desc.user_id,
-                    desc.dest_node,
-                    desc.dest_port,
+                    "node {} ep {}: send {} to {}:{} failed: {}",
+                    from.node,
+                    from.id,
+                    d.user_id,
+                    d.dest_node,
+                    d.dest_port,
                     tx_error::name(code)
                 );
-                EventRecord {
-                    kind: event::TX_ERROR,
-                    code,
-                    user_id: desc.user_id,
-                    node: desc.dest_node,
-                    port: desc.dest_port,
-                    len: desc.len,
-                    aux: 0,
-                }
+                Some(outcome_event(d, event::TX_ERROR, code))
             }
         };
-        ep.post_event(smem, &ev);
-        ep.complete_send(smem);
+        if let Some(ev) = ev {
+            ep.post_event(from.mem, &ev);
+        }
+        ep.complete_send(from.mem);
         true
-    }
-
-    /// Validates a send and delivers it (or hands it to the fabric); on any
-    /// failure nothing has been written at the receiver and the error code
-    /// is returned.
-    #[allow(clippy::too_many_arguments)]
-    fn check_and_deliver(
-        &mut self,
-        mems: &[Option<MemGuard>],
-        n: u32,
-        e: u32,
-        ep: &mut Endpoint,
-        d: &SendDesc,
-        raw: &[u8; SEND_DESC_SIZE as usize],
-        wake: &mut Vec<(u32, u32)>,
-    ) -> Result<Sent, u16> {
-        if matches!(
-            d.opcode,
-            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE
-        ) {
-            return rdma::execute(&mut self.nodes, &mut self.utlb, mems, (n, e), ep, raw, wake)
-                .map(|()| Sent::Done);
-        }
-        if d.opcode != op::SEND || d.flags & !send_flags::ALL != 0 || d.len > MAX_MESSAGE {
-            return Err(tx_error::BAD_DESCRIPTOR);
-        }
-        let inline = d.flags & send_flags::INLINE != 0;
-        if inline && d.len > INLINE_MAX {
-            return Err(tx_error::BAD_DESCRIPTOR);
-        }
-        let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().expect("caller checked");
-        let by_utlb = d.flags & send_flags::UTLB != 0;
-        if inline && by_utlb {
-            return Err(tx_error::BAD_DESCRIPTOR);
-        }
-        // With a fabric, a full channel holds the descriptor in the ring:
-        // looked at before any translation, which a retry would repeat.
-        let dn = d.dest_node;
-        let fabric_key = (dn != n && dn < self.nodes.len() as u32)
-            .then_some(())
-            .and(self.network.as_ref())
-            .map(|net| {
-                let key = ChannelKey {
-                    src: n,
-                    endpoint: e,
-                    dst: dn,
-                    port: d.dest_port,
-                };
-                (key, net.has_room(&key, d.len as usize))
-            });
-        if let Some((_, false)) = fabric_key {
-            return Ok(Sent::Blocked);
-        }
-        // The payload's source: a range of the segment, or a user buffer
-        // named by UTLB entries (translated as a segment of its own).
-        let translated = if by_utlb {
-            let r = UtlbRef::decode(raw, SEND_UTLB_REF_OFFSET, d.seg_offset);
-            let tag = (n, ep.pd);
-            Some(self.utlb.cache.translate(
-                smem,
-                self.utlb.tables.get(tag),
-                tag,
-                r,
-                u64::from(d.len),
-                &mut ep.stats,
-            )?)
-        } else {
-            None
-        };
-        let (src_seg, src_off) = (translated.as_ref().unwrap_or(&ep.segment), d.seg_offset);
-        if !inline && !src_seg.contains(src_off, u64::from(d.len)) {
-            return Err(tx_error::BAD_ADDRESS);
-        }
-        let src_port = ep.port.ok_or(tx_error::NOT_BOUND)?;
-        if let (Some((key, _)), Some(net)) = (fabric_key, self.network.as_mut()) {
-            let r = to_fabric(net, key, d, raw, src_seg, src_port, smem);
-            if let Some(seg) = translated {
-                self.utlb.cache.recycle(seg);
-            }
-            return r;
-        }
-        let to_self = dn == n && self.nodes[n as usize].ports.get(&d.dest_port) == Some(&e);
-        let r = if to_self {
-            // A send to oneself: the segment is both source and destination,
-            // so stage the bytes (rare; keeps the borrow rules simple).
-            let mut staged = Vec::new();
-            let bytes: &[u8] = if inline {
-                &raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize]
-            } else {
-                staged.resize(d.len as usize, 0);
-                guest::read_segment(smem, src_seg, src_off, &mut staged)
-                    .map_err(|_| tx_error::BAD_ADDRESS)?;
-                &staged
-            };
-            let msg = Message {
-                flags: 0,
-                src_node: n,
-                src_port,
-                tag: d.tag,
-                len: d.len,
-                payload: Payload::Bytes(bytes),
-            };
-            let (r, woke) = deliver_and_arm(smem, ep, &msg);
-            if woke {
-                wake.push((n, e));
-            }
-            r
-        } else {
-            let payload = if inline {
-                Payload::Bytes(&raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize])
-            } else {
-                Payload::Segment {
-                    mem: smem,
-                    seg: src_seg,
-                    offset: src_off,
-                }
-            };
-            let msg = Message {
-                flags: 0,
-                src_node: n,
-                src_port,
-                tag: d.tag,
-                len: d.len,
-                payload,
-            };
-            deliver_to(&mut self.nodes, mems, dn, d.dest_port, &msg, wake)
-        };
-        if let Some(seg) = translated {
-            self.utlb.cache.recycle(seg);
-        }
-        r.map(|()| Sent::Done)
     }
 
     /// Moves the fabric on: packets cross links and switches, messages
@@ -603,30 +408,18 @@ impl Nodes {
         let Some(net) = self.network.as_mut() else {
             return 0;
         };
-        let mut sink = NicSink {
+        let mut pass = Pass {
             nodes: &mut self.nodes,
+            utlb: &mut self.utlb,
             mems,
             wake,
+        };
+        let mut sink = NicSink {
+            pass: &mut pass,
             counters: &mut self.counters,
             pending: &mut self.pending_returns,
         };
-        let mut moved = net.advance(&mut sink);
-        // Returned messages that waited for a receive slot, tried only
-        // when their sender has room now: a sender that posts no buffers
-        // costs a look per pass, not a counted drop and a condition.
-        for _ in 0..sink.pending.len() {
-            let Some(r) = sink.pending.pop_front() else {
-                break;
-            };
-            if sink.room_for(r.key, r.msg.bytes.len() as u32)
-                && sink.put_back(r.key, &r.msg) != Err(tx_error::NO_BUFFER)
-            {
-                moved += 1;
-            } else {
-                sink.pending.push_back(r);
-            }
-        }
-        moved
+        net.advance(&mut sink) + sink.retry_returns()
     }
 
     /// How long the engine may sleep before the fabric has something due;
@@ -670,213 +463,17 @@ impl Nodes {
     }
 }
 
-/// Copies a checked SEND's payload and hands it to the fabric's transport
-/// on channel `key` (the caller saw it had room).
-fn to_fabric(
-    net: &mut Network,
-    key: ChannelKey,
-    d: &SendDesc,
-    raw: &[u8; SEND_DESC_SIZE as usize],
-    src_seg: &guest::Segment,
-    src_port: u32,
-    smem: &GuestMemoryMmap<()>,
-) -> Result<Sent, u16> {
-    let bytes = if d.flags & send_flags::INLINE != 0 {
-        raw[INLINE_OFFSET..INLINE_OFFSET + d.len as usize].to_vec()
-    } else {
-        let mut b = vec![0; d.len as usize];
-        guest::read_segment(smem, src_seg, d.seg_offset, &mut b)
-            .map_err(|_| tx_error::BAD_ADDRESS)?;
-        b
-    };
-    net.submit(
-        key,
-        transport::Message {
-            src_port,
-            tag: d.tag,
-            user_id: d.user_id,
-            completion: d.flags & send_flags::COMPLETION != 0,
-            bytes,
-        },
-    );
-    Ok(Sent::InFabric)
-}
-
-/// Delivers `m` to the endpoint bound to `port` on node `dst` and wakes
-/// its owner if armed: the direct path, the fabric's deliveries and close
-/// messages all end here.
-fn deliver_to(
-    nodes: &mut [Node],
-    mems: &[Option<MemGuard>],
-    dst: u32,
-    port: u32,
-    m: &Message<'_>,
-    wake: &mut Vec<(u32, u32)>,
-) -> Result<(), u16> {
-    let dmem = mems
-        .get(dst as usize)
-        .and_then(|m| m.as_deref())
-        .ok_or(tx_error::NO_ENDPOINT)?;
-    let node = nodes.get_mut(dst as usize).ok_or(tx_error::NO_ENDPOINT)?;
-    let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
-    let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
-    let (r, woke) = deliver_and_arm(dmem, rx, m);
-    if woke {
-        wake.push((dst, de));
-    }
-    r
-}
-
-/// The NIC as the fabric's transport sees it: where messages are
-/// delivered and where senders learn their outcome.
-struct NicSink<'a> {
-    nodes: &'a mut [Node],
-    mems: &'a [Option<MemGuard>],
-    wake: &'a mut Vec<(u32, u32)>,
-    counters: &'a mut Counters,
-    pending: &'a mut VecDeque<PendingReturn>,
-}
-
-impl NicSink<'_> {
-    /// Posts an event to the sending endpoint of `key`, settling one of the
-    /// event slots its send reserved, and wakes its owner if armed.
-    fn settle(&mut self, key: ChannelKey, ev: Option<EventRecord>) -> bool {
-        let Some(mem) = self.mems.get(key.src as usize).and_then(|m| m.as_deref()) else {
-            return false;
-        };
-        let Some(ep) = self.nodes[key.src as usize].endpoint_mut(key.endpoint) else {
-            return false;
-        };
-        ep.events_owed = ep.events_owed.saturating_sub(1);
-        if let Some(ev) = ev {
-            ep.post_event(mem, &ev);
-            if ep.take_arm(mem) {
-                self.wake.push((key.src, key.endpoint));
-            }
-        }
-        true
-    }
-
-    /// Whether the sending endpoint of `key` could take a message of `len`
-    /// bytes back now (a gone endpoint "could": `put_back` then counts it
-    /// lost).
-    fn room_for(&mut self, key: ChannelKey, len: u32) -> bool {
-        let Some(mem) = self.mems.get(key.src as usize).and_then(|m| m.as_deref()) else {
-            return true;
-        };
-        match self.nodes[key.src as usize].endpoint_mut(key.endpoint) {
-            Some(ep) => has_room_for(mem, ep, len),
-            None => true,
-        }
-    }
-
-    /// Puts a returned message into its sender's receive queue.
-    fn put_back(&mut self, key: ChannelKey, msg: &transport::Message) -> Result<(), u16> {
-        let mem = self
-            .mems
-            .get(key.src as usize)
-            .and_then(|m| m.as_deref())
-            .ok_or(tx_error::NO_ENDPOINT)?;
-        let node = &mut self.nodes[key.src as usize];
-        if node.features & F_RETURN_TO_SENDER == 0 {
-            return Ok(()); // the driver did not ask for them: the event says it all
-        }
-        let ep = node
-            .endpoint_mut(key.endpoint)
-            .ok_or(tx_error::NO_ENDPOINT)?;
-        let m = Message {
-            flags: recv_flags::RETURNED,
-            src_node: key.dst,
-            src_port: key.port,
-            tag: msg.tag,
-            len: msg.bytes.len() as u32,
-            payload: Payload::Bytes(&msg.bytes),
-        };
-        let (r, w) = deliver_and_arm(mem, ep, &m);
-        if w {
-            self.wake.push((key.src, key.endpoint));
-        }
-        match r {
-            Ok(()) => self.counters.returned_to_sender += 1,
-            Err(tx_error::NO_BUFFER) => {}
-            Err(_) => self.counters.returns_lost += 1,
-        }
-        r
-    }
-}
-
-impl Sink for NicSink<'_> {
-    fn deliver(
-        &mut self,
-        dst: u32,
-        port: u32,
-        src: u32,
-        src_port: u32,
-        tag: u32,
-        bytes: &[u8],
-    ) -> Result<(), u16> {
-        let m = Message {
-            flags: 0,
-            src_node: src,
-            src_port,
-            tag,
-            len: bytes.len() as u32,
-            payload: Payload::Bytes(bytes),
-        };
-        let r = deliver_to(self.nodes, self.mems, dst, port, &m, self.wake);
-        if r.is_ok() {
-            self.counters.delivered += 1;
-        }
-        r
-    }
-
-    fn acked(&mut self, key: ChannelKey, msg: transport::Message) {
-        let ev = msg.completion.then_some(EventRecord {
-            kind: event::TX_DONE,
-            code: 0,
-            user_id: msg.user_id,
-            node: key.dst,
-            port: key.port,
-            len: msg.bytes.len() as u32,
-            aux: 0,
-        });
-        self.settle(key, ev);
-    }
-
-    fn returned(&mut self, key: ChannelKey, msg: transport::Message, code: u16) {
-        self.counters.returned += 1;
-        debug!(
-            "node {} ep {}: message {} to {}:{} returned: {}",
-            key.src,
-            key.endpoint,
-            msg.user_id,
-            key.dst,
-            key.port,
-            tx_error::name(code)
-        );
-        let ev = EventRecord {
-            kind: event::TX_ERROR,
-            code,
-            user_id: msg.user_id,
-            node: key.dst,
-            port: key.port,
-            len: msg.bytes.len() as u32,
-            aux: 0,
-        };
-        if !self.settle(key, Some(ev)) {
-            self.counters.returns_lost += 1;
-            return;
-        }
-        if let Some(ep) = self.nodes[key.src as usize].endpoint_mut(key.endpoint) {
-            ep.stats.tx_errors += 1;
-        }
-        if self.put_back(key, &msg) == Err(tx_error::NO_BUFFER) {
-            if self.pending.len() >= MAX_PENDING_RETURNS {
-                self.pending.pop_front();
-                self.counters.returns_lost += 1;
-            }
-            self.pending.push_back(PendingReturn { key, msg });
-        }
+/// The TX_DONE or TX_ERROR event of a send-ring descriptor: user id,
+/// node, port and length copied from it (spec §5.6).
+fn outcome_event(d: &SendDesc, kind: u16, code: u16) -> EventRecord {
+    EventRecord {
+        kind,
+        code,
+        user_id: d.user_id,
+        node: d.dest_node,
+        port: d.dest_port,
+        len: d.len,
+        aux: 0,
     }
 }
 
@@ -1039,6 +636,22 @@ mod tests {
         }
         assert_eq!(f.nodes[1].notify_backlog, [0, 1]);
         assert_eq!(f.counters.notifications, 20_000);
+    }
+
+    #[test]
+    fn a_destroyed_endpoint_takes_its_kept_notification_with_it() {
+        let (mut f, _m) = setup();
+        let mems: Vec<Option<MemGuard>> = f
+            .nodes
+            .iter()
+            .map(|n| n.mem.as_ref().map(|m| m.memory()))
+            .collect();
+        f.notify(1, 0, &mems);
+        f.notify(1, 1, &mems);
+        assert_eq!(f.nodes[1].notify_backlog, [0, 1]);
+        assert!(f.close_endpoint(1, 0));
+        // The kept record of endpoint 0 would name whoever gets its id next.
+        assert_eq!(f.nodes[1].notify_backlog, [1]);
     }
 
     #[test]

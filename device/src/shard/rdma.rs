@@ -3,221 +3,343 @@
 //! cookie, anywhere on the shard, and REDIRECT / REDIRECT_END on one's
 //! own apertures. Tripwires fire and redirections land here.
 //!
+//! An RDMA descriptor is served in three steps: `check` (the initiator's
+//! side: the descriptor and its local buffer), `target` (the cookie: the
+//! aperture, its permissions and range, and a user buffer's translation in
+//! its owner's domain) and `carry` (the bytes move: a write lands, its
+//! redirected parts in their user buffers, a read is copied back, an
+//! immediate is stored; tripwires fire). Nothing is written before the
+//! first two have passed.
+//!
 //! Everything here runs under the shard lock, as commands do, so a REVOKE
 //! and an access never interleave: an access completes before a revocation
 //! or fails after it.
 
 use ulnic_abi::wire::RedirectDesc;
 use ulnic_abi::{
-    event, op, perm, redirect, send_flags, tx_error, EventRecord, RdmaDesc, MAX_RDMA,
+    op, perm, redirect, send_flags, tx_error, Cookie, EventRecord, RdmaDesc, MAX_RDMA,
     MAX_REDIRECTS, PAGE_SIZE, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::GuestMemoryMmap;
 
-use crate::memory::guest::{self, MemGuard};
+use crate::memory::guest::{self, Segment};
 use crate::nic::aperture::Access;
 use crate::nic::endpoint::Endpoint;
-use crate::nic::node::Node;
+use crate::nic::receive::Payload;
 use crate::nic::redirect::Redirect;
 use crate::nic::utlb::{Utlb, UtlbRef};
+use crate::shard::pass::{Initiator, Pass};
 
-/// Carries out one RDMA descriptor of endpoint `e` on node `n` (taken
-/// out of its slot as `ep`); the target's owner is woken when a
-/// tripwire posted an event for it.
-pub fn execute(
-    nodes: &mut [Node],
-    utlb: &mut Utlb,
-    mems: &[Option<MemGuard>],
-    (n, e): (u32, u32),
-    ep: &mut Endpoint,
+/// What an RDMA descriptor does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Write,
+    Read,
+    Immediate,
+}
+
+/// An RDMA descriptor, checked at its initiator.
+struct Request {
+    kind: Kind,
+    cookie: Cookie,
+    remote_offset: u64,
+    len: u64,
+    local_offset: u64,
+    /// The local buffer when the descriptor names it through the UTLB
+    /// (else the initiator's segment).
+    translated: Option<Segment>,
+    immediate: u64,
+}
+
+/// Where an access lands.
+struct Target {
+    node: u32,
+    ep: u32,
+    aperture: u32,
+    /// The pages of an exported user buffer this access touches (else the
+    /// owner's segment).
+    buffer: Option<Segment>,
+    /// Offset of the access's first byte in that segment.
+    offset: u64,
+    /// Where aperture offset 0 would be in that segment: for a buffer it
+    /// may lie before the touched pages, hence modular; only offsets of
+    /// this access are used.
+    base: u64,
+}
+
+/// Carries out one RDMA descriptor of the initiator; the target's owner
+/// is woken when a tripwire or a redirection posted an event for it.
+pub fn serve(
+    pass: &mut Pass<'_>,
+    from: &mut Initiator<'_>,
     raw: &[u8; SEND_DESC_SIZE as usize],
-    wake: &mut Vec<(u32, u32)>,
 ) -> Result<(), u16> {
+    let mut req = check(pass.utlb, from, raw)?;
+    let result = target(pass, from, &req).and_then(|mut t| {
+        let r = carry(pass, from, &req, &t);
+        if let Some(seg) = t.buffer.take() {
+            pass.utlb.recycle(seg);
+        }
+        r
+    });
+    if let Some(seg) = req.translated.take() {
+        pass.utlb.recycle(seg);
+    }
+    result
+}
+
+/// The initiator's side: flags, length, and the local buffer (translated
+/// now when named through the UTLB) with the range inside it.
+fn check(
+    utlb: &mut Utlb,
+    from: &mut Initiator<'_>,
+    raw: &[u8; SEND_DESC_SIZE as usize],
+) -> Result<Request, u16> {
     let d = RdmaDesc::decode(raw);
-    let imm = d.opcode == op::WRITE_IMMEDIATE;
-    let read = d.opcode == op::RDMA_READ;
+    let kind = match d.opcode {
+        op::WRITE_IMMEDIATE => Kind::Immediate,
+        op::RDMA_READ => Kind::Read,
+        _ => Kind::Write,
+    };
     let len = u64::from(d.len);
     if d.flags & !(send_flags::COMPLETION | send_flags::UTLB) != 0 {
         return Err(tx_error::BAD_DESCRIPTOR);
     }
     let by_utlb = d.flags & send_flags::UTLB != 0;
-    let smem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().ok_or(tx_error::BAD_ADDRESS)?;
-    // The local buffer: the segment, or a user buffer named by UTLB
-    // entries (its offset field is then the offset in the first page).
-    let mut translated = None;
-    if imm {
+    let mut req = Request {
+        kind,
+        cookie: d.cookie,
+        remote_offset: d.remote_offset,
+        len,
+        local_offset: d.local_offset,
+        translated: None,
+        immediate: d.immediate,
+    };
+    if kind == Kind::Immediate {
         if by_utlb || !(d.len == 4 || d.len == 8) || !d.remote_offset.is_multiple_of(len) {
             return Err(tx_error::BAD_DESCRIPTOR);
         }
-    } else {
-        if d.len == 0 || d.len > MAX_RDMA {
-            return Err(tx_error::BAD_DESCRIPTOR);
-        }
-        if by_utlb {
-            let r = UtlbRef::decode(raw, RDMA_UTLB_REF_OFFSET, d.local_offset);
-            let tag = (n, ep.pd);
-            translated = Some(utlb.cache.translate(
-                smem,
-                utlb.tables.get(tag),
-                tag,
-                r,
-                len,
-                &mut ep.stats,
-            )?);
-        }
-        let local = translated.as_ref().unwrap_or(&ep.segment);
-        if !local.contains(d.local_offset, len) {
-            return Err(tx_error::BAD_ADDRESS);
-        }
+        return Ok(req);
     }
-    let tn = d.cookie.node;
-    let tmem: &GuestMemoryMmap<()> = mems
+    if d.len == 0 || d.len > MAX_RDMA {
+        return Err(tx_error::BAD_DESCRIPTOR);
+    }
+    if by_utlb {
+        // The offset field is then the offset in the first entry's page.
+        let r = UtlbRef::decode(raw, RDMA_UTLB_REF_OFFSET, d.local_offset);
+        let tag = from.domain();
+        req.translated = Some(utlb.translate(from.mem, tag, r, len, &mut from.ep.stats)?);
+    }
+    let local = req.translated.as_ref().unwrap_or(&from.ep.segment);
+    if !local.contains(d.local_offset, len) {
+        if let Some(seg) = req.translated.take() {
+            utlb.recycle(seg);
+        }
+        return Err(tx_error::BAD_ADDRESS);
+    }
+    Ok(req)
+}
+
+/// The cookie's side: a live aperture with the permission, the range
+/// inside it, and, for an exported user buffer, the pages this access
+/// touches, translated in the owner's domain now.
+fn target(pass: &mut Pass<'_>, from: &mut Initiator<'_>, req: &Request) -> Result<Target, u16> {
+    let tn = req.cookie.node;
+    let tmem = pass.mem(tn).ok_or(tx_error::BAD_COOKIE)?;
+    let ap = pass
+        .nodes
         .get(tn as usize)
-        .and_then(|m| m.as_deref())
+        .and_then(|n| n.aperture_for(&req.cookie))
         .ok_or(tx_error::BAD_COOKIE)?;
-    let ap = nodes[tn as usize]
-        .aperture_for(&d.cookie)
-        .ok_or(tx_error::BAD_COOKIE)?;
-    let need = if read { perm::READ } else { perm::WRITE };
+    let need = if req.kind == Kind::Read {
+        perm::READ
+    } else {
+        perm::WRITE
+    };
     if ap.perms & need == 0 {
         return Err(tx_error::PERMISSION_DENIED);
     }
-    if d.remote_offset
-        .checked_add(len)
+    if req
+        .remote_offset
+        .checked_add(req.len)
         .is_none_or(|end| end > ap.len)
     {
         return Err(tx_error::OUT_OF_RANGE);
     }
-    let mut target_off = ap.seg_offset + d.remote_offset;
-    // A user buffer exported through the UTLB: the pages this access
-    // touches, translated in the owner's domain now.
+    let mut offset = ap.seg_offset + req.remote_offset;
     let buffer = match ap.buffer {
         Some(r) => {
-            let owner_pd = if (tn, ap.ep) == (n, e) {
-                Some(ep.pd)
+            let owner_pd = if (tn, ap.ep) == (from.node, from.id) {
+                Some(from.ep.pd)
             } else {
-                nodes[tn as usize].endpoint_mut(ap.ep).map(|o| o.pd)
+                pass.nodes[tn as usize].endpoint_mut(ap.ep).map(|o| o.pd)
             };
             let tag = (tn, owner_pd.ok_or(tx_error::BAD_COOKIE)?);
-            let page = target_off / PAGE_SIZE;
             let touched = UtlbRef {
-                first: r.first.saturating_add(page as u32),
-                count: (target_off % PAGE_SIZE + len).div_ceil(PAGE_SIZE) as u32,
-                offset: target_off % PAGE_SIZE,
+                first: r.first.saturating_add((offset / PAGE_SIZE) as u32),
+                count: (offset % PAGE_SIZE + req.len).div_ceil(PAGE_SIZE) as u32,
+                offset: offset % PAGE_SIZE,
             };
-            target_off = touched.offset;
-            let stats = &mut ep.stats;
-            Some(
-                utlb.cache
-                    .translate(tmem, utlb.tables.get(tag), tag, touched, len, stats)?,
-            )
+            offset = touched.offset;
+            let stats = &mut from.ep.stats;
+            Some(pass.utlb.translate(tmem, tag, touched, req.len, stats)?)
         }
         None => None,
     };
-    // Where aperture offset 0 would be in the segment used (for a
-    // buffer, relative to the touched pages: it may lie before them,
-    // hence modular arithmetic; only offsets of this access are used).
-    let ap_base = target_off.wrapping_sub(d.remote_offset);
+    Ok(Target {
+        node: tn,
+        ep: ap.ep,
+        aperture: req.cookie.aperture,
+        buffer,
+        offset,
+        base: offset.wrapping_sub(req.remote_offset),
+    })
+}
+
+/// Moves the bytes, then fires the target's tripwires and wakes its owner
+/// if that posted an event.
+fn carry(
+    pass: &mut Pass<'_>,
+    from: &mut Initiator<'_>,
+    req: &Request,
+    t: &Target,
+) -> Result<(), u16> {
     let access = Access {
-        aperture: d.cookie.aperture,
-        offset: d.remote_offset,
-        len,
-        read,
-        from: (n, ep.port.unwrap_or(0)),
+        aperture: t.aperture,
+        offset: req.remote_offset,
+        len: req.len,
+        read: req.kind == Kind::Read,
+        from: from.writer(),
     };
-    let bad = |_| tx_error::BAD_ADDRESS;
-    if (tn, ap.ep) == (n, e) {
-        // The initiator's own aperture: one segment is both ends.
-        let seg = buffer.as_ref().unwrap_or(&ep.segment);
-        let local = translated.as_ref().unwrap_or(seg);
-        if imm {
-            guest::store_segment_word(smem, seg, target_off, d.immediate, d.len).map_err(bad)?;
-        } else {
-            let ((from_seg, from), (to_seg, to)) = if read {
-                ((seg, target_off), (local, d.local_offset))
-            } else {
-                ((local, d.local_offset), (seg, target_off))
-            };
-            let mut staged = vec![0u8; d.len as usize];
-            guest::read_segment(smem, from_seg, from, &mut staged).map_err(bad)?;
-            if read || ep.redirects.is_empty() {
-                guest::write_segment(smem, to_seg, to, &staged).map_err(bad)?;
-            } else {
-                let done = ep
-                    .landing(
-                        (&mut utlb.cache, &utlb.tables),
-                        n,
-                        smem,
-                        d.cookie.aperture,
-                        (buffer.as_ref(), ap_base),
-                    )
-                    .write(
-                        d.remote_offset,
-                        len,
-                        access.from,
-                        &mut |seg, dst, rel, count| {
-                            let bytes = &staged[rel as usize..(rel + count) as usize];
-                            guest::write_segment(smem, seg, dst, bytes).map_err(bad)
-                        },
-                    )?;
-                for r in done {
-                    ep.post_event(smem, &r.report(redirect::FULL));
-                }
-            }
-        }
-        ep.fire_tripwires(smem, &access);
-        return Ok(());
-    }
-    let local = translated.as_ref().unwrap_or(&ep.segment);
-    let mut redirected = false;
-    let tgt = nodes[tn as usize]
-        .endpoint_mut(ap.ep)
-        .ok_or(tx_error::BAD_COOKIE)?;
-    let tseg = buffer.as_ref().unwrap_or(&tgt.segment);
-    if imm {
-        guest::store_segment_word(tmem, tseg, target_off, d.immediate, d.len)
-    } else if read {
-        guest::copy_between(tmem, tseg, target_off, smem, local, d.local_offset, len)
-    } else if tgt.redirects.is_empty() {
-        guest::copy_between(smem, local, d.local_offset, tmem, tseg, target_off, len)
+    let tmem = pass.mem(t.node).ok_or(tx_error::BAD_COOKIE)?;
+    let posted = if (t.node, t.ep) == (from.node, from.id) {
+        carry_within(pass.utlb, from, req, t, &access)?
     } else {
-        // Parts the owner redirected go to its user buffers (§5.15).
-        let done = tgt
-            .landing(
-                (&mut utlb.cache, &utlb.tables),
-                tn,
+        let tgt = pass.nodes[t.node as usize]
+            .endpoint_mut(t.ep)
+            .ok_or(tx_error::BAD_COOKIE)?;
+        let local = req.translated.as_ref().unwrap_or(&from.ep.segment);
+        let source = Payload::Segment {
+            mem: from.mem,
+            seg: local,
+            offset: req.local_offset,
+        };
+        let tseg = t.buffer.as_ref().unwrap_or(&tgt.segment);
+        match req.kind {
+            Kind::Immediate => store_immediate(tmem, tseg, t, req)?,
+            Kind::Read => guest::copy_between(
                 tmem,
-                d.cookie.aperture,
-                (buffer.as_ref(), ap_base),
+                tseg,
+                t.offset,
+                from.mem,
+                local,
+                req.local_offset,
+                req.len,
             )
-            .write(
-                d.remote_offset,
-                len,
-                access.from,
-                &mut |seg, dst, rel, count| {
-                    guest::copy_between(smem, local, d.local_offset + rel, tmem, seg, dst, count)
-                        .map_err(bad)
-                },
-            )?;
-        for r in done {
-            redirected |= tgt.post_event(tmem, &r.report(redirect::FULL));
+            .map_err(|_| tx_error::BAD_ADDRESS)?,
+            Kind::Write => {}
         }
-        Ok(())
-    }
-    .map_err(bad)?;
-    let fired = tgt.fire_tripwires(tmem, &access);
-    if (fired || redirected) && tgt.take_arm(tmem) {
-        wake.push((tn, ap.ep));
-    }
-    if let Some(seg) = translated {
-        utlb.cache.recycle(seg);
+        let redirected = req.kind == Kind::Write
+            && land(pass.utlb, tgt, tmem, t, req.len, &source, access.from)?;
+        let fired = tgt.fire_tripwires(tmem, &access);
+        redirected || fired
+    };
+    let owner = if (t.node, t.ep) == (from.node, from.id) {
+        Some(&mut *from.ep)
+    } else {
+        pass.nodes[t.node as usize].endpoint_mut(t.ep)
+    };
+    if posted && owner.is_some_and(|o| o.take_arm(tmem)) {
+        pass.wake.push((t.node, t.ep));
     }
     Ok(())
 }
 
+/// `carry` when the initiator's own aperture is the target: one segment is
+/// both ends, so the bytes are staged first. Whether an event was posted.
+fn carry_within(
+    utlb: &mut Utlb,
+    from: &mut Initiator<'_>,
+    req: &Request,
+    t: &Target,
+    access: &Access,
+) -> Result<bool, u16> {
+    let bad = |_| tx_error::BAD_ADDRESS;
+    let mem = from.mem;
+    let tseg = t.buffer.as_ref().unwrap_or(&from.ep.segment);
+    let local = req.translated.as_ref().unwrap_or(&from.ep.segment);
+    let mut staged = vec![0u8; req.len as usize];
+    let redirected = match req.kind {
+        Kind::Immediate => {
+            store_immediate(mem, tseg, t, req)?;
+            false
+        }
+        Kind::Read => {
+            guest::read_segment(mem, tseg, t.offset, &mut staged).map_err(bad)?;
+            guest::write_segment(mem, local, req.local_offset, &staged).map_err(bad)?;
+            false
+        }
+        Kind::Write => {
+            guest::read_segment(mem, local, req.local_offset, &mut staged).map_err(bad)?;
+            let source = Payload::Bytes(&staged);
+            land(utlb, from.ep, mem, t, req.len, &source, access.from)?
+        }
+    };
+    Ok(from.ep.fire_tripwires(mem, access) || redirected)
+}
+
+/// Stores an immediate's `len` low bytes at the target.
+fn store_immediate(
+    mem: &GuestMemoryMmap<()>,
+    seg: &Segment,
+    t: &Target,
+    req: &Request,
+) -> Result<(), u16> {
+    guest::store_segment_word(mem, seg, t.offset, req.immediate, req.len as u32)
+        .map_err(|_| tx_error::BAD_ADDRESS)
+}
+
+/// Lands a write of `len` bytes from `source` in the target endpoint:
+/// straight into the aperture, or the parts its owner redirected into
+/// their user buffers (spec §5.15), each redirection that completes
+/// reported FULL. Whether a report was posted.
+fn land(
+    utlb: &mut Utlb,
+    tgt: &mut Endpoint,
+    mem: &GuestMemoryMmap<()>,
+    t: &Target,
+    len: u64,
+    source: &Payload<'_>,
+    writer: (u32, u32),
+) -> Result<bool, u16> {
+    let bad = |_| tx_error::BAD_ADDRESS;
+    if tgt.redirects.is_empty() {
+        let seg = t.buffer.as_ref().unwrap_or(&tgt.segment);
+        source.copy_into(0, len, mem, seg, t.offset).map_err(bad)?;
+        return Ok(false);
+    }
+    let at = t.offset.wrapping_sub(t.base);
+    let done = tgt
+        .landing(
+            (&mut utlb.cache, &utlb.tables),
+            t.node,
+            mem,
+            t.aperture,
+            (t.buffer.as_ref(), t.base),
+        )
+        .write(at, len, writer, &mut |seg, dst, rel, count| {
+            source.copy_into(rel, count, mem, seg, dst).map_err(bad)
+        })?;
+    let mut posted = false;
+    for r in done {
+        posted |= tgt.post_event(mem, &r.report(redirect::FULL));
+    }
+    Ok(posted)
+}
+
 fn refused(id: u64, code: u16) -> EventRecord {
     EventRecord {
-        kind: event::REDIRECTED,
+        kind: ulnic_abi::event::REDIRECTED,
         code: redirect::REFUSED,
         user_id: id,
         aux: u32::from(code),
@@ -225,23 +347,19 @@ fn refused(id: u64, code: u16) -> EventRecord {
     }
 }
 
-/// Serves a REDIRECT or REDIRECT_END descriptor of endpoint `e` on node
-/// `n`: the event to post for it.
+/// Serves a REDIRECT or REDIRECT_END descriptor of the initiator: the event
+/// to post for it (none, kind 0, while a redirection starts).
 pub fn redirect(
-    nodes: &mut [Node],
-    utlb: &mut Utlb,
-    mems: &[Option<MemGuard>],
-    n: u32,
-    e: u32,
-    ep: &mut Endpoint,
+    pass: &mut Pass<'_>,
+    from: &mut Initiator<'_>,
     raw: &[u8; SEND_DESC_SIZE as usize],
 ) -> EventRecord {
     let d: &RedirectDesc = zerocopy::transmute_ref!(raw);
     let (opcode, id) = (d.opcode.get(), d.id.get());
     if opcode == op::REDIRECT_END {
-        return match ep.redirects.iter().position(|r| r.id == id) {
+        return match from.ep.redirects.iter().position(|r| r.id == id) {
             Some(i) => {
-                let r = ep.redirects.swap_remove(i);
+                let r = from.ep.redirects.swap_remove(i);
                 r.report(if r.bytes == 0 {
                     redirect::NONE
                 } else {
@@ -249,36 +367,31 @@ pub fn redirect(
                 })
             }
             None => EventRecord {
-                kind: event::TX_ERROR,
+                kind: ulnic_abi::event::TX_ERROR,
                 code: tx_error::BAD_DESCRIPTOR,
                 user_id: id,
                 ..Default::default()
             },
         };
     }
-    match check_redirect(nodes, utlb, mems, n, e, ep, raw) {
+    match check_redirect(pass, from, d) {
         Ok(r) => {
-            ep.redirects.push(r);
+            from.ep.redirects.push(r);
             // Nothing to report until it ends.
             EventRecord::default()
         }
         Err(code) => {
-            ep.stats.tx_errors += 1;
+            from.ep.stats.tx_errors += 1;
             refused(id, code)
         }
     }
 }
 
 fn check_redirect(
-    nodes: &mut [Node],
-    utlb: &mut Utlb,
-    mems: &[Option<MemGuard>],
-    n: u32,
-    e: u32,
-    ep: &mut Endpoint,
-    raw: &[u8; SEND_DESC_SIZE as usize],
+    pass: &mut Pass<'_>,
+    from: &mut Initiator<'_>,
+    d: &RedirectDesc,
 ) -> Result<Redirect, u16> {
-    let d: &RedirectDesc = zerocopy::transmute_ref!(raw);
     let flags = d.flags.get();
     let len = u64::from(d.len.get());
     let (aperture, id, offset) = (d.aperture.get(), d.id.get(), d.offset.get());
@@ -291,25 +404,24 @@ fn check_redirect(
         || flags & !(send_flags::UTLB | send_flags::COMPLETION) != 0
         || len == 0
         || len > u64::from(MAX_RDMA)
-        || ep.redirects.iter().any(|r| r.id == id)
+        || from.ep.redirects.iter().any(|r| r.id == id)
     {
         return Err(tx_error::BAD_DESCRIPTOR);
     }
-    let ap = nodes[n as usize]
+    let ap = pass.nodes[from.node as usize]
         .apertures
         .get(aperture)
-        .filter(|a| a.ep == e)
+        .filter(|a| a.ep == from.id)
         .ok_or(tx_error::BAD_COOKIE)?;
     if offset.checked_add(len).is_none_or(|end| end > ap.len) {
         return Err(tx_error::OUT_OF_RANGE);
     }
-    let mem: &GuestMemoryMmap<()> = mems[n as usize].as_deref().ok_or(tx_error::BAD_ADDRESS)?;
-    let tag = (n, ep.pd);
-    let seg = utlb
-        .cache
-        .translate(mem, utlb.tables.get(tag), tag, target, len, &mut ep.stats)?;
-    utlb.cache.recycle(seg);
-    if ep.redirects.len() >= MAX_REDIRECTS as usize {
+    let tag = from.domain();
+    let seg = pass
+        .utlb
+        .translate(from.mem, tag, target, len, &mut from.ep.stats)?;
+    pass.utlb.recycle(seg);
+    if from.ep.redirects.len() >= MAX_REDIRECTS as usize {
         return Err(tx_error::TOO_MANY_REDIRECTS);
     }
     Ok(Redirect {

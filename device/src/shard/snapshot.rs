@@ -3,7 +3,7 @@
 //! switches and transport.
 
 use crate::fabric::network::FabricCounters;
-use crate::shard::nodes::Counters;
+use crate::shard::counters::Counters;
 
 /// One endpoint's counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
