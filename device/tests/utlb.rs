@@ -292,6 +292,36 @@ fn entries_in_use_are_never_recycled_under_pressure() {
     eprintln!("{s:?}, {blocked} posts waited for entries or ring space");
 }
 
+/// An endpoint's RDMA into its own exported user buffer takes its source
+/// from its segment and puts a read back into its segment (the device once
+/// read the source at the buffer's pages).
+#[test]
+fn an_endpoint_reaches_its_own_exported_buffer_from_its_segment() {
+    let (_dir, _dev, _a, b) = common::two_nodes();
+    let (pd, mut owner) = sender(&b, UtlbConfig::default());
+    let mut buf = pd.alloc_buffer(4 * 4096).unwrap();
+    fill(&mut buf, 3);
+    // SAFETY: `buf` outlives the export; it is read after the write completed.
+    let cookie =
+        unsafe { owner.export_buffer(&buf, 1000..13_000, Permissions::READ_WRITE) }.unwrap();
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
+    owner.write_segment(0, &data);
+    owner.rdma_write(&cookie, 2000, 0, 5000, 1, true).unwrap();
+    assert_eq!(next_event(&mut owner), Event::SendDone { id: 1 });
+    assert!(
+        buf.as_slice()[3000..8000] == data[..],
+        "the write did not come from the segment"
+    );
+    owner.rdma_read(&cookie, 0, 8192, 12_000, 2, true).unwrap();
+    assert_eq!(next_event(&mut owner), Event::SendDone { id: 2 });
+    let mut got = vec![0u8; 12_000];
+    owner.read_segment(8192, &mut got);
+    assert!(
+        got == buf.as_slice()[1000..13_000],
+        "the read did not land in the segment"
+    );
+}
+
 #[test]
 fn user_buffers_exported_as_apertures() {
     let (_dir, _dev, a, b) = common::two_nodes();
