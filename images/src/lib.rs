@@ -207,89 +207,17 @@ pub fn build(
     let mut fetched = Fetched::default();
 
     let deb = Apt::new(&cache.join("apt-bookworm"), &BOOKWORM)?;
-    // trixie's apt only when QEMU must come from there.
-    let trixie = || Apt::new(&cache.join("apt-trixie"), &TRIXIE);
     let system = system_qemu();
-    let stored = Resolved::load(&cache);
-    // A stored resolution serves only if it names a QEMU whenever the
-    // system has none.
-    let usable = |r: &Resolved| system.is_some() || r.qemu_bundle_version.is_some();
-    let resolved = match stored
-        .clone()
-        .filter(|r| !force && r.is_fresh() && usable(r))
-    {
-        Some(r) => {
-            progress(&format!(
-                "[1/4] packages as resolved {} ago (asked again after a day, or with --force)",
-                resolved::describe_age(r.age())
-            ));
-            r
-        }
-        None => {
-            progress("[1/4] resolving packages (bookworm-backports kernel, busybox-static)");
-            let bundle = system.is_none().then(trixie).transpose()?;
-            match resolve_now(&deb, bundle.as_ref()) {
-                Ok(r) => {
-                    r.store(&cache);
-                    r
-                }
-                Err(e) => match stored.filter(usable) {
-                    Some(r) => {
-                        progress(&format!(
-                            "      warning: {e}; using the packages resolved {} ago",
-                            resolved::describe_age(r.age())
-                        ));
-                        r
-                    }
-                    None => return Err(e),
-                },
-            }
-        }
-    };
-    let kernel_pkg = resolved.kernel_pkg.clone();
-    let kernel_version = resolved.kernel_version.clone();
-    let busybox_version = resolved.busybox_version.clone();
-
+    let resolved = resolve(&cache, &deb, system.is_some(), force, progress)?;
     progress("[2/4] QEMU");
-    let qemu = match (system, &resolved.qemu_bundle_version) {
-        (Some(q), _) => {
-            progress(&format!("      using system QEMU {}", q.version()));
-            q
-        }
-        (None, None) => {
-            return Err(Error::Resolve(
-                "no system QEMU and no trixie-backports QEMU resolved".into(),
-            ))
-        }
-        (None, Some(version)) => {
-            let version = version.clone();
-            let root = cache.join(format!("qemu-{}", version.replace([':', '~', '+'], "_")));
-            if !root.join("usr/bin/qemu-system-x86_64").exists() || force {
-                progress(&format!(
-                    "      fetching Debian trixie-backports QEMU {version} and its libraries"
-                ));
-                let tri = trixie()?;
-                if !tri.has_lists() {
-                    tri.update()?;
-                }
-                let before = tri.cached()?;
-                let debs = tri.download_closure("qemu-system-x86", "trixie-backports")?;
-                let tmp = root.with_extension("partial");
-                let _ = std::fs::remove_dir_all(&tmp);
-                unpack(&debs, &before, &tmp, &mut fetched)?;
-                let _ = std::fs::remove_dir_all(&root);
-                std::fs::rename(&tmp, &root).map_err(|e| Error::io(&root, e))?;
-                progress(&format!(
-                    "      unpacked {} packages into {}",
-                    debs.len(),
-                    root.display()
-                ));
-            } else {
-                progress(&format!("      cached QEMU {version}"));
-            }
-            Qemu::Bundle { root, version }
-        }
-    };
+    let qemu = find_qemu(
+        &cache,
+        system,
+        &resolved.qemu_bundle_version,
+        force,
+        &mut fetched,
+        progress,
+    )?;
 
     let stamp = Stamp {
         recipe: RECIPE,
@@ -302,37 +230,203 @@ pub fn build(
             .iter()
             .map(|t| tool_identity(t))
             .collect::<Result<_, _>>()?,
-        kernel_pkg: kernel_pkg.clone(),
-        kernel_version: kernel_version.clone(),
-        busybox_version,
+        kernel_pkg: resolved.kernel_pkg.clone(),
+        kernel_version: resolved.kernel_version.clone(),
+        busybox_version: resolved.busybox_version.clone(),
         qemu: qemu.clone(),
     };
     let stamp_path = dir.join("stamp.json");
     let image_path = dir.join("image.json");
-    let current = std::fs::read(&stamp_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
-    if !force && current.as_ref() == Some(&stamp) {
-        if let Some(image) = std::fs::read(&image_path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Image>(&b).ok())
-        {
-            if image.kernel.exists() && image.initramfs.exists() {
-                progress("[3/4] kernel: cached and current");
-                progress("[4/4] initramfs: cached and current");
-                return Ok(BuildReport {
-                    image,
-                    rebuilt: false,
-                    downloaded_bytes: fetched.bytes,
-                    packages: fetched.packages,
-                    seconds: t0.elapsed().as_secs_f64(),
-                });
-            }
-        }
+    let cached = if force {
+        None
+    } else {
+        cached_image(&stamp_path, &image_path, &stamp)
+    };
+    if let Some(image) = cached {
+        progress("[3/4] kernel: cached and current");
+        progress("[4/4] initramfs: cached and current");
+        return Ok(BuildReport {
+            image,
+            rebuilt: false,
+            downloaded_bytes: fetched.bytes,
+            packages: fetched.packages,
+            seconds: t0.elapsed().as_secs_f64(),
+        });
     }
 
+    let k = fetch_kernel(&dir, &deb, &resolved, &mut fetched, progress)?;
+    let initramfs = write_initramfs(&dir, &k, tools, progress)?;
+    let image = Image {
+        kernel: k.kernel,
+        initramfs,
+        kernel_release: k.release,
+        kernel_version: resolved.kernel_version,
+        headers: k.headers,
+        module: k.module,
+        vde_switch: k.root.join("usr/bin/vde_switch"),
+        qemu,
+    };
+    let write = |p: &Path, v: &[u8]| std::fs::write(p, v).map_err(|e| Error::io(p, e));
+    write(
+        &image_path,
+        &serde_json::to_vec_pretty(&image).unwrap_or_default(),
+    )?;
+    write(
+        &stamp_path,
+        &serde_json::to_vec_pretty(&stamp).unwrap_or_default(),
+    )?;
+    Ok(BuildReport {
+        image,
+        rebuilt: true,
+        downloaded_bytes: fetched.bytes,
+        packages: fetched.packages,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The apt of Debian trixie, asked only when QEMU must come from there.
+fn trixie_apt(cache: &Path) -> Result<Apt, Error> {
+    Apt::new(&cache.join("apt-trixie"), &TRIXIE)
+}
+
+/// Step 1: the packages to build from, as resolved within the day, or
+/// asked of apt now (with `force`, or when the stored resolution is old
+/// or names no QEMU while the system has none); without network the last
+/// resolution serves.
+fn resolve(
+    cache: &Path,
+    deb: &Apt,
+    system_qemu: bool,
+    force: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Resolved, Error> {
+    let stored = Resolved::load(cache);
+    // A stored resolution serves only if it names a QEMU whenever the
+    // system has none.
+    let usable = |r: &Resolved| system_qemu || r.qemu_bundle_version.is_some();
+    if let Some(r) = stored
+        .clone()
+        .filter(|r| !force && r.is_fresh() && usable(r))
+    {
+        progress(&format!(
+            "[1/4] packages as resolved {} ago (asked again after a day, or with --force)",
+            resolved::describe_age(r.age())
+        ));
+        return Ok(r);
+    }
+    progress("[1/4] resolving packages (bookworm-backports kernel, busybox-static)");
+    let bundle = (!system_qemu).then(|| trixie_apt(cache)).transpose()?;
+    match resolve_now(deb, bundle.as_ref()) {
+        Ok(r) => {
+            r.store(cache);
+            Ok(r)
+        }
+        Err(e) => match stored.filter(usable) {
+            Some(r) => {
+                progress(&format!(
+                    "      warning: {e}; using the packages resolved {} ago",
+                    resolved::describe_age(r.age())
+                ));
+                Ok(r)
+            }
+            None => Err(e),
+        },
+    }
+}
+
+/// Step 2: the system's QEMU, else Debian trixie-backports' QEMU of
+/// version `bundle`, unpacked into the cache unless it is there already
+/// (or with `force`).
+fn find_qemu(
+    cache: &Path,
+    system: Option<Qemu>,
+    bundle: &Option<String>,
+    force: bool,
+    fetched: &mut Fetched,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Qemu, Error> {
+    let version = match (system, bundle) {
+        (Some(q), _) => {
+            progress(&format!("      using system QEMU {}", q.version()));
+            return Ok(q);
+        }
+        (None, None) => {
+            return Err(Error::Resolve(
+                "no system QEMU and no trixie-backports QEMU resolved".into(),
+            ))
+        }
+        (None, Some(version)) => version.clone(),
+    };
+    let root = cache.join(format!("qemu-{}", version.replace([':', '~', '+'], "_")));
+    if !root.join("usr/bin/qemu-system-x86_64").exists() || force {
+        progress(&format!(
+            "      fetching Debian trixie-backports QEMU {version} and its libraries"
+        ));
+        let tri = trixie_apt(cache)?;
+        if !tri.has_lists() {
+            tri.update()?;
+        }
+        let before = tri.cached()?;
+        let debs = tri.download_closure("qemu-system-x86", "trixie-backports")?;
+        let tmp = root.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&tmp);
+        unpack(&debs, &before, &tmp, fetched)?;
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::rename(&tmp, &root).map_err(|e| Error::io(&root, e))?;
+        progress(&format!(
+            "      unpacked {} packages into {}",
+            debs.len(),
+            root.display()
+        ));
+    } else {
+        progress(&format!("      cached QEMU {version}"));
+    }
+    Ok(Qemu::Bundle { root, version })
+}
+
+/// The image built before, if it was built from `stamp`'s inputs and its
+/// files are still there.
+fn cached_image(stamp_path: &Path, image_path: &Path, stamp: &Stamp) -> Option<Image> {
+    let current = std::fs::read(stamp_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
+    if current.as_ref() != Some(stamp) {
+        return None;
+    }
+    std::fs::read(image_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Image>(&b).ok())
+        .filter(|image| image.kernel.exists() && image.initramfs.exists())
+}
+
+/// What step 3 made: the kernel's packages unpacked, and the module
+/// built against its headers.
+struct Kernel {
+    /// Where the packages are unpacked.
+    root: PathBuf,
+    /// The kernel image.
+    kernel: PathBuf,
+    /// Its release (`uname -r`).
+    release: String,
+    /// Its headers tree.
+    headers: PathBuf,
+    /// ulnic.ko.
+    module: PathBuf,
+}
+
+/// Step 3: the kernel, its headers, busybox-static and vde-switch
+/// fetched and unpacked into `dir`/root, and the ulnic module built.
+fn fetch_kernel(
+    dir: &Path,
+    deb: &Apt,
+    resolved: &Resolved,
+    fetched: &mut Fetched,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Kernel, Error> {
+    let kernel_pkg = &resolved.kernel_pkg;
     progress(&format!(
-        "[3/4] kernel {kernel_pkg} {kernel_version} with headers"
+        "[3/4] kernel {kernel_pkg} {} with headers",
+        resolved.kernel_version
     ));
     let release = kernel_pkg.trim_start_matches("linux-image-").to_string();
     let abi = release.trim_end_matches("-cloud-amd64").to_string();
@@ -352,7 +446,7 @@ pub fn build(
     let debs = deb.download(&want_ref)?;
     let kroot = dir.join("root");
     let _ = std::fs::remove_dir_all(&kroot);
-    unpack(&debs, &before, &kroot, &mut fetched)?;
+    unpack(&debs, &before, &kroot, fetched)?;
     let kernel = kroot.join(format!("boot/vmlinuz-{release}"));
     if !kernel.exists() {
         return Err(Error::Resolve(format!(
@@ -371,9 +465,25 @@ pub fn build(
         "      building the ulnic kernel module (W=1, warnings are errors; sparse not installed)"
     });
     let module = build_module(&dir.join("module"), &headers)?;
+    Ok(Kernel {
+        root: kroot,
+        kernel,
+        release,
+        headers,
+        module,
+    })
+}
 
+/// Step 4: the initramfs (busybox, ulnic.ko, the virtio-net modules,
+/// `tools`, ulnic's init) written to `dir`/initramfs.cpio.
+fn write_initramfs(
+    dir: &Path,
+    k: &Kernel,
+    tools: &[PathBuf],
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, Error> {
     progress("[4/4] initramfs (busybox-static, ulnic.ko, ulnic init)");
-    let busybox = kroot.join("bin/busybox");
+    let busybox = k.root.join("bin/busybox");
     let bb = std::fs::read(&busybox).map_err(|e| Error::io(&busybox, e))?;
     let mut a = newc::Archive::default();
     for d in [
@@ -391,10 +501,10 @@ pub fn build(
         a.dir(d);
     }
     a.file("bin/busybox", 0o755, &bb);
-    let ko = std::fs::read(&module).map_err(|e| Error::io(&module, e))?;
+    let ko = std::fs::read(&k.module).map_err(|e| Error::io(&k.module, e))?;
     a.file("lib/modules/ulnic.ko", 0o644, &ko);
     // virtio-net for the TCP baseline between guests (modules in this kernel).
-    let kmods = kroot.join(format!("lib/modules/{release}/kernel"));
+    let kmods = k.root.join(format!("lib/modules/{}/kernel", k.release));
     for (rel, name) in NET_MODULES {
         let data = unxz(&kmods.join(rel))?;
         a.file(&format!("lib/modules/{name}"), 0o644, &data);
@@ -405,33 +515,7 @@ pub fn build(
     let initramfs = dir.join("initramfs.cpio");
     let mut f = std::fs::File::create(&initramfs).map_err(|e| Error::io(&initramfs, e))?;
     a.finish(&mut f).map_err(|e| Error::io(&initramfs, e))?;
-
-    let image = Image {
-        kernel,
-        initramfs,
-        kernel_release: release,
-        kernel_version,
-        headers,
-        module,
-        vde_switch: kroot.join("usr/bin/vde_switch"),
-        qemu,
-    };
-    let write = |p: &Path, v: &[u8]| std::fs::write(p, v).map_err(|e| Error::io(p, e));
-    write(
-        &image_path,
-        &serde_json::to_vec_pretty(&image).unwrap_or_default(),
-    )?;
-    write(
-        &stamp_path,
-        &serde_json::to_vec_pretty(&stamp).unwrap_or_default(),
-    )?;
-    Ok(BuildReport {
-        image,
-        rebuilt: true,
-        downloaded_bytes: fetched.bytes,
-        packages: fetched.packages,
-        seconds: t0.elapsed().as_secs_f64(),
-    })
+    Ok(initramfs)
 }
 
 /// Asks apt (after refreshing its lists) which packages to build from;

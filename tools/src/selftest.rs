@@ -322,22 +322,60 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> anyhow::Resu
     u.bind(3)?;
     // The RDMA check's tripwire event is of no interest here.
     while b.poll_event().is_some() {}
-    let take = |b: &mut ulnic::Endpoint| -> anyhow::Result<(u32, Vec<u8>)> {
-        let m = recv(b)?;
-        let n = m.len as usize;
-        Ok((
-            m.tag,
-            match m.payload {
-                Payload::Inline(d) => d[..n].to_vec(),
-                Payload::Buffer { offset, id } => {
-                    let mut v = vec![0u8; n];
-                    b.read_segment(offset as usize, &mut v);
-                    b.post_free(offset, 16384, id)?;
-                    v
-                }
-            },
-        ))
-    };
+    utlb_sends(&pd, &mut u, b, to_b)?;
+    let data: Vec<u8> = (0..9000u32).map(|i| (i * 3 + 1) as u8).collect();
+    utlb_rdma_read(&pd, &mut u, b, &data)?;
+    utlb_redirect(&pd, &mut u, b, &data)?;
+    utlb_export(&pd, &mut u, b, &data)?;
+    let lib = pd.utlb_stats();
+    let dev = u.stats()?;
+    let get = |n: &str| dev.iter().find(|(k, _)| *k == n).map_or(0, |(_, v)| *v);
+    // Device hits are not required: other domains (other guests) share
+    // the device's cache and may evict these lines meanwhile.
+    if lib.evictions == 0 || get("utlb_misses") == 0 {
+        return Err(anyhow::anyhow!(
+            "UTLB counters did not move: {lib:?}, device hits {} misses {}",
+            get("utlb_hits"),
+            get("utlb_misses")
+        ));
+    }
+    Ok(format!(
+        "UTLB: sends and an RDMA read through user buffers, a write redirected into one, one exported; {} misses serviced, {} entries replaced; device cache {} hits, {} misses",
+        lib.misses_serviced,
+        lib.evictions,
+        get("utlb_hits"),
+        get("utlb_misses")
+    ))
+}
+
+/// The next message `b` receives: its tag and bytes (a buffer it came in
+/// is given back).
+fn take_message(b: &mut ulnic::Endpoint) -> anyhow::Result<(u32, Vec<u8>)> {
+    let m = recv(b)?;
+    let n = m.len as usize;
+    Ok((
+        m.tag,
+        match m.payload {
+            Payload::Inline(d) => d[..n].to_vec(),
+            Payload::Buffer { offset, id } => {
+                let mut v = vec![0u8; n];
+                b.read_segment(offset as usize, &mut v);
+                b.post_free(offset, 16384, id)?;
+                v
+            }
+        },
+    ))
+}
+
+/// Sends from user buffers: the same buffer twice (a miss, then a hit),
+/// then 12 one-page buffers through the table's 8 entries (misses replace
+/// entries).
+fn utlb_sends(
+    pd: &ulnic::ProtectionDomain,
+    u: &mut ulnic::Endpoint,
+    b: &mut ulnic::Endpoint,
+    to_b: Address,
+) -> anyhow::Result<()> {
     let mut big = pd.alloc_buffer(3 * 4096)?;
     for (i, x) in big.as_mut_slice().iter_mut().enumerate() {
         *x = (i * 29 + 5) as u8;
@@ -345,7 +383,7 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> anyhow::Resu
     let mut how = Vec::new();
     for id in 0..2 {
         how.push(u.post_send_buffer(to_b, 50, &big, 1000..11_000, id, false)?);
-        if take(b)? != (50, big.as_slice()[1000..11_000].to_vec()) {
+        if take_message(b)? != (50, big.as_slice()[1000..11_000].to_vec()) {
             return Err(anyhow::anyhow!(
                 "a send from a user buffer delivered other bytes"
             ));
@@ -365,16 +403,24 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> anyhow::Resu
     for i in 0..60usize {
         let k = i * 5 % bufs.len();
         u.post_send_buffer(to_b, k as u32, &bufs[k], 0..4096, i as u64, false)?;
-        let (tag, bytes) = take(b)?;
+        let (tag, bytes) = take_message(b)?;
         if tag != k as u32 || bytes.iter().any(|&x| x != k as u8) {
             return Err(anyhow::anyhow!(
                 "send {i} from buffer {k} delivered other bytes"
             ));
         }
     }
-    // RDMA-read b's bytes into a user buffer.
-    let data: Vec<u8> = (0..9000u32).map(|i| (i * 3 + 1) as u8).collect();
-    b.write_segment(600_000, &data);
+    Ok(())
+}
+
+/// RDMA-reads `data`, which `b` exports, into a user buffer.
+fn utlb_rdma_read(
+    pd: &ulnic::ProtectionDomain,
+    u: &mut ulnic::Endpoint,
+    b: &mut ulnic::Endpoint,
+    data: &[u8],
+) -> anyhow::Result<()> {
+    b.write_segment(600_000, data);
     let cookie = b.export(600_000, 16384, Permissions::READ)?;
     let dst = pd.alloc_buffer(3 * 4096)?;
     // SAFETY: `dst` is not read until the read's completion below.
@@ -398,9 +444,18 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> anyhow::Resu
         ));
     }
     b.revoke(&cookie)?;
+    Ok(())
+}
 
-    // Transfer redirection: `u`'s default buffer, part of it redirected
-    // into a user buffer before `b` writes there.
+/// Transfer redirection: `u`'s default buffer, part of it redirected into
+/// a user buffer before `b` writes there (the start of `data`, which `b`
+/// holds at 600,000).
+fn utlb_redirect(
+    pd: &ulnic::ProtectionDomain,
+    u: &mut ulnic::Endpoint,
+    b: &mut ulnic::Endpoint,
+    data: &[u8],
+) -> anyhow::Result<()> {
     let default = u.export(0, 65536, Permissions::WRITE)?;
     let landing = pd.alloc_buffer(2 * 4096)?;
     // SAFETY: `landing` is not read before the redirection's report.
@@ -447,9 +502,17 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> anyhow::Resu
     if landing.as_slice()[300..5300] != data[..5000] {
         return Err(anyhow::anyhow!("redirected bytes differ"));
     }
+    Ok(())
+}
 
-    // A user buffer exported as an aperture: `b` writes into it and reads
-    // it back, through `u`'s UTLB.
+/// A user buffer exported as an aperture: `b` writes `data` into it and
+/// reads it back, through `u`'s UTLB.
+fn utlb_export(
+    pd: &ulnic::ProtectionDomain,
+    u: &mut ulnic::Endpoint,
+    b: &mut ulnic::Endpoint,
+    data: &[u8],
+) -> anyhow::Result<()> {
     let exported = pd.alloc_buffer(3 * 4096)?;
     // SAFETY: `exported` outlives the export (revoked below) and is read
     // only after the write completed.
@@ -483,25 +546,7 @@ fn utlb_check(nic: &Nic, b: &mut ulnic::Endpoint, to_b: Address) -> anyhow::Resu
         ));
     }
     u.revoke(&c)?;
-    let lib = pd.utlb_stats();
-    let dev = u.stats()?;
-    let get = |n: &str| dev.iter().find(|(k, _)| *k == n).map_or(0, |(_, v)| *v);
-    // Device hits are not required: other domains (other guests) share
-    // the device's cache and may evict these lines meanwhile.
-    if lib.evictions == 0 || get("utlb_misses") == 0 {
-        return Err(anyhow::anyhow!(
-            "UTLB counters did not move: {lib:?}, device hits {} misses {}",
-            get("utlb_hits"),
-            get("utlb_misses")
-        ));
-    }
-    Ok(format!(
-        "UTLB: sends and an RDMA read through user buffers, a write redirected into one, one exported; {} misses serviced, {} entries replaced; device cache {} hits, {} misses",
-        lib.misses_serviced,
-        lib.evictions,
-        get("utlb_hits"),
-        get("utlb_misses")
-    ))
+    Ok(())
 }
 
 /// Remote memory between the two domains: `b` exports part of its segment,

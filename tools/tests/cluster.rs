@@ -19,6 +19,19 @@ fn ulnic(args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
+    // One test function: the runs are heavy for 2 cores and better not
+    // overlap.
+    fuzz_then_selftest();
+    pingpong_in_pairs();
+    pingpong_over_two_devices();
+    apps_between_guests();
+    compare_with_guests();
+    a_failing_node_fails_the_run();
+}
+
+/// Two guests: a hostile process attacks the driver (`driver-fuzz`), then
+/// the selftest passes and the environment is set.
+fn fuzz_then_selftest() {
     let (ok, _, err) = ulnic(&[
         "cluster",
         "run",
@@ -58,7 +71,10 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
             "node {n} env:\n{err}"
         );
     }
+}
 
+/// Eight guests benchmark in four pairs at once, every payload checked.
+fn pingpong_in_pairs() {
     // Messages between processes on different guests: every payload byte is
     // checked against its sequence number on both sides (in order, once).
     // Every node of an 8-node cluster takes part: pairs 0-1, 2-3, 4-5
@@ -106,7 +122,10 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
             "{l}"
         );
     }
+}
 
+/// Two guests whose NICs are on two device processes.
+fn pingpong_over_two_devices() {
     // Guests on two device processes (a star fabric over loopback UDP):
     // node 0's NIC is device d0's, node 1's is d1's, so every message of
     // the pair crosses between the processes, with the fabric's transport.
@@ -143,7 +162,10 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
             .all(|l| l["iters"] == 100 && l["devices"] == 2),
         "{out}"
     );
+}
 
+/// Debian's programs between two guests, over ulnic and kernel TCP.
+fn apps_between_guests() {
     // Unmodified Debian programs between two guests, over ulnic (the
     // LD_PRELOAD layer) and over kernel TCP on virtio-net; the guests get
     // the packages with their libraries.
@@ -169,7 +191,10 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     cli::assert_apps_lines(&rows, "guests");
+}
 
+/// `bench compare --guests`: the guest rows.
+fn compare_with_guests() {
     // The comparison's guest rows: round trips between two guests over
     // ulnic and kernel TCP, and `cluster up` timed for 2 and 8 guests.
     let rows = cli::json_lines(&[
@@ -211,9 +236,10 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
             "{r}"
         );
     }
+}
 
-    // A failing node fails the run and shows why. (One test function: the
-    // runs are heavy for 2 cores and better not overlap.)
+/// A failing node fails `cluster run` and shows why.
+fn a_failing_node_fails_the_run() {
     let (ok, _, err) = ulnic(&[
         "cluster",
         "run",

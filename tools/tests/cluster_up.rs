@@ -185,6 +185,32 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         eprintln!("node {} booted in {} s", node["node"], node["boot_seconds"]);
     }
 
+    exec_and_put(&n);
+    selftest_in_both();
+    c_programs(&n);
+    streams_and_rdma();
+    kill_and_reset(&n);
+    stalled_device(&n);
+    device_restart(&n);
+    self_reboot(&n);
+
+    let o = exec("all", "dmesg | grep -E 'Oops|BUG:|WARNING:' || true");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).trim().is_empty(),
+        "kernel faults after the restart:\n{}",
+        text(&o)
+    );
+
+    let o = ulnic(&["cluster", "down", "--name", &n]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = ulnic(&["cluster", "status", "--name", &n]);
+    assert!(!o.status.success(), "status after down:\n{}", text(&o));
+    on_two_devices(&n);
+}
+
+/// `cluster exec` on every node (environment set, exit status passed
+/// back) and `cluster put` of a user's program.
+fn exec_and_put(n: &str) {
     // exec on every node, environment set, exit status passed back.
     let o = exec("all", "echo node=$ULNIC_NODE/$ULNIC_NODES");
     assert!(o.status.success(), "{}", text(&o));
@@ -206,14 +232,18 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         script.to_str().unwrap(),
         "/bin/user-program",
         "--name",
-        &n,
+        n,
     ]);
     let _ = std::fs::remove_file(&script);
     assert!(o.status.success(), "{}", text(&o));
     let o = exec("all", "user-program");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("[node 1] user-program on 1"), "{}", text(&o));
+}
 
+/// The selftest in both guests: two processes' endpoints, the driver's
+/// ownership checks, a thread blocked in poll().
+fn selftest_in_both() {
     // Same guest: the selftest streams 2000 ordered messages between two
     // processes' endpoints through the driver, and checks another process's
     // endpoint is refused (EPERM) and mapped memory is never freed (EBUSY).
@@ -233,7 +263,11 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
             "{out}"
         );
     }
+}
 
+/// Programs written in C against the driver's header (32-bit) and the
+/// C API's examples, built on the host and run in the guests.
+fn c_programs(n: &str) {
     // A 32-bit program: every ioctl through compat_ioctl, and an
     // endpoint mapped at its 64-bit offset, written against the generated
     // header as it is (guest-driver/linux/tests/compat32.c).
@@ -261,7 +295,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         bin.to_str().unwrap(),
         "/bin/compat32",
         "--name",
-        &n,
+        n,
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let o = exec("0", "compat32");
@@ -315,7 +349,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
             exe.to_str().unwrap(),
             &format!("/bin/{name}"),
             "--name",
-            &n,
+            n,
         ]);
         assert!(o.status.success(), "{}", text(&o));
         let log = format!("/tmp/{name}.server");
@@ -337,7 +371,10 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
             text(&cli)
         );
     }
+}
 
+/// Checked streams and RDMA writes across the guests.
+fn streams_and_rdma() {
     // Across guests: every message once, in order, intact (checked by the
     // receiver), small (inline) and large (buffers, returns resent).
     for (count, size) in [(20000, 64), (2000, 4096)] {
@@ -370,7 +407,11 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         (r["bench"].as_str(), r["iters"].as_u64()),
         (Some("rdma-write"), Some(300))
     );
+}
 
+/// A receiver killed mid-stream, then node 1 reset mid-stream: the sender
+/// hears the close message either way, and node 1 comes back.
+fn kill_and_reset(n: &str) {
     // A guest process killed mid-stream: the driver tears its endpoint down
     // and the device sends the close message it left.
     let (tx, _rx) = stream(
@@ -404,7 +445,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     // Not readiness: the reset must land mid-stream, a while after the
     // sender started.
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let o = ulnic(&["cluster", "reboot", "1", "--name", &n]);
+    let o = ulnic(&["cluster", "reboot", "1", "--name", n]);
     assert!(o.status.success(), "reboot:\n{}", text(&o));
     let t = tx.join().unwrap();
     assert!(t.status.success(), "{}", text(&t));
@@ -415,8 +456,12 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         "the receiver's exec should end with the reboot:\n{}",
         text(&r)
     );
-    back_to_work(&n, [1, 2], "after the reset");
+    back_to_work(n, [1, 2], "after the reset");
+}
 
+/// Node 0's device stops answering commands: the driver times out and
+/// fails later commands; node 1 is untouched.
+fn stalled_device(n: &str) {
     // A device that stops answering commands on node 0 (issue 9): the
     // command in flight times out after 10 s without holding up IOC_KICK
     // or data, later commands fail with EIO, and the timed-out endpoint's
@@ -429,7 +474,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         "stalled-device check",
         &check,
     );
-    let o = ulnic(&["cluster", "stall-control", "0", "on", "--name", &n]);
+    let o = ulnic(&["cluster", "stall-control", "0", "on", "--name", n]);
     assert!(o.status.success(), "stall-control on:\n{}", text(&o));
     assert!(exec("0", "touch /tmp/ulnic-check.go").status.success());
     let c = check.join().unwrap();
@@ -441,7 +486,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         facts["kicks_while_command_waited"].as_u64() > Some(0),
         "{facts}"
     );
-    let o = ulnic(&["cluster", "stall-control", "0", "off", "--name", &n]);
+    let o = ulnic(&["cluster", "stall-control", "0", "off", "--name", n]);
     assert!(o.status.success(), "stall-control off:\n{}", text(&o));
     let o = exec("0", "dmesg");
     let log = String::from_utf8_lossy(&o.stdout);
@@ -455,7 +500,11 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         "node 1 during node 0's stall:\n{}",
         text(&o)
     );
+}
 
+/// The device restarted under the running guests: blocked waiters wake
+/// with a clear error, old doorbell pages are harmless, no reboot.
+fn device_restart(n: &str) {
     // Restart the device under the running guests (issue 9): a receiver
     // blocked in a wait on node 1 wakes with the library's clear error,
     // stores to a doorbell page mapped before are harmless, nobody
@@ -469,7 +518,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         &removal,
     );
     wait_until("1", &blocked("recv --port 7"), "blocked receiver", &rx);
-    let o = ulnic(&["cluster", "restart-device", "--name", &n, "--json"]);
+    let o = ulnic(&["cluster", "restart-device", "--name", n, "--json"]);
     assert!(o.status.success(), "restart-device:\n{}", text(&o));
     let r = json(&o);
     assert_eq!(r["nodes"], serde_json::json!([0, 1]), "{r}");
@@ -490,14 +539,17 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     assert_eq!(facts["errno_after_removal"], "ENODEV", "{facts}");
     assert_eq!(facts["doorbell_stores_after_removal"], 1000, "{facts}");
     assert_eq!(facts["doorbell_reads_back_last_store"], true, "{facts}");
-    back_to_work(&n, [1, 2], "after the device restart (no reboot)");
+    back_to_work(n, [1, 2], "after the device restart (no reboot)");
+}
 
+/// A guest that reboots on its own is counted and timed.
+fn self_reboot(n: &str) {
     // A guest that reboots on its own: `cluster status` counts the boot
     // and times it (it used to say "booted in 0.0 s, boots 1").
     let _ = exec("0", "(sleep 1; reboot -f) >/dev/null 2>&1 &");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
     loop {
-        let s = json(&ulnic(&["cluster", "status", "--name", &n, "--json"]));
+        let s = json(&ulnic(&["cluster", "status", "--name", n, "--json"]));
         let node = &s["nodes"][0];
         if node["boots"] == 2 && node["state"] == "ready" {
             assert!(node["boot_seconds"].as_f64() > Some(0.0), "{s}");
@@ -509,20 +561,11 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
         );
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
-    back_to_work(&n, [2, 2], "after node 0 rebooted itself");
+    back_to_work(n, [2, 2], "after node 0 rebooted itself");
+}
 
-    let o = exec("all", "dmesg | grep -E 'Oops|BUG:|WARNING:' || true");
-    assert!(
-        String::from_utf8_lossy(&o.stdout).trim().is_empty(),
-        "kernel faults after the restart:\n{}",
-        text(&o)
-    );
-
-    let o = ulnic(&["cluster", "down", "--name", &n]);
-    assert!(o.status.success(), "{}", text(&o));
-    let o = ulnic(&["cluster", "status", "--name", &n]);
-    assert!(!o.status.success(), "status after down:\n{}", text(&o));
-
+/// The same pair, each guest's NIC on a device process of its own.
+fn on_two_devices(n: &str) {
     // The same pair, each guest's NIC on a device process of its own, the
     // two joined over loopback UDP: a checked stream crosses between them.
     // (In this test, not beside it: two clusters at once are too much for

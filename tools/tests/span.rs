@@ -202,14 +202,10 @@ fn alive(pid: u32) -> bool {
     })
 }
 
-#[test]
-fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
-    let ns = Namespaces::new();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    let d = dir.to_str().unwrap();
-    // An sshd of the test's own in namespace b, on b's address only, that
-    // lets in the key made here.
+/// An sshd of the test's own in namespace b, on b's address only, that
+/// lets in a key made in `dir`; returns it (killed when dropped) and the
+/// ssh command that reaches it, once it answers from namespace a.
+fn sshd_in_b(ns: &Namespaces, dir: &Path) -> (Proc, String) {
     let keygen = |name: &str| {
         let o = Command::new("ssh-keygen")
             .args(["-q", "-t", "ed25519", "-N", "", "-f"])
@@ -223,7 +219,7 @@ fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
     std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
     std::fs::create_dir_all("/run/sshd").unwrap(); // sshd's privilege separation
     let sshd = |o: &str| format!("-o{o}");
-    let _sshd = Proc(
+    let server = Proc(
         Command::new("ip")
             .args([
                 "netns",
@@ -256,16 +252,13 @@ fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
         "ssh -i {} -p 2222 -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
         dir.join("client").display()
     );
-    let in_a = |args: &[&str]| {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &ns.names[0]]).args(args);
-        c
-    };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let mut words: Vec<&str> = ssh.split(' ').collect();
         words.extend([ns.addrs[1].as_str(), "true"]);
-        if in_a(&words)
+        if Command::new("ip")
+            .args(["netns", "exec", &ns.names[0]])
+            .args(&words)
             .stderr(Stdio::null())
             .status()
             .unwrap()
@@ -279,6 +272,21 @@ fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    (server, ssh)
+}
+
+#[test]
+fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
+    let ns = Namespaces::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let d = dir.to_str().unwrap();
+    let (_sshd, ssh) = sshd_in_b(&ns, dir);
+    let in_a = |args: &[&str]| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns.names[0]]).args(args);
+        c
+    };
 
     // From namespace a: member d0 here (a's own address), d1 through ssh.
     let hostfile = dir.join("hosts");

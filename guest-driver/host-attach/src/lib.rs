@@ -142,6 +142,160 @@ impl RepostKicks {
 /// Size of one notification record buffer.
 const NOTIFY_RECORD: u32 = ulnic_abi::NOTIFY_RECORD_SIZE as u32;
 
+/// Names a failed OS call.
+fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Os { what, source }
+}
+
+/// The vhost-user handshake up to the queues: features (the device's
+/// that this driver knows and `accept`s, spec §2), owner, protocol
+/// features (MQ; CONFIG if offered). Returns the device's queue count.
+fn negotiate(fe: &mut Frontend, path: &Path, accept: u64) -> Result<usize, Error> {
+    // The device closes a second frontend's connection before reading
+    // anything: the first request then finds the socket closed.
+    let features = fe.get_features().map_err(|e| match e {
+        vhost::Error::VhostUserProtocol(
+            vhost::vhost_user::Error::Disconnected
+            | vhost::vhost_user::Error::SocketBroken(_)
+            | vhost::vhost_user::Error::PartialMessage,
+        ) => Error::NodeBusy(path.to_path_buf()),
+        e => proto("GET_FEATURES")(e),
+    })?;
+    let want = VIRTIO_F_VERSION_1
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        | ulnic_abi::F_MESSAGING;
+    if features & want != want {
+        return Err(Error::Incompatible(format!(
+            "device features {features:#x} lack {want:#x}"
+        )));
+    }
+    fe.set_owner().map_err(proto("SET_OWNER"))?;
+    // Accept every device feature this driver knows: the device acts
+    // only on accepted ones (spec §2).
+    fe.set_features(want | (features & accept & ulnic_abi::F_IMPLEMENTED))
+        .map_err(proto("SET_FEATURES"))?;
+    let pf = fe
+        .get_protocol_features()
+        .map_err(proto("GET_PROTOCOL_FEATURES"))?;
+    if !pf.contains(VhostUserProtocolFeatures::MQ) {
+        return Err(Error::Incompatible(
+            "device does not offer the MQ protocol feature".into(),
+        ));
+    }
+    fe.set_protocol_features(
+        pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG),
+    )
+    .map_err(proto("SET_PROTOCOL_FEATURES"))?;
+    let queues = fe.get_queue_num().map_err(proto("GET_QUEUE_NUM"))? as usize;
+    if queues < usize::from(FIRST_DOORBELL_QUEUE) + 1 || queues > 64 {
+        return Err(Error::Incompatible(format!("device has {queues} queues")));
+    }
+    Ok(queues)
+}
+
+/// Sets up and enables the device's `queues` virtqueues in `memory`: the
+/// control and notification queues (with their call eventfds) and the
+/// doorbell queues, whose calls all go to `unused_call`. Returns the
+/// control queue, the notification queue and its call eventfd, and the
+/// doorbells' kick eventfds.
+fn set_up_queues(
+    fe: &mut Frontend,
+    memory: &DmaMemory,
+    queues: usize,
+    unused_call: &EventFd,
+) -> Result<(ControlQueue, NotifyQueue, EventFd, Vec<EventFd>), Error> {
+    let mut control = None;
+    let mut notify = None;
+    let mut doorbells = Vec::new();
+    for q in 0..queues {
+        let size = if q < usize::from(FIRST_DOORBELL_QUEUE) {
+            QUEUE_SIZE
+        } else {
+            DOORBELL_QUEUE_SIZE
+        };
+        let queue = DriverQueue::new(memory, size)?;
+        let kick = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
+        let call = if q < usize::from(FIRST_DOORBELL_QUEUE) {
+            Some(EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?)
+        } else {
+            None
+        };
+        set_up_vring(
+            fe,
+            memory,
+            q,
+            size,
+            &queue,
+            &kick,
+            call.as_ref().unwrap_or(unused_call),
+        )?;
+        match (q as u16, call) {
+            (ulnic_abi::CONTROL_QUEUE, Some(call)) => {
+                let buf = memory.alloc(4096)?;
+                control = Some(ControlQueue {
+                    queue,
+                    kick,
+                    call,
+                    buf,
+                    dead: false,
+                });
+            }
+            (NOTIFY_QUEUE, Some(call)) => {
+                let bufs = memory.alloc(usize::from(QUEUE_SIZE) * NOTIFY_RECORD as usize)?;
+                notify = Some((
+                    NotifyQueue {
+                        queue,
+                        kick,
+                        bufs,
+                        reposts: RepostKicks::new(size),
+                    },
+                    call,
+                ));
+            }
+            _ => doorbells.push(kick),
+        }
+    }
+    let (Some(control), Some((notify, notify_call))) = (control, notify) else {
+        return Err(Error::Incompatible(
+            "control or notification queue missing".into(),
+        ));
+    };
+    Ok((control, notify, notify_call, doorbells))
+}
+
+/// Tells the device virtqueue `q`'s size and where it is in shared
+/// memory, its kick and call eventfds, and enables it.
+fn set_up_vring(
+    fe: &mut Frontend,
+    memory: &DmaMemory,
+    q: usize,
+    size: u16,
+    queue: &DriverQueue,
+    kick: &EventFd,
+    call: &EventFd,
+) -> Result<(), Error> {
+    fe.set_vring_num(q, size).map_err(proto("SET_VRING_NUM"))?;
+    let cfg = VringConfigData {
+        queue_max_size: size,
+        queue_size: size,
+        flags: 0,
+        desc_table_addr: memory.host_base() as u64 + queue.desc_gpa(),
+        used_ring_addr: memory.host_base() as u64 + queue.used_gpa(),
+        avail_ring_addr: memory.host_base() as u64 + queue.avail_gpa(),
+        log_addr: None,
+    };
+    fe.set_vring_addr(q, &cfg)
+        .map_err(proto("SET_VRING_ADDR"))?;
+    fe.set_vring_base(q, 0).map_err(proto("SET_VRING_BASE"))?;
+    fe.set_vring_kick(q, kick)
+        .map_err(proto("SET_VRING_KICK"))?;
+    fe.set_vring_call(q, call)
+        .map_err(proto("SET_VRING_CALL"))?;
+    fe.set_vring_enable(q, true)
+        .map_err(proto("SET_VRING_ENABLE"))?;
+    Ok(())
+}
+
 impl HostAttach {
     /// Connects to the node socket at `path`, sharing `memory_size` bytes.
     pub fn connect(path: &Path, memory_size: usize) -> Result<HostAttach, Error> {
@@ -163,46 +317,7 @@ impl HostAttach {
     ) -> Result<HostAttach, Error> {
         let mut fe =
             Frontend::connect(path, u64::from(ulnic_abi::QUEUE_COUNT)).map_err(proto("connect"))?;
-        // The device closes a second frontend's connection before reading
-        // anything: the first request then finds the socket closed.
-        let features = fe.get_features().map_err(|e| match e {
-            vhost::Error::VhostUserProtocol(
-                vhost::vhost_user::Error::Disconnected
-                | vhost::vhost_user::Error::SocketBroken(_)
-                | vhost::vhost_user::Error::PartialMessage,
-            ) => Error::NodeBusy(path.to_path_buf()),
-            e => proto("GET_FEATURES")(e),
-        })?;
-        let want = VIRTIO_F_VERSION_1
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-            | ulnic_abi::F_MESSAGING;
-        if features & want != want {
-            return Err(Error::Incompatible(format!(
-                "device features {features:#x} lack {want:#x}"
-            )));
-        }
-        fe.set_owner().map_err(proto("SET_OWNER"))?;
-        // Accept every device feature this driver knows: the device acts
-        // only on accepted ones (spec §2).
-        fe.set_features(want | (features & accept & ulnic_abi::F_IMPLEMENTED))
-            .map_err(proto("SET_FEATURES"))?;
-        let pf = fe
-            .get_protocol_features()
-            .map_err(proto("GET_PROTOCOL_FEATURES"))?;
-        if !pf.contains(VhostUserProtocolFeatures::MQ) {
-            return Err(Error::Incompatible(
-                "device does not offer the MQ protocol feature".into(),
-            ));
-        }
-        fe.set_protocol_features(
-            pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG),
-        )
-        .map_err(proto("SET_PROTOCOL_FEATURES"))?;
-        let queues = fe.get_queue_num().map_err(proto("GET_QUEUE_NUM"))? as usize;
-        if queues < usize::from(FIRST_DOORBELL_QUEUE) + 1 || queues > 64 {
-            return Err(Error::Incompatible(format!("device has {queues} queues")));
-        }
-
+        let queues = negotiate(&mut fe, path, accept)?;
         let region = VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
             memory_size: memory.len() as u64,
@@ -213,77 +328,9 @@ impl HostAttach {
         fe.set_mem_table(&[region])
             .map_err(proto("SET_MEM_TABLE"))?;
 
-        let os = |what| move |source| Error::Os { what, source };
         let unused_call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
-        let mut control = None;
-        let mut notify = None;
-        let mut doorbells = Vec::new();
-        for q in 0..queues {
-            let size = if q < usize::from(FIRST_DOORBELL_QUEUE) {
-                QUEUE_SIZE
-            } else {
-                DOORBELL_QUEUE_SIZE
-            };
-            let queue = DriverQueue::new(&memory, size)?;
-            fe.set_vring_num(q, size).map_err(proto("SET_VRING_NUM"))?;
-            let cfg = VringConfigData {
-                queue_max_size: size,
-                queue_size: size,
-                flags: 0,
-                desc_table_addr: memory.host_base() as u64 + queue.desc_gpa(),
-                used_ring_addr: memory.host_base() as u64 + queue.used_gpa(),
-                avail_ring_addr: memory.host_base() as u64 + queue.avail_gpa(),
-                log_addr: None,
-            };
-            fe.set_vring_addr(q, &cfg)
-                .map_err(proto("SET_VRING_ADDR"))?;
-            fe.set_vring_base(q, 0).map_err(proto("SET_VRING_BASE"))?;
-            let kick = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
-            fe.set_vring_kick(q, &kick)
-                .map_err(proto("SET_VRING_KICK"))?;
-            let call = if q < usize::from(FIRST_DOORBELL_QUEUE) {
-                let call = EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"))?;
-                fe.set_vring_call(q, &call)
-                    .map_err(proto("SET_VRING_CALL"))?;
-                Some(call)
-            } else {
-                fe.set_vring_call(q, &unused_call)
-                    .map_err(proto("SET_VRING_CALL"))?;
-                None
-            };
-            fe.set_vring_enable(q, true)
-                .map_err(proto("SET_VRING_ENABLE"))?;
-            match (q as u16, call) {
-                (ulnic_abi::CONTROL_QUEUE, Some(call)) => {
-                    let buf = memory.alloc(4096)?;
-                    control = Some(ControlQueue {
-                        queue,
-                        kick,
-                        call,
-                        buf,
-                        dead: false,
-                    });
-                }
-                (NOTIFY_QUEUE, Some(call)) => {
-                    let bufs = memory.alloc(usize::from(QUEUE_SIZE) * NOTIFY_RECORD as usize)?;
-                    notify = Some((
-                        NotifyQueue {
-                            queue,
-                            kick,
-                            bufs,
-                            reposts: RepostKicks::new(size),
-                        },
-                        call,
-                    ));
-                }
-                _ => doorbells.push(kick),
-            }
-        }
-        let (Some(control), Some((mut notify, notify_call))) = (control, notify) else {
-            return Err(Error::Incompatible(
-                "control or notification queue missing".into(),
-            ));
-        };
+        let (control, mut notify, notify_call, doorbells) =
+            set_up_queues(&mut fe, &memory, queues, &unused_call)?;
         for i in 0..QUEUE_SIZE {
             let gpa = notify.bufs.gpa + u64::from(i) * u64::from(NOTIFY_RECORD);
             notify.queue.add(&memory, &[], &[(gpa, NOTIFY_RECORD)]);
@@ -303,29 +350,36 @@ impl HostAttach {
                 .collect(),
             info: DeviceInfo::default(),
         };
-        let info = this.command(cmd::GET_INFO, &[])?;
-        if info.len() < DeviceInfo::SIZE {
-            return Err(Error::BadResponse(cmd::GET_INFO));
-        }
-        this.info = DeviceInfo::decode(&info);
-        // Before 1.0 a minor version may change the wire (semver's rule).
-        if this.info.version_major != ulnic_abi::SPEC_VERSION_MAJOR
-            || (ulnic_abi::SPEC_VERSION_MAJOR == 0
-                && this.info.version_minor != ulnic_abi::SPEC_VERSION_MINOR)
-        {
-            return Err(Error::Incompatible(format!(
-                "device implements spec {}.{}, this driver {}.{}",
-                this.info.version_major,
-                this.info.version_minor,
-                ulnic_abi::SPEC_VERSION_MAJOR,
-                ulnic_abi::SPEC_VERSION_MINOR
-            )));
-        }
+        this.info = this.device_info()?;
         debug!(
             "attached to node {} ({} endpoints)",
             this.info.node, this.info.max_endpoints
         );
         Ok(this)
+    }
+
+    /// The device's GET_INFO, checked: its spec version must be this
+    /// driver's.
+    fn device_info(&self) -> Result<DeviceInfo, Error> {
+        let info = self.command(cmd::GET_INFO, &[])?;
+        if info.len() < DeviceInfo::SIZE {
+            return Err(Error::BadResponse(cmd::GET_INFO));
+        }
+        let info = DeviceInfo::decode(&info);
+        // Before 1.0 a minor version may change the wire (semver's rule).
+        if info.version_major != ulnic_abi::SPEC_VERSION_MAJOR
+            || (ulnic_abi::SPEC_VERSION_MAJOR == 0
+                && info.version_minor != ulnic_abi::SPEC_VERSION_MINOR)
+        {
+            return Err(Error::Incompatible(format!(
+                "device implements spec {}.{}, this driver {}.{}",
+                info.version_major,
+                info.version_minor,
+                ulnic_abi::SPEC_VERSION_MAJOR,
+                ulnic_abi::SPEC_VERSION_MINOR
+            )));
+        }
+        Ok(info)
     }
 
     /// What the device reported at attach time.

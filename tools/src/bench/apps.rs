@@ -45,7 +45,8 @@ impl App {
         }
     }
 
-    fn name(self) -> &'static str {
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
         match self {
             App::Redis => "redis",
             App::Iperf3 => "iperf3",
@@ -694,75 +695,6 @@ pub fn ratios(results: &[AppResult]) -> Vec<Ratio> {
         }
     }
     out
-}
-
-/// Prints the results: a table of measurements and one of ratios, or
-/// one JSON object per line (measurements, then ratios) with `json`.
-pub fn print(results: &[AppResult], a: &AppsArgs, extra: &serde_json::Value, json: bool) {
-    let rs = ratios(results);
-    if json {
-        let with = |mut v: serde_json::Value| {
-            if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
-                o.extend(e.clone());
-            }
-            v
-        };
-        for r in results {
-            println!("{}", with(serde_json::to_value(r).unwrap_or_default()));
-        }
-        for r in &rs {
-            println!("{}", with(serde_json::to_value(r).unwrap_or_default()));
-        }
-        return;
-    }
-    let opt = |v: Option<f64>, prec: usize| v.map(|x| format!("{x:.prec$}")).unwrap_or_default();
-    println!(
-        "{:<9} {:<10} {:<6} {:>5} {:>11} {:>8} {:>10} {:>10}",
-        "app", "test", "trans", "round", "ops/s", "Gbit/s", "p50_us", "p99_us"
-    );
-    for r in results {
-        println!(
-            "{:<9} {:<10} {:<6} {:>5} {:>11} {:>8} {:>10} {:>10}",
-            r.app.name(),
-            r.test,
-            r.transport,
-            r.round,
-            opt(r.ops_per_s, 0),
-            opt(r.gbit_per_s, 2),
-            opt(r.p50_us, 1),
-            opt(r.p99_us, 1)
-        );
-    }
-    println!();
-    println!(
-        "{:<9} {:<10} {:<11} {:>11} {:>11} {:>7} {:>6}  result",
-        "app", "test", "metric", "ulnic", "tcp", "ratio", "goal"
-    );
-    for r in &rs {
-        println!(
-            "{:<9} {:<10} {:<11} {:>11.2} {:>11.2} {:>6.2}x {:>6}  {}",
-            r.app.name(),
-            r.test,
-            r.metric,
-            r.ulnic,
-            r.tcp,
-            r.ratio,
-            r.goal,
-            if r.goal == "-" {
-                ""
-            } else if r.met {
-                "met"
-            } else {
-                "NOT met"
-            }
-        );
-    }
-    println!(
-        "redis-benchmark: {} requests per test over {} connections; iperf3: one TCP stream for {} s; \
-         sockperf: TCP ping-pong of 14-byte messages for {} s, full round trips. \
-         ulnic: the same binaries under LD_PRELOAD=libulnic_preload.so.",
-        a.requests, a.clients, a.seconds, a.seconds
-    );
 }
 
 /// `libulnic_preload.so`: beside this program (a build tree, an

@@ -2,10 +2,14 @@
 //! ulnic and the baselines, and the peer processes), `rdma` (RDMA, the
 //! tripwire wake-up, the message queues), `utlb` (UTLB hits, misses and
 //! stress); `record` is the result line, `payload` how payloads are
-//! touched; `apps` unmodified programs over the LD_PRELOAD layer.
+//! touched; `apps` unmodified programs over the LD_PRELOAD layer;
+//! `compare` ulnic against the baselines and Debian's peers, round by
+//! round; `fabric` the emulated fabric's benchmarks (`ulnic fabric
+//! bench`), on a device with a fabric started in this process.
 
 pub mod apps;
 pub mod compare;
+pub mod fabric;
 pub mod payload;
 pub mod pingpong;
 pub mod rdma;

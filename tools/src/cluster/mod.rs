@@ -196,31 +196,7 @@ pub fn run(
         .map_err(|e| anyhow::anyhow!("cannot make a run directory: {e}"))?;
     let dir = dir_guard.path().to_path_buf();
     let sockets = Configuration::socket_paths(&dir, opts.nodes);
-    // The guests' device: in this process, or spread over processes.
-    let (device, members) = if opts.devices > 1 {
-        say(&format!(
-            "starting {} device processes (a star fabric over loopback UDP)",
-            opts.devices
-        ));
-        let m = crate::fabric::launch::LocalMembers::start(
-            &dir,
-            opts.nodes,
-            opts.devices,
-            opts.endpoints,
-        )?;
-        for member in &m.members {
-            say(&format!(
-                "device {} at {}: nodes {:?}",
-                member.name, member.address, member.nodes
-            ));
-        }
-        (None, Some(m))
-    } else {
-        let config = Configuration::builder(sockets.clone())
-            .max_endpoints(opts.endpoints)
-            .build()?;
-        (Some(Device::start(config)?), None)
-    };
+    let (device, members) = start_devices(opts, &dir, &sockets, say)?;
     let segment = dir.join("segment");
     let mut switch = start_segment(image, &segment)?;
     let cmd64 = base64::engine::general_purpose::STANDARD.encode(command);
@@ -250,31 +226,7 @@ pub fn run(
             vde: Some((segment.clone(), n)),
             ..Default::default()
         };
-        let mut child = vm::command(image, &cfg)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start QEMU: {e}"))?;
-        for stream in [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as _),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for l in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let _ = tx.send(Line::Console(n, l));
-                }
-                let _ = tx.send(Line::Exited(n));
-            });
-        }
-        children.push(child);
+        children.push(start_guest(image, &cfg, n, &tx)?);
         results.push(NodeResult {
             node: n,
             exit: None,
@@ -285,43 +237,7 @@ pub fn run(
         say(&format!("[node {n}] booting ({accel})"));
     }
     drop(tx);
-    let mut logs: Vec<std::fs::File> = results
-        .iter()
-        .map(|r| {
-            std::fs::File::create(&r.console_log)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", r.console_log.display()))
-        })
-        .collect::<Result<_, _>>()?;
-    let mut closed = vec![0u8; opts.nodes as usize];
-    let deadline = started + opts.timeout;
-    while closed.iter().any(|&c| c < 2) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
-            Ok(Line::Console(n, l)) => {
-                let r = &mut results[n as usize];
-                let _ = writeln!(logs[n as usize], "{l}");
-                if let Some(out) = l.split("ulnic-out: ").nth(1) {
-                    say(&format!("[node {n}] {out}"));
-                } else if l.contains("ulnic-guest: ready") && r.boot_seconds.is_none() {
-                    r.boot_seconds = Some(started.elapsed().as_secs_f64());
-                    say(&format!(
-                        "[node {n}] ready after {:.1} s",
-                        started.elapsed().as_secs_f64()
-                    ));
-                } else if let Some(code) = l.split("ulnic-guest: exit=").nth(1) {
-                    r.exit = code.trim().parse().ok();
-                }
-            }
-            Ok(Line::Exited(n)) => closed[n as usize] += 1,
-            Err(_) => {
-                say("timeout: stopping every node");
-                children.iter_mut().for_each(|c| {
-                    let _ = c.kill();
-                });
-                break;
-            }
-        }
-    }
+    follow_consoles(&rx, &mut results, &mut children, started, opts.timeout, say)?;
     for c in children.iter_mut() {
         let _ = c.kill();
         let _ = c.wait();
@@ -350,6 +266,123 @@ pub fn run(
         say(&format!("console logs kept in {}", kept.display()));
     }
     Ok(results)
+}
+
+/// The guests' device: in this process (`sockets` are its nodes), or
+/// spread over `opts.devices` processes (a star fabric) with their
+/// sockets in `dir`.
+fn start_devices(
+    opts: &RunOptions,
+    dir: &std::path::Path,
+    sockets: &[PathBuf],
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<(Option<Device>, Option<crate::fabric::launch::LocalMembers>)> {
+    if opts.devices <= 1 {
+        let config = Configuration::builder(sockets.to_vec())
+            .max_endpoints(opts.endpoints)
+            .build()?;
+        return Ok((Some(Device::start(config)?), None));
+    }
+    say(&format!(
+        "starting {} device processes (a star fabric over loopback UDP)",
+        opts.devices
+    ));
+    let m =
+        crate::fabric::launch::LocalMembers::start(dir, opts.nodes, opts.devices, opts.endpoints)?;
+    for member in &m.members {
+        say(&format!(
+            "device {} at {}: nodes {:?}",
+            member.name, member.address, member.nodes
+        ));
+    }
+    Ok((None, Some(m)))
+}
+
+/// Starts node `n`'s QEMU; its console lines (stdout and stderr) go to
+/// `tx`, then an `Exited` for each stream.
+fn start_guest(
+    image: &Image,
+    cfg: &VmConfig,
+    n: u32,
+    tx: &mpsc::Sender<Line>,
+) -> anyhow::Result<Child> {
+    let mut child = vm::command(image, cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start QEMU: {e}"))?;
+    for stream in [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child.stderr.take().map(|s| Box::new(s) as _),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = tx.send(Line::Console(n, l));
+            }
+            let _ = tx.send(Line::Exited(n));
+        });
+    }
+    Ok(child)
+}
+
+/// Follows the guests' consoles until every one has closed both streams
+/// or `timeout` has passed since they were `started` (then every guest is
+/// killed): writes each line to its node's console log, passes on the
+/// command's output, notes boot times and exit statuses in `results`.
+fn follow_consoles(
+    rx: &mpsc::Receiver<Line>,
+    results: &mut [NodeResult],
+    children: &mut [Child],
+    started: Instant,
+    timeout: Duration,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let deadline = started + timeout;
+    let mut logs: Vec<std::fs::File> = results
+        .iter()
+        .map(|r| {
+            std::fs::File::create(&r.console_log)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", r.console_log.display()))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut closed = vec![0u8; results.len()];
+    while closed.iter().any(|&c| c < 2) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(Line::Console(n, l)) => {
+                let r = &mut results[n as usize];
+                let _ = writeln!(logs[n as usize], "{l}");
+                if let Some(out) = l.split("ulnic-out: ").nth(1) {
+                    say(&format!("[node {n}] {out}"));
+                } else if l.contains("ulnic-guest: ready") && r.boot_seconds.is_none() {
+                    r.boot_seconds = Some(started.elapsed().as_secs_f64());
+                    say(&format!(
+                        "[node {n}] ready after {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    ));
+                } else if let Some(code) = l.split("ulnic-guest: exit=").nth(1) {
+                    r.exit = code.trim().parse().ok();
+                }
+            }
+            Ok(Line::Exited(n)) => closed[n as usize] += 1,
+            Err(_) => {
+                say("timeout: stopping every node");
+                children.iter_mut().for_each(|c| {
+                    let _ = c.kill();
+                });
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Room for `ulnic cluster run`'s command, base64, on the guests' kernel

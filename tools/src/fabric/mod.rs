@@ -1,9 +1,9 @@
-//! `ulnic fabric`: the topology file (`file`), the self-test of the
-//! reliable transport (`selftest`) and the fabric benchmarks (`bench`),
-//! and what they share: a device with a fabric, started in this process,
-//! its nodes on temporary sockets.
+//! `ulnic fabric`: the topology file (`file`), the device processes of
+//! a fabric spread over machines (`launch`), the self-test of the
+//! reliable transport (`selftest`), and what the self-test and the
+//! fabric benchmarks (`bench::fabric`) share: a device with a fabric,
+//! started in this process, its nodes on temporary sockets.
 
-pub mod bench;
 pub mod file;
 pub mod launch;
 pub mod selftest;

@@ -99,28 +99,7 @@ struct Tally {
 pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
     anyhow::ensure!(o.nodes >= 2, "--nodes must be at least 2");
     anyhow::ensure!(o.messages >= 1, "--messages must be at least 1");
-    let mut fabric = o.fabric.clone().unwrap_or_else(|| FabricConfig {
-        topology: Topology::single_switch(o.nodes),
-        seed: o.seed,
-        transport: TransportConfig::default(),
-        span: None,
-        mapping: None,
-    });
-    anyhow::ensure!(
-        fabric.topology.nodes() == o.nodes,
-        "the topology has {} nodes, not --nodes {}",
-        fabric.topology.nodes(),
-        o.nodes
-    );
-    fabric.seed = o.seed;
-    // All nodes in this process: a topology spread over devices is run
-    // here whole.
-    fabric.span = None;
-    if let Some(f) = o.faults {
-        for link in 0..fabric.topology.links().len() {
-            fabric.topology.set_faults(link, f)?;
-        }
-    }
+    let fabric = fabric_of(o)?;
     let run = super::InProcess::start(fabric.clone(), 2)?;
     let (dev, sockets) = (&run.device, run.sockets.clone());
     say(&format!(
@@ -162,7 +141,71 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
             )
         }));
     }
+    let progress = Progress {
+        tally: &tally,
+        sent_total: &sent_total,
+        start,
+    };
+    watch(o, dev, &fabric, &progress, &threads, say)?;
+    let seconds = tally.last_progress_ms.load(Ordering::Relaxed) as f64 / 1000.0;
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("a node thread panicked"))?
+            .context("a node failed")?;
+    }
+    let r = report(o, dev, &tally, sent_total.load(Ordering::Relaxed), seconds)?;
+    drop(run);
+    Ok(r)
+}
 
+/// The fabric to run: `o`'s or one switch, with `o`'s seed and faults,
+/// whole in this process.
+fn fabric_of(o: &Options) -> anyhow::Result<FabricConfig> {
+    let mut fabric = o.fabric.clone().unwrap_or_else(|| FabricConfig {
+        topology: Topology::single_switch(o.nodes),
+        seed: o.seed,
+        transport: TransportConfig::default(),
+        span: None,
+        mapping: None,
+    });
+    anyhow::ensure!(
+        fabric.topology.nodes() == o.nodes,
+        "the topology has {} nodes, not --nodes {}",
+        fabric.topology.nodes(),
+        o.nodes
+    );
+    fabric.seed = o.seed;
+    // All nodes in this process: a topology spread over devices is run
+    // here whole.
+    fabric.span = None;
+    if let Some(f) = o.faults {
+        for link in 0..fabric.topology.links().len() {
+            fabric.topology.set_faults(link, f)?;
+        }
+    }
+    Ok(fabric)
+}
+
+/// What the node threads share with the watcher.
+struct Progress<'a> {
+    tally: &'a Tally,
+    sent_total: &'a AtomicU64,
+    start: Instant,
+}
+
+/// Waits until every message is delivered or returned (or nothing moved
+/// for `o.quiet`), cutting and healing node 1's link on the way when `o`
+/// asks for a partition, with a progress line every 2 s.
+fn watch(
+    o: &Options,
+    dev: &ulnic_device::device::Device,
+    fabric: &FabricConfig,
+    p: &Progress<'_>,
+    threads: &[std::thread::JoinHandle<anyhow::Result<()>>],
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let (tally, start) = (p.tally, p.start);
     // The partition, if any: node 1's link goes down and comes back.
     let host_link = fabric.topology.attachment(1).0;
     let mut cut = o.partition.map(|(at, len)| (at, at + len, false));
@@ -170,9 +213,9 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
     loop {
         let done = tally.delivered.load(Ordering::Relaxed) + tally.returned.load(Ordering::Relaxed);
         let all_sent = threads.iter().all(|t| t.is_finished())
-            || sent_total.load(Ordering::Relaxed) == o.messages;
+            || p.sent_total.load(Ordering::Relaxed) == o.messages;
         if all_sent && done >= o.messages {
-            break;
+            return Ok(());
         }
         let quiet = start.elapsed().as_millis() as u64
             - tally
@@ -181,7 +224,7 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
                 .min(start.elapsed().as_millis() as u64);
         if quiet > o.quiet.as_millis() as u64 {
             say(&format!("no progress for {:?}; stopping", o.quiet));
-            break;
+            return Ok(());
         }
         if let Some((at, until, down)) = &mut cut {
             let now = start.elapsed();
@@ -190,13 +233,13 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
                     host_link,
                     Faults {
                         down: true,
-                        ..link_faults(&fabric, host_link)
+                        ..link_faults(fabric, host_link)
                     },
                 )?;
                 *down = true;
                 say(&format!("node 1's link cut at {:?}", now));
             } else if *down && now >= *until {
-                dev.set_link_faults(host_link, link_faults(&fabric, host_link))?;
+                dev.set_link_faults(host_link, link_faults(fabric, host_link))?;
                 say(&format!("node 1's link healed at {:?}", now));
                 cut = None;
             }
@@ -212,15 +255,18 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let seconds = tally.last_progress_ms.load(Ordering::Relaxed) as f64 / 1000.0;
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join()
-            .map_err(|_| anyhow::anyhow!("a node thread panicked"))?
-            .context("a node failed")?;
-    }
+}
+
+/// The report: what the nodes counted and the device's transport and
+/// link counters, summed.
+fn report(
+    o: &Options,
+    dev: &ulnic_device::device::Device,
+    tally: &Tally,
+    sent: u64,
+    seconds: f64,
+) -> anyhow::Result<Report> {
     let counters = dev.fabric_counters().context("the device has no fabric")?;
-    let sent = sent_total.load(Ordering::Relaxed);
     let delivered = tally.delivered.load(Ordering::Relaxed);
     let returned = tally.returned.load(Ordering::Relaxed);
     let mut r = Report {
@@ -254,7 +300,6 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
         r.packets_duplicated += l.duplicated;
         r.packets_reordered += l.reordered;
     }
-    drop(run);
     Ok(r)
 }
 

@@ -30,7 +30,7 @@ use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::topology::{End, Link, LinkParams, Topology};
 use ulnic_device::fabric::transport::TransportConfig;
 
-use super::InProcess;
+use crate::fabric::InProcess;
 
 /// The port every benchmark endpoint binds.
 const PORT: u32 = 1;
