@@ -64,6 +64,9 @@ pub trait CType {
     const ARRAY: Option<usize> = None;
 }
 
+impl CType for u8 {
+    const C_TYPE: &'static str = "__u8";
+}
 impl CType for U16 {
     const C_TYPE: &'static str = "__le16";
 }
@@ -584,6 +587,41 @@ wire! {
         pub crc: U32,
     }
 
+    /// The start of a datagram between device processes (spec §10.7),
+    /// followed by one packet (§10.3) and `datagram::MAC_SIZE` bytes of
+    /// HMAC-SHA256 over everything before them.
+    pub struct DatagramHeader = "ulnic_datagram_header" {
+        /// `datagram::MAGIC`.
+        pub magic: U32,
+        /// The lane the packet crossed: `datagram::lane(link, direction)`.
+        pub lane: U32,
+    }
+
+    /// A PROBE_REPLY's payload (spec §10.9); a switch's name (UTF-8, at
+    /// most `mapping::MAX_SWITCH_NAME` bytes) follows, a node's reply ends
+    /// here.
+    pub struct ProbeReply = "ulnic_probe_reply" {
+        /// `mapping::ANSWER_SWITCH` or `mapping::ANSWER_NODE`.
+        pub answer: u8,
+        /// A switch: the gate the probe came in by.
+        pub in_gate: u8,
+        /// A switch: its gate count.
+        pub gates: u8,
+        /// Reserved, 0.
+        pub reserved: u8,
+        /// A switch: its id; a node: its number.
+        pub id: U32,
+    }
+
+    /// The fixed start of a ROUTES entry (spec §10.9), followed by
+    /// `route_len` gate bytes; entries follow each other unaligned.
+    pub struct RouteEntryHead = "ulnic_route_entry_head" {
+        /// The destination node.
+        pub dst_node: U32,
+        /// Gate bytes that follow.
+        pub route_len: u8,
+    }
+
     /// `IOC_CREATE_EP` argument (spec §9).
     pub struct IocCreateEp = "ulnic_ioc_create_ep" {
         /// In: send ring entries.
@@ -692,6 +730,21 @@ pub fn all() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
     ]
 }
 
+/// The fabric's layouts (spec §10): packets, datagrams between device
+/// processes and the mapper's payloads. No driver needs them; the
+/// Wireshark dissector's tables are generated from them.
+pub fn fabric() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
+    fn one<T: Layout>() -> (&'static str, &'static str, usize, Vec<Field>) {
+        (T::C_NAME, T::SUMMARY, T::size(), T::fields())
+    }
+    vec![
+        one::<PacketHeader>(),
+        one::<DatagramHeader>(),
+        one::<ProbeReply>(),
+        one::<RouteEntryHead>(),
+    ]
+}
+
 /// A wire struct read from the start of `b`; bytes past the end of a
 /// short `b` read as zero (callers check lengths; this never panics).
 pub fn read<T: FromBytes + IntoBytes>(b: &[u8]) -> T {
@@ -722,8 +775,11 @@ mod tests {
             ("ulnic_packet_header", 64),
             ("ulnic_ioc_create_ep", 64),
             ("ulnic_ioc_command", 528),
+            ("ulnic_datagram_header", 8),
+            ("ulnic_probe_reply", 8),
+            ("ulnic_route_entry_head", 5),
         ];
-        let all = all();
+        let all: Vec<_> = all().into_iter().chain(fabric()).collect();
         for (name, size) in want {
             let got = all.iter().find(|s| s.0 == name).unwrap().2;
             assert_eq!(got, size, "{name}");
@@ -748,6 +804,18 @@ mod tests {
             }
             assert_eq!(end, size, "{name}");
             assert_eq!(size % 4, 0, "{name}");
+        }
+    }
+
+    #[test]
+    fn fabric_layouts_have_no_gaps() {
+        for (name, _, size, fields) in fabric() {
+            let mut end = 0;
+            for f in &fields {
+                assert_eq!(f.offset, end, "{name}.{} leaves a gap", f.name);
+                end = f.offset + f.size;
+            }
+            assert_eq!(end, size, "{name}");
         }
     }
 

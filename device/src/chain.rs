@@ -6,12 +6,12 @@
 
 use std::sync::atomic::Ordering;
 
-use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 /// Size of one split-ring descriptor.
-const DESC_SIZE: u64 = 16;
+const DESC_SIZE: u64 = std::mem::size_of::<Descriptor>() as u64;
 
 /// What went wrong with a queue or one of its chains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -82,20 +82,16 @@ fn uses_indirect(mem: &GuestMemoryMmap<()>, table: u64, size: u16, head: u16) ->
             return false;
         }
         let base = table.wrapping_add(u64::from(idx) * DESC_SIZE);
-        let (Ok(flags), Ok(next)) = (
-            mem.read_obj::<u16>(GuestAddress(base.wrapping_add(12))),
-            mem.read_obj::<u16>(GuestAddress(base.wrapping_add(14))),
-        ) else {
+        let Ok(d) = mem.read_obj::<Descriptor>(GuestAddress(base)) else {
             return false; // unreadable: the chain itself yields nothing
         };
-        let (flags, next) = (u16::from_le(flags), u16::from_le(next));
-        if u32::from(flags) & VRING_DESC_F_INDIRECT != 0 {
+        if d.refers_to_indirect_table() {
             return true;
         }
-        if u32::from(flags) & VRING_DESC_F_NEXT == 0 {
+        if !d.has_next() {
             return false;
         }
-        idx = next;
+        idx = d.next();
     }
     false
 }
@@ -103,6 +99,7 @@ fn uses_indirect(mem: &GuestMemoryMmap<()>, table: u64, size: u16, head: u16) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
 

@@ -182,8 +182,7 @@ impl Configuration {
                             span.switch_owner[f.topology.attachment(n).1]
                         }
                     };
-                    let limit =
-                        crate::fabric::span::MAX_DATAGRAM_PACKET - ulnic_abi::packet::HEADER_SIZE;
+                    let limit = ulnic_abi::datagram::MAX_MTU;
                     if owner(l.a) != owner(l.b) && l.params.mtu as usize > limit {
                         return Err(Error::Config(format!(
                             "link {i} joins two devices over UDP: its MTU must be at most {limit}"

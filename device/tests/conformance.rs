@@ -166,7 +166,10 @@ impl Raw {
         self.kicks[0].write(1).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.u16_at(ring + 0x800 + 2) == self.used {
-            assert!(Instant::now() < deadline, "no answer to command {opcode:#x}");
+            assert!(
+                Instant::now() < deadline,
+                "no answer to command {opcode:#x}"
+            );
             std::thread::yield_now();
         }
         let e = self.read(ring + 0x800 + 4 + u64::from(self.used % QUEUE) * 8, 8);
@@ -302,7 +305,8 @@ fn s2_4_a_kick_that_is_no_eventfd_is_refused() {
     raw.fe.set_vring_base(2, 0).unwrap();
     // SAFETY: the file's descriptor is valid while `regular` lives, and the
     // borrowed EventFd is forgotten, never closing it.
-    let not_eventfd = std::mem::ManuallyDrop::new(unsafe { EventFd::from_raw_fd(regular.as_raw_fd()) });
+    let not_eventfd =
+        std::mem::ManuallyDrop::new(unsafe { EventFd::from_raw_fd(regular.as_raw_fd()) });
     // Acknowledged: the queue is not enabled yet, so nothing starts.
     raw.fe.set_vring_kick(2, &not_eventfd).unwrap();
     raw.fe.set_vring_call(2, &EventFd::new(0).unwrap()).unwrap();

@@ -87,13 +87,14 @@ fn every_doorbell_queue_serves_its_domain() {
     const DOMAINS: u32 = ulnic_abi::DOORBELL_QUEUES;
     // No idle period: an endpoint leaves the polled set as soon as the
     // engine sleeps, so every send below needs its doorbell.
-    let (dev, _dir) = common::device_with(2, |b| {
-        b.max_endpoints(DOMAINS + 2).poll_for(Duration::ZERO)
-    });
+    let (dev, _dir) =
+        common::device_with(2, |b| b.max_endpoints(DOMAINS + 2).poll_for(Duration::ZERO));
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     let pb = b.alloc_pd().unwrap();
-    let mut rx = pb.create_endpoint(&ulnic::EndpointConfig::default()).unwrap();
+    let mut rx = pb
+        .create_endpoint(&ulnic::EndpointConfig::default())
+        .unwrap();
     rx.bind(1).unwrap();
     let not_resident = |id: u32| {
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -5,10 +5,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 use ulnic_abi::{
-    cmd, condition, ctrl, event, op, send_flags, status, tx_error, CreateEndpoint, EventRecord,
-    SendDesc,
+    cmd, condition, ctrl, event, op, send_flags, status, tx_error, wire, CreateEndpoint,
+    EventRecord, SendDesc, INLINE_OFFSET,
 };
 use ulnic_host_attach::HostAttach;
+use zerocopy::IntoBytes;
 
 use common::raw::{bind, create_pd, raw_endpoint, status_of};
 
@@ -162,26 +163,10 @@ fn malformed_commands_get_clear_errors() {
     assert_eq!(bind(0, 5), status::ADDRESS_IN_USE);
 }
 
-#[test]
-fn malformed_descriptors_and_indices_are_contained() {
-    let (dev, _dir) = common::device(2);
-    let a = HostAttach::connect(&common::socket(&dev, 0), 1 << 20).unwrap();
-    let b = HostAttach::connect(&common::socket(&dev, 1), 1 << 20).unwrap();
-    let (pa, pb) = (create_pd(&a), create_pd(&b));
-    let mut ea = raw_endpoint(&a, pa);
-    let eb = raw_endpoint(&b, pb);
-
-    // Unbound sender.
-    ea.send_raw(&a, &desc(good(3, 4)));
-    let ev = ea.next_event(&a);
-    assert_eq!(
-        (ev.kind, ev.code, ev.user_id),
-        (event::TX_ERROR, tx_error::NOT_BOUND, 99)
-    );
-    bind(&a, ea.id, 1);
-    bind(&b, eb.id, 3);
-
-    let cases: Vec<(SendDesc, u16)> = vec![
+/// Sends the device refuses, each with its TX_ERROR code, in the order of
+/// spec §5.9 (a bound sender to node 1, port 3 bound, no free buffer).
+fn refused_sends() -> Vec<(SendDesc, u16)> {
+    vec![
         (
             SendDesc {
                 opcode: 9,
@@ -247,7 +232,29 @@ fn malformed_descriptors_and_indices_are_contained() {
             },
             tx_error::NO_BUFFER,
         ),
-    ];
+    ]
+}
+
+#[test]
+fn malformed_descriptors_and_indices_are_contained() {
+    let (dev, _dir) = common::device(2);
+    let a = HostAttach::connect(&common::socket(&dev, 0), 1 << 20).unwrap();
+    let b = HostAttach::connect(&common::socket(&dev, 1), 1 << 20).unwrap();
+    let (pa, pb) = (create_pd(&a), create_pd(&b));
+    let mut ea = raw_endpoint(&a, pa);
+    let eb = raw_endpoint(&b, pb);
+
+    // Unbound sender.
+    ea.send_raw(&a, &desc(good(3, 4)));
+    let ev = ea.next_event(&a);
+    assert_eq!(
+        (ev.kind, ev.code, ev.user_id),
+        (event::TX_ERROR, tx_error::NOT_BOUND, 99)
+    );
+    bind(&a, ea.id, 1);
+    bind(&b, eb.id, 3);
+
+    let cases = refused_sends();
     for (d, code) in cases {
         ea.send_raw(&a, &desc(d));
         let ev = ea.next_event(&a);
@@ -306,7 +313,7 @@ fn malformed_descriptors_and_indices_are_contained() {
 
     // A good message still goes through, with the true source stamped.
     let mut d = desc(good(3, 5));
-    d[32..37].copy_from_slice(b"hello");
+    d[INLINE_OFFSET..INLINE_OFFSET + 5].copy_from_slice(b"hello");
     ea.send_raw(&a, &d);
     let deadline = Instant::now() + Duration::from_secs(5);
     while eb.word(&b, ctrl::RECV_PRODUCER) == 0 {
@@ -318,7 +325,7 @@ fn malformed_descriptors_and_indices_are_contained() {
         .read(eb.ctrl.gpa + eb.layout.recv_offset(), &mut r);
     let rd = ulnic_abi::RecvDesc::decode(&r);
     assert_eq!((rd.src_node, rd.src_port, rd.len), (0, 1, 5));
-    assert_eq!(&r[32..37], b"hello");
+    assert_eq!(&r[INLINE_OFFSET..INLINE_OFFSET + 5], b"hello");
     // Nothing was written into the receiver's segment by any failed send.
     let mut seg = vec![0u8; 8192];
     b.memory().read(eb.seg.gpa, &mut seg);
@@ -347,6 +354,41 @@ fn stat(hw: &HostAttach, ep: u32, name: &str) -> u64 {
     ulnic_abi::read_le64(&r, i * 8)
 }
 
+/// EXPORT_BUFFER on `ea`, whose domain's table (entries 0 and 1 two pages
+/// of memory, 2 not installed, 4 outside it) is set: the send path's
+/// translation checks, as statuses.
+fn exported_buffers_are_checked_as_translations(a: &HostAttach, ea_id: u32) {
+    let export = |ep: u32, perms: u32, offset: u64, len: u64, first: u32, count: u32| {
+        let p = wire::ExportBuffer {
+            endpoint: ep.into(),
+            perms: perms.into(),
+            page_offset: offset.into(),
+            len: len.into(),
+            utlb_first: first.into(),
+            utlb_count: count.into(),
+        };
+        status_of(a.command(cmd::EXPORT_BUFFER, p.as_bytes()))
+    };
+    let rw = ulnic_abi::perm::ALL;
+    assert_eq!(export(ea_id, rw, 8, 8000, 0, 2), status::OK);
+    assert_eq!(export(77, rw, 0, 8, 0, 1), status::NOT_FOUND);
+    assert_eq!(export(ea_id, 0, 0, 8, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, 8, 0, 8, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 0, 0, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 4, 8, 0, 1), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 0, 8193, 0, 2), status::INVALID_ARGUMENT);
+    assert_eq!(export(ea_id, rw, 0, 8, 2, 1), status::INVALID_ARGUMENT);
+    assert_eq!(
+        export(ea_id, rw, 0, 8, 7, u32::MAX),
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(export(ea_id, rw, 0, 8, 4, 1), status::BAD_ADDRESS);
+    assert_eq!(
+        status_of(a.command(cmd::EXPORT_BUFFER, &[0; 28])),
+        status::BAD_LENGTH
+    );
+}
+
 #[test]
 fn utlb_tables_and_references_are_checked() {
     let (dev, _dir) = common::device(2);
@@ -373,10 +415,12 @@ fn utlb_tables_and_references_are_checked() {
     );
 
     let set_table = |pd: u32, entries: u32, gpa: u64| {
-        let mut p = pd.to_le_bytes().to_vec();
-        p.extend_from_slice(&entries.to_le_bytes());
-        p.extend_from_slice(&gpa.to_le_bytes());
-        status_of(a.command(cmd::UTLB_SET_TABLE, &p))
+        let p = wire::UtlbSetTable {
+            pd: pd.into(),
+            entries: entries.into(),
+            table_gpa: gpa.into(),
+        };
+        status_of(a.command(cmd::UTLB_SET_TABLE, p.as_bytes()))
     };
     let mem = a.memory();
     let table = mem.alloc(4096).unwrap();
@@ -429,7 +473,8 @@ fn utlb_tables_and_references_are_checked() {
         (
             {
                 let mut d = utlb_send(0, 1, 0, 8);
-                d[2] |= send_flags::INLINE as u8;
+                let w: &mut wire::SendDesc = zerocopy::transmute_mut!(&mut d);
+                w.flags = (w.flags.get() | send_flags::INLINE).into();
                 d
             },
             err(tx_error::BAD_DESCRIPTOR),
@@ -452,10 +497,12 @@ fn utlb_tables_and_references_are_checked() {
     mem.write(table.gpa + 5 * 8, &0u64.to_le_bytes());
     assert_eq!(send(utlb_send(5, 1, 0, 8)), done, "stale until invalidated");
     let inval = |pd: u32, first: u32, count: u32| {
-        let mut p = pd.to_le_bytes().to_vec();
-        p.extend_from_slice(&first.to_le_bytes());
-        p.extend_from_slice(&count.to_le_bytes());
-        status_of(a.command(cmd::UTLB_INVALIDATE, &p))
+        let p = wire::UtlbInvalidate {
+            pd: pd.into(),
+            first: first.into(),
+            count: count.into(),
+        };
+        status_of(a.command(cmd::UTLB_INVALIDATE, p.as_bytes()))
     };
     assert_eq!(inval(77, 5, 1), status::NOT_FOUND);
     assert_eq!(
@@ -471,34 +518,7 @@ fn utlb_tables_and_references_are_checked() {
     ec.send_raw(&a, &utlb_send(0, 1, 0, 8));
     let ev = ec.next_event(&a);
     assert_eq!((ev.kind, ev.code), err(tx_error::NO_TRANSLATION));
-    // Exporting user buffers: the same translation checks, as statuses.
-    let export = |ep: u32, perms: u32, offset: u64, len: u64, first: u32, count: u32| {
-        let mut p = ep.to_le_bytes().to_vec();
-        p.extend_from_slice(&perms.to_le_bytes());
-        p.extend_from_slice(&offset.to_le_bytes());
-        p.extend_from_slice(&len.to_le_bytes());
-        p.extend_from_slice(&first.to_le_bytes());
-        p.extend_from_slice(&count.to_le_bytes());
-        status_of(a.command(cmd::EXPORT_BUFFER, &p))
-    };
-    let rw = ulnic_abi::perm::ALL;
-    assert_eq!(export(ea_id, rw, 8, 8000, 0, 2), status::OK);
-    assert_eq!(export(77, rw, 0, 8, 0, 1), status::NOT_FOUND);
-    assert_eq!(export(ea_id, 0, 0, 8, 0, 1), status::INVALID_ARGUMENT);
-    assert_eq!(export(ea_id, 8, 0, 8, 0, 1), status::INVALID_ARGUMENT);
-    assert_eq!(export(ea_id, rw, 0, 0, 0, 1), status::INVALID_ARGUMENT);
-    assert_eq!(export(ea_id, rw, 4, 8, 0, 1), status::INVALID_ARGUMENT);
-    assert_eq!(export(ea_id, rw, 0, 8193, 0, 2), status::INVALID_ARGUMENT);
-    assert_eq!(export(ea_id, rw, 0, 8, 2, 1), status::INVALID_ARGUMENT);
-    assert_eq!(
-        export(ea_id, rw, 0, 8, 7, u32::MAX),
-        status::INVALID_ARGUMENT
-    );
-    assert_eq!(export(ea_id, rw, 0, 8, 4, 1), status::BAD_ADDRESS);
-    assert_eq!(
-        status_of(a.command(cmd::EXPORT_BUFFER, &[0; 28])),
-        status::BAD_LENGTH
-    );
+    exported_buffers_are_checked_as_translations(&a, ea_id);
     // Everything still works for everyone.
     assert_eq!(send(utlb_send(0, 1, 0, 8)), done);
 }

@@ -4,10 +4,13 @@
 mod common;
 
 use common::raw::{create_pd, raw_endpoint, status_of};
-use ulnic_abi::{cmd, event, op, perm, read_le32, send_flags, status, tx_error, SendDesc};
+use ulnic_abi::{
+    cmd, event, op, perm, send_flags, status, tripwire_flags, tx_error, wire, Cookie, SendDesc,
+};
 use ulnic_device::nic::node::ObjectCounts;
 use ulnic_device::Device;
 use ulnic_host_attach::{DmaMemory, HostAttach};
+use zerocopy::IntoBytes;
 
 fn counts(dev: &Device, node: usize) -> ObjectCounts {
     dev.shard().lock().nodes[node].object_counts()
@@ -22,29 +25,36 @@ fn populate(hw: &HostAttach) -> (u32, u32, u32, Vec<u8>) {
     let ep = raw.id;
     common::raw::bind(hw, ep, 5);
     let cookie = hw.command(cmd::EXPORT, &export_payload(ep)).unwrap();
-    let aperture = read_le32(&cookie, 4);
+    let aperture = Cookie::decode(&cookie).aperture;
     hw.command(cmd::SET_TRIPWIRE, &tripwire_payload(ep, aperture))
         .unwrap();
     (pd.id, ep, aperture, raw.create.encode().to_vec())
 }
 
 fn export_payload(ep: u32) -> Vec<u8> {
-    let mut p = ep.to_le_bytes().to_vec();
-    p.extend_from_slice(&perm::ALL.to_le_bytes());
-    p.extend_from_slice(&0u64.to_le_bytes());
-    p.extend_from_slice(&4096u64.to_le_bytes());
-    p
+    let p = wire::Export {
+        endpoint: ep.into(),
+        perms: perm::ALL.into(),
+        offset: 0.into(),
+        len: 4096.into(),
+    };
+    p.as_bytes().to_vec()
+}
+
+fn tripwire(ep: u32, aperture: u32) -> wire::SetTripwire {
+    wire::SetTripwire {
+        endpoint: ep.into(),
+        aperture: aperture.into(),
+        offset: 0.into(),
+        len: 64.into(),
+        flags: tripwire_flags::WRITE.into(),
+        reserved: 0.into(),
+        user: 7.into(),
+    }
 }
 
 fn tripwire_payload(ep: u32, aperture: u32) -> Vec<u8> {
-    let mut p = ep.to_le_bytes().to_vec();
-    p.extend_from_slice(&aperture.to_le_bytes());
-    p.extend_from_slice(&0u64.to_le_bytes());
-    p.extend_from_slice(&64u64.to_le_bytes());
-    p.extend_from_slice(&1u32.to_le_bytes()); // WRITE
-    p.extend_from_slice(&0u32.to_le_bytes());
-    p.extend_from_slice(&7u64.to_le_bytes());
-    p
+    tripwire(ep, aperture).as_bytes().to_vec()
 }
 
 /// Sends `opcode` with `payload` and a response buffer of `room` bytes
@@ -166,21 +176,23 @@ fn refused_commands_of_every_kind_change_nothing() {
     }
     // SET_TRIPWIRE's reserved word, and a control region whose declared
     // length reaches outside shared memory.
-    let mut tw = tripwire_payload(ep, aperture);
-    tw[28] = 1;
+    let tw = wire::SetTripwire {
+        reserved: 1.into(),
+        ..tripwire(ep, aperture)
+    };
     assert_eq!(
-        status_of(hw.command(cmd::SET_TRIPWIRE, &tw)),
+        status_of(hw.command(cmd::SET_TRIPWIRE, tw.as_bytes())),
         status::INVALID_ARGUMENT
     );
-    let mut c = create.clone();
-    c[32..40].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let mut c: wire::CreateEndpoint = wire::read(&create);
+    c.ctrl_len = (1u64 << 40).into();
     assert_eq!(
-        status_of(hw.command(cmd::CREATE_ENDPOINT, &c)),
+        status_of(hw.command(cmd::CREATE_ENDPOINT, c.as_bytes())),
         status::BAD_ADDRESS
     );
-    c[32..40].copy_from_slice(&(0x10000u64 + 1).to_le_bytes());
+    c.ctrl_len = (0x10000u64 + 1).into();
     assert_eq!(
-        status_of(hw.command(cmd::CREATE_ENDPOINT, &c)),
+        status_of(hw.command(cmd::CREATE_ENDPOINT, c.as_bytes())),
         status::INVALID_ARGUMENT
     );
     assert_eq!(counts(&dev, 0), before);

@@ -170,7 +170,10 @@ fn one_call_takes_every_notification_of_a_domain() {
     // finds nothing (spec §6). Once that is taken, nothing is left.
     // Its signal follows the record at once: 50 ms is ample.
     if readable(fd, 50) {
-        assert!(pb.take_notified().unwrap().is_empty(), "a fourth notification");
+        assert!(
+            pb.take_notified().unwrap().is_empty(),
+            "a fourth notification"
+        );
     }
     assert!(!readable(fd, 0), "readable after everything was taken");
     assert!(pb.take_notified().unwrap().is_empty());

@@ -34,8 +34,6 @@
 /* Notification buffers posted at most (8 bytes each). */
 #define ULNIC_NOTIFY_MAX 256
 
-/* Config space offsets (spec 2.2). */
-
 struct ulnic_file;
 
 /* One endpoint: memory the driver allocated, owned by one open file. */
@@ -213,28 +211,6 @@ static void ulnic_notify_done(struct virtqueue *vq)
 	}
 }
 
-/* The errno for a device status (spec 4.1). */
-static int ulnic_status_errno(u32 status)
-{
-	switch (status) {
-	case ULNIC_STATUS_INVALID_ARGUMENT:
-	case ULNIC_STATUS_BAD_LENGTH:
-		return -EINVAL;
-	case ULNIC_STATUS_NO_RESOURCES:
-		return -ENOSPC;
-	case ULNIC_STATUS_NOT_FOUND:
-		return -ENOENT;
-	case ULNIC_STATUS_ADDRESS_IN_USE:
-		return -EADDRINUSE;
-	case ULNIC_STATUS_BAD_ADDRESS:
-		return -EFAULT;
-	case ULNIC_STATUS_NOT_SUPPORTED:
-		return -EOPNOTSUPP;
-	default:
-		return -EPROTO;
-	}
-}
-
 /*
  * Runs one control command (spec 4). On success returns the number of result
  * bytes copied to @result; a device status other than OK is stored in
@@ -298,7 +274,7 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	}
 	*status = le32_to_cpu(rhdr->status);
 	if (*status != ULNIC_STATUS_OK) {
-		err = ulnic_status_errno(*status);
+		err = -ulnic_status_errno(*status);
 		goto out;
 	}
 	len -= sizeof(*rhdr);
@@ -721,11 +697,11 @@ static long ulnic_take_notified(struct ulnic_file *uf, void __user *arg)
 	n = kzalloc(sizeof(*n), GFP_KERNEL);
 	if (!n)
 		return -ENOMEM;
-	last = min_t(u32, u->endpoints, ARRAY_SIZE(n->bits) * 64);
+	last = min_t(u32, u->endpoints, ARRAY_SIZE(n->bits) * ULNIC_BITMAP_WORD_BITS);
 	/* Only the notified endpoints are looked at, not all 4096. */
 	for_each_set_bit(i, u->notified, last)
 		if (READ_ONCE(uf->eps[i]) && test_and_clear_bit(i, u->notified))
-			n->bits[i / 64] |= cpu_to_le64(1ULL << (i % 64));
+			n->bits[ULNIC_BITMAP_WORD(i)] |= cpu_to_le64(ULNIC_BITMAP_MASK(i));
 	if (copy_to_user(arg, n, sizeof(*n)))
 		err = -EFAULT;
 	kfree(n);
@@ -894,7 +870,10 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 			return -EFAULT;
 		if (!ulnic_owned(uf, id))
 			return -EPERM;
-		/* The endpoint's bit, then the domain's queue (spec 5.8). */
+		/*
+		 * The endpoint's bit, then the domain's queue (spec 5.8);
+		 * set_bit_le is ULNIC_BITMAP_WORD/MASK on little-endian words.
+		 */
 		set_bit_le(id, uf->doorbell_bits);
 		/* remove() frees the queues under vq_sem held for writing. */
 		down_read(&u->vq_sem);
@@ -1034,12 +1013,12 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 	ep = ulnic_owned(uf, off >> ULNIC_MMAP_ID_SHIFT);
 	if (!ep) {
 		err = -EPERM;
-	} else if ((off & 0xffffffffULL) == 0 && len <= ep->ctrl_len) {
+	} else if ((off & ULNIC_MMAP_OFFSET_MASK) == 0 && len <= ep->ctrl_len) {
 		vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY);
 		err = remap_pfn_range(vma, vma->vm_start,
 				      virt_to_phys(ep->ctrl) >> PAGE_SHIFT,
 				      len, vma->vm_page_prot);
-	} else if ((off & 0xffffffffULL) == ULNIC_MMAP_SEGMENT &&
+	} else if ((off & ULNIC_MMAP_OFFSET_MASK) == ULNIC_MMAP_SEGMENT &&
 		   len <= ep->seg_len) {
 		vm_flags_set(vma, VM_DONTCOPY);
 		err = remap_vmalloc_range(vma, ep->seg, 0);

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */
-/* Generated from abi/src/{lib,wire}.rs by ulnic_abi::c_header(); do not edit.
+/* Generated from abi/src/ by ulnic_abi::c_header(); do not edit.
  * Regenerate: ULNIC_BLESS=1 cargo test -p ulnic-abi */
 #ifndef ULNIC_ABI_H
 #define ULNIC_ABI_H
 
 #include <linux/types.h>
 #include <linux/ioctl.h>
+#include <linux/errno.h>
 
 #define ULNIC_CMD_ARM 0x14
 #define ULNIC_CMD_BIND_PORT 0x12
@@ -58,6 +59,7 @@
 #define ULNIC_MMAP_DOORBELL 0x1000000000000
 #define ULNIC_MMAP_DOORBELL_BITS 0x1000000001000
 #define ULNIC_MMAP_ID_SHIFT 0x20
+#define ULNIC_MMAP_OFFSET_MASK 0xffffffff
 #define ULNIC_MMAP_SEGMENT 0x80000000
 #define ULNIC_NOTIFY_QUEUE 0x1
 #define ULNIC_NOTIFY_RECORD_SIZE 0x8
@@ -79,6 +81,36 @@
 #define ULNIC_STATUS_OK 0x0
 #define ULNIC_STATUS_UNKNOWN_COMMAND 0x1
 #define ULNIC_VIRTIO_ID 0x15
+
+/* Endpoint bitmaps (spec 5.8, 9): bit e % 64 of little-endian word e / 64. */
+#define ULNIC_BITMAP_WORD_BITS 64
+#define ULNIC_BITMAP_WORD(e) ((e) / ULNIC_BITMAP_WORD_BITS)
+#define ULNIC_BITMAP_MASK(e) (1ULL << ((e) % ULNIC_BITMAP_WORD_BITS))
+
+/* The errno (positive) for a device status other than OK (spec 9). */
+static inline int ulnic_status_errno(__u32 status)
+{
+	switch (status) {
+	case ULNIC_STATUS_UNKNOWN_COMMAND:
+		return EPROTO;
+	case ULNIC_STATUS_BAD_LENGTH:
+		return EINVAL;
+	case ULNIC_STATUS_INVALID_ARGUMENT:
+		return EINVAL;
+	case ULNIC_STATUS_NO_RESOURCES:
+		return ENOSPC;
+	case ULNIC_STATUS_NOT_FOUND:
+		return ENOENT;
+	case ULNIC_STATUS_ADDRESS_IN_USE:
+		return EADDRINUSE;
+	case ULNIC_STATUS_BAD_ADDRESS:
+		return EFAULT;
+	case ULNIC_STATUS_NOT_SUPPORTED:
+		return EOPNOTSUPP;
+	default:
+		return EPROTO;
+	}
+}
 
 /* Device config space (spec §2.2), 64 bytes, read-only. */
 struct ulnic_config {

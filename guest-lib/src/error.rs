@@ -86,17 +86,20 @@ impl Error {
     }
 }
 
-/// The errno for a device status, as the Linux driver gives it (spec §9).
+/// The errno for a device status, as the Linux driver gives it (spec §9):
+/// the contract's table, `ulnic_abi::status::ERRNO`, which the driver's is
+/// generated from.
 fn status_errno(status: u32) -> i32 {
-    use ulnic_abi::status as s;
-    match status {
-        s::INVALID_ARGUMENT | s::BAD_LENGTH => libc::EINVAL,
-        s::NO_RESOURCES => libc::ENOSPC,
-        s::NOT_FOUND => libc::ENOENT,
-        s::ADDRESS_IN_USE => libc::EADDRINUSE,
-        s::BAD_ADDRESS => libc::EFAULT,
-        s::NOT_SUPPORTED => libc::EOPNOTSUPP,
-        _ => libc::EPROTO,
+    use ulnic_abi::status::Errno;
+    // Exhaustive: an errno added to the table does not build until mapped.
+    match ulnic_abi::status::errno(status) {
+        Errno::EINVAL => libc::EINVAL,
+        Errno::ENOSPC => libc::ENOSPC,
+        Errno::ENOENT => libc::ENOENT,
+        Errno::EADDRINUSE => libc::EADDRINUSE,
+        Errno::EFAULT => libc::EFAULT,
+        Errno::EOPNOTSUPP => libc::EOPNOTSUPP,
+        Errno::EPROTO => libc::EPROTO,
     }
 }
 
@@ -111,5 +114,34 @@ impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
         let kind = std::io::Error::from_raw_os_error(e.errno()).kind();
         std::io::Error::new(kind, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed command's errno is the contract's, which the Linux driver's
+    /// (generated into ulnic_abi.h) is too: the same program sees the same
+    /// errno under either driver.
+    #[test]
+    fn a_command_status_is_the_contracts_errno() {
+        let errno =
+            |status| Error::Driver(ulnic_host_attach::Error::Command { opcode: 0, status }).errno();
+        let want = [
+            (ulnic_abi::status::UNKNOWN_COMMAND, libc::EPROTO),
+            (ulnic_abi::status::BAD_LENGTH, libc::EINVAL),
+            (ulnic_abi::status::INVALID_ARGUMENT, libc::EINVAL),
+            (ulnic_abi::status::NO_RESOURCES, libc::ENOSPC),
+            (ulnic_abi::status::NOT_FOUND, libc::ENOENT),
+            (ulnic_abi::status::ADDRESS_IN_USE, libc::EADDRINUSE),
+            (ulnic_abi::status::BAD_ADDRESS, libc::EFAULT),
+            (ulnic_abi::status::NOT_SUPPORTED, libc::EOPNOTSUPP),
+            (99, libc::EPROTO),
+        ];
+        for (status, e) in want {
+            assert_eq!(errno(status), e, "status {status}");
+        }
+        assert_eq!(want.len() - 1, ulnic_abi::status::ERRNO.len());
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use ulnic_abi::bitmap;
 use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, IocWait};
 use ulnic_abi::{uapi, DeviceInfo, RingLayout};
 use zerocopy::{FromZeros, IntoBytes};
@@ -192,13 +193,13 @@ impl Domain for KernelDomain {
     }
 
     fn ring_doorbell(&self, ep: &EpMemory) {
-        let word = (ep.id / 64) as usize * 8;
+        let word = bitmap::word_offset(ep.id) as usize;
         if !self.doorbell.is_null() && word < ulnic_abi::PAGE_SIZE as usize {
             // SAFETY: the file's bitmap page, mapped for the domain's life;
             // `word` is an aligned u64 inside it (checked above); the device
             // clears bits with atomic exchanges, so this is an atomic OR.
             let bits = unsafe { &*self.doorbell_bits.add(word).cast::<AtomicU64>() };
-            bits.fetch_or((1u64 << (ep.id % 64)).to_le(), Ordering::AcqRel);
+            bits.fetch_or(bitmap::mask(ep.id).to_le(), Ordering::AcqRel);
             // SAFETY: the file's doorbell page, mapped for the domain's
             // life; a 16-bit store of the queue index is the virtio PCI
             // notification (the page is device memory, uncached).
@@ -218,15 +219,10 @@ impl Domain for KernelDomain {
     fn take_notified(&self) -> Result<Vec<u32>, Error> {
         let mut n = ulnic_abi::wire::IocNotified::new_zeroed();
         ioctl(&self.file, uapi::IOC_TAKE_NOTIFIED, &mut n)?;
-        let mut out = Vec::new();
-        for (i, w) in n.bits.iter().enumerate() {
-            let mut bits = w.get();
-            while bits != 0 {
-                out.push(i as u32 * 64 + bits.trailing_zeros());
-                bits &= bits - 1;
-            }
-        }
-        Ok(out)
+        let words = n.bits.iter().enumerate();
+        Ok(words
+            .flat_map(|(i, w)| bitmap::endpoints(i, w.get()))
+            .collect())
     }
 
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {

@@ -110,7 +110,7 @@ pub enum RemoteEnd {
 /// Packets the far end of a lane between device processes holds before it
 /// drops: credits do not cross processes, and this is enough for the
 /// largest message at the smallest MTU (1 MiB in 256-byte packets).
-pub const UDP_FAR_BUFFER: usize = 4096;
+pub const UDP_FAR_BUFFER: usize = ulnic_abi::datagram::FAR_BUFFER;
 
 /// One direction of a link.
 pub struct Lane {

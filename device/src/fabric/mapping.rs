@@ -240,13 +240,10 @@ impl FabricMap {
 /// first, and nodes as (node, id, gate).
 type Shape = (BTreeSet<(u32, u8, u32, u8)>, BTreeSet<(u32, u32, u8)>);
 
-/// Answer kinds in a `PROBE_REPLY`.
-const ANSWER_SWITCH: u8 = 1;
-const ANSWER_NODE: u8 = 2;
-/// Longest switch name a reply carries.
-const MAX_NAME: usize = 64;
-/// `src_node` of a packet a switch makes (a switch is not a node).
-pub const FROM_SWITCH: u32 = u32::MAX;
+pub use ulnic_abi::mapping::FROM_SWITCH;
+use ulnic_abi::mapping::{ANSWER_NODE, ANSWER_SWITCH, MAX_SWITCH_NAME};
+use ulnic_abi::wire::{ProbeReply, RouteEntryHead};
+use zerocopy::{FromBytes, IntoBytes};
 
 /// Who answered a probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,41 +284,56 @@ pub fn reply(p: &Packet, answer: &Answer) -> Option<Packet> {
     r.header.dst_node = p.header.src_node;
     r.header.epoch = p.header.epoch;
     r.header.seq = p.header.seq;
-    match answer {
+    let (src, head, name) = match answer {
         Answer::Switch {
             id,
             name,
             gates,
             in_gate,
         } => {
-            r.header.src_node = FROM_SWITCH.into();
-            r.payload = vec![ANSWER_SWITCH, *in_gate, *gates, 0];
-            r.payload.extend_from_slice(&id.to_le_bytes());
+            let head = ProbeReply {
+                answer: ANSWER_SWITCH,
+                in_gate: *in_gate,
+                gates: *gates,
+                reserved: 0,
+                id: (*id).into(),
+            };
             let name = name.as_bytes();
-            r.payload
-                .extend_from_slice(&name[..name.len().min(MAX_NAME)]);
+            (FROM_SWITCH, head, &name[..name.len().min(MAX_SWITCH_NAME)])
         }
         Answer::Node(n) => {
-            r.header.src_node = (*n).into();
-            r.payload = vec![ANSWER_NODE, 0, 0, 0];
-            r.payload.extend_from_slice(&n.to_le_bytes());
+            let head = ProbeReply {
+                answer: ANSWER_NODE,
+                in_gate: 0,
+                gates: 0,
+                reserved: 0,
+                id: (*n).into(),
+            };
+            (*n, head, &[][..])
         }
-    }
+    };
+    r.header.src_node = src.into();
+    r.payload = head.as_bytes().to_vec();
+    r.payload.extend_from_slice(name);
     r.set_route(back);
     r.seal();
     Some(r)
 }
 
 fn parse_answer(payload: &[u8]) -> Option<Answer> {
-    let id = u32::from_le_bytes(payload.get(4..8)?.try_into().ok()?);
-    match *payload.first()? {
-        ANSWER_SWITCH => Some(Answer::Switch {
+    let (head, name) = ProbeReply::read_from_prefix(payload).ok()?;
+    if head.reserved != 0 {
+        return None;
+    }
+    let id = head.id.get();
+    match head.answer {
+        ANSWER_SWITCH if name.len() <= MAX_SWITCH_NAME => Some(Answer::Switch {
             id,
-            name: String::from_utf8_lossy(&payload[8..]).into_owned(),
-            gates: payload[2],
-            in_gate: payload[1],
+            name: String::from_utf8_lossy(name).into_owned(),
+            gates: head.gates,
+            in_gate: head.in_gate,
         }),
-        ANSWER_NODE if payload.len() == 8 => Some(Answer::Node(id)),
+        ANSWER_NODE if name.is_empty() => Some(Answer::Node(id)),
         _ => None,
     }
 }
@@ -354,11 +366,14 @@ pub fn routes_packets(
         out.push(p);
     };
     for (d, r) in entries {
-        if payload.len() + 5 + r.len() > room {
+        if payload.len() + size_of::<RouteEntryHead>() + r.len() > room {
             send(&mut payload);
         }
-        payload.extend_from_slice(&d.to_le_bytes());
-        payload.push(r.len() as u8);
+        let head = RouteEntryHead {
+            dst_node: d.into(),
+            route_len: r.len() as u8,
+        };
+        payload.extend_from_slice(head.as_bytes());
         payload.extend_from_slice(r.gates());
     }
     if !payload.is_empty() {
@@ -373,11 +388,10 @@ pub fn parse_routes(payload: &[u8]) -> Option<Vec<(u32, Route)>> {
     let mut out = Vec::new();
     let mut rest = payload;
     while !rest.is_empty() {
-        let d = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?);
-        let len = usize::from(*rest.get(4)?);
-        let r = Route::new(rest.get(5..5 + len)?)?;
-        out.push((d, r));
-        rest = &rest[5 + len..];
+        let (head, after) = RouteEntryHead::read_from_prefix(rest).ok()?;
+        let len = usize::from(head.route_len);
+        out.push((head.dst_node.get(), Route::new(after.get(..len)?)?));
+        rest = &after[len..];
     }
     Some(out)
 }

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
+use ulnic_abi::mapping::ROUTES_ROOM;
 use ulnic_abi::packet;
 
 use crate::fabric::link::{Lane, LaneCounters, Nanos, RemoteEnd};
@@ -178,8 +179,6 @@ pub struct Network {
 /// Most packets a NIC holds of its own making (probes, answers, routes);
 /// past this they are dropped, and the mapper's timeouts recover.
 const MAX_NIC_BACKLOG: usize = 4096;
-/// Payload bytes of one `ROUTES` packet: fits the smallest MTU.
-const ROUTES_ROOM: usize = 240;
 
 /// The lanes a packet leaving by lane `first` along `route` crosses
 /// (`entry`: where each lane enters a switch).

@@ -3,6 +3,8 @@
 //! of links that may corrupt, so a corrupted packet is discarded and never
 //! delivered.
 
+use std::mem::offset_of;
+
 use ulnic_abi::packet::{self, HEADER_SIZE, MAX_ROUTE};
 use ulnic_abi::wire::{self, PacketHeader};
 use zerocopy::{FromZeros, IntoBytes};
@@ -143,8 +145,12 @@ impl Packet {
     /// are spared: switches consume and rewrite them in flight, as a
     /// Myrinet switch strips its route byte and checks it by its own means.
     pub fn flip_bit(&mut self, bit: u64) {
-        const HOP: std::ops::Range<u64> = 6 * 8..8 * 8;
-        const ROUTE_LEN: std::ops::Range<u64> = 58 * 8..60 * 8;
+        /// The bits of a header field (which the CRC does not cover).
+        const fn bits(offset: usize, size: usize) -> std::ops::Range<u64> {
+            (offset as u64 * 8)..((offset + size) as u64 * 8)
+        }
+        const HOP: std::ops::Range<u64> = bits(offset_of!(PacketHeader, hop), 2);
+        const ROUTE_LEN: std::ops::Range<u64> = bits(offset_of!(PacketHeader, route_len), 2);
         let spared = (HOP.end - HOP.start) + (ROUTE_LEN.end - ROUTE_LEN.start);
         let covered = ((HEADER_SIZE + self.payload.len()) * 8) as u64 - spared;
         let mut bit = bit % covered;
@@ -224,7 +230,7 @@ mod tests {
         assert_eq!(Packet::from_bytes(&b), Some(p.clone()));
         assert_eq!(Packet::from_bytes(&b[..b.len() - 1]), None);
         let mut long = b.clone();
-        long[58] = (MAX_ROUTE + 1) as u8;
+        long[offset_of!(PacketHeader, route_len)] = (MAX_ROUTE + 1) as u8;
         assert_eq!(Packet::from_bytes(&long), None);
     }
 

@@ -13,22 +13,13 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use ulnic_abi::packet::HEADER_SIZE;
+use ulnic_abi::datagram::{self, MAC_SIZE};
+use ulnic_abi::wire::DatagramHeader;
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::fabric::packet::Packet;
 
 type HmacSha256 = Hmac<Sha256>;
-
-/// `magic` of a datagram: "ULUD".
-pub const DATAGRAM_MAGIC: u32 = 0x4455_4c55;
-/// Bytes before the packet: magic and lane.
-const PREFIX: usize = 8;
-/// Bytes of the MAC after the packet.
-pub const MAC_SIZE: usize = 32;
-/// The largest packet a datagram carries (an IPv4 UDP payload is at most
-/// 65,507 bytes): links between members need an MTU of at most this
-/// minus the packet header.
-pub const MAX_DATAGRAM_PACKET: usize = 65_507 - PREFIX - MAC_SIZE;
 
 /// Who is in the fabric and which of them this device is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,9 +104,12 @@ impl Udp {
 
     /// Sends `p`, which crossed lane `lane`, to member `to`.
     pub fn send(&mut self, to: usize, lane: usize, p: &Packet) {
-        let mut d = Vec::with_capacity(PREFIX + p.wire_len() + MAC_SIZE);
-        d.extend_from_slice(&DATAGRAM_MAGIC.to_le_bytes());
-        d.extend_from_slice(&(lane as u32).to_le_bytes());
+        let mut d = Vec::with_capacity(datagram::HEADER_SIZE + p.wire_len() + MAC_SIZE);
+        let header = DatagramHeader {
+            magic: datagram::MAGIC.into(),
+            lane: (lane as u32).into(),
+        };
+        d.extend_from_slice(header.as_bytes());
         d.extend_from_slice(&p.to_bytes());
         let mut mac = self.mac();
         mac.update(&d);
@@ -137,7 +131,7 @@ impl Udp {
                 continue;
             };
             let d = &self.buf[..n];
-            if n < PREFIX + HEADER_SIZE + MAC_SIZE {
+            if n < datagram::MIN_LEN {
                 self.counters.rejected_malformed += 1;
                 continue;
             }
@@ -148,11 +142,13 @@ impl Udp {
                 self.counters.rejected_mac += 1;
                 continue;
             }
-            let magic = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-            let lane = u32::from_le_bytes([body[4], body[5], body[6], body[7]]) as usize;
-            let packet = Packet::from_bytes(&body[PREFIX..]);
-            match packet {
-                Some(p) if magic == DATAGRAM_MAGIC && accepts(lane, member) => {
+            let Ok((header, rest)) = DatagramHeader::read_from_prefix(body) else {
+                self.counters.rejected_malformed += 1;
+                continue;
+            };
+            let lane = header.lane.get() as usize;
+            match Packet::from_bytes(rest) {
+                Some(p) if header.magic.get() == datagram::MAGIC && accepts(lane, member) => {
                     self.counters.received += 1;
                     return Some((lane, p));
                 }

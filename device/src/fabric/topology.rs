@@ -74,12 +74,7 @@ impl Faults {
     }
 }
 
-/// Largest MTU a link may have (a message is at most 1 MiB anyway).
-pub const MAX_MTU: u32 = 1 << 20;
-/// Most links one switch may have: its gates are numbered by a route byte.
-pub const MAX_GATES: usize = 256;
-/// Smallest MTU a link may have: an inline message fits in one packet.
-pub const MIN_MTU: u32 = 256;
+pub use ulnic_abi::fabric::{MAX_GATES, MAX_MTU, MIN_MTU};
 
 impl Default for LinkParams {
     fn default() -> Self {

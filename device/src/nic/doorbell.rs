@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ulnic_abi::{DOORBELL_QUEUES, FIRST_DOORBELL_QUEUE, RESIDENT_MAX};
+use ulnic_abi::{bitmap, DOORBELL_QUEUES, FIRST_DOORBELL_QUEUE, RESIDENT_MAX};
 use vm_memory::GuestMemoryMmap;
 
 use crate::memory::guest::{self, full_fence};
@@ -36,7 +36,7 @@ impl Node {
     /// naming no endpoint, or another domain's, are ignored.
     pub fn take_doorbells(&mut self, mem: &GuestMemoryMmap<()>, now: Instant) {
         let mut kicked = self.kicked.swap(0, Ordering::SeqCst);
-        let words = self.endpoints.len().div_ceil(64) as u64;
+        let words = bitmap::words(self.endpoints.len() as u32) as u64;
         // Those that left with work waiting come back first.
         let mut rung = std::mem::take(&mut self.rung);
         while kicked != 0 {
@@ -50,10 +50,7 @@ impl Node {
                 let Ok(raw) = guest::swap_u64(mem, gpa + 8 * w, 0) else {
                     break;
                 };
-                let mut bits = u64::from_le(raw);
-                while bits != 0 {
-                    let e = (w * 64) as u32 + bits.trailing_zeros();
-                    bits &= bits - 1;
+                for e in bitmap::endpoints(w as usize, u64::from_le(raw)) {
                     if let Some(ep) = self.endpoint_mut(e).filter(|ep| ep.pd == pd) {
                         ep.stats.doorbells += 1;
                         rung.push(e);

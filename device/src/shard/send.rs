@@ -117,7 +117,9 @@ fn carry(
             }
         };
         let msg = Message::new(src, d.tag, d.len, payload);
-        return pass.deliver(d.dest_node, d.dest_port, &msg).map(|()| Sent::Done);
+        return pass
+            .deliver(d.dest_node, d.dest_port, &msg)
+            .map(|()| Sent::Done);
     }
     // A send to oneself: the segment is both source and destination, so
     // the bytes are staged (rare; keeps the borrow rules simple).

@@ -96,8 +96,8 @@ impl NicSink<'_, '_> {
             .endpoint_mut(key.endpoint)
             .ok_or(tx_error::NO_ENDPOINT)?;
         // Stamped with where it was going; the filter does not apply.
-        let m = Message::bytes((key.dst, key.port), msg.tag, &msg.bytes)
-            .flagged(recv_flags::RETURNED);
+        let m =
+            Message::bytes((key.dst, key.port), msg.tag, &msg.bytes).flagged(recv_flags::RETURNED);
         let (r, w) = deliver_and_arm(mem, ep, &m);
         if w {
             self.pass.wake.push((key.src, key.endpoint));

@@ -175,7 +175,9 @@ impl NodeBackend {
                     [self.node as usize]
                     .break_queue(CONTROL_QUEUE, RingFault::CallFull),
                 Err(crate::notifier::SignalError::Io(e)) => {
-                    self.end_connection(&format!("its control queue's call cannot be signalled: {e}"));
+                    self.end_connection(&format!(
+                        "its control queue's call cannot be signalled: {e}"
+                    ));
                     return Ok(());
                 }
             }

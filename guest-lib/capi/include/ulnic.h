@@ -323,7 +323,7 @@ struct ulnic_recv {
   /**
    * Inline: the payload (`len` bytes).
    */
-  uint8_t data[96];
+  uint8_t data[ULNIC_INLINE_MAX];
 };
 
 /**

@@ -78,6 +78,9 @@ pub struct ulnic_filter {
 pub const ULNIC_ANY: u32 = u32::MAX;
 /// Bytes a message may carry inline in its descriptor.
 pub const ULNIC_INLINE_MAX: u32 = 96;
+// cbindgen needs the literal; the contract decides the value.
+const _: () = assert!(ULNIC_INLINE_MAX == ulnic_abi::INLINE_MAX);
+const _: () = assert!(ULNIC_ANY == ulnic_abi::ANY);
 /// Ask for a `ULNIC_EVENT_SEND_DONE` when the send or RDMA is done.
 pub const ULNIC_COMPLETION: u32 = 1;
 
@@ -108,7 +111,7 @@ pub struct ulnic_recv {
     /// Not inline: the id that buffer was posted with.
     pub buffer_id: u64,
     /// Inline: the payload (`len` bytes).
-    pub data: [u8; 96],
+    pub data: [u8; ULNIC_INLINE_MAX as usize],
 }
 
 /// `ulnic_event.kind`: a send or RDMA posted with `ULNIC_COMPLETION` is
@@ -455,7 +458,7 @@ pub unsafe extern "C" fn ulnic_ep_poll_recv(ep: *mut ulnic_ep, out: *mut ulnic_r
         reserved: 0,
         buffer_offset: 0,
         buffer_id: 0,
-        data: [0; 96],
+        data: [0; ULNIC_INLINE_MAX as usize],
     };
     match m.payload {
         Payload::Inline(d) => {

@@ -125,8 +125,9 @@ impl Endpoint {
         let before = b.head;
         b.head = at + len as u64;
         let base = b.entries;
-        let (first_page, offset) = (off / 4096, (off % 4096) as u64);
-        let count = (offset as usize + len).div_ceil(4096) as u32;
+        let page = ulnic_abi::PAGE_SIZE as usize;
+        let (first_page, offset) = (off / page, (off % page) as u64);
+        let count = (offset as usize + len).div_ceil(page) as u32;
         let entries = UtlbRef {
             first: base.first + first_page as u32,
             count,
