@@ -6,6 +6,7 @@
 mod common;
 
 use std::fs::File;
+use std::mem::{offset_of, size_of};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,11 @@ use vhost::vhost_user::message::{
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_ring::{
+    vring_avail, vring_used, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use virtio_queue::desc::split::{Descriptor, VirtqUsedElem};
+use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::EventFd;
 use zerocopy::IntoBytes;
 
@@ -34,8 +40,15 @@ const BITMAP: u64 = 0x9_0000;
 const TABLE: u64 = 0x9_1000;
 const CTRL: u64 = 0x10_0000;
 const SEG: u64 = 0x20_0000;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
+/// Each queue's available and used rings, after its descriptor table.
+const AVAIL: u64 = 0x400;
+const USED: u64 = 0x800;
+const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
+const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
+const AVAIL_IDX: u64 = offset_of!(vring_avail, idx) as u64;
+const AVAIL_RING: u64 = offset_of!(vring_avail, ring) as u64;
+const USED_IDX: u64 = offset_of!(vring_used, idx) as u64;
+const USED_RING: u64 = offset_of!(vring_used, ring) as u64;
 
 /// A frontend written from spec §2.4: shared memory, the control and
 /// notification queues set up, every message acknowledged (`REPLY_ACK`),
@@ -104,8 +117,8 @@ impl Raw {
                 queue_size: QUEUE,
                 flags: 0,
                 desc_table_addr: base,
-                avail_ring_addr: base + 0x400,
-                used_ring_addr: base + 0x800,
+                avail_ring_addr: base + AVAIL,
+                used_ring_addr: base + USED,
                 log_addr: None,
             },
         )?;
@@ -150,31 +163,29 @@ impl Raw {
         self.write(RESP, &[0xee; 512]);
         let ring = RINGS;
         let desc = |i: u64, addr: u64, len: u32, flags: u16, next: u16| {
-            let mut d = [0u8; 16];
-            d[0..8].copy_from_slice(&addr.to_le_bytes());
-            d[8..12].copy_from_slice(&len.to_le_bytes());
-            d[12..14].copy_from_slice(&flags.to_le_bytes());
-            d[14..16].copy_from_slice(&next.to_le_bytes());
-            self.write(ring + i * 16, &d);
+            let d = Descriptor::new(addr, len, flags, next);
+            self.write(ring + i * size_of::<Descriptor>() as u64, d.as_slice());
         };
         desc(0, REQ, req.len() as u32, F_NEXT, 1);
         desc(1, RESP, 512, F_WRITE, 0);
         let slot = u64::from(self.avail % QUEUE);
-        self.write(ring + 0x400 + 4 + slot * 2, &0u16.to_le_bytes());
+        self.write(ring + AVAIL + AVAIL_RING + slot * 2, &0u16.to_le_bytes());
         self.avail = self.avail.wrapping_add(1);
-        self.write(ring + 0x400 + 2, &self.avail.to_le_bytes());
+        self.write(ring + AVAIL + AVAIL_IDX, &self.avail.to_le_bytes());
         self.kicks[0].write(1).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.u16_at(ring + 0x800 + 2) == self.used {
+        while self.u16_at(ring + USED + USED_IDX) == self.used {
             assert!(
                 Instant::now() < deadline,
                 "no answer to command {opcode:#x}"
             );
             std::thread::yield_now();
         }
-        let e = self.read(ring + 0x800 + 4 + u64::from(self.used % QUEUE) * 8, 8);
+        let at = USED_RING + (size_of::<VirtqUsedElem>() * usize::from(self.used % QUEUE)) as u64;
+        let e = self.read(ring + USED + at, size_of::<VirtqUsedElem>());
+        let e = VirtqUsedElem::from_slice(&e).copied().unwrap();
         self.used = self.used.wrapping_add(1);
-        let len = u32::from_le_bytes(e[4..8].try_into().unwrap()) as usize;
+        let len = e.len() as usize;
         assert!(len >= 8, "command {opcode:#x}: used length {len}");
         let resp = self.read(RESP, len);
         let code = u32::from_le_bytes(resp[0..4].try_into().unwrap());
@@ -296,8 +307,8 @@ fn s2_4_a_kick_that_is_no_eventfd_is_refused() {
                 queue_size: QUEUE,
                 flags: 0,
                 desc_table_addr: base,
-                avail_ring_addr: base + 0x400,
-                used_ring_addr: base + 0x800,
+                avail_ring_addr: base + AVAIL,
+                used_ring_addr: base + USED,
                 log_addr: None,
             },
         )

@@ -8,6 +8,7 @@
 mod common;
 
 use std::fs::File;
+use std::mem::{offset_of, size_of};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,11 @@ use ulnic_abi::{cmd, status};
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_ring::{
+    vring_avail, vring_used, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use virtio_queue::desc::split::{Descriptor, VirtqUsedElem};
+use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::EventFd;
 
 const MEM: usize = 1 << 20;
@@ -26,9 +32,13 @@ const USED: u64 = 0x2000;
 const INDIRECT: u64 = 0x3000;
 const REQ: u64 = 0x4000;
 const RESP: u64 = 0x5000;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-const F_INDIRECT: u16 = 4;
+const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
+const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
+const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+/// Where the avail ring's index and entries are, and the used ring's index.
+const AVAIL_IDX: u64 = offset_of!(vring_avail, idx) as u64;
+const AVAIL_RING: u64 = offset_of!(vring_avail, ring) as u64;
+const USED_IDX: u64 = offset_of!(vring_used, idx) as u64;
 
 /// A frontend whose control queue lives in memory this test writes.
 struct Rings {
@@ -114,38 +124,40 @@ impl Rings {
         u16::from_le_bytes(self.read(at, 2).try_into().unwrap())
     }
 
-    /// Writes a 16-byte virtq descriptor into the table at `table`.
+    /// Writes a virtq descriptor into the table at `table`.
     fn desc(&self, table: u64, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let mut d = [0u8; 16];
-        d[0..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..16].copy_from_slice(&next.to_le_bytes());
-        self.write(table + u64::from(i) * 16, &d);
+        let d = Descriptor::new(addr, len, flags, next);
+        self.write(
+            table + u64::from(i) * size_of::<Descriptor>() as u64,
+            d.as_slice(),
+        );
     }
 
     /// Makes chain `head` available (index `avail_idx` advanced by
     /// `advance`, 1 for an honest driver) and kicks.
     fn offer(&mut self, head: u16, advance: u16) {
         let slot = self.avail_idx % QUEUE;
-        self.write(AVAIL + 4 + u64::from(slot) * 2, &head.to_le_bytes());
+        self.write(
+            AVAIL + AVAIL_RING + u64::from(slot) * 2,
+            &head.to_le_bytes(),
+        );
         self.avail_idx = self.avail_idx.wrapping_add(advance);
-        self.write(AVAIL + 2, &self.avail_idx.to_le_bytes());
+        self.write(AVAIL + AVAIL_IDX, &self.avail_idx.to_le_bytes());
         self.kick.write(1).unwrap();
     }
 
     /// Waits for used entry `n` and returns (id, len).
     fn used(&self, n: u16) -> (u32, u32) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.u16_at(USED + 2) <= n {
+        while self.u16_at(USED + USED_IDX) <= n {
             assert!(Instant::now() < deadline, "used entry {n} never came");
             std::thread::yield_now();
         }
-        let e = self.read(USED + 4 + u64::from(n % QUEUE) * 8, 8);
-        (
-            u32::from_le_bytes(e[0..4].try_into().unwrap()),
-            u32::from_le_bytes(e[4..8].try_into().unwrap()),
-        )
+        let at = offset_of!(vring_used, ring) + size_of::<VirtqUsedElem>() * usize::from(n % QUEUE);
+        let e = VirtqUsedElem::from_slice(&self.read(USED + at as u64, size_of::<VirtqUsedElem>()))
+            .copied()
+            .unwrap();
+        (e.id(), e.len())
     }
 
     /// The 32-bit config-space word at `offset`.
@@ -221,7 +233,7 @@ fn an_impossible_avail_index_breaks_only_that_queue_visibly() {
         std::thread::yield_now();
     }
     assert_eq!(dev.shard().lock().nodes[0].queue_errors, 1);
-    assert_eq!(r.u16_at(USED + 2), 1, "nothing used after the jump");
+    assert_eq!(r.u16_at(USED + USED_IDX), 1, "nothing used after the jump");
     assert_eq!(r.read(RESP, 4), [0xee; 4], "nothing executed");
     // The rest of the device never noticed.
     common::exchange(&dev, 1, 2);

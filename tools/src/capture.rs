@@ -17,7 +17,7 @@ use crate::control::{CapturedLine, Client, Request};
 /// pcap's link type for private use; the dissector registers on it.
 pub const LINKTYPE_USER0: u32 = 147;
 /// Bytes of each packet kept: the header and up to 64 KiB of payload.
-pub const SNAPLEN: u32 = 65536 + 64;
+pub const SNAPLEN: u32 = 65536 + ulnic_abi::packet::HEADER_SIZE as u32;
 
 /// A pcap file (nanosecond timestamps) being written.
 pub struct PcapWriter<W: Write> {

@@ -54,7 +54,7 @@ struct Mapping {
     doorbell: bool,
 }
 
-const PAGE: usize = 4096;
+const PAGE: usize = ulnic_abi::PAGE_SIZE as usize;
 /// Pages of our own memory offered to UTLB_INSTALL.
 const BUFFER_PAGES: usize = 64;
 /// The driver's fault-injection toggle and memory budget.

@@ -17,6 +17,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use ulnic_device::{Configuration, Device};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -31,24 +34,26 @@ const USED: u64 = 0x1000;
 /// Where the input's buffer bytes land (descriptors may point here).
 const BUFFERS: u64 = 0x2000;
 
-// vhost-user request codes used by the bring-up.
-const GET_FEATURES: u32 = 1;
-const SET_FEATURES: u32 = 2;
-const SET_OWNER: u32 = 3;
-const SET_MEM_TABLE: u32 = 5;
-const SET_VRING_NUM: u32 = 8;
-const SET_VRING_ADDR: u32 = 9;
-const SET_VRING_BASE: u32 = 10;
-const SET_VRING_KICK: u32 = 12;
-const SET_VRING_CALL: u32 = 13;
-const SET_PROTOCOL_FEATURES: u32 = 16;
-const SET_VRING_ENABLE: u32 = 18;
+// vhost-user request codes used by the bring-up: the vhost crate's.
+const GET_FEATURES: u32 = FrontendReq::GET_FEATURES as u32;
+const SET_FEATURES: u32 = FrontendReq::SET_FEATURES as u32;
+const SET_OWNER: u32 = FrontendReq::SET_OWNER as u32;
+const SET_MEM_TABLE: u32 = FrontendReq::SET_MEM_TABLE as u32;
+const SET_VRING_NUM: u32 = FrontendReq::SET_VRING_NUM as u32;
+const SET_VRING_ADDR: u32 = FrontendReq::SET_VRING_ADDR as u32;
+const SET_VRING_BASE: u32 = FrontendReq::SET_VRING_BASE as u32;
+const SET_VRING_KICK: u32 = FrontendReq::SET_VRING_KICK as u32;
+const SET_VRING_CALL: u32 = FrontendReq::SET_VRING_CALL as u32;
+const SET_PROTOCOL_FEATURES: u32 = FrontendReq::SET_PROTOCOL_FEATURES as u32;
+const SET_VRING_ENABLE: u32 = FrontendReq::SET_VRING_ENABLE as u32;
 /// Version 1, as every frontend request carries.
 const VERSION: u32 = 1;
-const PROTOCOL_FEATURES: u64 = 1 << 30;
-const VERSION_1: u64 = 1 << 32;
-/// MQ | REPLY_ACK | CONFIG.
-const PROTOCOLS: u64 = (1 << 0) | (1 << 3) | (1 << 9);
+const PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+const VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+const PROTOCOLS: u64 = VhostUserProtocolFeatures::MQ
+    .union(VhostUserProtocolFeatures::REPLY_ACK)
+    .union(VhostUserProtocolFeatures::CONFIG)
+    .bits();
 
 struct Target {
     device: Device,

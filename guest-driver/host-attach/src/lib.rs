@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use log::debug;
 use ulnic_abi::wire::NotifyRecord;
 use ulnic_abi::{
-    cmd, status, DeviceInfo, CMD_HEADER_SIZE, FIRST_DOORBELL_QUEUE, NOTIFY_QUEUE, RESP_HEADER_SIZE,
+    bitmap, cmd, status, DeviceInfo, CMD_HEADER_SIZE, FIRST_DOORBELL_QUEUE, NOTIFY_QUEUE,
+    RESP_HEADER_SIZE,
 };
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -64,7 +65,7 @@ const QUEUE_SIZE: u16 = 64;
 /// Size of the doorbell virtqueues (only their kick eventfds are used).
 const DOORBELL_QUEUE_SIZE: u16 = 2;
 /// virtio VERSION_1 feature bit.
-const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
 fn proto(step: &'static str) -> impl FnOnce(vhost::Error) -> Error {
     move |source| Error::Protocol { step, source }
@@ -72,7 +73,10 @@ fn proto(step: &'static str) -> impl FnOnce(vhost::Error) -> Error {
 
 /// A process attached to one device node.
 pub struct HostAttach {
-    frontend: Mutex<Frontend>,
+    /// The vhost-user connection, kept open while attached: closing it is
+    /// what detaches (the device then frees everything this process made;
+    /// `RESET_OWNER` would not, spec §2).
+    _frontend: Mutex<Frontend>,
     memory: DmaMemory,
     control: Mutex<ControlQueue>,
     notify: Mutex<NotifyQueue>,
@@ -187,7 +191,7 @@ fn negotiate(fe: &mut Frontend, path: &Path, accept: u64) -> Result<usize, Error
     )
     .map_err(proto("SET_PROTOCOL_FEATURES"))?;
     let queues = fe.get_queue_num().map_err(proto("GET_QUEUE_NUM"))? as usize;
-    if queues < usize::from(FIRST_DOORBELL_QUEUE) + 1 || queues > 64 {
+    if queues < usize::from(FIRST_DOORBELL_QUEUE) + 1 || queues > ulnic_abi::QUEUE_COUNT as usize {
         return Err(Error::Incompatible(format!("device has {queues} queues")));
     }
     Ok(queues)
@@ -231,7 +235,8 @@ fn set_up_queues(
         )?;
         match (q as u16, call) {
             (ulnic_abi::CONTROL_QUEUE, Some(call)) => {
-                let buf = memory.alloc(4096)?;
+                // The request in one half, the response in the other.
+                let buf = memory.alloc(ulnic_abi::PAGE_SIZE as usize)?;
                 control = Some(ControlQueue {
                     queue,
                     kick,
@@ -337,7 +342,7 @@ impl HostAttach {
         }
         let _ = notify.kick.write(1);
         let mut this = HostAttach {
-            frontend: Mutex::new(fe),
+            _frontend: Mutex::new(fe),
             memory,
             control: Mutex::new(control),
             notify: Mutex::new(notify),
@@ -345,7 +350,7 @@ impl HostAttach {
             doorbells,
             doorbell_bits: Mutex::new(std::collections::HashMap::new()),
             _unused_call: unused_call,
-            pending: (0..ulnic_abi::MAX_ENDPOINTS_LIMIT.div_ceil(64))
+            pending: (0..bitmap::words(ulnic_abi::MAX_ENDPOINTS_LIMIT))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             info: DeviceInfo::default(),
@@ -402,9 +407,12 @@ impl HostAttach {
                 status: status::BAD_LENGTH,
             });
         }
+        let header = ulnic_abi::wire::CmdHeader {
+            opcode: opcode.into(),
+            reserved: 0.into(),
+        };
         let mut req = Vec::with_capacity(CMD_HEADER_SIZE + payload.len());
-        req.extend_from_slice(&opcode.to_le_bytes());
-        req.extend_from_slice(&0u32.to_le_bytes());
+        req.extend_from_slice(zerocopy::IntoBytes::as_bytes(&header));
         req.extend_from_slice(payload);
         if c.dead {
             return Err(Error::ControlQueueDead(opcode));
@@ -424,7 +432,9 @@ impl HostAttach {
         }
         let mut resp = vec![0u8; len.min(half)];
         self.memory.read(resp_gpa, &mut resp);
-        let st = ulnic_abi::read_le32(&resp, 0);
+        let st = ulnic_abi::wire::read::<ulnic_abi::wire::RespHeader>(&resp)
+            .status
+            .get();
         if st != status::OK {
             return Err(Error::Command { opcode, status: st });
         }
@@ -527,8 +537,8 @@ impl HostAttach {
     /// bitmap, then kicks the domain's doorbell queue (spec §5.8).
     pub fn ring_doorbell(&self, pd: &ProtectionDomain, endpoint: u32) {
         if endpoint < self.info.max_endpoints {
-            let word = pd.doorbell_gpa + 8 * u64::from(endpoint / 64);
-            self.memory.fetch_or_u64(word, 1 << (endpoint % 64));
+            let word = pd.doorbell_gpa + bitmap::word_offset(endpoint);
+            self.memory.fetch_or_u64(word, bitmap::mask(endpoint));
         }
         let slot = pd
             .doorbell_queue
@@ -558,10 +568,10 @@ impl HostAttach {
     /// Waits up to `timeout` for a notification for `endpoint`; true when one
     /// came. Notifications for other endpoints are kept for their waiters.
     pub fn wait_notification(&self, endpoint: u32, timeout: Duration) -> bool {
-        let Some(word) = self.pending.get(endpoint as usize / 64) else {
+        let Some(word) = self.pending.get(bitmap::word(endpoint)) else {
             return false;
         };
-        let bit = 1u64 << (endpoint % 64);
+        let bit = bitmap::mask(endpoint);
         let deadline = Instant::now() + timeout;
         if timeout.is_zero() {
             // A look, for a caller that polls `notification_fd`: leave it
@@ -609,15 +619,10 @@ impl HostAttach {
         // (taking everything is what this call means).
         let _ = self.notify_call.read();
         self.drain_notifications(u32::MAX);
-        let mut out = Vec::new();
-        for (i, w) in self.pending.iter().enumerate() {
-            let mut bits = w.swap(0, Ordering::AcqRel);
-            while bits != 0 {
-                out.push(i as u32 * 64 + bits.trailing_zeros());
-                bits &= bits - 1;
-            }
-        }
-        out
+        let words = self.pending.iter().enumerate();
+        words
+            .flat_map(|(i, w)| bitmap::endpoints(i, w.swap(0, Ordering::AcqRel)))
+            .collect()
     }
 
     /// Moves notification records into `pending` and reposts their buffers;
@@ -641,8 +646,8 @@ impl HostAttach {
                 let ep = rec.endpoint.get();
                 // The device names the endpoint; one past the limit is
                 // nobody's, and only wakes the caller.
-                if let Some(w) = self.pending.get(ep as usize / 64) {
-                    w.fetch_or(1u64 << (ep % 64), Ordering::AcqRel);
+                if let Some(w) = self.pending.get(bitmap::word(ep)) {
+                    w.fetch_or(bitmap::mask(ep), Ordering::AcqRel);
                 }
                 others |= ep != caller;
             }
@@ -654,16 +659,6 @@ impl HostAttach {
             let _ = kick.write(1);
         }
         (any, others)
-    }
-}
-
-impl Drop for HostAttach {
-    fn drop(&mut self) {
-        // Closing the socket is what tells the device we are gone; say so
-        // explicitly first so the device frees our state at once.
-        if let Ok(fe) = self.frontend.lock() {
-            let _ = fe.reset_owner();
-        }
     }
 }
 

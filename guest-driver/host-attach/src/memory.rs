@@ -14,7 +14,7 @@ use vm_memory::{
 
 use crate::error::Error;
 
-const PAGE: usize = 4096;
+const PAGE: usize = ulnic_abi::PAGE_SIZE as usize;
 
 /// A block of shared memory: its device-visible address and where it is mapped here.
 #[derive(Debug, Clone, Copy)]

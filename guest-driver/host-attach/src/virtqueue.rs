@@ -2,13 +2,39 @@
 //! the control and notification queues: add a chain, publish it, reap used
 //! entries.
 
+use std::mem::{offset_of, size_of};
 use std::sync::atomic::{fence, Ordering};
+
+use ulnic_abi::PAGE_SIZE;
+use virtio_bindings::virtio_ring::{
+    vring_avail, vring_used, vring_used_elem, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use virtio_queue::desc::split::Descriptor;
+use vm_memory::ByteValued;
+use zerocopy::little_endian::U32;
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::error::Error;
 use crate::memory::{DmaBuffer, DmaMemory};
 
-const VIRTQ_DESC_F_NEXT: u16 = 1;
-const VIRTQ_DESC_F_WRITE: u16 = 2;
+/// The largest queue this driver sets up: each of its three rings then
+/// fits in one page.
+pub const MAX_SIZE: u16 = 256;
+const _: () = assert!(size_of::<Descriptor>() * MAX_SIZE as usize <= PAGE_SIZE as usize);
+const _: () = assert!(
+    offset_of!(vring_used, ring) + size_of::<vring_used_elem>() * MAX_SIZE as usize
+        <= PAGE_SIZE as usize
+);
+
+/// A used-ring element as the device writes it (little endian): the
+/// layout of virtio-bindings' `vring_used_elem`, whose fields are native.
+#[derive(FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+struct UsedElem {
+    id: U32,
+    len: U32,
+}
+const _: () = assert!(size_of::<UsedElem>() == size_of::<vring_used_elem>());
 
 /// One split virtqueue in shared memory.
 pub struct DriverQueue {
@@ -24,8 +50,9 @@ pub struct DriverQueue {
 impl DriverQueue {
     /// Allocates the rings for a queue of `size` entries.
     pub fn new(mem: &DmaMemory, size: u16) -> Result<DriverQueue, Error> {
-        // Three pages: descriptor table, available ring, used ring (sizes <= 256).
-        let buf = mem.alloc(3 * 4096)?;
+        // Three pages: descriptor table, available ring, used ring.
+        debug_assert!(size <= MAX_SIZE);
+        let buf = mem.alloc(3 * PAGE_SIZE as usize)?;
         Ok(DriverQueue {
             size,
             mem: buf,
@@ -42,11 +69,11 @@ impl DriverQueue {
     }
     /// Address of the available ring.
     pub fn avail_gpa(&self) -> u64 {
-        self.mem.gpa + 4096
+        self.mem.gpa + PAGE_SIZE
     }
     /// Address of the used ring.
     pub fn used_gpa(&self) -> u64 {
-        self.mem.gpa + 8192
+        self.mem.gpa + 2 * PAGE_SIZE
     }
 
     /// Adds a chain of device-readable then device-writable buffers and
@@ -61,39 +88,45 @@ impl DriverQueue {
         let all = readable
             .iter()
             .map(|b| (b, 0))
-            .chain(writable.iter().map(|b| (b, VIRTQ_DESC_F_WRITE)));
+            .chain(writable.iter().map(|b| (b, VRING_DESC_F_WRITE as u16)));
         for (i, (&(addr, len), flags)) in all.enumerate() {
             let next = ids.get(i + 1).copied();
-            let mut d = [0u8; 16];
-            d[0..8].copy_from_slice(&addr.to_le_bytes());
-            d[8..12].copy_from_slice(&len.to_le_bytes());
-            let f = flags | if next.is_some() { VIRTQ_DESC_F_NEXT } else { 0 };
-            d[12..14].copy_from_slice(&f.to_le_bytes());
-            d[14..16].copy_from_slice(&next.unwrap_or(0).to_le_bytes());
-            mem.write(self.desc_gpa() + u64::from(ids[i]) * 16, &d);
+            let f = flags
+                | if next.is_some() {
+                    VRING_DESC_F_NEXT as u16
+                } else {
+                    0
+                };
+            let d = Descriptor::new(addr, len, f, next.unwrap_or(0));
+            let at = u64::from(ids[i]) * size_of::<Descriptor>() as u64;
+            mem.write(self.desc_gpa() + at, d.as_slice());
         }
         let head = ids[0];
-        let slot = self.avail_idx % self.size;
-        mem.store_u16(self.avail_gpa() + 4 + 2 * u64::from(slot), head);
+        let slot = u64::from(self.avail_idx % self.size);
+        let ring = offset_of!(vring_avail, ring) as u64;
+        mem.store_u16(self.avail_gpa() + ring + 2 * slot, head);
         self.chains[usize::from(head)] = ids;
         self.avail_idx = self.avail_idx.wrapping_add(1);
         fence(Ordering::Release);
-        mem.store_u16(self.avail_gpa() + 2, self.avail_idx);
+        mem.store_u16(
+            self.avail_gpa() + offset_of!(vring_avail, idx) as u64,
+            self.avail_idx,
+        );
         fence(Ordering::SeqCst);
     }
 
     /// Takes the next used entry: (head, bytes written).
     pub fn pop_used(&mut self, mem: &DmaMemory) -> Option<(u16, u32)> {
-        let used_idx = mem.load_u16(self.used_gpa() + 2);
+        let used_idx = mem.load_u16(self.used_gpa() + offset_of!(vring_used, idx) as u64);
         if used_idx == self.last_used {
             return None;
         }
         let slot = u64::from(self.last_used % self.size);
-        let mut e = [0u8; 8];
-        mem.read(self.used_gpa() + 4 + 8 * slot, &mut e);
+        let mut e = UsedElem::new_zeroed();
+        let at = offset_of!(vring_used, ring) as u64 + size_of::<UsedElem>() as u64 * slot;
+        mem.read(self.used_gpa() + at, e.as_mut_bytes());
         self.last_used = self.last_used.wrapping_add(1);
-        let id = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
-        let len = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        let (id, len) = (e.id.get(), e.len.get());
         let head = u16::try_from(id).ok().filter(|h| *h < self.size)?;
         let ids = std::mem::take(&mut self.chains[usize::from(head)]);
         self.free.extend(ids);
