@@ -135,8 +135,10 @@ pub struct EndpointStats {
 pub struct NodeStats {
     /// Node.
     pub node: u32,
-    /// A frontend is attached.
-    pub connected: bool,
+    /// A frontend is attached and has shared its memory (read as
+    /// `connected` from devices before schema 1).
+    #[serde(alias = "connected")]
+    pub attached: bool,
     /// Frontends it has had.
     pub connections: u64,
     /// Virtqueue errors.
@@ -162,17 +164,35 @@ pub struct LinkStats {
     pub directions: [std::collections::BTreeMap<String, u64>; 2],
 }
 
-/// The answer to `stats`.
+/// One switch's counters.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SwitchStats {
+    /// Its name.
+    pub name: String,
+    /// Packets it passed on.
+    pub forwarded: u64,
+    /// Packets it discarded for a route it could not follow.
+    pub misrouted: u64,
+}
+
+/// The schema of the `stats` answer (spec §10.6.1): a key may be added
+/// without changing it; renaming, removing or retyping one increments it.
+pub const STATS_SCHEMA: u32 = 1;
+
+/// The answer to `stats` (spec §10.6.1).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Stats {
+    /// `STATS_SCHEMA` (0 from devices before schema 1).
+    #[serde(default)]
+    pub schema: u32,
     /// Per node.
     pub nodes: Vec<NodeStats>,
     /// Device totals.
     pub totals: std::collections::BTreeMap<String, u64>,
     /// Per link (with a fabric).
     pub links: Vec<LinkStats>,
-    /// Per switch: name, packets forwarded, packets misrouted.
-    pub switches: Vec<(String, u64, u64)>,
+    /// Per switch.
+    pub switches: Vec<SwitchStats>,
     /// Datagrams to and from the other devices of a spanning fabric.
     #[serde(default)]
     pub udp: Option<std::collections::BTreeMap<String, u64>>,
@@ -296,12 +316,13 @@ fn map(named: Vec<(&'static str, u64)>) -> std::collections::BTreeMap<String, u6
 pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
     let transport = s.fabric.as_ref().map(|f| &f.0.transport);
     Stats {
+        schema: STATS_SCHEMA,
         nodes: s
             .nodes
             .iter()
             .map(|n| NodeStats {
                 node: n.node,
-                connected: n.connected,
+                attached: n.attached,
                 connections: n.connections,
                 queue_errors: n.queue_errors,
                 memory_faults: n.memory_faults,
@@ -348,7 +369,11 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
                 names
                     .iter()
                     .zip(&c.switches)
-                    .map(|(n, sc)| (n.clone(), sc.forwarded, sc.misrouted))
+                    .map(|(n, sc)| SwitchStats {
+                        name: n.clone(),
+                        forwarded: sc.forwarded,
+                        misrouted: sc.misrouted,
+                    })
                     .collect()
             })
             .unwrap_or_default(),
@@ -571,7 +596,126 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    use super::MapSwitch;
+    use super::*;
+
+    /// The keys of a JSON object, sorted.
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    /// The `stats` answer of a device with a fabric has exactly the keys
+    /// spec §10.6.1 (schema 1) documents, at every level.
+    #[test]
+    fn the_stats_answer_is_schema_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let fabric = crate::fabric::file::parse(
+            "nodes = 2\n[[switch]]\nname = \"s\"\n[[attach]]\nnodes = [0, 1]\nswitch = \"s\"\n",
+        )
+        .unwrap();
+        let config = ulnic_device::Configuration::builder(
+            ulnic_device::Configuration::socket_paths(dir.path(), 2),
+        )
+        .fabric(fabric)
+        .build()
+        .unwrap();
+        let dev = Device::start(config).unwrap();
+        let nic = ulnic::Nic::attach(&dir.path().join("node0.sock")).unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let mut ep = pd
+            .create_endpoint(&ulnic::EndpointConfig::default())
+            .unwrap();
+        ep.bind(5).unwrap();
+        let faults: Vec<Faults> = vec![Faults::default(); 2];
+        let v = serde_json::to_value(stats_of(&dev.snapshot(), &faults)).unwrap();
+        let want = |k: &[&str]| {
+            let mut k: Vec<String> = k.iter().map(|s| s.to_string()).collect();
+            k.sort();
+            k
+        };
+        assert_eq!(v["schema"], 1);
+        assert_eq!(
+            keys(&v),
+            want(&["schema", "nodes", "totals", "links", "switches", "udp"])
+        );
+        let node = &v["nodes"][0];
+        assert_eq!(
+            keys(node),
+            want(&[
+                "node",
+                "attached",
+                "connections",
+                "queue_errors",
+                "memory_faults",
+                "transport",
+                "endpoints"
+            ])
+        );
+        assert_eq!(node["attached"], true);
+        assert_eq!(
+            keys(&node["endpoints"][0]),
+            want(&["id", "port", "in_flight", "counters"])
+        );
+        assert_eq!(
+            keys(&node["endpoints"][0]["counters"]),
+            want(&ulnic_abi::STAT_NAMES)
+        );
+        assert_eq!(
+            keys(&node["transport"]),
+            want(&[
+                "messages_sent",
+                "data_packets",
+                "retransmissions",
+                "timeouts",
+                "nacks_received",
+                "returned",
+                "messages_delivered",
+                "acks_sent",
+                "nacks_sent",
+                "duplicates_dropped",
+                "out_of_order_dropped",
+                "stale_dropped",
+                "control_dropped",
+                "malformed_dropped",
+                "unrouted",
+            ])
+        );
+        assert_eq!(
+            keys(&v["totals"]),
+            want(&[
+                "delivered",
+                "returned",
+                "notifications",
+                "closes_delivered",
+                "closes_undeliverable",
+                "returned_to_sender",
+                "returns_lost",
+                "kicks_served_asleep",
+            ])
+        );
+        let link = &v["links"][0];
+        assert_eq!(keys(link), want(&["link", "name", "faults", "directions"]));
+        assert_eq!(
+            keys(&link["directions"][0]),
+            want(&[
+                "packets",
+                "bytes",
+                "dropped",
+                "dropped_down",
+                "corrupted",
+                "crc_errors",
+                "duplicated",
+                "reordered",
+                "delayed",
+                "stalls",
+                "overflow",
+            ])
+        );
+        assert_eq!(
+            keys(&v["switches"][0]),
+            want(&["name", "forwarded", "misrouted"])
+        );
+        assert!(v["udp"].is_null());
+    }
 
     #[test]
     fn a_map_switch_is_written_with_gates_and_read_with_gates_or_ports() {

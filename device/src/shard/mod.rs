@@ -282,7 +282,7 @@ impl Shard {
             .iter()
             .map(|n| NodeSnapshot {
                 node: n.id,
-                connected: n.mem.is_some(),
+                attached: n.mem.is_some(),
                 connections: n.connections,
                 endpoints: n
                     .endpoints

@@ -23,8 +23,8 @@ pub struct EndpointSnapshot {
 pub struct NodeSnapshot {
     /// Its number.
     pub node: u32,
-    /// Whether a frontend is attached.
-    pub connected: bool,
+    /// Whether a frontend is attached (and has shared its memory).
+    pub attached: bool,
     /// Frontends it has had.
     pub connections: u64,
     /// Its live endpoints.

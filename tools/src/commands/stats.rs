@@ -76,7 +76,7 @@ pub fn print_stats(s: &Stats) -> String {
             out,
             "  {:>4} {:>9} {:>3} {:>12} {:>12} {:>10} {:>10} {:>8} {:>8}",
             n.node,
-            if n.connected { "yes" } else { "no" },
+            if n.attached { "yes" } else { "no" },
             n.endpoints.len(),
             tx,
             rx,
@@ -144,8 +144,14 @@ pub fn print_stats(s: &Stats) -> String {
             outln!(out, "        <- {}", d(&l.directions[1]));
         }
         outln!(out, "switches:");
-        for (name, fwd, mis) in &s.switches {
-            outln!(out, "  {name:<14} forwarded {fwd:>12}  misrouted {mis}");
+        for w in &s.switches {
+            outln!(
+                out,
+                "  {:<14} forwarded {:>12}  misrouted {}",
+                w.name,
+                w.forwarded,
+                w.misrouted
+            );
         }
     }
     if let Some(u) = &s.udp {
@@ -201,8 +207,9 @@ mod tests {
     #[test]
     fn the_table_without_a_fabric() {
         let s: Stats = serde_json::from_value(serde_json::json!({
+            "schema": 1,
             "nodes": [
-                {"node": 0, "connected": true, "connections": 1, "queue_errors": 0,
+                {"node": 0, "attached": true, "connections": 1, "queue_errors": 0,
                  "memory_faults": 0, "transport": null,
                  "endpoints": [
                     {"id": 0, "port": 5, "in_flight": 2,
@@ -210,7 +217,7 @@ mod tests {
                                   "rx_bytes": 24, "tx_errors": 1}},
                     {"id": 1, "port": null, "in_flight": 0,
                      "counters": {"rx_dropped_no_buffer": 4}}]},
-                {"node": 1, "connected": false, "connections": 0, "queue_errors": 0,
+                {"node": 1, "attached": false, "connections": 0, "queue_errors": 0,
                  "memory_faults": 0, "transport": null, "endpoints": []}],
             "totals": {"delivered": 13, "notifications": 2},
             "links": [],
@@ -237,7 +244,7 @@ mod tests {
     fn the_table_with_a_fabric() {
         let s: Stats = serde_json::from_value(serde_json::json!({
             "nodes": [
-                {"node": 0, "connected": true, "connections": 1, "queue_errors": 0,
+                {"node": 0, "attached": true, "connections": 1, "queue_errors": 0,
                  "memory_faults": 0,
                  "transport": {"retransmissions": 7, "timeouts": 1, "returned": 2},
                  "endpoints": []}],
@@ -248,7 +255,7 @@ mod tests {
                     {"packets": 100, "bytes": 6400, "dropped": 3, "dropped_down": 2,
                      "crc_errors": 1, "stalls": 4},
                     {}]}],
-            "switches": [["left", 100, 0]],
+            "switches": [{"name": "left", "forwarded": 100, "misrouted": 0}],
             "udp": {"sent": 9, "received": 8, "rejected_mac": 1}
         }))
         .unwrap();
