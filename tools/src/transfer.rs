@@ -46,6 +46,15 @@ pub struct SendArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Create this file once the endpoint is bound (its protection domain
+    /// and endpoint exist).
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<std::path::PathBuf>,
+    /// Send nothing until this file exists (meanwhile the endpoint is
+    /// idle, so the device stops polling it and its first send rings a
+    /// doorbell).
+    #[arg(long, value_name = "PATH")]
+    pub start_file: Option<std::path::PathBuf>,
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -190,6 +199,21 @@ impl Cursor {
     }
 }
 
+/// Waits until `path` exists, at most `timeout`.
+fn wait_for_file(path: &std::path::Path, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} did not appear within {} s",
+            path.display(),
+            timeout.as_secs()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
 /// Runs the sending side.
 pub fn send(a: &SendArgs) -> anyhow::Result<SendReport> {
     if a.size < 8 {
@@ -217,6 +241,12 @@ pub fn send(a: &SendArgs) -> anyhow::Result<SendReport> {
     let mut ep = pd.create_endpoint(&cfg)?;
     ep.bind(a.port)
         .map_err(|e| anyhow::anyhow!("cannot bind port {}: {e}", a.port))?;
+    if let Some(path) = &a.ready_file {
+        std::fs::write(path, b"").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &a.start_file {
+        wait_for_file(path, Duration::from_secs(a.timeout))?;
+    }
     let inline = a.size <= INLINE_MAX;
     let mut buf = vec![0u8; a.size as usize];
     let start = Instant::now();

@@ -171,12 +171,65 @@ fn stream(count: u32, size: u32, recv_extra: &str, send_extra: &str) -> (Output,
     (tx, rx.join().unwrap())
 }
 
+/// Forty processes a node, each with its own protection domain (an open
+/// file of /dev/ulnic0) and one endpoint, the senders idle until all are
+/// open, so each send rings its domain's doorbell queue: from the 31st
+/// domain on those queues were never served (issue 32, D1). Every stream
+/// must arrive whole.
+fn forty_processes() {
+    const N: u32 = 40;
+    let last = N - 1;
+    let rx = exec_in_background(
+        "1",
+        format!(
+            "rm -f /tmp/many-*; pids=; for i in $(seq 0 {last}); do \
+             ulnic recv --port $((100 + i)) --max-size 64 --ready-file /tmp/many-ready-r$i --json \
+             > /tmp/many-r$i.json 2>&1 & pids=\"$pids $!\"; done; \
+             fail=0; for p in $pids; do wait $p || fail=1; done; cat /tmp/many-r*.json; exit $fail"
+        ),
+    );
+    let all_ready =
+        |who: &str| format!("test $(ls /tmp/many-ready-{who}* 2>/dev/null | wc -l) -eq {N}");
+    wait_until("1", &all_ready("r"), "forty receivers", &rx);
+    let tx = exec(
+        "0",
+        &format!(
+            "rm -f /tmp/many-*; pids=; for i in $(seq 0 {last}); do \
+             ulnic send --to 1:$((100 + i)) --port $((200 + i)) --count 200 --size 64 \
+             --ready-file /tmp/many-ready-s$i --start-file /tmp/many-go --json \
+             > /tmp/many-s$i.json 2>&1 & pids=\"$pids $!\"; done; \
+             until {}; do sleep 0.1; done; touch /tmp/many-go; \
+             fail=0; for p in $pids; do wait $p || fail=1; done; cat /tmp/many-s*.json; exit $fail",
+            all_ready("s")
+        ),
+    );
+    let rx = rx.join().unwrap();
+    assert!(tx.status.success(), "senders:\n{}", text(&tx));
+    assert!(rx.status.success(), "receivers:\n{}", text(&rx));
+    let finished = String::from_utf8_lossy(&rx.stdout)
+        .lines()
+        .filter(|l| l.contains("\"messages\":200"))
+        .count();
+    assert_eq!(finished, N as usize, "receivers:\n{}", text(&rx));
+}
+
 #[test]
 fn persistent_cluster_exec_put_stream_kill_reboot() {
     let n = name();
     let _down = Down(n.clone());
+    // Endpoints for forty processes a node (and the selftests' own).
     let up = ulnic(&[
-        "cluster", "up", "--nodes", "2", "--accel", "tcg", "--name", &n, "--json",
+        "cluster",
+        "up",
+        "--nodes",
+        "2",
+        "--accel",
+        "tcg",
+        "--endpoints",
+        "64",
+        "--name",
+        &n,
+        "--json",
     ]);
     assert!(up.status.success(), "cluster up:\n{}", text(&up));
     let status = json(&up);
@@ -189,6 +242,7 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     selftest_in_both();
     c_programs(&n);
     streams_and_rdma();
+    forty_processes();
     kill_and_reset(&n);
     stalled_device(&n);
     device_restart(&n);
