@@ -190,7 +190,13 @@ fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
 /// The code of a file without comments, string contents and its trailing
 /// `#[cfg(test)] mod tests`.
 fn code(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod tests") {
+    // Code compiled only for tests (a `#[cfg(test)]` module, whatever its
+    // name or visibility) is not part of the module graph.
+    let text = match ["mod ", "pub mod ", "pub(crate) mod "]
+        .iter()
+        .filter_map(|m| text.find(&format!("#[cfg(test)]\n{m}")))
+        .min()
+    {
         Some(i) => &text[..i],
         None => text,
     };
@@ -481,4 +487,117 @@ fn the_circle_check_sees_circles() {
     )
     .unwrap();
     assert!(cycle(&graph(src)).is_some());
+}
+
+/// The module files a crate's `## Inside` table of docs/architecture.md
+/// must list: every source file but the crate root.
+fn listable(src: &Path) -> BTreeMap<String, String> {
+    modules(src)
+        .into_iter()
+        .filter(|(m, _)| !m.is_empty())
+        .map(|(m, file)| {
+            let rel = file.strip_prefix(src).unwrap().display().to_string();
+            (rel, m)
+        })
+        .collect()
+}
+
+/// The rows of the table under `## Inside \`{folder}/\`` in `doc`: the
+/// first cell of each, without its backticks.
+fn listed(doc: &str, folder: &str) -> Option<Vec<String>> {
+    let heading = format!("## Inside `{folder}/`");
+    let start = doc.lines().position(|l| l.starts_with(&heading))?;
+    Some(
+        doc.lines()
+            .skip(start + 1)
+            .take_while(|l| !l.starts_with("## "))
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// The first line of a file's `//!` doc comment: a table row's draft.
+fn summary(file: &Path) -> String {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("//! "))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A table for `src` listing its modules in an order the check accepts
+/// (each after those it uses), for the failure message.
+fn suggested_table(src: &Path) -> String {
+    let files = listable(src);
+    let by_module: BTreeMap<String, String> =
+        files.iter().map(|(f, m)| (m.clone(), f.clone())).collect();
+    let g = graph(src);
+    let mut placed: Vec<String> = Vec::new();
+    while placed.len() < files.len() {
+        let before = placed.len();
+        for (m, f) in &by_module {
+            let ready = g[m]
+                .iter()
+                .all(|u| u.is_empty() || u == m || placed.contains(&by_module[u]));
+            if !placed.contains(f) && ready {
+                placed.push(f.clone());
+            }
+        }
+        if placed.len() == before {
+            break; // a circle: the circle test says which
+        }
+    }
+    placed
+        .iter()
+        .map(|f| format!("| `{f}` | {} |", summary(&src.join(f))))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// docs/architecture.md lists every module of every crate, bottom up: a
+/// module uses only modules listed above it. A failure prints a table that
+/// passes, with each module's first doc line as a draft.
+#[test]
+fn architecture_md_lists_every_module_in_dependency_order() {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut problems = Vec::new();
+    for m in members() {
+        let src = root().join(&m).join("src");
+        let files = listable(&src);
+        if files.is_empty() {
+            continue;
+        }
+        let Some(rows) = listed(&doc, &m) else {
+            problems.push(format!(
+                "{m}: no '## Inside `{m}/`' table; one that passes:\n{}",
+                suggested_table(&src)
+            ));
+            continue;
+        };
+        let missing: Vec<&String> = files.keys().filter(|f| !rows.contains(f)).collect();
+        let extra: Vec<&String> = rows.iter().filter(|r| !files.contains_key(*r)).collect();
+        let g = graph(&src);
+        let mut out_of_order = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            let Some(module) = files.get(row) else { continue };
+            for used in &g[module] {
+                let Some(file) = files.iter().find(|(_, m)| *m == used).map(|(f, _)| f) else {
+                    continue; // the crate root
+                };
+                if !rows[..i].contains(file) {
+                    out_of_order.push(format!("{row} uses {file}, listed after it"));
+                }
+            }
+        }
+        if !(missing.is_empty() && extra.is_empty() && out_of_order.is_empty()) {
+            problems.push(format!(
+                "{m}: missing {missing:?}, not modules {extra:?}, out of order {out_of_order:?}; one that passes:\n{}",
+                suggested_table(&src)
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
