@@ -582,7 +582,9 @@ fn architecture_md_lists_every_module_in_dependency_order() {
         let g = graph(&src);
         let mut out_of_order = Vec::new();
         for (i, row) in rows.iter().enumerate() {
-            let Some(module) = files.get(row) else { continue };
+            let Some(module) = files.get(row) else {
+                continue;
+            };
             for used in &g[module] {
                 let Some(file) = files.iter().find(|(_, m)| *m == used).map(|(f, _)| f) else {
                     continue; // the crate root
@@ -600,4 +602,48 @@ fn architecture_md_lists_every_module_in_dependency_order() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// Every stored proptest regression file is replayed: proptest reads
+/// `<crate>/proptest-regressions/<path>.txt` for the `proptest!` blocks of
+/// `<crate>/src/<path>.rs`, so a file whose source moved or lost its
+/// property tests would silently keep seeds nobody runs.
+#[test]
+fn every_proptest_regression_file_is_read_by_its_test() {
+    let mut orphans = Vec::new();
+    let mut found = 0;
+    for m in members() {
+        let dir = root().join(&m).join("proptest-regressions");
+        let mut stack = vec![dir.clone()];
+        while let Some(d) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for entry in entries {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                found += 1;
+                let rel = path.strip_prefix(&dir).unwrap().with_extension("rs");
+                let source = root().join(&m).join("src").join(&rel);
+                let reads =
+                    std::fs::read_to_string(&source).is_ok_and(|text| text.contains("proptest!"));
+                if !reads {
+                    orphans.push(format!(
+                        "{} (no proptest! in {})",
+                        path.display(),
+                        source.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(found >= 3, "only {found} regression files found");
+    assert!(
+        orphans.is_empty(),
+        "regression files no test reads:\n{}",
+        orphans.join("\n")
+    );
 }

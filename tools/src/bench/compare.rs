@@ -11,6 +11,7 @@
 //! those is reported, so a noisy round weighs on both sides. A peer that
 //! is not installed is reported missing, never as zero.
 
+use crate::bench::nodes::NodePair;
 use std::io;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -221,6 +222,9 @@ pub struct Options {
     /// Also boot QEMU guests: round trips between two of them, and how
     /// long `cluster up` takes for 2 and for 8.
     pub guests: bool,
+    /// The ulnic peers' nodes (client, server) on the device of
+    /// `ulnic_dir`.
+    pub nodes: (u32, u32),
 }
 
 /// Runs the comparison; `ulnic_dir` holds a running device's sockets
@@ -278,6 +282,7 @@ pub fn compare(
     let mut rows = Vec::new();
     let mut at = Where {
         ulnic_dir,
+        nodes: o.nodes,
         scratch,
         guest_lines: None,
     };
@@ -373,12 +378,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Where runs happen: the ulnic device's socket directory (nodes 0 and 1)
-/// and a scratch directory for the baselines; and the lines of this
+/// Where runs happen: the ulnic device's socket directory and the nodes
+/// used on it, and a scratch directory for the baselines; and the lines of this
 /// round's guest ping-pong, which its ulnic peer runs and its TCP peer
 /// reads (one run of `cluster bench` measures both).
 struct Where<'a> {
     ulnic_dir: &'a Path,
+    nodes: (u32, u32),
     scratch: &'a Path,
     guest_lines: Option<Vec<Record>>,
 }
@@ -400,7 +406,7 @@ fn measure(
         iters,
         mode,
         corrupt_at: None,
-        nodes: (0, 1),
+        nodes: at.nodes,
         payload: touch,
         endpoints: 1,
     };
@@ -414,9 +420,12 @@ fn measure(
             .ok_or_else(|| anyhow::anyhow!("no round trip measured"))
     };
     match (p, kind) {
-        (Peer::Internal(Transport::Ulnic), Kind::RdmaWrite) => {
-            mbytes(ulnic_line(Direction::Write, size, iters, ulnic_dir)?)
-        }
+        (Peer::Internal(Transport::Ulnic), Kind::RdmaWrite) => mbytes(ulnic_line(
+            Direction::Write,
+            size,
+            iters,
+            &NodePair::of(ulnic_dir, at.nodes),
+        )?),
         (Peer::Memcpy, _) => mbytes(memcpy_line(Direction::Write, size, iters)),
         (Peer::Internal(t), Kind::Pingpong) => micros(&run_one(
             &spec(t, Workload::Pingpong, Mode::Poll),

@@ -12,8 +12,9 @@
 //!   streams 64 KiB messages to the other. Payloads are not touched (the
 //!   device copies them; the programs write and read nothing): this
 //!   measures the link, not the programs.
-//! - `hotspot` (VN, IEEE Micro 1998, Figs. 7-8): N clients send to one
-//!   server endpoint as fast as flow control allows; the aggregate rate and
+//! - `hotspot`: N clients send one-way 8-byte messages to one server
+//!   endpoint as fast as flow control allows (VN Figs. 7-8 load a server
+//!   with request/reply Active Messages instead); the aggregate rate and
 //!   each client's share of it, as N grows. The clients are driven
 //!   round-robin by one thread (on a 2-core machine, 64 spinning threads
 //!   would measure the scheduler), so an unequal share is the fabric's
@@ -624,7 +625,7 @@ pub fn sweep(
         ),
         Sweep::Reliability => (
             "reliability",
-            "VMMC-2 Table 2 (cost of reliability)",
+            "the cost of the transport",
             vec![
                 ("transport off (no fabric)".to_string(), None),
                 (
@@ -832,7 +833,8 @@ pub fn drain(
         .collect())
 }
 
-/// LogP parameters (VN Fig. 5) of 8-byte messages between two nodes.
+/// LogP parameters (as VN Fig. 5 gives them) of one-way 8-byte messages
+/// between two nodes.
 #[derive(Debug, Clone, Serialize)]
 pub struct LogPResult {
     /// "logp".

@@ -10,6 +10,7 @@
 pub mod apps;
 pub mod compare;
 pub mod fabric;
+pub mod nodes;
 pub mod payload;
 pub mod pingpong;
 pub mod rdma;

@@ -8,8 +8,8 @@
 //! buffer before it is written out, a reader reads each buffer it fetched;
 //! the memcpy line does the same work around its copy.
 
+use crate::bench::nodes::NodePair;
 use std::io;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ulnic::{Endpoint, EndpointConfig, Event, Nic, Permissions};
@@ -107,16 +107,13 @@ fn endpoint(nic: &Nic, bytes: usize) -> io::Result<Endpoint> {
     .map_err(io::Error::other)
 }
 
-/// RDMA between node 0 (initiator) and node 1 (exporter) of the device
-/// whose sockets are in `dir`.
-pub fn ulnic_line(dir: Direction, size: u32, iters: u64, sockets: &Path) -> io::Result<Record> {
+/// RDMA between the pair's client (initiator) and server (exporter).
+pub fn ulnic_line(dir: Direction, size: u32, iters: u64, sockets: &NodePair) -> io::Result<Record> {
     let s = size as usize;
     let w = window(s);
     let memory = (s * w * 2).max(64 << 20);
-    let a =
-        Nic::attach_with_memory(&sockets.join("node0.sock"), memory).map_err(io::Error::other)?;
-    let b =
-        Nic::attach_with_memory(&sockets.join("node1.sock"), memory).map_err(io::Error::other)?;
+    let a = Nic::attach_with_memory(&sockets.client, memory).map_err(io::Error::other)?;
+    let b = Nic::attach_with_memory(&sockets.server, memory).map_err(io::Error::other)?;
     let mut init = endpoint(&a, s * w)?;
     let target = endpoint(&b, s * w)?;
     let perms = match dir {
@@ -204,9 +201,9 @@ const SETTLE: Duration = Duration::from_micros(200);
 /// running (CLAN's synchronisation path: device, notification, wake-up),
 /// one way, measured on one clock (the owner is a thread of this process,
 /// attached to another node).
-pub fn tripwire_line(iters: u64, sockets: &Path) -> io::Result<Record> {
-    let a = Nic::attach(&sockets.join("node0.sock")).map_err(io::Error::other)?;
-    let b = Nic::attach(&sockets.join("node1.sock")).map_err(io::Error::other)?;
+pub fn tripwire_line(iters: u64, sockets: &NodePair) -> io::Result<Record> {
+    let a = Nic::attach(&sockets.client).map_err(io::Error::other)?;
+    let b = Nic::attach(&sockets.server).map_err(io::Error::other)?;
     let mut init = endpoint(&a, 4096)?;
     let mut owner = endpoint(&b, 4096)?;
     let cookie = owner
@@ -305,15 +302,15 @@ pub fn unix_wake_line(iters: u64) -> io::Result<Record> {
 /// distributed message queue between two nodes, with a Unix socket pair
 /// doing the same in the same run. Each message is written by its sender
 /// and read by its receiver.
-pub fn dmq_lines(size: u32, iters: u64, sockets: &Path) -> io::Result<Vec<Record>> {
+pub fn dmq_lines(size: u32, iters: u64, sockets: &NodePair) -> io::Result<Vec<Record>> {
     use std::io::{Read, Write};
     use ulnic::{DmqKind, DmqReceiver, DmqSender};
     const RING: u64 = 256 << 10;
     const T: Duration = Duration::from_secs(30);
     let e = io::Error::other;
     let seg = (2 * (RING + 4096)) as usize;
-    let a = Nic::attach(&sockets.join("node0.sock")).map_err(e)?;
-    let b = Nic::attach(&sockets.join("node1.sock")).map_err(e)?;
+    let a = Nic::attach(&sockets.client).map_err(e)?;
+    let b = Nic::attach(&sockets.server).map_err(e)?;
     // A queue each way: a->b lives in b's memory, b->a in a's.
     let (a_tx, a_rx) = (endpoint(&a, seg)?, endpoint(&a, seg)?);
     let (b_tx, b_rx) = (endpoint(&b, seg)?, endpoint(&b, seg)?);

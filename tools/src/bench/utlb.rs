@@ -5,6 +5,7 @@
 //! Both run host-attached between nodes 0 and 1 of a device, in one
 //! process, like the RDMA benchmarks.
 
+use crate::bench::nodes::NodePair;
 use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,15 +27,12 @@ fn err(e: ulnic::Error) -> io::Error {
     io::Error::other(e)
 }
 
-/// The sender's and the receiver's NIC: nodes 0 and 1 of the device whose
-/// sockets are in `sockets`, or (None) this guest's device twice, the
-/// receiver on this same node.
-fn nics(sockets: Option<&Path>) -> io::Result<(Nic, Nic)> {
-    let attach = |node: u32, s: &Path| {
-        Nic::attach_with_memory(&s.join(format!("node{node}.sock")), 128 << 20).map_err(err)
-    };
+/// The sender's and the receiver's NIC: the pair's nodes, or (None) this
+/// guest's device twice, the receiver on this same node.
+fn nics(sockets: Option<&NodePair>) -> io::Result<(Nic, Nic)> {
+    let attach = |s: &Path| Nic::attach_with_memory(s, 128 << 20).map_err(err);
     match sockets {
-        Some(s) => Ok((attach(0, s)?, attach(1, s)?)),
+        Some(p) => Ok((attach(&p.client)?, attach(&p.server)?)),
         None => Ok((Nic::open().map_err(err)?, Nic::open().map_err(err)?)),
     }
 }
@@ -104,7 +102,7 @@ fn device_counter(ep: &Endpoint, name: &str) -> io::Result<u64> {
 /// hit, a host miss split into the library's and the driver's time, and
 /// the device's time to fetch the entries it misses on; with a memcpy of
 /// the same bytes (what the single-copy fallback pays instead) as baseline.
-pub fn table_lines(pages: u32, iters: u64, sockets: Option<&Path>) -> io::Result<Vec<Record>> {
+pub fn table_lines(pages: u32, iters: u64, sockets: Option<&NodePair>) -> io::Result<Vec<Record>> {
     let (a, b) = nics(sockets)?;
     let rx_node = b.node();
     let mut rx = sink(&b)?;
@@ -246,7 +244,7 @@ pub fn stress_lines(
     buffers: u32,
     entries: u32,
     iters: u64,
-    sockets: Option<&Path>,
+    sockets: Option<&NodePair>,
 ) -> io::Result<Vec<Record>> {
     if size == 0 || size as usize > PAGE {
         return Err(io::Error::other("utlb stress sizes are 1..=4096 bytes"));

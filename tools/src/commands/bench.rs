@@ -4,6 +4,7 @@
 //! columns), the comparison table and the apps tables, or one JSON object
 //! per line with `--json`. The benchmarks themselves are in `crate::bench`.
 
+use crate::bench::nodes::NodePair;
 use std::path::{Path, PathBuf};
 
 use ulnic_device::{Configuration, Device};
@@ -223,12 +224,13 @@ fn run_two_process(a: &BenchArgs, dir: &Path, scratch: &Path) -> bool {
 }
 
 /// The human table's header: fabtests' columns (bytes, iters, total,
-/// time, MB/s, usec/xfer, Mxfers/s), then the latency percentiles.
+/// time, MB/s, usec/xfer, Mxfers/s), then the latency percentiles and how
+/// payloads were touched.
 pub fn record_header() -> String {
     let mut out = String::new();
     outln!(
         out,
-        "{:<12} {:<6} {:<5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>9} {:>9} {:>9}",
+        "{:<12} {:<6} {:<5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>9} {:>9} {:>9}  {}",
         "bench",
         "trans",
         "mode",
@@ -240,7 +242,8 @@ pub fn record_header() -> String {
         "usec/xfer",
         "Mxfers/s",
         "p50_us",
-        "p95_us"
+        "p95_us",
+        "payload"
     );
     out
 }
@@ -262,7 +265,7 @@ pub fn record_line(r: &Record, json: bool) -> String {
     };
     outln!(
         out,
-        "{:<12} {:<6} {:<5} {:>8} {:>8} {:>8} {:>7.2}s {:>9.1} {:>10.2} {:>9.3} {:>9} {:>9}",
+        "{:<12} {:<6} {:<5} {:>8} {:>8} {:>8} {:>7.2}s {:>9.1} {:>10.2} {:>9.3} {:>9} {:>9}  {}",
         r.bench,
         r.transport,
         r.mode,
@@ -279,6 +282,7 @@ pub fn record_line(r: &Record, json: bool) -> String {
         per(r.iters as f64) / 1e6,
         usec(r.median_ns),
         usec(r.p95_ns),
+        r.payload.as_deref().unwrap_or("-"),
     );
     out
 }
@@ -298,13 +302,14 @@ fn run_rdma_bench(a: &BenchArgs, dir: &Path) -> bool {
         Workload::Dmq => vec![8, 1024, 16384],
         _ => vec![4096, 16384, 65536, 262144, 1 << 20],
     };
+    let pair = NodePair::of(dir, a.nodes);
     let mut failed = false;
     for size in sizes {
         let iters = a.iters.unwrap_or(default_iters(a.workload, size));
         let lines: std::io::Result<Vec<Record>> = match a.workload {
-            Workload::Tripwire => bench_rdma::tripwire_line(iters, dir)
+            Workload::Tripwire => bench_rdma::tripwire_line(iters, &pair)
                 .and_then(|u| Ok(vec![u, bench_rdma::unix_wake_line(iters)?])),
-            Workload::Dmq => bench_rdma::dmq_lines(size, iters, dir),
+            Workload::Dmq => bench_rdma::dmq_lines(size, iters, &pair),
             w if size == 0 || size > ulnic_abi::MAX_RDMA => Err(std::io::Error::other(format!(
                 "{w:?} sizes are 1..={} bytes",
                 ulnic_abi::MAX_RDMA
@@ -315,7 +320,7 @@ fn run_rdma_bench(a: &BenchArgs, dir: &Path) -> bool {
                 } else {
                     Direction::Read
                 };
-                bench_rdma::ulnic_line(d, size, iters, dir)
+                bench_rdma::ulnic_line(d, size, iters, &pair)
                     .map(|u| vec![u, bench_rdma::memcpy_line(d, size, iters)])
             }
         };
@@ -337,7 +342,7 @@ fn run_rdma_bench(a: &BenchArgs, dir: &Path) -> bool {
 /// kernel driver, sender and receiver on this node.
 fn run_utlb_bench(a: &BenchArgs, dir: &Path) -> bool {
     use crate::bench::utlb as bench_utlb;
-    let dir = (!in_guest(a)).then_some(dir);
+    let pair = (!in_guest(a)).then(|| NodePair::of(dir, a.nodes));
     let mut failed = false;
     let mut report = |what: String, lines: std::io::Result<Vec<Record>>| match lines {
         Ok(lines) => lines
@@ -352,7 +357,7 @@ fn run_utlb_bench(a: &BenchArgs, dir: &Path) -> bool {
     for pages in [1, 4, 16] {
         report(
             format!("table, {pages} pages"),
-            bench_utlb::table_lines(pages, iters, dir),
+            bench_utlb::table_lines(pages, iters, pair.as_ref()),
         );
     }
     let sizes = if a.size == DEFAULT_SIZES {
@@ -364,7 +369,7 @@ fn run_utlb_bench(a: &BenchArgs, dir: &Path) -> bool {
         for &n in &a.buffers {
             report(
                 format!("stress, {size} bytes from {n} buffers"),
-                bench_utlb::stress_lines(size, n, a.utlb_entries, iters, dir),
+                bench_utlb::stress_lines(size, n, a.utlb_entries, iters, pair.as_ref()),
             );
         }
     }
@@ -429,6 +434,7 @@ fn run_compare(a: &BenchArgs, dir: &Path, scratch: &Path) -> anyhow::Result<()> 
         touch: a.payload,
         endpoints: Some((many, endpoints_dir)),
         guests: a.guests,
+        nodes: a.nodes,
     };
     let rows = compare::compare(&o, dir, scratch, &mut |l| eprintln!("{l}"))?;
     if a.json {
@@ -774,6 +780,7 @@ mod tests {
             median_ns: Some(1234),
             p95_ns: Some(2500),
             seconds: Some(0.5),
+            payload: Some("write+verify".into()),
             ..Record::default()
         }
     }
@@ -782,11 +789,11 @@ mod tests {
     fn record_rows_line_up_under_the_header() {
         assert_eq!(
             record_header(),
-            "bench        trans  mode     bytes    iters    total     time      MB/s  usec/xfer  Mxfers/s    p50_us    p95_us\n"
+            "bench        trans  mode     bytes    iters    total     time      MB/s  usec/xfer  Mxfers/s    p50_us    p95_us  payload\n"
         );
         assert_eq!(
             record_line(&record(), false),
-            "pingpong     ulnic  poll        40     5000     195k    0.50s       0.4     100.00     0.010      1.23      2.50\n"
+            "pingpong     ulnic  poll        40     5000     195k    0.50s       0.4     100.00     0.010      1.23      2.50  write+verify\n"
         );
         // A stream line gives its own MB/s; no latencies, no time.
         let r = Record {
@@ -800,7 +807,7 @@ mod tests {
         };
         assert_eq!(
             record_line(&r, false),
-            "stream       tcp    block    65536        0        0    0.00s    1500.2       0.00     0.000                    \n"
+            "stream       tcp    block    65536        0        0    0.00s    1500.2       0.00     0.000                      -\n"
         );
     }
 

@@ -24,7 +24,8 @@ pub enum ClusterCmd {
     /// process holds them) until `ulnic cluster down`.
     ///
     /// Each guest has a ulnic node and a virtio-net NIC on a private
-    /// segment (IPv6 link-local, no uplink); console logs are kept per node
+    /// segment (no uplink; node i is 10.81.0.(i+1)/24 there, and has IPv6
+    /// link-local addresses too); console logs are kept per node
     /// in the cluster's directory (shown by `status`).
     ///
     /// Examples:

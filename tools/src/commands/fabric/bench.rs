@@ -13,19 +13,20 @@ use crate::print::{outln, positive_secs, print_json_lines};
 pub enum FabricBenchKind {
     /// Achieved against configured bandwidth and latency of a link.
     Link,
-    /// N clients to one server endpoint.
+    /// N clients send one-way messages to one server endpoint.
     Hotspot,
     /// Ping-pong and stream across 1, 2 and 3 switches.
     Hops,
     /// Throughput and round trip against packet loss.
     Loss,
-    /// VMMC-2 Table 2: no fabric (no transport) against an ideal fabric
-    /// with the transport.
+    /// The transport's cost: no fabric (no transport) against an ideal
+    /// fabric with the transport.
     Reliability,
     /// The engine alone, with 1 and 2 (or --engine-threads) threads.
     Drain,
-    /// VN Fig. 5: LogP (o_s, o_r, g, L) of 8-byte messages, without a
-    /// fabric and with an ideal one.
+    /// LogP (o_s, o_r, g, L) of one-way 8-byte messages, without a fabric
+    /// and with an ideal one (VN Fig. 5's parameters; VN measures Active
+    /// Message requests and replies).
     Logp,
     /// VN Table 1: four streams at once between neighbours, then across
     /// the bisection of two switches.
@@ -198,7 +199,7 @@ fn hotspot_table(results: &[HotspotResult]) -> String {
     let mut out = String::new();
     outln!(
         out,
-        "hot spot: N clients to one server endpoint (VN Figs. 7-8)"
+        "hot spot: N clients send one-way 8-byte messages to one server endpoint"
     );
     outln!(
         out,
@@ -273,7 +274,7 @@ fn logp_table(results: &[LogPResult]) -> String {
     let mut out = String::new();
     outln!(
         out,
-        "LogP of 8-byte messages (VN Fig. 5; RTT = 2 (o_s + o_r + L)), microseconds"
+        "LogP of one-way 8-byte messages (VN Fig. 5's parameters; RTT = 2 (o_s + o_r + L)), microseconds"
     );
     outln!(
         out,
@@ -478,7 +479,7 @@ mod tests {
         let t = hotspot_table(&[hotspot(1), hotspot(10)]);
         assert_eq!(
             t,
-            "hot spot: N clients to one server endpoint (VN Figs. 7-8)\n \
+            "hot spot: N clients send one-way 8-byte messages to one server endpoint\n \
              clients    aggregate/s  min share*N  max share*N     Jain\n       \
              1        1000000        0.950        1.050   0.9988\n      \
              10        1000000        0.950        1.050   0.9988\n\

@@ -38,8 +38,9 @@ pub enum FabricCmd {
         json: bool,
     },
     /// Check the fabric's reliable transport end to end: start a device
-    /// whose links drop, corrupt, duplicate and reorder packets (seeded,
-    /// so a run can be repeated), attach one host process per node, have
+    /// whose links drop, corrupt, duplicate and reorder packets (each link's
+    /// faults drawn from a seeded generator: --seed), attach one host
+    /// process per node, have
     /// every node send numbered messages to every other, and count what
     /// arrives. With the transport working, lost, duplicated and
     /// out_of_order are 0 and delivered equals sent. Exits 1 otherwise.
@@ -59,13 +60,15 @@ pub enum FabricCmd {
     /// interleaved rounds) and the rate bytes leave on it while 64 KiB
     /// messages stream over it, against the configured values.
     ///
-    /// hotspot (VN Figs. 7-8): N clients send to one server endpoint; the
-    /// aggregate rate and every client's share as N grows.
+    /// hotspot: N clients send one-way 8-byte messages to one server
+    /// endpoint; the aggregate rate and every client's share as N grows
+    /// (VN Figs. 7-8 load a server with request/reply Active Messages
+    /// instead).
     ///
     /// hops, loss, reliability: 8-byte ping-pong and a 64 KiB stream between
     /// two nodes across 1, 2 and 3 switches; with 0 to 10 % packet loss on
     /// every link; without a fabric and with an ideal one (the cost of the
-    /// transport, after VMMC-2 Table 2). Links are 10 Gb/s, 1 us, 4 KiB
+    /// transport). Links are 10 Gb/s, 1 us, 4 KiB
     /// packets. Payloads are not touched.
     ///
     /// Examples:
@@ -280,7 +283,11 @@ pub struct SelftestArgs {
     /// Probability that a link holds a packet back so later ones pass it.
     #[arg(long, value_name = "P")]
     pub reorder: Option<f64>,
-    /// Seed of the faults: the same seed, the same faults.
+    /// Seed of the faults: each link draws its faults from a generator
+    /// seeded with it, so the same seed gives the same sequence of fault
+    /// decisions per link. Which packets they fall on still depends on
+    /// timing (the senders' threads and the engine interleave differently
+    /// from run to run), so two runs with one seed are alike, not equal.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Cut node 1's link at START ms for LEN ms, then heal it.
