@@ -168,11 +168,7 @@ impl Nodes {
         if self.pending_closes.is_empty() {
             return;
         }
-        let mems: Vec<Option<MemGuard>> = self
-            .nodes
-            .iter()
-            .map(|n| n.mem.as_ref().map(|m| m.memory()))
-            .collect();
+        let mems: Vec<Option<MemGuard>> = self.memories().collect();
         let mut wake = Vec::new();
         let mut keep = VecDeque::new();
         while let Some(c) = self.pending_closes.pop_front() {
@@ -209,11 +205,7 @@ impl Nodes {
     pub fn poll(&mut self) -> usize {
         // The snapshot vector is reused: this runs in the engine's spin loop.
         let mut mems = std::mem::take(&mut self.mems);
-        mems.extend(
-            self.nodes
-                .iter()
-                .map(|n| n.mem.as_ref().map(|m| m.memory())),
-        );
+        mems.extend(self.memories());
         let mut work = 0;
         let mut wake: Vec<(u32, u32)> = Vec::new();
         let now = Instant::now();
@@ -284,6 +276,11 @@ impl Nodes {
         mems.clear();
         self.mems = mems;
         work
+    }
+
+    /// Each node's memory now (`None`: no frontend), by node.
+    fn memories(&self) -> impl Iterator<Item = Option<MemGuard>> + '_ {
+        self.nodes.iter().map(|n| n.mem.as_ref().map(|m| m.memory()))
     }
 
     /// How many endpoints are resident on all nodes (those the engine
@@ -631,11 +628,7 @@ mod tests {
     #[test]
     fn a_driver_without_notification_buffers_costs_one_record_per_endpoint() {
         let (mut f, _m) = setup();
-        let mems: Vec<Option<MemGuard>> = f
-            .nodes
-            .iter()
-            .map(|n| n.mem.as_ref().map(|m| m.memory()))
-            .collect();
+        let mems: Vec<Option<MemGuard>> = f.memories().collect();
         // No notification queue: every notification is kept, merged per
         // endpoint however often the endpoint is notified.
         for _ in 0..10_000 {
@@ -649,11 +642,7 @@ mod tests {
     #[test]
     fn a_destroyed_endpoint_takes_its_kept_notification_with_it() {
         let (mut f, _m) = setup();
-        let mems: Vec<Option<MemGuard>> = f
-            .nodes
-            .iter()
-            .map(|n| n.mem.as_ref().map(|m| m.memory()))
-            .collect();
+        let mems: Vec<Option<MemGuard>> = f.memories().collect();
         f.notify(1, 0, &mems);
         f.notify(1, 1, &mems);
         assert_eq!(f.nodes[1].notify_backlog, [0, 1]);
