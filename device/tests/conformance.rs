@@ -1,293 +1,785 @@
 //! docs/spec.md, section by section, checked through a frontend written
-//! from the spec: raw vhost-user messages, rings laid out by hand in a
-//! memfd, commands encoded with the contract's wire structs. Each test is
-//! named after the section it checks; a disagreement between the spec and
-//! the device shows up here first (issue 32).
+//! from the spec (device/tests/common/spec.rs): raw vhost-user messages,
+//! rings laid out by hand in a memfd, commands and descriptors encoded with
+//! the contract's wire structs. Each test is named after the section it
+//! checks; a disagreement between the spec and the device shows up here
+//! first (issue 32). This file walks §2 (transport, queues, config space,
+//! shared memory, bring-up, restart); conformance_control.rs walks §3-§4,
+//! conformance_messages.rs §5.1-§5.11 and §7, conformance_remote.rs
+//! §5.12-§5.13, §6 and §8.
 mod common;
+#[path = "common/spec.rs"]
+mod spec;
 
 use std::fs::File;
-use std::mem::{offset_of, size_of};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ulnic_abi::wire::{self, CmdHeader, CreateEndpoint, CreatePd, SetFilter};
-use ulnic_abi::{cmd, status, FilterEntry, RingLayout, MAX_FILTERS};
-use ulnic_device::Device;
-use vhost::vhost_user::message::{
-    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures,
+use spec::{
+    desc, node_state, protocol_bit, protocols, raw_message, released, send_inline, send_segment,
+    Raw, Sharing, COMMANDS, F_NEXT, F_WRITE, PROTOCOL_FEATURES, QUEUE, QUIET, RESP, VERSION_1,
 };
+use ulnic_abi::wire::{CmdHeader, CreatePd, DeviceInfo, Export, ObjectId, RdmaDesc, RedirectDesc};
+use ulnic_abi::{
+    cmd, event, op, perm, recv_flags, send_flags, status, tx_error, CONFIG_MAGIC, F_CLOSE_MESSAGE,
+    F_IMPLEMENTED, F_MESSAGING, F_OOB, F_RDMA, F_TRIPWIRE, F_UTLB, SPEC_VERSION_MAJOR,
+    SPEC_VERSION_MINOR,
+};
+use vhost::vhost_user::message::{FrontendReq, VhostUserVringState};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtio_bindings::virtio_ring::{
-    vring_avail, vring_used, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
-use virtio_queue::desc::split::{Descriptor, VirtqUsedElem};
+use vhost::{VhostBackend, VringConfigData};
+use virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT;
 use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::EventFd;
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-/// The frontend's shared memory: GPA = offset in it.
-const MEM: usize = 4 << 20;
-const QUEUE: u16 = 8;
-/// Where each queue's rings start: queue q at RINGS + q * 0x1000.
-const RINGS: u64 = 0x1_0000;
-/// The command being sent and its response.
-const REQ: u64 = 0x8_0000;
-const RESP: u64 = 0x8_1000;
-/// The doorbell bitmap of the domain this frontend creates.
-const BITMAP: u64 = 0x9_0000;
-/// The endpoint's segment page table and its control region and segment.
-const TABLE: u64 = 0x9_1000;
-const CTRL: u64 = 0x10_0000;
-const SEG: u64 = 0x20_0000;
-/// Each queue's available and used rings, after its descriptor table.
-const AVAIL: u64 = 0x400;
-const USED: u64 = 0x800;
-const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
-const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
-const AVAIL_IDX: u64 = offset_of!(vring_avail, idx) as u64;
-const AVAIL_RING: u64 = offset_of!(vring_avail, ring) as u64;
-const USED_IDX: u64 = offset_of!(vring_used, idx) as u64;
-const USED_RING: u64 = offset_of!(vring_used, ring) as u64;
-
-/// A frontend written from spec §2.4: shared memory, the control and
-/// notification queues set up, every message acknowledged (`REPLY_ACK`),
-/// so a refusal is seen at the message refused.
-struct Raw {
-    fe: Frontend,
-    mem: *mut u8,
-    file: File,
-    kicks: Vec<EventFd>,
-    calls: Vec<EventFd>,
-    avail: u16,
-    used: u16,
+/// An EXPORT of the first page of `ep`'s segment, read and write.
+fn export_payload(ep: &spec::Ep) -> Export {
+    Export {
+        endpoint: ep.id.into(),
+        perms: perm::ALL.into(),
+        offset: 0.into(),
+        len: 4096.into(),
+    }
 }
 
-impl Raw {
-    fn new(path: &std::path::Path) -> Raw {
-        let fe = common::frontend(
-            path,
-            VhostUserProtocolFeatures::MQ
-                | VhostUserProtocolFeatures::CONFIG
-                | VhostUserProtocolFeatures::REPLY_ACK,
-        );
-        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        // SAFETY: valid NUL-terminated name; the descriptor is ours.
-        let fd = unsafe { libc::memfd_create(c"ulnic-conformance".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor we own.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(MEM as u64).unwrap();
-        let mem = ulnic_host_attach::map_shared(file.as_raw_fd(), MEM, 0).unwrap();
-        let mut raw = Raw {
-            fe,
-            mem: mem.cast(),
-            file,
-            kicks: Vec::new(),
-            calls: Vec::new(),
-            avail: 0,
-            used: 0,
-        };
-        raw.fe.set_mem_table(&[raw.region()]).unwrap();
-        for q in 0..2 {
-            raw.start_queue(q).unwrap();
-        }
-        raw
-    }
+/// §2: the virtio feature bits offered are VERSION_1 (32), vhost-user's
+/// PROTOCOL_FEATURES (30) and the device bits of §2's table marked
+/// implemented: 0-4 and 6, not 5 (F_OOB, reserved).
+#[test]
+fn s2_features_offered_are_version_1_protocol_features_and_the_device_bits() {
+    let (dev, _dir) = common::device(1);
+    let fe = Frontend::connect(common::socket(&dev, 0), 64).unwrap();
+    let offered = fe.get_features().unwrap();
+    let device_bits = 0b101_1111;
+    assert_eq!(
+        F_IMPLEMENTED, device_bits,
+        "the contract's implemented bits"
+    );
+    assert_eq!(F_OOB, 1 << 5);
+    assert_eq!(protocol_bit(), PROTOCOL_FEATURES);
+    assert_eq!(offered, VERSION_1 | PROTOCOL_FEATURES | device_bits);
+}
 
-    fn region(&self) -> VhostUserMemoryRegionInfo {
-        VhostUserMemoryRegionInfo {
-            guest_phys_addr: 0,
-            memory_size: MEM as u64,
-            userspace_addr: self.mem as u64,
-            mmap_offset: 0,
-            mmap_handle: self.file.as_raw_fd(),
-        }
-    }
+/// §2: the protocol features offered are exactly MQ, CONFIG and REPLY_ACK
+/// (not RESET_DEVICE); §2.4 step 3: GET_QUEUE_NUM gives 64.
+#[test]
+fn s2_protocol_features_offered_are_mq_config_and_reply_ack() {
+    let (dev, _dir) = common::device(1);
+    let mut fe = Frontend::connect(common::socket(&dev, 0), 64).unwrap();
+    fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    fe.set_features(VERSION_1 | PROTOCOL_FEATURES | F_MESSAGING)
+        .unwrap();
+    assert_eq!(fe.get_protocol_features().unwrap(), protocols());
+    fe.set_protocol_features(protocols()).unwrap();
+    assert_eq!(fe.get_queue_num().unwrap(), 64);
+}
 
-    /// Sets queue `q` up and enables it (spec §2.4 step 5).
-    fn start_queue(&mut self, q: usize) -> Result<(), vhost::Error> {
-        let base = self.mem as u64 + RINGS + q as u64 * 0x1000;
-        let (kick, call) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
-        self.fe.set_vring_num(q, QUEUE)?;
-        self.fe.set_vring_addr(
-            q,
-            &VringConfigData {
-                queue_max_size: QUEUE,
-                queue_size: QUEUE,
-                flags: 0,
-                desc_table_addr: base,
-                avail_ring_addr: base + AVAIL,
-                used_ring_addr: base + USED,
-                log_addr: None,
-            },
-        )?;
-        self.fe.set_vring_base(q, 0)?;
-        self.fe.set_vring_kick(q, &kick)?;
-        self.fe.set_vring_call(q, &call)?;
-        self.kicks.push(kick);
-        self.calls.push(call);
-        self.fe.set_vring_enable(q, true)
-    }
-
-    fn write(&self, at: u64, bytes: &[u8]) {
-        assert!(at as usize + bytes.len() <= MEM);
-        // SAFETY: in bounds of our live mapping (checked above).
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.add(at as usize), bytes.len())
-        };
-    }
-
-    fn read(&self, at: u64, n: usize) -> Vec<u8> {
-        assert!(at as usize + n <= MEM);
-        let mut v = vec![0u8; n];
-        // SAFETY: in bounds of our live mapping; the device may write
-        // meanwhile, and bytes are all this looks at.
-        unsafe { std::ptr::copy_nonoverlapping(self.mem.add(at as usize), v.as_mut_ptr(), n) };
-        v
-    }
-
-    fn u16_at(&self, at: u64) -> u16 {
-        u16::from_le_bytes(self.read(at, 2).try_into().unwrap())
-    }
-
-    /// One command on the control queue (spec §4): the status and result.
-    fn command(&mut self, opcode: u32, payload: &[u8]) -> (u32, Vec<u8>) {
-        let header = CmdHeader {
-            opcode: opcode.into(),
-            reserved: 0.into(),
-        };
-        let mut req = header.as_bytes().to_vec();
-        req.extend_from_slice(payload);
-        self.write(REQ, &req);
-        self.write(RESP, &[0xee; 512]);
-        let ring = RINGS;
-        let desc = |i: u64, addr: u64, len: u32, flags: u16, next: u16| {
-            let d = Descriptor::new(addr, len, flags, next);
-            self.write(ring + i * size_of::<Descriptor>() as u64, d.as_slice());
-        };
-        desc(0, REQ, req.len() as u32, F_NEXT, 1);
-        desc(1, RESP, 512, F_WRITE, 0);
-        let slot = u64::from(self.avail % QUEUE);
-        self.write(ring + AVAIL + AVAIL_RING + slot * 2, &0u16.to_le_bytes());
-        self.avail = self.avail.wrapping_add(1);
-        self.write(ring + AVAIL + AVAIL_IDX, &self.avail.to_le_bytes());
-        self.kicks[0].write(1).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.u16_at(ring + USED + USED_IDX) == self.used {
-            assert!(
-                Instant::now() < deadline,
-                "no answer to command {opcode:#x}"
-            );
-            std::thread::yield_now();
-        }
-        let at = USED_RING + (size_of::<VirtqUsedElem>() * usize::from(self.used % QUEUE)) as u64;
-        let e = self.read(ring + USED + at, size_of::<VirtqUsedElem>());
-        let e = VirtqUsedElem::from_slice(&e).copied().unwrap();
-        self.used = self.used.wrapping_add(1);
-        let len = e.len() as usize;
-        assert!(len >= 8, "command {opcode:#x}: used length {len}");
-        let resp = self.read(RESP, len);
-        let code = u32::from_le_bytes(resp[0..4].try_into().unwrap());
-        (code, resp[8..].to_vec())
-    }
-
-    /// CREATE_PD with the bitmap at `BITMAP`: the domain's id.
-    fn create_pd(&mut self) -> u32 {
-        let a = CreatePd {
-            doorbell_gpa: BITMAP.into(),
-        };
-        let (code, r) = self.command(cmd::CREATE_PD, a.as_bytes());
-        assert_eq!(code, status::OK);
-        u32::from_le_bytes(r[0..4].try_into().unwrap())
-    }
-
-    /// CREATE_ENDPOINT in domain `pd`, rings of 8 and one segment page.
-    fn create_endpoint(&mut self, pd: u32) -> u32 {
-        let layout = RingLayout {
-            send_entries: 8,
-            recv_entries: 8,
-            free_entries: 8,
-            event_entries: 64,
-        };
-        self.write(TABLE, &SEG.to_le_bytes());
-        let a = CreateEndpoint {
-            pd: pd.into(),
-            send_entries: 8.into(),
-            recv_entries: 8.into(),
-            free_entries: 8.into(),
-            event_entries: 64.into(),
-            seg_pages: 1.into(),
-            ctrl_gpa: CTRL.into(),
-            ctrl_len: layout.region_size().next_multiple_of(4096).into(),
-            seg_table_gpa: TABLE.into(),
-        };
-        let (code, r) = self.command(cmd::CREATE_ENDPOINT, a.as_bytes());
-        assert_eq!(code, status::OK);
-        u32::from_le_bytes(r[0..4].try_into().unwrap())
-    }
-
-    /// An endpoint bound to `port`, as the spec's bring-up leaves it.
-    fn bound_endpoint(&mut self, port: u32) -> u32 {
-        let pd = self.create_pd();
-        let ep = self.create_endpoint(pd);
-        let bind = wire::BindPort {
-            endpoint: ep.into(),
-            port: port.into(),
-        };
-        assert_eq!(self.command(cmd::BIND_PORT, bind.as_bytes()).0, status::OK);
-        ep
-    }
-
-    /// The config-space word at `offset` (spec §2.2).
-    fn config_word(&mut self, offset: u32) -> u32 {
-        let (_, b) = self
-            .fe
-            .get_config(offset, 4, VhostUserConfigFlags::WRITABLE, &[0; 4])
-            .unwrap();
-        u32::from_le_bytes(b[..4].try_into().unwrap())
-    }
-
-    /// Whether the device closed the connection: a request fails.
-    fn closed(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.fe.get_features().is_ok() {
-            if Instant::now() > deadline {
-                return false;
+/// §2: a command of a feature not accepted answers NOT_SUPPORTED, each
+/// command needing the features §4.2's table names (GET_INFO none); with
+/// no device bit accepted every command but GET_INFO does.
+#[test]
+fn s2_a_command_of_a_feature_not_accepted_answers_not_supported() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let sets = [
+        0,
+        F_MESSAGING,
+        F_MESSAGING | F_UTLB,
+        F_MESSAGING | F_RDMA,
+        F_MESSAGING | F_RDMA | F_TRIPWIRE,
+        F_IMPLEMENTED,
+    ];
+    for accepted in sets {
+        let mut raw = Raw::with_features(&sock, accepted);
+        for (opcode, len, _, needs) in COMMANDS {
+            let got = raw.command(opcode, &vec![0; len]).0;
+            if needs & !accepted != 0 {
+                assert_eq!(got, status::NOT_SUPPORTED, "{opcode:#x} with {accepted:#x}");
+            } else {
+                assert_ne!(got, status::NOT_SUPPORTED, "{opcode:#x} with {accepted:#x}");
             }
-            std::thread::yield_now();
         }
-        true
+        drop(raw);
+        released(&dev, 0);
     }
 }
 
-impl Drop for Raw {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the mapping made in `new`, used by nothing else.
-        unsafe { libc::munmap(self.mem.cast(), MEM) };
+/// §2 and §5.9: a send-ring descriptor using a feature not accepted fails
+/// with BAD_DESCRIPTOR (RDMA opcodes need F_RDMA, the UTLB flag F_UTLB,
+/// REDIRECT both); the same descriptors fail otherwise once the features
+/// are accepted.
+#[test]
+fn s2_a_descriptor_of_a_feature_not_accepted_is_a_bad_descriptor() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let mut rdma = RdmaDesc::new_zeroed();
+    rdma.opcode = op::RDMA_WRITE.into();
+    rdma.len = 8.into();
+    rdma.cookie_aperture = 5.into();
+    rdma.user_id = 1.into();
+    let mut utlb = send_segment((0, 9), 0, 2, 0, 8);
+    utlb.flags = send_flags::UTLB.into();
+    let mut redirect = RedirectDesc::new_zeroed();
+    redirect.opcode = op::REDIRECT.into();
+    redirect.flags = send_flags::UTLB.into();
+    redirect.len = 8.into();
+    redirect.aperture = 63.into();
+    redirect.id = 3.into();
+    let (error, refused) = (event::TX_ERROR, event::REDIRECTED);
+    let bad = (error, tx_error::BAD_DESCRIPTOR);
+    let cases = [
+        (F_MESSAGING, [bad, bad, bad]),
+        (
+            F_MESSAGING | F_RDMA,
+            [(error, tx_error::BAD_COOKIE), bad, bad],
+        ),
+        (
+            F_IMPLEMENTED,
+            [
+                (error, tx_error::BAD_COOKIE),
+                (error, tx_error::NO_TRANSLATION),
+                (refused, ulnic_abi::redirect::REFUSED),
+            ],
+        ),
+    ];
+    for (accepted, want) in cases {
+        let mut raw = Raw::with_features(&sock, accepted);
+        let mut ep = raw.bound(9);
+        raw.post(&mut ep, &rdma);
+        raw.post(&mut ep, &utlb);
+        raw.post(&mut ep, &redirect);
+        for (i, want) in want.iter().enumerate() {
+            let e = raw.event(&mut ep);
+            let got = ((e.kind.get(), e.code.get()), e.user_id.get());
+            assert_eq!(got, (*want, i as u64 + 1), "{accepted:#x}: descriptor {i}");
+        }
+        drop(raw);
+        released(&dev, 0);
     }
 }
 
-/// Node `node`'s live endpoints and epoch, as the device holds them.
-fn node_state(dev: &Device, node: usize) -> (usize, u32, u64) {
-    let shard = dev.shard_of(node as u32);
-    let f = shard.lock();
-    let n = &f.nodes[node];
-    let live = n.endpoints.iter().filter(|e| e.is_some()).count();
-    (live, n.epoch, n.queue_errors)
+/// §2: no close message is sent without F_CLOSE_MESSAGE accepted (and one
+/// is, with it).
+#[test]
+fn s2_a_close_message_needs_f_close_message() {
+    let (dev, _dir) = common::device(2);
+    let mut r = Raw::new(&common::socket(&dev, 1));
+    let mut rx = r.bound(9);
+    let sock = common::socket(&dev, 0);
+    for (accepted, sent) in [(F_MESSAGING, 0), (F_MESSAGING | F_CLOSE_MESSAGE, 1)] {
+        let mut raw = Raw::with_features(&sock, accepted);
+        let ep = raw.bound(5);
+        raw.set_close_message(&ep, &send_inline((1, 9), 3, 0, b"bye"));
+        raw.destroy(&ep);
+        std::thread::sleep(QUIET);
+        assert_eq!(r.received(&rx), sent, "with {accepted:#x}");
+        drop(raw);
+        released(&dev, 0);
+    }
+    let m = r.recv(&mut rx);
+    assert_eq!(m.flags.get(), recv_flags::INLINE | recv_flags::CLOSE);
 }
 
-/// §2.1/§5.8: all 62 doorbell queues are set up and started like the
-/// others (the kicks themselves: device/tests/endpoints.rs
-/// `every_doorbell_queue_serves_its_domain`).
+/// §2: the device bits in force are those of the connection's last
+/// successful SET_FEATURES.
+#[test]
+fn s2_the_bits_in_force_are_those_of_the_last_set_features() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let ep = raw.bound(9);
+    let export = export_payload(&ep);
+    assert_eq!(raw.status(cmd::EXPORT, &export), status::OK);
+    raw.fe
+        .set_features(VERSION_1 | PROTOCOL_FEATURES | F_MESSAGING)
+        .unwrap();
+    assert_eq!(raw.status(cmd::EXPORT, &export), status::NOT_SUPPORTED);
+    raw.fe
+        .set_features(VERSION_1 | PROTOCOL_FEATURES | F_IMPLEMENTED)
+        .unwrap();
+    assert_eq!(raw.status(cmd::EXPORT, &export), status::OK);
+}
+
+/// §2: accepting a bit the device did not offer fails SET_FEATURES (a
+/// failure reply with REPLY_ACK) and ends the connection; so does a first
+/// SET_FEATURES without REPLY_ACK. The node takes a frontend again after.
+#[test]
+fn s2_accepting_a_bit_not_offered_fails_set_features_and_ends_the_connection() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let mut raw = Raw::new(&sock);
+    let all = VERSION_1 | PROTOCOL_FEATURES | F_IMPLEMENTED;
+    assert!(raw.fe.set_features(all | F_OOB).is_err(), "F_OOB taken");
+    assert!(raw.closed(), "the connection stays open");
+    drop(raw);
+    released(&dev, 0);
+    let fe = Frontend::connect(&sock, 64).unwrap();
+    fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    let _ = fe.set_features(all | (1 << 40));
+    let deadline = std::time::Instant::now() + spec::WAIT;
+    while fe.get_features().is_ok() {
+        assert!(std::time::Instant::now() < deadline, "connection kept");
+    }
+    drop(fe);
+    released(&dev, 0);
+    let mut again = Raw::new(&sock);
+    assert_eq!(again.command(cmd::GET_INFO, &[]).0, status::OK);
+}
+
+/// §2: RESET_OWNER is acknowledged and otherwise ignored: nothing is
+/// freed, no close message is sent, the epoch does not change and the
+/// queues keep running (with the device bits still in force).
+#[test]
+fn s2_reset_owner_is_acknowledged_and_changes_nothing() {
+    let (dev, _dir) = common::device(2);
+    let mut r = Raw::new(&common::socket(&dev, 1));
+    let mut rx = r.bound(9);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let mut ep = raw.bound(5);
+    raw.set_close_message(&ep, &send_inline((1, 9), 3, 0, b"bye"));
+    let epoch = raw.config_word(56);
+    raw.fe.reset_owner().expect("RESET_OWNER acknowledged");
+    assert_eq!(raw.config_word(56), epoch, "the epoch changed");
+    assert_eq!(node_state(&dev, 0).0, 1, "the endpoint was freed");
+    std::thread::sleep(QUIET);
+    assert_eq!(r.received(&rx), 0, "a close message was sent");
+    raw.post(&mut ep, &send_inline((1, 9), 4, 0, b"still"));
+    let m = r.recv(&mut rx);
+    assert_eq!((m.flags.get(), m.tag.get()), (recv_flags::INLINE, 4));
+    assert_eq!(raw.status(cmd::EXPORT, &export_payload(&ep)), status::OK);
+}
+
+/// §2: after RESET_OWNER the vhost-user library has forgotten the accepted
+/// features, so a SET_VRING_ENABLE before the next SET_FEATURES fails and
+/// ends the connection.
+#[test]
+fn s2_after_reset_owner_a_vring_enable_before_set_features_ends_the_connection() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    raw.fe.reset_owner().unwrap();
+    assert!(raw.fe.set_vring_enable(2, true).is_err(), "enable taken");
+    assert!(raw.closed(), "the connection stays open");
+}
+
+/// §2: RESET_DEVICE is not offered; a frontend that sends it without
+/// having accepted it loses its connection.
+#[test]
+fn s2_reset_device_not_accepted_ends_the_connection() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    // No reply asked for: a device that took it would answer nothing.
+    raw_message(&raw.fe, FrontendReq::RESET_DEVICE, &[], false);
+    assert!(raw.closed(), "the connection stays open");
+}
+
+/// §2: with PROTOCOL_FEATURES, a SET_VRING_ENABLE before SET_FEATURES
+/// ends the connection.
+#[test]
+fn s2_a_vring_enable_before_set_features_ends_the_connection() {
+    let (dev, _dir) = common::device(1);
+    let fe = Frontend::connect(common::socket(&dev, 0), 64).unwrap();
+    fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    let enable = VhostUserVringState::new(2, 1);
+    raw_message(&fe, FrontendReq::SET_VRING_ENABLE, enable.as_slice(), false);
+    let deadline = std::time::Instant::now() + spec::WAIT;
+    while fe.get_features().is_ok() {
+        assert!(std::time::Instant::now() < deadline, "connection kept");
+    }
+}
+
+/// §2: without PROTOCOL_FEATURES, SET_FEATURES itself enables the queues:
+/// a queue set up without SET_VRING_ENABLE serves commands. (With no
+/// REPLY_ACK, the next reply, here GET_FEATURES's, says SET_FEATURES was
+/// handled.)
+#[test]
+fn s2_without_protocol_features_set_features_enables_the_queues() {
+    let (dev, _dir) = common::device(1);
+    let fe = Frontend::connect(common::socket(&dev, 0), 64).unwrap();
+    fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    // Memory table, ring addresses and sizes, kicks and calls first: they
+    // may come before SET_FEATURES.
+    let mut raw = Raw::attach(fe, Sharing::Table, false);
+    raw.fe.set_features(VERSION_1 | F_MESSAGING).unwrap();
+    raw.fe.get_features().unwrap();
+    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+    let ep = raw.bound(9);
+    assert_eq!(raw.stat(&ep, "tx_messages"), 0);
+}
+
+/// §2: "in practice no queue runs before SET_FEATURES": without
+/// PROTOCOL_FEATURES, SET_FEATURES starts the queues, so a command waiting
+/// in the control queue runs with the bits that SET_FEATURES accepted.
+#[test]
+fn s2_without_protocol_features_the_queues_start_with_the_bits_in_force() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let h = CmdHeader {
+        opcode: cmd::CREATE_PD.into(),
+        reserved: 0.into(),
+    };
+    let pd = CreatePd {
+        doorbell_gpa: 0x9_0000.into(),
+    };
+    // A race each time: a conforming device wins it every time.
+    for attempt in 0..20 {
+        let fe = Frontend::connect(&sock, 64).unwrap();
+        fe.get_features().unwrap();
+        fe.set_owner().unwrap();
+        let mut raw = Raw::attach(fe, Sharing::Table, false);
+        raw.write(spec::REQ, &[h.as_bytes(), pd.as_bytes()].concat());
+        raw.submit(
+            &[desc(spec::REQ, 16, F_NEXT, 1), desc(RESP, 64, F_WRITE, 0)],
+            0,
+        );
+        raw.fe.set_features(VERSION_1 | F_MESSAGING).unwrap();
+        spec::until("the command answered", || raw.used_index(0) == 1);
+        let code = raw.response(16).1;
+        assert_eq!(
+            code,
+            status::OK,
+            "attempt {attempt}: served with no bits in force"
+        );
+        drop(raw);
+        released(&dev, 0);
+    }
+}
+
+/// §2, §2.5: one frontend per node; a second one learns at its first
+/// request that the node is busy (once the device has waited 2 s for the
+/// first to end), and the refusal changes nothing and is not counted.
+/// Once the first leaves, the node takes a new one.
+#[test]
+fn s2_a_second_frontend_on_a_busy_node_is_refused_at_its_first_request() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let mut raw = Raw::new(&sock);
+    raw.bound(9);
+    let epoch = raw.config_word(56);
+    let connections = dev.snapshot().nodes[0].connections;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s2 = sock.clone();
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        let fe = Frontend::connect(&s2, 64).unwrap();
+        tx.send((fe.get_features().is_err(), start.elapsed()))
+            .unwrap();
+    });
+    let (refused, after) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert!(refused, "the second frontend was served");
+    assert!(
+        after >= Duration::from_secs(2),
+        "refused after {after:?}, not 2 s"
+    );
+    assert_eq!(raw.config_word(56), epoch, "the refusal changed the epoch");
+    assert_eq!(node_state(&dev, 0).0, 1, "the refusal freed the endpoint");
+    assert_eq!(dev.snapshot().nodes[0].connections, connections, "counted");
+    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+    drop(raw);
+    released(&dev, 0);
+    let mut next = Raw::new(&sock);
+    assert_eq!(next.command(cmd::GET_INFO, &[]).0, status::OK);
+}
+
+/// §2, §8: a frontend that detaches and attaches again at once is not
+/// refused, and the device answers its first message only after the
+/// previous connection's state was freed (its close messages sent).
+#[test]
+fn s2_a_frontend_that_attaches_again_at_once_finds_the_old_state_gone() {
+    let (dev, _dir) = common::device(2);
+    let mut r1 = Raw::new(&common::socket(&dev, 1));
+    let rx = r1.bound(9);
+    let sock = common::socket(&dev, 0);
+    let mut raw = Raw::new(&sock);
+    let ep = raw.bound(5);
+    raw.set_close_message(&ep, &send_inline((1, 9), 3, 0, b"bye"));
+    drop(raw);
+    let fe = Frontend::connect(&sock, 64).unwrap();
+    fe.get_features().expect("refused");
+    assert_eq!(
+        node_state(&dev, 0).0,
+        0,
+        "answered before the old state was freed"
+    );
+    assert_eq!(r1.received(&rx), 1, "the close message was not sent first");
+}
+
+/// §2.1, §2.4 step 5: every one of the 64 queues is set up and started
+/// (Raw::new does), and the control queue then serves commands.
 #[test]
 fn s2_1_every_queue_can_be_started() {
     let (dev, _dir) = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
-    for q in 2..ulnic_abi::QUEUE_COUNT as usize {
-        raw.start_queue(q).unwrap();
-    }
+    assert_eq!(raw.kicks.len(), ulnic_abi::QUEUE_COUNT as usize);
     assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+}
+
+/// §2.1: a chain with an indirect descriptor is completed with used
+/// length 0 and nothing else; the queue goes on.
+#[test]
+fn s2_1_an_indirect_chain_is_completed_with_used_length_0() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let before = spec::counts(&dev, 0);
+    let h = CmdHeader {
+        opcode: cmd::CREATE_PD.into(),
+        reserved: 0.into(),
+    };
+    let mut req = h.as_bytes().to_vec();
+    let pd = CreatePd {
+        doorbell_gpa: 0x9_0000.into(),
+    };
+    req.extend_from_slice(pd.as_bytes());
+    raw.write(spec::REQ, &req);
+    raw.fill(RESP, 64, 0xee);
+    let indirect = VRING_DESC_F_INDIRECT as u16;
+    let chain = [
+        desc(spec::REQ, req.len() as u32, F_NEXT, 1),
+        desc(RESP, 64, F_WRITE | F_NEXT, 2),
+        desc(0x8_3000, 16, indirect, 0),
+    ];
+    assert_eq!(raw.control_chain(&chain, 0), 0);
+    assert_eq!(raw.read(RESP, 64), vec![0xee; 64], "a response was written");
+    assert_eq!(spec::counts(&dev, 0), before, "the command ran");
+    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+}
+
+/// §2.1, §4: a looping chain ends after as many descriptors as the queue
+/// has; what it yielded, repeats included, is the request, answered like
+/// any other (here a GET_INFO header repeated: 24 bytes of payload where 0
+/// are wanted, so BAD_LENGTH).
+#[test]
+fn s2_1_a_looping_chain_is_the_descriptors_it_yielded() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let h = CmdHeader {
+        opcode: cmd::GET_INFO.into(),
+        reserved: 0.into(),
+    };
+    raw.write(spec::REQ, h.as_bytes());
+    raw.fill(RESP, 64, 0xee);
+    let chain = [
+        desc(spec::REQ, 8, F_NEXT, 1),
+        desc(RESP, 48, F_WRITE | F_NEXT, 0),
+    ];
+    assert_eq!(QUEUE, 8, "four of each descriptor");
+    let used = raw.control_chain(&chain, 0);
+    assert_eq!(raw.response(used).0, 8);
+    assert_eq!(raw.response(used).1, status::BAD_LENGTH);
+    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+}
+
+/// §2.1, §2.2: an available index more than the queue size ahead breaks
+/// the queue: nothing more consumed, bit 0 of "broken queues" set, other
+/// nodes unaffected, until the driver stops the queue.
+#[test]
+fn s2_1_an_avail_index_too_far_ahead_breaks_the_queue_until_it_is_stopped() {
+    let (dev, _dir) = common::device(2);
+    let mut other = Raw::new(&common::socket(&dev, 1));
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+    assert_eq!(raw.config().broken_queues.get(), 0);
+    let used = raw.used_index(0);
+    raw.publish_avail_index(0, used.wrapping_add(QUEUE + 1));
+    raw.kick(0);
+    spec::until("queue 0 broken", || raw.config_word(52) == 1);
+    std::thread::sleep(QUIET);
+    assert_eq!(raw.used_index(0), used, "a chain was consumed");
+    assert_eq!(other.command(cmd::GET_INFO, &[]).0, status::OK);
+    assert_eq!(other.config_word(52), 0);
+    raw.fe.get_vring_base(0).unwrap();
+    assert_eq!(raw.config_word(52), 0, "still broken once stopped");
+    raw.restart_queue(0);
+    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+}
+
+/// §2.1: a chain ends at a `next` index not below the queue size; what
+/// came before it is the chain.
+#[test]
+fn s2_1_a_chain_ends_at_a_next_index_past_the_queue() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let h = CmdHeader {
+        opcode: cmd::GET_INFO.into(),
+        reserved: 0.into(),
+    };
+    raw.write(spec::REQ, h.as_bytes());
+    let chain = [
+        desc(spec::REQ, 8, F_NEXT, 1),
+        desc(RESP, 48, F_WRITE | F_NEXT, QUEUE),
+        desc(RESP + 0x100, 64, F_WRITE, 0),
+    ];
+    let used = raw.control_chain(&chain, 0);
+    assert_eq!((used, raw.response(used).1), (48, status::OK));
+    let alone = [desc(RESP, 48, F_WRITE | F_NEXT, 200)];
+    let used = raw.control_chain(&alone, 0);
+    assert_eq!((used, raw.response(used).1), (8, status::BAD_LENGTH));
+}
+
+/// §2.1, §2.2, §6: a notification raised while the notification queue is
+/// broken (bit 1 of "broken queues") or stopped is kept, and delivered
+/// once the driver has restarted the queue and posted buffers.
+#[test]
+fn s2_1_notifications_wait_while_the_notification_queue_is_broken() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let mut s = raw.bound(5);
+    let r = raw.bound(9);
+    raw.ok(cmd::ARM, ObjectId { id: r.id.into() }.as_bytes());
+    let posted = raw.used_index(1).wrapping_add(QUEUE);
+    raw.publish_avail_index(1, posted.wrapping_add(QUEUE + 1));
+    raw.set_word(&r, ulnic_abi::ctrl::ARM_REQUEST, 1);
+    raw.post(&mut s, &send_inline((0, 9), 1, 0, b"x"));
+    spec::until("queue 1 broken", || raw.config_word(52) == 2);
+    assert_eq!(raw.word(&r, ulnic_abi::ctrl::ARM_ACK), 1);
+    assert_eq!(
+        raw.command(cmd::GET_INFO, &[]).0,
+        status::OK,
+        "control queue stopped"
+    );
+    raw.fe.get_vring_base(1).unwrap();
+    assert_eq!(raw.config_word(52), 0, "still broken once stopped");
+    raw.restart_queue(1);
+    raw.post_notification_buffers();
+    let got = raw
+        .notification(spec::WAIT)
+        .map(|(len, n)| (len, n.endpoint.get()));
+    assert_eq!(got, Some((8, r.id)), "the kept notification");
+}
+
+/// §2.1, §2.2: a broken queue's bit stays set until the driver stops that
+/// queue or the control queue (a reset of the node clears every bit), or
+/// the connection ends; stopping a doorbell queue leaves it set.
+#[test]
+fn s2_1_only_a_reset_or_stopping_the_queue_clears_its_broken_bit() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let mut s = raw.bound(5);
+    let r = raw.bound(9);
+    raw.ok(cmd::ARM, ObjectId { id: r.id.into() }.as_bytes());
+    spec::fill_counter(&raw.calls[1]);
+    raw.set_word(&r, ulnic_abi::ctrl::ARM_REQUEST, 1);
+    raw.post(&mut s, &send_inline((0, 9), 1, 0, b"x"));
+    spec::until("queue 1 broken", || raw.config_word(52) == 2);
+    raw.fe.get_vring_base(2).unwrap();
+    assert_eq!(
+        raw.config_word(52),
+        2,
+        "stopping doorbell queue 2 cleared queue 1's bit"
+    );
+    raw.fe.get_vring_base(0).unwrap();
+    assert_eq!(
+        raw.config_word(52),
+        0,
+        "a reset of the node keeps a broken bit"
+    );
+}
+
+/// §2.1: a notification buffer with an indirect descriptor is completed
+/// with used length 0 and not followed; the record goes into the next
+/// buffer.
+#[test]
+fn s2_1_an_indirect_notification_buffer_is_completed_empty() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::bare(&common::socket(&dev, 0), F_IMPLEMENTED);
+    let mut s = raw.bound(5);
+    let r = raw.bound(9);
+    raw.ok(cmd::ARM, ObjectId { id: r.id.into() }.as_bytes());
+    raw.post_notification_buffers();
+    let indirect = desc(spec::NOTES, 16, F_WRITE | VRING_DESC_F_INDIRECT as u16, 0);
+    raw.write(spec::RINGS + 0x1000, indirect.as_slice());
+    raw.set_word(&r, ulnic_abi::ctrl::ARM_REQUEST, 1);
+    raw.post(&mut s, &send_inline((0, 9), 1, 0, b"x"));
+    let mut first = None;
+    spec::until("a completion", || {
+        first = raw.take_used(1);
+        first.is_some()
+    });
+    assert_eq!(first, Some((0, 0)), "the indirect buffer");
+    let got = raw
+        .notification(spec::WAIT)
+        .map(|(len, n)| (len, n.endpoint.get()));
+    assert_eq!(got, Some((8, r.id)));
+}
+
+/// §2.1: only the control and notification queues can break; the device
+/// never walks a doorbell queue, whatever its rings hold.
+#[test]
+fn s2_1_a_doorbell_queue_never_breaks() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let (mut s, mut r) = (raw.bound(5), raw.bound(9));
+    raw.publish_avail_index(s.pd.queue as usize, 1000);
+    spec::until("doorbell wanted", || {
+        raw.word(&s, ulnic_abi::ctrl::DOORBELL_WANTED) != 0
+    });
+    raw.publish(&mut s, send_inline((0, 9), 1, 0, b"x").as_bytes());
+    raw.ring(&s);
+    assert_eq!(raw.recv(&mut r).tag.get(), 1);
+    assert_eq!(raw.config_word(52), 0);
+}
+
+/// §2.2: the config space holds the spec's values, field by field (the
+/// version is the spec's, `ulnic_abi::SPEC_VERSION_MAJOR.MINOR`), and
+/// GET_INFO (§4.2) returns the same facts.
+#[test]
+fn s2_2_config_space_holds_the_spec_values_and_get_info_agrees() {
+    let (dev, _dir) = common::device_with(3, |b| b.max_endpoints(5).tripwires(7));
+    let mut raw = Raw::new(&common::socket(&dev, 2));
+    let c = raw.config();
+    assert_eq!(c.magic.get(), 0x434e_4c55);
+    assert_eq!(CONFIG_MAGIC, 0x434e_4c55);
+    let version = (SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR);
+    assert_eq!((c.version_major.get(), c.version_minor.get()), version);
+    assert_eq!((c.node.get(), c.endpoints.get()), (2, 5));
+    assert_eq!((c.inline_max.get(), c.max_message.get()), (96, 1 << 20));
+    assert_eq!(c.first_doorbell_queue.get(), 2);
+    assert_eq!(c.max_ring_entries.get(), 65536);
+    assert_eq!((c.nodes.get(), c.tripwires.get()), (3, 7));
+    assert_eq!(c.features.get(), F_IMPLEMENTED);
+    assert_eq!(c.apertures.get(), 64);
+    assert_eq!(c.broken_queues.get(), 0);
+    assert_ne!(c.epoch.get(), 0);
+    assert_eq!(c.reserved.get(), 0);
+    assert_eq!(raw.config_word(56), c.epoch.get());
+    let (used, code, r) = raw.request(cmd::GET_INFO, 0, &[], 504);
+    assert_eq!((used, code), (48, status::OK));
+    let i = DeviceInfo::read_from_bytes(&r).unwrap();
+    assert_eq!((i.version_major.get(), i.version_minor.get()), version);
+    assert_eq!((i.node.get(), i.max_endpoints.get()), (2, 5));
+    assert_eq!((i.inline_max.get(), i.max_message.get()), (96, 1 << 20));
+    assert_eq!((i.nodes.get(), i.features.get()), (3, F_IMPLEMENTED));
+    assert_eq!((i.max_tripwires.get(), i.max_apertures.get()), (7, 64));
+}
+
+/// §2.2, §2.5: the epoch is nonzero and drawn anew for every connection.
+#[test]
+fn s2_2_the_epoch_is_new_for_every_connection() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let mut raw = Raw::new(&sock);
+        let e = raw.config_word(56);
+        assert_ne!(e, 0);
+        assert!(!seen.contains(&e), "epoch {e:#x} again: {seen:x?}");
+        seen.push(e);
+        drop(raw);
+        released(&dev, 0);
+    }
+}
+
+/// §2.3: a refused memory table ends the connection, and the node's state
+/// is freed before the failure reply.
+#[test]
+fn s2_3_a_refused_table_frees_the_node_before_the_reply() {
+    let (dev, _dir) = common::device(2);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    raw.bound(9);
+    let epoch = raw.config_word(56);
+    assert_eq!(node_state(&dev, 0).0, 1);
+    // A region longer than its file.
+    let mut bad = raw.region();
+    bad.memory_size = 2 * spec::MEM as u64;
+    assert!(raw.fe.set_mem_table(&[bad]).is_err(), "the table was taken");
+    // The reply came: the state is gone already, with a new epoch.
+    let (live, now, _) = node_state(&dev, 0);
+    assert_eq!(live, 0, "endpoints outlived the refusal");
+    assert_ne!(now, epoch, "the epoch did not change");
+    assert!(raw.closed());
+}
+
+/// §2.3: a region whose descriptor is no regular file, or whose
+/// `mmap_offset + memory_size` passes the file's end or overflows, fails
+/// the message
+/// and ends the connection; the node takes a frontend again after.
+#[test]
+fn s2_3_a_region_that_is_no_regular_file_or_past_its_end_is_refused() {
+    let (dev, _dir) = common::device(1);
+    let sock = common::socket(&dev, 0);
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe returns.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors are fresh and owned here from now on.
+    let (r, _w) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    for case in 0..3 {
+        let mut raw = Raw::new(&sock);
+        let mut bad = raw.region();
+        match case {
+            0 => bad.mmap_handle = r.as_raw_fd(),
+            1 => bad.mmap_offset = 4096,
+            _ => bad.mmap_offset = u64::MAX - 4095,
+        }
+        assert!(raw.fe.set_mem_table(&[bad]).is_err(), "case {case} taken");
+        assert!(raw.closed(), "case {case}: the connection stays open");
+        drop(raw);
+        released(&dev, 0);
+    }
+    let mut raw = Raw::new(&sock);
+    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
+}
+
+/// §2.3: a file that allows sealing and is not sealed gets F_SEAL_SHRINK
+/// from the device.
+#[test]
+fn s2_3_the_device_seals_a_sealable_file_against_shrinking() {
+    let (dev, _dir) = common::device(1);
+    let raw = Raw::new(&common::socket(&dev, 0));
+    // SAFETY: F_GET_SEALS on a descriptor we own.
+    let seals = unsafe { libc::fcntl(raw.file.as_raw_fd(), libc::F_GET_SEALS) };
+    assert!(seals >= 0);
+    assert_ne!(seals & libc::F_SEAL_SHRINK, 0, "seals {seals:#x}");
+    assert!(raw.file.set_len(spec::MEM as u64 / 2).is_err());
+}
+
+/// §2.3, §4.3: memory may be shared as several regions; a range in
+/// adjacent ones (here a segment page table) is in shared memory.
+#[test]
+fn s2_3_memory_in_two_adjacent_regions() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::sharing(&common::socket(&dev, 0), F_IMPLEMENTED, Sharing::Halves);
+    raw.post_notification_buffers();
+    let mut s = raw.bound(5);
+    let mut r = raw.bound(9);
+    let pd = raw.pd();
+    let mut args = raw.endpoint_args(pd.id, spec::SMALL, 1);
+    let table = spec::MEM as u64 / 2 - 4;
+    let page = raw.load64(args.seg_table_gpa.get());
+    raw.write_obj(table, &zerocopy::little_endian::U64::new(page));
+    args.seg_table_gpa = table.into();
+    let mut t = raw.create(pd, &args);
+    raw.bind(&t, 7);
+    raw.write(t.seg, b"across");
+    raw.post(&mut t, &send_segment((0, 9), 1, 0, 0, 6));
+    assert_eq!(spec::payload(&raw.recv(&mut r)), b"across");
+    raw.post(&mut s, &send_inline((0, 7), 2, 0, b"back"));
+    assert_eq!(spec::payload(&raw.recv(&mut t)), b"back");
+}
+
+/// §2.3: memory is shared with SET_MEM_TABLE; CONFIGURE_MEM_SLOTS is not
+/// offered, and a frontend that accepts it anyway and adds a region gets
+/// that table checked and served like any other.
+#[test]
+fn s2_3_add_mem_region_is_not_offered_but_checked_like_a_table() {
+    let (dev, _dir) = common::device(1);
+    let mut fe = Frontend::connect(common::socket(&dev, 0), 64).unwrap();
+    fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    fe.set_features(VERSION_1 | PROTOCOL_FEATURES | F_IMPLEMENTED)
+        .unwrap();
+    let offered = fe.get_protocol_features().unwrap();
+    let slots = vhost::vhost_user::message::VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+    assert!(!offered.contains(slots), "CONFIGURE_MEM_SLOTS offered");
+    drop(fe);
+    released(&dev, 0);
+    let mut raw = Raw::sharing(&common::socket(&dev, 0), F_IMPLEMENTED, Sharing::AddRegion);
+    raw.post_notification_buffers();
+    let (mut s, mut r) = (raw.bound(5), raw.bound(9));
+    raw.post(&mut s, &send_inline((0, 9), 2, 0, b"shared"));
+    assert_eq!(spec::payload(&raw.recv(&mut r)), b"shared");
 }
 
 /// §2.4 step 5: a kick must be an eventfd; another kind of file is
@@ -296,29 +788,27 @@ fn s2_1_every_queue_can_be_started() {
 fn s2_4_a_kick_that_is_no_eventfd_is_refused() {
     let (dev, _dir) = common::device(2);
     let mut raw = Raw::new(&common::socket(&dev, 0));
+    raw.fe.get_vring_base(2).unwrap();
     let regular = tempfile::tempfile().unwrap();
+    let base = raw.region().userspace_addr + spec::RINGS + 2 * 0x1000;
+    let config = VringConfigData {
+        queue_max_size: QUEUE,
+        queue_size: QUEUE,
+        flags: 0,
+        desc_table_addr: base,
+        avail_ring_addr: base + 0x400,
+        used_ring_addr: base + 0x800,
+        log_addr: None,
+    };
+    raw.fe.set_vring_enable(2, false).unwrap();
     raw.fe.set_vring_num(2, QUEUE).unwrap();
-    let base = raw.mem as u64 + RINGS + 2 * 0x1000;
-    raw.fe
-        .set_vring_addr(
-            2,
-            &VringConfigData {
-                queue_max_size: QUEUE,
-                queue_size: QUEUE,
-                flags: 0,
-                desc_table_addr: base,
-                avail_ring_addr: base + AVAIL,
-                used_ring_addr: base + USED,
-                log_addr: None,
-            },
-        )
-        .unwrap();
+    raw.fe.set_vring_addr(2, &config).unwrap();
     raw.fe.set_vring_base(2, 0).unwrap();
     // SAFETY: the file's descriptor is valid while `regular` lives, and the
     // borrowed EventFd is forgotten, never closing it.
     let not_eventfd =
         std::mem::ManuallyDrop::new(unsafe { EventFd::from_raw_fd(regular.as_raw_fd()) });
-    // Acknowledged: the queue is not enabled yet, so nothing starts.
+    // Acknowledged: the queue is not enabled, so nothing starts.
     raw.fe.set_vring_kick(2, &not_eventfd).unwrap();
     raw.fe.set_vring_call(2, &EventFd::new(0).unwrap()).unwrap();
     assert!(
@@ -346,83 +836,74 @@ fn s2_4_a_started_queue_keeps_its_kick() {
     common::exchange(&dev, 1, 0);
 }
 
-/// §2.3: a refused memory table ends the connection, and the node's state
-/// is freed before the failure reply.
+/// §2.4 step 5: a SET_VRING_KICK without a file (the polling bit) is
+/// acknowledged, but its queue never starts.
 #[test]
-fn s2_3_a_refused_table_frees_the_node_before_the_reply() {
-    let (dev, _dir) = common::device(2);
-    let mut raw = Raw::new(&common::socket(&dev, 0));
-    raw.bound_endpoint(9);
-    let epoch = raw.config_word(56);
-    assert_eq!(node_state(&dev, 0).0, 1);
-    // A region longer than its file.
-    let mut bad = raw.region();
-    bad.memory_size = 2 * MEM as u64;
-    assert!(raw.fe.set_mem_table(&[bad]).is_err(), "the table was taken");
-    // The reply came: the state is gone already, with a new epoch.
-    let (live, now, _) = node_state(&dev, 0);
-    assert_eq!(live, 0, "endpoints outlived the refusal");
-    assert_ne!(now, epoch, "the epoch did not change");
-    assert!(raw.closed());
-}
-
-/// §8: a control-queue call the device cannot signal ends the connection;
-/// the node's state is freed (counted in its queue errors) before the
-/// frontend sees the connection end.
-#[test]
-fn s8_a_call_that_cannot_be_signalled_ends_the_connection() {
-    let (dev, _dir) = common::device(2);
-    let mut raw = Raw::new(&common::socket(&dev, 0));
-    raw.bound_endpoint(9);
-    // The read end of a pipe: a write to it fails (EBADF).
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe returns.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: both descriptors are fresh and owned here from now on.
-    let (r, _w) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
-    // SAFETY: as above; the borrowed EventFd is never dropped.
-    let unwritable = std::mem::ManuallyDrop::new(unsafe { EventFd::from_raw_fd(r.as_raw_fd()) });
-    raw.fe.set_vring_call(0, &unwritable).unwrap();
-    let before = node_state(&dev, 0).2;
-    // Served and answered in the ring, then the signal fails.
-    assert_eq!(raw.command(cmd::GET_INFO, &[]).0, status::OK);
-    assert!(raw.closed(), "the connection stays open");
-    let (live, _, errors) = node_state(&dev, 0);
-    assert_eq!(live, 0, "endpoints outlived the end of the connection");
-    assert_eq!(errors, before + 1, "not counted in the node's queue errors");
-    drop(raw);
-    common::exchange(&dev, 1, 0);
-}
-
-/// §4 step 6 before step 7: SET_FILTER's length is checked against its
-/// count before the count itself.
-#[test]
-fn s4_2_set_filter_checks_its_length_before_its_count() {
+fn s2_4_a_kick_without_a_file_is_acknowledged_but_never_starts_its_queue() {
     let (dev, _dir) = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
-    let ep = raw.bound_endpoint(9);
-    let filter = |count: u32, entries: usize| {
-        let mut p = SetFilter {
-            endpoint: ep.into(),
-            count: count.into(),
-        }
-        .as_bytes()
-        .to_vec();
-        p.resize(p.len() + entries * FilterEntry::SIZE, 0);
-        p
+    raw.fe.get_vring_base(0).unwrap();
+    raw.fe.set_vring_enable(0, false).unwrap();
+    raw.clear_queue(0);
+    let base = raw.region().userspace_addr + spec::RINGS;
+    let config = VringConfigData {
+        queue_max_size: QUEUE,
+        queue_size: QUEUE,
+        flags: 0,
+        desc_table_addr: base,
+        avail_ring_addr: base + 0x400,
+        used_ring_addr: base + 0x800,
+        log_addr: None,
     };
-    let over = MAX_FILTERS as u32 + 1;
-    assert_eq!(
-        raw.command(cmd::SET_FILTER, &filter(over, 0)).0,
-        status::BAD_LENGTH
+    raw.fe.set_vring_num(0, QUEUE).unwrap();
+    raw.fe.set_vring_addr(0, &config).unwrap();
+    raw.fe.set_vring_base(0, 0).unwrap();
+    // Queue 0 in bits 0-7, bit 8: no file.
+    let polling: u64 = 0x100;
+    let ack = raw_message(
+        &raw.fe,
+        FrontendReq::SET_VRING_KICK,
+        &polling.to_le_bytes(),
+        true,
     );
-    assert_eq!(
-        raw.command(cmd::SET_FILTER, &filter(over, over as usize)).0,
-        status::INVALID_ARGUMENT
+    assert_eq!(ack, Some(0), "not acknowledged");
+    raw.fe.set_vring_call(0, &EventFd::new(0).unwrap()).unwrap();
+    raw.fe.set_vring_enable(0, true).unwrap();
+    let h = CmdHeader {
+        opcode: cmd::GET_INFO.into(),
+        reserved: 0.into(),
+    };
+    raw.write(spec::REQ, h.as_bytes());
+    raw.submit(
+        &[desc(spec::REQ, 8, F_NEXT, 1), desc(RESP, 48, F_WRITE, 0)],
+        0,
     );
+    std::thread::sleep(QUIET);
     assert_eq!(
-        raw.command(cmd::SET_FILTER, &filter(over - 1, over as usize - 1))
-            .0,
-        status::OK
+        raw.used_index(0),
+        0,
+        "a queue with no kick served a command"
     );
+    assert_eq!(raw.config_word(52), 0);
+}
+
+/// §2.5: stopping the control queue frees every object of the node and
+/// changes the epoch, but keeps the accepted bits; the numbers of the old
+/// objects are unknown to the device afterwards.
+#[test]
+fn s2_5_stopping_the_control_queue_frees_everything_and_keeps_the_bits() {
+    let (dev, _dir) = common::device(1);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let ep = raw.bound(9);
+    let epoch = raw.config_word(56);
+    raw.fe.get_vring_base(0).unwrap();
+    let now = raw.config_word(56);
+    assert_ne!(now, epoch, "the epoch did not change");
+    assert_ne!(now, 0);
+    assert_eq!(node_state(&dev, 0).0, 0, "endpoints outlived the stop");
+    raw.restart_queue(0);
+    let gone = ObjectId { id: ep.id.into() };
+    assert_eq!(raw.status(cmd::GET_STATS, &gone), status::NOT_FOUND);
+    let again = raw.bound(9);
+    assert_eq!(raw.status(cmd::EXPORT, &export_payload(&again)), status::OK);
 }

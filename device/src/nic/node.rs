@@ -3,6 +3,7 @@
 //! apertures, the notification queue, and what its frontend broke.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -61,6 +62,10 @@ pub struct Node {
     /// Feature bits the frontend accepted (SET_FEATURES); only these are
     /// acted on.
     pub features: u64,
+    /// SET_FEATURES came on this connection: until it has, the control
+    /// queue is left unserved (a frontend without PROTOCOL_FEATURES has
+    /// its queues started just before its bits reach the device).
+    pub features_set: bool,
     /// Virtqueues this node's frontend broke (impossible avail index),
     /// counted over the device's life.
     pub queue_errors: u64,
@@ -102,6 +107,7 @@ impl Node {
             connections: 0,
             apertures: Default::default(),
             features: 0,
+            features_set: false,
             queue_errors: 0,
             broken_queues: 0,
             memory_faults: 0,
@@ -110,6 +116,22 @@ impl Node {
             control_stalled: false,
             control: None,
             reset_at: None,
+        }
+    }
+
+    /// Kicks the control queue as its driver would, so the node's own
+    /// thread serves the commands that waited in it (after a stall, or
+    /// for the bits of SET_FEATURES).
+    pub fn kick_control(&self) {
+        let Some(vring) = &self.control else {
+            return;
+        };
+        if let Some(kick) = vring.get_ref().get_kick() {
+            // The frontend's eventfd: a full one (or another kind of fd)
+            // only leaves the queue unkicked.
+            if let Err(e) = crate::notifier::signal(kick.as_raw_fd()) {
+                log::warn!("node {}: cannot kick the control queue: {e}", self.id);
+            }
         }
     }
 

@@ -17,8 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use log::{error, info, warn};
-use vhost_user_backend::VringT;
+use log::{error, info};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::{Configuration, Error};
@@ -198,17 +197,7 @@ impl Shard {
             }
         );
         if !stalled {
-            if let Some(vring) = &n.control {
-                // Kicks the queue as the driver would, so the node's own
-                // thread serves what waited.
-                if let Some(kick) = vring.get_ref().get_kick() {
-                    // The frontend's eventfd: a full one (or another kind
-                    // of fd) only leaves the queue unkicked.
-                    if let Err(e) = crate::notifier::signal(kick.as_raw_fd()) {
-                        warn!("node {node}: cannot kick the control queue: {e}");
-                    }
-                }
-            }
+            n.kick_control();
         }
         Ok(())
     }

@@ -115,9 +115,10 @@ impl Nodes {
         if d.opcode == 0 || node.features & F_CLOSE_MESSAGE == 0 {
             return true; // none registered, or the feature was not accepted
         }
+        let w: &ulnic_abi::wire::SendDesc = zerocopy::transmute_ref!(&raw);
         let well_formed = d.opcode == op::SEND
-            && d.flags & send_flags::INLINE != 0
-            && d.flags & !send_flags::ALL == 0
+            && d.flags == send_flags::INLINE
+            && w.reserved.get() == 0
             && d.len <= INLINE_MAX;
         let (Some(src_port), true) = (ep.port, well_formed) else {
             self.counters.closes_undeliverable += 1;
@@ -280,7 +281,9 @@ impl Nodes {
 
     /// Each node's memory now (`None`: no frontend), by node.
     fn memories(&self) -> impl Iterator<Item = Option<MemGuard>> + '_ {
-        self.nodes.iter().map(|n| n.mem.as_ref().map(|m| m.memory()))
+        self.nodes
+            .iter()
+            .map(|n| n.mem.as_ref().map(|m| m.memory()))
     }
 
     /// How many endpoints are resident on all nodes (those the engine

@@ -130,7 +130,7 @@ impl NodeBackend {
             let mut f = self.shard.lock();
             let node = &mut f.nodes[self.node as usize];
             node.control = Some(vring.clone());
-            if node.queue_broken(CONTROL_QUEUE) || node.control_stalled {
+            if node.queue_broken(CONTROL_QUEUE) || node.control_stalled || !node.features_set {
                 return Ok(());
             }
         }
@@ -346,8 +346,15 @@ impl VhostUserBackend for NodeBackend {
     fn set_event_idx(&self, _enabled: bool) {}
 
     fn acked_features(&self, features: u64) {
-        // Only what the driver accepted is acted on (spec §2).
-        self.shard.lock().nodes[self.node as usize].features = features;
+        // Only what the driver accepted is acted on (spec §2). Commands
+        // that came before (queues started early) are served now.
+        let mut f = self.shard.lock();
+        let n = &mut f.nodes[self.node as usize];
+        n.features = features;
+        if !n.features_set {
+            n.features_set = true;
+            n.kick_control();
+        }
     }
 
     fn reset_device(&self) {
@@ -356,6 +363,7 @@ impl VhostUserBackend for NodeBackend {
         f.reset_node(self.node);
         let n = &mut f.nodes[self.node as usize];
         n.features = 0;
+        n.features_set = false;
         n.renew_epoch();
     }
 
@@ -469,7 +477,10 @@ mod tests {
             .unwrap();
         let b = NodeBackend::new(0, Arc::new(Shard::new(&config).unwrap()));
         *b.mem.write().unwrap() = Some(GuestMemoryAtomic::new(mem.clone()));
-        b.shard.lock().nodes[0].features = F_IMPLEMENTED;
+        let mut f = b.shard.lock();
+        f.nodes[0].features = F_IMPLEMENTED;
+        f.nodes[0].features_set = true;
+        drop(f);
         b
     }
 

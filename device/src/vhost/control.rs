@@ -326,10 +326,11 @@ fn destroy_endpoint(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, 
 fn bind_port(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
     let a: BindPort = payload(p)?;
     let (id, port) = (a.endpoint.get(), a.port.get());
+    let n = &mut nodes.nodes[node as usize];
+    n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if port == 0 || port == ulnic_abi::ANY {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let n = &mut nodes.nodes[node as usize];
     // A port already bound, even by this endpoint, is in use.
     if n.ports.contains_key(&port) {
         return Err(Response::err(status::ADDRESS_IN_USE));
@@ -350,19 +351,19 @@ fn set_filter(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Respon
     }
     let a: SetFilter = wire::read(p);
     let (id, count) = (a.endpoint.get(), a.count.get() as usize);
-    // The length first (spec §4 step 6), then the count (step 7).
+    // The length first (spec §4 step 6), then the endpoint and the count
+    // (step 7).
     need(p, head + count * FilterEntry::SIZE)?;
-    if count > MAX_FILTERS {
-        return Err(Response::err(status::INVALID_ARGUMENT));
-    }
-    let filters = p[head..]
-        .chunks_exact(FilterEntry::SIZE)
-        .map(FilterEntry::decode)
-        .collect();
     let ep = nodes.nodes[node as usize]
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
-    ep.filters = filters;
+    if count > MAX_FILTERS {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    ep.filters = p[head..]
+        .chunks_exact(FilterEntry::SIZE)
+        .map(FilterEntry::decode)
+        .collect();
     Ok(Response::ok(Vec::new()))
 }
 
@@ -479,11 +480,12 @@ fn set_tripwire(
     let (id, aperture) = (a.endpoint.get(), a.aperture.get());
     let (offset, len, flags) = (a.offset.get(), a.len.get(), a.flags.get());
     let user = a.user.get();
+    let cap = nodes.max_tripwires;
+    let n = &mut nodes.nodes[node as usize];
+    n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if a.reserved.get() != 0 {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let cap = nodes.max_tripwires;
-    let n = &mut nodes.nodes[node as usize];
     let ap = *n
         .apertures
         .get(aperture)

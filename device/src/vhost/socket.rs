@@ -142,6 +142,7 @@ pub fn serve_node(node: u32, shard: Arc<Shard>, mut listener: Listener, path: &P
         let n = &mut f.nodes[node as usize];
         n.mem = None;
         n.features = 0;
+        n.features_set = false;
         n.disconnect = None;
         drop(f);
         region::unwatch(shard.watch_base + node);
