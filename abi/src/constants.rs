@@ -21,7 +21,7 @@ use zerocopy::little_endian::{U32, U64};
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 10;
+pub const SPEC_VERSION_MINOR: u16 = 11;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -45,7 +45,8 @@ pub const F_TRIPWIRE: u64 = 1 << 3;
 /// Device feature bit: close messages (spec §5.11): a message pre-formed in
 /// the control block that the device sends when the endpoint is destroyed.
 pub const F_CLOSE_MESSAGE: u64 = 1 << 4;
-/// Device feature bit: out-of-band messages (not implemented yet).
+/// Device feature bit: out-of-band messages (spec §5.3): at most
+/// `OOB_MAX` bytes, delivered as an event ahead of queued messages.
 pub const F_OOB: u64 = 1 << 5;
 /// Device feature bit: return to sender (spec §10.4): a message the
 /// fabric's transport gives up on comes back into the sender's receive
@@ -54,7 +55,7 @@ pub const F_OOB: u64 = 1 << 5;
 pub const F_RETURN_TO_SENDER: u64 = 1 << 6;
 /// Feature bits this version of the device implements.
 pub const F_IMPLEMENTED: u64 =
-    F_MESSAGING | F_UTLB | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE | F_RETURN_TO_SENDER;
+    F_MESSAGING | F_UTLB | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE | F_OOB | F_RETURN_TO_SENDER;
 
 /// Apertures one endpoint may export at once.
 pub const MAX_APERTURES: u32 = 64;
@@ -220,6 +221,9 @@ pub mod ctrl {
     /// that the device sends when the endpoint is destroyed, however that
     /// happens. Written by the user; opcode 0 means none.
     pub const CLOSE_MESSAGE: u64 = 0x300;
+    /// The endpoint's session id (u32, spec §5.4), written by the device
+    /// when the endpoint is created.
+    pub const SESSION: u64 = 0x380;
     /// One byte per tripwire id: 1 once it fired (set by the device),
     /// cleared to 0 by the user.
     pub const TRIPWIRE_FIRED: u64 = 0x400;
@@ -489,7 +493,13 @@ pub mod op {
     pub const REDIRECT: u16 = 5;
     /// End a redirection and get its report.
     pub const REDIRECT_END: u16 = 6;
+    /// Send an out-of-band message (at most `OOB_MAX` bytes, inline),
+    /// delivered as an `event::OOB`.
+    pub const OOB: u16 = 7;
 }
+
+/// Bytes an out-of-band message carries at most (spec §5.3).
+pub const OOB_MAX: u32 = 8;
 
 /// Active redirections per endpoint (spec §5.15).
 pub const MAX_REDIRECTS: u32 = 16;
@@ -556,8 +566,8 @@ pub mod recv_flags {
 pub mod packet {
     /// `magic`: "UL" in little endian.
     pub const MAGIC: u16 = 0x4c55;
-    /// `version`: 2 carries a source route after the header.
-    pub const VERSION: u16 = 2;
+    /// `version`: 3 names the operation and the sender's session.
+    pub const VERSION: u16 = 3;
     codes!(KINDS: u16 {
         /// A fragment of a message.
         DATA = 1,
@@ -572,7 +582,15 @@ pub mod packet {
         PROBE_REPLY = 5,
         /// Routes from the mapper for the destination node's route table.
         ROUTES = 6,
+        /// Bytes a read returns (spec §10.4): settles the read like an ACK.
+        RESPONSE = 7,
     });
+    /// Largest piece of an RDMA access carried as one message (spec §10.4).
+    pub const RDMA_PIECE: u32 = 512 << 10;
+    /// Bytes of the remote-access header before a write's data.
+    pub const ACCESS_HEADER_SIZE: usize = core::mem::size_of::<crate::wire::RemoteAccess>();
+    const _: () =
+        assert!(RDMA_PIECE as usize + ACCESS_HEADER_SIZE <= crate::constants::MAX_MESSAGE as usize);
     /// Switches a route may cross: the most source-route bytes a packet
     /// carries.
     pub const MAX_ROUTE: usize = 16;
@@ -664,6 +682,11 @@ pub mod event {
     /// A redirection ended; `code` is a `redirect` outcome, `len` the bytes
     /// redirected, `aux` their offset from the redirection's start.
     pub const REDIRECTED: u16 = 5;
+    /// An out-of-band message: `user_id` holds its bytes, `len` their
+    /// count, `aux` the tag, node/port the sender, `session` its session.
+    pub const OOB: u16 = 6;
+    /// The fabric's transport gave up on node `node` (spec §10.4).
+    pub const UNREACHABLE: u16 = 7;
 }
 
 /// Codes of `TX_ERROR` events.

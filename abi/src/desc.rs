@@ -89,6 +89,8 @@ pub struct RecvDesc {
     pub src_port: u32,
     /// The sender's tag.
     pub tag: u32,
+    /// The sending endpoint's session id, stamped by the device (spec §5.4).
+    pub session: u32,
     /// `user_id` of the free buffer used (0 for inline).
     pub buf_id: u64,
     /// Segment offset of the free buffer used (0 for inline).
@@ -107,6 +109,7 @@ impl RecvDesc {
             src_node: w.src_node.get(),
             src_port: w.src_port.get(),
             tag: w.tag.get(),
+            session: w.session.get(),
             buf_id: w.buf_id.get(),
             buf_offset: if flags & recv_flags::INLINE == 0 {
                 wire::read::<U64>(&w.data).get()
@@ -125,7 +128,7 @@ impl RecvDesc {
         w.src_node = self.src_node.into();
         w.src_port = self.src_port.into();
         w.tag = self.tag.into();
-        w.reserved1 = 0.into();
+        w.session = self.session.into();
         w.buf_id = self.buf_id.into();
         if self.flags & recv_flags::INLINE == 0 {
             let offset = self.buf_offset.to_le_bytes();
@@ -294,8 +297,10 @@ pub struct EventRecord {
     pub port: u32,
     /// TX events: message length.
     pub len: u32,
-    /// TRIPWIRE events: the tripwire id (0 otherwise).
+    /// TRIPWIRE events: the tripwire id; OOB events: the tag (0 otherwise).
     pub aux: u32,
+    /// OOB events: the sender's session id (0 otherwise).
+    pub session: u32,
 }
 
 impl EventRecord {
@@ -310,6 +315,7 @@ impl EventRecord {
             port: w.port.get(),
             len: w.len.get(),
             aux: w.aux.get(),
+            session: w.session.get(),
         }
     }
     /// Encodes into a 32-byte slot.
@@ -322,7 +328,7 @@ impl EventRecord {
             node: self.node.into(),
             port: self.port.into(),
             len: self.len.into(),
-            reserved: 0.into(),
+            session: self.session.into(),
         };
         write_prefix(b, &w);
     }
@@ -601,6 +607,7 @@ mod tests {
             src_node: 1,
             src_port: 2,
             tag: 3,
+            session: 6,
             buf_id: 4,
             buf_offset: 4096,
         };
@@ -623,6 +630,7 @@ mod tests {
             port: 2,
             len: 3,
             aux: 9,
+            session: 11,
         };
         let mut b = [0u8; 32];
         e.encode(&mut b);

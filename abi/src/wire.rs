@@ -485,8 +485,8 @@ wire! {
         pub src_port: U32,
         /// The sender's tag.
         pub tag: U32,
-        /// Reserved, 0.
-        pub reserved1: U32,
+        /// The sending endpoint's session id, stamped by the device.
+        pub session: U32,
         /// Id of the free buffer used (0 if inline).
         pub buf_id: U64,
         /// INLINE: the payload; otherwise the buffer's u64 segment offset.
@@ -523,8 +523,8 @@ wire! {
         pub port: U32,
         /// Length.
         pub len: U32,
-        /// Reserved, 0.
-        pub reserved: U32,
+        /// OOB: the sender's session id; else 0.
+        pub session: U32,
     }
 
     /// A notification record (spec §6).
@@ -535,7 +535,7 @@ wire! {
         pub reason: U32,
     }
 
-    /// A fabric packet's header (spec §10.3), 64 bytes, followed by
+    /// A fabric packet's header (spec §10.3), 72 bytes, followed by
     /// `len` payload bytes. Used between switches inside a device, between
     /// devices over UDP and in captures.
     pub struct PacketHeader = "ulnic_packet_header" {
@@ -543,7 +543,8 @@ wire! {
         pub magic: U16,
         /// `packet::VERSION`.
         pub version: U16,
-        /// `packet::DATA`, `ACK`, `NACK`, `PROBE`, `PROBE_REPLY` or `ROUTES`.
+        /// `packet::DATA`, `ACK`, `NACK`, `RESPONSE`, `PROBE`, `PROBE_REPLY`
+        /// or `ROUTES`.
         pub kind: U16,
         /// Switches passed so far: the index of the next route byte to
         /// use; not covered by the CRC.
@@ -563,7 +564,7 @@ wire! {
         /// returned or refused, and sequence numbers restart at 0.
         pub epoch: U32,
         /// DATA: the message's sequence number; ACK: the last one
-        /// delivered; NACK: the one refused.
+        /// delivered; NACK: the one refused; RESPONSE: the read answered.
         pub seq: U32,
         /// DATA: this fragment's index.
         pub frag: U16,
@@ -585,6 +586,37 @@ wire! {
         /// CRC-32 (IEEE) of the header, with `hop`, `route_len` and `crc`
         /// zero, and the payload.
         pub crc: U32,
+        /// DATA: the operation, a send-ring `op` (SEND, RDMA_WRITE,
+        /// RDMA_READ, WRITE_IMMEDIATE, OOB); ACK, NACK, RESPONSE: that of
+        /// the DATA they answer. It names the channel's class.
+        pub opcode: U16,
+        /// DATA of a SEND: the `recv_flags` it arrives with (CLOSE); else 0.
+        pub flags: U16,
+        /// DATA: the sending endpoint's session id (spec §5.4).
+        pub session: U32,
+    }
+
+    /// The start of a remote access's payload in the fabric (spec §10.4),
+    /// 48 bytes: the cookie, then what to access.
+    pub struct RemoteAccess = "ulnic_remote_access" {
+        /// Cookie: node (the receiving node).
+        pub cookie_node: U32,
+        /// Cookie: aperture.
+        pub cookie_aperture: U32,
+        /// Cookie: generation.
+        pub cookie_generation: U32,
+        /// Reserved, 0 (the cookie's).
+        pub cookie_reserved: U32,
+        /// Cookie: key.
+        pub cookie_key: U64,
+        /// Offset in the aperture.
+        pub offset: U64,
+        /// Bytes accessed (a read: bytes to return; an immediate: 4 or 8).
+        pub len: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+        /// The immediate's value (else 0).
+        pub immediate: U64,
     }
 
     /// The start of a datagram between device processes (spec §10.7),
@@ -739,6 +771,7 @@ pub fn fabric() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
     }
     vec![
         one::<PacketHeader>(),
+        one::<RemoteAccess>(),
         one::<DatagramHeader>(),
         one::<ProbeReply>(),
         one::<RouteEntryHead>(),
@@ -772,7 +805,8 @@ mod tests {
             ("ulnic_free_desc", 32),
             ("ulnic_event_record", 32),
             ("ulnic_notify_record", 8),
-            ("ulnic_packet_header", 64),
+            ("ulnic_packet_header", 72),
+            ("ulnic_remote_access", 48),
             ("ulnic_ioc_create_ep", 64),
             ("ulnic_ioc_command", 528),
             ("ulnic_datagram_header", 8),

@@ -48,22 +48,24 @@ pub struct Configuration {
     poll_for: Duration,
     tripwires: u32,
     utlb_cache: CacheConfig,
-    fabric: Option<FabricConfig>,
+    fabric: FabricConfig,
     engine_threads: u32,
 }
 
 impl Configuration {
     /// A builder for a device with one node per socket (socket `i` is node
     /// `i`), with the defaults: 8 endpoints per node, 200 us of polling
-    /// before sleeping, the default tripwire cap and UTLB cache.
+    /// before sleeping, the default tripwire cap and UTLB cache, and the
+    /// default fabric: one switch, every node on an ideal link (spec §10).
     pub fn builder(sockets: Vec<PathBuf>) -> ConfigurationBuilder {
+        let fabric = FabricConfig::ideal(sockets.len() as u32);
         ConfigurationBuilder(Configuration {
             sockets,
             max_endpoints: DEFAULT_ENDPOINTS,
             poll_for: DEFAULT_POLL_FOR,
             tripwires: ulnic_abi::DEFAULT_TRIPWIRES,
             utlb_cache: CacheConfig::default(),
-            fabric: None,
+            fabric,
             engine_threads: 1,
         })
     }
@@ -99,10 +101,10 @@ impl Configuration {
         self.utlb_cache
     }
 
-    /// The emulated fabric, if one was set; with none, nodes are one copy
-    /// apart (one switch, ideal links, no transport: the fast default).
-    pub fn fabric(&self) -> Option<&FabricConfig> {
-        self.fabric.as_ref()
+    /// The emulated fabric: the one set, or one switch with every node on
+    /// an ideal link (spec §10).
+    pub fn fabric(&self) -> &FabricConfig {
+        &self.fabric
     }
 
     /// Engine threads (shards; spec §10.8).
@@ -115,23 +117,25 @@ impl Configuration {
     /// on), so nodes on the same or neighbouring switches share a shard.
     pub fn shard_plan(&self) -> Option<Vec<usize>> {
         let k = self.engine_threads as usize;
-        let f = self.fabric.as_ref().filter(|_| k > 1)?;
-        let switches = f.topology.switches().len();
+        if k <= 1 {
+            return None;
+        }
+        let switches = self.fabric.topology.switches().len();
         Some((0..switches).map(|s| s * k / switches).collect())
     }
 
     /// The shard serving node `n` (0 with one engine thread).
     pub fn shard_of(&self, n: u32) -> usize {
-        match (self.shard_plan(), &self.fabric) {
-            (Some(plan), Some(f)) => plan[f.topology.attachment(n).1],
-            _ => 0,
+        match self.shard_plan() {
+            Some(plan) => plan[self.fabric.topology.attachment(n).1],
+            None => 0,
         }
     }
 
     /// Whether this device serves node `n` (with a fabric spanning
     /// devices, only the nodes on its own switches).
     pub fn is_local(&self, n: u32) -> bool {
-        self.fabric.as_ref().is_none_or(|f| f.is_local(n))
+        self.fabric.is_local(n)
     }
 
     /// Checks the limits of spec §3.
@@ -140,11 +144,7 @@ impl Configuration {
             return Err(Error::Config("--engine-threads must be 1 to 64".into()));
         }
         if self.engine_threads > 1 {
-            let f = self.fabric.as_ref().ok_or_else(|| {
-                Error::Config(
-                    "more than one engine thread needs a fabric (--topology): the engine is split by switch".into(),
-                )
-            })?;
+            let f = &self.fabric;
             if f.span.is_some() {
                 return Err(Error::Config(
                     "a fabric spread over devices runs one engine thread per device".into(),
@@ -152,13 +152,14 @@ impl Configuration {
             }
             if f.topology.switches().len() < self.engine_threads as usize {
                 return Err(Error::Config(format!(
-                    "{} engine threads need at least as many switches (the topology has {})",
+                    "{} engine threads need at least as many switches: the engine is split by switch (the topology has {}; without --topology, one)",
                     self.engine_threads,
                     f.topology.switches().len()
                 )));
             }
         }
-        if let Some(f) = &self.fabric {
+        {
+            let f = &self.fabric;
             if f.topology.nodes() as usize != self.sockets.len() {
                 return Err(Error::Config(format!(
                     "the topology has {} nodes but the device {} nodes",
@@ -269,7 +270,7 @@ impl ConfigurationBuilder {
     /// An emulated fabric between the nodes (spec §10): messages between
     /// nodes then cross its links as packets under the reliable transport.
     pub fn fabric(mut self, f: FabricConfig) -> Self {
-        self.0.fabric = Some(f);
+        self.0.fabric = f;
         self
     }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use vhost::vhost_user::Listener;
@@ -46,7 +46,7 @@ impl Device {
             None => vec![Arc::new(Shard::new(&config)?)],
             Some(plan) => {
                 let k = config.engine_threads() as usize;
-                let lanes = config.fabric().map_or(0, |f| 2 * f.topology.links().len());
+                let lanes = 2 * config.fabric().topology.links().len();
                 let shared = MemoryShared::new(k, lanes).map_err(|source| Error::Os {
                     what: "the engine shards' queues",
                     source,
@@ -149,6 +149,37 @@ impl Device {
         for s in &self.shards {
             s.paused.store(paused, Ordering::Relaxed);
             s.wake();
+        }
+    }
+
+    /// Waits until nothing more will happen without a new request: no
+    /// kick read and not acted on, and the last `SETTLED_PASSES` passes of
+    /// every engine thread, all made after this call, moved nothing with
+    /// nothing due (no packet in flight, no retry or timer pending).
+    /// Whether that happened within `timeout`. Tests use it before
+    /// asserting that something did not happen; a frontend's own kick
+    /// must have been taken first (its eventfd read empty).
+    pub fn settle(&self, timeout: Duration) -> bool {
+        const SETTLED_PASSES: u64 = 3;
+        let deadline = Instant::now() + timeout;
+        let mut from: Vec<u64> = self.shards.iter().map(|s| s.passes().0).collect();
+        loop {
+            if crate::vring::kicks_in_hand() > 0 {
+                from = self.shards.iter().map(|s| s.passes().0).collect();
+            } else if self.shards.iter().zip(&from).all(|(s, f)| {
+                let (passes, run) = s.passes();
+                passes >= f + SETTLED_PASSES && run >= SETTLED_PASSES
+            }) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            // An engine asleep makes a pass when woken.
+            for s in &self.shards {
+                s.wake();
+            }
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 

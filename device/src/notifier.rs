@@ -304,19 +304,54 @@ mod tests {
         ));
     }
 
+    /// Runs `f` on a thread of its own and gives up on it after a minute:
+    /// a watchdog that never interrupts fails the test instead of hanging
+    /// it.
+    fn aside<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(f());
+        });
+        result
+            .recv_timeout(Duration::from_secs(60))
+            .expect("still blocked after 60 s: the watchdog did not interrupt it")
+    }
+
+    /// The errno of a guarded 8-byte write of 1 to `fd` from this thread
+    /// (`None` when the write went through).
+    fn guarded_write_errno(fd: RawFd) -> Option<i32> {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to the caller's eventfd.
+        let write = || unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+        let (n, err) = guarded(fd, libc::POLLOUT, write).expect("this thread is registered");
+        (n != 8).then(|| err.raw_os_error().unwrap_or(0))
+    }
+
     #[test]
     fn a_full_blocking_eventfd_is_interrupted_not_waited_on() {
         install();
         assert!(armed());
-        let e = EventFd::new(0).unwrap();
-        fill(&e);
-        let before = interrupted();
-        // Nobody reads the eventfd: only the watchdog ends this write.
-        let r = signal(std::os::fd::AsRawFd::as_raw_fd(&e));
+        let (r, errno, counter) = aside(|| {
+            let e = EventFd::new(0).unwrap();
+            fill(&e);
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&e);
+            // Nobody reads the eventfd: only the watchdog ends these
+            // writes. A blocking write that returns without writing was
+            // interrupted by a signal (EINTR), and only the watchdog sends
+            // this thread one: this thread's own write was interrupted,
+            // whatever other tests' writes the process-wide count saw.
+            let r = signal(fd);
+            let errno = guarded_write_errno(fd);
+            (r, errno, e.read().unwrap())
+        });
         assert!(matches!(r, Err(SignalError::Full)), "{r:?}");
-        assert!(interrupted() > before);
+        assert_eq!(errno, Some(libc::EINTR));
         // The counter is untouched: nothing was added.
-        assert_eq!(e.read().unwrap(), u64::MAX - 1);
+        assert_eq!(counter, u64::MAX - 1);
+        assert!(
+            interrupted() >= 2,
+            "the process counted fewer interruptions"
+        );
     }
 
     #[test]
@@ -328,12 +363,14 @@ mod tests {
         consume(fd).unwrap();
         assert!(matches!(consume(fd), Err(ConsumeError::Empty)));
         // Blocking and empty (the frontend drained it): only the watchdog
-        // ends this read.
-        let blocking = EventFd::new(0).unwrap();
-        let before = interrupted();
-        let r = consume(std::os::fd::AsRawFd::as_raw_fd(&blocking));
+        // ends this read. `Blocked` is an EINTR, which only the watchdog's
+        // signal to this thread causes: this read was interrupted.
+        let r = aside(|| {
+            let blocking = EventFd::new(0).unwrap();
+            consume(std::os::fd::AsRawFd::as_raw_fd(&blocking))
+        });
         assert!(matches!(r, Err(ConsumeError::Blocked)), "{r:?}");
-        assert!(interrupted() > before);
+        assert!(interrupted() >= 1, "the process counted no interruption");
     }
 
     #[test]

@@ -23,7 +23,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use log::warn;
@@ -32,6 +32,22 @@ use virtio_queue::{Error as VirtQueError, QueueT};
 use vm_memory::GuestAddressSpace;
 
 use crate::notifier::{self, ConsumeError};
+
+/// Kicks read from their eventfd and not yet acted on, in this process:
+/// `Device::settle` waits for none (a kick taken but not yet recorded
+/// would otherwise look like no kick at all).
+static KICKS_IN_HAND: AtomicU64 = AtomicU64::new(0);
+
+/// Kicks read and not yet acted on (see `KICKS_IN_HAND`).
+pub fn kicks_in_hand() -> u64 {
+    KICKS_IN_HAND.load(Ordering::SeqCst)
+}
+
+/// A kick read by `read_kick` was acted on (the backend's `handle_event`
+/// ran for it).
+pub fn kick_served() {
+    let _ = KICKS_IN_HAND.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+}
 
 /// A node's virtqueue (see the module's comment).
 #[derive(Clone)]
@@ -42,6 +58,24 @@ impl<M: GuestAddressSpace> NodeVring<M> {
     /// read sleep, or the kick cannot be read): its connection must end.
     pub fn kick_failed(&self) -> bool {
         self.1.load(Ordering::Acquire)
+    }
+}
+
+impl<M: 'static + GuestAddressSpace> NodeVring<M> {
+    /// `read_kick`'s work, once the kick is counted in hand.
+    fn read_kick_counted(&self) -> io::Result<bool> {
+        let state = self.0.get_ref();
+        if let Some(kick) = state.get_kick() {
+            match notifier::consume(kick.as_raw_fd()) {
+                Ok(()) | Err(ConsumeError::Empty) => {}
+                Err(e) => {
+                    warn!("a queue's kick: {e}; ending this connection");
+                    self.1.store(true, Ordering::Release);
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(state.is_enabled())
     }
 }
 
@@ -181,18 +215,15 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for NodeVring<M> {
     /// marks the queue and reports it enabled, so that the backend's
     /// `handle_event` runs and ends the connection.
     fn read_kick(&self) -> io::Result<bool> {
-        let state = self.0.get_ref();
-        if let Some(kick) = state.get_kick() {
-            match notifier::consume(kick.as_raw_fd()) {
-                Ok(()) | Err(ConsumeError::Empty) => {}
-                Err(e) => {
-                    warn!("a queue's kick: {e}; ending this connection");
-                    self.1.store(true, Ordering::Release);
-                    return Ok(true);
-                }
-            }
+        // Counted before the read, so that from the moment the frontend
+        // sees its kick taken, the kick is either in hand or acted on.
+        KICKS_IN_HAND.fetch_add(1, Ordering::SeqCst);
+        let enabled = self.read_kick_counted();
+        if !matches!(enabled, Ok(true)) {
+            // `handle_event` will not run for it.
+            kick_served();
         }
-        Ok(state.is_enabled())
+        enabled
     }
 
     fn set_call(&self, file: Option<File>) {

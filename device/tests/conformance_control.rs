@@ -1,7 +1,7 @@
 //! docs/spec.md §3 and §4 (limits, the control queue, status codes,
 //! commands, CREATE_ENDPOINT), walked in spec order through the frontend of
 //! device/tests/common/spec.rs. See conformance.rs for the whole walk.
-mod common;
+use ulnic_testkit as common;
 #[path = "common/spec.rs"]
 mod spec;
 
@@ -50,7 +50,7 @@ fn s3_limits_are_the_contracts() {
 /// BAD_LENGTH, before the opcode is looked at.
 #[test]
 fn s4_step_1_more_than_520_or_fewer_than_8_readable_bytes() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let unknown = 0x60;
     let at_most = code(&mut raw, unknown, 0, &[0; 512], 0);
@@ -69,7 +69,7 @@ fn s4_step_1_more_than_520_or_fewer_than_8_readable_bytes() {
 /// one with that word set answers INVALID_ARGUMENT.
 #[test]
 fn s4_step_2_unknown_opcodes_and_the_reserved_ranges() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let known: Vec<u32> = COMMANDS.iter().map(|c| c.0).collect();
     for opcode in (0..=0x100).chain([0x1000, 0x8000_0022, u32::MAX]) {
@@ -90,7 +90,7 @@ fn s4_step_2_unknown_opcodes_and_the_reserved_ranges() {
 /// changes nothing.
 #[test]
 fn s4_steps_3_to_7_come_in_order() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let sock = common::socket(&dev, 0);
     let mut raw = Raw::with_features(&sock, F_MESSAGING);
     // EXPORT without F_RDMA, with a short payload and no room.
@@ -143,7 +143,7 @@ fn s4_steps_3_to_7_come_in_order() {
 /// count nothing, and the objects they named go on working.
 #[test]
 fn s4_a_refused_command_changes_nothing() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let ep = raw.bound(5);
     let cookie = raw.export(&ep, 0, 4096, perm::ALL);
@@ -250,7 +250,7 @@ fn tripwire(ep: u32, aperture: u32) -> SetTripwire {
 /// BAD_LENGTH with used length 8.
 #[test]
 fn s4_malformed_chains_and_split_parts() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let header = |opcode: u32| CmdHeader {
         opcode: opcode.into(),
@@ -316,7 +316,7 @@ fn s4_malformed_chains_and_split_parts() {
 /// made available at once complete in that order, each with its answer.
 #[test]
 fn s4_commands_are_served_in_ring_order() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let header = |opcode: u32| CmdHeader {
         opcode: opcode.into(),
@@ -422,7 +422,7 @@ fn s4_2_every_payload_length_is_exact() {
         size_of::<Cookie>(),
     ];
     assert_eq!(results, [40, 8, 8, 24]);
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     for (opcode, len, _, _) in COMMANDS {
         if len > 0 {
@@ -451,7 +451,7 @@ fn s4_2_every_payload_length_is_exact() {
 /// with it, the used length is 8 + the result.
 #[test]
 fn s4_2_every_result_needs_its_room() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let ep = raw.endpoint_in(pd, SMALL, 2);
@@ -513,7 +513,7 @@ fn s4_2_every_result_needs_its_room() {
 /// alone, in a buffer of just 8 bytes.
 #[test]
 fn s4_2_commands_without_a_result_need_only_the_header() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let ep = raw.endpoint_in(pd, SMALL, 2);
@@ -582,7 +582,7 @@ fn s4_2_commands_without_a_result_need_only_the_header() {
 /// its slot for the next.
 #[test]
 fn s4_2_create_pd_hands_out_62_doorbell_queues() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pds: Vec<spec::Pd> = (0..62).map(|_| raw.pd()).collect();
     let mut queues: Vec<u32> = pds.iter().map(|p| p.queue).collect();
@@ -612,7 +612,7 @@ fn s4_2_create_pd_hands_out_62_doorbell_queues() {
 /// ports); other domains keep theirs.
 #[test]
 fn s4_2_destroy_pd_destroys_its_endpoints() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let a = raw.pd();
     let (a1, a2) = (raw.endpoint_in(a, SMALL, 1), raw.endpoint_in(a, SMALL, 1));
@@ -640,7 +640,7 @@ fn s4_2_destroy_pd_destroys_its_endpoints() {
 /// releases the old one.
 #[test]
 fn s4_2_bind_port() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let (a, b) = (raw.endpoint_in(pd, SMALL, 1), raw.endpoint_in(pd, SMALL, 1));
@@ -684,7 +684,7 @@ fn s4_2_bind_port() {
 /// (NOT_FOUND), here one just destroyed.
 #[test]
 fn s4_2_commands_check_that_the_endpoint_exists() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let ep = raw.bound(5);
     let cookie = raw.export(&ep, 0, 4096, perm::ALL);
@@ -762,7 +762,7 @@ fn s4_2_commands_check_that_the_endpoint_exists() {
 /// before the count itself (at most 16).
 #[test]
 fn s4_2_set_filter_checks_its_length_before_its_count() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let ep = raw.bound(9);
     let filter = |count: u32, entries: usize| {
@@ -794,7 +794,7 @@ fn s4_2_set_filter_checks_its_length_before_its_count() {
 /// only the endpoint's own apertures, once.
 #[test]
 fn s4_2_export_and_revoke() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut raw = Raw::new(&common::socket(&dev, 1));
     let ep = raw.bound(5);
     let other = raw.bound(6);
@@ -864,7 +864,7 @@ fn s4_2_export_and_revoke() {
 /// fired byte; CLEAR_TRIPWIRE takes the endpoint's own tripwires, once.
 #[test]
 fn s4_2_set_and_clear_tripwire() {
-    let (dev, _dir) = common::device_with(1, |b| b.tripwires(3));
+    let dev = common::device_with(1, |b| b.tripwires(3));
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let ep = raw.bound(5);
     let other = raw.bound(6);
@@ -952,7 +952,7 @@ fn s4_2_set_and_clear_tripwire() {
 /// any range may be invalidated.
 #[test]
 fn s4_2_utlb_set_table_and_invalidate() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let set = |pd: u32, entries: u32, gpa: u64| UtlbSetTable {
@@ -1013,7 +1013,7 @@ fn s4_2_utlb_set_table_and_invalidate() {
 /// outside shared memory.
 #[test]
 fn s4_2_export_buffer() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let ep = raw.endpoint_in(pd, SMALL, 1);
@@ -1071,7 +1071,7 @@ fn s4_2_export_buffer() {
 /// failing two of them and getting the earlier one's code.
 #[test]
 fn s4_3_create_endpoint_checks_in_order() {
-    let (dev, _dir) = common::device_with(1, |b| b.max_endpoints(2));
+    let dev = common::device_with(1, |b| b.max_endpoints(2));
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     raw.endpoint_in(pd, SMALL, 1);
@@ -1159,7 +1159,7 @@ fn s4_3_create_endpoint_checks_in_order() {
 /// aligned, a whole number of pages, and at least the layout (§5.1).
 #[test]
 fn s4_3_ring_sizes_and_the_control_region() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let layout = |s: u32, r: u32, f: u32, e: u32| RingLayout {
@@ -1212,7 +1212,7 @@ fn s4_3_ring_sizes_and_the_control_region() {
 /// longer messages meet NO_BUFFER.
 #[test]
 fn s4_3_zero_segment_pages_accept_any_table_address() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let mut args = raw.endpoint_args(pd.id, SMALL, 0);
@@ -1257,7 +1257,7 @@ fn s4_3_zero_segment_pages_accept_any_table_address() {
 /// alignment; later changes to it have no effect).
 #[test]
 fn s4_3_the_page_table_is_copied_at_creation() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let (p, q) = (raw.alloc(4096), raw.alloc(4096));
@@ -1284,7 +1284,7 @@ fn s4_3_the_page_table_is_copied_at_creation() {
 /// §4.3: the segment is the concatenation of its pages in table order.
 #[test]
 fn s4_3_the_segment_is_its_pages_in_table_order() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let a = raw.alloc(4096);
@@ -1307,20 +1307,31 @@ fn s4_3_the_segment_is_its_pages_in_table_order() {
     assert_eq!(raw.read(r.seg + spec::buffer_offset(&m), 200), want);
 }
 
-/// §4.3: the device zeroes the control block at creation (the doorbell
-/// wanted word is the device's to set again at once, §5.8).
+/// §4.3, §5.2: the device zeroes the control block at creation but for
+/// the endpoint's session id (§5.4; nonzero, and another for the next
+/// endpoint) and the doorbell wanted word (the device's to set again at
+/// once, §5.8).
 #[test]
 fn s4_3_the_control_block_is_zeroed() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
-    let args = raw.endpoint_args(pd.id, SMALL, 1);
-    raw.fill(args.ctrl_gpa.get(), 4096, 0xff);
-    let ep = raw.create(pd, &args);
-    let mut block = raw.read(ep.ctrl, 4096);
-    let wanted = ulnic_abi::ctrl::DOORBELL_WANTED as usize;
-    block[wanted..wanted + 4].fill(0);
-    assert!(block.iter().all(|&b| b == 0), "control block not zeroed");
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let args = raw.endpoint_args(pd.id, SMALL, 1);
+        raw.fill(args.ctrl_gpa.get(), 4096, 0xff);
+        let ep = raw.create(pd, &args);
+        let mut block = raw.read(ep.ctrl, 4096);
+        let wanted = ulnic_abi::ctrl::DOORBELL_WANTED as usize;
+        block[wanted..wanted + 4].fill(0);
+        let at = ulnic_abi::ctrl::SESSION as usize;
+        let session = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
+        block[at..at + 4].fill(0);
+        assert!(block.iter().all(|&b| b == 0), "control block not zeroed");
+        assert_ne!(session, 0, "no session id");
+        sessions.push(session);
+    }
+    assert_ne!(sessions[0], sessions[1], "a session id used twice");
 }
 
 /// §4.3, §3: a segment of 262144 pages (1 GiB) is accepted and one page
@@ -1328,7 +1339,7 @@ fn s4_3_the_control_block_is_zeroed() {
 /// 1 GiB long.
 #[test]
 fn s4_3_a_segment_of_262144_pages() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let page = raw.alloc(4096);

@@ -2,20 +2,18 @@
 //! events, addressing, doorbells, delivery rules, conditions, close
 //! messages, counters), walked in spec order through the frontend of
 //! device/tests/common/spec.rs. See conformance.rs for the whole walk.
-mod common;
+use ulnic_testkit as common;
 #[path = "common/spec.rs"]
 mod spec;
 
 use std::sync::atomic::{fence, Ordering};
 
-use spec::{
-    buffer_offset, pattern, payload, send_inline, send_segment, until, Ep, Raw, QUIET, SMALL,
-};
+use spec::{buffer_offset, pattern, payload, send_inline, send_segment, until, Ep, Raw, SMALL};
 use ulnic_abi::wire::{
     EventRecord, FilterEntry, FreeDesc, ObjectId, RecvDesc, SendDesc, SetFilter,
 };
 use ulnic_abi::{
-    cmd, condition, ctrl, event, recv_flags, send_flags, tx_error, RingLayout, ANY, STAT_NAMES,
+    cmd, condition, ctrl, event, op, recv_flags, send_flags, tx_error, RingLayout, ANY, STAT_NAMES,
 };
 use vhost::VhostBackend;
 use zerocopy::IntoBytes;
@@ -55,7 +53,7 @@ fn set_filter(raw: &mut Raw, ep: &Ep, entries: &[(u32, u32, u32, u32)]) {
 /// padding; the device writes receive descriptors and events there.
 #[test]
 fn s5_1_the_rings_follow_the_control_block_in_order() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let l = RingLayout {
         send_entries: 2,
@@ -112,7 +110,7 @@ fn s5_2_control_block_words() {
     assert_eq!(words, std::array::from_fn(|i| 0x40 * i as u64));
     assert_eq!((ctrl::CLOSE_MESSAGE, ctrl::TRIPWIRE_FIRED), (0x300, 0x400));
     assert_eq!(ctrl::CONTROL_BLOCK_SIZE, 4096);
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     raw.give(&mut r, 0, 4096, 1);
@@ -132,7 +130,7 @@ fn s5_2_control_block_words() {
 /// ring's wrap), inline and segment sends alike, every byte as sent.
 #[test]
 fn s5_3_a_send_ring_is_served_in_order() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     let pd = raw.pd();
@@ -187,7 +185,7 @@ fn s5_3_a_send_ring_is_served_in_order() {
 /// with no payload and no free buffer, whether sent inline or not.
 #[test]
 fn s5_3_a_send_of_length_0_is_delivered_inline() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     raw.give(&mut r, 0, 4096, 1);
@@ -213,7 +211,7 @@ fn s5_3_a_send_of_length_0_is_delivered_inline() {
 /// and offset in the descriptor). The device stamps the source.
 #[test]
 fn s5_4_messages_up_to_inline_max_are_always_inline() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     raw.write(s.seg, &pattern(200, 4));
@@ -225,7 +223,10 @@ fn s5_4_messages_up_to_inline_max_are_always_inline() {
         (recv_flags::INLINE, 96, 0)
     );
     assert_eq!((m.src_node.get(), m.src_port.get(), m.tag.get()), (0, 5, 7));
-    assert_eq!((m.reserved0.get(), m.reserved1.get()), (0, 0));
+    // §5.4: the sender's session id, as its control block says.
+    let session = raw.word(&s, ctrl::SESSION);
+    assert_ne!(session, 0);
+    assert_eq!((m.reserved0.get(), m.session.get()), (0, session));
     assert_eq!(payload(&m), &pattern(200, 4)[..96]);
     assert_eq!(raw.word(&r, ctrl::FREE_CONSUMER), 0);
     raw.post(&mut s, &send_segment((0, 9), 8, 0, 0, 97));
@@ -241,7 +242,7 @@ fn s5_4_messages_up_to_inline_max_are_always_inline() {
 /// bad_descriptors and reported with one BAD_FREE_DESCRIPTOR condition.
 #[test]
 fn s5_5_bad_free_descriptors_are_discarded() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     let good = FreeDesc {
@@ -294,7 +295,7 @@ fn s5_5_bad_free_descriptors_are_discarded() {
 /// stays the next buffer (not consumed).
 #[test]
 fn s5_5_a_buffer_too_small_is_not_consumed() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     raw.give(&mut r, 0, 100, 3);
@@ -314,7 +315,7 @@ fn s5_5_a_buffer_too_small_is_not_consumed() {
 /// word 0; TX_ERROR the same with its code.
 #[test]
 fn s5_6_the_events_of_sends() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     raw.post(&mut s, &send_inline((0, 9), 1, 10, b"quiet"));
@@ -326,7 +327,7 @@ fn s5_6_the_events_of_sends() {
     let done = raw.event(&mut s);
     let fields = |e: &EventRecord| {
         let f = (e.user_id.get(), e.node.get(), e.port.get(), e.len.get());
-        (kc(e), e.aux.get(), f, e.reserved.get())
+        (kc(e), e.aux.get(), f, e.session.get())
     };
     assert_eq!(fields(&done), ((event::TX_DONE, 0), 0, (11, 0, 9, 7), 0));
     let err = raw.event(&mut s);
@@ -341,7 +342,7 @@ fn s5_6_the_events_of_sends() {
 /// consumer past it.
 #[test]
 fn s5_6_an_event_is_posted_before_the_consumer_moves() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     for i in 1..=40u32 {
@@ -357,7 +358,7 @@ fn s5_6_an_event_is_posted_before_the_consumer_moves() {
 /// and are served once the user has consumed events (and rung, §5.8).
 #[test]
 fn s5_6_a_send_is_taken_only_with_room_for_its_event() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     let failing = |i: u32| send_inline((0, 99), 0, u64::from(i), b"x");
@@ -369,7 +370,7 @@ fn s5_6_a_send_is_taken_only_with_room_for_its_event() {
     for i in 32..40 {
         raw.post(&mut s, &failing(i));
     }
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&raw]);
     assert_eq!(
         raw.word(&s, ctrl::SEND_CONSUMER),
         32,
@@ -392,7 +393,7 @@ fn s5_6_a_send_is_taken_only_with_room_for_its_event() {
 /// node and bound port.
 #[test]
 fn s5_7_the_receiver_sees_the_senders_true_node_and_port() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r0 = Raw::new(&common::socket(&dev, 0));
     let mut rx = r0.bound(9);
     let mut r1 = Raw::new(&common::socket(&dev, 1));
@@ -454,7 +455,7 @@ impl Filtering {
 /// receiver.
 #[test]
 fn s5_7_filters_match_node_port_and_masked_tag() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r0 = Raw::new(&common::socket(&dev, 0));
     let (rx, s0) = (r0.bound(9), r0.bound(78));
     let mut r1 = Raw::new(&common::socket(&dev, 1));
@@ -487,7 +488,7 @@ fn s5_7_filters_match_node_port_and_masked_tag() {
 /// the device clears the bitmap word.
 #[test]
 fn s5_8_an_idle_endpoint_is_served_when_rung() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     until("doorbell wanted", || {
@@ -496,7 +497,7 @@ fn s5_8_an_idle_endpoint_is_served_when_rung() {
     for i in 0..6 {
         raw.publish(&mut s, send_inline((0, 9), i, 0, b"x").as_bytes());
     }
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&raw]);
     assert_eq!(
         raw.word(&s, ctrl::SEND_CONSUMER),
         0,
@@ -521,7 +522,7 @@ fn s5_8_an_idle_endpoint_is_served_when_rung() {
 /// nothing served).
 #[test]
 fn s5_8_bits_for_another_domains_endpoints_are_ignored() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut a, mut r) = pair(&mut raw);
     let b = raw.bound(6);
@@ -538,7 +539,7 @@ fn s5_8_bits_for_another_domains_endpoints_are_ignored() {
     raw.kick(b.pd.queue);
     until("the bitmap cleared", || raw.load64(b.pd.bitmap) == 0);
     assert_eq!(raw.read(b.pd.bitmap + 8, 4088), vec![0xa5; 4088]);
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&raw]);
     assert_eq!(
         raw.word(&a, ctrl::SEND_CONSUMER),
         0,
@@ -555,7 +556,7 @@ fn s5_8_bits_for_another_domains_endpoints_are_ignored() {
 /// shared memory (BAD_ADDRESS).
 #[test]
 fn s5_8_create_pd_checks_its_bitmap() {
-    let (dev, _dir) = common::device_with(1, |b| b.max_endpoints(200));
+    let dev = common::device_with(1, |b| b.max_endpoints(200));
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let page = raw.alloc(4096);
     let end = spec::MEM as u64;
@@ -581,7 +582,7 @@ fn s5_8_create_pd_checks_its_bitmap() {
 /// nothing at any receiver.
 #[test]
 fn s5_9_the_senders_checks_in_order() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let pd = raw.pd();
     let mut u = raw.endpoint_in(pd, SMALL, 2);
@@ -604,7 +605,22 @@ fn s5_9_the_senders_checks_in_order() {
         ),
         (with(inline, &|d| d.reserved = 1.into()), bad),
         (with(inline, &|d| d.opcode = 0.into()), bad),
-        (with(inline, &|d| d.opcode = 7.into()), bad),
+        (with(inline, &|d| d.opcode = 8.into()), bad),
+        // OOB (opcode 7): at most 8 bytes, inline only.
+        (
+            with(inline, &|d| {
+                d.opcode = op::OOB.into();
+                d.len = 9.into();
+            }),
+            bad,
+        ),
+        (
+            with(outside, &|d| {
+                d.opcode = op::OOB.into();
+                d.len = 8.into();
+            }),
+            bad,
+        ),
         (
             with(inline, &|d| d.flags = (send_flags::INLINE | 8).into()),
             bad,
@@ -650,10 +666,12 @@ fn s5_9_the_senders_checks_in_order() {
 /// BUFFER_TOO_SMALL; nothing is written at the receiver.
 #[test]
 fn s5_9_the_receivers_checks_in_order() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     set_filter(&mut raw, &r, &[(ANY, ANY, 1, 1)]);
+    // Room for the one message the fabric returns (§10.4).
+    raw.give(&mut s, 4096, 1000, 77);
     let cases = [
         ((7, 9), 1, tx_error::NO_ENDPOINT),
         ((1, 9), 1, tx_error::NO_ENDPOINT),
@@ -665,6 +683,19 @@ fn s5_9_the_receivers_checks_in_order() {
         raw.post(&mut s, &send_segment(dest, tag, 0, 0, 200));
         assert_eq!(kc(&raw.event(&mut s)), (event::TX_ERROR, want), "{dest:?}");
     }
+    // Node 1 is another node: its refusal came back through the fabric,
+    // with the message (RETURNED, stamped with where it was going).
+    let back = raw.recv(&mut s);
+    assert_eq!(back.flags.get(), recv_flags::RETURNED);
+    assert_eq!(
+        (back.src_node.get(), back.src_port.get(), back.tag.get()),
+        (1, 9, 1)
+    );
+    assert_eq!(
+        raw.received(&s),
+        0,
+        "returned twice, or a node-local refusal returned"
+    );
     let e = raw.event(&mut r);
     assert_eq!(kc(&e), (event::CONDITION, condition::RECV_DROPPED));
     assert_eq!(raw.pending(&r, condition::RECV_DROPPED), 1);
@@ -684,7 +715,7 @@ fn s5_9_the_receivers_checks_in_order() {
 /// with RECV_DROPPED at the receiver.
 #[test]
 fn s5_9_a_full_receive_ring_is_no_buffer() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     let pd = raw.pd();
@@ -712,7 +743,7 @@ fn s5_9_a_full_receive_ring_is_no_buffer() {
 /// sets it; the user clears it to hear of the next one.
 #[test]
 fn s5_10_conditions_are_duplicate_suppressed() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     assert_eq!(
@@ -728,7 +759,7 @@ fn s5_10_conditions_are_duplicate_suppressed() {
         kc(&raw.event(&mut r)),
         (event::CONDITION, condition::RECV_DROPPED)
     );
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&raw]);
     assert_eq!(raw.events(&r), 0, "a duplicate condition");
     raw.clear_pending(&r, condition::RECV_DROPPED);
     raw.post(&mut s, &send_segment((0, 9), 0, 3, 0, 200));
@@ -745,7 +776,7 @@ fn s5_10_conditions_are_duplicate_suppressed() {
 /// (sends it took: those still in the ring are never sent).
 #[test]
 fn s5_11_a_close_message_is_delivered_when_its_endpoint_is_destroyed() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r1 = Raw::new(&common::socket(&dev, 1));
     let mut rx = r1.bound(9);
     let mut raw = Raw::new(&common::socket(&dev, 0));
@@ -772,7 +803,7 @@ fn s5_11_a_close_message_is_delivered_when_its_endpoint_is_destroyed() {
 /// full waits in the device until a slot frees.
 #[test]
 fn s5_11_close_messages_on_destroy_pd_on_disconnect_and_into_a_full_ring() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r1 = Raw::new(&common::socket(&dev, 1));
     let pd = r1.pd();
     let two = RingLayout {
@@ -798,7 +829,15 @@ fn s5_11_close_messages_on_destroy_pd_on_disconnect_and_into_a_full_ring() {
     until("the first close message", || r1.received(&rx) == 1);
     drop(raw);
     until("two close messages", || r1.received(&rx) == 2);
-    std::thread::sleep(QUIET);
+    // The third is held by the transport, which keeps offering it: once
+    // node 1 has refused it twice for room, it was tried against the full
+    // ring (it never settles while it waits).
+    let refusals = || {
+        dev.fabric_counters()
+            .map_or(0, |c| c.transport[1].nacks_sent)
+    };
+    let before = refusals();
+    until("the third refused for room", || refusals() >= before + 2);
     assert_eq!(r1.received(&rx), 2, "delivered into a full ring");
     let first = r1.recv(&mut rx);
     let close = recv_flags::INLINE | recv_flags::CLOSE;
@@ -815,7 +854,7 @@ fn s5_11_close_messages_on_destroy_pd_on_disconnect_and_into_a_full_ring() {
 /// control queue, and when the device ends the connection itself (§8).
 #[test]
 fn s5_11_close_messages_on_a_control_queue_stop_and_a_connection_ended() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r1 = Raw::new(&common::socket(&dev, 1));
     let mut rx = r1.bound(9);
     let sock = common::socket(&dev, 0);
@@ -856,7 +895,7 @@ fn close_with(raw: &mut Raw, port: Option<u32>, d: &SendDesc) {
 /// not sent.
 #[test]
 fn s5_11_malformed_close_messages_are_not_sent() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r1 = Raw::new(&common::socket(&dev, 1));
     let mut rx = r1.bound(9);
     let mut raw = Raw::new(&common::socket(&dev, 0));
@@ -881,7 +920,7 @@ fn s5_11_malformed_close_messages_are_not_sent() {
     close_with(&mut raw, Some(5), &with(&|d| d.tag = 2.into()));
     let m = r1.recv(&mut rx);
     assert_eq!(m.tag.get(), 2, "a malformed close message was sent");
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&r1, &raw]);
     assert_eq!(r1.received(&rx), 0, "a malformed close message was sent");
 }
 
@@ -890,7 +929,7 @@ fn s5_11_malformed_close_messages_are_not_sent() {
 /// malformed and not sent.
 #[test]
 fn s5_11_a_close_message_with_other_flags_is_not_sent() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r1 = Raw::new(&common::socket(&dev, 1));
     let mut rx = r1.bound(9);
     let mut raw = Raw::new(&common::socket(&dev, 0));
@@ -914,7 +953,7 @@ fn s5_11_a_close_message_with_other_flags_is_not_sent() {
 #[test]
 fn s7_get_stats_counts_in_the_spec_order() {
     assert_eq!(STAT_NAMES.to_vec(), spec::spec_counters());
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = pair(&mut raw);
     raw.give(&mut r, 0, 4096, 1);

@@ -2,14 +2,14 @@
 //! (notifications) and §8 (validation rules), walked in spec order through
 //! the frontend of device/tests/common/spec.rs. See conformance.rs for the
 //! whole walk.
-mod common;
+use ulnic_testkit as common;
 #[path = "common/spec.rs"]
 mod spec;
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 
-use spec::{node_state, pattern, released, send_inline, until, Ep, Raw, QUIET, SMALL, WAIT};
+use spec::{node_state, pattern, released, send_inline, until, Ep, Raw, SMALL, WAIT};
 use ulnic_abi::wire::{
     ClearTripwire, Cookie, EventRecord, ObjectId, RdmaDesc, RedirectDesc, Revoke, SendBuffer,
     SendDesc, SetTripwire, UtlbInvalidate, UtlbSetTable,
@@ -56,7 +56,7 @@ fn unbound(raw: &mut Raw) -> Ep {
 /// be bound; the target is not told (one-sided).
 #[test]
 fn s5_12_rdma_writes_reads_and_immediates_land() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r0 = Raw::new(&common::socket(&dev, 0));
     let t = r0.bound(9);
     let c = r0.export(&t, 4096, 4096, perm::ALL);
@@ -101,7 +101,7 @@ fn s5_12_rdma_writes_reads_and_immediates_land() {
 /// destroyed), PERMISSION_DENIED, OUT_OF_RANGE.
 #[test]
 fn s5_12_rdma_checks_in_order() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let t = raw.bound(9);
     let all = raw.export(&t, 0, 4096, perm::ALL);
@@ -222,7 +222,7 @@ fn s5_12_rdma_checks_in_order() {
 /// byte is clear; the event names port 0 for an unbound initiator.
 #[test]
 fn s5_13_tripwires_fire_as_set() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r0 = Raw::new(&common::socket(&dev, 0));
     let mut t = r0.bound(9);
     let c = r0.export(&t, 0, 4096, perm::ALL);
@@ -277,7 +277,7 @@ fn s5_13_tripwires_fire_as_set() {
         2,
         "a persistent tripwire fired once"
     );
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&r0, &r1]);
     assert_eq!(r0.events(&t), 0, "a one-shot tripwire fired twice");
     assert_eq!(r0.stat(&t, "tripwires_fired"), 3);
     let clear = ClearTripwire {
@@ -311,7 +311,7 @@ fn utlb_send(first: u32, count: u32, offset: u64, len: u32, user: u64) -> SendDe
 /// UTLB_SET_TABLE replaces the table.
 #[test]
 fn s5_14_sends_from_user_buffers_named_by_the_utlb() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut r = raw.bound(9);
     let pd = raw.pd();
@@ -420,7 +420,7 @@ fn redirect(aperture: u32, offset: u64, len: u32, id: u64) -> RedirectDesc {
 /// id not active is TX_ERROR BAD_DESCRIPTOR.
 #[test]
 fn s5_15_redirections_end_with_one_event() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut r0 = Raw::new(&common::socket(&dev, 0));
     let mut t = r0.bound(9);
     let (table, page) = (r0.alloc(4096), r0.alloc(4096));
@@ -496,7 +496,7 @@ fn s5_15_redirections_end_with_one_event() {
 /// signals it; each arm yields at most one notification.
 #[test]
 fn s6_an_armed_endpoint_is_notified_once_per_arm_request() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     let mut r = raw.bound(9);
@@ -517,7 +517,7 @@ fn s6_an_armed_endpoint_is_notified_once_per_arm_request() {
     raw.post(&mut s, &send_inline((0, 9), 2, 0, b"again"));
     raw.recv(&mut r);
     assert!(
-        raw.notification(QUIET).is_none(),
+        raw.notification_once_settled(&dev).is_none(),
         "two notifications for one arm"
     );
     raw.set_word(&r, ctrl::ARM_REQUEST, 2);
@@ -541,7 +541,7 @@ fn s6_an_armed_endpoint_is_notified_once_per_arm_request() {
 /// a condition (RECV_DROPPED) and a tripwire's event.
 #[test]
 fn s6_conditions_and_tripwire_events_notify_too() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = (raw.bound(5), raw.bound(9));
     raw.ok(cmd::ARM, ObjectId { id: r.id.into() }.as_bytes());
@@ -579,20 +579,26 @@ fn s6_conditions_and_tripwire_events_notify_too() {
 /// §6: notifications are off by default and after DISARM.
 #[test]
 fn s6_without_arm_nothing_is_notified() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     let r = raw.bound(9);
     raw.set_word(&r, ctrl::ARM_REQUEST, 1);
     raw.post(&mut s, &send_inline((0, 9), 1, 0, b"polling"));
     until("delivered", || raw.received(&r) == 1);
-    assert!(raw.notification(QUIET).is_none(), "notified without ARM");
+    assert!(
+        raw.notification_once_settled(&dev).is_none(),
+        "notified without ARM"
+    );
     assert_eq!(raw.word(&r, ctrl::ARM_ACK), 0);
     raw.ok(cmd::ARM, ObjectId { id: r.id.into() }.as_bytes());
     raw.ok(cmd::DISARM, ObjectId { id: r.id.into() }.as_bytes());
     raw.post(&mut s, &send_inline((0, 9), 2, 0, b"polling"));
     until("delivered", || raw.received(&r) == 2);
-    assert!(raw.notification(QUIET).is_none(), "notified after DISARM");
+    assert!(
+        raw.notification_once_settled(&dev).is_none(),
+        "notified after DISARM"
+    );
 }
 
 /// §6, §2.1: with no notification buffer posted the device keeps the
@@ -600,7 +606,7 @@ fn s6_without_arm_nothing_is_notified() {
 /// come; one kept for an endpoint destroyed meanwhile is dropped.
 #[test]
 fn s6_a_notification_waits_for_a_buffer() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::bare(&common::socket(&dev, 0), ulnic_abi::F_IMPLEMENTED);
     let mut s = raw.bound(5);
     let (r, gone) = (raw.bound(9), raw.bound(10));
@@ -620,7 +626,7 @@ fn s6_a_notification_waits_for_a_buffer() {
         Some(r.id)
     );
     assert!(
-        raw.notification(QUIET).is_none(),
+        raw.notification_once_settled(&dev).is_none(),
         "kept more than one per endpoint"
     );
 }
@@ -630,7 +636,7 @@ fn s6_a_notification_waits_for_a_buffer() {
 /// RING_INDEX condition; a possible value later works again.
 #[test]
 fn s8_an_impossible_send_producer_takes_nothing() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = (raw.bound(5), raw.bound(9));
     raw.set_word(&s, ctrl::SEND_PRODUCER, 9);
@@ -638,7 +644,7 @@ fn s8_an_impossible_send_producer_takes_nothing() {
     let e = raw.event(&mut s);
     assert_eq!(kc(&e), (event::CONDITION, condition::RING_INDEX));
     assert_eq!(raw.pending(&s, condition::RING_INDEX), 1);
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&raw]);
     assert_eq!(raw.word(&s, ctrl::SEND_CONSUMER), 0, "descriptors taken");
     assert_eq!(raw.events(&s), 0, "a second RING_INDEX");
     assert!(raw.stat(&s, "ring_errors") >= 1);
@@ -653,7 +659,7 @@ fn s8_an_impossible_send_producer_takes_nothing() {
 /// (ring_errors, RING_INDEX), and possible values work again.
 #[test]
 fn s8_impossible_receive_and_free_indices_refuse_messages() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = (raw.bound(5), raw.bound(9));
     raw.set_word(&r, ctrl::RECV_CONSUMER, 5);
@@ -693,13 +699,13 @@ fn s8_impossible_receive_and_free_indices_refuse_messages() {
 /// lets the sends go.
 #[test]
 fn s8_an_impossible_event_consumer_holds_sends() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     raw.set_word(&s, ctrl::EVENT_CONSUMER, 40);
     raw.post(&mut s, &send_inline((0, 99), 0, 1, b"x"));
     until("reported", || raw.pending(&s, condition::RING_INDEX) == 1);
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&raw]);
     assert_eq!(
         raw.word(&s, ctrl::SEND_CONSUMER),
         0,
@@ -722,7 +728,7 @@ fn s8_an_impossible_event_consumer_holds_sends() {
 /// the data path goes on, and stopping a queue clears its bit.
 #[test]
 fn s8_a_full_call_eventfd_breaks_its_queue() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let (mut s, mut r) = (raw.bound(5), raw.bound(9));
     raw.ok(cmd::ARM, ObjectId { id: r.id.into() }.as_bytes());
@@ -748,7 +754,7 @@ fn s8_a_full_call_eventfd_breaks_its_queue() {
         ],
         0,
     );
-    std::thread::sleep(QUIET);
+    spec::settled(&dev, &[&raw]);
     assert_eq!(raw.used_index(0), used, "a broken queue was served");
     raw.fe.get_vring_base(1).unwrap();
     assert_eq!(
@@ -762,7 +768,7 @@ fn s8_a_full_call_eventfd_breaks_its_queue() {
 /// sending to it then get NO_ENDPOINT.
 #[test]
 fn s8_peers_of_a_node_that_left_get_no_endpoint() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     let mut s = raw.bound(5);
     let mut other = Raw::new(&common::socket(&dev, 1));
@@ -784,7 +790,7 @@ fn s8_peers_of_a_node_that_left_get_no_endpoint() {
 /// frontend sees the connection end.
 #[test]
 fn s8_a_call_that_cannot_be_signalled_ends_the_connection() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     raw.bound(9);
     // The read end of a pipe: a write to it fails (EBADF).

@@ -1,6 +1,6 @@
 //! Ordered, exactly-once delivery of many messages of random sizes between
 //! two host-attached clients over the real vhost-user protocol.
-mod common;
+use ulnic_testkit as common;
 
 use std::time::Duration;
 use ulnic::{Address, Endpoint, EndpointConfig, Event, Nic, Payload};
@@ -8,6 +8,8 @@ use ulnic::{Address, Endpoint, EndpointConfig, Event, Nic, Payload};
 const SLOT: u64 = 16384;
 const CREDITS: u32 = 64;
 const TAG_CREDIT: u32 = 1;
+/// The last message, tagged with the count of those before it.
+const SENTINEL: &[u8] = b"that was all";
 
 fn payload(seq: u64, len: usize) -> Vec<u8> {
     (0..len)
@@ -53,7 +55,7 @@ fn million_messages_ordered_exactly_once() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let (s0, s1) = (common::socket(&dev, 0), common::socket(&dev, 1));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let receiver = std::thread::spawn(move || {
@@ -110,12 +112,19 @@ fn million_messages_ordered_exactly_once() {
                 consumed = 0;
             }
         }
-        // Nothing more may arrive: exactly once.
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(ep.poll_recv().is_none(), "an extra message arrived");
+        // Exactly once: the next message is the sender's sentinel, sent
+        // after all the others on the same (ordered) channel, so an extra
+        // or repeated message would come before it.
+        let m = common::next_message(&mut ep);
+        assert_eq!(
+            (m.tag, m.len),
+            (total as u32, SENTINEL.len() as u32),
+            "an extra message arrived before the sentinel: {m:?}"
+        );
+        assert!(ep.poll_recv().is_none(), "a message after the sentinel");
         let stats: std::collections::HashMap<_, _> = ep.stats().unwrap().into_iter().collect();
-        assert_eq!(stats["rx_messages"], total);
-        assert_eq!(stats["rx_bytes"], bytes);
+        assert_eq!(stats["rx_messages"], total + 1);
+        assert_eq!(stats["rx_bytes"], bytes + SENTINEL.len() as u64);
         assert_eq!(stats["rx_dropped_no_buffer"], 0);
         bytes
     });
@@ -161,6 +170,15 @@ fn million_messages_ordered_exactly_once() {
         credits -= 1;
         if let Some(Event::SendFailed { id, reason, .. }) = ep.poll_event() {
             panic!("send {id} failed: {reason}");
+        }
+    }
+    // The sentinel: inline, so it needs no free buffer, and the receive
+    // ring has room for it beside every credited message.
+    loop {
+        match ep.post_send_inline(dest, total as u32, SENTINEL, total) {
+            Ok(()) => break,
+            Err(ulnic::Error::WouldBlock) => std::thread::yield_now(),
+            Err(e) => panic!("the sentinel: {e}"),
         }
     }
     let bytes = receiver.join().unwrap();

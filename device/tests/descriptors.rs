@@ -3,7 +3,7 @@
 //! leaked per connection (vhost-user-backend 0.24 never closes the exit
 //! eventfd it is given), which ran the device out of descriptors after about
 //! 20,000 frontends. Alone in its binary: it counts this process's fds.
-mod common;
+use ulnic_testkit as common;
 
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -49,7 +49,7 @@ fn connect_and_leave(dev: &ulnic_device::Device) {
 
 #[test]
 fn connections_leave_no_descriptors_behind() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     connect_and_leave(&dev);
     let before = settled_fds();
     for _ in 0..200 {

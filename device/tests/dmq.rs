@@ -2,7 +2,7 @@
 //! tripwires) between two nodes, host-attached: order, contents, wrap-around
 //! with messages split across the ring's end, full-ring blocking, and the
 //! fixed-entry variant.
-mod common;
+use ulnic_testkit as common;
 
 use std::time::Duration;
 
@@ -10,6 +10,8 @@ use rand::{Rng, SeedableRng};
 use ulnic::{DmqKind, DmqReceiver, DmqSender, EndpointConfig, Nic};
 
 const T: Duration = Duration::from_secs(20);
+/// Sent after the numbered messages.
+const SENTINEL: &[u8] = b"sentinel: that was all";
 
 fn message(seq: u64, len: usize) -> Vec<u8> {
     let mut m: Vec<u8> = (0..len)
@@ -37,7 +39,7 @@ fn pair(dev: &ulnic_device::Device, ring: u64, kind: DmqKind) -> (DmqSender, Dmq
 }
 
 fn run(ring: u64, kind: DmqKind, count: u64, max_len: usize) {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let (mut tx, mut rx) = pair(&dev, ring, kind);
     let sender = std::thread::spawn(move || {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
@@ -45,6 +47,7 @@ fn run(ring: u64, kind: DmqKind, count: u64, max_len: usize) {
             let len = rng.gen_range(8..=max_len);
             tx.send(&message(seq, len), T).unwrap();
         }
+        tx.send(SENTINEL, T).unwrap();
     });
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     let mut got = Vec::new();
@@ -57,8 +60,18 @@ fn run(ring: u64, kind: DmqKind, count: u64, max_len: usize) {
             "message {seq} out of order or corrupted"
         );
     }
+    // Exactly once: the next message is the sentinel sent after all the
+    // others, so an extra or repeated one would come before it.
+    assert!(rx.recv(&mut got, T).unwrap(), "the sentinel never came");
+    assert!(
+        got == SENTINEL,
+        "an extra message before the sentinel: {got:?}"
+    );
     sender.join().unwrap();
-    assert!(!rx.try_recv(&mut got).unwrap(), "an extra message");
+    assert!(
+        !rx.try_recv(&mut got).unwrap(),
+        "a message after the sentinel"
+    );
 }
 
 #[test]
@@ -75,7 +88,7 @@ fn fixed_entry_queue() {
 
 #[test]
 fn arguments_are_checked() {
-    let (dev, _dir) = common::device(3);
+    let dev = common::device(3);
     let (mut tx, _rx) = pair(&dev, 1024, DmqKind::Fixed { entry: 64 });
     assert!(tx.send(&[0u8; 61], T).is_err(), "larger than an entry");
     // Node 2: a node serves one frontend at a time.

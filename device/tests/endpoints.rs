@@ -1,15 +1,15 @@
 //! Many endpoints on one node (spec §5.8, VN's endpoint virtualization):
 //! thousands exist, a bounded number are polled, the rest come back by
 //! doorbell; every one of them sends and receives.
-mod common;
 use std::time::{Duration, Instant};
+use ulnic_testkit as common;
 
 use ulnic::{Address, Nic, Payload};
 
 #[test]
 fn four_thousand_endpoints_on_one_node_each_exchange_a_message() {
     const N: u32 = ulnic_abi::MAX_ENDPOINTS_LIMIT;
-    let (dev, _dir) = common::device_with(1, |b| {
+    let dev = common::device_with(1, |b| {
         b.max_endpoints(N).poll_for(Duration::from_micros(200))
     });
     // Small rings: a 2-page control region and a 1-page segment each.
@@ -87,8 +87,7 @@ fn every_doorbell_queue_serves_its_domain() {
     const DOMAINS: u32 = ulnic_abi::DOORBELL_QUEUES;
     // No idle period: an endpoint leaves the polled set as soon as the
     // engine sleeps, so every send below needs its doorbell.
-    let (dev, _dir) =
-        common::device_with(2, |b| b.max_endpoints(DOMAINS + 2).poll_for(Duration::ZERO));
+    let dev = common::device_with(2, |b| b.max_endpoints(DOMAINS + 2).poll_for(Duration::ZERO));
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     let pb = b.alloc_pd().unwrap();

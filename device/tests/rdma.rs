@@ -1,6 +1,6 @@
 //! Apertures, cookies, RDMA and tripwires through the real vhost-user path
 //! (host attach): two nodes, each a separate frontend with its own memory.
-mod common;
+use ulnic_testkit as common;
 
 use common::next_event;
 
@@ -54,7 +54,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn write_read_and_immediate_between_nodes() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let target = endpoint(&b);
     let cookie = target
@@ -100,7 +100,7 @@ fn write_read_and_immediate_between_nodes() {
 
 #[test]
 fn payload_then_immediate_arrive_in_order() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let mut target = endpoint(&b);
     let cookie = target.export(0, SEG as u64, Permissions::WRITE).unwrap();
@@ -155,7 +155,7 @@ fn payload_then_immediate_arrive_in_order() {
 
 #[test]
 fn wrong_cookies_permissions_and_ranges_write_nothing() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let target = endpoint(&b);
     let rw = target.export(0, 65536, Permissions::READ_WRITE).unwrap();
@@ -256,7 +256,7 @@ fn wrong_cookies_permissions_and_ranges_write_nothing() {
 
 #[test]
 fn revocation_stops_racing_writes() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     let target = endpoint(&b);
     let cookie = target.export(0, 65536, Permissions::WRITE).unwrap();
@@ -265,6 +265,18 @@ fn revocation_stops_racing_writes() {
     let s = stop.clone();
     let writer = std::thread::spawn(move || {
         let (mut ok, mut refused, mut i) = (0u64, 0u64, 0u64);
+        fn take_events(init: &mut ulnic::Endpoint, ok: &mut u64, refused: &mut u64) {
+            while let Some(ev) = init.poll_event() {
+                match ev {
+                    Event::SendDone { .. } => *ok += 1,
+                    Event::SendFailed {
+                        reason: SendError::BadCookie,
+                        ..
+                    } => *refused += 1,
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
         while !s.load(Ordering::Relaxed) || refused < 1000 {
             if init
                 .rdma_write(&cookie, (i % 16) * 4096, 0, 4096, i, true)
@@ -272,18 +284,18 @@ fn revocation_stops_racing_writes() {
             {
                 i += 1;
             }
-            while let Some(ev) = init.poll_event() {
-                match ev {
-                    Event::SendDone { .. } => ok += 1,
-                    Event::SendFailed {
-                        reason: SendError::BadCookie,
-                        ..
-                    } => refused += 1,
-                    other => panic!("{other:?}"),
-                }
-            }
+            take_events(&mut init, &mut ok, &mut refused);
         }
-        (ok, refused)
+        // Every posted write gets exactly one event: done or refused.
+        common::wait_until(
+            Duration::from_secs(10),
+            "an event for every posted write",
+            || {
+                take_events(&mut init, &mut ok, &mut refused);
+                ok + refused >= i
+            },
+        );
+        (ok, refused, i)
     });
     // Let writes land, revoke mid-stream, then clear the region: nothing
     // may land after the revocation returned.
@@ -295,8 +307,8 @@ fn revocation_stops_racing_writes() {
     target.revoke(&cookie).unwrap();
     target.write_segment(0, &[0; 65536]);
     stop.store(true, Ordering::Relaxed);
-    let (ok, refused) = writer.join().unwrap();
-    assert!(ok > 0 && refused >= 1000, "ok {ok}, refused {refused}");
+    let (ok, refused, posted) = writer.join().unwrap();
+    assert_eq!(ok + refused, posted, "ok {ok}, refused {refused}");
     assert!(
         segment(&target, 0, 65536).iter().all(|&b| b == 0),
         "a write landed after REVOKE returned"
@@ -305,7 +317,7 @@ fn revocation_stops_racing_writes() {
 
 #[test]
 fn tripwires_fire_as_set() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut init = endpoint(&a);
     init.bind(3).unwrap();
     let mut target = endpoint(&b);
@@ -389,7 +401,7 @@ fn tripwires_fire_as_set() {
 
 #[test]
 fn tripwire_and_export_arguments_are_checked() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let nic = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let ep = endpoint(&nic);
     let other = endpoint(&nic);

@@ -1,7 +1,7 @@
 //! Transfer redirection (VMMC-2 §3, spec §5.15) through the real
 //! vhost-user path: full, partial and no redirection are reported exactly,
 //! and bytes land where the report says.
-mod common;
+use ulnic_testkit as common;
 
 use common::next_event;
 
@@ -92,7 +92,7 @@ fn segment(ep: &Endpoint, at: usize, len: usize) -> Vec<u8> {
 
 #[test]
 fn full_partial_and_no_redirection_are_exact() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let mut s = sender(&a);
     let buf: UserBuffer = r.pd.alloc_buffer(64 << 10).unwrap();
@@ -161,7 +161,7 @@ fn full_partial_and_no_redirection_are_exact() {
 
 #[test]
 fn a_write_straddling_a_redirection_is_split() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let mut s = sender(&a);
     let buf = r.pd.alloc_buffer(4096).unwrap();
@@ -190,7 +190,7 @@ fn a_write_straddling_a_redirection_is_split() {
 
 #[test]
 fn bad_redirections_are_refused() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let other = sender(&b);
     let theirs = other.export(0, 4096, Permissions::WRITE).unwrap();
@@ -236,7 +236,7 @@ fn bad_redirections_are_refused() {
 
 #[test]
 fn writes_into_ones_own_aperture_are_redirected_too() {
-    let (_dir, _dev, _a, b) = common::two_nodes();
+    let (_dev, _a, b) = common::two_nodes();
     let mut r = receiver(&b);
     let buf = r.pd.alloc_buffer(4096).unwrap();
     // SAFETY: `buf` is not touched until the report.

@@ -1,7 +1,7 @@
 //! A refused command changes nothing (spec §4 "all or nothing"), inputs
 //! that used to be ignored are checked, and features the driver did not
 //! accept are not acted on (spec §2).
-mod common;
+use ulnic_testkit as common;
 
 use common::raw::{create_pd, raw_endpoint, status_of};
 use ulnic_abi::{
@@ -77,7 +77,7 @@ fn raw(hw: &HostAttach, opcode: u32, reserved: u32, payload: &[u8], room: u32) -
 
 #[test]
 fn refused_commands_of_every_kind_change_nothing() {
-    let (dev, _dir) = common::device(1);
+    let dev = common::device(1);
     let hw = HostAttach::connect(&common::socket(&dev, 0), 4 << 20).unwrap();
     let (pd, ep, aperture, create) = populate(&hw);
     let stats = |hw: &HostAttach| hw.command(cmd::GET_STATS, &ep.to_le_bytes()).unwrap();
@@ -208,7 +208,7 @@ fn refused_commands_of_every_kind_change_nothing() {
 
 #[test]
 fn features_not_accepted_are_refused() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let memory = DmaMemory::new(4 << 20).unwrap();
     // Accepts messaging only: no RDMA, UTLB, tripwires or close messages.
     let hw =

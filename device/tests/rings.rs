@@ -5,7 +5,7 @@
 //! long breaks that queue visibly (config space word 52, the node's error
 //! count) instead of stopping it silently; other nodes never notice, and
 //! the node serves its next frontend.
-mod common;
+use ulnic_testkit as common;
 
 use std::fs::File;
 use std::mem::{offset_of, size_of};
@@ -187,7 +187,7 @@ impl Drop for Rings {
 
 #[test]
 fn indirect_descriptors_are_refused_and_loops_end() {
-    let (dev, _dir) = common::device(3);
+    let dev = common::device(3);
     let mut r = Rings::new(&common::socket(&dev, 0));
     r.get_info_buffers();
     // Head 0 is indirect: its table holds a well-formed GET_INFO chain.
@@ -217,7 +217,7 @@ fn indirect_descriptors_are_refused_and_loops_end() {
 
 #[test]
 fn an_impossible_avail_index_breaks_only_that_queue_visibly() {
-    let (dev, _dir) = common::device(3);
+    let dev = common::device(3);
     let mut r = Rings::new(&common::socket(&dev, 0));
     r.get_info_buffers();
     r.desc(DESC, 0, REQ, 8, F_NEXT, 1);

@@ -1,10 +1,10 @@
-mod common;
 use std::time::Duration;
 use ulnic::{Address, EndpointConfig, Nic, Payload};
+use ulnic_testkit as common;
 
 #[test]
 fn one_message_each_way() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     assert_eq!((a.node(), b.node(), a.nodes()), (0, 1, 2));
@@ -37,7 +37,7 @@ fn one_message_each_way() {
 
 #[test]
 fn blocked_receiver_is_woken_by_a_dropped_message() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     let pa = a.alloc_pd().unwrap();
@@ -51,27 +51,28 @@ fn blocked_receiver_is_woken_by_a_dropped_message() {
         tid_tx.send(common::thread_id()).unwrap();
         // No free buffer posted: a large message cannot land.
         let woke = eb.wait(Duration::from_secs(10)).unwrap();
-        (woke, eb.poll_recv(), eb.poll_event())
+        let (msg, ev) = (eb.poll_recv(), eb.poll_event());
+        (woke, msg, ev, eb)
     });
     common::until_blocked(tid_rx.recv().unwrap());
-    ea.post_send(Address { node: 1, port: 2 }, 0, 0, 500, 9, false)
+    ea.post_send(Address { node: 1, port: 2 }, 0, 0, 500, 9, true)
         .unwrap();
-    let (woke, msg, ev) = waiter.join().unwrap();
+    let (woke, msg, ev, mut eb) = waiter.join().unwrap();
     assert!(woke);
     assert_eq!(msg, None);
     assert_eq!(
         ev,
         Some(ulnic::Event::Condition(ulnic_abi::condition::RECV_DROPPED))
     );
-    assert!(ea.wait(Duration::from_secs(5)).unwrap());
-    assert!(matches!(
-        ea.poll_event(),
-        Some(ulnic::Event::SendFailed {
-            id: 9,
-            reason: ulnic::SendError::NoBuffer,
-            ..
-        })
-    ));
+    // The fabric NACKs and retries (spec §10.4): once a buffer is posted
+    // the message lands, and the sender hears it was delivered.
+    eb.post_free(0, 4096, 1).unwrap();
+    let m = common::next_message(&mut eb);
+    assert_eq!((m.src, m.len), (Address { node: 0, port: 1 }, 500));
+    assert_eq!(
+        common::next_event(&mut ea),
+        ulnic::Event::SendDone { id: 9 }
+    );
 }
 
 /// Whether `fd` is readable within `ms`.
@@ -87,7 +88,7 @@ fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
 
 #[test]
 fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
@@ -101,8 +102,16 @@ fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
     for round in 0..3u8 {
         // Armed and empty: nothing to read until a message comes.
         assert!(!eb.arm().unwrap(), "round {round}: armed with work waiting");
+        // The device raised one notification per earlier round, each
+        // signalled under the lock the snapshot takes: every signal it
+        // will send for them is in, and was taken.
+        assert_eq!(
+            dev.snapshot().totals.notifications,
+            u64::from(round),
+            "round {round}: notifications before any message"
+        );
         assert!(
-            !readable(fd, 50),
+            !readable(fd, 0),
             "round {round}: readable before any message"
         );
         ea.post_send_inline(Address { node: 1, port: 2 }, 0, &[round], 0)
@@ -126,7 +135,7 @@ fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
 
 #[test]
 fn one_call_takes_every_notification_of_a_domain() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
@@ -165,11 +174,23 @@ fn one_call_takes_every_notification_of_a_domain() {
     }
     got.sort();
     assert_eq!(got, want);
+    // Three notifications, one for each endpoint that got a message. The
+    // device counts and signals each under the lock the snapshot takes,
+    // so from here every signal it sent for them is in the descriptor.
+    let snap = dev.snapshot();
+    assert_eq!(snap.totals.notifications, 3);
+    let per_endpoint: Vec<u64> = rx
+        .iter()
+        .map(|e| {
+            let s = snap.nodes[1].endpoints.iter().find(|s| s.id == e.id());
+            common::stat(s.unwrap(), "notifications")
+        })
+        .collect();
+    assert_eq!(per_endpoint, [1, 0, 1, 0, 1]);
     // The device signals after it posts a record, so the take above may
     // have taken a record whose signal came after it: one wake-up that
     // finds nothing (spec §6). Once that is taken, nothing is left.
-    // Its signal follows the record at once: 50 ms is ample.
-    if readable(fd, 50) {
+    if readable(fd, 0) {
         assert!(
             pb.take_notified().unwrap().is_empty(),
             "a fourth notification"
@@ -185,7 +206,7 @@ fn one_call_takes_every_notification_of_a_domain() {
 /// (spec §5.8), and every message of the ping-pong arrives intact.
 #[test]
 fn kicks_while_the_engine_sleeps_are_served_by_the_node_thread() {
-    let (dev, _dir) = common::device_polling_for(2, Duration::ZERO);
+    let dev = common::device_polling_for(2, Duration::ZERO);
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
@@ -219,8 +240,15 @@ fn kicks_while_the_engine_sleeps_are_served_by_the_node_thread() {
     }
     let served = served() - before;
     // Each of the 400 sends rang a doorbell; the engine, idle between
-    // them, was asleep for (nearly) all.
-    assert!(served > 0, "no kick was served by a node thread");
+    // them, was asleep for nearly all (396 to 400 in 40 runs, 20 of them
+    // beside two busy loops on two cores): at least half is a bound a
+    // node thread that serves no kicks, or an engine that never sleeps,
+    // cannot meet.
+    assert!(
+        served >= u64::from(ROUNDS),
+        "only {served} of {} kicks served by a node thread",
+        2 * ROUNDS
+    );
     assert!(served <= 2 * u64::from(ROUNDS) + 8, "{served} kicks served");
 }
 
@@ -235,7 +263,7 @@ fn kicks_while_the_engine_sleeps_are_served_by_the_node_thread() {
 #[test]
 fn notifications_past_the_queues_buffers_all_arrive() {
     const N: u32 = 100;
-    let (dev, _dir) = common::device_with(2, |b| b.poll_for(Duration::ZERO).max_endpoints(N + 1));
+    let dev = common::device_with(2, |b| b.poll_for(Duration::ZERO).max_endpoints(N + 1));
     let a = Nic::attach(&common::socket(&dev, 0)).unwrap();
     let b = Nic::attach(&common::socket(&dev, 1)).unwrap();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());

@@ -3,7 +3,7 @@
 //! every size, credit flow control, orderly and abortive ends, a peer
 //! that vanishes, refusals, and datagrams.
 
-mod common;
+use ulnic_testkit as common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::thread;
@@ -13,29 +13,18 @@ use ulnic::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, SockConfig
 use ulnic::Nic;
 
 /// Two nodes with room for 64 sockets each, and a socket context on each.
-fn nets() -> (tempfile::TempDir, ulnic_device::Device, Net, Net) {
+fn nets() -> (common::TestDevice, Net, Net) {
     nets_with(SockConfig::default(), SockConfig::default())
 }
 
-/// As `nets`, node 0's sockets set up as `a`, node 1's as `b`.
-fn nets_with(a: SockConfig, b: SockConfig) -> (tempfile::TempDir, ulnic_device::Device, Net, Net) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = ulnic_device::Configuration::builder(ulnic_device::Configuration::socket_paths(
-        dir.path(),
-        2,
-    ))
-    .max_endpoints(64)
-    .build()
-    .unwrap();
-    let dev = ulnic_device::Device::start(config).unwrap();
-    let na = Nic::attach(&common::socket(&dev, 0)).unwrap();
-    let nb = Nic::attach(&common::socket(&dev, 1)).unwrap();
-    (
-        dir,
-        dev,
-        Net::new(&na, a).unwrap(),
-        Net::new(&nb, b).unwrap(),
-    )
+/// As `nets`, node 0's sockets set up as `a`, node 1's as `b`. Bind as
+/// `let (_dev, a, b)`: the contexts go first, then the device.
+fn nets_with(a: SockConfig, b: SockConfig) -> (common::TestDevice, Net, Net) {
+    let dev = common::device_with(2, |c| c.max_endpoints(64));
+    let na = Nic::attach(&dev.socket(0)).unwrap();
+    let nb = Nic::attach(&dev.socket(1)).unwrap();
+    let (a, b) = (Net::new(&na, a).unwrap(), Net::new(&nb, b).unwrap());
+    (dev, a, b)
 }
 
 /// Byte `i` of stream `seed`.
@@ -69,7 +58,7 @@ fn pair(a: &Net, b: &Net, port: u16) -> (Stream, Stream) {
 
 #[test]
 fn bytes_arrive_in_order_and_intact_at_every_write_size() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     let (mut c, mut s) = pair(&a, &b, 7);
     // Writes of every awkward size: empty, inline, one byte over, a
     // buffer, several buffers, far more than the credits hold.
@@ -107,7 +96,7 @@ fn bytes_arrive_in_order_and_intact_at_every_write_size() {
 
 #[test]
 fn a_writer_waits_for_credit_and_goes_on_when_the_reader_reads() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     let (mut c, mut s) = pair(&a, &b, 8);
     c.set_nonblocking(true);
     // Nobody reads: the writer gets as far as the credits go, then blocks.
@@ -139,12 +128,13 @@ fn a_writer_waits_for_credit_and_goes_on_when_the_reader_reads() {
         c.wait(Ready::WRITE, deadline).unwrap(),
         "no credit came back"
     );
-    assert!(c.try_write(&chunk).unwrap() > 0);
+    // One buffer's credit back is one whole buffer taken: one message.
+    assert_eq!(c.try_write(&chunk).unwrap(), chunk.len());
 }
 
 #[test]
 fn an_orderly_close_is_end_of_stream_after_every_byte() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     let (mut c, mut s) = pair(&a, &b, 9);
     c.write_all(&pattern(3, 0, 50_000)).unwrap();
     drop(c);
@@ -165,7 +155,7 @@ fn an_orderly_close_is_end_of_stream_after_every_byte() {
 
 #[test]
 fn a_half_close_still_carries_the_answer() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     let (mut c, mut s) = pair(&a, &b, 10);
     c.write_all(b"question").unwrap();
     c.shutdown(Shutdown::Write).unwrap();
@@ -185,7 +175,7 @@ fn a_half_close_still_carries_the_answer() {
 
 #[test]
 fn an_abort_is_a_connection_reset_after_the_data() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     // An abort: the data before it, then ECONNRESET, then end of stream.
     let (mut c, mut s) = pair(&a, &b, 11);
     c.write_all(b"last words").unwrap();
@@ -214,39 +204,33 @@ fn child_connects_writes_and_waits_to_be_killed() {
 
 #[test]
 fn a_killed_peer_is_a_connection_reset() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = ulnic_device::Configuration::builder(ulnic_device::Configuration::socket_paths(
-        dir.path(),
-        3,
-    ))
-    .build()
-    .unwrap();
-    let dev = ulnic_device::Device::start(config).unwrap();
-    let b = Net::new(
-        &Nic::attach(&common::socket(&dev, 1)).unwrap(),
-        SockConfig::default(),
-    )
-    .unwrap();
+    let dev = common::device(3);
+    let b = Net::new(&Nic::attach(&dev.socket(1)).unwrap(), SockConfig::default()).unwrap();
     let mut l = Listener::bind(&b, 15, 4).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "child_connects_writes_and_waits_to_be_killed",
-        ])
-        .env("ULNIC_SOCKET", common::socket(&dev, 2))
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let (mut s, from) = l.accept().unwrap();
+    let mut child = common::TestChild::spawn(
+        "the connecting child",
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "child_connects_writes_and_waits_to_be_killed",
+            ])
+            .env("ULNIC_SOCKET", dev.socket(2)),
+    );
+    let deadline = Some(Instant::now() + Duration::from_secs(20));
+    assert!(
+        l.wait(deadline).unwrap(),
+        "the child never connected:\n{}",
+        child.said()
+    );
+    let (mut s, from) = l.try_accept().unwrap();
     assert_eq!(from.node, 2);
     let mut buf = [0u8; 5];
     s.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"alive");
     // SIGKILL: no library code of the child runs; the device's close
     // message is all the peer hears.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
     let t0 = Instant::now();
     assert_eq!(
         s.read(&mut buf).unwrap_err().raw_os_error(),
@@ -258,7 +242,7 @@ fn a_killed_peer_is_a_connection_reset() {
 
 #[test]
 fn connecting_to_nobody_is_refused_and_a_full_backlog_refuses() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     let e = Stream::connect(
         &a,
         SockAddr {
@@ -281,9 +265,14 @@ fn connecting_to_nobody_is_refused_and_a_full_backlog_refuses() {
     let deadline = Some(until);
     // The listener refuses the second request when it looks (its program
     // calls in: nobody else takes requests for it).
-    while l.refused() == 0 {
-        l.poll();
-    }
+    common::wait_until(
+        Duration::from_secs(10),
+        "the listener to refuse the second request",
+        || {
+            l.poll();
+            l.refused() > 0
+        },
+    );
     // Which request the listener saw second is the device's choice (sends
     // of two endpoints have no order between them): the refused one is the
     // one ready before anything is accepted.
@@ -310,7 +299,7 @@ fn connecting_to_nobody_is_refused_and_a_full_backlog_refuses() {
 
 #[test]
 fn datagrams_arrive_whole_in_order_and_truncate_like_udp() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     let mut rx = Datagram::bind(&b, Some(5000)).unwrap();
     let mut tx = Datagram::bind(&a, None).unwrap();
     let from = tx.local_addr();
@@ -359,7 +348,7 @@ fn datagrams_arrive_whole_in_order_and_truncate_like_udp() {
 
 #[test]
 fn many_connections_at_once_each_keep_their_own_bytes() {
-    let (_dir, _dev, a, b) = nets();
+    let (_dev, a, b) = nets();
     let mut l = Listener::bind(&b, 14, 64).unwrap();
     let server = thread::spawn(move || {
         let mut conns: Vec<Stream> = (0..20).map(|_| l.accept().unwrap().0).collect();
@@ -397,7 +386,7 @@ fn sides_with_different_buffer_sizes_keep_every_byte() {
         buffer: 64 << 10,
         ..SockConfig::default()
     };
-    let (_dir, _dev, a, b) = nets_with(small, large);
+    let (_dev, a, b) = nets_with(small, large);
     let (c, mut s) = pair(&a, &b, 9);
     let sent = pattern(5, 0, 1 << 20);
     let echo = thread::scope(|t| {

@@ -5,7 +5,7 @@
 //! command that waited runs when the stall ends; and a command that timed
 //! out leaves the attachment's control queue dead for good, so a late
 //! answer is never read as a later command's (spec §4).
-mod common;
+use ulnic_testkit as common;
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -46,7 +46,7 @@ fn bound(nic: &Nic, port: u32) -> (ProtectionDomain, Endpoint) {
 
 #[test]
 fn stalled_control_queue_holds_commands_and_nothing_else() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let (nic0, nic1) = (attach(&dev, 0), attach(&dev, 1));
     let (_pd0, mut a) = bound(&nic0, 1);
     let (pd1, mut b) = bound(&nic1, 2);
@@ -56,11 +56,16 @@ fn stalled_control_queue_holds_commands_and_nothing_else() {
     dev.shard().stall_control(0, true).unwrap();
     std::thread::scope(|s| {
         let (done_tx, done_rx) = mpsc::channel();
+        let (tid_tx, tid_rx) = mpsc::channel();
         let nic0 = &nic0;
         s.spawn(move || {
+            tid_tx.send(common::thread_id()).unwrap();
             let r = nic0.alloc_pd().map(|_| ());
             done_tx.send(r).unwrap();
         });
+        // The command is issued and its thread asleep waiting for the
+        // answer.
+        common::until_blocked(tid_rx.recv().unwrap());
         // Node 0's data path and node 1's commands go on meanwhile.
         exchange(&mut a, &mut b, to_b, 200);
         let other = pd1.create_endpoint(&EndpointConfig::default()).unwrap();
@@ -81,7 +86,7 @@ fn stalled_control_queue_holds_commands_and_nothing_else() {
 
 #[test]
 fn timed_out_command_kills_the_control_queue_not_the_data_path() {
-    let (dev, _dir) = common::device(2);
+    let dev = common::device(2);
     let (nic0, nic1) = (attach(&dev, 0), attach(&dev, 1));
     let (pd0, mut a) = bound(&nic0, 1);
     let (_pd1, mut b) = bound(&nic1, 2);

@@ -1,7 +1,7 @@
 //! The UTLB through the real vhost-user path (host attach): sends and RDMA
 //! from user buffers, the library's lookup, misses, fallback with rate
 //! control, the device's cache, and entries never recycled while in use.
-mod common;
+use ulnic_testkit as common;
 
 use common::next_event;
 
@@ -83,7 +83,7 @@ const DEST: Address = Address { node: 1, port: 9 };
 
 #[test]
 fn sends_from_user_buffers_miss_once_then_hit() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut rx = receiver(&b, 9);
     let (pd, mut tx) = sender(
         &a,
@@ -138,7 +138,7 @@ fn sends_from_user_buffers_miss_once_then_hit() {
 
 #[test]
 fn rdma_from_and_into_user_buffers() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let target = b
         .alloc_pd()
         .unwrap()
@@ -178,7 +178,7 @@ fn rdma_from_and_into_user_buffers() {
 
 #[test]
 fn fallback_copies_and_services_one_miss_per_budget() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut rx = receiver(&b, 9);
     let (pd, mut tx) = sender(
         &a,
@@ -230,7 +230,7 @@ fn fallback_copies_and_services_one_miss_per_budget() {
 
 #[test]
 fn entries_in_use_are_never_recycled_under_pressure() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     let mut rx = receiver(&b, 9);
     // 8 entries for 64 one-page buffers, with up to 64 sends in flight:
     // every miss must find entries that no posted send still reads.
@@ -297,7 +297,7 @@ fn entries_in_use_are_never_recycled_under_pressure() {
 /// read the source at the buffer's pages).
 #[test]
 fn an_endpoint_reaches_its_own_exported_buffer_from_its_segment() {
-    let (_dir, _dev, _a, b) = common::two_nodes();
+    let (_dev, _a, b) = common::two_nodes();
     let (pd, mut owner) = sender(&b, UtlbConfig::default());
     let mut buf = pd.alloc_buffer(4 * 4096).unwrap();
     fill(&mut buf, 3);
@@ -324,7 +324,7 @@ fn an_endpoint_reaches_its_own_exported_buffer_from_its_segment() {
 
 #[test]
 fn user_buffers_exported_as_apertures() {
-    let (_dir, _dev, a, b) = common::two_nodes();
+    let (_dev, a, b) = common::two_nodes();
     // Node 1 exports 40 000 bytes of a user buffer, starting mid-page.
     let (pd, mut owner) = sender(&b, UtlbConfig::default());
     let mut buf = pd.alloc_buffer(16 * 4096).unwrap();

@@ -70,7 +70,7 @@
 #define ULNIC_RESP_HEADER_SIZE 0x8
 #define ULNIC_SEND_DESC_SIZE 0x80
 #define ULNIC_SPEC_VERSION_MAJOR 0x0
-#define ULNIC_SPEC_VERSION_MINOR 0xa
+#define ULNIC_SPEC_VERSION_MINOR 0xb
 #define ULNIC_STATUS_ADDRESS_IN_USE 0x6
 #define ULNIC_STATUS_BAD_ADDRESS 0x7
 #define ULNIC_STATUS_BAD_LENGTH 0x2
@@ -490,7 +490,7 @@ struct ulnic_recv_desc {
 	__le32 src_node;
 	__le32 src_port;
 	__le32 tag;
-	__le32 reserved1;
+	__le32 session;
 	__le64 buf_id;
 	__u8 data[96];
 };
@@ -501,7 +501,7 @@ _Static_assert(__builtin_offsetof(struct ulnic_recv_desc, len) == 4, "struct uln
 _Static_assert(__builtin_offsetof(struct ulnic_recv_desc, src_node) == 8, "struct ulnic_recv_desc: src_node");
 _Static_assert(__builtin_offsetof(struct ulnic_recv_desc, src_port) == 12, "struct ulnic_recv_desc: src_port");
 _Static_assert(__builtin_offsetof(struct ulnic_recv_desc, tag) == 16, "struct ulnic_recv_desc: tag");
-_Static_assert(__builtin_offsetof(struct ulnic_recv_desc, reserved1) == 20, "struct ulnic_recv_desc: reserved1");
+_Static_assert(__builtin_offsetof(struct ulnic_recv_desc, session) == 20, "struct ulnic_recv_desc: session");
 _Static_assert(__builtin_offsetof(struct ulnic_recv_desc, buf_id) == 24, "struct ulnic_recv_desc: buf_id");
 _Static_assert(__builtin_offsetof(struct ulnic_recv_desc, data) == 32, "struct ulnic_recv_desc: data");
 
@@ -529,7 +529,7 @@ struct ulnic_event_record {
 	__le32 node;
 	__le32 port;
 	__le32 len;
-	__le32 reserved;
+	__le32 session;
 };
 _Static_assert(sizeof(struct ulnic_event_record) == 32, "struct ulnic_event_record: size");
 _Static_assert(__builtin_offsetof(struct ulnic_event_record, kind) == 0, "struct ulnic_event_record: kind");
@@ -539,7 +539,7 @@ _Static_assert(__builtin_offsetof(struct ulnic_event_record, user_id) == 8, "str
 _Static_assert(__builtin_offsetof(struct ulnic_event_record, node) == 16, "struct ulnic_event_record: node");
 _Static_assert(__builtin_offsetof(struct ulnic_event_record, port) == 20, "struct ulnic_event_record: port");
 _Static_assert(__builtin_offsetof(struct ulnic_event_record, len) == 24, "struct ulnic_event_record: len");
-_Static_assert(__builtin_offsetof(struct ulnic_event_record, reserved) == 28, "struct ulnic_event_record: reserved");
+_Static_assert(__builtin_offsetof(struct ulnic_event_record, session) == 28, "struct ulnic_event_record: session");
 
 /* A notification record (spec §6). */
 struct ulnic_notify_record {
@@ -550,7 +550,7 @@ _Static_assert(sizeof(struct ulnic_notify_record) == 8, "struct ulnic_notify_rec
 _Static_assert(__builtin_offsetof(struct ulnic_notify_record, endpoint) == 0, "struct ulnic_notify_record: endpoint");
 _Static_assert(__builtin_offsetof(struct ulnic_notify_record, reason) == 4, "struct ulnic_notify_record: reason");
 
-/* A fabric packet's header (spec §10.3), 64 bytes, followed by `len` payload bytes. Used between switches inside a device, between devices over UDP and in captures. */
+/* A fabric packet's header (spec §10.3), 72 bytes, followed by `len` payload bytes. Used between switches inside a device, between devices over UDP and in captures. */
 struct ulnic_packet_header {
 	__le16 magic;
 	__le16 version;
@@ -572,8 +572,11 @@ struct ulnic_packet_header {
 	__le16 code;
 	__le16 route_len;
 	__le32 crc;
+	__le16 opcode;
+	__le16 flags;
+	__le32 session;
 };
-_Static_assert(sizeof(struct ulnic_packet_header) == 64, "struct ulnic_packet_header: size");
+_Static_assert(sizeof(struct ulnic_packet_header) == 72, "struct ulnic_packet_header: size");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, magic) == 0, "struct ulnic_packet_header: magic");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, version) == 2, "struct ulnic_packet_header: version");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, kind) == 4, "struct ulnic_packet_header: kind");
@@ -594,6 +597,9 @@ _Static_assert(__builtin_offsetof(struct ulnic_packet_header, tag) == 52, "struc
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, code) == 56, "struct ulnic_packet_header: code");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, route_len) == 58, "struct ulnic_packet_header: route_len");
 _Static_assert(__builtin_offsetof(struct ulnic_packet_header, crc) == 60, "struct ulnic_packet_header: crc");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, opcode) == 64, "struct ulnic_packet_header: opcode");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, flags) == 66, "struct ulnic_packet_header: flags");
+_Static_assert(__builtin_offsetof(struct ulnic_packet_header, session) == 68, "struct ulnic_packet_header: session");
 
 /* `IOC_CREATE_EP` argument (spec §9). */
 struct ulnic_ioc_create_ep {

@@ -132,6 +132,10 @@ pub struct Received {
     /// (return to sender, spec §10.4): `src` is where it was going, tag
     /// and payload are the original's. Its `SendFailed` event says why.
     pub returned: bool,
+    /// The sending endpoint's session id (spec §5.4): a port's next holder
+    /// has another, so a close message from an earlier peer on the same
+    /// address can be told apart (see [`Endpoint::session`]).
+    pub session: u32,
 }
 
 /// A completion or error event.
@@ -194,6 +198,28 @@ pub enum Event {
         bytes: u64,
         /// Who wrote the last redirected bytes.
         from: Address,
+    },
+    /// An out-of-band message arrived ([`Endpoint::post_oob`]): ahead of
+    /// the messages waiting in the receive queue.
+    OutOfBand {
+        /// The sender, stamped by the device.
+        from: Address,
+        /// The sender's tag.
+        tag: u32,
+        /// Its bytes: the first `len` of `data`.
+        data: [u8; 8],
+        /// How many bytes it carries (0 to 8).
+        len: u8,
+        /// The sender's session id (spec §5.4).
+        session: u32,
+    },
+    /// The fabric gave up on reaching node `node` (spec §10.4): this
+    /// endpoint sent to it or received from it. Its messages and remote
+    /// accesses to that node end in `SendFailed` with
+    /// [`SendError::Unreachable`].
+    Unreachable {
+        /// The node lost.
+        node: u32,
     },
     /// An event this library version does not know.
     Unknown(EventRecord),

@@ -80,6 +80,14 @@ pub struct RecvArgs {
     /// a sender started after it appears finds the receiver ready.
     #[arg(long)]
     pub ready_file: Option<std::path::PathBuf>,
+    /// Create this file once --progress-after messages have arrived in
+    /// order: the stream is flowing (a script can then act mid-stream,
+    /// e.g. kill this receiver).
+    #[arg(long, value_name = "PATH")]
+    pub progress_file: Option<std::path::PathBuf>,
+    /// How many messages --progress-file waits for.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub progress_after: u64,
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -487,6 +495,12 @@ pub fn recv(a: &RecvArgs) -> anyhow::Result<RecvReport> {
         }
         expected += 1;
         bytes += len as u64;
+        if expected == a.progress_after {
+            if let Some(path) = &a.progress_file {
+                std::fs::write(path, b"")
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            }
+        }
     }
 }
 

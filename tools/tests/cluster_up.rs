@@ -32,11 +32,20 @@ fn text(o: &Output) -> String {
 
 /// `ulnic cluster exec NODE -- CMD` on the test's cluster.
 fn exec(node: &str, cmd: &str) -> Output {
-    ulnic(&["cluster", "exec", node, "--name", &name(), "--", cmd])
+    exec_on(&name(), node, cmd)
+}
+
+/// `ulnic cluster exec NODE -- CMD` on cluster `cluster`.
+fn exec_on(cluster: &str, node: &str, cmd: &str) -> Output {
+    ulnic(&["cluster", "exec", node, "--name", cluster, "--", cmd])
 }
 
 fn exec_in_background(node: &'static str, cmd: String) -> JoinHandle<Output> {
-    std::thread::spawn(move || exec(node, &cmd))
+    exec_in_background_on(name(), node, cmd)
+}
+
+fn exec_in_background_on(cluster: String, node: &'static str, cmd: String) -> JoinHandle<Output> {
+    std::thread::spawn(move || exec_on(&cluster, node, &cmd))
 }
 
 fn json(o: &Output) -> serde_json::Value {
@@ -119,8 +128,13 @@ fn back_to_work(name: &str, boots: [u64; 2], when: &str) {
 /// Waits up to 60 s until `cmd` succeeds on `node`, or until `program`
 /// (what should bring that about) has ended: its output then says why.
 fn wait_until(node: &str, cmd: &str, what: &str, program: &JoinHandle<Output>) {
+    wait_until_on(&name(), node, cmd, what, program)
+}
+
+/// As `wait_until`, on cluster `cluster`.
+fn wait_until_on(cluster: &str, node: &str, cmd: &str, what: &str, program: &JoinHandle<Output>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !program.is_finished() && !exec(node, cmd).status.success() {
+    while !program.is_finished() && !exec_on(cluster, node, cmd).status.success() {
         assert!(
             std::time::Instant::now() < deadline,
             "no {what} on node {node}"
@@ -153,13 +167,28 @@ fn ready_file(port: u32) -> String {
 /// Starts `ulnic recv --port PORT ARGS` on node 1 and waits until it is
 /// bound with its buffers posted.
 fn receiver(port: u32, args: &str) -> JoinHandle<Output> {
+    receiver_on(&name(), port, args)
+}
+
+/// As `receiver`, on cluster `cluster`.
+fn receiver_on(cluster: &str, port: u32, args: &str) -> JoinHandle<Output> {
     let ready = ready_file(port);
-    let rx = exec_in_background(
+    let rx = exec_in_background_on(
+        cluster.to_string(),
         "1",
         format!("ulnic recv --port {port} --ready-file {ready} {args}"),
     );
-    wait_until("1", &format!("test -e {ready}"), "receiver", &rx);
+    wait_until_on(cluster, "1", &format!("test -e {ready}"), "receiver", &rx);
     rx
+}
+
+/// A guest shell loop that waits (up to 60 s) until `cond` succeeds; past
+/// that it runs `give_up`, says what it waited for and exits 1.
+fn until_in_guest(cond: &str, what: &str, give_up: &str) -> String {
+    format!(
+        "i=0; until {cond}; do i=$((i + 1)); if [ $i -ge 600 ]; then {give_up} \
+         echo 'no {what} within 60 s' >&2; exit 1; fi; sleep 0.1; done"
+    )
 }
 
 fn stream(count: u32, size: u32, recv_extra: &str, send_extra: &str) -> (Output, Output) {
@@ -198,9 +227,9 @@ fn forty_processes() {
              ulnic send --to 1:$((100 + i)) --port $((200 + i)) --count 200 --size 64 \
              --ready-file /tmp/many-ready-s$i --start-file /tmp/many-go --json \
              > /tmp/many-s$i.json 2>&1 & pids=\"$pids $!\"; done; \
-             until {}; do sleep 0.1; done; touch /tmp/many-go; \
+             {}; touch /tmp/many-go; \
              fail=0; for p in $pids; do wait $p || fail=1; done; cat /tmp/many-s*.json; exit $fail",
-            all_ready("s")
+            until_in_guest(&all_ready("s"), "forty ready senders", "kill $pids;")
         ),
     );
     let rx = rx.join().unwrap();
@@ -468,13 +497,23 @@ fn streams_and_rdma() {
 fn kill_and_reset(n: &str) {
     // A guest process killed mid-stream: the driver tears its endpoint down
     // and the device sends the close message it left.
-    let (tx, _rx) = stream(
+    let progress = ready_file(5).replace(".ready", ".progress");
+    let (tx, rx) = stream(
         u32::MAX - 1,
         64,
-        // Killed a while into the stream (the sender starts at once).
-        "--close-to 0:6 & sleep 4; kill -9 $!",
+        // Killed mid-stream: once 1000 messages arrived (the sender
+        // starts at once).
+        &format!(
+            "--close-to 0:6 --progress-file {progress} --progress-after 1000 & p=$!; {}; kill -9 $p",
+            until_in_guest(
+                &format!("test -e {progress}"),
+                "1000 messages",
+                "kill -9 $p;"
+            )
+        ),
         "--expect-close",
     );
+    assert!(rx.status.success(), "{}", text(&rx));
     assert!(tx.status.success(), "{}", text(&tx));
     let t = json(&tx);
     assert_eq!(t["outcome"], "peer-closed", "{t}");
@@ -482,7 +521,11 @@ fn kill_and_reset(n: &str) {
 
     // Reset node 1 while node 0 streams to it: the sender hears the close
     // message, node 0 and the device keep working, node 1 comes back.
-    let rx = receiver(5, "--close-to 0:6");
+    let progress = ready_file(5).replace(".ready", ".progress");
+    let rx = receiver(
+        5,
+        &format!("--close-to 0:6 --progress-file {progress} --progress-after 1000"),
+    );
     let tx = exec_in_background(
         "0",
         format!(
@@ -490,15 +533,8 @@ fn kill_and_reset(n: &str) {
             u32::MAX - 1
         ),
     );
-    wait_until(
-        "0",
-        "ps | grep -v grep | grep -q 'ulnic send'",
-        "sender",
-        &tx,
-    );
-    // Not readiness: the reset must land mid-stream, a while after the
-    // sender started.
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    // The reset lands mid-stream: once 1000 messages arrived.
+    wait_until("1", &format!("test -e {progress}"), "stream progress", &tx);
     let o = ulnic(&["cluster", "reboot", "1", "--name", n]);
     assert!(o.status.success(), "reboot:\n{}", text(&o));
     let t = tx.join().unwrap();
@@ -645,23 +681,12 @@ fn on_two_devices(n: &str) {
         text(&up)
     );
     let dir = json(&up)["dir"].as_str().unwrap().to_string();
-    let on = |node: &str, cmd: &str| ulnic(&["cluster", "exec", node, "--name", &n, "--", cmd]);
-    let rx = {
-        let n = n.clone();
-        std::thread::spawn(move || {
-            ulnic(&[
-                "cluster",
-                "exec",
-                "1",
-                "--name",
-                &n,
-                "--",
-                "ulnic recv --port 5 --json",
-            ])
-        })
-    };
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let tx = on("0", "ulnic send --to 1:5 --count 1000 --size 3000 --json");
+    let rx = receiver_on(&n, 5, "--json");
+    let tx = exec_on(
+        &n,
+        "0",
+        "ulnic send --to 1:5 --count 1000 --size 3000 --json",
+    );
     assert!(tx.status.success(), "{}", text(&tx));
     let rx = rx.join().unwrap();
     assert!(rx.status.success(), "{}", text(&rx));

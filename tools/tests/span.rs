@@ -6,8 +6,10 @@
 //! the far namespace). Needs root (ip netns), as CI has.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use ulnic_testkit::{wait_for, wait_for_path, wait_until, TestChild};
 
 mod cli;
 
@@ -67,44 +69,39 @@ impl Drop for Namespaces {
     }
 }
 
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn device_in(ns: &str, dir: &Path, topo: &Path, member: &str, key: &Path) -> Proc {
+/// `ulnic device` member `member` in namespace `ns`, once its control
+/// socket is there; killed when dropped (its stderr printed if the test
+/// fails).
+fn device_in(ns: &str, dir: &Path, topo: &Path, member: &str, key: &Path) -> TestChild {
     let control = dir.join(format!("control-{member}.sock"));
     let _ = std::fs::remove_file(&control); // a previous device's
-    let p = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            env!("CARGO_BIN_EXE_ulnic"),
-            "device",
-            "--nodes",
-            "4",
-        ])
-        .arg("--socket-dir")
-        .arg(dir)
-        .arg("--topology")
-        .arg(topo)
-        .args(["--member", member, "--key-file"])
-        .arg(key)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !control.exists() {
-        assert!(Instant::now() < deadline, "device {member} did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Proc(p)
+    let p = TestChild::spawn(
+        &format!("device {member}"),
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                env!("CARGO_BIN_EXE_ulnic"),
+                "device",
+                "--nodes",
+                "4",
+            ])
+            .arg("--socket-dir")
+            .arg(dir)
+            .arg("--topology")
+            .arg(topo)
+            .args(["--member", member, "--key-file"])
+            .arg(key),
+    );
+    wait_for_path(&control, Duration::from_secs(20));
+    p
+}
+
+/// Counter `k` of `v`.
+fn n(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("no counter {k}: {v}"))
 }
 
 fn udp_stats(dir: &Path, member: &str) -> serde_json::Value {
@@ -169,11 +166,17 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stranger = n(&before, "rejected_sender") + 1;
+    wait_for(
+        Duration::from_secs(10),
+        "device b to reject the stranger's datagram",
+        || udp_stats(dir, "b"),
+        |s| n(s, "rejected_sender") == stranger,
+    );
 
     // Device a replaced by one with another key, at the same address: its
     // datagrams fail the MAC, so a sender through it gets its message back.
-    let _ = a.0.kill();
-    let _ = a.0.wait();
+    a.kill();
     let wrong = dir.join("wrong-key");
     std::fs::write(&wrong, b"not the fabric's secret, but long enough").unwrap();
     a = device_in(&ns.names[0], dir, &topo, "a", &wrong);
@@ -186,8 +189,10 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
     let err = String::from_utf8_lossy(&cut.stderr);
     assert!(err.contains("unreachable"), "{err}");
     let after = udp_stats(dir, "b");
-    assert!(after["rejected_sender"].as_u64().unwrap() >= 1, "{after}");
-    assert!(after["rejected_mac"].as_u64().unwrap() >= 1, "{after}");
+    assert_eq!(n(&after, "rejected_sender"), stranger, "{after}");
+    // Every datagram of device a's sends (each of the 3 messages at
+    // least once) failed the MAC.
+    assert!(n(&after, "rejected_mac") >= 3, "{after}");
     drop(a);
 }
 
@@ -205,7 +210,7 @@ fn alive(pid: u32) -> bool {
 /// An sshd of the test's own in namespace b, on b's address only, that
 /// lets in a key made in `dir`; returns it (killed when dropped) and the
 /// ssh command that reaches it, once it answers from namespace a.
-fn sshd_in_b(ns: &Namespaces, dir: &Path) -> (Proc, String) {
+fn sshd_in_b(ns: &Namespaces, dir: &Path) -> (TestChild, String) {
     let keygen = |name: &str| {
         let o = Command::new("ssh-keygen")
             .args(["-q", "-t", "ed25519", "-N", "", "-f"])
@@ -219,7 +224,8 @@ fn sshd_in_b(ns: &Namespaces, dir: &Path) -> (Proc, String) {
     std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
     std::fs::create_dir_all("/run/sshd").unwrap(); // sshd's privilege separation
     let sshd = |o: &str| format!("-o{o}");
-    let server = Proc(
+    let server = TestChild::spawn(
+        "sshd",
         Command::new("ip")
             .args([
                 "netns",
@@ -243,10 +249,7 @@ fn sshd_in_b(ns: &Namespaces, dir: &Path) -> (Proc, String) {
                 sshd("UsePAM=no"),
                 sshd("PidFile=none"),
                 sshd("PermitRootLogin=prohibit-password"),
-            ])
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sshd (ci/test.sh installs openssh-server)"),
+            ]),
     );
     let ssh = format!(
         "ssh -i {} -p 2222 -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
@@ -268,11 +271,39 @@ fn sshd_in_b(ns: &Namespaces, dir: &Path) -> (Proc, String) {
         }
         assert!(
             Instant::now() < deadline,
-            "sshd in namespace b did not answer"
+            "sshd in namespace b did not answer:\n{}",
+            server.said()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
     (server, ssh)
+}
+
+/// The members `ulnic fabric up` started, stopped when dropped if the
+/// test did not get to stop them: `fabric down` (through ssh for the far
+/// one), then SIGKILL for any recorded pid still there.
+struct FabricUp {
+    down: Command,
+    pids: Vec<u32>,
+}
+
+impl Drop for FabricUp {
+    fn drop(&mut self) {
+        if self.pids.is_empty() && !std::thread::panicking() {
+            return;
+        }
+        let _ = self
+            .down
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        for &p in &self.pids {
+            if alive(p) {
+                // SAFETY: kill(2) on a pid this test's fabric up reported.
+                unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+            }
+        }
+    }
 }
 
 #[test]
@@ -295,6 +326,19 @@ fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
         format!("# two hosts\n{}\n{} slots=1\n", ns.addrs[0], ns.addrs[1]),
     )
     .unwrap();
+    // Whatever fails from here, the members stop.
+    let mut members_up = FabricUp {
+        down: in_a(&[
+            env!("CARGO_BIN_EXE_ulnic"),
+            "fabric",
+            "down",
+            "--dir",
+            d,
+            "--ssh",
+            &ssh,
+        ]),
+        pids: Vec::new(),
+    };
     let up = in_a(&[
         env!("CARGO_BIN_EXE_ulnic"),
         "fabric",
@@ -330,6 +374,7 @@ fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
     let pids: Vec<u32> = (0..2)
         .map(|k| members[k]["pid"].as_u64().unwrap() as u32)
         .collect();
+    members_up.pids.clone_from(&pids);
     assert!(pids.iter().all(|&p| alive(p)), "{members}");
     // The key the launcher made is private.
     let mode = std::os::unix::fs::PermissionsExt::mode(
@@ -378,10 +423,11 @@ fn fabric_up_starts_a_member_through_ssh_in_another_namespace() {
         "{}",
         String::from_utf8_lossy(&down.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pids.iter().any(|&p| alive(p)) {
-        assert!(Instant::now() < deadline, "a member outlived fabric down");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        Duration::from_secs(20),
+        "every member to end after fabric down",
+        || !pids.iter().any(|&p| alive(p)),
+    );
+    members_up.pids.clear();
     assert!(!dir.join("members.json").exists());
 }

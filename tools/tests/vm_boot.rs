@@ -1,12 +1,9 @@
 //! A real QEMU guest (TCG) boots the default image with a ulnic node; the
 //! ulnic kernel module binds the device and talks to it. Builds the image (network: Debian's
 //! archive) if the cache lacks it.
-#[path = "../../device/tests/common/mod.rs"]
-mod common;
-
-use std::io::Read;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use ulnic_testkit::{device, TestChild};
 
 #[test]
 fn guest_boots_and_sees_the_ulnic_device() {
@@ -14,40 +11,19 @@ fn guest_boots_and_sees_the_ulnic_device() {
         eprintln!("{l}")
     })
     .expect("image builds");
-    let (dev, _dir) = common::device(1);
+    let dev = device(1);
     let cfg = ulnic_images::vm::VmConfig {
-        ulnic_socket: Some(common::socket(&dev, 0)),
+        ulnic_socket: Some(dev.socket(0)),
         append: "ulnic.selftest ulnic.poweroff".into(),
         ..Default::default()
     };
     let t = Instant::now();
-    let mut qemu = ulnic_images::vm::command(&report.image, &cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("qemu starts");
-    let mut out = String::new();
-    let mut stdout = qemu.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = stdout.read_to_end(&mut b);
-        String::from_utf8_lossy(&b).into_owned()
-    });
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(s) = qemu.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = qemu.kill();
-            break qemu.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    out.push_str(&reader.join().unwrap());
-    let mut err = String::new();
-    let _ = qemu.stderr.take().unwrap().read_to_string(&mut err);
+    // Both of QEMU's streams drained as they come; killed past 180 s.
+    let qemu = TestChild::spawn("qemu", &mut ulnic_images::vm::command(&report.image, &cfg));
+    let done = qemu.finish(Duration::from_secs(180));
+    let status = done.status;
+    let out = String::from_utf8_lossy(&done.stdout).into_owned();
+    let err = String::from_utf8_lossy(&done.stderr).into_owned();
     let tail: String = out.lines().rev().take(20).collect::<Vec<_>>().join("\n");
     assert!(
         out.contains("ulnic-guest: ready"),

@@ -342,14 +342,14 @@ mod tests {
     #[test]
     fn a_packet_takes_its_serialization_time_and_the_latency() {
         let mut l = lane(Faults::default(), 1);
-        // 936 + 64 header bytes at 1 Gb/s: 8 us, then 10 us of latency.
-        l.send(0, packet(936));
+        // 928 + 72 header bytes at 1 Gb/s: 8 us, then 10 us of latency.
+        l.send(0, packet(928));
         l.arrive(17_999);
         assert!(l.front().is_none());
         l.arrive(18_000);
         assert!(l.front().is_some());
         // Back to back, the second waits for the first to be clocked out.
-        l.send(0, packet(936));
+        l.send(0, packet(928));
         assert_eq!(l.next_arrival(), Some(26_000));
     }
 

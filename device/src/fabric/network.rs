@@ -46,6 +46,18 @@ pub struct FabricConfig {
 }
 
 impl FabricConfig {
+    /// The default fabric of `nodes` nodes (spec §10): one switch, every
+    /// node on an ideal link, the default transport, no faults.
+    pub fn ideal(nodes: u32) -> FabricConfig {
+        FabricConfig {
+            topology: Topology::single_switch(nodes),
+            seed: 0,
+            transport: TransportConfig::default(),
+            span: None,
+            mapping: None,
+        }
+    }
+
     /// Whether node `n` is served by this device (always, unless the
     /// fabric spans devices and `n` hangs on another member's switch).
     pub fn is_local(&self, n: u32) -> bool {
@@ -343,13 +355,13 @@ impl Network {
                 }
             }
         }
-        let transport = Transport::new(topo.nodes(), config.transport);
         let min_mtu = topo
             .links()
             .iter()
             .map(|l| l.params.mtu)
             .min()
             .unwrap_or(u32::MAX);
+        let transport = Transport::new(topo.nodes(), config.transport, min_mtu);
         // Without a mapper every node starts with the topology's routes;
         // with one, with none until the mapper's arrive.
         let tables = match config.mapping {
@@ -483,9 +495,49 @@ impl Network {
         self.transport.take_delays()
     }
 
-    /// Drops every channel of endpoint `endpoint` of node `node`.
-    pub fn forget_endpoint(&mut self, node: u32, endpoint: u32) {
-        self.transport.forget_endpoint(node, endpoint);
+    /// Whether channel `key` holds nothing (a message of it may take the
+    /// shortcut without overtaking one).
+    pub fn idle(&self, key: &ChannelKey) -> bool {
+        self.transport.idle(key)
+    }
+
+    /// Whether an operation of `len` payload bytes from node `src` to node
+    /// `dst` may take the shortcut (spec §10): both served here, a route
+    /// between them whose links are all ideal (no latency, no rate limit,
+    /// no faults, an MTU it fits in) and no capture on them. The caller
+    /// also checks that its channel is idle.
+    pub fn shortcut(&self, src: u32, dst: u32, len: usize) -> bool {
+        let Some(route) = self
+            .tables
+            .get(src as usize)
+            .and_then(|t| t.get(dst as usize))
+        else {
+            return false;
+        };
+        let Some(route) = route else {
+            return false;
+        };
+        let first = self.host_out[src as usize];
+        let path = lanes_along(&self.switches, first, &self.lane_entry, route);
+        // The route must end at dst's own link, every lane inside this
+        // device's part of the fabric.
+        path.last() == Some(&self.host_in[dst as usize])
+            && path.iter().all(|&l| {
+                let p = self.lanes[l].params();
+                self.far_owner[l].is_none()
+                    && self.near_owner[l].is_none()
+                    && p.latency.is_zero()
+                    && p.bandwidth_bps.is_none()
+                    && p.faults.none()
+                    && p.mtu as usize >= len
+                    && !self.taps.iter().any(|t| t.lanes.contains(&l))
+            })
+    }
+
+    /// Counts an operation node `n` carried by the shortcut (a message's
+    /// delay recorded as 0).
+    pub fn count_shortcut(&mut self, n: u32, message: bool) {
+        self.transport.count_shortcut(n, message);
     }
 
     /// Replaces the faults of link `link` (both lanes).
@@ -922,6 +974,7 @@ enum Forward {
 mod tests {
     use super::*;
     use crate::fabric::topology::{Link, LinkParams};
+    use crate::fabric::transport::{Arrival, Class, Delivered};
 
     #[derive(Default)]
     struct Count {
@@ -931,24 +984,18 @@ mod tests {
     }
 
     impl Sink for Count {
-        fn deliver(
-            &mut self,
-            dst: u32,
-            _: u32,
-            src: u32,
-            _: u32,
-            tag: u32,
-            _: &[u8],
-        ) -> Result<(), u16> {
-            self.delivered.push((src, dst, tag));
-            Ok(())
+        fn deliver(&mut self, a: &Arrival<'_>) -> Result<Delivered, u16> {
+            self.delivered.push((a.src, a.dst, a.tag));
+            Ok(Delivered::Done)
         }
+        fn read_data(&mut self, _: ChannelKey, _: &Message, _: u32, _: &[u8]) {}
         fn acked(&mut self, _: ChannelKey, _: Message) {
             self.acked += 1;
         }
         fn returned(&mut self, _: ChannelKey, _: Message, _: u16) {
             self.returned += 1;
         }
+        fn unreachable(&mut self, _: u32, _: u32, _: &[u32], _: &[u32]) {}
     }
 
     /// Two switches, nodes 0-1 on the first and 2-3 on the second, every
@@ -981,11 +1028,12 @@ mod tests {
 
     fn message(tag: u32, len: usize) -> Message {
         Message {
+            opcode: ulnic_abi::op::SEND,
             src_port: 1,
             tag,
             user_id: u64::from(tag),
-            completion: false,
             bytes: vec![tag as u8; len],
+            ..Default::default()
         }
     }
 
@@ -1011,6 +1059,7 @@ mod tests {
                     endpoint: 0,
                     dst,
                     port: 1,
+                    class: Class::Messages,
                 };
                 while next[i] < per_pair && net.has_room(&key, 1500) {
                     net.submit(key, message(next[i], 1500));
@@ -1055,6 +1104,7 @@ mod tests {
                 min_timeout: 100_000,
                 ..Default::default()
             },
+            512,
         );
         net.set_faults(
             0,
@@ -1070,6 +1120,7 @@ mod tests {
             endpoint: 0,
             dst: 2,
             port: 1,
+            class: Class::Messages,
         };
         net.submit(key, message(1, 100));
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1154,6 +1205,7 @@ mod tests {
             endpoint: 0,
             dst: 2,
             port: 1,
+            class: Class::Messages,
         };
         let total = 400u32;
         let mut next = 0u32;
@@ -1250,7 +1302,7 @@ mod tests {
             let mut sent = 0;
             for src in 0..nodes {
                 for dst in (0..nodes).filter(|&d| d != src) {
-                    let key = ChannelKey { src, endpoint: 0, dst, port: 1 };
+                    let key = ChannelKey::new(src, 0, dst, 1, ulnic_abi::op::SEND);
                     net.submit(key, message(src * 100 + dst, 64));
                     sent += 1;
                 }

@@ -308,14 +308,42 @@ mod tests {
             .unwrap()
     }
 
-    fn wait_receive(u: &mut Udp) -> Option<(usize, Packet)> {
-        for _ in 0..200 {
-            if let Some(r) = u.receive(&|lane, from| lane == 3 && from == 0) {
-                return Some(r);
+    fn accepts(lane: usize, from: usize) -> bool {
+        lane == 3 && from == 0
+    }
+
+    /// The next packet `u` accepts, within 5 s.
+    fn wait_receive(u: &mut Udp) -> (usize, Packet) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            if let Some(r) = u.receive(&accepts) {
+                return r;
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nothing received within 5 s ({:?})",
+                u.counters
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        None
+    }
+
+    /// Takes datagrams until `counter` of `u` is 1 (the one just sent was
+    /// dropped and counted), within 5 s; nothing may be accepted meanwhile.
+    fn wait_rejected(u: &mut Udp, what: &str, counter: fn(&SpanCounters) -> u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while counter(&u.counters) == 0 {
+            if let Some(r) = u.receive(&accepts) {
+                panic!("{what} was accepted: {r:?}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} was never rejected ({:?})",
+                u.counters
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(counter(&u.counters), 1, "{what}: {:?}", u.counters);
     }
 
     #[test]
@@ -327,28 +355,38 @@ mod tests {
         p.payload = b"hello".to_vec();
         p.seal();
         a.send(1, 3, &p);
-        assert_eq!(wait_receive(&mut b), Some((3, p.clone())));
+        assert_eq!(wait_receive(&mut b), (3, p.clone()));
 
         // The wrong key: dropped, counted.
         let stranger_addr = addrs[0];
         drop(a);
         let mut stranger = Udp::bind(span(0, 2, &[stranger_addr, addrs[1]])).unwrap();
         stranger.send(1, 3, &p);
-        assert_eq!(wait_receive(&mut b), None);
-        assert_eq!(b.counters.rejected_mac, 1);
+        wait_rejected(&mut b, "a datagram with another key", |c| c.rejected_mac);
         drop(stranger);
 
         // The right key, but a lane the sender does not own.
         let mut a = Udp::bind(span(0, 1, &addrs)).unwrap();
         a.send(1, 4, &p);
-        assert_eq!(wait_receive(&mut b), None);
-        assert_eq!(b.counters.rejected_malformed, 1);
+        wait_rejected(&mut b, "a packet on another's lane", |c| {
+            c.rejected_malformed
+        });
 
         // Not a member at all.
         let outsider = UdpSocket::bind("127.0.0.1:0").unwrap();
         outsider.send_to(b"anything at all", addrs[1]).unwrap();
-        assert_eq!(wait_receive(&mut b), None);
-        assert_eq!(b.counters.rejected_sender, 1);
-        assert_eq!(b.counters.received, 1);
+        wait_rejected(&mut b, "a stranger's datagram", |c| c.rejected_sender);
+        // Each rejected on its own count, and only the first accepted.
+        let c = &b.counters;
+        assert_eq!(
+            (
+                c.received,
+                c.rejected_mac,
+                c.rejected_malformed,
+                c.rejected_sender
+            ),
+            (1, 1, 1, 1),
+            "{c:?}"
+        );
     }
 }

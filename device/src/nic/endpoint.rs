@@ -49,6 +49,12 @@ pub struct Endpoint {
     /// Sends handed to the fabric's transport and not yet settled: each
     /// may still post an event, so its slot stays reserved.
     pub events_owed: u32,
+    /// Its session id (spec §5.4): stamped on what it sends.
+    pub session: u32,
+    /// The RDMA descriptor at the head of the send ring, while its pieces
+    /// are being handed to the fabric: the device's record of it and the
+    /// bytes handed over so far.
+    pub pieces: Option<(u64, u64)>,
 }
 
 impl Endpoint {
@@ -71,13 +77,16 @@ impl Endpoint {
             tripwires: Vec::new(),
             redirects: Vec::new(),
             events_owed: 0,
+            session: 0,
+            pieces: None,
         }
     }
 
     /// Zeroes the control block words the device owns, so a recycled region
-    /// starts clean.
+    /// starts clean, and writes the endpoint's session id into it.
     pub fn init_shared(&self, mem: &GuestMemoryMmap<()>) -> Result<(), BadAddress> {
-        guest::write(mem, self.ctrl, &[0u8; ctrl::CONTROL_BLOCK_SIZE as usize])
+        guest::write(mem, self.ctrl, &[0u8; ctrl::CONTROL_BLOCK_SIZE as usize])?;
+        guest::store_u32(mem, self.word(ctrl::SESSION), self.session)
     }
 
     fn word(&self, off: u64) -> u64 {
@@ -342,6 +351,7 @@ impl Endpoint {
             posted |= self.post_event(
                 mem,
                 &EventRecord {
+                    session: 0,
                     kind: event::TRIPWIRE,
                     code: u16::from(access.read),
                     user_id: user,

@@ -48,6 +48,10 @@ pub struct Node {
     pub rung: Vec<u32>,
     /// Next protection domain id to hand out.
     pub next_pd: u32,
+    /// The last session id handed out (spec §5.4): the next endpoint gets
+    /// the one after it. Starts random and is kept across resets, so a
+    /// slot's or port's next holder always has another.
+    pub last_session: u32,
     /// Bound ports: port number -> endpoint id.
     pub ports: HashMap<u32, u32>,
     /// The notification queue, once the frontend set it up.
@@ -101,6 +105,7 @@ impl Node {
             resident: Vec::new(),
             rung: Vec::new(),
             next_pd: 1,
+            last_session: rand::random(),
             ports: HashMap::new(),
             notify: None,
             notify_backlog: VecDeque::new(),
@@ -133,6 +138,13 @@ impl Node {
                 log::warn!("node {}: cannot kick the control queue: {e}", self.id);
             }
         }
+    }
+
+    /// The session id the next endpoint created here gets (`last_session`
+    /// moves on once it exists): never 0, and different from the last
+    /// 2^32 - 1 handed out here.
+    pub fn next_session(&self) -> u32 {
+        self.last_session.wrapping_add(1).max(1)
     }
 
     /// Gives the node a new nonzero epoch, unlikely to repeat one the

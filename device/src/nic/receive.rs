@@ -59,6 +59,8 @@ pub struct Message<'a> {
     pub src_port: u32,
     /// The sender's tag.
     pub tag: u32,
+    /// The sending endpoint's session id (spec §5.4).
+    pub session: u32,
     /// Payload length.
     pub len: u32,
     /// Where the payload is.
@@ -74,6 +76,7 @@ impl<'a> Message<'a> {
             src_node: src.0,
             src_port: src.1,
             tag,
+            session: 0,
             len,
             payload,
         }
@@ -88,6 +91,11 @@ impl<'a> Message<'a> {
     /// `recv_flags::RETURNED`).
     pub fn flagged(self, flags: u16) -> Self {
         Message { flags, ..self }
+    }
+
+    /// The same message stamped with the sender's session id.
+    pub fn in_session(self, session: u32) -> Self {
+        Message { session, ..self }
     }
 }
 
@@ -130,6 +138,7 @@ pub fn deliver(mem: &GuestMemoryMmap<()>, rx: &mut Endpoint, m: &Message<'_>) ->
         src_node: m.src_node,
         src_port: m.src_port,
         tag: m.tag,
+        session: m.session,
         buf_id: 0,
         buf_offset: 0,
     };

@@ -35,6 +35,7 @@ impl Redirect {
     /// The event that ends it.
     pub fn report(&self, outcome: u16) -> EventRecord {
         EventRecord {
+            session: 0,
             kind: event::REDIRECTED,
             code: outcome,
             user_id: self.id,

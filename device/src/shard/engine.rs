@@ -35,6 +35,7 @@ pub fn run(shard: Arc<Shard>, poll_for: Duration) {
         }
         shard.disconnect_faulted();
         if shard.lock().poll() > 0 {
+            shard.count_pass(false);
             idle_since = Instant::now();
             shard.mark_busy(idle_since);
             continue;
@@ -44,6 +45,7 @@ pub fn run(shard: Arc<Shard>, poll_for: Duration) {
         // what was configured and not a time slice more (and sends posted
         // meanwhile are still seen at once).
         let due = shard.lock().fabric_due();
+        shard.count_pass(due.is_none());
         if due.is_some_and(|d| d < SPIN_FOR) {
             std::hint::spin_loop();
             idle_since = Instant::now();

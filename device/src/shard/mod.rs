@@ -3,11 +3,13 @@
 //! data path between nodes (`nodes`), remote memory (`rdma`) and the
 //! engine thread (`engine`).
 
+pub mod access;
 pub mod counters;
 pub mod engine;
 pub mod nodes;
 pub mod pass;
 pub mod rdma;
+pub mod remote;
 pub mod send;
 pub mod sink;
 pub mod snapshot;
@@ -52,6 +54,10 @@ pub struct Shard {
     /// nanoseconds after `born` (the drain benchmark's end, read without
     /// a lock or a thread polling beside the engines).
     busy_at: AtomicU64,
+    /// Engine passes, and how many of the latest in a row found nothing
+    /// to do with nothing due (`Device::settle`).
+    passes: AtomicU64,
+    quiet_run: AtomicU64,
     born: Instant,
     /// Endpoints per node.
     pub max_endpoints: u32,
@@ -65,16 +71,11 @@ pub struct Shard {
 impl Shard {
     /// The only shard of a device configured by `config`, its nodes empty.
     pub fn new(config: &Configuration) -> Result<Shard, Error> {
-        let network = config
-            .fabric()
-            .cloned()
-            .map(Network::new)
-            .transpose()
-            .map_err(|source| Error::Os {
-                what: "the fabric's UDP socket",
-                source,
-            })?;
-        Self::with_network(config, network)
+        let network = Network::new(config.fabric().clone()).map_err(|source| Error::Os {
+            what: "the fabric's UDP socket",
+            source,
+        })?;
+        Self::with_network(config, Some(network))
     }
 
     /// Shard `me` of a device whose engine is split by switch (spec
@@ -86,11 +87,7 @@ impl Shard {
         switch_owner: Vec<usize>,
         shared: Arc<crate::fabric::span::MemoryShared>,
     ) -> Result<Shard, Error> {
-        let fabric = config
-            .fabric()
-            .cloned()
-            .ok_or_else(|| Error::Config("engine shards need a fabric".into()))?;
-        let network = Network::shard(fabric, me, switch_owner, shared);
+        let network = Network::shard(config.fabric().clone(), me, switch_owner, shared);
         Self::with_network(config, Some(network))
     }
 
@@ -115,6 +112,8 @@ impl Shard {
             sleeping: AtomicBool::new(false),
             kicks,
             busy_at: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            quiet_run: AtomicU64::new(0),
             born: Instant::now(),
             max_endpoints: config.max_endpoints(),
             nodes: count,
@@ -138,6 +137,26 @@ impl Shard {
     /// creation if never).
     pub fn last_busy(&self) -> Instant {
         self.born + Duration::from_nanos(self.busy_at.load(Ordering::Acquire))
+    }
+
+    /// Records one engine pass: `quiet` if it moved nothing and nothing
+    /// was due.
+    pub fn count_pass(&self, quiet: bool) {
+        if quiet {
+            self.quiet_run.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.quiet_run.store(0, Ordering::SeqCst);
+        }
+        self.passes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Engine passes so far, and how many of the latest in a row were
+    /// quiet.
+    pub fn passes(&self) -> (u64, u64) {
+        // The run first: a pass counted between the two loads can only
+        // make the total look larger, never the run.
+        let run = self.quiet_run.load(Ordering::SeqCst);
+        (self.passes.load(Ordering::SeqCst), run)
     }
 
     /// Wakes the engine if it sleeps.

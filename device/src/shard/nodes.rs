@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use ulnic_abi::{
     ctrl, event, op, recv_flags, send_flags, tx_error, EventRecord, SendDesc, F_CLOSE_MESSAGE,
-    F_MESSAGING, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, SEND_DESC_SIZE,
+    F_MESSAGING, F_OOB, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::fabric::network::Network;
+use crate::fabric::transport::{self, ChannelKey};
 use crate::memory::guest::{self, MemGuard};
 use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Node;
@@ -25,6 +26,7 @@ use crate::nic::utlb::Utlb;
 use crate::shard::counters::Counters;
 use crate::shard::pass::{Initiator, Pass};
 use crate::shard::rdma;
+use crate::shard::remote::RemoteOps;
 use crate::shard::send::{self, Sent};
 use crate::shard::sink::{NicSink, PendingReturn};
 
@@ -42,6 +44,7 @@ const MAX_PENDING_CLOSES: usize = 4096;
 struct PendingClose {
     src_node: u32,
     src_port: u32,
+    session: u32,
     dest_node: u32,
     dest_port: u32,
     tag: u32,
@@ -70,6 +73,8 @@ pub struct Nodes {
     /// it a message goes straight from sender to receiver.
     pub network: Option<Network>,
     pending_returns: VecDeque<PendingReturn>,
+    /// Remote accesses of this shard's endpoints in the fabric.
+    pub remote: RemoteOps,
     /// A resident endpoint with no send descriptor for this long leaves
     /// the polled set (spec §5.8; the device's `--poll-us`).
     pub resident_idle: Duration,
@@ -87,6 +92,7 @@ impl Nodes {
             utlb: Utlb::default(),
             network: None,
             pending_returns: VecDeque::new(),
+            remote: RemoteOps::default(),
             resident_idle: crate::config::DEFAULT_POLL_FOR,
         }
     }
@@ -100,8 +106,9 @@ impl Nodes {
         let Some(ep) = node.remove_endpoint(id) else {
             return false;
         };
-        if let Some(net) = &mut self.network {
-            net.forget_endpoint(n, id);
+        // What it had in the fabric is carried on, its outcomes to nobody.
+        for seg in self.remote.forget(n, id) {
+            self.utlb.recycle(seg);
         }
         self.pending_returns.retain(|r| !r.from(n, id));
         let Some(mem) = node.mem.as_ref().map(|m| m.memory()) else {
@@ -128,6 +135,23 @@ impl Nodes {
         let mut bytes = [0u8; INLINE_MAX as usize];
         let len = d.len as usize;
         bytes[..len].copy_from_slice(&raw[INLINE_OFFSET..INLINE_OFFSET + len]);
+        if let Some(net) = self.network.as_mut().filter(|_| d.dest_node != n) {
+            // After everything it sent that receiver, on the same channel,
+            // and never given up for want of room (spec §5.11).
+            let key = ChannelKey::new(n, id, d.dest_node, d.dest_port, op::SEND);
+            let msg = transport::Message {
+                opcode: op::SEND,
+                flags: recv_flags::CLOSE,
+                session: ep.session,
+                src_port,
+                tag: d.tag,
+                bytes: bytes[..len].to_vec(),
+                patient: true,
+                ..Default::default()
+            };
+            net.submit(key, msg);
+            return true;
+        }
         if self.pending_closes.len() >= MAX_PENDING_CLOSES {
             self.pending_closes.pop_front();
             self.counters.closes_undeliverable += 1;
@@ -136,6 +160,7 @@ impl Nodes {
         self.pending_closes.push_back(PendingClose {
             src_node: n,
             src_port,
+            session: ep.session,
             dest_node: d.dest_node,
             dest_port: d.dest_port,
             tag: d.tag,
@@ -174,7 +199,8 @@ impl Nodes {
         let mut keep = VecDeque::new();
         while let Some(c) = self.pending_closes.pop_front() {
             let msg = Message::bytes((c.src_node, c.src_port), c.tag, &c.bytes[..c.len as usize])
-                .flagged(recv_flags::CLOSE);
+                .flagged(recv_flags::CLOSE)
+                .in_session(c.session);
             let mut pass = Pass {
                 nodes: &mut self.nodes,
                 utlb: &mut self.utlb,
@@ -340,16 +366,19 @@ impl Nodes {
         // Each operation checks the rest of its descriptor.
         let outcome = match desc.opcode {
             _ if !allowed => Err(tx_error::BAD_DESCRIPTOR),
-            op::SEND => send::serve(&mut pass, self.network.as_mut(), &mut from, &desc, &raw),
+            op::SEND | op::OOB => {
+                send::serve(&mut pass, self.network.as_mut(), &mut from, &desc, &raw)
+            }
             op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => {
-                rdma::serve(&mut pass, &mut from, &raw).map(|()| Sent::Done)
+                let net = self.network.as_mut();
+                rdma::serve(&mut pass, net, &mut self.remote, &mut from, &raw)
             }
             op::REDIRECT | op::REDIRECT_END => {
                 Ok(Sent::Reported(rdma::redirect(&mut pass, &mut from, &raw)))
             }
             _ => Err(tx_error::BAD_DESCRIPTOR),
         };
-        self.retire(&mut from, &desc, outcome)
+        self.retire(mems, wake, &mut from, &desc, outcome)
     }
 
     /// Counts a served descriptor and posts its event, before the send
@@ -357,18 +386,24 @@ impl Nodes {
     /// (spec §5.6). False when it stays in the ring (`Sent::Blocked`).
     fn retire(
         &mut self,
+        mems: &[Option<MemGuard>],
+        wake: &mut Vec<(u32, u32)>,
         from: &mut Initiator<'_>,
         d: &SendDesc,
         outcome: Result<Sent, u16>,
     ) -> bool {
+        let (outcome, returned) = match outcome {
+            Ok(Sent::Returned(code, key, msg)) => (Err(code), Some((key, msg))),
+            other => (other, None),
+        };
         let ep = &mut *from.ep;
         let ev = match outcome {
             Ok(Sent::Blocked) => return false,
+            Ok(Sent::Returned(..)) => None, // made an error above
             Ok(Sent::Reported(ev)) => (ev.kind != 0).then_some(ev),
             Ok(Sent::InFabric) => {
-                // Its event, if any, comes when the transport settles it.
-                ep.stats.tx_messages += 1;
-                ep.stats.tx_bytes += u64::from(d.len);
+                // Its event, if any, and its counting come when the
+                // transport settles it.
                 ep.events_owed += 1;
                 None
             }
@@ -403,7 +438,37 @@ impl Nodes {
             ep.post_event(from.mem, &ev);
         }
         ep.complete_send(from.mem);
+        if let Some((key, msg)) = returned {
+            // Refused by the shortcut: after its event, as the transport
+            // would report its NACK, the message goes back to its sender.
+            self.return_to_sender(mems, wake, from, key, msg);
+        }
         true
+    }
+
+    /// Puts a message the shortcut's receiver refused back with its sender
+    /// (the endpoint being served), as the transport returns one.
+    fn return_to_sender(
+        &mut self,
+        mems: &[Option<MemGuard>],
+        wake: &mut Vec<(u32, u32)>,
+        from: &mut Initiator<'_>,
+        key: ChannelKey,
+        msg: transport::Message,
+    ) {
+        let mut pass = Pass {
+            nodes: &mut self.nodes,
+            utlb: &mut self.utlb,
+            mems,
+            wake,
+        };
+        let mut sink = NicSink {
+            pass: &mut pass,
+            counters: &mut self.counters,
+            pending: &mut self.pending_returns,
+            remote: &mut self.remote,
+        };
+        sink.return_to_sender_from(from, key, msg);
     }
 
     /// Moves the fabric on: packets cross links and switches, messages
@@ -423,6 +488,7 @@ impl Nodes {
             pass: &mut pass,
             counters: &mut self.counters,
             pending: &mut self.pending_returns,
+            remote: &mut self.remote,
         };
         net.advance(&mut sink) + sink.retry_returns()
     }
@@ -478,7 +544,7 @@ fn outcome_event(d: &SendDesc, kind: u16, code: u16) -> EventRecord {
         node: d.dest_node,
         port: d.dest_port,
         len: d.len,
-        aux: 0,
+        ..Default::default()
     }
 }
 
@@ -488,6 +554,7 @@ fn outcome_event(d: &SendDesc, kind: u16, code: u16) -> EventRecord {
 fn descriptor_allowed(d: &SendDesc, raw: &[u8; SEND_DESC_SIZE as usize], features: u64) -> bool {
     let mut need = F_MESSAGING;
     match d.opcode {
+        op::OOB => need |= F_OOB,
         op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => need |= F_RDMA,
         op::REDIRECT | op::REDIRECT_END => need |= F_RDMA | F_UTLB,
         _ => {}

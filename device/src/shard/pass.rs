@@ -11,7 +11,42 @@ use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Node;
 use crate::nic::receive::{deliver_and_arm, Message};
 use crate::nic::utlb::Utlb;
-use ulnic_abi::tx_error;
+use ulnic_abi::{event, tx_error, EventRecord, OOB_MAX};
+
+/// An out-of-band message (spec §5.3): at most `OOB_MAX` bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Oob {
+    /// The sender's node and port.
+    pub src: (u32, u32),
+    /// The sender's session id.
+    pub session: u32,
+    /// The sender's tag.
+    pub tag: u32,
+    data: [u8; OOB_MAX as usize],
+    len: usize,
+}
+
+impl Oob {
+    /// The OOB message of `bytes` (at most `OOB_MAX`; more are cut off,
+    /// the callers checked).
+    pub fn new(src: (u32, u32), session: u32, tag: u32, bytes: &[u8]) -> Oob {
+        let len = bytes.len().min(OOB_MAX as usize);
+        let mut data = [0u8; OOB_MAX as usize];
+        data[..len].copy_from_slice(&bytes[..len]);
+        Oob {
+            src,
+            session,
+            tag,
+            data,
+            len,
+        }
+    }
+
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+}
 
 /// The shard as one pass sees it.
 pub struct Pass<'a> {
@@ -47,6 +82,72 @@ impl<'a> Pass<'a> {
             self.wake.push((dst, de));
         }
         r
+    }
+}
+
+impl Pass<'_> {
+    /// Posts OOB message `o` as an event to the endpoint bound to `port` on
+    /// node `dst`, and wakes its owner if armed: it needs the filter's
+    /// consent and an event slot to spare beyond its sends' and
+    /// conditions' (else NO_BUFFER, retried by the transport).
+    pub fn deliver_oob(&mut self, dst: u32, port: u32, o: &Oob) -> Result<(), u16> {
+        let dmem = self.mem(dst).ok_or(tx_error::NO_ENDPOINT)?;
+        let node = self
+            .nodes
+            .get_mut(dst as usize)
+            .ok_or(tx_error::NO_ENDPOINT)?;
+        let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
+        let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
+        if !rx.accepts(o.src.0, o.src.1, o.tag) {
+            rx.stats.rx_rejected += 1;
+            return Err(tx_error::REJECTED);
+        }
+        if !rx.event_room_for_send(dmem) {
+            rx.stats.rx_dropped_no_buffer += 1;
+            return Err(tx_error::NO_BUFFER);
+        }
+        let mut word = [0u8; 8];
+        word[..o.len].copy_from_slice(o.bytes());
+        let ev = EventRecord {
+            kind: event::OOB,
+            code: 0,
+            aux: o.tag,
+            user_id: u64::from_le_bytes(word),
+            node: o.src.0,
+            port: o.src.1,
+            len: o.len as u32,
+            session: o.session,
+        };
+        rx.post_event(dmem, &ev);
+        rx.stats.rx_messages += 1;
+        rx.stats.rx_bytes += o.len as u64;
+        if rx.take_arm(dmem) {
+            self.wake.push((dst, de));
+        }
+        Ok(())
+    }
+
+    /// Tells endpoint `e` of node `n` that the fabric gave up on node
+    /// `lost` (an UNREACHABLE event), waking its owner if armed.
+    pub fn report_unreachable(&mut self, n: u32, e: u32, lost: u32) {
+        let Some(mem) = self.mem(n) else {
+            return;
+        };
+        let Some(ep) = self
+            .nodes
+            .get_mut(n as usize)
+            .and_then(|x| x.endpoint_mut(e))
+        else {
+            return;
+        };
+        let ev = EventRecord {
+            kind: event::UNREACHABLE,
+            node: lost,
+            ..Default::default()
+        };
+        if ep.post_event(mem, &ev) && ep.take_arm(mem) {
+            self.wake.push((n, e));
+        }
     }
 }
 

@@ -9,47 +9,33 @@
 //! its owner's domain) and `carry` (the bytes move: a write lands, its
 //! redirected parts in their user buffers, a read is copied back, an
 //! immediate is stored; tripwires fire). Nothing is written before the
-//! first two have passed.
+//! first two have passed. An access to another node goes through the
+//! fabric (`remote`) unless it may take the shortcut (spec §10); one that
+//! arrived through the fabric is checked and carried out by `arrive`.
 //!
 //! Everything here runs under the shard lock, as commands do, so a REVOKE
 //! and an access never interleave: an access completes before a revocation
 //! or fails after it.
 
-use ulnic_abi::wire::RedirectDesc;
+use ulnic_abi::wire::{self, RedirectDesc, RemoteAccess};
 use ulnic_abi::{
-    op, perm, redirect, send_flags, tx_error, Cookie, EventRecord, RdmaDesc, MAX_RDMA,
+    op, packet, perm, redirect, send_flags, tx_error, Cookie, EventRecord, RdmaDesc, MAX_RDMA,
     MAX_REDIRECTS, PAGE_SIZE, RDMA_UTLB_REF_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::GuestMemoryMmap;
 
+use crate::fabric::network::Network;
+use crate::fabric::transport::{Arrival, ChannelKey};
 use crate::memory::guest::{self, Segment};
 use crate::nic::aperture::Access;
 use crate::nic::endpoint::Endpoint;
 use crate::nic::receive::Payload;
 use crate::nic::redirect::Redirect;
 use crate::nic::utlb::{Utlb, UtlbRef};
+use crate::shard::access::{Kind, Request};
 use crate::shard::pass::{Initiator, Pass};
-
-/// What an RDMA descriptor does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Write,
-    Read,
-    Immediate,
-}
-
-/// An RDMA descriptor, checked at its initiator.
-struct Request {
-    kind: Kind,
-    cookie: Cookie,
-    remote_offset: u64,
-    len: u64,
-    local_offset: u64,
-    /// The local buffer when the descriptor names it through the UTLB
-    /// (else the initiator's segment).
-    translated: Option<Segment>,
-    immediate: u64,
-}
+use crate::shard::remote::{self, RemoteOps};
+use crate::shard::send::Sent;
 
 /// Where an access lands.
 struct Target {
@@ -67,25 +53,169 @@ struct Target {
     base: u64,
 }
 
-/// Carries out one RDMA descriptor of the initiator; the target's owner
-/// is woken when a tripwire or a redirection posted an event for it.
+/// Serves one RDMA descriptor of the initiator: carried out here (to its
+/// own node, or by the shortcut), or handed to the fabric (`InFabric`, or
+/// `Blocked` while its pieces wait for room). The target's owner is woken
+/// when a tripwire or a redirection posted an event for it.
 pub fn serve(
     pass: &mut Pass<'_>,
+    net: Option<&mut Network>,
+    ops: &mut RemoteOps,
     from: &mut Initiator<'_>,
     raw: &[u8; SEND_DESC_SIZE as usize],
-) -> Result<(), u16> {
+) -> Result<Sent, u16> {
     let mut req = check(pass.utlb, from, raw)?;
-    let result = target(pass, from, &req).and_then(|mut t| {
-        let r = carry(pass, from, &req, &t);
-        if let Some(seg) = t.buffer.take() {
-            pass.utlb.recycle(seg);
+    let tn = req.cookie.node;
+    let result = match net.filter(|_| tn != from.node) {
+        None => local(pass, from, &req).map(|()| Sent::Done),
+        // No such node: nobody could check the cookie.
+        Some(_) if tn as usize >= pass.nodes.len() => Err(tx_error::BAD_COOKIE),
+        Some(net) => {
+            let key = ChannelKey::new(from.node, from.id, tn, 0, req.opcode);
+            let bytes = packet::ACCESS_HEADER_SIZE + req.len as usize;
+            if from.ep.pieces.is_none() && net.idle(&key) && net.shortcut(from.node, tn, bytes) {
+                net.count_shortcut(from.node, false);
+                local(pass, from, &req).map(|()| Sent::Done)
+            } else {
+                remote::submit(net, ops, key, from, &mut req)
+            }
         }
-        r
-    });
+    };
     if let Some(seg) = req.translated.take() {
         pass.utlb.recycle(seg);
     }
     result
+}
+
+/// Carries out a checked access whose target is served by this shard.
+fn local(pass: &mut Pass<'_>, from: &mut Initiator<'_>, req: &Request) -> Result<(), u16> {
+    target(pass, from, req).and_then(|mut t| {
+        let r = carry(pass, from, req, &t);
+        if let Some(seg) = t.buffer.take() {
+            pass.utlb.recycle(seg);
+        }
+        r
+    })
+}
+
+/// Checks and carries out a remote access that arrived through the fabric
+/// at its target node (spec §10.4; the transport checked the header's
+/// shape): the bytes a read returns, or `None`.
+pub fn arrive(pass: &mut Pass<'_>, a: &Arrival<'_>) -> Result<Option<Vec<u8>>, u16> {
+    let h: RemoteAccess = wire::read(a.bytes);
+    let kind = Kind::of(a.opcode);
+    let (tn, len) = (a.dst, u64::from(h.len.get()));
+    let cookie = Cookie {
+        node: tn,
+        aperture: h.cookie_aperture.get(),
+        generation: h.cookie_generation.get(),
+        key: h.cookie_key.get(),
+    };
+    let remote_offset = h.offset.get();
+    let tmem = pass.mem(tn).ok_or(tx_error::BAD_COOKIE)?;
+    let ap = pass
+        .nodes
+        .get(tn as usize)
+        .and_then(|n| n.aperture_for(&cookie))
+        .ok_or(tx_error::BAD_COOKIE)?;
+    permitted(ap.perms, ap.len, kind, remote_offset, len)?;
+    let mut offset = ap.seg_offset + remote_offset;
+    let tgt = pass.nodes[tn as usize]
+        .endpoint_mut(ap.ep)
+        .ok_or(tx_error::BAD_COOKIE)?;
+    let buffer = match ap.buffer {
+        Some(r) => {
+            let touched = touched_pages(r, offset, len);
+            offset = touched.offset;
+            let tag = (tn, tgt.pd);
+            Some(
+                pass.utlb
+                    .translate(tmem, tag, touched, len, &mut tgt.stats)?,
+            )
+        }
+        None => None,
+    };
+    let t = Target {
+        node: tn,
+        ep: ap.ep,
+        aperture: cookie.aperture,
+        buffer,
+        offset,
+        base: offset.wrapping_sub(remote_offset),
+    };
+    let access = Access {
+        aperture: t.aperture,
+        offset: remote_offset,
+        len,
+        read: kind == Kind::Read,
+        from: (a.src, a.src_port),
+    };
+    let data = a
+        .bytes
+        .get(packet::ACCESS_HEADER_SIZE..)
+        .unwrap_or_default();
+    let tseg = t.buffer.as_ref().unwrap_or(&tgt.segment);
+    let bad = |_| tx_error::BAD_ADDRESS;
+    let result = match kind {
+        Kind::Immediate => {
+            guest::store_segment_word(tmem, tseg, t.offset, h.immediate.get(), len as u32)
+                .map_err(bad)
+                .map(|()| (None, false))
+        }
+        Kind::Read => {
+            let mut b = vec![0u8; len as usize];
+            guest::read_segment(tmem, tseg, t.offset, &mut b)
+                .map_err(bad)
+                .map(|()| (Some(b), false))
+        }
+        Kind::Write => land(
+            pass.utlb,
+            tgt,
+            tmem,
+            &t,
+            len,
+            &Payload::Bytes(data),
+            access.from,
+        )
+        .map(|posted| (None, posted)),
+    };
+    let mut t = t;
+    if let Some(seg) = t.buffer.take() {
+        pass.utlb.recycle(seg);
+    }
+    let (answer, redirected) = result?;
+    let fired = tgt.fire_tripwires(tmem, &access);
+    if (fired || redirected) && tgt.take_arm(tmem) {
+        pass.wake.push((t.node, t.ep));
+    }
+    Ok(answer)
+}
+
+/// The permission and range checks of an access to an aperture of
+/// `perms` and `ap_len` bytes.
+fn permitted(perms: u32, ap_len: u64, kind: Kind, offset: u64, len: u64) -> Result<(), u16> {
+    let need = if kind == Kind::Read {
+        perm::READ
+    } else {
+        perm::WRITE
+    };
+    if perms & need == 0 {
+        return Err(tx_error::PERMISSION_DENIED);
+    }
+    if offset.checked_add(len).is_none_or(|end| end > ap_len) {
+        return Err(tx_error::OUT_OF_RANGE);
+    }
+    Ok(())
+}
+
+/// The UTLB entries of an exported buffer (`r`) that an access of `len`
+/// bytes at `offset` from its start touches.
+fn touched_pages(r: UtlbRef, offset: u64, len: u64) -> UtlbRef {
+    UtlbRef {
+        first: r.first.saturating_add((offset / PAGE_SIZE) as u32),
+        count: (offset % PAGE_SIZE + len).div_ceil(PAGE_SIZE) as u32,
+        offset: offset % PAGE_SIZE,
+    }
 }
 
 /// The initiator's side: flags, length, and the local buffer (translated
@@ -96,11 +226,7 @@ fn check(
     raw: &[u8; SEND_DESC_SIZE as usize],
 ) -> Result<Request, u16> {
     let d = RdmaDesc::decode(raw);
-    let kind = match d.opcode {
-        op::WRITE_IMMEDIATE => Kind::Immediate,
-        op::RDMA_READ => Kind::Read,
-        _ => Kind::Write,
-    };
+    let kind = Kind::of(d.opcode);
     let len = u64::from(d.len);
     if d.flags & !(send_flags::COMPLETION | send_flags::UTLB) != 0 {
         return Err(tx_error::BAD_DESCRIPTOR);
@@ -108,12 +234,15 @@ fn check(
     let by_utlb = d.flags & send_flags::UTLB != 0;
     let mut req = Request {
         kind,
+        opcode: d.opcode,
         cookie: d.cookie,
         remote_offset: d.remote_offset,
         len,
         local_offset: d.local_offset,
         translated: None,
         immediate: d.immediate,
+        user_id: d.user_id,
+        completion: d.flags & send_flags::COMPLETION != 0,
     };
     if kind == Kind::Immediate {
         if by_utlb || !(d.len == 4 || d.len == 8) || !d.remote_offset.is_multiple_of(len) {
@@ -151,21 +280,7 @@ fn target(pass: &mut Pass<'_>, from: &mut Initiator<'_>, req: &Request) -> Resul
         .get(tn as usize)
         .and_then(|n| n.aperture_for(&req.cookie))
         .ok_or(tx_error::BAD_COOKIE)?;
-    let need = if req.kind == Kind::Read {
-        perm::READ
-    } else {
-        perm::WRITE
-    };
-    if ap.perms & need == 0 {
-        return Err(tx_error::PERMISSION_DENIED);
-    }
-    if req
-        .remote_offset
-        .checked_add(req.len)
-        .is_none_or(|end| end > ap.len)
-    {
-        return Err(tx_error::OUT_OF_RANGE);
-    }
+    permitted(ap.perms, ap.len, req.kind, req.remote_offset, req.len)?;
     let mut offset = ap.seg_offset + req.remote_offset;
     let buffer = match ap.buffer {
         Some(r) => {
@@ -175,11 +290,7 @@ fn target(pass: &mut Pass<'_>, from: &mut Initiator<'_>, req: &Request) -> Resul
                 pass.nodes[tn as usize].endpoint_mut(ap.ep).map(|o| o.pd)
             };
             let tag = (tn, owner_pd.ok_or(tx_error::BAD_COOKIE)?);
-            let touched = UtlbRef {
-                first: r.first.saturating_add((offset / PAGE_SIZE) as u32),
-                count: (offset % PAGE_SIZE + req.len).div_ceil(PAGE_SIZE) as u32,
-                offset: offset % PAGE_SIZE,
-            };
+            let touched = touched_pages(r, offset, req.len);
             offset = touched.offset;
             let stats = &mut from.ep.stats;
             Some(pass.utlb.translate(tmem, tag, touched, req.len, stats)?)

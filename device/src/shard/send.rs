@@ -1,10 +1,12 @@
-//! SEND (spec §5.3, §5.9): a message from the send ring to the endpoint
-//! bound to (node, port), straight into its receive queue, or handed to the
-//! fabric's transport, which delivers it later (spec §10.4).
+//! SEND and OOB (spec §5.3, §5.9): a message from the send ring to the
+//! endpoint bound to (node, port): to its own node straight into the
+//! receive queue (or event queue), to another node handed to the fabric's
+//! transport, which delivers it later (spec §10.4), or carried by the
+//! shortcut when that changes nothing (spec §10).
 
 use ulnic_abi::{
-    send_flags, tx_error, SendDesc, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, SEND_DESC_SIZE,
-    SEND_UTLB_REF_OFFSET,
+    op, send_flags, tx_error, SendDesc, INLINE_MAX, INLINE_OFFSET, MAX_MESSAGE, OOB_MAX,
+    SEND_DESC_SIZE, SEND_UTLB_REF_OFFSET,
 };
 use vm_memory::GuestMemoryMmap;
 
@@ -13,7 +15,7 @@ use crate::fabric::transport::{self, ChannelKey};
 use crate::memory::guest::{self, Segment};
 use crate::nic::receive::{deliver_and_arm, Message, Payload};
 use crate::nic::utlb::UtlbRef;
-use crate::shard::pass::{Initiator, Pass};
+use crate::shard::pass::{Initiator, Oob, Pass};
 
 /// What became of a send-ring descriptor that was served.
 pub enum Sent {
@@ -26,10 +28,14 @@ pub enum Sent {
     /// Served, and this is the event it reports (a redirection's; kind 0
     /// for none).
     Reported(ulnic_abi::EventRecord),
+    /// Refused at its receiver by the shortcut: reported as the transport
+    /// would report its NACK, the message returned to its sender.
+    Returned(u16, ChannelKey, transport::Message),
 }
 
-/// Checks a SEND and delivers it or hands it to the fabric; on any failure
-/// nothing was written at the receiver and the error code is returned.
+/// Checks a SEND or OOB and delivers it or hands it to the fabric; on any
+/// failure nothing was written at the receiver and the error code is
+/// returned.
 pub fn serve(
     pass: &mut Pass<'_>,
     net: Option<&mut Network>,
@@ -39,24 +45,21 @@ pub fn serve(
 ) -> Result<Sent, u16> {
     let inline = d.flags & send_flags::INLINE != 0;
     let by_utlb = d.flags & send_flags::UTLB != 0;
+    let oob = d.opcode == op::OOB;
     if d.flags & !send_flags::ALL != 0
         || d.len > MAX_MESSAGE
         || (inline && (d.len > INLINE_MAX || by_utlb))
+        || (oob && (!inline || d.len > OOB_MAX))
     {
         return Err(tx_error::BAD_DESCRIPTOR);
     }
-    // With a fabric, a full channel holds the descriptor in the ring:
-    // looked at before any translation, which a retry would repeat.
+    // A full channel holds the descriptor in the ring: looked at before
+    // any translation, which a retry would repeat.
     let dn = d.dest_node;
     let channel = net
         .filter(|_| dn != from.node && (dn as usize) < pass.nodes.len())
         .map(|net| {
-            let key = ChannelKey {
-                src: from.node,
-                endpoint: from.id,
-                dst: dn,
-                port: d.dest_port,
-            };
+            let key = ChannelKey::new(from.node, from.id, dn, d.dest_port, d.opcode);
             (key, net)
         });
     if channel
@@ -101,8 +104,44 @@ fn carry(
     }
     let src_port = from.ep.port.ok_or(tx_error::NOT_BOUND)?;
     let src = (from.node, src_port);
+    let session = from.ep.session;
+    if d.opcode == op::OOB {
+        let o = Oob::new(src, session, d.tag, inline_bytes);
+        return match channel {
+            Some((key, net)) => shortcut_oob(pass, net, key, d, &o),
+            None => pass
+                .deliver_oob(d.dest_node, d.dest_port, &o)
+                .map(|()| Sent::Done),
+        };
+    }
     if let Some((key, net)) = channel {
-        return to_fabric(net, key, d, inline_bytes, src_seg, src_port, from.mem);
+        let payload = if inline {
+            Payload::Bytes(inline_bytes)
+        } else {
+            Payload::Segment {
+                mem: from.mem,
+                seg: src_seg,
+                offset: d.seg_offset,
+            }
+        };
+        let msg = Message::new(src, d.tag, d.len, payload).in_session(session);
+        if net.idle(&key) && net.shortcut(from.node, d.dest_node, d.len as usize) {
+            match pass.deliver(d.dest_node, d.dest_port, &msg) {
+                Ok(()) => {
+                    net.count_shortcut(from.node, true);
+                    return Ok(Sent::Done);
+                }
+                // No room: the transport NACKs and retries it.
+                Err(tx_error::NO_BUFFER) => {}
+                Err(code) => {
+                    let m = to_transport(d, src_port, session, inline_bytes, src_seg, from.mem)?;
+                    return Ok(Sent::Returned(code, key, m));
+                }
+            }
+        }
+        let m = to_transport(d, src_port, session, inline_bytes, src_seg, from.mem)?;
+        net.submit(key, m);
+        return Ok(Sent::InFabric);
     }
     let to_self = d.dest_node == from.node
         && pass.nodes[from.node as usize].ports.get(&d.dest_port) == Some(&from.id);
@@ -116,7 +155,7 @@ fn carry(
                 offset: d.seg_offset,
             }
         };
-        let msg = Message::new(src, d.tag, d.len, payload);
+        let msg = Message::new(src, d.tag, d.len, payload).in_session(session);
         return pass
             .deliver(d.dest_node, d.dest_port, &msg)
             .map(|()| Sent::Done);
@@ -132,7 +171,7 @@ fn carry(
             .map_err(|_| tx_error::BAD_ADDRESS)?;
         &staged
     };
-    let msg = Message::bytes(src, d.tag, bytes);
+    let msg = Message::bytes(src, d.tag, bytes).in_session(session);
     let (r, woke) = deliver_and_arm(from.mem, from.ep, &msg);
     if woke {
         pass.wake.push((from.node, from.id));
@@ -140,17 +179,51 @@ fn carry(
     r.map(|()| Sent::Done)
 }
 
-/// Copies a checked SEND's payload and hands it to the fabric's transport
-/// on channel `key` (the caller saw it had room).
-fn to_fabric(
+/// An OOB message to another node: by the shortcut when it may (a
+/// refusal reported as its NACK would be, no room left to the transport),
+/// else handed to the transport.
+fn shortcut_oob(
+    pass: &mut Pass<'_>,
     net: &mut Network,
     key: ChannelKey,
     d: &SendDesc,
+    o: &Oob,
+) -> Result<Sent, u16> {
+    if net.idle(&key) && net.shortcut(key.src, key.dst, d.len as usize) {
+        match pass.deliver_oob(key.dst, key.port, o) {
+            Ok(()) => {
+                net.count_shortcut(key.src, true);
+                return Ok(Sent::Done);
+            }
+            Err(tx_error::NO_BUFFER) => {}
+            Err(code) => return Err(code),
+        }
+    }
+    net.submit(
+        key,
+        transport::Message {
+            opcode: op::OOB,
+            session: o.session,
+            src_port: o.src.1,
+            tag: o.tag,
+            user_id: d.user_id,
+            completion: d.flags & send_flags::COMPLETION != 0,
+            bytes: o.bytes().to_vec(),
+            ..Default::default()
+        },
+    );
+    Ok(Sent::InFabric)
+}
+
+/// A checked SEND's payload copied into a message for the transport.
+fn to_transport(
+    d: &SendDesc,
+    src_port: u32,
+    session: u32,
     inline_bytes: &[u8],
     src_seg: &Segment,
-    src_port: u32,
     smem: &GuestMemoryMmap<()>,
-) -> Result<Sent, u16> {
+) -> Result<transport::Message, u16> {
     let bytes = if d.flags & send_flags::INLINE != 0 {
         inline_bytes.to_vec()
     } else {
@@ -159,15 +232,14 @@ fn to_fabric(
             .map_err(|_| tx_error::BAD_ADDRESS)?;
         b
     };
-    net.submit(
-        key,
-        transport::Message {
-            src_port,
-            tag: d.tag,
-            user_id: d.user_id,
-            completion: d.flags & send_flags::COMPLETION != 0,
-            bytes,
-        },
-    );
-    Ok(Sent::InFabric)
+    Ok(transport::Message {
+        opcode: op::SEND,
+        session,
+        src_port,
+        tag: d.tag,
+        user_id: d.user_id,
+        completion: d.flags & send_flags::COMPLETION != 0,
+        bytes,
+        ..Default::default()
+    })
 }

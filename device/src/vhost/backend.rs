@@ -310,6 +310,46 @@ impl NodeBackend {
             Err(_) => 0,
         }
     }
+
+    /// A kicked queue: the control queue's commands, the notification
+    /// queue's room, a domain's doorbell.
+    fn handle_kick(&self, queue: u16, ready: EventSet, vrings: &[NodeVring]) -> io::Result<()> {
+        if ready != EventSet::IN {
+            return Err(io::Error::other(format!("unexpected readiness {ready:?}")));
+        }
+        if vrings
+            .get(usize::from(queue))
+            .is_some_and(NodeVring::kick_failed)
+        {
+            self.end_connection(&format!("queue {queue}'s kick cannot be read"));
+            return Ok(());
+        }
+        match queue {
+            CONTROL_QUEUE => {
+                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
+                    self.shard.lock().nodes[self.node as usize].notify = Some(v.clone());
+                }
+                let vring = vrings
+                    .get(usize::from(CONTROL_QUEUE))
+                    .ok_or_else(|| io::Error::other("no control queue"))?;
+                self.process_control(vring)
+            }
+            NOTIFY_QUEUE => {
+                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
+                    self.shard.lock().nodes[self.node as usize].notify = Some(v.clone());
+                }
+                self.shard.wake();
+                Ok(())
+            }
+            q => {
+                // A domain's doorbell: its bitmap is read on the engine's
+                // next pass, or now if the engine sleeps (spec §5.8),
+                // counting a doorbell for each endpoint named there.
+                self.shard.kicked(self.node, q);
+                Ok(())
+            }
+        }
+    }
 }
 
 impl VhostUserBackend for NodeBackend {
@@ -415,41 +455,9 @@ impl VhostUserBackend for NodeBackend {
         vrings: &[Self::Vring],
         _thread: usize,
     ) -> io::Result<()> {
-        if ready != EventSet::IN {
-            return Err(io::Error::other(format!("unexpected readiness {ready:?}")));
-        }
-        if vrings
-            .get(usize::from(queue))
-            .is_some_and(NodeVring::kick_failed)
-        {
-            self.end_connection(&format!("queue {queue}'s kick cannot be read"));
-            return Ok(());
-        }
-        match queue {
-            CONTROL_QUEUE => {
-                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
-                    self.shard.lock().nodes[self.node as usize].notify = Some(v.clone());
-                }
-                let vring = vrings
-                    .get(usize::from(CONTROL_QUEUE))
-                    .ok_or_else(|| io::Error::other("no control queue"))?;
-                self.process_control(vring)
-            }
-            NOTIFY_QUEUE => {
-                if let Some(v) = vrings.get(usize::from(NOTIFY_QUEUE)) {
-                    self.shard.lock().nodes[self.node as usize].notify = Some(v.clone());
-                }
-                self.shard.wake();
-                Ok(())
-            }
-            q => {
-                // A domain's doorbell: its bitmap is read on the engine's
-                // next pass, or now if the engine sleeps (spec §5.8),
-                // counting a doorbell for each endpoint named there.
-                self.shard.kicked(self.node, q);
-                Ok(())
-            }
-        }
+        let served = self.handle_kick(queue, ready, vrings);
+        crate::vring::kick_served();
+        served
     }
 }
 

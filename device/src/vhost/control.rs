@@ -292,9 +292,11 @@ fn create_endpoint(
     let Some(id) = n.endpoints.iter().position(|e| e.is_none()) else {
         return Err(Response::err(status::NO_RESOURCES));
     };
-    let ep = Endpoint::new(c.pd, c.ctrl_gpa, layout, segment);
+    let mut ep = Endpoint::new(c.pd, c.ctrl_gpa, layout, segment);
+    ep.session = n.next_session();
     ep.init_shared(mem)
         .map_err(|_| Response::err(status::BAD_ADDRESS))?;
+    n.last_session = ep.session;
     debug!(
         "node {node}: endpoint {id} created (pd {}, rings {}/{}/{}/{}, segment {} KiB in {} extents)",
         c.pd,

@@ -7,7 +7,7 @@
 //! host-attach driver or the library.
 //!
 //! Included by each conformance test file with
-//! `#[path = "common/spec.rs"] mod spec;` (next to `mod common;`).
+//! `#[path = "common/spec.rs"] mod spec;` (beside `use ulnic_testkit as common;`).
 #![allow(dead_code)]
 
 use std::fs::File;
@@ -73,8 +73,6 @@ pub fn protocols() -> VhostUserProtocolFeatures {
 }
 /// How long anything the spec promises may take here.
 pub const WAIT: Duration = Duration::from_secs(10);
-/// How long a test watches for something the spec says does not happen.
-pub const QUIET: Duration = Duration::from_millis(300);
 /// §7: the counters of GET_STATS, in the order docs/spec.md lists them
 /// (read from the spec itself, so the test checks the document).
 pub fn spec_counters() -> Vec<String> {
@@ -102,6 +100,17 @@ pub fn until(what: &str, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
         std::thread::sleep(Duration::from_micros(100));
     }
+}
+
+/// Waits until the device has done all it was asked: every kick of
+/// `raws` taken, then the engine settled (`Device::settle`). The fact a
+/// test waits for before asserting that something did not happen.
+pub fn settled(dev: &ulnic_device::device::Device, raws: &[&Raw]) {
+    until("kicks taken", || raws.iter().all(|r| r.kicks_taken()));
+    assert!(
+        dev.settle(WAIT),
+        "the device did not settle within {WAIT:?}"
+    );
 }
 
 /// Fills an eventfd's counter to its limit (2^64 - 2): the next signal
@@ -895,6 +904,29 @@ impl Raw {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+
+    /// A notification that came before the device settled (`settled`).
+    pub fn notification_once_settled(
+        &mut self,
+        dev: &ulnic_device::device::Device,
+    ) -> Option<(u32, NotifyRecord)> {
+        settled(dev, &[self]);
+        self.notification(Duration::ZERO)
+    }
+
+    /// Whether every kick written to the device was taken (its eventfd
+    /// reads empty).
+    pub fn kicks_taken(&self) -> bool {
+        self.kicks.iter().all(|k| {
+            let mut p = libc::pollfd {
+                fd: k.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, for the duration of the call.
+            unsafe { libc::poll(&mut p, 1, 0) == 0 }
+        })
     }
 
     /// Whether the device closed the connection: a request fails.

@@ -79,6 +79,19 @@
 #define ULNIC_EVENT_REDIRECTED 5
 
 /**
+ * `ulnic_event.kind`: an out-of-band message (`ulnic_ep_post_oob`): `id`
+ * holds its bytes (byte i in bits 8i), `len` their count, `code` the tag,
+ * `addr` the sender, `session` its session.
+ */
+#define ULNIC_EVENT_OOB 6
+
+/**
+ * `ulnic_event.kind`: the fabric gave up on node `addr.node`; sends and
+ * RDMA to it fail with `EHOSTUNREACH`.
+ */
+#define ULNIC_EVENT_UNREACHABLE 7
+
+/**
  * `ulnic_event.kind`: an event this library does not know.
  */
 #define ULNIC_EVENT_UNKNOWN 255
@@ -309,9 +322,10 @@ struct ulnic_recv {
    */
   uint32_t flags;
   /**
-   * Zero.
+   * The sending endpoint's session id (a port's next holder has
+   * another; `ulnic_ep_session`).
    */
-  uint32_t reserved;
+  uint32_t session;
   /**
    * Not inline: the segment offset of the free buffer that holds it.
    */
@@ -369,9 +383,9 @@ struct ulnic_event {
    */
   int32_t error;
   /**
-   * Zero.
+   * An out-of-band message's sender's session id (else 0).
    */
-  uint32_t reserved;
+  uint32_t session;
 };
 
 /**
@@ -566,6 +580,18 @@ void ulnic_ep_destroy(struct ulnic_ep *ep);
 uint32_t ulnic_ep_id(const struct ulnic_ep *ep);
 
 /**
+ * The endpoint's session id (0 if `ep` is NULL): the device stamps it
+ * on what the endpoint sends (`ulnic_recv.session`), and no other
+ * endpoint of its node has had it lately, so a peer can tell this
+ * endpoint from an earlier holder of its port.
+ *
+ * ```c
+ * printf("session %u\n", ulnic_ep_session(ep));
+ * ```
+ */
+uint32_t ulnic_ep_session(const struct ulnic_ep *ep);
+
+/**
  * Binds the endpoint to `port` on its node: messages to (node, port)
  * reach it. `-EADDRINUSE` if another endpoint has it.
  *
@@ -611,6 +637,18 @@ void *ulnic_ep_segment(struct ulnic_ep *ep, size_t *len);
  * ```
  */
 int32_t ulnic_ep_post_send_inline(struct ulnic_ep *ep, struct ulnic_address dest, uint32_t tag, const void *data, size_t len, uint64_t id);
+
+/**
+ * Sends an out-of-band message of `len` bytes (at most 8): the receiver
+ * gets it as a `ULNIC_EVENT_OOB` event, ahead of the messages waiting in
+ * its receive queue. `flags & ULNIC_COMPLETION` asks for an event when
+ * it is delivered. `-EAGAIN` when the send ring is full.
+ *
+ * ```c
+ * ulnic_ep_post_oob(ep, to, 0, "stop", 4, 7, 0);
+ * ```
+ */
+int32_t ulnic_ep_post_oob(struct ulnic_ep *ep, struct ulnic_address dest, uint32_t tag, const void *data, size_t len, uint64_t id, uint32_t flags);
 
 /**
  * Sends `len` bytes at `offset` in the segment, without a copy; with

@@ -104,8 +104,9 @@ pub struct ulnic_recv {
     pub len: u32,
     /// `ULNIC_RECV_*` bits.
     pub flags: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The sending endpoint's session id (a port's next holder has
+    /// another; `ulnic_ep_session`).
+    pub session: u32,
     /// Not inline: the segment offset of the free buffer that holds it.
     pub buffer_offset: u64,
     /// Not inline: the id that buffer was posted with.
@@ -129,6 +130,13 @@ pub const ULNIC_EVENT_TRIPWIRE: u32 = 4;
 /// `ulnic_event.kind`: a redirection ended (`id`, `code` 0 full,
 /// 1 partial, 2 none, 3 refused; `start`, `bytes`; `addr` the last writer).
 pub const ULNIC_EVENT_REDIRECTED: u32 = 5;
+/// `ulnic_event.kind`: an out-of-band message (`ulnic_ep_post_oob`): `id`
+/// holds its bytes (byte i in bits 8i), `len` their count, `code` the tag,
+/// `addr` the sender, `session` its session.
+pub const ULNIC_EVENT_OOB: u32 = 6;
+/// `ulnic_event.kind`: the fabric gave up on node `addr.node`; sends and
+/// RDMA to it fail with `EHOSTUNREACH`.
+pub const ULNIC_EVENT_UNREACHABLE: u32 = 7;
 /// `ulnic_event.kind`: an event this library does not know.
 pub const ULNIC_EVENT_UNKNOWN: u32 = 255;
 
@@ -156,8 +164,8 @@ pub struct ulnic_event {
     /// A failed send's reason as a positive errno (ECONNREFUSED,
     /// ENOBUFS, EHOSTUNREACH, ...).
     pub error: i32,
-    /// Zero.
-    pub reserved: u32,
+    /// An out-of-band message's sender's session id (else 0).
+    pub session: u32,
 }
 
 /// Fills `cfg` with the default endpoint sizes (256 sends, 512 receives,
@@ -243,6 +251,20 @@ pub unsafe extern "C" fn ulnic_ep_destroy(ep: *mut ulnic_ep) {
 pub unsafe extern "C" fn ulnic_ep_id(ep: *const ulnic_ep) -> u32 {
     // SAFETY: a live handle or NULL.
     unsafe { ep.as_ref() }.map_or(0, |e| e.ep.id())
+}
+
+/// The endpoint's session id (0 if `ep` is NULL): the device stamps it
+/// on what the endpoint sends (`ulnic_recv.session`), and no other
+/// endpoint of its node has had it lately, so a peer can tell this
+/// endpoint from an earlier holder of its port.
+///
+/// ```c
+/// printf("session %u\n", ulnic_ep_session(ep));
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ulnic_ep_session(ep: *const ulnic_ep) -> u32 {
+    // SAFETY: a live handle or NULL.
+    unsafe { ep.as_ref() }.map_or(0, |e| e.ep.session())
 }
 
 /// Binds the endpoint to `port` on its node: messages to (node, port)
@@ -341,6 +363,41 @@ pub unsafe extern "C" fn ulnic_ep_post_send_inline(
     };
     guard("ulnic_ep_post_send_inline", || {
         e.ep.post_send_inline(dest.into(), tag, bytes, id)
+            .map(|_| 0)
+    })
+}
+
+/// Sends an out-of-band message of `len` bytes (at most 8): the receiver
+/// gets it as a `ULNIC_EVENT_OOB` event, ahead of the messages waiting in
+/// its receive queue. `flags & ULNIC_COMPLETION` asks for an event when
+/// it is delivered. `-EAGAIN` when the send ring is full.
+///
+/// ```c
+/// ulnic_ep_post_oob(ep, to, 0, "stop", 4, 7, 0);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ulnic_ep_post_oob(
+    ep: *mut ulnic_ep,
+    dest: ulnic_address,
+    tag: u32,
+    data: *const c_void,
+    len: usize,
+    id: u64,
+    flags: u32,
+) -> i32 {
+    let e = handle!(ep, "ulnic_ep_post_oob");
+    if len > 0 && data.is_null() {
+        return invalid("ulnic_ep_post_oob", "data is NULL");
+    }
+    let bytes = if len == 0 {
+        &[][..]
+    } else {
+        // SAFETY: `len` readable bytes at `data`, as the caller says.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
+    };
+    let completion = flags & ULNIC_COMPLETION != 0;
+    guard("ulnic_ep_post_oob", || {
+        e.ep.post_oob(dest.into(), tag, bytes, id, completion)
             .map(|_| 0)
     })
 }
@@ -455,7 +512,7 @@ pub unsafe extern "C" fn ulnic_ep_poll_recv(ep: *mut ulnic_ep, out: *mut ulnic_r
         tag: m.tag,
         len: m.len,
         flags: u32::from(m.close) * ULNIC_RECV_CLOSE + u32::from(m.returned) * ULNIC_RECV_RETURNED,
-        reserved: 0,
+        session: m.session,
         buffer_offset: 0,
         buffer_id: 0,
         data: [0; ULNIC_INLINE_MAX as usize],
@@ -562,6 +619,24 @@ fn event_to_c(ev: Event) -> ulnic_event {
                 RedirectOutcome::None => (2, 0),
                 RedirectOutcome::Refused(r) => (3, r.errno()),
             };
+        }
+        Event::OutOfBand {
+            from,
+            tag,
+            data,
+            len,
+            session,
+        } => {
+            c.kind = ULNIC_EVENT_OOB;
+            c.id = u64::from_le_bytes(data);
+            c.len = u32::from(len);
+            c.code = tag;
+            c.addr = from.into();
+            c.session = session;
+        }
+        Event::Unreachable { node } => {
+            c.kind = ULNIC_EVENT_UNREACHABLE;
+            c.addr = ulnic_address { node, port: 0 };
         }
         Event::Unknown(raw) => {
             c.kind = ULNIC_EVENT_UNKNOWN;

@@ -5,13 +5,13 @@
 //! linked against `libulnic.a`. (tools/tests/cluster_up.rs runs them in
 //! guests.)
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ulnic_device::{Configuration, Device};
+use ulnic_device::Device;
+use ulnic_testkit::{TestChild, TestDevice};
 
 /// The directory cargo built this test's profile into (where libulnic is).
 fn built() -> PathBuf {
@@ -94,14 +94,8 @@ fn build(name: &str, dir: &Path, statically: bool) -> PathBuf {
     exe
 }
 
-fn device() -> (tempfile::TempDir, Device) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = Configuration::builder(Configuration::socket_paths(dir.path(), 2))
-        .build()
-        .unwrap();
-    // The device goes first when the pair is dropped (its sockets must
-    // still exist to wake its node threads).
-    (dir, Device::start(config).unwrap())
+fn device() -> TestDevice {
+    ulnic_testkit::device(2)
 }
 
 /// Runs `exe server_args` on node 1 until it says it is ready, then `exe
@@ -111,49 +105,39 @@ fn pair(dev: &Device, exe: &Path, server: &[&str], client: &[&str]) -> (String, 
         let mut c = Command::new(exe);
         c.args(args)
             .env("ULNIC_SOCKET", &dev.sockets()[node])
-            .env("LD_LIBRARY_PATH", prefix().join("lib"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env("LD_LIBRARY_PATH", prefix().join("lib"));
         c
     };
-    let mut srv = run(1, server).spawn().unwrap();
-    let mut first = String::new();
-    BufReader::new(srv.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    assert!(
-        first.contains("on node 1"),
-        "{exe:?} {server:?} said {first:?}"
-    );
-    let cli = run(0, client).output().unwrap();
+    let name = |args: &[&str]| format!("{} {}", exe.display(), args.join(" "));
+    // Killed if the client fails; its output kept whole for the end.
+    let mut srv = TestChild::spawn(&name(server), &mut run(1, server));
+    srv.expect_line("on node 1", Duration::from_secs(20));
+    let cli = TestChild::spawn(&name(client), &mut run(0, client)).finish(Duration::from_secs(60));
     let client_out = String::from_utf8_lossy(&cli.stdout).to_string();
     assert!(
         cli.status.success(),
-        "{exe:?} {client:?} failed: {client_out}{}",
+        "{exe:?} {client:?} failed ({}): {client_out}{}",
+        cli.status,
         String::from_utf8_lossy(&cli.stderr)
     );
     // The server ends by itself once the client is done.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while srv.try_wait().unwrap().is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{exe:?} {server:?} did not end"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let srv = srv.wait_with_output().unwrap();
+    let srv = srv.finish(Duration::from_secs(20));
     assert!(
         srv.status.success(),
-        "{exe:?} {server:?} failed: {}",
+        "{exe:?} {server:?} failed ({}): {}",
+        srv.status,
         String::from_utf8_lossy(&srv.stderr)
     );
-    (first + &String::from_utf8_lossy(&srv.stdout), client_out)
+    (
+        String::from_utf8_lossy(&srv.stdout).into_owned(),
+        client_out,
+    )
 }
 
 #[test]
 fn pingpong_in_c_checks_every_byte_inline_and_in_buffers() {
     let bin = tempfile::tempdir().unwrap();
-    let (_dir, dev) = device();
+    let dev = device();
     for (exe, sizes) in [
         (build("pingpong", bin.path(), false), ["8", "65536"]),
         (build("pingpong", bin.path(), true), ["0", "4096"]),
@@ -179,7 +163,7 @@ fn pingpong_in_c_checks_every_byte_inline_and_in_buffers() {
 fn rdma_write_in_c_lands_in_order_before_its_immediate() {
     let bin = tempfile::tempdir().unwrap();
     let exe = build("rdma_write", bin.path(), false);
-    let (_dir, dev) = device();
+    let dev = device();
     let (target, initiator) = pair(
         &dev,
         &exe,
@@ -200,7 +184,7 @@ fn rdma_write_in_c_lands_in_order_before_its_immediate() {
 fn tripwire_wait_in_c_wakes_the_sleeping_owner() {
     let bin = tempfile::tempdir().unwrap();
     let exe = build("tripwire_wait", bin.path(), false);
-    let (_dir, dev) = device();
+    let dev = device();
     let (owner, writer) = pair(&dev, &exe, &["owner", "11"], &["writer", "1", "11", "4242"]);
     assert!(
         owner.contains("woken by a remote write") && owner.contains("now 4242"),
@@ -213,7 +197,7 @@ fn tripwire_wait_in_c_wakes_the_sleeping_owner() {
 fn sockets_in_c_echo_a_datagram_and_a_stream_without_blocking() {
     let bin = tempfile::tempdir().unwrap();
     let exe = build("sock_echo", bin.path(), false);
-    let (_dir, dev) = device();
+    let dev = device();
     let (server, client) = pair(
         &dev,
         &exe,

@@ -7,15 +7,17 @@
 //! with EPIPE, never a hang; one epoll set mixes ulnic and kernel
 //! descriptors; fork and exec keep working.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ulnic_device::{Configuration, Device};
+use ulnic::sock::{DGRAM_BASE, LISTEN_BASE};
+use ulnic_device::Device;
+use ulnic_testkit::{stat, wait_bound, wait_for, TestChild, TestDevice};
 
 const INET: &str = "10.81.0.0/24";
+const MIB: u64 = 1 << 20;
 
 /// The directory cargo built this test's profile into.
 fn built() -> PathBuf {
@@ -54,15 +56,8 @@ fn sockcheck() -> &'static Path {
 }
 
 /// A device with `nodes` nodes of 256 endpoints each.
-fn device(nodes: u32) -> (tempfile::TempDir, Device) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = Configuration::builder(Configuration::socket_paths(dir.path(), nodes))
-        .max_endpoints(256)
-        .build()
-        .unwrap();
-    // The device goes first when the pair is dropped (its sockets must
-    // still exist to wake its node threads).
-    (dir, Device::start(config).unwrap())
+fn device(nodes: u32) -> TestDevice {
+    ulnic_testkit::device_with(nodes, |b| b.max_endpoints(256))
 }
 
 /// `prog args` on node `node`, under the layer.
@@ -78,76 +73,76 @@ fn on(dev: &Device, node: usize, prog: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// A running program and its output lines.
-struct Running {
-    child: Child,
-    lines: BufReader<ChildStdout>,
+/// Starts `prog args` on node `node` under the layer: a child killed when
+/// the test drops it, its output drained as it comes.
+fn start(dev: &Device, node: usize, prog: &Path, args: &[&str]) -> TestChild {
+    let name = format!(
+        "{} {}",
+        prog.file_name().unwrap().to_string_lossy(),
+        args.join(" ")
+    );
+    TestChild::spawn(&name, &mut on(dev, node, prog, args))
 }
 
-impl Running {
-    fn start(mut c: Command) -> Running {
-        let mut child = c.spawn().unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap());
-        Running { child, lines }
-    }
+/// How long a program may take to say it is ready.
+const READY: Duration = Duration::from_secs(20);
 
-    /// The next line of output (empty at its end).
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.lines.read_line(&mut l).unwrap();
-        l
-    }
-
-    /// Waits for the line `want` (the program's readiness).
-    fn expect(&mut self, want: &str) {
-        let l = self.line();
-        assert_eq!(l.trim(), want, "the program said {l:?}");
-    }
-
-    /// The rest of the output once the program ends, within `limit`;
-    /// with its status.
-    fn finish(mut self, limit: Duration) -> (String, bool) {
-        let deadline = Instant::now() + limit;
-        while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let out = self.child.wait_with_output().unwrap();
-                panic!(
-                    "still running after {limit:?} (hung); stderr: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let mut rest = String::new();
-        while let Ok(n) = self.lines.read_line(&mut rest) {
-            if n == 0 {
-                break;
-            }
-        }
-        let out = self.child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        (rest + &err, out.status.success())
-    }
+/// Its output (stdout, then stderr) once it ended within `limit` (killed
+/// past it), and whether it succeeded.
+fn finish(r: TestChild, limit: Duration) -> (String, bool) {
+    let out = r.finish(limit);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (text, out.status.success())
 }
 
-fn ok(r: Running, limit: Duration) -> String {
-    let (out, success) = r.finish(limit);
+/// N of the program's "ok read N ..." or "ok wrote N ..." line.
+fn ok_count(out: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("ok "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in the ok line: {out}"))
+}
+
+fn ok(r: TestChild, limit: Duration) -> String {
+    let (out, success) = finish(r, limit);
     assert!(success && out.contains("ok "), "{out}");
     out
 }
 
+/// Waits until the connection endpoint on node `node` has received at
+/// least `bytes` bytes of stream: the stream is flowing.
+fn until_received(dev: &Device, node: usize, bytes: u64) {
+    wait_for(
+        Duration::from_secs(20),
+        &format!("{bytes} bytes into node {node}"),
+        || {
+            dev.snapshot().nodes[node]
+                .endpoints
+                .iter()
+                .map(|e| stat(e, "rx_bytes"))
+                .max()
+                .unwrap_or(0)
+        },
+        |got| *got >= bytes,
+    );
+}
+
 #[test]
 fn a_stream_of_megabytes_in_odd_writes_comes_back_intact() {
-    let (_dir, dev) = device(2);
-    let mut srv = Running::start(on(&dev, 1, sockcheck(), &["serve", "7100"]));
-    srv.expect("ready");
-    let cli = Running::start(on(
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["serve", "7100"]);
+    srv.expect_line("ready", READY);
+    let cli = start(
         &dev,
         0,
         sockcheck(),
         &["stream", "10.81.0.2", "7100", "3000000"],
-    ));
+    );
     let out = ok(cli, Duration::from_secs(60));
     assert!(out.contains("ok 3000000 bytes echoed intact"), "{out}");
     let out = ok(srv, Duration::from_secs(10));
@@ -156,15 +151,10 @@ fn a_stream_of_megabytes_in_odd_writes_comes_back_intact() {
 
 #[test]
 fn datagrams_of_every_size_to_1500_come_back_from_the_right_address() {
-    let (_dir, dev) = device(2);
-    let mut srv = Running::start(on(&dev, 1, sockcheck(), &["udp-echo", "7200", "300"]));
-    srv.expect("ready");
-    let cli = Running::start(on(
-        &dev,
-        0,
-        sockcheck(),
-        &["udp", "10.81.0.2", "7200", "300"],
-    ));
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["udp-echo", "7200", "300"]);
+    srv.expect_line("ready", READY);
+    let cli = start(&dev, 0, sockcheck(), &["udp", "10.81.0.2", "7200", "300"]);
     let out = ok(cli, Duration::from_secs(60));
     assert!(
         out.contains("300 datagrams echoed intact from 10.81.0.2:7200"),
@@ -175,17 +165,17 @@ fn datagrams_of_every_size_to_1500_come_back_from_the_right_address() {
 
 #[test]
 fn one_epoll_set_holds_a_ulnic_socket_a_pipe_and_a_kernel_socket() {
-    let (_dir, dev) = device(2);
-    let mut srv = Running::start(on(&dev, 1, sockcheck(), &["serve", "7300"]));
-    srv.expect("ready");
-    let cli = Running::start(on(&dev, 0, sockcheck(), &["epoll", "10.81.0.2", "7300"]));
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["serve", "7300"]);
+    srv.expect_line("ready", READY);
+    let cli = start(&dev, 0, sockcheck(), &["epoll", "10.81.0.2", "7300"]);
     let out = ok(cli, Duration::from_secs(60));
     assert!(out.contains("each woke the set alone"), "{out}");
 }
 
 #[test]
 fn a_forked_child_can_close_or_use_an_inherited_connection() {
-    let (_dir, dev) = device(2);
+    let dev = device(2);
     for (port, mode, said, echoed) in [
         (
             "7400",
@@ -200,9 +190,9 @@ fn a_forked_child_can_close_or_use_an_inherited_connection() {
             "served 5 bytes",
         ),
     ] {
-        let mut srv = Running::start(on(&dev, 1, sockcheck(), &["serve", port]));
-        srv.expect("ready");
-        let cli = Running::start(on(&dev, 0, sockcheck(), &[mode, "10.81.0.2", port]));
+        let mut srv = start(&dev, 1, sockcheck(), &["serve", port]);
+        srv.expect_line("ready", READY);
+        let cli = start(&dev, 0, sockcheck(), &[mode, "10.81.0.2", port]);
         let out = ok(cli, Duration::from_secs(60));
         assert!(out.contains(said), "{out}");
         let out = ok(srv, Duration::from_secs(10));
@@ -212,9 +202,9 @@ fn a_forked_child_can_close_or_use_an_inherited_connection() {
 
 #[test]
 fn exec_keeps_the_layer_when_the_environment_is_emptied() {
-    let (_dir, dev) = device(1);
+    let dev = device(1);
     let exe = sockcheck().to_str().unwrap().to_string();
-    let r = Running::start(on(&dev, 0, sockcheck(), &["exec"]));
+    let r = start(&dev, 0, sockcheck(), &["exec"]);
     let out = ok(r, Duration::from_secs(10));
     assert!(out.contains("loaded"), "{out}");
     // Without the layer, the same program says so (the check can fail).
@@ -224,55 +214,59 @@ fn exec_keeps_the_layer_when_the_environment_is_emptied() {
 
 #[test]
 fn a_writer_killed_mid_stream_ends_the_readers_stream_after_intact_bytes() {
-    let (_dir, dev) = device(2);
-    let mut sink = Running::start(on(&dev, 1, sockcheck(), &["sink", "7500"]));
-    sink.expect("ready");
-    let mut src = Running::start(on(&dev, 0, sockcheck(), &["source", "10.81.0.2", "7500"]));
-    src.expect("connected");
-    sink.expect("connected");
-    std::thread::sleep(Duration::from_millis(300));
-    src.child.kill().unwrap(); // SIGKILL: only the device speaks for it now
-    let _ = src.child.wait();
+    let dev = device(2);
+    let mut sink = start(&dev, 1, sockcheck(), &["sink", "7500"]);
+    sink.expect_line("ready", READY);
+    let mut src = start(&dev, 0, sockcheck(), &["source", "10.81.0.2", "7500"]);
+    src.expect_line("connected", READY);
+    sink.expect_line("connected", READY);
+    // Mid-stream: the reader's connection has taken a MiB.
+    until_received(&dev, 1, MIB);
+    src.kill(); // SIGKILL: only the device speaks for it now
     let out = ok(sink, Duration::from_secs(15));
     assert!(
         out.contains("then Connection reset by peer") || out.contains("then end of stream"),
         "{out}"
     );
-    let n: u64 = out.split_whitespace().nth(2).unwrap().parse().unwrap();
-    assert!(n > 0, "nothing was read before the kill: {out}");
+    // What reached its connection before the kill is read before the end.
+    let n = ok_count(&out);
+    assert!(n >= MIB, "only {n} bytes were read before the end: {out}");
 }
 
 #[test]
 fn a_reader_killed_mid_stream_ends_the_writers_writes() {
-    let (_dir, dev) = device(2);
-    let mut sink = Running::start(on(&dev, 1, sockcheck(), &["sink", "7600"]));
-    sink.expect("ready");
-    let mut src = Running::start(on(&dev, 0, sockcheck(), &["source", "10.81.0.2", "7600"]));
-    src.expect("connected");
-    sink.expect("connected");
-    std::thread::sleep(Duration::from_millis(300));
-    sink.child.kill().unwrap();
-    let _ = sink.child.wait();
+    let dev = device(2);
+    let mut sink = start(&dev, 1, sockcheck(), &["sink", "7600"]);
+    sink.expect_line("ready", READY);
+    let mut src = start(&dev, 0, sockcheck(), &["source", "10.81.0.2", "7600"]);
+    src.expect_line("connected", READY);
+    sink.expect_line("connected", READY);
+    // Mid-stream: the reader's connection has taken a MiB.
+    until_received(&dev, 1, MIB);
+    sink.kill();
     let out = ok(src, Duration::from_secs(15));
     assert!(
         out.contains("then Broken pipe") || out.contains("then Connection reset by peer"),
         "{out}"
     );
+    // It wrote at least what arrived.
+    let n = ok_count(&out);
+    assert!(n >= MIB, "only {n} bytes written: {out}");
 }
 
 #[test]
 fn addresses_outside_the_network_stay_with_the_kernel() {
-    let (_dir, dev) = device(2);
-    let mut srv = Running::start(on(&dev, 1, sockcheck(), &["serve", "7700"]));
-    srv.expect("ready");
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["serve", "7700"]);
+    srv.expect_line("ready", READY);
     // 127.0.0.1 is the kernel's: the listener bound to any address takes
     // the kernel connection beside its ulnic side.
-    let cli = Running::start(on(
+    let cli = start(
         &dev,
         0,
         sockcheck(),
         &["stream", "127.0.0.1", "7700", "200000"],
-    ));
+    );
     let out = ok(cli, Duration::from_secs(60));
     assert!(out.contains("ok 200000 bytes echoed intact"), "{out}");
     ok(srv, Duration::from_secs(10));
@@ -287,7 +281,7 @@ fn debian(name: &str) -> PathBuf {
 
 #[test]
 fn unmodified_redis_iperf3_and_sockperf_run_over_ulnic() {
-    let (dir, dev) = device(4);
+    let dev = device(4);
     // redis: server on node 1, benchmark on node 0.
     let mut c = on(
         &dev,
@@ -305,14 +299,11 @@ fn unmodified_redis_iperf3_and_sockperf_run_over_ulnic() {
             "--dir",
         ],
     );
-    c.arg(dir.path());
-    let mut redis = Running::start(c);
+    c.arg(dev.dir.path());
+    let mut redis = TestChild::spawn("redis-server", &mut c);
     // redis-benchmark spins for ever when its server is not up yet (over
     // the kernel's TCP too): start it only once the server says so.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !redis.line().contains("Ready to accept connections") {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-    }
+    redis.expect_line("Ready to accept connections", READY);
     let out = on(
         &dev,
         0,
@@ -336,61 +327,52 @@ fn unmodified_redis_iperf3_and_sockperf_run_over_ulnic() {
         bench.contains("SET:") && bench.contains("GET:") && bench.contains("requests per second"),
         "{bench}"
     );
-    redis.child.kill().unwrap();
-    let _ = redis.child.wait();
-    // iperf3: one test, then the server ends by itself.
-    let srv = Running::start(on(&dev, 3, &debian("iperf3"), &["-s", "-1", "-p", "5290"]));
-    let mut client = None;
-    for _ in 0..50 {
-        let out = on(
-            &dev,
-            2,
-            &debian("iperf3"),
-            &["-c", "10.81.0.4", "-p", "5290", "-t", "1"],
-        )
-        .output()
-        .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if out.status.success() {
-            client = Some(text);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let client = client.expect("iperf3 never connected");
+    redis.kill();
+    // iperf3: one test, then the server ends by itself. The client runs
+    // once its listener (the layer's endpoint on LISTEN_BASE + port,
+    // docs/sockets.md) is bound on node 3.
+    let srv = start(&dev, 3, &debian("iperf3"), &["-s", "-1", "-p", "5290"]);
+    wait_bound(&dev, 3, LISTEN_BASE + 5290, READY);
+    let out = on(
+        &dev,
+        2,
+        &debian("iperf3"),
+        &["-c", "10.81.0.4", "-p", "5290", "-t", "1"],
+    )
+    .output()
+    .unwrap();
+    let client = String::from_utf8_lossy(&out.stdout);
     assert!(
-        client.contains("sender") && client.contains("receiver") && client.contains("iperf Done"),
-        "{client}"
+        out.status.success()
+            && client.contains("sender")
+            && client.contains("receiver")
+            && client.contains("iperf Done"),
+        "{client}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let (out, success) = srv.finish(Duration::from_secs(20));
+    let (out, success) = finish(srv, Duration::from_secs(20));
     assert!(success, "{out}");
-    // sockperf: UDP ping-pong.
-    let mut srv = Running::start(on(
+    // sockperf: UDP ping-pong, once the server's datagram socket (the
+    // layer's endpoint on DGRAM_BASE + port) is bound on node 1.
+    let _srv = start(
         &dev,
         1,
         &debian("sockperf"),
         &["server", "-i", "10.81.0.2", "-p", "11190"],
-    ));
-    let mut pong = String::new();
-    for _ in 0..50 {
-        let out = on(
-            &dev,
-            0,
-            &debian("sockperf"),
-            &["ping-pong", "-i", "10.81.0.2", "-p", "11190", "-t", "1"],
-        )
-        .output()
-        .unwrap();
-        pong = String::from_utf8_lossy(&out.stdout).to_string();
-        if pong.contains("Summary: Latency is") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    );
+    wait_bound(&dev, 1, DGRAM_BASE + 11190, READY);
+    let out = on(
+        &dev,
+        0,
+        &debian("sockperf"),
+        &["ping-pong", "-i", "10.81.0.2", "-p", "11190", "-t", "1"],
+    )
+    .output()
+    .unwrap();
+    let pong = String::from_utf8_lossy(&out.stdout);
     assert!(
         pong.contains("Summary: Latency is") && pong.contains("percentile 50"),
-        "{pong}"
+        "{pong}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    srv.child.kill().unwrap();
-    let _ = srv.child.wait();
 }

@@ -397,6 +397,66 @@ impl Endpoint {
         self.inline_send(dest, tag, data, id, true)
     }
 
+    /// Sends an out-of-band message of at most [`OOB_MAX`](ulnic_abi::OOB_MAX)
+    /// bytes (CLAN's OOB messages, spec §5.3): the receiver gets it as an
+    /// [`Event::OutOfBand`], ahead of the messages already waiting in its
+    /// receive queue, and it is not held up behind messages the receiver
+    /// has no room for. With `completion`, an [`Event::SendDone`] follows
+    /// its delivery.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// ep.bind(6)?;
+    /// ep.post_oob(ulnic::Address { node: 1, port: 5 }, 0, b"abort", 1, false)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn post_oob(
+        &mut self,
+        dest: Address,
+        tag: u32,
+        data: &[u8],
+        id: u64,
+        completion: bool,
+    ) -> Result<(), Error> {
+        if data.len() > ulnic_abi::OOB_MAX as usize {
+            return Err(Error::InvalidArgument(
+                "out-of-band message larger than OOB_MAX (8 bytes)",
+            ));
+        }
+        let d = SendDesc {
+            opcode: ulnic_abi::op::OOB,
+            flags: send_flags::INLINE
+                | if completion {
+                    send_flags::COMPLETION
+                } else {
+                    0
+                },
+            len: data.len() as u32,
+            dest_node: dest.node,
+            dest_port: dest.port,
+            tag,
+            user_id: id,
+            seg_offset: 0,
+        };
+        self.push_send(&d, data)
+    }
+
+    /// This endpoint's session id (spec §5.4): stamped by the device on
+    /// everything it sends ([`Received::session`]), and different for
+    /// every endpoint a node creates, so a peer can tell this endpoint
+    /// from an earlier or later holder of its port.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// assert_ne!(ep.session(), 0);
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn session(&self) -> u32 {
+        u32::from_le(self.word(ctrl::SESSION).load(Ordering::Acquire))
+    }
+
     fn inline_send(
         &mut self,
         dest: Address,
@@ -616,6 +676,7 @@ impl Endpoint {
             payload,
             close: d.flags & recv_flags::CLOSE != 0,
             returned: d.flags & recv_flags::RETURNED != 0,
+            session: d.session,
         })
     }
 
@@ -690,6 +751,17 @@ impl Endpoint {
                     read: e.code != 0,
                 }
             }
+            event::OOB => Event::OutOfBand {
+                from: Address {
+                    node: e.node,
+                    port: e.port,
+                },
+                tag: e.aux,
+                data: e.user_id.to_le_bytes(),
+                len: e.len.min(ulnic_abi::OOB_MAX) as u8,
+                session: e.session,
+            },
+            event::UNREACHABLE => Event::Unreachable { node: e.node },
             event::REDIRECTED => {
                 self.redirect_ended(e.user_id);
                 Event::Redirected {

@@ -110,10 +110,14 @@ mod tests {
         assert_eq!((a.port, a.max_size, a.timeout), (5, 65536, 300));
         assert_eq!(a.close_to, None);
         assert_eq!(a.ready_file, None);
+        assert_eq!((a.progress_file, a.progress_after), (None, 1000));
         let a = recv_args(&["--port", "7", "--close-to", "0:6", "--json"]).unwrap();
         assert_eq!(a.port, 7);
         assert_eq!(a.close_to, Some(ulnic::Address { node: 0, port: 6 }));
         assert!(a.json);
+        let a = recv_args(&["--progress-file", "/tmp/p", "--progress-after", "50"]).unwrap();
+        assert_eq!(a.progress_file, Some("/tmp/p".into()));
+        assert_eq!(a.progress_after, 50);
     }
 
     #[test]

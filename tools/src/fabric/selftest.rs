@@ -57,6 +57,8 @@ pub struct Report {
     pub out_of_order: u64,
     /// Messages the fabric handed back to their sender.
     pub returned: u64,
+    /// UNREACHABLE events: a node the transport gave up on (spec §10.4).
+    pub unreachable: u64,
     /// Seconds from the first send to the last delivery.
     pub seconds: f64,
     /// Messages delivered per second.
@@ -92,6 +94,7 @@ struct Tally {
     duplicated: AtomicU64,
     out_of_order: AtomicU64,
     returned: AtomicU64,
+    unreachable: AtomicU64,
     last_progress_ms: AtomicU64,
 }
 
@@ -277,6 +280,7 @@ fn report(
         duplicated: tally.duplicated.load(Ordering::Relaxed),
         out_of_order: tally.out_of_order.load(Ordering::Relaxed),
         returned,
+        unreachable: tally.unreachable.load(Ordering::Relaxed),
         seconds,
         rate: if seconds > 0.0 {
             delivered as f64 / seconds
@@ -407,6 +411,9 @@ fn node_main(
             busy = true;
             match ev {
                 Event::SendFailed { .. } | Event::Condition(_) => {}
+                Event::Unreachable { .. } => {
+                    tally.unreachable.fetch_add(1, Ordering::Relaxed);
+                }
                 other => anyhow::bail!("node {n}: unexpected event {other:?}"),
             }
         }

@@ -90,3 +90,50 @@ pub fn assert_apps_lines(rows: &[serde_json::Value], place: &str) {
         ]
     );
 }
+
+/// The benchmarks' median: the middle of the sorted values (the upper one
+/// of an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Checks a `bench compare` row against the rounds it carries: `value` is
+/// their median, and `ulnic_ratio` (when there is one) the median, round
+/// by round, of the section's ulnic row (its first: same workload and
+/// size) over this row.
+pub fn assert_compare_row(rows: &[serde_json::Value], r: &serde_json::Value) {
+    let rounds = |r: &serde_json::Value| -> Vec<f64> {
+        let v: Vec<f64> = r["rounds"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no rounds: {r}"))
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(
+            !v.is_empty() && v.iter().all(|x| x.is_finite() && *x > 0.0),
+            "{r}"
+        );
+        v
+    };
+    let close = |got: f64, want: f64| {
+        assert!(
+            (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+            "{got} is not {want}: {r}"
+        )
+    };
+    let mine = rounds(r);
+    close(r["value"].as_f64().unwrap(), median(mine.clone()));
+    if let Some(ratio) = r["ulnic_ratio"].as_f64() {
+        let ulnic = rows
+            .iter()
+            .find(|u| u["workload"] == r["workload"] && u["size"] == r["size"])
+            .unwrap();
+        let paired = rounds(ulnic)
+            .iter()
+            .zip(&mine)
+            .map(|(u, p)| u / p)
+            .collect();
+        close(ratio, median(paired));
+    }
+}

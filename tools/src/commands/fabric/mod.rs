@@ -400,7 +400,7 @@ fn selftest(a: SelftestArgs) -> anyhow::Result<()> {
         print!("{}", selftest_table(&r));
     }
     let clean = r.lost == 0 && r.duplicated == 0 && r.out_of_order == 0;
-    if !clean || (partition.is_none() && r.returned > 0) {
+    if !clean || (partition.is_none() && (r.returned > 0 || r.unreachable > 0)) {
         anyhow::bail!("the fabric lost, repeated or reordered messages");
     }
     Ok(())
@@ -415,6 +415,7 @@ fn selftest_table(r: &Report) -> String {
     outln!(out, "{:<22} {:>12}", "duplicated", r.duplicated);
     outln!(out, "{:<22} {:>12}", "out_of_order", r.out_of_order);
     outln!(out, "{:<22} {:>12}", "returned", r.returned);
+    outln!(out, "{:<22} {:>12}", "unreachable events", r.unreachable);
     outln!(out, "{:<22} {:>12.2}", "seconds", r.seconds);
     outln!(out, "{:<22} {:>12.0}", "messages/s", r.rate);
     outln!(out, "transport:");

@@ -1,10 +1,37 @@
-//! Raw control commands and hand-built endpoints, for tests that write
-//! descriptors and rings themselves (hostile and refused inputs).
+//! Speaking to the device below the library: a vhost-user frontend of
+//! the test's own, raw control commands and hand-built endpoints, for
+//! tests that write descriptors and rings themselves (hostile and refused
+//! inputs).
 
 use std::time::{Duration, Instant};
 use ulnic_abi::{cmd, ctrl, status, CreateEndpoint, EventRecord, RingLayout};
 use ulnic_host_attach::{DmaBuffer, Error, HostAttach, ProtectionDomain};
 
+/// A raw vhost-user frontend on `path` that has negotiated version 1,
+/// protocol features and messaging, and the protocol features of
+/// `protocols` the device offers: where tests speak vhost-user themselves.
+pub fn frontend(
+    path: &std::path::Path,
+    protocols: vhost::vhost_user::message::VhostUserProtocolFeatures,
+) -> vhost::vhost_user::Frontend {
+    use vhost::vhost_user::message::VhostUserVirtioFeatures;
+    use vhost::vhost_user::{Frontend, VhostUserFrontend};
+    use vhost::VhostBackend;
+    let mut fe = Frontend::connect(path, 64).unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_owner().unwrap();
+    fe.set_features(
+        (1 << 32)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | (features & ulnic_abi::F_MESSAGING),
+    )
+    .unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(pf & protocols).unwrap();
+    fe
+}
+
+/// The status a raw command's result carries.
 pub fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
     match r {
         Ok(_) => status::OK,
@@ -13,10 +40,12 @@ pub fn status_of(r: Result<Vec<u8>, Error>) -> u32 {
     }
 }
 
+/// A protection domain made by a raw CREATE_PD.
 pub fn create_pd(hw: &HostAttach) -> ProtectionDomain {
     hw.create_pd().unwrap()
 }
 
+/// BIND_PORT of endpoint `ep` to `port`, which must succeed.
 pub fn bind(hw: &HostAttach, ep: u32, port: u32) {
     let mut p = ep.to_le_bytes().to_vec();
     p.extend_from_slice(&port.to_le_bytes());
@@ -37,6 +66,8 @@ pub struct RawEp {
     pub event_cons: u32,
 }
 
+/// An endpoint of `domain` with rings of 8 (64 events) and a 2-page
+/// segment, made by a raw CREATE_ENDPOINT.
 pub fn raw_endpoint(hw: &HostAttach, domain: ProtectionDomain) -> RawEp {
     let pd = domain.id;
     let layout = RingLayout {

@@ -1,0 +1,299 @@
+//! The receiver's side of a channel: DATA packets taken in order and
+//! reassembled, complete messages handed to the node (a remote access's
+//! header checked first), and what the node sends back: ACKs, NACKs and
+//! the RESPONSE packets that carry a read's bytes.
+
+use ulnic_abi::wire::{self, RemoteAccess};
+use ulnic_abi::{op, packet, tx_error, MAX_MESSAGE};
+
+use super::{
+    before, Arrival, ChannelKey, Class, Delivered, Sink, Transport, MAX_CONTROL_BACKLOG,
+    MAX_RESPONSE_BYTES,
+};
+use crate::fabric::link::Nanos;
+use crate::fabric::packet::Packet;
+
+struct Assembly {
+    seq: u32,
+    frags: u16,
+    got: Vec<bool>,
+    missing: u32,
+    bytes: Vec<u8>,
+}
+
+#[derive(Default)]
+pub(super) struct RecvChannel {
+    epoch: u32,
+    next: u32,
+    assembly: Option<Assembly>,
+}
+
+/// A read's bytes on their way back to the node that asked.
+pub(super) struct Response {
+    /// The channel as its DATA named it (the reader is `src`).
+    key: ChannelKey,
+    epoch: u32,
+    seq: u32,
+    bytes: Vec<u8>,
+    /// The next fragment to send.
+    frag: u32,
+}
+
+/// Whether a remote access's payload holds together for node `n` (spec
+/// §10.4): a whole header naming this node with its reserved fields 0, a
+/// length fit for the operation, and a write's bytes after the header.
+fn access_well_formed(n: u32, opcode: u16, bytes: &[u8]) -> bool {
+    let Some(head) = bytes.get(..packet::ACCESS_HEADER_SIZE) else {
+        return false;
+    };
+    let a: RemoteAccess = wire::read(head);
+    let len = a.len.get();
+    let body = bytes.len() - packet::ACCESS_HEADER_SIZE;
+    let fits = match opcode {
+        op::RDMA_WRITE => len > 0 && body == len as usize,
+        op::RDMA_READ => body == 0 && (1..=packet::RDMA_PIECE).contains(&len),
+        op::WRITE_IMMEDIATE => body == 0 && (len == 4 || len == 8),
+        _ => false,
+    };
+    fits && a.cookie_node.get() == n && a.cookie_reserved.get() == 0 && a.reserved.get() == 0
+}
+
+impl Transport {
+    pub(super) fn receive_data(&mut self, n: u32, p: Packet, now: Nanos, sink: &mut dyn Sink) {
+        let h = p.header;
+        let (frag, frags, msg_len, off) = (
+            h.frag.get(),
+            h.frags.get(),
+            h.msg_len.get(),
+            h.offset.get() as u64,
+        );
+        let class = Class::of(h.opcode.get());
+        let counters = &mut self.counters[n as usize];
+        if frags == 0
+            || frag >= frags
+            || msg_len > MAX_MESSAGE
+            || off + p.payload.len() as u64 > u64::from(msg_len)
+            || (class == Class::Memory && h.dst_port.get() != 0)
+        {
+            counters.malformed_dropped += 1;
+            return;
+        }
+        let key = ChannelKey {
+            src: h.src_node.get(),
+            endpoint: h.src_endpoint.get(),
+            dst: n,
+            port: h.dst_port.get(),
+            class,
+        };
+        let (epoch, seq) = (h.epoch.get(), h.seq.get());
+        let ch = self.recv.entry(key).or_default();
+        if epoch != ch.epoch {
+            if before(epoch, ch.epoch) && ch.epoch != 0 {
+                counters.stale_dropped += 1;
+                return;
+            }
+            if seq != 0 {
+                counters.out_of_order_dropped += 1;
+                return;
+            }
+            *ch = RecvChannel {
+                epoch,
+                next: 0,
+                assembly: None,
+            };
+        }
+        if before(seq, ch.next) {
+            counters.duplicates_dropped += 1;
+            if frag + 1 == frags {
+                if h.opcode.get() == op::RDMA_READ && frags == 1 {
+                    // Its answer was lost: a read is served again.
+                    self.serve(n, key, &p, p.payload.clone(), now, sink);
+                } else {
+                    let last = ch.next.wrapping_sub(1);
+                    self.control_packet(key, epoch, last, packet::ACK, 0, h.opcode.get());
+                }
+            }
+            return;
+        }
+        if seq != ch.next {
+            counters.out_of_order_dropped += 1;
+            return;
+        }
+        let a = match &mut ch.assembly {
+            Some(a) if a.seq == seq && a.frags == frags && a.bytes.len() == msg_len as usize => a,
+            slot => slot.insert(Assembly {
+                seq,
+                frags,
+                got: vec![false; frags as usize],
+                missing: u32::from(frags),
+                bytes: vec![0; msg_len as usize],
+            }),
+        };
+        if a.got[frag as usize] {
+            counters.duplicates_dropped += 1;
+            return;
+        }
+        a.got[frag as usize] = true;
+        a.missing -= 1;
+        a.bytes[off as usize..off as usize + p.payload.len()].copy_from_slice(&p.payload);
+        if a.missing > 0 {
+            return;
+        }
+        let Some(done) = ch.assembly.take() else {
+            return;
+        };
+        self.serve(n, key, &p, done.bytes, now, sink);
+    }
+
+    /// Hands complete message `bytes` (of the channel `key`, as packet `p`
+    /// of it says) to node `n`'s NIC, and answers: ACK, NACK, or a read's
+    /// RESPONSE. A message served again (a read whose answer was lost)
+    /// leaves the channel where it is.
+    fn serve(
+        &mut self,
+        n: u32,
+        key: ChannelKey,
+        p: &Packet,
+        bytes: Vec<u8>,
+        now: Nanos,
+        sink: &mut dyn Sink,
+    ) {
+        let h = &p.header;
+        let (epoch, seq, opcode) = (h.epoch.get(), h.seq.get(), h.opcode.get());
+        let i = n as usize;
+        if key.class == Class::Memory && !access_well_formed(n, opcode, &bytes) {
+            // Only a NIC makes packets: this one is broken, not refused.
+            self.counters[i].malformed_dropped += 1;
+            return;
+        }
+        let answer_len = if opcode == op::RDMA_READ {
+            wire::read::<RemoteAccess>(&bytes).len.get() as usize
+        } else {
+            0
+        };
+        if self.response_bytes[i] + answer_len > MAX_RESPONSE_BYTES {
+            self.control_packet(key, epoch, seq, packet::NACK, tx_error::NO_BUFFER, opcode);
+            return;
+        }
+        let arrival = Arrival {
+            dst: n,
+            port: key.port,
+            src: key.src,
+            src_port: h.src_port.get(),
+            tag: h.tag.get(),
+            opcode,
+            flags: h.flags.get(),
+            session: h.session.get(),
+            bytes: &bytes,
+        };
+        let again = self.recv.get(&key).is_none_or(|ch| before(seq, ch.next));
+        match sink.deliver(&arrival) {
+            Ok(outcome) => {
+                if !again {
+                    if let Some(ch) = self.recv.get_mut(&key) {
+                        ch.next = ch.next.wrapping_add(1);
+                    }
+                    self.counters[i].messages_delivered += 1;
+                    if let Some(t) = self.submitted_once(&key, seq) {
+                        self.record_delay(now.saturating_sub(t));
+                    }
+                }
+                match outcome {
+                    Delivered::Done => self.control_packet(key, epoch, seq, packet::ACK, 0, opcode),
+                    Delivered::Read(b) => self.queue_response(n, key, epoch, seq, b),
+                }
+            }
+            // No buffer: dropped, and tried again. A refusal: the channel
+            // stays at this message until the sender starts a new epoch.
+            Err(code) => {
+                if code == tx_error::NO_ENDPOINT && key.class != Class::Memory {
+                    // Nothing to keep for a port nobody holds: a guest
+                    // writing to every port number leaves no state here.
+                    self.recv.remove(&key);
+                }
+                self.control_packet(key, epoch, seq, packet::NACK, code, opcode)
+            }
+        }
+    }
+
+    /// Queues an ACK or NACK from the receiver of channel `key`.
+    pub(super) fn control_packet(
+        &mut self,
+        key: ChannelKey,
+        epoch: u32,
+        seq: u32,
+        kind: u16,
+        code: u16,
+        opcode: u16,
+    ) {
+        let counters = &mut self.counters[key.dst as usize];
+        let q = &mut self.control[key.dst as usize];
+        if q.len() >= MAX_CONTROL_BACKLOG {
+            counters.control_dropped += 1;
+            return;
+        }
+        if kind == packet::ACK {
+            counters.acks_sent += 1;
+        } else {
+            counters.nacks_sent += 1;
+        }
+        let mut p = Packet::new(kind);
+        let h = &mut p.header;
+        h.src_node = key.dst.into();
+        h.dst_node = key.src.into();
+        h.src_endpoint = key.endpoint.into();
+        h.dst_port = key.port.into();
+        h.epoch = epoch.into();
+        h.seq = seq.into();
+        h.code = code.into();
+        h.opcode = opcode.into();
+        p.seal();
+        q.push_back(p);
+        self.control_waiting += 1;
+    }
+
+    /// Queues read `seq`'s bytes to go back from node `n`.
+    fn queue_response(&mut self, n: u32, key: ChannelKey, epoch: u32, seq: u32, bytes: Vec<u8>) {
+        self.response_bytes[n as usize] += bytes.len();
+        self.responses[n as usize].push_back(Response {
+            key,
+            epoch,
+            seq,
+            bytes,
+            frag: 0,
+        });
+    }
+
+    /// The next RESPONSE packet node `n` sends, if any.
+    pub(super) fn next_response(&mut self, n: u32) -> Option<Packet> {
+        let i = n as usize;
+        let mtu = self.response_mtu as usize;
+        let r = self.responses[i].front_mut()?;
+        let len = r.bytes.len();
+        let frags = len.div_ceil(mtu).max(1);
+        let off = r.frag as usize * mtu;
+        let end = (off + mtu).min(len);
+        let mut p = Packet::new(packet::RESPONSE);
+        let h = &mut p.header;
+        h.src_node = n.into();
+        h.dst_node = r.key.src.into();
+        h.src_endpoint = r.key.endpoint.into();
+        h.dst_port = r.key.port.into();
+        h.epoch = r.epoch.into();
+        h.seq = r.seq.into();
+        h.frag = (r.frag as u16).into();
+        h.frags = (frags as u16).into();
+        h.msg_len = (len as u32).into();
+        h.offset = (off as u32).into();
+        h.opcode = op::RDMA_READ.into();
+        p.payload = r.bytes[off..end].to_vec();
+        p.seal();
+        r.frag += 1;
+        if r.frag as usize >= frags {
+            self.response_bytes[i] -= len;
+            self.responses[i].pop_front();
+        }
+        self.counters[i].responses_sent += 1;
+        Some(p)
+    }
+}

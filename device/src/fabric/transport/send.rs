@@ -1,0 +1,527 @@
+//! The sender's side of a channel: messages numbered and cut into DATA
+//! packets, the window, timeouts and retransmission, ACKs, NACKs and the
+//! RESPONSE packets that answer reads, and return to sender.
+
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+
+use ulnic_abi::{op, packet, tx_error};
+
+use super::{
+    before, ChannelKey, Message, Sink, Transport, MAX_NACK_BACKOFF, MAX_SEND_CHANNELS, NACK_BACKOFF,
+};
+use crate::fabric::link::Nanos;
+use crate::fabric::packet::Packet;
+
+/// The fragments of a read's answer that came.
+struct Answer {
+    got: Vec<bool>,
+    missing: u32,
+}
+
+pub(super) struct Unacked {
+    seq: u32,
+    pub(super) msg: Message,
+    /// When its last fragment was first handed to the link; `None` once it
+    /// is sent again (Karn: a retransmitted message gives no RTT sample).
+    sent_at: Option<Nanos>,
+    /// Sent in full at least once: sending it again is a retransmission.
+    transmitted: bool,
+    /// Sent more than once.
+    again: bool,
+    /// When the transport took it from the send ring.
+    submitted_at: Nanos,
+    /// A read: what came of its answer.
+    answer: Option<Answer>,
+}
+
+impl Unacked {
+    fn is_read(&self) -> bool {
+        self.msg.opcode == op::RDMA_READ
+    }
+}
+
+pub(super) struct SendChannel {
+    epoch: u32,
+    next_seq: u32,
+    /// In sequence order; the front is the oldest unacknowledged.
+    pub(super) unacked: VecDeque<Unacked>,
+    /// Messages at the front already transmitted in this round.
+    sent: usize,
+    /// The next fragment of `unacked[sent]` to transmit.
+    frag: u32,
+    /// Reads among the first `sent`: until they are answered only reads
+    /// may follow them.
+    reads_out: usize,
+    mtu: u32,
+    /// The timeout while nothing is lost: the larger of the configured
+    /// minimum plus four idle round trips, and the estimate below.
+    base_timeout: Nanos,
+    /// Smoothed round trip and its mean deviation (Jacobson/Karels),
+    /// measured from sends to their ACKs: they include queueing behind
+    /// slow links, which the idle round trip does not.
+    srtt: Option<(Nanos, Nanos)>,
+    floor: Nanos,
+    timeout: Nanos,
+    /// When the oldest message times out.
+    deadline: Option<Nanos>,
+    /// No transmission before this (after a NACK).
+    hold_until: Nanos,
+    timeouts: u32,
+    nacks: u32,
+    /// In the node's ready queue.
+    pub(super) queued: bool,
+    /// Its messages were last returned unreachable and nothing has been
+    /// heard since: further ones get one retry, not `retries`, so a sender
+    /// to a partitioned node gets them back in milliseconds.
+    unreachable: bool,
+}
+
+impl SendChannel {
+    /// Whether its next message may go now: there is one, and it is a
+    /// read or no read before it waits for its answer.
+    pub(super) fn can_send(&self) -> bool {
+        self.unacked
+            .get(self.sent)
+            .is_some_and(|u| self.reads_out == 0 || u.is_read())
+    }
+
+    fn rewind(&mut self) {
+        self.sent = 0;
+        self.frag = 0;
+        self.reads_out = 0;
+    }
+
+    /// Takes the oldest message off, keeping the round's counts right.
+    fn pop(&mut self) -> Option<Unacked> {
+        let u = self.unacked.pop_front()?;
+        if self.sent > 0 {
+            self.sent -= 1;
+            if u.is_read() {
+                self.reads_out = self.reads_out.saturating_sub(1);
+            }
+        } else {
+            self.frag = 0;
+        }
+        Some(u)
+    }
+}
+
+impl Transport {
+    /// Takes a message for channel `key` at `now`. `path` gives the MTU of
+    /// its path and the round trip when idle; it is asked only when the
+    /// channel is new. The caller checked `has_room` (a close message may
+    /// go past it).
+    pub fn submit(
+        &mut self,
+        key: ChannelKey,
+        msg: Message,
+        now: Nanos,
+        path: impl FnOnce() -> (u32, Nanos),
+    ) {
+        if !self.send.contains_key(&key) {
+            if self.send.len() >= MAX_SEND_CHANNELS {
+                self.send.retain(|_, c| !c.unacked.is_empty());
+            }
+            let (mtu, rtt) = path();
+            let epoch = self.new_epoch();
+            let base = self.config.min_timeout + 4 * rtt;
+            self.send.insert(
+                key,
+                SendChannel {
+                    epoch,
+                    next_seq: 0,
+                    unacked: VecDeque::new(),
+                    sent: 0,
+                    frag: 0,
+                    reads_out: 0,
+                    mtu,
+                    base_timeout: base,
+                    srtt: None,
+                    floor: base,
+                    timeout: base,
+                    deadline: None,
+                    hold_until: 0,
+                    timeouts: 0,
+                    nacks: 0,
+                    queued: false,
+                    unreachable: false,
+                },
+            );
+        }
+        let Some(c) = self.send.get_mut(&key) else {
+            return;
+        };
+        let held = self.held.entry((key.src, key.endpoint)).or_default();
+        held.0 += 1;
+        held.1 += msg.bytes.len();
+        self.in_flight += 1;
+        let seq = c.next_seq;
+        c.next_seq = c.next_seq.wrapping_add(1);
+        c.unacked.push_back(Unacked {
+            seq,
+            msg,
+            sent_at: None,
+            transmitted: false,
+            again: false,
+            submitted_at: now,
+            answer: None,
+        });
+        self.counters[key.src as usize].messages_sent += 1;
+        self.make_ready(key);
+    }
+
+    /// When message `seq` of channel `key` was taken, if it is the oldest
+    /// the sender holds and was sent once (the sender is on this device).
+    pub(super) fn submitted_once(&self, key: &ChannelKey, seq: u32) -> Option<Nanos> {
+        let u = self.send.get(key)?.unacked.front()?;
+        (u.seq == seq && !u.again).then_some(u.submitted_at)
+    }
+
+    /// The next DATA packet of the channel whose turn it is at node `n`.
+    pub(super) fn next_data(&mut self, n: u32, now: Nanos) -> Option<Packet> {
+        let ready = &mut self.ready[n as usize];
+        for _ in 0..ready.len() {
+            let key = ready.pop_front()?;
+            let Some(c) = self.send.get_mut(&key) else {
+                continue;
+            };
+            if c.hold_until > now {
+                // Held after a NACK: its timer puts it back.
+                c.queued = false;
+                self.timers.push(Reverse((c.hold_until, key)));
+                continue;
+            }
+            if !c.can_send() {
+                // Nothing more, or a read's answer to wait for (its
+                // arrival puts the channel back).
+                c.queued = false;
+                continue;
+            }
+            let u = &c.unacked[c.sent];
+            let len = u.msg.bytes.len();
+            let frags = len.div_ceil(c.mtu as usize).max(1);
+            let off = c.frag as usize * c.mtu as usize;
+            let end = (off + c.mtu as usize).min(len);
+            let mut p = Packet::new(packet::DATA);
+            let h = &mut p.header;
+            h.src_node = key.src.into();
+            h.dst_node = key.dst.into();
+            h.src_endpoint = key.endpoint.into();
+            h.src_port = u.msg.src_port.into();
+            h.dst_port = key.port.into();
+            h.epoch = c.epoch.into();
+            h.seq = u.seq.into();
+            h.frag = (c.frag as u16).into();
+            h.frags = (frags as u16).into();
+            h.msg_len = (len as u32).into();
+            h.offset = (off as u32).into();
+            h.tag = u.msg.tag.into();
+            h.opcode = u.msg.opcode.into();
+            h.flags = u.msg.flags.into();
+            h.session = u.msg.session.into();
+            p.payload = u.msg.bytes[off..end].to_vec();
+            p.seal();
+            let counters = &mut self.counters[n as usize];
+            if u.transmitted {
+                counters.retransmissions += 1;
+            } else {
+                counters.data_packets += 1;
+            }
+            c.frag += 1;
+            let whole = c.frag as usize >= frags;
+            if whole {
+                let u = &mut c.unacked[c.sent];
+                if u.transmitted {
+                    u.again = true;
+                    u.sent_at = None;
+                } else {
+                    u.transmitted = true;
+                    u.sent_at = Some(now);
+                }
+                if u.is_read() {
+                    c.reads_out += 1;
+                }
+                c.frag = 0;
+                c.sent += 1;
+            }
+            // The timer runs from a message's last fragment: a message of
+            // many packets may take longer to leave (credits, a slow link,
+            // a slow host) than a round trip, and must not time out while
+            // it leaves. Once running it times the oldest message, as an
+            // ACK restarts it (one timer entry per window, not per message).
+            if whole && c.deadline.is_none() {
+                let d = now + c.timeout;
+                c.deadline = Some(d);
+                self.timers.push(Reverse((d, key)));
+            }
+            if c.can_send() {
+                ready.push_back(key);
+            } else {
+                c.queued = false;
+            }
+            return Some(p);
+        }
+        None
+    }
+
+    /// Runs every timer due by `now`: timeouts retransmit (or, past the
+    /// retries, return the messages and mark the destination unreachable)
+    /// and NACK hold-offs end.
+    pub fn tick(&mut self, now: Nanos, sink: &mut dyn Sink) {
+        while let Some(&Reverse((t, key))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let lost = self.is_lost(key.src, key.dst);
+            let Some(c) = self.send.get_mut(&key) else {
+                continue;
+            };
+            if c.hold_until != 0 && c.hold_until <= now {
+                c.hold_until = 0;
+                self.make_ready(key);
+                continue;
+            }
+            match c.deadline {
+                Some(d) if d <= now && !c.unacked.is_empty() => {}
+                _ => continue, // stale entry
+            }
+            c.timeouts += 1;
+            self.counters[key.src as usize].timeouts += 1;
+            let retries = if c.unreachable || lost {
+                1
+            } else {
+                self.config.retries
+            };
+            if c.timeouts > retries {
+                self.return_all(key, tx_error::UNREACHABLE, sink);
+                self.mark_lost(key.src, key.dst, sink);
+                continue;
+            }
+            c.timeout = (c.timeout * 2).min(self.config.max_timeout);
+            c.rewind();
+            // Timed again when the first message has gone again.
+            c.deadline = None;
+            self.make_ready(key);
+        }
+    }
+
+    /// Hands every message channel `key` holds back with `code`, and
+    /// starts a new epoch.
+    fn return_all(&mut self, key: ChannelKey, code: u16, sink: &mut dyn Sink) {
+        let epoch = self.new_epoch();
+        let Some(c) = self.send.get_mut(&key) else {
+            return;
+        };
+        let msgs: Vec<Unacked> = c.unacked.drain(..).collect();
+        c.epoch = epoch;
+        c.next_seq = 0;
+        c.rewind();
+        c.deadline = None;
+        c.hold_until = 0;
+        c.timeouts = 0;
+        c.nacks = 0;
+        c.timeout = c.base_timeout;
+        c.unreachable = code == tx_error::UNREACHABLE;
+        self.counters[key.src as usize].returned += msgs.len() as u64;
+        let bytes = msgs.iter().map(|u| u.msg.bytes.len()).sum();
+        self.release(&key, msgs.len() as u32, bytes);
+        for u in msgs {
+            sink.returned(key, u.msg, code);
+        }
+    }
+
+    /// Returns the oldest message of channel `key` with `code` and sends
+    /// the rest again in a new epoch.
+    fn return_first(&mut self, key: ChannelKey, code: u16, sink: &mut dyn Sink) {
+        let epoch = self.new_epoch();
+        let Some(c) = self.send.get_mut(&key) else {
+            return;
+        };
+        let Some(first) = c.unacked.pop_front() else {
+            return;
+        };
+        c.epoch = epoch;
+        for (i, u) in c.unacked.iter_mut().enumerate() {
+            u.seq = i as u32;
+            u.answer = None;
+        }
+        c.next_seq = c.unacked.len() as u32;
+        c.rewind();
+        c.timeouts = 0;
+        c.nacks = 0;
+        c.hold_until = 0;
+        c.timeout = c.base_timeout;
+        c.deadline = None;
+        self.counters[key.src as usize].returned += 1;
+        self.release(&key, 1, first.msg.bytes.len());
+        sink.returned(key, first.msg, code);
+        self.make_ready(key);
+    }
+
+    /// Settles channel `key` from its oldest message on: every message up
+    /// to sequence number `seq`, except a read not answered in full, and
+    /// past it every read answered in full (an answer shows that what came
+    /// before it was delivered).
+    fn settle(&mut self, key: ChannelKey, seq: u32, now: Nanos, sink: &mut dyn Sink) {
+        let Some(c) = self.send.get_mut(&key) else {
+            return;
+        };
+        let (mut done, mut done_bytes) = (0u32, 0usize);
+        let mut settled = Vec::new();
+        while let Some(u) = c.unacked.front() {
+            let go = if u.is_read() {
+                u.answer.as_ref().is_some_and(|a| a.missing == 0)
+            } else {
+                !before(seq, u.seq)
+            };
+            if !go {
+                break;
+            }
+            let Some(u) = c.pop() else {
+                break;
+            };
+            done += 1;
+            done_bytes += u.msg.bytes.len();
+            if let (Some(t), false) = (u.sent_at, u.again) {
+                let sample = now.saturating_sub(t);
+                let (srtt, var) = match c.srtt {
+                    None => (sample, sample / 2),
+                    Some((srtt, var)) => (
+                        (7 * srtt + sample) / 8,
+                        (3 * var + srtt.abs_diff(sample)) / 4,
+                    ),
+                };
+                c.srtt = Some((srtt, var));
+                c.base_timeout = c.floor.max(srtt + 4 * var).min(self.config.max_timeout);
+            }
+            settled.push(u.msg);
+        }
+        if done > 0 {
+            c.unreachable = false;
+            c.timeouts = 0;
+            c.nacks = 0;
+            c.timeout = c.base_timeout;
+            c.deadline = None;
+            if c.sent > 0 {
+                // Transmitted messages still wait: time the oldest afresh.
+                let d = now + c.timeout;
+                c.deadline = Some(d);
+                self.timers.push(Reverse((d, key)));
+            }
+        }
+        self.release(&key, done, done_bytes);
+        for m in settled {
+            sink.acked(key, m);
+        }
+        // A read answered may let what waited behind it go.
+        self.make_ready(key);
+    }
+
+    pub(super) fn receive_ack(
+        &mut self,
+        key: ChannelKey,
+        epoch: u32,
+        seq: u32,
+        now: Nanos,
+        sink: &mut dyn Sink,
+    ) {
+        if self.send.get(&key).is_some_and(|c| c.epoch == epoch) {
+            self.settle(key, seq, now, sink);
+        }
+    }
+
+    pub(super) fn receive_nack(
+        &mut self,
+        key: ChannelKey,
+        epoch: u32,
+        seq: u32,
+        code: u16,
+        now: Nanos,
+        sink: &mut dyn Sink,
+    ) {
+        let nack_retries = self.config.nack_retries;
+        let Some(c) = self.send.get(&key) else {
+            return;
+        };
+        let patient = match c.unacked.front() {
+            Some(u) if u.seq == seq && c.epoch == epoch => u.msg.patient,
+            _ => return, // about a message already settled
+        };
+        if code != tx_error::NO_BUFFER {
+            self.return_first(key, code, sink);
+            return;
+        }
+        let Some(c) = self.send.get_mut(&key) else {
+            return;
+        };
+        c.nacks += 1;
+        c.timeouts = 0;
+        c.unreachable = false;
+        if c.nacks > nack_retries && !patient {
+            self.return_all(key, tx_error::NO_BUFFER, sink);
+            return;
+        }
+        let wait = (NACK_BACKOFF << c.nacks.min(20)).min(MAX_NACK_BACKOFF);
+        c.hold_until = now + wait;
+        c.rewind();
+        let d = c.hold_until + c.timeout;
+        c.deadline = Some(d);
+        self.timers.push(Reverse((c.hold_until, key)));
+        self.timers.push(Reverse((d, key)));
+    }
+
+    /// A RESPONSE reached the node that sent the read: its bytes go to the
+    /// NIC, and the last of them settles the read.
+    pub(super) fn receive_response(
+        &mut self,
+        key: ChannelKey,
+        p: &Packet,
+        now: Nanos,
+        sink: &mut dyn Sink,
+    ) {
+        let h = &p.header;
+        let n = key.src as usize;
+        let (epoch, seq, frag, frags) = (h.epoch.get(), h.seq.get(), h.frag.get(), h.frags.get());
+        let (msg_len, off) = (h.msg_len.get(), h.offset.get());
+        let Some(c) = self.send.get_mut(&key) else {
+            self.counters[n].stale_dropped += 1;
+            return;
+        };
+        if c.epoch != epoch {
+            self.counters[n].stale_dropped += 1;
+            return;
+        }
+        let Some(u) = c.unacked.iter_mut().find(|u| u.seq == seq && u.is_read()) else {
+            self.counters[n].duplicates_dropped += 1;
+            return;
+        };
+        let len = u.msg.response_len();
+        let end = u64::from(off) + p.payload.len() as u64;
+        if msg_len != len || frags == 0 || frag >= frags || end > u64::from(len) {
+            self.counters[n].malformed_dropped += 1;
+            return;
+        }
+        // A read served again may be cut differently (routes changed):
+        // its fragments start afresh.
+        let a = match &mut u.answer {
+            Some(a) if a.got.len() == usize::from(frags) => a,
+            slot => slot.insert(Answer {
+                got: vec![false; usize::from(frags)],
+                missing: u32::from(frags),
+            }),
+        };
+        if a.got[usize::from(frag)] {
+            self.counters[n].duplicates_dropped += 1;
+            return;
+        }
+        a.got[usize::from(frag)] = true;
+        a.missing -= 1;
+        let complete = a.missing == 0;
+        sink.read_data(key, &u.msg, off, &p.payload);
+        if complete {
+            self.settle(key, seq, now, sink);
+        }
+    }
+}

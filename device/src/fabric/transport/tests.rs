@@ -1,0 +1,433 @@
+//! The transport's unit tests, against a sink that records what it is given.
+
+use super::*;
+use ulnic_abi::tx_error;
+use zerocopy::IntoBytes;
+
+/// A sink that records everything; endpoint 9 of every node refuses, a
+/// node's buffers run out while `full` says so, and a read of `len` bytes
+/// returns bytes numbered from its offset (plus `generation`, bumped on
+/// every read served, so a read served twice is seen).
+#[derive(Default)]
+struct Record {
+    delivered: Vec<(u32, u32, Vec<u8>)>,
+    acked: Vec<u64>,
+    returned: Vec<(u64, u16)>,
+    /// Per read handle: its answer as assembled.
+    answers: HashMap<u64, Vec<u8>>,
+    reads_served: u32,
+    unreachable: Vec<(u32, u32, Vec<u32>, Vec<u32>)>,
+    full: bool,
+}
+
+impl Sink for Record {
+    fn deliver(&mut self, a: &Arrival<'_>) -> Result<Delivered, u16> {
+        if a.port == 9 {
+            return Err(tx_error::NO_ENDPOINT);
+        }
+        if self.full {
+            return Err(tx_error::NO_BUFFER);
+        }
+        if a.opcode == op::RDMA_READ {
+            self.reads_served += 1;
+            let r: RemoteAccess = wire::read(a.bytes);
+            let off = r.offset.get();
+            let bytes = (0..u64::from(r.len.get()))
+                .map(|i| (off + i) as u8 ^ 0x5a)
+                .collect();
+            return Ok(Delivered::Read(bytes));
+        }
+        self.delivered.push((a.src, a.dst, a.bytes.to_vec()));
+        Ok(Delivered::Done)
+    }
+    fn read_data(&mut self, _: ChannelKey, m: &Message, at: u32, b: &[u8]) {
+        let v = self
+            .answers
+            .entry(m.handle)
+            .or_insert_with(|| vec![0; m.response_len() as usize]);
+        v[at as usize..at as usize + b.len()].copy_from_slice(b);
+    }
+    fn acked(&mut self, _: ChannelKey, m: Message) {
+        self.acked.push(m.user_id);
+    }
+    fn returned(&mut self, _: ChannelKey, m: Message, code: u16) {
+        self.returned.push((m.user_id, code));
+    }
+    fn unreachable(&mut self, node: u32, lost: u32, endpoints: &[u32], ports: &[u32]) {
+        self.unreachable
+            .push((node, lost, endpoints.to_vec(), ports.to_vec()));
+    }
+}
+
+fn msg(id: u64, len: usize) -> Message {
+    Message {
+        opcode: op::SEND,
+        src_port: 1,
+        user_id: id,
+        completion: true,
+        bytes: (0..len).map(|i| (i as u64 * 7 + id) as u8).collect(),
+        ..Default::default()
+    }
+}
+
+/// A remote access of `opcode` to node 1: `len` bytes at `offset`, and a
+/// write's bytes.
+fn access(id: u64, opcode: u16, offset: u64, len: u32) -> Message {
+    let head = RemoteAccess {
+        cookie_node: 1.into(),
+        cookie_aperture: 0.into(),
+        cookie_generation: 0.into(),
+        cookie_reserved: 0.into(),
+        cookie_key: 0.into(),
+        offset: offset.into(),
+        len: len.into(),
+        reserved: 0.into(),
+        immediate: 0.into(),
+    };
+    let mut bytes = head.as_bytes().to_vec();
+    if opcode == op::RDMA_WRITE {
+        bytes.extend((0..len).map(|i| i as u8));
+    }
+    Message {
+        opcode,
+        user_id: id,
+        handle: id,
+        completion: true,
+        bytes,
+        ..Default::default()
+    }
+}
+
+/// The bytes `Record` answers a read of `len` at `offset` with.
+fn answer(offset: u64, len: u32) -> Vec<u8> {
+    (0..u64::from(len))
+        .map(|i| (offset + i) as u8 ^ 0x5a)
+        .collect()
+}
+
+/// Two nodes' transport and its clock.
+struct Net {
+    t: Transport,
+    now: Nanos,
+    sent: u64,
+}
+
+impl Net {
+    fn new(cfg: TransportConfig) -> Net {
+        Net {
+            t: Transport::new(2, cfg, 1024),
+            now: 0,
+            sent: 0,
+        }
+    }
+
+    /// Moves packets between the nodes for `span` ns, in 10 us steps;
+    /// `lose(i, p)` drops the i-th packet sent.
+    fn run(&mut self, sink: &mut Record, mut lose: impl FnMut(u64, &Packet) -> bool, span: Nanos) {
+        let until = self.now + span;
+        while self.now < until {
+            for n in 0..2 {
+                while let Some(p) = self.t.next_packet(n, self.now) {
+                    self.sent += 1;
+                    if !lose(self.sent, &p) {
+                        let to = p.header.dst_node.get();
+                        self.t.receive(to, p, self.now, sink);
+                    }
+                }
+            }
+            self.t.tick(self.now, sink);
+            self.now += 10_000;
+        }
+    }
+}
+
+const KEY: ChannelKey = ChannelKey {
+    src: 0,
+    endpoint: 0,
+    dst: 1,
+    port: 1,
+    class: Class::Messages,
+};
+
+const MEMORY: ChannelKey = ChannelKey {
+    src: 0,
+    endpoint: 0,
+    dst: 1,
+    port: 0,
+    class: Class::Memory,
+};
+
+/// A pseudo-random loss of about one packet in `one_in`.
+fn lossy(one_in: u64) -> impl FnMut(u64, &Packet) -> bool {
+    let mut r = 1u64;
+    move |_, _| {
+        r = r.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (r >> 33).is_multiple_of(one_in)
+    }
+}
+
+#[test]
+fn messages_arrive_once_and_in_order_through_loss() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    let mut submitted = 0;
+    let mut lose = lossy(5);
+    let mut lost = 0u64;
+    for _ in 0..400 {
+        while net.t.has_room(&KEY, 3000) && submitted < 500 {
+            net.t.submit(KEY, msg(submitted, 3000), 0, || (1024, 0));
+            submitted += 1;
+        }
+        net.run(
+            &mut s,
+            |i, p| {
+                let l = lose(i, p);
+                lost += u64::from(l && p.header.kind.get() == packet::DATA);
+                l
+            },
+            2_000_000,
+        );
+    }
+    assert_eq!(s.delivered.len(), 500, "each delivered exactly once");
+    for (i, (_, _, b)) in s.delivered.iter().enumerate() {
+        assert_eq!(
+            b,
+            &msg(i as u64, 3000).bytes,
+            "message {i} out of order or damaged"
+        );
+    }
+    assert_eq!(s.acked, (0..500).collect::<Vec<_>>());
+    assert!(s.returned.is_empty());
+    let c = &net.t.counters;
+    // Every DATA packet lost was sent again (go-back-N sends more).
+    assert!(
+        c[0].retransmissions >= lost && lost > 0,
+        "{lost} lost: {c:?}"
+    );
+    assert_eq!(c[0].data_packets, 500 * 3, "{c:?}");
+}
+
+#[test]
+fn a_full_receiver_is_retried_not_failed() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record {
+        full: true,
+        ..Default::default()
+    };
+    net.t.submit(KEY, msg(1, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 3_000_000);
+    assert!(s.delivered.is_empty() && s.returned.is_empty());
+    assert!(net.t.counters[0].nacks_received > 3);
+    s.full = false;
+    net.run(&mut s, |_, _| false, 3_000_000);
+    assert_eq!(s.delivered.len(), 1);
+    assert_eq!(s.acked, [1]);
+}
+
+#[test]
+fn a_patient_message_outlasts_the_nack_budget() {
+    let cfg = TransportConfig {
+        nack_retries: 3,
+        ..Default::default()
+    };
+    let mut net = Net::new(cfg);
+    let mut s = Record {
+        full: true,
+        ..Default::default()
+    };
+    let impatient = ChannelKey { port: 2, ..KEY };
+    net.t.submit(impatient, msg(1, 10), 0, || (1024, 0));
+    let close = Message {
+        patient: true,
+        ..msg(2, 10)
+    };
+    net.t.submit(KEY, close, 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 50_000_000);
+    assert_eq!(s.returned, [(1, tx_error::NO_BUFFER)]);
+    assert!(net.t.counters[0].nacks_received > 20);
+    s.full = false;
+    net.run(&mut s, |_, _| false, 3_000_000);
+    assert_eq!(s.acked, [2], "the patient one waited for room");
+}
+
+#[test]
+fn a_refusal_returns_that_message_and_the_rest_go_on() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    let bad = ChannelKey { port: 9, ..KEY };
+    net.t.submit(bad, msg(1, 10), 0, || (1024, 0));
+    net.t.submit(bad, msg(3, 10), 0, || (1024, 0));
+    net.t.submit(KEY, msg(2, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 1_000_000);
+    let no = tx_error::NO_ENDPOINT;
+    assert_eq!(s.returned, [(1, no), (3, no)]);
+    assert_eq!(s.acked, [2]);
+}
+
+#[test]
+fn an_unreachable_destination_gets_every_message_returned() {
+    let cfg = TransportConfig {
+        retries: 3,
+        ..Default::default()
+    };
+    let mut net = Net::new(cfg);
+    let mut s = Record::default();
+    for i in 0..5 {
+        net.t.submit(KEY, msg(i, 10), 0, || (1024, 0));
+    }
+    net.run(&mut s, |_, _| true, 100_000_000);
+    let ids: Vec<u64> = s.returned.iter().map(|r| r.0).collect();
+    assert_eq!(ids, [0, 1, 2, 3, 4]);
+    assert!(s.returned.iter().all(|r| r.1 == tx_error::UNREACHABLE));
+    assert_eq!(net.t.counters[0].timeouts, 4);
+    // Known unreachable: the next message comes back after one retry.
+    net.t.submit(KEY, msg(5, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| true, 5_000_000);
+    assert_eq!(s.returned.last(), Some(&(5, tx_error::UNREACHABLE)));
+    assert_eq!(net.t.counters[0].timeouts, 6);
+    // The channel works again in its new epoch once the path does.
+    net.t.submit(KEY, msg(7, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 1_000_000);
+    assert_eq!(s.acked, [7]);
+}
+
+#[test]
+fn giving_up_marks_the_node_once_and_names_who_talked_to_it() {
+    let cfg = TransportConfig {
+        retries: 2,
+        ..Default::default()
+    };
+    let mut net = Net::new(cfg);
+    let mut s = Record::default();
+    // Node 1's endpoint on port 4 has heard from node 0 (a receive
+    // channel); node 0's endpoints 0 and 3 send to node 1.
+    net.t.submit(KEY, msg(1, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 1_000_000);
+    let back = ChannelKey {
+        src: 1,
+        endpoint: 2,
+        dst: 0,
+        port: 4,
+        class: Class::Messages,
+    };
+    net.t.submit(back, msg(2, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 1_000_000);
+    let other = ChannelKey {
+        endpoint: 3,
+        class: Class::Memory,
+        port: 0,
+        ..KEY
+    };
+    net.t.submit(KEY, msg(3, 10), 0, || (1024, 0));
+    net.t
+        .submit(other, access(4, op::WRITE_IMMEDIATE, 0, 8), 0, || (1024, 0));
+    net.run(&mut s, |_, _| true, 100_000_000);
+    assert_eq!(s.unreachable, [(0, 1, vec![0, 3], vec![4])]);
+    assert_eq!(net.t.counters[0].unreachable, 1);
+    // Heard from again: the mark goes, and a later give-up marks anew.
+    net.t.submit(KEY, msg(5, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 1_000_000);
+    net.t.submit(KEY, msg(6, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| true, 100_000_000);
+    assert_eq!(s.unreachable.len(), 2);
+}
+
+#[test]
+fn reads_are_answered_whole_through_loss_and_in_order_with_writes() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    let mut lose = lossy(4);
+    let mut ids = Vec::new();
+    for i in 0..40u64 {
+        // Reads of 3000 bytes (three RESPONSE packets) between writes.
+        let m = if i % 3 == 0 {
+            access(i, op::RDMA_WRITE, i * 10, 100)
+        } else {
+            access(i, op::RDMA_READ, i * 10, 3000)
+        };
+        while !net.t.has_room(&MEMORY, m.bytes.len()) {
+            net.run(&mut s, &mut lose, 1_000_000);
+        }
+        net.t.submit(MEMORY, m, 0, || (1024, 0));
+        ids.push(i);
+    }
+    net.run(&mut s, &mut lose, 2_000_000_000);
+    assert_eq!(s.acked, ids, "every access settled once, in order");
+    assert!(s.returned.is_empty());
+    for i in (0..40u64).filter(|i| i % 3 != 0) {
+        assert_eq!(s.answers[&i], answer(i * 10, 3000), "read {i}");
+    }
+    let writes: Vec<_> = s.delivered.iter().map(|d| d.2.len()).collect();
+    assert_eq!(writes.len(), 14, "each write carried out once");
+    assert!(net.t.counters[1].responses_sent > 26 * 3);
+    assert!(s.reads_served >= 26);
+}
+
+#[test]
+fn nothing_but_reads_follows_a_read_before_its_answer() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    net.t
+        .submit(MEMORY, access(1, op::RDMA_READ, 0, 100), 0, || (1024, 0));
+    net.t
+        .submit(MEMORY, access(2, op::RDMA_READ, 0, 100), 0, || (1024, 0));
+    net.t
+        .submit(MEMORY, access(3, op::RDMA_WRITE, 0, 100), 0, || (1024, 0));
+    // Node 0 sends both reads, then waits: the write does not leave.
+    let first: Vec<u16> = std::iter::from_fn(|| net.t.next_packet(0, 0))
+        .map(|p| p.header.opcode.get())
+        .collect();
+    assert_eq!(first, [op::RDMA_READ, op::RDMA_READ]);
+    net.run(&mut s, |_, _| false, 1_000_000);
+    assert_eq!(s.acked, [1, 2, 3]);
+}
+
+#[test]
+fn a_lost_answer_has_the_read_served_again() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    net.t
+        .submit(MEMORY, access(1, op::RDMA_READ, 5, 2500), 0, || (1024, 0));
+    let mut dropped = false;
+    net.run(
+        &mut s,
+        |_, p| {
+            let answer = p.header.kind.get() == packet::RESPONSE;
+            let drop = answer && p.header.frag.get() == 1 && !dropped;
+            dropped |= drop;
+            drop
+        },
+        10_000_000,
+    );
+    assert_eq!(s.acked, [1]);
+    assert_eq!(s.reads_served, 2, "served again after the timeout");
+    assert_eq!(s.answers[&1], answer(5, 2500));
+}
+
+#[test]
+fn an_ack_does_not_settle_an_unanswered_read() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    net.t
+        .submit(MEMORY, access(1, op::RDMA_READ, 0, 100), 0, || (1024, 0));
+    let read = net.t.next_packet(0, 0).unwrap();
+    let (epoch, seq) = (read.header.epoch.get(), read.header.seq.get());
+    net.t.receive_ack(MEMORY, epoch, seq, 0, &mut s);
+    assert!(s.acked.is_empty(), "settled without its bytes");
+}
+
+#[test]
+fn a_malformed_access_is_dropped_not_answered() {
+    let mut net = Net::new(TransportConfig {
+        retries: 1,
+        ..Default::default()
+    });
+    let mut s = Record::default();
+    let mut bad = access(1, op::RDMA_WRITE, 0, 100);
+    bad.bytes.pop(); // one byte short of its header's length
+    net.t.submit(MEMORY, bad, 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 10_000_000);
+    assert!(net.t.counters[1].malformed_dropped > 0);
+    assert!(s.delivered.is_empty());
+    assert_eq!(s.returned, [(1, tx_error::UNREACHABLE)]);
+}
