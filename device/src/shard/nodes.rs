@@ -456,28 +456,28 @@ impl Nodes {
         key: ChannelKey,
         msg: transport::Message,
     ) {
-        let mut pass = Pass {
-            nodes: &mut self.nodes,
-            utlb: &mut self.utlb,
-            mems,
-            wake,
-        };
-        let mut sink = NicSink {
-            pass: &mut pass,
-            counters: &mut self.counters,
-            pending: &mut self.pending_returns,
-            remote: &mut self.remote,
-        };
-        sink.return_to_sender_from(from, key, msg);
+        self.with_sink(mems, wake, |sink, _| {
+            sink.return_to_sender_from(from, key, msg)
+        });
     }
 
     /// Moves the fabric on: packets cross links and switches, messages
     /// reach their receivers, and senders learn the outcome. Returns the
     /// packets moved.
     fn advance_fabric(&mut self, mems: &[Option<MemGuard>], wake: &mut Vec<(u32, u32)>) -> usize {
-        let Some(net) = self.network.as_mut() else {
-            return 0;
-        };
+        self.with_sink(mems, wake, |sink, net| {
+            net.map_or(0, |net| net.advance(sink)) + sink.retry_returns()
+        })
+    }
+
+    /// Runs `f` with the NIC as the fabric's transport sees it, for this
+    /// pass, and the network.
+    fn with_sink<R>(
+        &mut self,
+        mems: &[Option<MemGuard>],
+        wake: &mut Vec<(u32, u32)>,
+        f: impl FnOnce(&mut NicSink<'_, '_>, Option<&mut Network>) -> R,
+    ) -> R {
         let mut pass = Pass {
             nodes: &mut self.nodes,
             utlb: &mut self.utlb,
@@ -490,7 +490,7 @@ impl Nodes {
             pending: &mut self.pending_returns,
             remote: &mut self.remote,
         };
-        net.advance(&mut sink) + sink.retry_returns()
+        f(&mut sink, self.network.as_mut())
     }
 
     /// How long the engine may sleep before the fabric has something due;

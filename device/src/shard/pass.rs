@@ -66,10 +66,13 @@ impl<'a> Pass<'a> {
         self.mems.get(n as usize)?.as_deref()
     }
 
-    /// Delivers `m` to the endpoint bound to `port` on node `dst` and
-    /// wakes its owner if armed: the direct path, the fabric's deliveries
-    /// and close messages all end here.
-    pub fn deliver(&mut self, dst: u32, port: u32, m: &Message<'_>) -> Result<(), u16> {
+    /// The endpoint bound to `port` on node `dst`: its node's memory, its
+    /// id and itself (else NO_ENDPOINT).
+    fn bound(
+        &mut self,
+        dst: u32,
+        port: u32,
+    ) -> Result<(&'a GuestMemoryMmap<()>, u32, &mut Endpoint), u16> {
         let dmem = self.mem(dst).ok_or(tx_error::NO_ENDPOINT)?;
         let node = self
             .nodes
@@ -77,6 +80,14 @@ impl<'a> Pass<'a> {
             .ok_or(tx_error::NO_ENDPOINT)?;
         let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
         let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
+        Ok((dmem, de, rx))
+    }
+
+    /// Delivers `m` to the endpoint bound to `port` on node `dst` and
+    /// wakes its owner if armed: the direct path, the fabric's deliveries
+    /// and close messages all end here.
+    pub fn deliver(&mut self, dst: u32, port: u32, m: &Message<'_>) -> Result<(), u16> {
+        let (dmem, de, rx) = self.bound(dst, port)?;
         let (r, woke) = deliver_and_arm(dmem, rx, m);
         if woke {
             self.wake.push((dst, de));
@@ -91,13 +102,7 @@ impl Pass<'_> {
     /// consent and an event slot to spare beyond its sends' and
     /// conditions' (else NO_BUFFER, retried by the transport).
     pub fn deliver_oob(&mut self, dst: u32, port: u32, o: &Oob) -> Result<(), u16> {
-        let dmem = self.mem(dst).ok_or(tx_error::NO_ENDPOINT)?;
-        let node = self
-            .nodes
-            .get_mut(dst as usize)
-            .ok_or(tx_error::NO_ENDPOINT)?;
-        let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
-        let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
+        let (dmem, de, rx) = self.bound(dst, port)?;
         if !rx.accepts(o.src.0, o.src.1, o.tag) {
             rx.stats.rx_rejected += 1;
             return Err(tx_error::REJECTED);

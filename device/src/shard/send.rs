@@ -114,17 +114,17 @@ fn carry(
                 .map(|()| Sent::Done),
         };
     }
+    let payload = if inline {
+        Payload::Bytes(inline_bytes)
+    } else {
+        Payload::Segment {
+            mem: from.mem,
+            seg: src_seg,
+            offset: d.seg_offset,
+        }
+    };
+    let msg = Message::new(src, d.tag, d.len, payload).in_session(session);
     if let Some((key, net)) = channel {
-        let payload = if inline {
-            Payload::Bytes(inline_bytes)
-        } else {
-            Payload::Segment {
-                mem: from.mem,
-                seg: src_seg,
-                offset: d.seg_offset,
-            }
-        };
-        let msg = Message::new(src, d.tag, d.len, payload).in_session(session);
         if net.idle(&key) && net.shortcut(from.node, d.dest_node, d.len as usize) {
             match pass.deliver(d.dest_node, d.dest_port, &msg) {
                 Ok(()) => {
@@ -146,16 +146,6 @@ fn carry(
     let to_self = d.dest_node == from.node
         && pass.nodes[from.node as usize].ports.get(&d.dest_port) == Some(&from.id);
     if !to_self {
-        let payload = if inline {
-            Payload::Bytes(inline_bytes)
-        } else {
-            Payload::Segment {
-                mem: from.mem,
-                seg: src_seg,
-                offset: d.seg_offset,
-            }
-        };
-        let msg = Message::new(src, d.tag, d.len, payload).in_session(session);
         return pass
             .deliver(d.dest_node, d.dest_port, &msg)
             .map(|()| Sent::Done);

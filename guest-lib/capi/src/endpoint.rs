@@ -333,6 +333,23 @@ pub unsafe extern "C" fn ulnic_ep_segment(ep: *mut ulnic_ep, len: *mut usize) ->
     unsafe { e.ep.segment_mut(0, n) }.as_mut_ptr().cast()
 }
 
+/// The `len` bytes at `data` (none when `len` is 0; `None` when `data` is
+/// NULL with a length).
+///
+/// # Safety
+/// `data` must point to `len` readable bytes that stay unchanged while
+/// the slice lives.
+unsafe fn caller_bytes<'a>(data: *const c_void, len: usize) -> Option<&'a [u8]> {
+    if len == 0 {
+        return Some(&[]);
+    }
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: as the caller promises.
+    Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
+}
+
 /// Sends `len` bytes (at most `ULNIC_INLINE_MAX`) carried in the
 /// descriptor: no buffer to manage. `-EAGAIN` when the send ring is full
 /// (poll events and retry).
@@ -352,14 +369,9 @@ pub unsafe extern "C" fn ulnic_ep_post_send_inline(
     id: u64,
 ) -> i32 {
     let e = handle!(ep, "ulnic_ep_post_send_inline");
-    if len > 0 && data.is_null() {
+    // SAFETY: `len` readable bytes at `data`, as the caller says.
+    let Some(bytes) = (unsafe { caller_bytes(data, len) }) else {
         return invalid("ulnic_ep_post_send_inline", "data is NULL");
-    }
-    let bytes = if len == 0 {
-        &[][..]
-    } else {
-        // SAFETY: `len` readable bytes at `data`, as the caller says.
-        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
     };
     guard("ulnic_ep_post_send_inline", || {
         e.ep.post_send_inline(dest.into(), tag, bytes, id)
@@ -386,14 +398,9 @@ pub unsafe extern "C" fn ulnic_ep_post_oob(
     flags: u32,
 ) -> i32 {
     let e = handle!(ep, "ulnic_ep_post_oob");
-    if len > 0 && data.is_null() {
+    // SAFETY: `len` readable bytes at `data`, as the caller says.
+    let Some(bytes) = (unsafe { caller_bytes(data, len) }) else {
         return invalid("ulnic_ep_post_oob", "data is NULL");
-    }
-    let bytes = if len == 0 {
-        &[][..]
-    } else {
-        // SAFETY: `len` readable bytes at `data`, as the caller says.
-        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
     };
     let completion = flags & ULNIC_COMPLETION != 0;
     guard("ulnic_ep_post_oob", || {

@@ -374,7 +374,7 @@ impl Endpoint {
         data: &[u8],
         id: u64,
     ) -> Result<(), Error> {
-        self.inline_send(dest, tag, data, id, false)
+        self.inline_send(ulnic_abi::op::SEND, dest, tag, data, id, false)
     }
 
     /// As [`Endpoint::post_send_inline`], with an [`Event::SendDone`]
@@ -394,7 +394,7 @@ impl Endpoint {
         data: &[u8],
         id: u64,
     ) -> Result<(), Error> {
-        self.inline_send(dest, tag, data, id, true)
+        self.inline_send(ulnic_abi::op::SEND, dest, tag, data, id, true)
     }
 
     /// Sends an out-of-band message of at most [`OOB_MAX`](ulnic_abi::OOB_MAX)
@@ -424,22 +424,7 @@ impl Endpoint {
                 "out-of-band message larger than OOB_MAX (8 bytes)",
             ));
         }
-        let d = SendDesc {
-            opcode: ulnic_abi::op::OOB,
-            flags: send_flags::INLINE
-                | if completion {
-                    send_flags::COMPLETION
-                } else {
-                    0
-                },
-            len: data.len() as u32,
-            dest_node: dest.node,
-            dest_port: dest.port,
-            tag,
-            user_id: id,
-            seg_offset: 0,
-        };
-        self.push_send(&d, data)
+        self.inline_send(ulnic_abi::op::OOB, dest, tag, data, id, completion)
     }
 
     /// This endpoint's session id (spec §5.4): stamped by the device on
@@ -457,8 +442,10 @@ impl Endpoint {
         u32::from_le(self.word(ctrl::SESSION).load(Ordering::Acquire))
     }
 
+    /// Posts `data` inline with `opcode` (SEND or OOB).
     fn inline_send(
         &mut self,
+        opcode: u16,
         dest: Address,
         tag: u32,
         data: &[u8],
@@ -476,7 +463,7 @@ impl Endpoint {
             0
         };
         let d = SendDesc {
-            opcode: ulnic_abi::op::SEND,
+            opcode,
             flags: send_flags::INLINE | done,
             len: data.len() as u32,
             dest_node: dest.node,
