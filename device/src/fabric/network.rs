@@ -178,6 +178,11 @@ pub struct Network {
     transport: Transport,
     start: Instant,
     taps: Vec<Tap>,
+    /// The largest payload that may take the shortcut from each node to
+    /// each (`src * nodes + dst`; `None`: none may), worked out again
+    /// after routes, faults or captures change (`shortcut_stale`).
+    shortcut_fit: Vec<Option<usize>>,
+    shortcut_stale: bool,
     /// Packets a full capture channel could not take.
     pub capture_dropped: u64,
     /// With a spanning fabric: the UDP side, and per lane the member that
@@ -408,6 +413,8 @@ impl Network {
             transport,
             start: Instant::now(),
             taps: Vec::new(),
+            shortcut_fit: Vec::new(),
+            shortcut_stale: true,
             capture_dropped: 0,
             wire,
             far_owner,
@@ -506,32 +513,40 @@ impl Network {
     /// between them whose links are all ideal (no latency, no rate limit,
     /// no faults, an MTU it fits in) and no capture on them. The caller
     /// also checks that its channel is idle.
-    pub fn shortcut(&self, src: u32, dst: u32, len: usize) -> bool {
-        let Some(route) = self
-            .tables
-            .get(src as usize)
-            .and_then(|t| t.get(dst as usize))
-        else {
-            return false;
-        };
-        let Some(route) = route else {
-            return false;
-        };
-        let first = self.host_out[src as usize];
-        let path = lanes_along(&self.switches, first, &self.lane_entry, route);
+    pub fn shortcut(&mut self, src: u32, dst: u32, len: usize) -> bool {
+        let nodes = self.host_out.len();
+        if self.shortcut_stale {
+            self.shortcut_fit = (0..nodes * nodes)
+                .map(|i| self.shortcut_fit_of(i / nodes, i % nodes))
+                .collect();
+            self.shortcut_stale = false;
+        }
+        let (src, dst) = (src as usize, dst as usize);
+        src < nodes
+            && dst < nodes
+            && self.shortcut_fit[src * nodes + dst].is_some_and(|fit| len <= fit)
+    }
+
+    /// The largest payload the shortcut may carry from `src` to `dst`: the
+    /// smallest MTU along their route if every lane on it qualifies.
+    fn shortcut_fit_of(&self, src: usize, dst: usize) -> Option<usize> {
+        let route = self.tables.get(src)?.get(dst)?.as_ref()?;
+        let path = lanes_along(&self.switches, self.host_out[src], &self.lane_entry, route);
         // The route must end at dst's own link, every lane inside this
         // device's part of the fabric.
-        path.last() == Some(&self.host_in[dst as usize])
-            && path.iter().all(|&l| {
-                let p = self.lanes[l].params();
-                self.far_owner[l].is_none()
-                    && self.near_owner[l].is_none()
-                    && p.latency.is_zero()
-                    && p.bandwidth_bps.is_none()
-                    && p.faults.none()
-                    && p.mtu as usize >= len
-                    && !self.taps.iter().any(|t| t.lanes.contains(&l))
-            })
+        if path.last() != Some(&self.host_in[dst]) {
+            return None;
+        }
+        path.iter().try_fold(usize::MAX, |fit, &l| {
+            let p = self.lanes[l].params();
+            let ideal = self.far_owner[l].is_none()
+                && self.near_owner[l].is_none()
+                && p.latency.is_zero()
+                && p.bandwidth_bps.is_none()
+                && p.faults.none()
+                && !self.taps.iter().any(|t| t.lanes.contains(&l));
+            ideal.then_some(fit.min(p.mtu as usize))
+        })
     }
 
     /// Counts an operation node `n` carried by the shortcut (a message's
@@ -548,6 +563,7 @@ impl Network {
             .map_err(|e| e.to_string())?;
         for lane in [2 * link, 2 * link + 1] {
             self.lanes[lane].set_faults(faults);
+            self.shortcut_stale = true;
         }
         Ok(())
     }
@@ -719,6 +735,7 @@ impl Network {
         if generation > self.table_generation[n] {
             self.table_generation[n] = generation;
             self.tables[n].clear();
+            self.shortcut_stale = true;
         }
         let nodes = self.host_out.len();
         for (dst, r) in entries {
@@ -728,6 +745,7 @@ impl Network {
                     self.tables[n].resize(dst + 1, None);
                 }
                 self.tables[n][dst] = Some(r);
+                self.shortcut_stale = true;
             }
         }
     }
@@ -767,6 +785,7 @@ impl Network {
             let local = self.far_owner[self.host_in[n]].is_none();
             if local {
                 self.tables[n] = table;
+                self.shortcut_stale = true;
                 self.table_generation[n] = map.generation;
             } else if let Some(route) = own.get(n).copied().flatten() {
                 let ps = mapping::routes_packets(
@@ -916,7 +935,7 @@ impl Network {
     /// Hands `p` to lane `lane`, showing it to the taps on that lane.
     fn hand(&mut self, lane: usize, now: Nanos, p: Packet) {
         if !self.taps.is_empty() {
-            let dropped = &mut self.capture_dropped;
+            let (taps, dropped) = (self.taps.len(), &mut self.capture_dropped);
             // A tap whose reader went away is forgotten.
             self.taps.retain(|t| {
                 if !t.lanes.contains(&lane) {
@@ -936,6 +955,7 @@ impl Network {
                     Err(TrySendError::Disconnected(_)) => false,
                 }
             });
+            self.shortcut_stale |= self.taps.len() != taps;
         }
         self.lanes[lane].send(now, p);
     }
@@ -945,6 +965,7 @@ impl Network {
     /// receiver is dropped.
     pub fn tap(&mut self, lanes: Vec<usize>, to: SyncSender<Captured>) {
         self.taps.push(Tap { lanes, to });
+        self.shortcut_stale = true;
     }
 
     /// Every lane's counters, by `2 * link + direction`.
