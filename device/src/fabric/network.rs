@@ -183,6 +183,9 @@ pub struct Network {
     /// after routes, faults or captures change (`shortcut_stale`).
     shortcut_fit: Vec<Option<usize>>,
     shortcut_stale: bool,
+    /// When the engine should next look (the earliest due time after the
+    /// last `advance`), to tell a stalled engine from a silent path.
+    expect_by: Option<Nanos>,
     /// Packets a full capture channel could not take.
     pub capture_dropped: u64,
     /// With a spanning fabric: the UDP side, and per lane the member that
@@ -257,6 +260,10 @@ fn path_shape(
         * 2;
     (mtu, rtt)
 }
+
+/// How much later than due the engine may look before it counts as
+/// stalled (a sleep's usual overshoot is less).
+const STALL_SLACK: Nanos = 200_000;
 
 impl Network {
     /// The network `config` describes, all queues empty; with a span, its
@@ -415,6 +422,7 @@ impl Network {
             taps: Vec::new(),
             shortcut_fit: Vec::new(),
             shortcut_stale: true,
+            expect_by: None,
             capture_dropped: 0,
             wire,
             far_owner,
@@ -596,6 +604,15 @@ impl Network {
             return 0;
         }
         let now = self.now();
+        // The engine came later than something was due (its thread was
+        // not running: two cores shared with the applications). The
+        // emulated NIC was stopped, not the path silent: timeouts are
+        // postponed by the delay, so a stall is not taken for a loss.
+        if let Some(late) = self.expect_by.take().map(|e| now.saturating_sub(e)) {
+            if late > STALL_SLACK {
+                self.transport.postpone(now, late);
+            }
+        }
         let mut moved = 0;
         let mut ticked = false;
         self.tick_mapper(now);
@@ -637,6 +654,7 @@ impl Network {
             self.transport.tick(now, sink);
             moved += self.transmit(now);
         }
+        self.expect_by = self.next_due().map(|d| now + d.as_nanos() as Nanos);
         moved
     }
 

@@ -11,7 +11,7 @@ use crate::nic::endpoint::Endpoint;
 use crate::nic::node::Node;
 use crate::nic::receive::{deliver_and_arm, Message};
 use crate::nic::utlb::Utlb;
-use ulnic_abi::{event, tx_error, EventRecord, OOB_MAX};
+use ulnic_abi::{event, tx_error, EventRecord, INLINE_MAX, OOB_MAX};
 
 /// An out-of-band message (spec §5.3): at most `OOB_MAX` bytes.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +81,21 @@ impl<'a> Pass<'a> {
         let de = *node.ports.get(&port).ok_or(tx_error::NO_ENDPOINT)?;
         let rx = node.endpoint_mut(de).ok_or(tx_error::NO_ENDPOINT)?;
         Ok((dmem, de, rx))
+    }
+
+    /// How many more messages of `len` bytes the endpoint bound to `port`
+    /// on node `dst` could take now: its free receive slots, and for a
+    /// message too long to go inline its free buffers too (0 if none).
+    pub fn room(&mut self, dst: u32, port: u32, len: usize) -> u32 {
+        let Ok((mem, _, rx)) = self.bound(dst, port) else {
+            return 0;
+        };
+        let slots = rx.recv_room(mem).unwrap_or(0);
+        if len <= INLINE_MAX as usize {
+            slots
+        } else {
+            slots.min(rx.free_pending(mem))
+        }
     }
 
     /// Delivers `m` to the endpoint bound to `port` on node `dst` and

@@ -241,6 +241,10 @@ impl Back<'_> {
 }
 
 impl Sink for NicSink<'_, '_> {
+    fn room(&mut self, dst: u32, port: u32, len: usize) -> u32 {
+        self.pass.room(dst, port, len)
+    }
+
     fn deliver(&mut self, a: &Arrival<'_>) -> Result<Delivered, u16> {
         let delivered = match a.opcode {
             op::SEND => {

@@ -20,7 +20,7 @@
 //!   would measure the scheduler), so an unequal share is the fabric's
 //!   doing: switch arbitration, transport windows, NACKs.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -222,23 +222,44 @@ fn stream(run: &InProcess, span: Duration) -> anyhow::Result<(f64, f64)> {
     for i in 0..bufs {
         rx.post_free(i * u64::from(STREAM_MSG), STREAM_MSG, i)?;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
+    // The number of messages sent, once the sender is done (until then
+    // RUNNING): the receiver takes them all before it stops, so that the
+    // transport's counters are not inflated by messages refused at the end
+    // (and goodput counts every byte sent).
+    const RUNNING: u64 = u64::MAX;
+    let sent_total = Arc::new(AtomicU64::new(RUNNING));
+    let total = sent_total.clone();
     let receiver = std::thread::spawn(move || -> anyhow::Result<u64> {
-        let mut got = 0u64;
-        while !stop2.load(Ordering::Relaxed) {
+        let (mut got, mut msgs) = (0u64, 0u64);
+        let mut drain_deadline = None;
+        loop {
             match rx.poll_recv() {
                 Some(m) => {
                     let Payload::Buffer { offset, id } = m.payload else {
                         anyhow::bail!("a 64 KiB message came inline");
                     };
                     got += u64::from(m.len);
+                    msgs += 1;
                     rx.post_free(offset, STREAM_MSG, id)?;
                 }
-                None => std::thread::yield_now(),
+                None => {
+                    let sent = total.load(Ordering::Acquire);
+                    if sent != RUNNING {
+                        if msgs >= sent {
+                            return Ok(got);
+                        }
+                        let d = *drain_deadline
+                            .get_or_insert_with(|| Instant::now() + Duration::from_secs(10));
+                        anyhow::ensure!(
+                            Instant::now() < d,
+                            "{} of {sent} streamed messages arrived",
+                            msgs
+                        );
+                    }
+                    std::thread::yield_now();
+                }
             }
         }
-        Ok(got)
     });
     let to = Address {
         node: 1,
@@ -272,7 +293,7 @@ fn stream(run: &InProcess, span: Duration) -> anyhow::Result<(f64, f64)> {
     }
     let (t0, b0) = first.context("the stream never warmed up")?;
     let (t1, b1) = (Instant::now(), lane_bytes()?);
-    stop.store(true, Ordering::Relaxed);
+    sent_total.store(sent, Ordering::Release);
     let payload = receiver
         .join()
         .map_err(|_| anyhow::anyhow!("the receiver panicked"))??;
@@ -526,10 +547,15 @@ pub struct SweepResult {
     pub rtt_p95_us: f64,
     /// 64 KiB messages streamed, payload MB/s (10^6).
     pub stream_mbytes_per_s: f64,
+    /// DATA packets the transport sent during the case (first sends and
+    /// retransmissions).
+    pub data_packets: u64,
     /// Transport retransmissions during the case.
     pub retransmissions: u64,
     /// Transport timeouts during the case.
     pub timeouts: u64,
+    /// NACKs the senders received (a receiver without room).
+    pub nacks: u64,
     /// "none": the programs write and read no payload bytes.
     pub payload: &'static str,
 }
@@ -658,8 +684,10 @@ pub fn sweep(
             rtt_median_us: us(pp.rtt_at(0.5)),
             rtt_p95_us: us(pp.rtt_at(0.95)),
             stream_mbytes_per_s: payload / 1e6,
+            data_packets: t.iter().map(|c| c.data_packets).sum(),
             retransmissions: t.iter().map(|c| c.retransmissions).sum(),
             timeouts: t.iter().map(|c| c.timeouts).sum(),
+            nacks: t.iter().map(|c| c.nacks_received).sum(),
             payload: "none",
         });
     }

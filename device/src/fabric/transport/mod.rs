@@ -232,7 +232,15 @@ pub trait Sink {
     /// Node `node` marked node `lost` unreachable: its endpoints
     /// `endpoints` had channels to it, and `ports` received from it.
     fn unreachable(&mut self, node: u32, lost: u32, endpoints: &[u32], ports: &[u32]);
+    /// How many more messages of `len` bytes the endpoint bound to `port`
+    /// on node `dst` could take now (an ACK's room, spec §10.4).
+    fn room(&mut self, _dst: u32, _port: u32, _len: usize) -> u32 {
+        NO_ROOM_BOUND
+    }
 }
+
+/// An ACK's room when it sets no bound.
+pub const NO_ROOM_BOUND: u32 = u32::MAX;
 
 /// What the transport of one node has done.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -511,7 +519,10 @@ impl Transport {
                     class: Class::of(h.opcode.get()),
                 };
                 match h.kind.get() {
-                    packet::ACK => self.receive_ack(key, h.epoch.get(), h.seq.get(), now, sink),
+                    packet::ACK => {
+                        let (epoch, seq, room) = (h.epoch.get(), h.seq.get(), h.tag.get());
+                        self.receive_ack(key, epoch, seq, room, now, sink)
+                    }
                     packet::NACK => {
                         self.counters[n as usize].nacks_received += 1;
                         let (epoch, seq, code) = (h.epoch.get(), h.seq.get(), h.code.get());

@@ -8,7 +8,7 @@ use ulnic_abi::{op, packet, tx_error, MAX_MESSAGE};
 
 use super::{
     before, Arrival, ChannelKey, Class, Delivered, Sink, Transport, MAX_CONTROL_BACKLOG,
-    MAX_RESPONSE_BYTES,
+    MAX_RESPONSE_BYTES, NO_ROOM_BOUND,
 };
 use crate::fabric::link::Nanos;
 use crate::fabric::packet::Packet;
@@ -26,6 +26,9 @@ pub(super) struct RecvChannel {
     epoch: u32,
     next: u32,
     assembly: Option<Assembly>,
+    /// The length of the last message delivered: the room a repeated ACK
+    /// reports is for messages like it.
+    last_len: usize,
 }
 
 /// A read's bytes on their way back to the node that asked.
@@ -98,8 +101,7 @@ impl Transport {
             }
             *ch = RecvChannel {
                 epoch,
-                next: 0,
-                assembly: None,
+                ..RecvChannel::default()
             };
         }
         if before(seq, ch.next) {
@@ -110,7 +112,8 @@ impl Transport {
                     self.serve(n, key, &p, p.payload.clone(), now, sink);
                 } else {
                     let last = ch.next.wrapping_sub(1);
-                    self.control_packet(key, epoch, last, packet::ACK, 0, h.opcode.get());
+                    let room = room_for(sink, n, key, ch.last_len);
+                    self.control_packet(key, epoch, last, packet::ACK, 0, h.opcode.get(), room);
                 }
             }
             return;
@@ -172,7 +175,15 @@ impl Transport {
             0
         };
         if self.response_bytes[i] + answer_len > MAX_RESPONSE_BYTES {
-            self.control_packet(key, epoch, seq, packet::NACK, tx_error::NO_BUFFER, opcode);
+            self.control_packet(
+                key,
+                epoch,
+                seq,
+                packet::NACK,
+                tx_error::NO_BUFFER,
+                opcode,
+                0,
+            );
             return;
         }
         let arrival = Arrival {
@@ -192,6 +203,7 @@ impl Transport {
                 if !again {
                     if let Some(ch) = self.recv.get_mut(&key) {
                         ch.next = ch.next.wrapping_add(1);
+                        ch.last_len = bytes.len();
                     }
                     self.counters[i].messages_delivered += 1;
                     if let Some(t) = self.submitted_once(&key, seq) {
@@ -199,7 +211,10 @@ impl Transport {
                     }
                 }
                 match outcome {
-                    Delivered::Done => self.control_packet(key, epoch, seq, packet::ACK, 0, opcode),
+                    Delivered::Done => {
+                        let room = room_for(sink, n, key, bytes.len());
+                        self.control_packet(key, epoch, seq, packet::ACK, 0, opcode, room)
+                    }
                     Delivered::Read(b) => self.queue_response(n, key, epoch, seq, b),
                 }
             }
@@ -211,12 +226,14 @@ impl Transport {
                     // writing to every port number leaves no state here.
                     self.recv.remove(&key);
                 }
-                self.control_packet(key, epoch, seq, packet::NACK, code, opcode)
+                self.control_packet(key, epoch, seq, packet::NACK, code, opcode, 0)
             }
         }
     }
 
-    /// Queues an ACK or NACK from the receiver of channel `key`.
+    /// Queues an ACK (with the receiver's `room`) or NACK from the
+    /// receiver of channel `key`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn control_packet(
         &mut self,
         key: ChannelKey,
@@ -225,6 +242,7 @@ impl Transport {
         kind: u16,
         code: u16,
         opcode: u16,
+        room: u32,
     ) {
         let counters = &mut self.counters[key.dst as usize];
         let q = &mut self.control[key.dst as usize];
@@ -247,6 +265,7 @@ impl Transport {
         h.seq = seq.into();
         h.code = code.into();
         h.opcode = opcode.into();
+        h.tag = room.into();
         p.seal();
         q.push_back(p);
         self.control_waiting += 1;
@@ -296,4 +315,14 @@ impl Transport {
         self.counters[i].responses_sent += 1;
         Some(p)
     }
+}
+
+/// The room an ACK of channel `key` reports (spec §10.4): messages of
+/// `len` bytes the receiving endpoint could take now; no bound for the
+/// memory class.
+fn room_for(sink: &mut dyn Sink, n: u32, key: ChannelKey, len: usize) -> u32 {
+    if key.class == Class::Memory {
+        return NO_ROOM_BOUND;
+    }
+    sink.room(n, key.port, len)
 }

@@ -8,7 +8,8 @@ use std::collections::VecDeque;
 use ulnic_abi::{op, packet, tx_error};
 
 use super::{
-    before, ChannelKey, Message, Sink, Transport, MAX_NACK_BACKOFF, MAX_SEND_CHANNELS, NACK_BACKOFF,
+    before, ChannelKey, Message, Sink, Transport, MAX_NACK_BACKOFF, MAX_SEND_CHANNELS,
+    NACK_BACKOFF, NO_ROOM_BOUND,
 };
 use crate::fabric::link::Nanos;
 use crate::fabric::packet::Packet;
@@ -67,6 +68,9 @@ pub(super) struct SendChannel {
     deadline: Option<Nanos>,
     /// No transmission before this (after a NACK).
     hold_until: Nanos,
+    /// The receiver's room from its last ACK: no message numbered this or
+    /// later leaves while another is in flight (`None`: no bound).
+    room_end: Option<u32>,
     timeouts: u32,
     nacks: u32,
     /// In the node's ready queue.
@@ -80,10 +84,13 @@ pub(super) struct SendChannel {
 impl SendChannel {
     /// Whether its next message may go now: there is one, and it is a
     /// read or no read before it waits for its answer.
+    /// The receiver's room must allow it too, unless nothing is in flight
+    /// (a probe: its ACK or NACK says more).
     pub(super) fn can_send(&self) -> bool {
-        self.unacked
-            .get(self.sent)
-            .is_some_and(|u| self.reads_out == 0 || u.is_read())
+        self.unacked.get(self.sent).is_some_and(|u| {
+            (self.reads_out == 0 || u.is_read())
+                && (self.sent == 0 || self.room_end.is_none_or(|end| before(u.seq, end)))
+        })
     }
 
     fn rewind(&mut self) {
@@ -142,6 +149,7 @@ impl Transport {
                     timeout: base,
                     deadline: None,
                     hold_until: 0,
+                    room_end: None,
                     timeouts: 0,
                     nacks: 0,
                     queued: false,
@@ -320,6 +328,7 @@ impl Transport {
         c.rewind();
         c.deadline = None;
         c.hold_until = 0;
+        c.room_end = None;
         c.timeouts = 0;
         c.nacks = 0;
         c.timeout = c.base_timeout;
@@ -419,17 +428,42 @@ impl Transport {
         self.make_ready(key);
     }
 
+    /// The engine stalled: every running timeout moves `late` later (and
+    /// none falls due before `now + late`), as the emulated NIC was not
+    /// running to take the answers meanwhile.
+    pub fn postpone(&mut self, now: Nanos, late: Nanos) {
+        for (key, c) in self.send.iter_mut() {
+            if let Some(d) = c.deadline.as_mut() {
+                *d = (*d).max(now) + late;
+                self.timers.push(Reverse((*d, *key)));
+            }
+        }
+    }
+
     pub(super) fn receive_ack(
         &mut self,
         key: ChannelKey,
         epoch: u32,
         seq: u32,
+        room: u32,
         now: Nanos,
         sink: &mut dyn Sink,
     ) {
-        if self.send.get(&key).is_some_and(|c| c.epoch == epoch) {
-            self.settle(key, seq, now, sink);
+        let Some(c) = self.send.get_mut(&key).filter(|c| c.epoch == epoch) else {
+            return;
+        };
+        c.room_end = (room != NO_ROOM_BOUND).then(|| seq.wrapping_add(1).wrapping_add(room));
+        if room == 0 {
+            // No room: a probe goes after a pause, not at once.
+            if c.hold_until <= now {
+                c.hold_until = now + NACK_BACKOFF;
+                self.timers.push(Reverse((c.hold_until, key)));
+            }
+        } else {
+            // The receiver took this one and has room: no more holding.
+            c.hold_until = 0;
         }
+        self.settle(key, seq, now, sink);
     }
 
     pub(super) fn receive_nack(
@@ -465,6 +499,9 @@ impl Transport {
         }
         let wait = (NACK_BACKOFF << c.nacks.min(20)).min(MAX_NACK_BACKOFF);
         c.hold_until = now + wait;
+        // The refused message goes again alone; what followed it waits
+        // for an ACK's room.
+        c.room_end = Some(seq);
         c.rewind();
         let d = c.hold_until + c.timeout;
         c.deadline = Some(d);

@@ -412,7 +412,8 @@ fn an_ack_does_not_settle_an_unanswered_read() {
         .submit(MEMORY, access(1, op::RDMA_READ, 0, 100), 0, || (1024, 0));
     let read = net.t.next_packet(0, 0).unwrap();
     let (epoch, seq) = (read.header.epoch.get(), read.header.seq.get());
-    net.t.receive_ack(MEMORY, epoch, seq, 0, &mut s);
+    net.t
+        .receive_ack(MEMORY, epoch, seq, NO_ROOM_BOUND, 0, &mut s);
     assert!(s.acked.is_empty(), "settled without its bytes");
 }
 

@@ -343,24 +343,28 @@ fn sweep_table(results: &[SweepResult]) -> String {
     }
     outln!(
         out,
-        "{:<40} {:>10} {:>10} {:>12} {:>10} {:>9}",
+        "{:<40} {:>10} {:>10} {:>12} {:>10} {:>10} {:>9} {:>8}",
         "case",
         "RTT p50",
         "RTT p95",
         "stream MB/s",
+        "packets",
         "retrans",
-        "timeouts"
+        "timeouts",
+        "NACKs"
     );
     for r in results {
         outln!(
             out,
-            "{:<40} {:>8.2}us {:>8.2}us {:>12.1} {:>10} {:>9}",
+            "{:<40} {:>8.2}us {:>8.2}us {:>12.1} {:>10} {:>10} {:>9} {:>8}",
             r.case,
             r.rtt_median_us,
             r.rtt_p95_us,
             r.stream_mbytes_per_s,
+            r.data_packets,
             r.retransmissions,
-            r.timeouts
+            r.timeouts,
+            r.nacks
         );
     }
     out
@@ -522,8 +526,10 @@ mod tests {
             rtt_median_us: 12.345,
             rtt_p95_us: 20.0,
             stream_mbytes_per_s: 800.06,
+            data_packets: 9000,
             retransmissions: 12,
             timeouts: 0,
+            nacks: 3,
             payload: "none",
         };
         let t = sweep_table(&[r]);
@@ -531,7 +537,7 @@ mod tests {
         assert_eq!(lines[0], "fabric-loss: VMMC-2 (payloads not touched)");
         assert_eq!(
             lines[2],
-            "1 % loss                                    12.35us    20.00us        800.1         12         0"
+            "1 % loss                                    12.35us    20.00us        800.1       9000         12         0        3"
         );
         // No results: the header alone.
         assert_eq!(sweep_table(&[]).lines().count(), 1);
