@@ -131,7 +131,7 @@ impl Sup {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .and_then(|d| d.shard().last_reset(n));
+            .and_then(|d| d.shard_of(n).last_reset(n));
         reset.map_or(0.0, |t| t.elapsed().as_secs_f64())
     }
 
@@ -489,7 +489,7 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
                 .as_ref()
             {
                 Some(d) => d
-                    .shard()
+                    .shard_of(n)
                     .stall_control(n, stalled)
                     .map_err(anyhow::Error::from),
                 None => Err(anyhow::anyhow!(
@@ -556,12 +556,15 @@ fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarte
     let stopped = t0.elapsed().as_secs_f64();
     let device = Device::start(sup.device_config.clone())
         .map_err(|e| anyhow::anyhow!("the new device did not start: {e}"))?;
-    let shard = device.shard().clone();
-    *slot = Some(device);
-    drop(slot);
     let running: Vec<u32> = (0..sup.agents.len() as u32)
         .filter(|&n| matches!(sup.phase(n), Some(Phase::Ready { .. } | Phase::Booting(_))))
         .collect();
+    let shards: Vec<_> = running
+        .iter()
+        .map(|&n| (n, device.shard_of(n).clone()))
+        .collect();
+    *slot = Some(device);
+    drop(slot);
     let vms = sup.vms.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for &n in &running {
         plug_nic(sup, n, &vms[n as usize], true)?;
@@ -569,14 +572,11 @@ fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarte
     let deadline = Instant::now() + timeout;
     loop {
         // A driver that accepted features has started the new NIC.
-        let waiting: Vec<u32> = {
-            let f = shard.lock();
-            running
-                .iter()
-                .copied()
-                .filter(|&n| f.nodes[n as usize].features == 0)
-                .collect()
-        };
+        let waiting: Vec<u32> = shards
+            .iter()
+            .filter(|(n, shard)| shard.lock().nodes[*n as usize].features == 0)
+            .map(|(n, _)| *n)
+            .collect();
         if waiting.is_empty() {
             break;
         }
@@ -769,7 +769,7 @@ fn plug_nic(sup: &Sup, n: u32, cfg: &VmConfig, replug: bool) -> anyhow::Result<(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
-                .is_some_and(|d| d.shard().lock().nodes[n as usize].disconnect.is_some()),
+                .is_some_and(|d| d.shard_of(n).lock().nodes[n as usize].disconnect.is_some()),
         };
         if connected {
             break;
