@@ -73,12 +73,44 @@ pub struct Udp {
     buf: Vec<u8>,
 }
 
+/// The socket buffers a member asks for (each way).
+const SOCKET_BUFFER: libc::c_int = 8 << 20;
+
+/// Asks for a socket buffer of `bytes` (`opt`: SO_RCVBUF or SO_SNDBUF). A
+/// refusal leaves the default: only more loss under bursts, which the
+/// transport recovers from.
+fn set_buffer(socket: &UdpSocket, opt: libc::c_int, bytes: libc::c_int) {
+    // SAFETY: a valid socket descriptor, and a pointer to an int of the
+    // length passed, read during the call only.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        log::warn!(
+            "UDP socket buffer of {bytes} bytes refused: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 impl Udp {
     /// Binds this member's address.
     pub fn bind(span: Span) -> std::io::Result<Udp> {
         let addr = span.members[span.me].1;
         let socket = UdpSocket::bind(addr)?;
         socket.set_nonblocking(true)?;
+        // A channel's window (16 messages of up to 1 MiB) leaves in a
+        // burst that the default 208 KiB would drop; the kernel caps
+        // what is asked at net.core.[rw]mem_max (spec §10.7).
+        for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+            set_buffer(&socket, opt, SOCKET_BUFFER);
+        }
         Ok(Udp {
             socket,
             span,
