@@ -470,3 +470,39 @@ fn tripwire_and_export_arguments_are_checked() {
     }
     assert_eq!(n, ulnic_abi::MAX_APERTURES);
 }
+
+/// Spec §5.11 (CLAN): a close message wakes a thread blocked on its
+/// endpoint's tripwire, and the wait reports the peer closed; the message
+/// stays queued.
+#[test]
+fn a_close_message_ends_a_blocked_tripwire_wait() {
+    let (_dev, a, b) = common::two_nodes();
+    let mut writer = endpoint(&a);
+    let mut target = endpoint(&b);
+    target.bind(9).unwrap();
+    writer.bind(5).unwrap();
+    let cookie = target.export(0, SEG as u64, Permissions::WRITE).unwrap();
+    let tw = target
+        .set_tripwire(&cookie, 64, 8, TripwireOn::Writes, false, 1)
+        .unwrap();
+    writer
+        .set_close_message(ulnic::Address { node: 1, port: 9 }, 3, b"bye")
+        .unwrap();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        tid_tx.send(common::thread_id()).unwrap();
+        let woke = target.wait_tripwire(tw, 64, 0, Duration::from_secs(20));
+        (woke, target)
+    });
+    common::until_blocked(tid_rx.recv().unwrap());
+    drop(writer); // destroyed: the device sends its close message
+    let (woke, mut target) = waiter.join().unwrap();
+    match woke {
+        Err(ulnic::Error::PeerClosed { from }) => {
+            assert_eq!((from.node, from.port), (0, 5));
+        }
+        other => panic!("the wait ended with {other:?}"),
+    }
+    let m = target.poll_recv().expect("the close message stays queued");
+    assert!(m.close && m.tag == 3, "{m:?}");
+}

@@ -51,6 +51,21 @@ pub enum Error {
     /// A remote access (RDMA) a library structure made failed.
     #[error("remote access failed: {0}")]
     Remote(SendError),
+    /// A blocking call returned because a close message (spec §5.11) from
+    /// `from` waits in the endpoint's receive queue: the peer went away,
+    /// as CLAN wakes every thread blocked on an endpoint when its close
+    /// message arrives. The message stays queued for
+    /// [`Endpoint::poll_recv`](crate::Endpoint::poll_recv).
+    ///
+    /// ```
+    /// let e = ulnic::Error::PeerClosed { from: ulnic::Address { node: 1, port: 5 } };
+    /// assert_eq!(e.errno(), libc::ECONNRESET);
+    /// ```
+    #[error("the peer {}:{} closed: its close message arrived", .from.node, .from.port)]
+    PeerClosed {
+        /// Who sent the close message.
+        from: crate::types::Address,
+    },
 }
 
 impl Error {
@@ -72,6 +87,7 @@ impl Error {
             Error::WouldBlock => libc::EAGAIN,
             Error::InvalidArgument(_) => libc::EINVAL,
             Error::Remote(e) => e.errno(),
+            Error::PeerClosed { .. } => libc::ECONNRESET,
             Error::Driver(d) => match d {
                 D::Command { status, .. } => status_errno(*status),
                 D::OutOfMemory(_) => libc::ENOMEM,

@@ -1120,7 +1120,8 @@ uint64_t ulnic_ep_read_u64(const struct ulnic_ep *ep, uint64_t offset);
  * CLAN's "check, arm, re-check, block": waits until tripwire `id` fires
  * or the word at `offset` of the segment is no longer `unchanged`, or
  * `timeout_ms` passes (-1: forever). 1 when it fired or changed, 0 on
- * timeout.
+ * timeout, -ECONNRESET when a close message waits in the endpoint's
+ * receive queue (the peer went away; the message stays queued).
  *
  * ```c
  * uint64_t seen = ulnic_ep_read_u64(ep, 0);

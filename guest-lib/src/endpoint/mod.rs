@@ -611,6 +611,33 @@ impl Endpoint {
         self.free_producer.wrapping_sub(done)
     }
 
+    /// The sender of the first close message (spec §5.11) waiting in the
+    /// receive queue, if any; nothing is taken off the queue.
+    pub(crate) fn close_pending(&self) -> Option<Address> {
+        let prod = u32::from_le(self.word(ctrl::RECV_PRODUCER).load(Ordering::Acquire));
+        let mut at = self.recv_consumer;
+        // At most a ring's worth: a producer index past that is the
+        // device's error, not a reason to read for ever.
+        for _ in 0..self.layout.recv_entries {
+            if at == prod {
+                return None;
+            }
+            let slot = u64::from(at & (self.layout.recv_entries - 1));
+            let mut b = [0u8; RECV_DESC_SIZE as usize];
+            let addr = self.layout.recv_offset() + slot * RECV_DESC_SIZE;
+            self.mem.ctrl_read(addr, &mut b[..INLINE_OFFSET]);
+            let d = RecvDesc::decode(&b);
+            if d.flags & recv_flags::CLOSE != 0 {
+                return Some(Address {
+                    node: d.src_node,
+                    port: d.src_port,
+                });
+            }
+            at = at.wrapping_add(1);
+        }
+        None
+    }
+
     /// Takes the next received message, if any (never blocks).
     ///
     /// ```no_run

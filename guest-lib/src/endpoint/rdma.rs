@@ -313,7 +313,9 @@ impl Endpoint {
     /// so after `true` read the word again and wait again if it is unchanged. It checks, arms, re-checks and
     /// only then blocks, so a write landing at any moment is never slept
     /// through. Other events stay queued for [`Endpoint::poll_event`]
-    /// (while some are, this waits by polling).
+    /// (while some are, this waits by polling). A close message in the
+    /// receive queue ends the wait with [`Error::PeerClosed`] (spec §5.11:
+    /// the peer that would have written is gone); it stays queued.
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
@@ -339,9 +341,15 @@ impl Endpoint {
             if left.is_zero() {
                 return Ok(false);
             }
+            if let Some(from) = self.close_pending() {
+                return Err(Error::PeerClosed { from });
+            }
             if self.wait(left)? {
                 if self.fired_or_changed(id, offset, unchanged) {
                     return Ok(true);
+                }
+                if let Some(from) = self.close_pending() {
+                    return Err(Error::PeerClosed { from });
                 }
                 // Other work queued: do not spin hot while unrelated events
                 // wait for the application.
