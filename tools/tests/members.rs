@@ -285,3 +285,48 @@ fn rdma_crosses_the_members_and_a_cut_trunk_returns_messages() {
     let err = String::from_utf8_lossy(&send.stderr);
     assert!(err.contains("unreachable"), "{err}");
 }
+
+#[test]
+fn a_partition_ends_blocked_sockets_with_etimedout() {
+    let m = Members::up();
+    let ready = Duration::from_secs(20);
+    let mut sink = sockcheck_on(&m, 2, &["sink", "7600"]);
+    sink.expect_line("ready", ready);
+    let mut src = sockcheck_on(&m, 0, &["source", "10.81.0.3", "7600"]);
+    src.expect_line("connected", ready);
+    sink.expect_line("connected", ready);
+    wait_for(
+        Duration::from_secs(20),
+        "a MiB into node 2 (the stream never started)",
+        || rx_bytes(&m, 2),
+        |n| *n >= 1 << 20,
+    );
+    // The trunk cut for good, both ways (each member emulates the lane
+    // it sends on): neither side can say anything to the other again.
+    let d = m.path().to_str().unwrap();
+    let cut = Instant::now();
+    for member in ["d0", "d1"] {
+        let o = ulnic()
+            .args(["fabric", "set", "--device", d, "--member", member])
+            .args(["--link", "0", "--down"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    // The reader blocks once the data stops, the writer once its credits
+    // run out; both hear of the peer's node given up on through their
+    // keepalives (docs/sockets.md §4).
+    for (who, p, then) in [
+        ("reader", sink, "then Connection timed out"),
+        ("writer", src, "then Connection timed out"),
+    ] {
+        let out = p.finish(Duration::from_secs(60));
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success() && said.contains(then), "{who}: {said}");
+        eprintln!("{who} ended {:?} after the cut: {said}", cut.elapsed());
+    }
+}

@@ -19,7 +19,7 @@ use libc::epoll_event;
 
 use crate::env::Env;
 use crate::real::{fail, real};
-use crate::sock::{epoll_tag, Kind, Reg, Sock, TAG, TAG_MASK};
+use crate::sock::{epoll_tag, Kind, Reg, Sock, LOOK_EVERY, TAG, TAG_MASK};
 
 /// Data of the notification descriptor's registration.
 pub const MAGIC: u64 = 0x756c_6e69_635f_6e66; // "ulnic_nf"
@@ -252,7 +252,10 @@ impl Registry {
                     self.set_notify(epfd, nfd);
                 }
             }
-            let k = kernel_wait(epfd, out.as_mut_ptr(), max, left, sigmask);
+            // Woken at least every LOOK_EVERY: a connection's keepalive
+            // is sent from its next look (docs/sockets.md §4).
+            let nap = Some(left.map_or(LOOK_EVERY, |l| l.min(LOOK_EVERY)));
+            let k = kernel_wait(epfd, out.as_mut_ptr(), max, nap, sigmask);
             if k < 0 {
                 return k;
             }

@@ -12,7 +12,7 @@ use libc::pollfd;
 
 use crate::env::Env;
 use crate::real::{fail, real};
-use crate::sock::Sock;
+use crate::sock::{Sock, LOOK_EVERY};
 use crate::table::Table;
 
 /// The real `ppoll` with `timeout` (`None`: forever).
@@ -123,7 +123,10 @@ pub fn poll_many(
                 revents: 0,
             });
         }
-        let k = kernel_poll(&mut sleep, left, sigmask);
+        // Woken at least every LOOK_EVERY: a connection's keepalive is
+        // sent from its next look (docs/sockets.md §4).
+        let nap = Some(left.map_or(LOOK_EVERY, |l| l.min(LOOK_EVERY)));
+        let k = kernel_poll(&mut sleep, nap, sigmask);
         if k < 0 {
             return k;
         }

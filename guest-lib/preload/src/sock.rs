@@ -22,6 +22,11 @@ use crate::real::real;
 /// Kernel epoll registrations of interposed sockets carry `TAG | fd` as
 /// their data, so their readiness can be given the program's own.
 pub const TAG: u64 = 0x756c_6e00_0000_0000;
+
+/// The longest `poll`/`epoll_wait` sleeps before it looks at its ulnic
+/// sockets again, however long the program's timeout: a connection's
+/// keepalive goes from a look (docs/sockets.md §4).
+pub const LOOK_EVERY: Duration = Duration::from_millis(500);
 /// The bits of `TAG`.
 pub const TAG_MASK: u64 = 0xffff_ff00_0000_0000;
 

@@ -31,6 +31,10 @@ const STALLED: Duration = Duration::from_secs(10);
 /// wake-up another thread took is then noticed).
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
 
+/// How long a connection may hear nothing from its peer before it sends a
+/// keepalive (docs/sockets.md §4).
+const KEEPALIVE: Duration = Duration::from_secs(1);
+
 /// An `io::Error` for `errno`.
 pub(crate) fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
@@ -107,6 +111,13 @@ pub(crate) struct Core {
     reset: bool,
     /// The reset was reported to a read.
     reset_told: bool,
+    /// What a reset reports: ECONNRESET, or ETIMEDOUT when the transport
+    /// gave up on the peer's node (docs/sockets.md §4).
+    reset_errno: i32,
+    /// When the peer was last heard from (any message of its).
+    last_heard: Instant,
+    /// When this side last sent a keepalive.
+    keepalive_at: Option<Instant>,
     fin_out: Fin,
     shut_read: bool,
     /// Registered with the flusher (bytes wait).
@@ -210,6 +221,9 @@ impl Core {
             fin_in: false,
             reset: false,
             reset_told: false,
+            reset_errno: libc::ECONNRESET,
+            last_heard: Instant::now(),
+            keepalive_at: None,
             fin_out: Fin::No,
             shut_read: false,
             watched: false,
@@ -250,7 +264,7 @@ impl Core {
             }
             _ if self.reset && !self.reset_told && self.queue.is_empty() => {
                 self.reset_told = true;
-                Some(libc::ECONNRESET)
+                Some(self.reset_errno)
             }
             _ => None,
         }
@@ -260,6 +274,9 @@ impl Core {
     /// the handshake's answer, ends and resets; the outcome of sends.
     fn progress(&mut self) {
         while let Some(m) = self.ep.poll_recv() {
+            if m.src == self.peer_ep {
+                self.last_heard = Instant::now();
+            }
             let held = Held::of(&m);
             let consumed = self.take(&m, held);
             if !consumed {
@@ -281,13 +298,25 @@ impl Core {
                                 r => r.errno(),
                             });
                         }
-                        Phase::Open => self.reset = true,
+                        Phase::Open => {
+                            if reason == SendError::Unreachable {
+                                self.reset_errno = libc::ETIMEDOUT;
+                            }
+                            self.reset = true;
+                        }
                         _ => {}
                     }
+                }
+                Event::Unreachable { node }
+                    if node == self.peer_ep.node && self.phase == Phase::Open && !self.reset =>
+                {
+                    self.reset_errno = libc::ETIMEDOUT;
+                    self.reset = true;
                 }
                 _ => {}
             }
         }
+        self.keep_alive();
         if let Phase::Connecting { deadline } = self.phase {
             if Instant::now() >= deadline {
                 self.phase = Phase::Failed(libc::ETIMEDOUT);
@@ -299,6 +328,24 @@ impl Core {
         }
         // DATA consumed as it came (after shutdown(SHUT_RD)) owes credit.
         self.return_due_credits();
+    }
+
+    /// After `KEEPALIVE` without a word from the peer, sends it a CREDIT of
+    /// nothing (once per `KEEPALIVE`): a peer on a node the transport gives
+    /// up on makes the send fail UNREACHABLE, and the connection fails
+    /// with ETIMEDOUT instead of waiting for ever (docs/sockets.md §4).
+    fn keep_alive(&mut self) {
+        if self.phase != Phase::Open || self.reset || self.ep.send_space() == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let quiet = |t: Instant| now.saturating_duration_since(t) >= KEEPALIVE;
+        if quiet(self.last_heard) && self.keepalive_at.is_none_or(quiet) {
+            let tag = wire::tag(wire::CREDIT, 0);
+            if self.ep.post_send_inline(self.peer_ep, tag, &[], 0).is_ok() {
+                self.keepalive_at = Some(now);
+            }
+        }
     }
 
     /// Bytes written and not yet sent (waiting for credit).
@@ -573,7 +620,7 @@ impl Core {
         if self.reset {
             if !self.reset_told {
                 self.reset_told = true;
-                return Err(errno(libc::ECONNRESET));
+                return Err(errno(self.reset_errno));
             }
             return Ok(0);
         }
@@ -586,6 +633,11 @@ impl Core {
             Phase::Connecting { .. } => return Err(io::ErrorKind::WouldBlock.into()),
             Phase::Failed(_) => return Err(errno(libc::ENOTCONN)),
             Phase::Open => {}
+        }
+        if self.reset && self.reset_errno == libc::ETIMEDOUT && !self.reset_told {
+            // As over TCP: the timeout is reported once, then EPIPE.
+            self.reset_told = true;
+            return Err(errno(libc::ETIMEDOUT));
         }
         if self.reset || self.fin_out != Fin::No {
             return Err(errno(libc::EPIPE));
