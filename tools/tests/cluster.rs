@@ -24,6 +24,7 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
     fuzz_then_selftest();
     pingpong_in_pairs();
     pingpong_over_two_devices();
+    pingpong_behind_a_topology();
     apps_between_guests();
     compare_with_guests();
     a_failing_node_fails_the_run();
@@ -128,7 +129,8 @@ fn pingpong_in_pairs() {
 fn pingpong_over_two_devices() {
     // Guests on two device processes (a star fabric over loopback UDP):
     // node 0's NIC is device d0's, node 1's is d1's, so every message of
-    // the pair crosses between the processes, with the fabric's transport.
+    // the pair crosses between the processes, with the fabric's transport,
+    // over links that lose and reorder packets.
     let (ok, out, err) = ulnic(&[
         "cluster",
         "bench",
@@ -137,6 +139,10 @@ fn pingpong_over_two_devices() {
         "2",
         "--devices",
         "2",
+        "--drop",
+        "0.02",
+        "--reorder",
+        "0.02",
         "--accel",
         "tcg",
         "--size",
@@ -162,6 +168,67 @@ fn pingpong_over_two_devices() {
             .all(|l| l["iters"] == 100 && l["devices"] == 2),
         "{out}"
     );
+    assert!(
+        results.iter().all(|l| l["fabric"]
+            .as_str()
+            .is_some_and(|f| f.contains("drop 0.02") && f.contains("reorder 0.02"))),
+        "{out}"
+    );
+}
+
+/// Four guests behind docs/topologies/two-switches.toml: pairs (0, 1) and
+/// (2, 3) each on one switch's 25 Gbit/s links, in one device.
+fn pingpong_behind_a_topology() {
+    let topo = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/topologies/two-switches.toml"
+    );
+    let (ok, out, err) = ulnic(&[
+        "cluster",
+        "bench",
+        "pingpong",
+        "--nodes",
+        "4",
+        "--topology",
+        topo,
+        "--accel",
+        "tcg",
+        "--size",
+        "8",
+        "--iters",
+        "100",
+        "--json",
+    ]);
+    assert!(ok, "cluster bench behind a topology failed:\n{err}");
+    let ulnic_pairs: Vec<u64> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["transport"] == "ulnic")
+        .map(|l| {
+            assert!(
+                l["fabric"]
+                    .as_str()
+                    .is_some_and(|f| f.contains("two-switches.toml")),
+                "{l}"
+            );
+            l["pair"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(ulnic_pairs, [0, 1], "{out}");
+    // The topology's node count must be the cluster's.
+    let (ok, _, err) = ulnic(&[
+        "cluster",
+        "run",
+        "--nodes",
+        "2",
+        "--topology",
+        topo,
+        "--accel",
+        "tcg",
+        "--",
+        "true",
+    ]);
+    assert!(!ok && err.contains("nodes"), "{err}");
 }
 
 /// Debian's programs between two guests, over ulnic and kernel TCP.

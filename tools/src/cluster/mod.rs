@@ -15,6 +15,7 @@ use ulnic_device::{Configuration, Device};
 
 pub mod agent;
 pub mod client;
+pub mod fabric;
 pub mod protocol;
 pub mod supervisor;
 
@@ -46,6 +47,8 @@ pub struct RunOptions {
     /// process, nodes one copy apart; more: a star fabric of that many
     /// `ulnic device` processes joined over loopback UDP).
     pub devices: u32,
+    /// The fabric the guests sit behind.
+    pub fabric: fabric::FabricArgs,
 }
 
 /// What happened on one node.
@@ -269,33 +272,24 @@ pub fn run(
 }
 
 /// The guests' device: in this process (`sockets` are its nodes), or
-/// spread over `opts.devices` processes (a star fabric) with their
-/// sockets in `dir`.
+/// spread over `opts.devices` processes with their sockets in `dir`,
+/// behind the fabric `opts.fabric` asks for.
 fn start_devices(
     opts: &RunOptions,
     dir: &std::path::Path,
     sockets: &[PathBuf],
     say: &mut dyn FnMut(&str),
 ) -> anyhow::Result<(Option<Device>, Option<crate::fabric::launch::LocalMembers>)> {
-    if opts.devices <= 1 {
-        let config = Configuration::builder(sockets.to_vec())
-            .max_endpoints(opts.endpoints)
-            .build()?;
-        return Ok((Some(Device::start(config)?), None));
-    }
-    say(&format!(
-        "starting {} device processes (a star fabric over loopback UDP)",
-        opts.devices
-    ));
-    let m =
-        crate::fabric::launch::LocalMembers::start(dir, opts.nodes, opts.devices, opts.endpoints)?;
-    for member in &m.members {
+    say(&format!("fabric: {}", opts.fabric.describe(opts.devices)));
+    let (device, members) =
+        fabric::start_devices(dir, sockets, opts.devices, opts.endpoints, &opts.fabric)?;
+    for member in members.iter().flat_map(|m| &m.members) {
         say(&format!(
             "device {} at {}: nodes {:?}",
             member.name, member.address, member.nodes
         ));
     }
-    Ok((None, Some(m)))
+    Ok((device, members))
 }
 
 /// Starts node `n`'s QEMU; its console lines (stdout and stderr) go to

@@ -115,6 +115,9 @@ pub struct ClusterStatus {
     pub accel: String,
     /// The supervisor's process id.
     pub pid: u32,
+    /// The fabric the guests sit behind: its topology and faults.
+    #[serde(default)]
+    pub fabric: String,
     /// Every guest.
     pub nodes: Vec<NodeStatus>,
 }

@@ -72,6 +72,8 @@ struct Sup {
     /// `None` with `--devices` above 1.
     device: Mutex<Option<Device>>,
     device_config: Configuration,
+    /// `FabricArgs::describe`, for `status`.
+    fabric: String,
     /// With `--devices` above 1: the device processes (a star fabric over
     /// loopback UDP), stopped with the supervisor.
     members: Option<crate::fabric::launch::LocalMembers>,
@@ -101,6 +103,9 @@ pub struct SuperviseArgs {
     /// in the supervisor).
     #[arg(long, default_value_t = 1)]
     pub devices: u32,
+    /// The fabric the guests sit behind.
+    #[command(flatten)]
+    pub fabric: super::fabric::FabricArgs,
 }
 
 impl Sup {
@@ -188,6 +193,7 @@ impl Sup {
             dir: self.dir.clone(),
             accel: self.accel.clone(),
             pid: std::process::id(),
+            fabric: self.fabric.clone(),
             nodes,
         }
     }
@@ -200,20 +206,19 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
         &std::fs::read(a.dir.join("image.json")).map_err(|e| anyhow::anyhow!("image.json: {e}"))?,
     )
     .map_err(|e| anyhow::anyhow!("image.json: {e}"))?;
-    let config = Configuration::builder(Configuration::socket_paths(&a.dir, a.nodes))
-        .max_endpoints(a.endpoints)
-        .build()?;
     let sockets = Configuration::socket_paths(&a.dir, a.nodes);
+    let config = super::fabric::configuration(&sockets, a.endpoints, &a.fabric)?;
+    eprintln!("supervisor: fabric: {}", a.fabric.describe(a.devices));
     let (device, members) = if a.devices > 1 {
-        let m =
-            crate::fabric::launch::LocalMembers::start(&a.dir, a.nodes, a.devices, a.endpoints)?;
-        for member in &m.members {
+        let (_, m) =
+            super::fabric::start_devices(&a.dir, &sockets, a.devices, a.endpoints, &a.fabric)?;
+        for member in m.iter().flat_map(|m| &m.members) {
             eprintln!(
                 "supervisor: device {} at {} serves nodes {:?}",
                 member.name, member.address, member.nodes
             );
         }
-        (None, Some(m))
+        (None, m)
     } else {
         (Some(Device::start(config.clone())?), None)
     };
@@ -231,6 +236,7 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
         stopping: AtomicBool::new(false),
         device: Mutex::new(device),
         device_config: config,
+        fabric: a.fabric.describe(a.devices),
         members,
         vms: Mutex::new(Vec::new()),
     });
@@ -873,6 +879,7 @@ pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> anyh
         .args(["--memory", &args.memory.to_string()])
         .args(["--endpoints", &args.endpoints.to_string()])
         .args(["--devices", &args.devices.to_string()])
+        .args(args.fabric.to_args())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

@@ -210,6 +210,8 @@ pub struct ClusterOpts {
     /// up this way cannot `restart-device`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub devices: u32,
+    #[command(flatten)]
+    pub fabric: crate::cluster::fabric::FabricArgs,
     /// Debian (bookworm) packages to add to the guests, with the shared
     /// libraries their programs need; fetched once into the cache.
     /// Example: --packages redis-server,redis-tools,iperf3,sockperf
@@ -315,6 +317,7 @@ fn up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
         memory: o.memory,
         endpoints: o.endpoints,
         devices: o.devices,
+        fabric: o.fabric.resolved()?,
     };
     eprintln!("cluster '{name}': booting {} guests ({accel})", o.nodes);
     let status = client::up(
@@ -420,6 +423,9 @@ fn status(name: &str, json: bool) -> anyhow::Result<()> {
 fn status_table(name: &str, s: &crate::cluster::protocol::ClusterStatus) -> String {
     let mut out = String::new();
     outln!(out, "cluster '{name}' ({}), {}", s.accel, s.dir.display());
+    if !s.fabric.is_empty() {
+        outln!(out, "  fabric: {}", s.fabric);
+    }
     for n in &s.nodes {
         outln!(
             out,
@@ -507,6 +513,7 @@ fn run_on_guests(o: &ClusterOpts, command: &str, quiet: bool) -> anyhow::Result<
         timeout: Duration::from_secs(o.timeout),
         endpoints: o.endpoints,
         devices: o.devices,
+        fabric: o.fabric.clone(),
     };
     let results = crate::cluster::run(&opts, &image, command, &mut say)?;
     let mut failed = 0;
@@ -577,7 +584,9 @@ fn bench(a: &ClusterBenchArgs) -> anyhow::Result<()> {
             };
             let r: Record = serde_json::from_str(rec)?;
             if a.json {
-                println!("{}", pair_json(&r, pair, pairs, o.devices)?);
+                let mut v = pair_json(&r, pair, pairs, o.devices)?;
+                v["fabric"] = o.fabric.describe(o.devices).into();
+                println!("{v}");
             } else {
                 print!("{}", record_line(&r, false));
             }
@@ -991,6 +1000,7 @@ mod tests {
             dir: "/run/ulnic/ci".into(),
             accel: "tcg".into(),
             pid: 42,
+            fabric: "topology two-switches.toml".into(),
             nodes: vec![
                 NodeStatus {
                     node: 0,
@@ -1013,6 +1023,7 @@ mod tests {
         assert_eq!(
             status_table("ci", &s),
             "cluster 'ci' (tcg), /run/ulnic/ci\n\
+             \x20 fabric: topology two-switches.toml\n\
              \x20 node 0: ready (booted in 4.6 s)  boots 1  log /run/ulnic/ci/node0.console.log\n\
              \x20 node 1: stopped: QEMU exited  boots 2  log /run/ulnic/ci/node1.console.log\n"
         );

@@ -550,15 +550,23 @@ impl LocalMembers {
     ) -> anyhow::Result<LocalMembers> {
         let addrs = free_loopback_ports(devices)?;
         let text = star_topology(nodes, &addrs)?;
+        Self::start_with(dir, &text, endpoints)
+    }
+
+    /// Starts one member for each [[device]] entry of topology `text`
+    /// (written to `dir` with a fresh key), here, and waits until each is
+    /// up.
+    pub fn start_with(dir: &Path, text: &str, endpoints: u32) -> anyhow::Result<LocalMembers> {
         let topo = dir.join("fabric.toml");
-        std::fs::write(&topo, &text)?;
+        std::fs::write(&topo, text)?;
         let key = dir.join("fabric.key");
         fresh_key(&key)?;
-        let config = super::file::parse(&text)?;
+        let config = super::file::parse(text)?;
+        let nodes = config.topology.nodes();
         let span = config
             .span
             .as_ref()
-            .context("a star has [[device]] entries")?;
+            .context("the topology has no [[device]] entries")?;
         let mut started = LocalMembers {
             children: Vec::new(),
             members: Vec::new(),
@@ -598,7 +606,7 @@ impl Drop for LocalMembers {
 /// `count` consecutive UDP ports free on 127.0.0.1 (found by binding; a
 /// port taken between this and the device's bind makes that device fail
 /// to start, with the reason in its log).
-fn free_loopback_ports(count: u32) -> anyhow::Result<Vec<SocketAddr>> {
+pub fn free_loopback_ports(count: u32) -> anyhow::Result<Vec<SocketAddr>> {
     for _ in 0..64 {
         let first = UdpSocket::bind("127.0.0.1:0")?;
         let base = first.local_addr()?.port();

@@ -804,16 +804,17 @@ switch = "right"
         };
         let t = selftest_table(&r);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 21);
+        assert_eq!(lines.len(), 22);
         assert_eq!(lines[0], "sent                           1000");
-        assert_eq!(lines[6], "seconds                        0.50");
-        assert_eq!(lines[7], "messages/s                     2000");
-        assert_eq!(lines[8], "transport:");
-        assert_eq!(lines[9], "  retransmissions                 7");
-        assert_eq!(lines[13], "  early packets dropped            0");
-        assert_eq!(lines[14], "links:");
-        assert_eq!(lines[15], "  packets                      1234");
-        assert_eq!(lines[18], "  crc errors                      2");
+        assert_eq!(lines[6], "unreachable events                0");
+        assert_eq!(lines[7], "seconds                        0.50");
+        assert_eq!(lines[8], "messages/s                     2000");
+        assert_eq!(lines[9], "transport:");
+        assert_eq!(lines[10], "  retransmissions                 7");
+        assert_eq!(lines[14], "  early packets dropped            0");
+        assert_eq!(lines[15], "links:");
+        assert_eq!(lines[16], "  packets                      1234");
+        assert_eq!(lines[19], "  crc errors                      2");
     }
 
     #[test]

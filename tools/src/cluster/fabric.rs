@@ -1,0 +1,274 @@
+//! The fabric a cluster's guests sit behind (`--topology`, fault flags):
+//! the device (or device processes) started for a cluster with it, and
+//! how `cluster status` describes it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use ulnic_device::config::Configuration;
+use ulnic_device::fabric::topology::Faults;
+use ulnic_device::Device;
+
+use crate::control::{Client, FaultSpec, Request};
+use crate::fabric::launch::{free_loopback_ports, LocalMembers};
+
+/// Where a cluster's guests sit (flattened into `cluster up/run/bench`
+/// and the supervisor's arguments).
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FabricArgs {
+    /// Put the guests behind the emulated fabric this topology file
+    /// describes (docs/spec.md §10: switches, links with rate, latency,
+    /// MTU and faults; node i is guest i, so its `nodes` must equal
+    /// --nodes). With --devices D its switches are dealt to D device
+    /// processes in contiguous blocks (it needs at least D switches and
+    /// no [[device]] entries of its own). Without it: one switch, ideal
+    /// links. Examples in docs/topologies/.
+    #[arg(long, value_name = "FILE")]
+    pub topology: Option<PathBuf>,
+    /// Probability each link loses a packet (every link, both ways).
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub drop: f64,
+    /// Probability each link flips a bit of a packet (its CRC then fails).
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub corrupt: f64,
+    /// Probability each link delivers a packet twice.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub duplicate: f64,
+    /// Probability each link lets a packet be overtaken.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub reorder: f64,
+}
+
+impl FabricArgs {
+    /// The faults every link gets (checked).
+    fn faults(&self) -> anyhow::Result<Faults> {
+        let f = Faults {
+            drop: self.drop,
+            corrupt: self.corrupt,
+            duplicate: self.duplicate,
+            reorder: self.reorder,
+            ..Faults::default()
+        };
+        f.check()
+            .map_err(|why| anyhow::anyhow!("fault flags: {why}"))?;
+        Ok(f)
+    }
+
+    fn faulty(&self) -> bool {
+        self.faults().is_ok_and(|f| !f.none())
+    }
+
+    /// The same, with the topology's path made absolute (the supervisor
+    /// process may not share this one's directory), checked to exist.
+    pub fn resolved(&self) -> anyhow::Result<FabricArgs> {
+        self.faults()?;
+        let mut f = self.clone();
+        if let Some(t) = &self.topology {
+            f.topology = Some(
+                std::fs::canonicalize(t)
+                    .with_context(|| format!("the topology {}", t.display()))?,
+            );
+        }
+        Ok(f)
+    }
+
+    /// The same flags as a command line (for the supervisor process).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        if let Some(t) = &self.topology {
+            a.push("--topology".into());
+            a.push(t.display().to_string());
+        }
+        for (flag, p) in [
+            ("--drop", self.drop),
+            ("--corrupt", self.corrupt),
+            ("--duplicate", self.duplicate),
+            ("--reorder", self.reorder),
+        ] {
+            if p != 0.0 {
+                a.push(flag.into());
+                a.push(p.to_string());
+            }
+        }
+        a
+    }
+
+    /// One line for `cluster status` and progress.
+    pub fn describe(&self, devices: u32) -> String {
+        let shape = match &self.topology {
+            Some(t) => format!("topology {}", t.display()),
+            None if devices > 1 => format!("a star of {devices} device processes"),
+            None => "one switch, ideal links".into(),
+        };
+        if self.faulty() {
+            format!(
+                "{shape}; every link: drop {} corrupt {} duplicate {} reorder {}",
+                self.drop, self.corrupt, self.duplicate, self.reorder
+            )
+        } else {
+            shape
+        }
+    }
+}
+
+/// The configuration of a cluster's device in one process: `sockets`,
+/// `endpoints` per node, behind the fabric `f` asks for.
+pub fn configuration(
+    sockets: &[PathBuf],
+    endpoints: u32,
+    f: &FabricArgs,
+) -> anyhow::Result<Configuration> {
+    let faults = f.faults()?;
+    let mut b = Configuration::builder(sockets.to_vec()).max_endpoints(endpoints);
+    if f.topology.is_some() || !faults.none() {
+        let mut fabric = match &f.topology {
+            Some(t) => crate::fabric::load(t)?,
+            None => ulnic_device::fabric::network::FabricConfig::ideal(sockets.len() as u32),
+        };
+        anyhow::ensure!(
+            fabric.span.is_none(),
+            "the topology names device processes ([[device]]): a cluster deals them with --devices"
+        );
+        for l in 0..fabric.topology.links().len() {
+            fabric.topology.set_faults(l, faults)?;
+        }
+        b = b.fabric(fabric);
+    }
+    Ok(b.build()?)
+}
+
+/// The guests' device for `sockets` (in `dir`): in this process, or
+/// spread over `devices` processes joined over loopback UDP, behind the
+/// fabric `f` asks for, with `endpoints` per node.
+pub fn start_devices(
+    dir: &Path,
+    sockets: &[PathBuf],
+    devices: u32,
+    endpoints: u32,
+    f: &FabricArgs,
+) -> anyhow::Result<(Option<Device>, Option<LocalMembers>)> {
+    let faults = f.faults()?;
+    let nodes = sockets.len() as u32;
+    if devices <= 1 {
+        let config = configuration(sockets, endpoints, f)?;
+        return Ok((Some(Device::start(config)?), None));
+    }
+    let members = match &f.topology {
+        Some(t) => {
+            let text = std::fs::read_to_string(t)
+                .with_context(|| format!("cannot read {}", t.display()))?;
+            let spread = spread(&text, &free_loopback_ports(devices)?)?;
+            LocalMembers::start_with(dir, &spread, endpoints)?
+        }
+        None => LocalMembers::start(dir, nodes, devices, endpoints)?,
+    };
+    if !faults.none() {
+        let links = crate::fabric::file::parse(&std::fs::read_to_string(dir.join("fabric.toml"))?)?
+            .topology
+            .links()
+            .len();
+        for m in &members.members {
+            // Each member emulates the lanes it sends on.
+            let mut c = Client::connect(dir, Some(&m.name))?;
+            for link in 0..links {
+                c.send(&Request::SetFaults {
+                    link: Some(link),
+                    node: None,
+                    faults: FaultSpec {
+                        drop: f.drop,
+                        corrupt: f.corrupt,
+                        duplicate: f.duplicate,
+                        reorder: f.reorder,
+                        ..FaultSpec::default()
+                    },
+                })?;
+                c.checked_line()?;
+            }
+        }
+    }
+    Ok((None, Some(members)))
+}
+
+/// `text` (a topology without [[device]] entries) spread over one device
+/// process per address: switch s of S to process `s * D / S`.
+pub fn spread(text: &str, addresses: &[std::net::SocketAddr]) -> anyhow::Result<String> {
+    let config = crate::fabric::file::parse(text)?;
+    anyhow::ensure!(
+        config.span.is_none(),
+        "the topology names device processes ([[device]]): a cluster deals them with --devices"
+    );
+    let switches = config.topology.switches();
+    let d = addresses.len();
+    anyhow::ensure!(
+        switches.len() >= d,
+        "{} switch(es) cannot be spread over {d} device processes (each needs one)",
+        switches.len()
+    );
+    let mut t = text.to_string();
+    t += "\n# Added by `ulnic cluster`: the switches dealt to device processes.\n";
+    for (k, a) in addresses.iter().enumerate() {
+        let mine: Vec<String> = switches
+            .iter()
+            .enumerate()
+            .filter(|(s, _)| s * d / switches.len() == k)
+            .map(|(_, name)| format!("\"{name}\""))
+            .collect();
+        t += &format!(
+            "\n[[device]]\nname = \"d{k}\"\naddress = \"{a}\"\nswitches = [{}]\n",
+            mine.join(", ")
+        );
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topology_is_dealt_to_device_processes_in_blocks() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/topologies/two-switches.toml"
+        ))
+        .unwrap();
+        let addrs: Vec<std::net::SocketAddr> = vec![
+            "127.0.0.1:7400".parse().unwrap(),
+            "127.0.0.1:7401".parse().unwrap(),
+        ];
+        let t = spread(&text, &addrs).unwrap();
+        let c = crate::fabric::file::parse(&t).unwrap();
+        let span = c.span.expect("members");
+        assert_eq!(span.members.len(), 2);
+        // Each switch has its own member.
+        assert_eq!(span.switch_owner, vec![0, 1]);
+        // Three members for two switches cannot be.
+        let three: Vec<std::net::SocketAddr> = (0..3)
+            .map(|i| format!("127.0.0.1:{}", 7400 + i).parse().unwrap())
+            .collect();
+        assert!(spread(&text, &three).is_err());
+        // A file that already names members is refused.
+        assert!(spread(&t, &addrs).is_err());
+    }
+
+    #[test]
+    fn flags_go_to_the_supervisor_and_are_described() {
+        let f = FabricArgs {
+            topology: Some("t.toml".into()),
+            drop: 0.01,
+            ..FabricArgs::default()
+        };
+        assert_eq!(f.to_args(), ["--topology", "t.toml", "--drop", "0.01"]);
+        assert_eq!(
+            f.describe(2),
+            "topology t.toml; every link: drop 0.01 corrupt 0 duplicate 0 reorder 0"
+        );
+        assert_eq!(FabricArgs::default().describe(1), "one switch, ideal links");
+        let bad = FabricArgs {
+            drop: 2.0,
+            ..FabricArgs::default()
+        };
+        assert!(bad.faults().is_err());
+    }
+}
