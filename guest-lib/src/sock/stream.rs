@@ -22,6 +22,7 @@ use crate::FilterEntry;
 /// User ids of the messages whose fate matters.
 const ID_CONNECT: u64 = 1;
 const ID_FIN: u64 = 2;
+const ID_KEEPALIVE: u64 = 3;
 
 /// How long a closing connection waits for its peer to take more of what
 /// was written before it gives up and resets.
@@ -118,6 +119,9 @@ pub(crate) struct Core {
     last_heard: Instant,
     /// When this side last sent a keepalive.
     keepalive_at: Option<Instant>,
+    /// A keepalive not yet delivered: no second one is sent meanwhile
+    /// (a peer that does not read would otherwise have its ring filled).
+    keepalive_out: bool,
     fin_out: Fin,
     shut_read: bool,
     /// Registered with the flusher (bytes wait).
@@ -224,6 +228,7 @@ impl Core {
             reset_errno: libc::ECONNRESET,
             last_heard: Instant::now(),
             keepalive_at: None,
+            keepalive_out: false,
             fin_out: Fin::No,
             shut_read: false,
             watched: false,
@@ -286,7 +291,18 @@ impl Core {
         while let Some(ev) = self.ep.poll_event() {
             match ev {
                 Event::SendDone { id: ID_FIN } => self.fin_out = Fin::Done,
+                Event::SendDone { id: ID_KEEPALIVE } => self.keepalive_out = false,
+                // A keepalive the peer had no room for: it is there, and
+                // not reading; that is no reason to end the connection.
+                Event::SendFailed {
+                    id: ID_KEEPALIVE,
+                    reason: SendError::NoBuffer,
+                    ..
+                } => self.keepalive_out = false,
                 Event::SendFailed { id, reason, .. } => {
+                    if id == ID_KEEPALIVE {
+                        self.keepalive_out = false;
+                    }
                     if id == ID_FIN {
                         self.fin_out = Fin::Done;
                     }
@@ -331,19 +347,30 @@ impl Core {
     }
 
     /// After `KEEPALIVE` without a word from the peer, sends it a CREDIT of
-    /// nothing (once per `KEEPALIVE`): a peer on a node the transport gives
-    /// up on makes the send fail UNREACHABLE, and the connection fails
-    /// with ETIMEDOUT instead of waiting for ever (docs/sockets.md §4).
+    /// nothing (once per `KEEPALIVE`, and only once the last was
+    /// delivered): a peer on a node the transport gives up on makes the
+    /// send fail UNREACHABLE, and the connection fails with ETIMEDOUT
+    /// instead of waiting for ever (docs/sockets.md §4).
     fn keep_alive(&mut self) {
-        if self.phase != Phase::Open || self.reset || self.ep.send_space() == 0 {
+        if self.phase != Phase::Open
+            || self.reset
+            || self.keepalive_out
+            || self.ep.send_space() == 0
+        {
             return;
         }
         let now = Instant::now();
         let quiet = |t: Instant| now.saturating_duration_since(t) >= KEEPALIVE;
         if quiet(self.last_heard) && self.keepalive_at.is_none_or(quiet) {
             let tag = wire::tag(wire::CREDIT, 0);
-            if self.ep.post_send_inline(self.peer_ep, tag, &[], 0).is_ok() {
+            let to = self.peer_ep;
+            if self
+                .ep
+                .post_send_inline_completion(to, tag, &[], ID_KEEPALIVE)
+                .is_ok()
+            {
                 self.keepalive_at = Some(now);
+                self.keepalive_out = true;
             }
         }
     }
