@@ -576,6 +576,12 @@ impl Network {
         Ok(())
     }
 
+    /// Nothing to move: no packet, timer, datagram or mapping round
+    /// (`advance` would do nothing).
+    pub fn idle_everywhere(&self) -> bool {
+        !self.busy() && self.wire.as_ref().is_none_or(Wire::quiet) && !self.mapping()
+    }
+
     /// Whether anything is in flight: a packet on a link, a message not
     /// yet acknowledged, a packet a NIC made waiting to leave.
     pub fn busy(&self) -> bool {
@@ -600,7 +606,7 @@ impl Network {
     pub fn advance(&mut self, sink: &mut dyn Sink) -> usize {
         // The engine calls this every pass: with nothing anywhere, return
         // before reading the clock or walking the lanes and switches.
-        if !self.busy() && self.wire.as_ref().is_none_or(Wire::quiet) && !self.mapping() {
+        if self.idle_everywhere() {
             return 0;
         }
         let now = self.now();

@@ -142,21 +142,25 @@ impl Shard {
     /// Records one engine pass: `quiet` if it moved nothing and nothing
     /// was due.
     pub fn count_pass(&self, quiet: bool) {
-        if quiet {
-            self.quiet_run.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.quiet_run.store(0, Ordering::SeqCst);
-        }
-        self.passes.fetch_add(1, Ordering::SeqCst);
+        // Only the engine thread writes these: plain loads and stores, no
+        // locked instruction on a path taken every pass. The run is
+        // written first, so a reader that sees the new total sees it.
+        let run = self.quiet_run.load(Ordering::Relaxed);
+        let run = if quiet { run + 1 } else { 0 };
+        self.quiet_run.store(run, Ordering::Relaxed);
+        let passes = self.passes.load(Ordering::Relaxed);
+        self.passes.store(passes + 1, Ordering::Release);
     }
 
     /// Engine passes so far, and how many of the latest in a row were
     /// quiet.
     pub fn passes(&self) -> (u64, u64) {
-        // The run first: a pass counted between the two loads can only
-        // make the total look larger, never the run.
-        let run = self.quiet_run.load(Ordering::SeqCst);
-        (self.passes.load(Ordering::SeqCst), run)
+        // The total first (Acquire: the run written before it is seen),
+        // then the run: a pass counted between the two loads can only
+        // make the run look newer than the total, which `settle` allows
+        // for by asking for several passes.
+        let passes = self.passes.load(Ordering::Acquire);
+        (passes, self.quiet_run.load(Ordering::Relaxed))
     }
 
     /// Wakes the engine if it sleeps.
