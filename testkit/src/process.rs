@@ -237,3 +237,39 @@ impl Drop for TestChild {
         }
     }
 }
+
+/// The C program at `src`, compiled once per test process with gcc
+/// (`-O2 -Wall -Wextra -Werror`) into a directory that lives as long as
+/// the process; panics with gcc's complaint if it does not build.
+pub fn c_program(src: &std::path::Path) -> &'static std::path::Path {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, OnceLock};
+    static BUILT: OnceLock<Mutex<HashMap<PathBuf, &'static Path>>> = OnceLock::new();
+    let mut built = BUILT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(exe) = built.get(src) {
+        return exe;
+    }
+    // Kept for the process's life: its programs run until the end.
+    let dir: &'static tempfile::TempDir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
+    let name = src.file_stem().unwrap_or_default();
+    let exe: &'static Path = Box::leak(dir.path().join(name).into_boxed_path());
+    let out = std::process::Command::new("gcc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(src)
+        .arg("-o")
+        .arg(exe)
+        .output()
+        .expect("gcc");
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    built.insert(src.to_path_buf(), exe);
+    exe
+}

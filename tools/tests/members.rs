@@ -10,7 +10,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ulnic_testkit::{wait_for, wait_for_path, TestChild};
@@ -144,27 +143,9 @@ fn preload() -> PathBuf {
 }
 
 fn sockcheck() -> &'static Path {
-    static BIN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &BIN.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("sockcheck");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../guest-lib/preload/tests/progs/sockcheck.c");
-        let out = Command::new("gcc")
-            .args(["-O2", "-Wall", "-Wextra", "-Werror"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&exe)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (dir, exe)
-    })
-    .1
+    ulnic_testkit::c_program(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-lib/preload/tests/progs/sockcheck.c"),
+    )
 }
 
 /// `sockcheck args` on node `node` under the preload layer.
@@ -194,23 +175,28 @@ fn rx_bytes(m: &Members, node: usize) -> u64 {
         })
 }
 
-#[test]
-fn a_writer_killed_on_one_member_resets_its_reader_on_the_other() {
-    let m = Members::up();
+/// A sockcheck stream on TCP port `port` from node 0 (member d0) to node
+/// 2 (d1, 10.81.0.3), once a MiB has reached node 2: (reader, writer).
+fn mid_stream(m: &Members, port: &str) -> (TestChild, TestChild) {
     let ready = Duration::from_secs(20);
-    let mut sink = sockcheck_on(&m, 2, &["sink", "7500"]);
+    let mut sink = sockcheck_on(m, 2, &["sink", port]);
     sink.expect_line("ready", ready);
-    // Node 2 is 10.81.0.3.
-    let mut src = sockcheck_on(&m, 0, &["source", "10.81.0.3", "7500"]);
+    let mut src = sockcheck_on(m, 0, &["source", "10.81.0.3", port]);
     src.expect_line("connected", ready);
     sink.expect_line("connected", ready);
-    // Mid-stream: node 2's endpoints have taken a MiB.
     wait_for(
         Duration::from_secs(20),
         "a MiB into node 2 (the stream never started)",
-        || rx_bytes(&m, 2),
+        || rx_bytes(m, 2),
         |n| *n >= 1 << 20,
     );
+    (sink, src)
+}
+
+#[test]
+fn a_writer_killed_on_one_member_resets_its_reader_on_the_other() {
+    let m = Members::up();
+    let (sink, mut src) = mid_stream(&m, "7500");
     let killed = Instant::now();
     src.kill(); // SIGKILL: only the device on member d0 speaks for it
     let out = sink.finish(Duration::from_secs(30));
@@ -289,18 +275,7 @@ fn rdma_crosses_the_members_and_a_cut_trunk_returns_messages() {
 #[test]
 fn a_partition_ends_blocked_sockets_with_etimedout() {
     let m = Members::up();
-    let ready = Duration::from_secs(20);
-    let mut sink = sockcheck_on(&m, 2, &["sink", "7600"]);
-    sink.expect_line("ready", ready);
-    let mut src = sockcheck_on(&m, 0, &["source", "10.81.0.3", "7600"]);
-    src.expect_line("connected", ready);
-    sink.expect_line("connected", ready);
-    wait_for(
-        Duration::from_secs(20),
-        "a MiB into node 2 (the stream never started)",
-        || rx_bytes(&m, 2),
-        |n| *n >= 1 << 20,
-    );
+    let (sink, src) = mid_stream(&m, "7600");
     // The trunk cut for good, both ways (each member emulates the lane
     // it sends on): neither side can say anything to the other again.
     let d = m.path().to_str().unwrap();

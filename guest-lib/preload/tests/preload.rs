@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use ulnic::sock::{DGRAM_BASE, LISTEN_BASE};
@@ -33,26 +32,7 @@ fn preload() -> PathBuf {
 
 /// `sockcheck`, built once.
 fn sockcheck() -> &'static Path {
-    static BIN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &BIN.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("sockcheck");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/sockcheck.c");
-        let out = Command::new("gcc")
-            .args(["-O2", "-Wall", "-Wextra", "-Werror"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&exe)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (dir, exe)
-    })
-    .1
+    ulnic_testkit::c_program(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/sockcheck.c"))
 }
 
 /// A device with `nodes` nodes of 256 endpoints each.
