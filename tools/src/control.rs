@@ -60,7 +60,9 @@ pub struct FaultSpec {
 }
 
 impl FaultSpec {
-    fn faults(&self) -> anyhow::Result<Faults> {
+    /// The device's faults these spell (not yet checked against their
+    /// ranges: the topology does that where they are set).
+    pub fn faults(&self) -> anyhow::Result<Faults> {
         anyhow::ensure!(
             self.delay_us.is_finite() && self.delay_us >= 0.0,
             "delay_us must be 0 or more"

@@ -557,10 +557,9 @@ impl Network {
         })
     }
 
-    /// Counts an operation node `n` carried by the shortcut (a message's
-    /// delay recorded as 0).
-    pub fn count_shortcut(&mut self, n: u32, message: bool) {
-        self.transport.count_shortcut(n, message);
+    /// Counts an operation node `n` carried by the shortcut.
+    pub fn count_shortcut(&mut self, n: u32) {
+        self.transport.count_shortcut(n);
     }
 
     /// Replaces the faults of link `link` (both lanes).

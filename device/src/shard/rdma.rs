@@ -74,7 +74,7 @@ pub fn serve(
             let key = ChannelKey::new(from.node, from.id, tn, 0, req.opcode);
             let bytes = packet::ACCESS_HEADER_SIZE + req.len as usize;
             if from.ep.pieces.is_none() && net.idle(&key) && net.shortcut(from.node, tn, bytes) {
-                net.count_shortcut(from.node, false);
+                net.count_shortcut(from.node);
                 local(pass, from, &req).map(|()| Sent::Done)
             } else {
                 remote::submit(net, ops, key, from, &mut req)

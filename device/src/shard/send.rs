@@ -128,7 +128,7 @@ fn carry(
         if net.idle(&key) && net.shortcut(from.node, d.dest_node, d.len as usize) {
             match pass.deliver(d.dest_node, d.dest_port, &msg) {
                 Ok(()) => {
-                    net.count_shortcut(from.node, true);
+                    net.count_shortcut(from.node);
                     return Ok(Sent::Done);
                 }
                 // No room: the transport NACKs and retries it.
@@ -182,7 +182,7 @@ fn shortcut_oob(
     if net.idle(&key) && net.shortcut(key.src, key.dst, d.len as usize) {
         match pass.deliver_oob(key.dst, key.port, o) {
             Ok(()) => {
-                net.count_shortcut(key.src, true);
+                net.count_shortcut(key.src);
                 return Ok(Sent::Done);
             }
             Err(tx_error::NO_BUFFER) => {}

@@ -278,15 +278,18 @@ impl Core {
     /// Takes what arrived into the socket: data into the queue, credits,
     /// the handshake's answer, ends and resets; the outcome of sends.
     fn progress(&mut self) {
+        let mut heard = false;
         while let Some(m) = self.ep.poll_recv() {
-            if m.src == self.peer_ep {
-                self.last_heard = Instant::now();
-            }
+            heard |= m.src == self.peer_ep;
             let held = Held::of(&m);
             let consumed = self.take(&m, held);
             if !consumed {
                 self.give_back(held);
             }
+        }
+        if heard {
+            // Once per look, not per message: the clock is read here only.
+            self.last_heard = Instant::now();
         }
         while let Some(ev) = self.ep.poll_event() {
             match ev {

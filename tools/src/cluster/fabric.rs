@@ -41,15 +41,20 @@ pub struct FabricArgs {
 }
 
 impl FabricArgs {
-    /// The faults every link gets (checked).
-    fn faults(&self) -> anyhow::Result<Faults> {
-        let f = Faults {
+    /// The faults every link gets, as the control protocol spells them.
+    fn spec(&self) -> FaultSpec {
+        FaultSpec {
             drop: self.drop,
             corrupt: self.corrupt,
             duplicate: self.duplicate,
             reorder: self.reorder,
-            ..Faults::default()
-        };
+            ..FaultSpec::default()
+        }
+    }
+
+    /// The faults every link gets (checked).
+    fn faults(&self) -> anyhow::Result<Faults> {
+        let f = self.spec().faults()?;
         f.check()
             .map_err(|why| anyhow::anyhow!("fault flags: {why}"))?;
         Ok(f)
@@ -175,13 +180,7 @@ pub fn start_devices(
                 c.send(&Request::SetFaults {
                     link: Some(link),
                     node: None,
-                    faults: FaultSpec {
-                        drop: f.drop,
-                        corrupt: f.corrupt,
-                        duplicate: f.duplicate,
-                        reorder: f.reorder,
-                        ..FaultSpec::default()
-                    },
+                    faults: f.spec(),
                 })?;
                 c.checked_line()?;
             }

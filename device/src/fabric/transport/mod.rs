@@ -420,14 +420,9 @@ impl Transport {
     }
 
     /// Counts an operation node `n` carried by the shortcut.
-    pub fn count_shortcut(&mut self, n: u32, message: bool) {
+    pub fn count_shortcut(&mut self, n: u32) {
         if let Some(c) = self.counters.get_mut(n as usize) {
             c.shortcuts += 1;
-        }
-        // A shortcut takes no fabric time: the message's one-way delay
-        // is 0, and is recorded so delay figures include every message.
-        if message {
-            self.record_delay(0);
         }
     }
 
