@@ -23,7 +23,10 @@ pub struct FabricArgs {
     /// --nodes). With --devices D its switches are dealt to D device
     /// processes in contiguous blocks (it needs at least D switches and
     /// no [[device]] entries of its own). Without it: one switch, ideal
-    /// links. Examples in docs/topologies/.
+    /// links. Examples in docs/topologies/. Faults can be changed on a
+    /// running cluster with `ulnic fabric set --device STATE_DIR --member
+    /// dK` only when it has --devices 2 or more (one device lives inside
+    /// the cluster's supervisor, which has no device control socket).
     #[arg(long, value_name = "FILE")]
     pub topology: Option<PathBuf>,
     /// Probability each link loses a packet (every link, both ways).
