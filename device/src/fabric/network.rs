@@ -659,7 +659,13 @@ impl Network {
             self.transport.tick(now, sink);
             moved += self.transmit(now);
         }
-        self.expect_by = self.next_due().map(|d| now + d.as_nanos() as Nanos);
+        // With nothing left in flight nothing is due (a timer entry left
+        // in the heap is stale): an engine idle from now on is not late.
+        self.expect_by = if self.idle_everywhere() {
+            None
+        } else {
+            self.next_due().map(|d| now + d.as_nanos() as Nanos)
+        };
         moved
     }
 

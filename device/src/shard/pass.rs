@@ -68,7 +68,7 @@ impl<'a> Pass<'a> {
 
     /// The endpoint bound to `port` on node `dst`: its node's memory, its
     /// id and itself (else NO_ENDPOINT).
-    fn bound(
+    pub fn bound(
         &mut self,
         dst: u32,
         port: u32,

@@ -245,6 +245,10 @@ impl Sink for NicSink<'_, '_> {
         self.pass.room(dst, port, len)
     }
 
+    fn bound(&mut self, dst: u32, port: u32) -> bool {
+        self.pass.bound(dst, port).is_ok()
+    }
+
     fn deliver(&mut self, a: &Arrival<'_>) -> Result<Delivered, u16> {
         let delivered = match a.opcode {
             op::SEND => {

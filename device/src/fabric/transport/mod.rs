@@ -237,6 +237,10 @@ pub trait Sink {
     fn room(&mut self, _dst: u32, _port: u32, _len: usize) -> u32 {
         NO_ROOM_BOUND
     }
+    /// Whether an endpoint is bound to `port` on node `dst`.
+    fn bound(&mut self, _dst: u32, _port: u32) -> bool {
+        true
+    }
 }
 
 /// An ACK's room when it sets no bound.

@@ -89,6 +89,7 @@ impl Transport {
             class,
         };
         let (epoch, seq) = (h.epoch.get(), h.seq.get());
+        let fresh = !self.recv.contains_key(&key);
         let ch = self.recv.entry(key).or_default();
         if epoch != ch.epoch {
             if before(epoch, ch.epoch) && ch.epoch != 0 {
@@ -97,6 +98,25 @@ impl Transport {
             }
             if seq != 0 {
                 counters.out_of_order_dropped += 1;
+                if fresh {
+                    // Nothing kept for a channel this packet cannot open.
+                    self.recv.remove(&key);
+                    if key.class != Class::Memory && !sink.bound(n, key.port) {
+                        // The port was let go and its NACK NO_ENDPOINT
+                        // lost (the channel went with it): say it again,
+                        // so the sender is not left to time out.
+                        let op = h.opcode.get();
+                        self.control_packet(
+                            key,
+                            epoch,
+                            seq,
+                            packet::NACK,
+                            tx_error::NO_ENDPOINT,
+                            op,
+                            0,
+                        );
+                    }
+                }
                 return;
             }
             *ch = RecvChannel {

@@ -449,7 +449,10 @@ impl Transport {
         now: Nanos,
         sink: &mut dyn Sink,
     ) {
-        let Some(c) = self.send.get_mut(&key).filter(|c| c.epoch == epoch) else {
+        // Of this epoch, and of a message sent (a later number is no
+        // NIC's ACK: nothing is settled by it).
+        let sent = |c: &&mut SendChannel| c.epoch == epoch && before(seq, c.next_seq);
+        let Some(c) = self.send.get_mut(&key).filter(sent) else {
             return;
         };
         c.room_end = (room != NO_ROOM_BOUND).then(|| seq.wrapping_add(1).wrapping_add(room));

@@ -18,11 +18,13 @@ struct Record {
     reads_served: u32,
     unreachable: Vec<(u32, u32, Vec<u32>, Vec<u32>)>,
     full: bool,
+    /// Ports whose endpoint went away.
+    unbound: Vec<u32>,
 }
 
 impl Sink for Record {
     fn deliver(&mut self, a: &Arrival<'_>) -> Result<Delivered, u16> {
-        if a.port == 9 {
+        if a.port == 9 || self.unbound.contains(&a.port) {
             return Err(tx_error::NO_ENDPOINT);
         }
         if self.full {
@@ -56,6 +58,9 @@ impl Sink for Record {
     fn unreachable(&mut self, node: u32, lost: u32, endpoints: &[u32], ports: &[u32]) {
         self.unreachable
             .push((node, lost, endpoints.to_vec(), ports.to_vec()));
+    }
+    fn bound(&mut self, _: u32, port: u32) -> bool {
+        port != 9 && !self.unbound.contains(&port)
     }
 }
 
@@ -431,4 +436,30 @@ fn a_malformed_access_is_dropped_not_answered() {
     assert!(net.t.counters[1].malformed_dropped > 0);
     assert!(s.delivered.is_empty());
     assert_eq!(s.returned, [(1, tx_error::UNREACHABLE)]);
+}
+
+/// A port let go after its channel delivered: the refusal's NACK lost,
+/// the receiver (which keeps nothing for the port) answers the message
+/// sent again with NO_ENDPOINT, instead of leaving the sender to time out
+/// and give up on the whole node.
+#[test]
+fn a_lost_refusal_of_a_port_let_go_is_said_again() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    net.t.submit(KEY, msg(1, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 1_000_000);
+    assert_eq!(s.acked, [1]);
+    s.unbound.push(KEY.port);
+    net.t.submit(KEY, msg(2, 10), net.now, || (1024, 0));
+    let mut nacks = 0;
+    let lose_first_nack = |_: u64, p: &Packet| {
+        if p.header.kind.get() == packet::NACK {
+            nacks += 1;
+            return nacks == 1;
+        }
+        false
+    };
+    net.run(&mut s, lose_first_nack, 20_000_000);
+    assert_eq!(s.returned, [(2, tx_error::NO_ENDPOINT)]);
+    assert!(s.unreachable.is_empty(), "{:?}", s.unreachable);
 }
