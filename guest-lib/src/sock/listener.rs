@@ -31,7 +31,9 @@ pub struct Listener {
     net: Net,
     port: u16,
     backlog: usize,
-    queue: VecDeque<(Address, Hello)>,
+    /// Requests waiting: the connecting endpoint, its session id (spec
+    /// §5.4) and its hello.
+    queue: VecDeque<(Address, u32, Hello)>,
     nonblocking: bool,
     refused: u64,
     stray: u64,
@@ -127,7 +129,7 @@ impl Listener {
             match (kind, hello) {
                 (wire::CONNECT, Some(h)) if from_conn && !m.close && !m.returned => {
                     if self.queue.len() < self.backlog {
-                        self.queue.push_back((m.src, h));
+                        self.queue.push_back((m.src, m.session, h));
                     } else {
                         self.refused += 1;
                         let no = (libc::ECONNREFUSED as u32).to_le_bytes();
@@ -179,10 +181,10 @@ impl Listener {
     /// ```
     pub fn try_accept(&mut self) -> io::Result<(Stream, SockAddr)> {
         self.progress();
-        let Some((client, hello)) = self.queue.pop_front() else {
+        let Some((client, session, hello)) = self.queue.pop_front() else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let s = Stream::accepted(&self.net, client, hello, self.port)?;
+        let s = Stream::accepted(&self.net, client, session, hello, self.port)?;
         let from = s.peer_addr();
         Ok((s, from))
     }

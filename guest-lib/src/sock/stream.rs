@@ -94,6 +94,10 @@ pub(crate) struct Core {
     /// Where our messages go: the listener while connecting, then the
     /// peer's connection endpoint.
     peer_ep: Address,
+    /// The session id of the peer's connection endpoint (spec §5.4; 0
+    /// while connecting): a message from an earlier holder of its port,
+    /// such as that holder's late close message, is not the peer's.
+    peer_session: u32,
     phase: Phase,
     /// DATA messages we may still send.
     credits: u32,
@@ -174,7 +178,13 @@ impl Core {
         ))
     }
 
-    fn accepted(net: &Net, client: Address, hello: Hello, port: u16) -> io::Result<Core> {
+    fn accepted(
+        net: &Net,
+        client: Address,
+        session: u32,
+        hello: Hello,
+        port: u16,
+    ) -> io::Result<Core> {
         let (mut ep, _) = net.stream_endpoint().map_err(io_err)?;
         let cfg = *net.config();
         ep.set_filter(&[only(client)]).map_err(io_err)?;
@@ -197,6 +207,7 @@ impl Core {
             port: hello.port.get(),
         };
         let mut s = Core::new(ep, net, local, peer, client, Phase::Open);
+        s.peer_session = session;
         s.credits = hello.credits.get();
         s.peer_buffer = hello.buffer.get();
         Ok(s)
@@ -216,6 +227,7 @@ impl Core {
             local,
             peer,
             peer_ep,
+            peer_session: 0,
             phase,
             credits: 0,
             owed: 0,
@@ -280,7 +292,7 @@ impl Core {
     fn progress(&mut self) {
         let mut heard = false;
         while let Some(m) = self.ep.poll_recv() {
-            heard |= m.src == self.peer_ep;
+            heard |= self.is_peer(&m);
             let held = Held::of(&m);
             let consumed = self.take(&m, held);
             if !consumed {
@@ -472,7 +484,7 @@ impl Core {
                     self.stray += 1;
                 } else if kind == wire::ACCEPT && is_conn_port(m.src.port) {
                     match (held, Hello::parse(&inline_bytes(held))) {
-                        (Held::Inline { .. }, Some(h)) => self.opened(m.src, h),
+                        (Held::Inline { .. }, Some(h)) => self.opened(m.src, m.session, h),
                         _ => self.stray += 1,
                     }
                 } else if kind == wire::REFUSE && m.src == self.peer_ep {
@@ -482,7 +494,7 @@ impl Core {
                 }
                 false
             }
-            Phase::Open if m.src != self.peer_ep => {
+            Phase::Open if !self.is_peer(m) => {
                 self.stray += 1;
                 false
             }
@@ -521,9 +533,17 @@ impl Core {
         }
     }
 
-    /// The ACCEPT from `server`'s connection endpoint came: connected.
-    fn opened(&mut self, server: Address, h: Hello) {
+    /// Whether `m` is from the peer's connection endpoint: its address
+    /// and, once open, its session.
+    fn is_peer(&self, m: &crate::Received) -> bool {
+        m.src == self.peer_ep && (self.peer_session == 0 || m.session == self.peer_session)
+    }
+
+    /// The ACCEPT from `server`'s connection endpoint (session `session`)
+    /// came: connected.
+    fn opened(&mut self, server: Address, session: u32, h: Hello) {
         self.peer_ep = server;
+        self.peer_session = session;
         self.credits = h.credits.get();
         self.peer_buffer = h.buffer.get();
         self.phase = Phase::Open;
@@ -882,10 +902,11 @@ impl Stream {
     pub(crate) fn accepted(
         net: &Net,
         client: Address,
+        session: u32,
         hello: Hello,
         port: u16,
     ) -> io::Result<Stream> {
-        Core::accepted(net, client, hello, port).map(Stream::wrap)
+        Core::accepted(net, client, session, hello, port).map(Stream::wrap)
     }
 
     /// This side's address.
