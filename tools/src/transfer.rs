@@ -287,6 +287,15 @@ pub fn send(a: &SendArgs) -> anyhow::Result<SendReport> {
             ));
         }
         if let Some(m) = ep.poll_recv() {
+            // One of ours handed back (its src is where it was going): not
+            // the receiver speaking. A returned FIN would otherwise read
+            // as the receiver's confirmation of every message.
+            if m.returned {
+                if m.tag == TAG_FIN {
+                    c.fin_sent = false;
+                }
+                continue;
+            }
             if m.close && m.src == a.to {
                 let text = close_text(&m);
                 if a.expect_close {

@@ -114,3 +114,21 @@ fn killed_receiver_sends_its_close_message() {
     assert_eq!(r["close_message"], "ulnic recv: endpoint closed");
     assert!(r["messages"].as_u64().unwrap() >= 10_000, "{r}");
 }
+
+#[test]
+fn a_send_to_nobody_fails_and_never_reads_its_own_returned_fin_as_a_confirmation() {
+    // Nothing is bound to 1:5: every message and the FIN come back or are
+    // refused. A returned FIN carries the sender's own count and the
+    // destination as its source; taken for the receiver's answer it once
+    // made this report "finished".
+    let dev = device(2);
+    let out = ulnic(
+        &dev.socket(0),
+        &["send", "--to", "1:5", "--count", "10", "--json"],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a send to nobody succeeded: {err}");
+    assert!(err.contains("gone (no endpoint)"), "{err}");
+}
