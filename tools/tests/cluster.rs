@@ -25,6 +25,7 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
     pingpong_in_pairs();
     pingpong_over_two_devices();
     pingpong_behind_a_topology();
+    eight_guests_behind_two_switches_on_two_devices();
     apps_between_guests();
     compare_with_guests();
     a_failing_node_fails_the_run();
@@ -215,12 +216,12 @@ fn pingpong_behind_a_topology() {
         })
         .collect();
     assert_eq!(ulnic_pairs, [0, 1], "{out}");
-    // The topology's node count must be the cluster's.
+    // The topology must have a node for every guest.
     let (ok, _, err) = ulnic(&[
         "cluster",
         "run",
         "--nodes",
-        "2",
+        "9",
         "--topology",
         topo,
         "--accel",
@@ -229,6 +230,60 @@ fn pingpong_behind_a_topology() {
         "true",
     ]);
     assert!(!ok && err.contains("nodes"), "{err}");
+}
+
+/// `cluster up --nodes 8 --devices 2 --topology two-switches.toml`: the
+/// switches dealt to two device processes, four guests on each; streams
+/// cross the trunk (and the UDP between the members) both ways at once.
+fn eight_guests_behind_two_switches_on_two_devices() {
+    let topo = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/topologies/two-switches.toml"
+    );
+    let name = format!("fab8-{}", std::process::id());
+    let (ok, _, err) = ulnic(&[
+        "cluster",
+        "up",
+        "--name",
+        &name,
+        "--nodes",
+        "8",
+        "--devices",
+        "2",
+        "--topology",
+        topo,
+        "--accel",
+        "tcg",
+    ]);
+    assert!(ok, "cluster up behind two switches failed:\n{err}");
+    let (ok, status, err) = ulnic(&["cluster", "status", "--name", &name, "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+    // Nodes 1 (left, member d0) -> 6 (right, d1) and 7 (right) -> 0
+    // (left); each sender retries until its receiver is bound.
+    let script = "case $ULNIC_NODE in \
+        0|6) ulnic recv --port 5 --timeout 120 --json ;; \
+        1|7) to=6; [ $ULNIC_NODE = 7 ] && to=0; sleep 2; \
+             for i in $(seq 30); do ulnic send --to $to:5 --count 2000 --size 3000 --json && exit 0; sleep 1; done; exit 1 ;; \
+        esac";
+    let (ran, out, run_err) = ulnic(&["cluster", "exec", "all", "--name", &name, "--", script]);
+    let (down, _, down_err) = ulnic(&["cluster", "down", "--name", &name]);
+    assert!(ok, "cluster status failed: {err}");
+    assert!(
+        status["fabric"]
+            .as_str()
+            .is_some_and(|f| f.contains("two-switches.toml") && f.contains("2 device processes")),
+        "{status}"
+    );
+    assert!(ran, "streams across the trunk failed:\n{out}\n{run_err}");
+    for node in [0, 6] {
+        assert!(
+            out.lines().any(
+                |l| l.starts_with(&format!("[node {node}]")) && l.contains("\"messages\":2000")
+            ),
+            "node {node} did not receive 2000 messages:\n{out}"
+        );
+    }
+    assert!(down, "cluster down failed: {down_err}");
 }
 
 /// Debian's programs between two guests, over ulnic and kernel TCP.

@@ -19,8 +19,9 @@ use crate::fabric::launch::{free_loopback_ports, LocalMembers};
 pub struct FabricArgs {
     /// Put the guests behind the emulated fabric this topology file
     /// describes (docs/spec.md §10: switches, links with rate, latency,
-    /// MTU and faults; node i is guest i, so its `nodes` must equal
-    /// --nodes). With --devices D its switches are dealt to D device
+    /// MTU and faults; node i is guest i, so its `nodes` must be at
+    /// least --nodes: nodes beyond the guests are ports with nothing
+    /// plugged in). With --devices D its switches are dealt to D device
     /// processes in contiguous blocks (it needs at least D switches and
     /// no [[device]] entries of its own). Without it: one switch, ideal
     /// links. Examples in docs/topologies/. Faults can be changed on a
@@ -67,10 +68,32 @@ impl FabricArgs {
         self.faults().is_ok_and(|f| !f.none())
     }
 
+    /// The device's sockets for a cluster of `nodes` guests in `dir`: one
+    /// per node of the topology (guest i is node i; nodes beyond the
+    /// guests are switch ports with nothing plugged in), or one per guest
+    /// without a topology. Refuses a topology with fewer nodes than guests.
+    pub fn sockets(&self, dir: &Path, nodes: u32) -> anyhow::Result<Vec<PathBuf>> {
+        let count = match &self.topology {
+            None => nodes,
+            Some(t) => {
+                let have = crate::fabric::load(t)?.topology.nodes();
+                anyhow::ensure!(
+                    have >= nodes,
+                    "the topology {} has {have} nodes, fewer than --nodes {nodes} (guest i is node i)",
+                    t.display()
+                );
+                have
+            }
+        };
+        Ok(Configuration::socket_paths(dir, count))
+    }
+
     /// The same, with the topology's path made absolute (the supervisor
-    /// process may not share this one's directory), checked to exist.
-    pub fn resolved(&self) -> anyhow::Result<FabricArgs> {
+    /// process may not share this one's directory), checked to exist and
+    /// to have a node for each of `nodes` guests.
+    pub fn resolved(&self, nodes: u32) -> anyhow::Result<FabricArgs> {
         self.faults()?;
+        self.sockets(Path::new("."), nodes)?;
         let mut f = self.clone();
         if let Some(t) = &self.topology {
             f.topology = Some(
@@ -105,6 +128,10 @@ impl FabricArgs {
     /// One line for `cluster status` and progress.
     pub fn describe(&self, devices: u32) -> String {
         let shape = match &self.topology {
+            Some(t) if devices > 1 => format!(
+                "topology {}, its switches dealt to {devices} device processes",
+                t.display()
+            ),
             Some(t) => format!("topology {}", t.display()),
             None if devices > 1 => format!("a star of {devices} device processes"),
             None => "one switch, ideal links".into(),
@@ -263,8 +290,12 @@ mod tests {
         };
         assert_eq!(f.to_args(), ["--topology", "t.toml", "--drop", "0.01"]);
         assert_eq!(
-            f.describe(2),
+            f.describe(1),
             "topology t.toml; every link: drop 0.01 corrupt 0 duplicate 0 reorder 0"
+        );
+        assert_eq!(
+            f.describe(2),
+            "topology t.toml, its switches dealt to 2 device processes; every link: drop 0.01 corrupt 0 duplicate 0 reorder 0"
         );
         assert_eq!(FabricArgs::default().describe(1), "one switch, ideal links");
         let bad = FabricArgs {

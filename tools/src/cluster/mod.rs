@@ -11,7 +11,7 @@ use base64::Engine;
 use ulnic_images::vm::{self, VmConfig};
 use ulnic_images::Image;
 
-use ulnic_device::{Configuration, Device};
+use ulnic_device::Device;
 
 pub mod agent;
 pub mod client;
@@ -198,7 +198,7 @@ pub fn run(
         .tempdir()
         .map_err(|e| anyhow::anyhow!("cannot make a run directory: {e}"))?;
     let dir = dir_guard.path().to_path_buf();
-    let sockets = Configuration::socket_paths(&dir, opts.nodes);
+    let sockets = opts.fabric.sockets(&dir, opts.nodes)?;
     let (device, members) = start_devices(opts, &dir, &sockets, say)?;
     let segment = dir.join("segment");
     let mut switch = start_segment(image, &segment)?;

@@ -206,7 +206,7 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
         &std::fs::read(a.dir.join("image.json")).map_err(|e| anyhow::anyhow!("image.json: {e}"))?,
     )
     .map_err(|e| anyhow::anyhow!("image.json: {e}"))?;
-    let sockets = Configuration::socket_paths(&a.dir, a.nodes);
+    let sockets = a.fabric.sockets(&a.dir, a.nodes)?;
     let config = super::fabric::configuration(&sockets, a.endpoints, &a.fabric)?;
     eprintln!("supervisor: fabric: {}", a.fabric.describe(a.devices));
     let (device, members) = if a.devices > 1 {

@@ -317,7 +317,7 @@ fn up(o: &ClusterOpts, name: &str, json: bool) -> anyhow::Result<()> {
         memory: o.memory,
         endpoints: o.endpoints,
         devices: o.devices,
-        fabric: o.fabric.resolved()?,
+        fabric: o.fabric.resolved(o.nodes)?,
     };
     eprintln!("cluster '{name}': booting {} guests ({accel})", o.nodes);
     let status = client::up(

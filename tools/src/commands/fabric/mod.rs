@@ -49,7 +49,7 @@ pub enum FabricCmd {
     ///   ulnic fabric selftest --nodes 4 --messages 100000 --drop 0.05 --corrupt 0.01 \
     ///       --duplicate 0.01 --reorder 0.05 --seed 7
     ///   ulnic fabric selftest --nodes 4 --messages 20000 --partition-ms 50:200 --json
-    ///   ulnic fabric selftest --topology docs/topologies/two-switches.toml --nodes 4 --drop 0.01
+    ///   ulnic fabric selftest --topology docs/topologies/two-switches.toml --nodes 8 --drop 0.01
     #[command(verbatim_doc_comment)]
     Selftest(SelftestArgs),
     /// Benchmark the emulated fabric, on a device started in this process
