@@ -85,6 +85,17 @@ pub const RDMA_UTLB_REF_OFFSET: usize = core::mem::offset_of!(wire::RdmaDesc, ut
 pub const CONTROL_QUEUE: u16 = 0;
 /// Queue 1: notification queue (device -> driver endpoint wake-ups).
 pub const NOTIFY_QUEUE: u16 = 1;
+
+/// Notification record reasons (spec §6).
+pub mod notify_reason {
+    /// An endpoint's notification.
+    pub const ENDPOINT: u32 = 0;
+    /// The node's objects were forgotten under a running driver (spec
+    /// §2.5); the record's endpoint is `RESET_ENDPOINT`.
+    pub const RESET: u32 = 1;
+    /// The endpoint field of a RESET record.
+    pub const RESET_ENDPOINT: u32 = u32::MAX;
+}
 /// Queue index of doorbell slot 0; the protection domain in slot `s`
 /// rings queue `FIRST_DOORBELL_QUEUE + s` (spec §5.8).
 pub const FIRST_DOORBELL_QUEUE: u16 = 2;
@@ -305,6 +316,9 @@ pub mod cmd {
         CREATE_PD = 0x02,
         /// Destroy a protection domain and every endpoint in it.
         DESTROY_PD = 0x03,
+        /// Driver only: the node-wide RESET notification was taken (spec
+        /// §2.5); commands run again.
+        ACK_RESET = 0x04,
         /// Create an endpoint.
         CREATE_ENDPOINT = 0x10,
         /// Destroy an endpoint.
@@ -360,7 +374,7 @@ pub mod cmd {
     /// device to run a command; without them it answers `NOT_SUPPORTED`.
     pub fn required_features(opcode: u32) -> u64 {
         match opcode {
-            GET_INFO => 0,
+            GET_INFO | ACK_RESET => 0,
             UTLB_SET_TABLE | UTLB_INVALIDATE => {
                 crate::constants::F_MESSAGING | crate::constants::F_UTLB
             }
@@ -399,6 +413,9 @@ pub mod status {
         BAD_ADDRESS = 7,
         /// The command belongs to a feature this device does not implement.
         NOT_SUPPORTED = 8,
+        /// The node's objects were forgotten under a running driver (spec
+        /// §2.5); nothing runs until `ACK_RESET`.
+        RESET = 9,
     });
 
     /// An errno a driver gives for a status other than OK (spec §9), by
@@ -420,6 +437,8 @@ pub mod status {
         EOPNOTSUPP,
         /// Protocol error.
         EPROTO,
+        /// No such device (its objects are gone).
+        ENODEV,
     }
 
     impl Errno {
@@ -433,6 +452,7 @@ pub mod status {
                 Errno::EFAULT => "EFAULT",
                 Errno::EOPNOTSUPP => "EOPNOTSUPP",
                 Errno::EPROTO => "EPROTO",
+                Errno::ENODEV => "ENODEV",
             }
         }
     }
@@ -440,7 +460,7 @@ pub mod status {
     /// Every status other than OK and the errno a driver gives for it
     /// (spec §9); any other code is `OTHER_ERRNO`. The Linux driver's
     /// table is generated from this one, the library's uses it.
-    pub const ERRNO: [(u32, Errno); 8] = [
+    pub const ERRNO: [(u32, Errno); 9] = [
         (UNKNOWN_COMMAND, Errno::EPROTO),
         (BAD_LENGTH, Errno::EINVAL),
         (INVALID_ARGUMENT, Errno::EINVAL),
@@ -449,6 +469,7 @@ pub mod status {
         (ADDRESS_IN_USE, Errno::EADDRINUSE),
         (BAD_ADDRESS, Errno::EFAULT),
         (NOT_SUPPORTED, Errno::EOPNOTSUPP),
+        (RESET, Errno::ENODEV),
     ];
     /// The errno of a code `ERRNO` does not list.
     pub const OTHER_ERRNO: Errno = Errno::EPROTO;
@@ -473,6 +494,7 @@ pub mod status {
             ADDRESS_IN_USE => "address in use",
             BAD_ADDRESS => "bad guest address",
             NOT_SUPPORTED => "not supported",
+            RESET => "node reset, not yet acknowledged",
             _ => "unknown status",
         }
     }

@@ -145,6 +145,11 @@ pub fn c_header() -> String {
         ("ULNIC_FREE_DESC_SIZE", FREE_DESC_SIZE),
         ("ULNIC_EVENT_SIZE", EVENT_SIZE),
         ("ULNIC_NOTIFY_RECORD_SIZE", NOTIFY_RECORD_SIZE as u64),
+        ("ULNIC_NOTIFY_REASON_RESET", notify_reason::RESET.into()),
+        (
+            "ULNIC_NOTIFY_RESET_ENDPOINT",
+            notify_reason::RESET_ENDPOINT.into(),
+        ),
         ("ULNIC_PAGE_ENTRY_SIZE", PAGE_ENTRY_SIZE),
         ("ULNIC_IOC_TYPE", uapi::IOC_TYPE.into()),
         ("ULNIC_MMAP_SEGMENT", uapi::MMAP_SEGMENT),

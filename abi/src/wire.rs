@@ -531,7 +531,7 @@ wire! {
     pub struct NotifyRecord = "ulnic_notify_record" {
         /// The endpoint notified.
         pub endpoint: U32,
-        /// Reason, 0.
+        /// Reason: `notify_reason::ENDPOINT` (0) or `RESET` (1).
         pub reason: U32,
     }
 

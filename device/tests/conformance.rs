@@ -889,6 +889,53 @@ fn s2_4_a_kick_without_a_file_is_acknowledged_but_never_starts_its_queue() {
     assert_eq!(raw.config_word(52), 0);
 }
 
+/// §2.5: a VM paused and resumed (QEMU `stop`, `cont`): the rings stop and
+/// start again where they were, under the same driver. The node forgets its
+/// objects (peers get their close messages), then tells the driver with the
+/// RESET record and refuses every command but ACK_RESET until it comes.
+#[test]
+fn s2_5_a_paused_and_resumed_driver_is_told_of_the_reset_and_must_acknowledge_it() {
+    let dev = common::device(2);
+    let mut raw = Raw::new(&common::socket(&dev, 0));
+    let mut peer = Raw::new(&common::socket(&dev, 1));
+    let mut inbox = peer.bound(5);
+    let ep = raw.bound(9);
+    raw.set_close_message(&ep, &send_inline((1, 5), 3, 0, b"bye"));
+    let epoch = raw.config_word(56);
+    // Nothing to tell a driver that never stopped.
+    assert!(raw.notification(Duration::ZERO).is_none());
+    for q in [0, 1] {
+        raw.fe.set_vring_enable(q, false).unwrap();
+    }
+    raw.stop_and_resume_queue(0);
+    raw.stop_and_resume_queue(1);
+    for q in [0, 1] {
+        raw.fe.set_vring_enable(q, true).unwrap();
+    }
+    assert_ne!(raw.config_word(56), epoch, "the epoch did not change");
+    // The peer got the close message of the forgotten endpoint.
+    spec::settled(&dev, &[&peer]);
+    assert_eq!(peer.received(&inbox), 1);
+    let m = peer.recv(&mut inbox);
+    assert_eq!(m.flags.get(), recv_flags::INLINE | recv_flags::CLOSE);
+    let (len, rec) = raw
+        .notification(Duration::from_secs(5))
+        .expect("no RESET record");
+    assert_eq!(len, 8);
+    assert_eq!(rec.reason.get(), ulnic_abi::notify_reason::RESET);
+    assert_eq!(rec.endpoint.get(), u32::MAX);
+    // Until ACK_RESET nothing runs, not even GET_INFO.
+    assert_eq!(raw.status(cmd::GET_INFO, &[0u8; 0]), status::RESET);
+    assert_eq!(raw.status(cmd::CREATE_PD, &[0u8; 8]), status::RESET);
+    assert_eq!(raw.status(cmd::ACK_RESET, &[0u8; 0]), status::OK);
+    let gone = ObjectId { id: ep.id.into() };
+    assert_eq!(raw.status(cmd::GET_STATS, &gone), status::NOT_FOUND);
+    let again = raw.bound(9);
+    assert_eq!(raw.status(cmd::EXPORT, &export_payload(&again)), status::OK);
+    // ACK_RESET is harmless when nothing waits for it.
+    assert_eq!(raw.status(cmd::ACK_RESET, &[0u8; 0]), status::OK);
+}
+
 /// §2.5: stopping the control queue frees every object of the node and
 /// changes the epoch, but keeps the accepted bits; the numbers of the old
 /// objects are unknown to the device afterwards.

@@ -383,6 +383,7 @@ fn s4_2_every_payload_length_is_exact() {
         cmd::GET_INFO,
         cmd::CREATE_PD,
         cmd::DESTROY_PD,
+        cmd::ACK_RESET,
         cmd::CREATE_ENDPOINT,
         cmd::DESTROY_ENDPOINT,
         cmd::BIND_PORT,

@@ -26,6 +26,7 @@
 #include <linux/virtio_config.h>
 #include <linux/virtio_pci.h>
 #include <linux/wait.h>
+#include <linux/workqueue.h>
 
 #include "ulnic_abi.h"
 
@@ -85,6 +86,14 @@ struct ulnic {
 	/* Notification records, as many as the queue holds (spec 6). */
 	struct ulnic_notify_record *notify_bufs;
 	unsigned long notifications;
+	/*
+	 * Bumped, under cmd_lock, when the device says it forgot this node's
+	 * objects (the RESET record, spec 2.5): files opened before are stale.
+	 */
+	u32 generation;
+	struct work_struct reset_work;
+	/* Commands added to the control queue, mod 2^16 (its avail index). */
+	u16 commands;
 
 	/*
 	 * Physical address of each doorbell queue's page (page-per-vq), by
@@ -123,6 +132,8 @@ struct ulnic_utlb {
 /* An open /dev/ulnicN: one protection domain and its endpoints. */
 struct ulnic_file {
 	struct ulnic *u;
+	/* The device's generation at open (see struct ulnic.generation). */
+	u32 generation;
 	u32 pd;
 	/* The domain's doorbell queue and bitmap (spec 5.8). */
 	u32 doorbell_queue;
@@ -190,8 +201,12 @@ static void ulnic_notify_done(struct virtqueue *vq)
 		u32 ep = le32_to_cpu(rec->endpoint);
 
 		u->notifications++;
-		/* The device names the endpoint; trust only ids we have. */
-		if (len >= sizeof(rec->endpoint) && ep < u->endpoints) {
+		if (len >= sizeof(*rec) &&
+		    le32_to_cpu(rec->reason) == ULNIC_NOTIFY_REASON_RESET) {
+			/* Commands sleep: acknowledged from a work item. */
+			schedule_work(&u->reset_work);
+		} else if (len >= sizeof(rec->endpoint) && ep < u->endpoints) {
+			/* The device names the endpoint; trust only ids we have. */
 			set_bit(ep, u->notified);
 			wake_up_interruptible_all(&u->wq);
 		}
@@ -219,8 +234,9 @@ static void ulnic_notify_done(struct virtqueue *vq)
  * late answer must not be read as the next command's, so every later command
  * is -EIO (spec 9).
  */
-static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
-			 size_t plen, void *result, size_t rlen, u32 *status)
+static int ulnic_command_locked(struct ulnic *u, const struct ulnic_file *uf,
+				u32 opcode, const void *payload, size_t plen,
+				void *result, size_t rlen, u32 *status)
 {
 	struct virtqueue *vq = u->vqs[ULNIC_CONTROL_QUEUE];
 	struct scatterlist out, in, *sgs[2] = { &out, &in };
@@ -235,8 +251,12 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	    sizeof(*rhdr) + rlen > ULNIC_CMD_BUF_SIZE / 2)
 		return -EINVAL;
 
-	mutex_lock(&u->cmd_lock);
 	if (!u->vdev || READ_ONCE(u->removing)) {
+		err = -ENODEV;
+		goto out;
+	}
+	/* A stale file's numbers name nothing, or someone else's objects. */
+	if (uf && uf->generation != u->generation) {
 		err = -ENODEV;
 		goto out;
 	}
@@ -254,6 +274,7 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	err = virtqueue_add_sgs(vq, sgs, 1, 1, u, GFP_KERNEL);
 	if (err)
 		goto out;
+	u->commands++;
 	virtqueue_kick(vq);
 	answered = wait_for_completion_timeout(&u->cmd_done, ULNIC_CMD_TIMEOUT);
 	if (READ_ONCE(u->removing)) {
@@ -281,15 +302,55 @@ static int ulnic_command(struct ulnic *u, u32 opcode, const void *payload,
 	err = min_t(size_t, len, rlen);
 	memcpy(result, rhdr + 1, err);
 out:
+	return err;
+}
+
+/*
+ * The device tells a running driver from a new one after a ring stop by
+ * the control queue's avail index (0: new, spec 2.5), so it never rests
+ * at a multiple of 65536: one more GET_INFO when it would. Under cmd_lock.
+ */
+static void ulnic_keep_index_off_zero(struct ulnic *u)
+{
+	struct ulnic_device_info info;
+	u32 status = 0;
+
+	if (!u->commands)
+		ulnic_command_locked(u, NULL, ULNIC_CMD_GET_INFO, NULL, 0, &info,
+				     sizeof(info), &status);
+}
+
+/*
+ * Runs one command for @uf (NULL: for the driver itself), one at a time;
+ * see ulnic_command_locked().
+ */
+static int ulnic_command(struct ulnic *u, const struct ulnic_file *uf,
+			 u32 opcode, const void *payload, size_t plen,
+			 void *result, size_t rlen, u32 *status)
+{
+	int err;
+
+	mutex_lock(&u->cmd_lock);
+	err = ulnic_command_locked(u, uf, opcode, payload, plen, result, rlen,
+				   status);
+	ulnic_keep_index_off_zero(u);
 	mutex_unlock(&u->cmd_lock);
 	return err;
 }
 
-static int ulnic_cmd_ep(struct ulnic *u, u32 opcode, u32 id)
+/* Whether @uf's objects are gone: its device removed, or reset (spec 2.5). */
+static bool ulnic_stale(const struct ulnic_file *uf)
+{
+	return !READ_ONCE(uf->u->vdev) ||
+	       uf->generation != READ_ONCE(uf->u->generation);
+}
+
+static int ulnic_cmd_ep(struct ulnic_file *uf, u32 opcode, u32 id)
 {
 	struct ulnic_object_id p = { .id = cpu_to_le32(id) };
 	u32 status = 0;
-	int err = ulnic_command(u, opcode, &p, sizeof(p), NULL, 0, &status);
+	int err = ulnic_command(uf->u, uf, opcode, &p, sizeof(p), NULL, 0,
+				&status);
 
 	return err < 0 ? err : 0;
 }
@@ -323,6 +384,7 @@ static int ulnic_open(struct inode *inode, struct file *f)
 	uf = kzalloc(sizeof(*uf), GFP_KERNEL);
 	if (!uf)
 		return -ENOMEM;
+	uf->generation = READ_ONCE(u->generation);
 	uf->eps = kvcalloc(u->endpoints, sizeof(*uf->eps), GFP_KERNEL);
 	uf->doorbell_bits = (unsigned long *)get_zeroed_page(GFP_KERNEL);
 	if (!uf->eps || !uf->doorbell_bits) {
@@ -330,7 +392,7 @@ static int ulnic_open(struct inode *inode, struct file *f)
 		goto err_free;
 	}
 	req.doorbell_gpa = cpu_to_le64(virt_to_phys(uf->doorbell_bits));
-	err = ulnic_command(u, ULNIC_CMD_CREATE_PD, &req, sizeof(req), &pd,
+	err = ulnic_command(u, uf, ULNIC_CMD_CREATE_PD, &req, sizeof(req), &pd,
 			    sizeof(pd), &status);
 	if (err < (int)sizeof(pd)) {
 		/* Refused or unanswered: the device may hold the page. */
@@ -351,8 +413,8 @@ static int ulnic_open(struct inode *inode, struct file *f)
 
 		pr_err("%s: device gave doorbell queue %u\n", u->name,
 		       uf->doorbell_queue);
-		if (ulnic_command(u, ULNIC_CMD_DESTROY_PD, &id, sizeof(id), NULL,
-				  0, &status) < 0)
+		if (ulnic_command(u, uf, ULNIC_CMD_DESTROY_PD, &id, sizeof(id),
+				  NULL, 0, &status) < 0)
 			uf->doorbell_bits = NULL;	/* the device may still read it */
 		err = -EPROTO;
 		goto err_free;
@@ -371,12 +433,19 @@ err_free:
 	return err;
 }
 
-/* Forgets @id's owner; the device no longer touches its memory. */
-static void ulnic_disown(struct ulnic *u, u32 id)
+/*
+ * Forgets that @uf owns @id; the device no longer touches its memory. After
+ * a reset (spec 2.5) the id may be another file's already: left alone.
+ */
+static void ulnic_disown(struct ulnic_file *uf, u32 id)
 {
+	struct ulnic *u = uf->u;
+
 	spin_lock_irq(&u->owners_lock);
-	u->owners[id] = NULL;
-	clear_bit(id, u->notified);
+	if (u->owners[id] == uf) {
+		u->owners[id] = NULL;
+		clear_bit(id, u->notified);
+	}
 	spin_unlock_irq(&u->owners_lock);
 }
 
@@ -418,21 +487,22 @@ static int ulnic_release(struct inode *inode, struct file *f)
 	int err;
 
 	/* Destroying the domain destroys its endpoints in the device. */
-	err = ulnic_command(u, ULNIC_CMD_DESTROY_PD, &pd, sizeof(pd), NULL, 0,
-			    &status);
+	err = ulnic_command(u, uf, ULNIC_CMD_DESTROY_PD, &pd, sizeof(pd), NULL,
+			    0, &status);
 	for (i = 0; i < u->endpoints; i++) {
 		if (!uf->eps[i])
 			continue;
-		ulnic_disown(u, i);
+		ulnic_disown(uf, i);
 		/*
 		 * If the device could not be told, it may still write this
 		 * memory: leak it rather than hand it back to the allocator.
+		 * A stale file's objects the device forgot already.
 		 */
-		if (err >= 0 || !READ_ONCE(u->vdev))
+		if (err >= 0 || ulnic_stale(uf))
 			ulnic_free_ep(u, uf->eps[i]);
 	}
 	/* Same rule for the table, the pages it pins and the doorbell bitmap. */
-	if (err >= 0 || !READ_ONCE(u->vdev)) {
+	if (err >= 0 || ulnic_stale(uf)) {
 		ulnic_utlb_free(&uf->utlb);
 		free_page((unsigned long)uf->doorbell_bits);
 	}
@@ -524,8 +594,8 @@ static long ulnic_create_ep(struct ulnic_file *uf, void __user *arg)
 	};
 
 	mutex_lock(&uf->lock);
-	err = ulnic_command(u, ULNIC_CMD_CREATE_ENDPOINT, &req, sizeof(req), &out,
-			    sizeof(out), &status);
+	err = ulnic_command(u, uf, ULNIC_CMD_CREATE_ENDPOINT, &req, sizeof(req),
+			    &out, sizeof(out), &status);
 	if (err < (long)sizeof(out)) {
 		mutex_unlock(&uf->lock);
 		if (err == -ETIMEDOUT) {
@@ -587,10 +657,10 @@ static long ulnic_destroy_ep(struct ulnic_file *uf, u32 id)
 		mutex_unlock(&uf->lock);
 		return -EBUSY;
 	}
-	err = ulnic_cmd_ep(uf->u, ULNIC_CMD_DESTROY_ENDPOINT, id);
+	err = ulnic_cmd_ep(uf, ULNIC_CMD_DESTROY_ENDPOINT, id);
 	if (!err) {
 		WRITE_ONCE(uf->eps[id], NULL);
-		ulnic_disown(uf->u, id);
+		ulnic_disown(uf, id);
 		ulnic_free_ep(uf->u, ep);
 	}
 	mutex_unlock(&uf->lock);
@@ -642,7 +712,7 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 		err = -EPERM;
 		goto out;
 	}
-	err = ulnic_command(uf->u, opcode, a->data, in_len, a->data,
+	err = ulnic_command(uf->u, uf, opcode, a->data, in_len, a->data,
 			    sizeof(a->data) - sizeof(struct ulnic_resp_header),
 			    &status);
 	mutex_unlock(&uf->lock);
@@ -670,11 +740,11 @@ static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
 	if (!ulnic_owned(uf, id))
 		return -EPERM;
 	left = wait_event_interruptible_timeout(u->wq,
-			test_and_clear_bit(id, u->notified) || !READ_ONCE(u->vdev),
+			test_and_clear_bit(id, u->notified) || ulnic_stale(uf),
 			msecs_to_jiffies(le32_to_cpu(w.timeout_ms)));
 	if (left < 0)
 		return left;
-	if (!READ_ONCE(u->vdev))
+	if (ulnic_stale(uf))
 		return -ENODEV;
 	return left > 0 ? 1 : 0;
 }
@@ -692,7 +762,7 @@ static long ulnic_take_notified(struct ulnic_file *uf, void __user *arg)
 	u32 i, last;
 	long err = 0;
 
-	if (!READ_ONCE(u->vdev))
+	if (ulnic_stale(uf))
 		return -ENODEV;
 	n = kzalloc(sizeof(*n), GFP_KERNEL);
 	if (!n)
@@ -740,7 +810,7 @@ static long ulnic_utlb_init(struct ulnic_file *uf, u32 __user *arg)
 		err = -EEXIST;
 		goto err_free;
 	}
-	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_SET_TABLE, &req, sizeof(req),
+	err = ulnic_command(uf->u, uf, ULNIC_CMD_UTLB_SET_TABLE, &req, sizeof(req),
 			    NULL, 0, &status);
 	if (err < 0) {
 		mutex_unlock(&uf->lock);
@@ -826,10 +896,10 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 		.first = cpu_to_le32(first),
 		.count = cpu_to_le32(count),
 	};
-	err = ulnic_command(uf->u, ULNIC_CMD_UTLB_INVALIDATE, &req, sizeof(req),
-			    NULL, 0, &status);
+	err = ulnic_command(uf->u, uf, ULNIC_CMD_UTLB_INVALIDATE, &req,
+			    sizeof(req), NULL, 0, &status);
 	/* If the device was not told, it may still use the old pages. */
-	if (err >= 0 || !READ_ONCE(uf->u->vdev))
+	if (err >= 0 || ulnic_stale(uf))
 		ulnic_unpin(uf->utlb.mm, pages, count);
 	mutex_unlock(&uf->lock);
 	kvfree(pages);
@@ -852,7 +922,7 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 
 	switch (cmd) {
 	case ULNIC_IOC_INFO:
-		n = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, &info,
+		n = ulnic_command(u, uf, ULNIC_CMD_GET_INFO, NULL, 0, &info,
 				  sizeof(info), &status);
 		if (n < 0)
 			return n;
@@ -877,7 +947,7 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		set_bit_le(id, uf->doorbell_bits);
 		/* remove() frees the queues under vq_sem held for writing. */
 		down_read(&u->vq_sem);
-		n = READ_ONCE(u->vdev) ? 0 : -ENODEV;
+		n = ulnic_stale(uf) ? -ENODEV : 0;
 		if (!n)
 			virtqueue_notify(u->vqs[uf->doorbell_queue]);
 		up_read(&u->vq_sem);
@@ -915,8 +985,9 @@ static void ulnic_vma_close(struct vm_area_struct *vma)
 
 /*
  * Every region is mapped whole at mmap time, so only a doorbell page that
- * remove() revoked can fault: it gets the device's dummy page (cached,
- * never read), and the process learns of the removal from its next call.
+ * remove() or a reset (ulnic_reset_work) revoked can fault: it gets the
+ * device's dummy page (cached, never read), and the process learns of the
+ * removal or reset from its next call.
  */
 static vm_fault_t ulnic_vma_fault(struct vm_fault *vmf)
 {
@@ -941,6 +1012,38 @@ static void ulnic_revoke_doorbells(struct ulnic *u)
 	/* Every file maps its doorbell at the same offset. */
 	if (mapping)
 		unmap_mapping_range(mapping, ULNIC_MMAP_DOORBELL, PAGE_SIZE, 1);
+}
+
+/*
+ * The device forgot this node's objects under us (the RESET record: the
+ * VM was paused and resumed, spec 2.5). Every file opened before is stale
+ * from now on, as after a removal: its calls fail with ENODEV, its waiters
+ * wake, its doorbells are revoked. All of it under cmd_lock, before the
+ * device runs commands again (ACK_RESET), so no stale number reaches the
+ * new state and no new file's doorbell is revoked.
+ */
+static void ulnic_reset_work(struct work_struct *work)
+{
+	struct ulnic *u = container_of(work, struct ulnic, reset_work);
+	u32 status = 0;
+	int err;
+
+	mutex_lock(&u->cmd_lock);
+	WRITE_ONCE(u->generation, u->generation + 1);
+	spin_lock_irq(&u->owners_lock);
+	memset(u->owners, 0, u->endpoints * sizeof(*u->owners));
+	bitmap_zero(u->notified, u->endpoints);
+	spin_unlock_irq(&u->owners_lock);
+	ulnic_revoke_doorbells(u);
+	err = ulnic_command_locked(u, NULL, ULNIC_CMD_ACK_RESET, NULL, 0, NULL,
+				   0, &status);
+	ulnic_keep_index_off_zero(u);
+	mutex_unlock(&u->cmd_lock);
+	wake_up_interruptible_all(&u->wq);
+	if (u->vdev)
+		dev_warn(&u->vdev->dev,
+			 "the device forgot this node's endpoints (VM paused and resumed?); files opened before now fail with ENODEV (ACK_RESET: %d)\n",
+			 err);
 }
 
 /*
@@ -974,7 +1077,7 @@ static int ulnic_mmap_doorbell(struct file *f, struct vm_area_struct *vma,
 	down_read(&u->vq_sem);
 	if (!READ_ONCE(u->mapping))
 		cmpxchg(&u->mapping, NULL, f->f_mapping);
-	if (!pa || !READ_ONCE(u->vdev)) {
+	if (!pa || ulnic_stale(uf)) {
 		err = -ENODEV;
 	} else if (READ_ONCE(u->mapping) != f->f_mapping) {
 		/* Another device node for the same device: cannot revoke. */
@@ -1040,7 +1143,7 @@ static __poll_t ulnic_poll(struct file *f, poll_table *wait)
 	u32 i;
 
 	poll_wait(f, &u->wq, wait);
-	if (!READ_ONCE(u->vdev))
+	if (ulnic_stale(uf))
 		return EPOLLERR;
 	for (i = 0; i < u->endpoints; i++)
 		if (READ_ONCE(uf->eps[i]) && test_bit(i, u->notified))
@@ -1187,6 +1290,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	mutex_init(&u->cmd_lock);
 	init_rwsem(&u->vq_sem);
 	init_completion(&u->cmd_done);
+	INIT_WORK(&u->reset_work, ulnic_reset_work);
 	virtio_cread_le(vdev, struct ulnic_config, node, &u->node);
 	virtio_cread_le(vdev, struct ulnic_config, nodes, &u->nodes);
 	virtio_cread_le(vdev, struct ulnic_config, endpoints, &u->endpoints);
@@ -1231,8 +1335,8 @@ static int ulnic_probe(struct virtio_device *vdev)
 	}
 	virtqueue_kick(u->vqs[ULNIC_NOTIFY_QUEUE]);
 
-	err = ulnic_command(u, ULNIC_CMD_GET_INFO, NULL, 0, &info, sizeof(info),
-			    &status);
+	err = ulnic_command(u, NULL, ULNIC_CMD_GET_INFO, NULL, 0, &info,
+			    sizeof(info), &status);
 	if (err < 0) {
 		dev_err(&vdev->dev, "GET_INFO failed: %d (status %u)\n", err,
 			status);
@@ -1278,6 +1382,8 @@ static void ulnic_remove(struct virtio_device *vdev)
 	/* A command in flight (its device may be dead) ends now, not in 10 s. */
 	WRITE_ONCE(u->removing, true);
 	complete(&u->cmd_done);
+	/* No more records come (the device is reset); none is left running. */
+	cancel_work_sync(&u->reset_work);
 	/* Open files keep the struct; their calls now fail with ENODEV. */
 	down_write(&u->vq_sem);
 	mutex_lock(&u->cmd_lock);

@@ -8,6 +8,7 @@
 #include <linux/ioctl.h>
 #include <linux/errno.h>
 
+#define ULNIC_CMD_ACK_RESET 0x4
 #define ULNIC_CMD_ARM 0x14
 #define ULNIC_CMD_BIND_PORT 0x12
 #define ULNIC_CMD_CLEAR_TRIPWIRE 0x41
@@ -62,7 +63,9 @@
 #define ULNIC_MMAP_OFFSET_MASK 0xffffffff
 #define ULNIC_MMAP_SEGMENT 0x80000000
 #define ULNIC_NOTIFY_QUEUE 0x1
+#define ULNIC_NOTIFY_REASON_RESET 0x1
 #define ULNIC_NOTIFY_RECORD_SIZE 0x8
+#define ULNIC_NOTIFY_RESET_ENDPOINT 0xffffffff
 #define ULNIC_PAGE_ENTRY_SIZE 0x8
 #define ULNIC_PAGE_SIZE 0x1000
 #define ULNIC_QUEUE_COUNT 0x40
@@ -79,6 +82,7 @@
 #define ULNIC_STATUS_NOT_SUPPORTED 0x8
 #define ULNIC_STATUS_NO_RESOURCES 0x4
 #define ULNIC_STATUS_OK 0x0
+#define ULNIC_STATUS_RESET 0x9
 #define ULNIC_STATUS_UNKNOWN_COMMAND 0x1
 #define ULNIC_VIRTIO_ID 0x15
 
@@ -107,6 +111,8 @@ static inline int ulnic_status_errno(__u32 status)
 		return EFAULT;
 	case ULNIC_STATUS_NOT_SUPPORTED:
 		return EOPNOTSUPP;
+	case ULNIC_STATUS_RESET:
+		return ENODEV;
 	default:
 		return EPROTO;
 	}

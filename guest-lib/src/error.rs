@@ -116,6 +116,7 @@ fn status_errno(status: u32) -> i32 {
         Errno::EFAULT => libc::EFAULT,
         Errno::EOPNOTSUPP => libc::EOPNOTSUPP,
         Errno::EPROTO => libc::EPROTO,
+        Errno::ENODEV => libc::ENODEV,
     }
 }
 
@@ -153,6 +154,7 @@ mod tests {
             (ulnic_abi::status::ADDRESS_IN_USE, libc::EADDRINUSE),
             (ulnic_abi::status::BAD_ADDRESS, libc::EFAULT),
             (ulnic_abi::status::NOT_SUPPORTED, libc::EOPNOTSUPP),
+            (ulnic_abi::status::RESET, libc::ENODEV),
             (99, libc::EPROTO),
         ];
         for (status, e) in want {

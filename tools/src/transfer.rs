@@ -154,6 +154,10 @@ struct Cursor {
     sent_in_window: u32,
 }
 
+/// How often a sender that never blocks asks the device whether it is
+/// still there.
+const DEVICE_CHECK: Duration = Duration::from_millis(200);
+
 /// Sequence number used in the id of the FIN message.
 const FIN_SEQ: u64 = u32::MAX as u64;
 
@@ -205,6 +209,46 @@ impl Cursor {
             self.sent_in_window = 0;
         }
     }
+}
+
+/// What message `m`, come to the sender, means: the end of the transfer
+/// (outcome, messages confirmed, the close message's text), a failure,
+/// or nothing yet.
+fn answer(
+    m: &ulnic::Received,
+    a: &SendArgs,
+    c: &mut Cursor,
+) -> anyhow::Result<Option<(&'static str, u64, Option<String>)>> {
+    // One of ours handed back (its src is where it was going): not the
+    // receiver speaking. A returned FIN would otherwise read as the
+    // receiver's confirmation of every message.
+    if m.returned {
+        if m.tag == TAG_FIN {
+            c.fin_sent = false;
+        }
+        return Ok(None);
+    }
+    if m.close && m.src == a.to {
+        let text = close_text(m);
+        if a.expect_close {
+            return Ok(Some(("peer-closed", c.next, Some(text))));
+        }
+        anyhow::bail!(
+            "the receiver {} closed after {} messages were sent: \"{text}\"",
+            a.to,
+            c.next
+        );
+    }
+    if m.tag == TAG_FIN && m.src == a.to {
+        let confirmed = fin_count(m);
+        anyhow::ensure!(
+            confirmed == a.count,
+            "the receiver confirmed {confirmed} messages, {} were sent",
+            a.count
+        );
+        return Ok(Some(("finished", confirmed, None)));
+    }
+    Ok(None)
 }
 
 /// Waits until `path` exists, at most `timeout`.
@@ -277,6 +321,7 @@ pub fn send(a: &SendArgs) -> anyhow::Result<SendReport> {
         seconds: start.elapsed().as_secs_f64(),
         close_message: close,
     };
+    let mut asked_at = Instant::now();
     loop {
         if Instant::now() > deadline {
             return Err(anyhow::anyhow!(
@@ -286,36 +331,16 @@ pub fn send(a: &SendArgs) -> anyhow::Result<SendReport> {
                 a.count
             ));
         }
+        if asked_at.elapsed() > DEVICE_CHECK {
+            // This loop never blocks, and a device that went away (or
+            // forgot this endpoint, spec §2.5) fails no store to the
+            // rings or the doorbell: only a call tells.
+            asked_at = Instant::now();
+            ep.stats()?;
+        }
         if let Some(m) = ep.poll_recv() {
-            // One of ours handed back (its src is where it was going): not
-            // the receiver speaking. A returned FIN would otherwise read
-            // as the receiver's confirmation of every message.
-            if m.returned {
-                if m.tag == TAG_FIN {
-                    c.fin_sent = false;
-                }
-                continue;
-            }
-            if m.close && m.src == a.to {
-                let text = close_text(&m);
-                if a.expect_close {
-                    return Ok(report(&c, "peer-closed", c.next, Some(text)));
-                }
-                return Err(anyhow::anyhow!(
-                    "the receiver {} closed after {} messages were sent: \"{text}\"",
-                    a.to,
-                    c.next
-                ));
-            }
-            if m.tag == TAG_FIN && m.src == a.to {
-                let confirmed = fin_count(&m);
-                if confirmed != a.count {
-                    return Err(anyhow::anyhow!(
-                        "the receiver confirmed {confirmed} messages, {} were sent",
-                        a.count
-                    ));
-                }
-                return Ok(report(&c, "finished", confirmed, None));
+            if let Some((outcome, messages, close)) = answer(&m, a, &mut c)? {
+                return Ok(report(&c, outcome, messages, close));
             }
         }
         c.drain_events(&mut ep)?;

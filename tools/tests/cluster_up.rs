@@ -273,8 +273,10 @@ fn persistent_cluster_exec_put_stream_kill_reboot() {
     streams_and_rdma();
     forty_processes();
     kill_and_reset(&n);
+    pause_resume(&n);
     stalled_device(&n);
     device_restart(&n);
+    device_restart_mid_stream(&n);
     self_reboot(&n);
 
     let o = exec("all", "dmesg | grep -E 'Oops|BUG:|WARNING:' || true");
@@ -551,6 +553,62 @@ fn kill_and_reset(n: &str) {
 
 /// Node 0's device stops answering commands: the driver times out and
 /// fails later commands; node 1 is untouched.
+/// A guest paused and resumed with a stream in flight (spec §2.5): the
+/// device forgets node 1's endpoints at the ring stop and tells its driver
+/// at the restart. Nothing hangs: the receiver ends with the library's
+/// clear error, the sender learns its receiver is gone, and new endpoints
+/// work at once, with no reboot.
+fn pause_resume(n: &str) {
+    let progress = "/tmp/ulnic-pause-progress";
+    let rx = receiver(
+        6,
+        &format!("--json --progress-file {progress} --progress-after 1000"),
+    );
+    let tx = exec_in_background(
+        "0",
+        "ulnic send --to 1:6 --count 100000000 --size 64 --json".into(),
+    );
+    wait_until("1", &format!("test -e {progress}"), "stream", &rx);
+    let o = ulnic(&["cluster", "pause", "1", "--name", n]);
+    assert!(o.status.success(), "pause:\n{}", text(&o));
+    let s = json(&ulnic(&["cluster", "status", "--name", n, "--json"]));
+    assert_eq!(s["nodes"][1]["state"], "paused", "{s}");
+    let refused = exec("1", "true");
+    assert!(
+        !refused.status.success() && text(&refused).contains("paused"),
+        "exec on a paused guest:\n{}",
+        text(&refused)
+    );
+    let o = ulnic(&["cluster", "restart-device", "--name", n]);
+    assert!(
+        !o.status.success() && text(&o).contains("resume 1"),
+        "restart-device with a paused guest:\n{}",
+        text(&o)
+    );
+    // Paused with the stream in flight for a while.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let o = ulnic(&["cluster", "resume", "1", "--name", n]);
+    assert!(o.status.success(), "resume:\n{}", text(&o));
+    let r = rx.join().unwrap();
+    assert!(
+        !r.status.success() && text(&r).contains("the ulnic device went away"),
+        "the receiver across the pause:\n{}",
+        text(&r)
+    );
+    let t = tx.join().unwrap();
+    assert!(
+        !t.status.success() && text(&t).contains("the receiver 1:6"),
+        "the sender across the pause:\n{}",
+        text(&t)
+    );
+    let log = text(&exec("1", "dmesg"));
+    assert!(
+        log.contains("the device forgot this node's endpoints"),
+        "node 1's log:\n{log}"
+    );
+    back_to_work(n, [1, 2], "after a pause and resume");
+}
+
 fn stalled_device(n: &str) {
     // A device that stops answering commands on node 0 (issue 9): the
     // command in flight times out after 10 s without holding up IOC_KICK
@@ -630,6 +688,35 @@ fn device_restart(n: &str) {
     assert_eq!(facts["doorbell_stores_after_removal"], 1000, "{facts}");
     assert_eq!(facts["doorbell_reads_back_last_store"], true, "{facts}");
     back_to_work(n, [1, 2], "after the device restart (no reboot)");
+}
+
+/// The device restarted again, a stream in flight from node 0 to node 1:
+/// both ends learn the device went away, neither hangs, and the nodes
+/// work again with no reboot.
+fn device_restart_mid_stream(n: &str) {
+    let progress = "/tmp/ulnic-restart-progress";
+    let stream_rx = receiver(
+        8,
+        &format!("--json --progress-file {progress} --progress-after 1000"),
+    );
+    let stream_tx = exec_in_background(
+        "0",
+        "ulnic send --to 1:8 --count 100000000 --size 64 --json".into(),
+    );
+    wait_until("1", &format!("test -e {progress}"), "stream", &stream_rx);
+    let o = ulnic(&["cluster", "restart-device", "--name", n]);
+    assert!(o.status.success(), "restart-device:\n{}", text(&o));
+    for (end, o) in [
+        ("receiver", stream_rx.join().unwrap()),
+        ("sender", stream_tx.join().unwrap()),
+    ] {
+        assert!(
+            !o.status.success() && text(&o).contains("the ulnic device went away"),
+            "the stream's {end} across the restart:\n{}",
+            text(&o)
+        );
+    }
+    back_to_work(n, [1, 2], "after a restart mid-stream");
 }
 
 /// A guest that reboots on its own is counted and timed.

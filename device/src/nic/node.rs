@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use log::{debug, error, warn};
 use ulnic_abi::wire::NotifyRecord;
-use ulnic_abi::{Cookie, NOTIFY_QUEUE};
+use ulnic_abi::{notify_reason, Cookie, NOTIFY_QUEUE};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
@@ -92,6 +92,13 @@ pub struct Node {
     /// When the node was last reset (its frontend left, reset the device,
     /// or its guest rebooted).
     pub reset_at: Option<std::time::Instant>,
+    /// The control queue stopped under a driver and the node forgot its
+    /// objects: when the queue is next served, a driver that kept running
+    /// is told (spec §2.5).
+    pub forgotten: bool,
+    /// The RESET record was given and `ACK_RESET` has not come: every
+    /// other command is refused with `RESET` (spec §2.5, §4).
+    pub reset_unacked: bool,
 }
 
 impl Node {
@@ -121,6 +128,8 @@ impl Node {
             control_stalled: false,
             control: None,
             reset_at: None,
+            forgotten: false,
+            reset_unacked: false,
         }
     }
 
@@ -182,6 +191,8 @@ impl Node {
         self.next_pd = 1;
         self.broken_queues = 0;
         self.reset_at = Some(std::time::Instant::now());
+        self.forgotten = false;
+        self.reset_unacked = false;
     }
 
     /// Whether queue `q` is broken.
@@ -204,7 +215,8 @@ impl Node {
 
     /// Puts one notification record (endpoint id, reason) into the node's
     /// notification queue and signals the frontend; false when the driver
-    /// has posted no buffer (or broke the queue).
+    /// has posted no buffer (or broke the queue). `e` =
+    /// `notify_reason::RESET_ENDPOINT` is the node-wide RESET record.
     pub fn push_notification(&mut self, mem: &GuestMemoryMmap<()>, e: u32) -> bool {
         if self.queue_broken(NOTIFY_QUEUE) {
             return false;
@@ -231,9 +243,14 @@ impl Node {
             }
         };
         let head = chain.head_index();
+        let reason = if e == notify_reason::RESET_ENDPOINT {
+            notify_reason::RESET
+        } else {
+            notify_reason::ENDPOINT
+        };
         let record = NotifyRecord {
             endpoint: e.into(),
-            reason: 0.into(),
+            reason: reason.into(),
         };
         let rec = record.as_bytes();
         let written = match chain.writer(mem) {

@@ -126,6 +126,7 @@ impl NodeBackend {
         else {
             return Ok(());
         };
+        let mem = atomic.memory();
         {
             let mut f = self.shard.lock();
             let node = &mut f.nodes[self.node as usize];
@@ -133,8 +134,10 @@ impl NodeBackend {
             if node.queue_broken(CONTROL_QUEUE) || node.control_stalled || !node.features_set {
                 return Ok(());
             }
+            if std::mem::take(&mut node.forgotten) {
+                tell_reset(node, vring, &mem);
+            }
         }
-        let mem = atomic.memory();
         let mut any = false;
         loop {
             let mut state = vring.get_mut();
@@ -352,6 +355,26 @@ impl NodeBackend {
     }
 }
 
+/// The control queue of `node`, which forgot its objects at a stop, is
+/// served again: if it did not start afresh (its next index is not 0) the
+/// driver kept running and is told with the RESET record, and commands
+/// wait for its `ACK_RESET` (spec §2.5).
+fn tell_reset(node: &mut crate::nic::node::Node, control: &NodeVring, mem: &GuestMemoryMmap<()>) {
+    use virtio_queue::QueueT;
+    if control.get_ref().get_queue().next_avail() == 0 {
+        return;
+    }
+    debug!(
+        "node {}: its driver went on after a ring stop; telling it the node was reset",
+        node.id
+    );
+    node.reset_unacked = true;
+    let reset = ulnic_abi::notify_reason::RESET_ENDPOINT;
+    if !node.push_notification(mem, reset) {
+        node.notify_backlog.push_front(reset);
+    }
+}
+
 impl VhostUserBackend for NodeBackend {
     type Bitmap = ();
     type Vring = NodeVring;
@@ -412,8 +435,13 @@ impl VhostUserBackend for NodeBackend {
         // the VM reboots: everything it created is gone with it.
         let mut f = self.shard.lock();
         if queue_index == u32::from(CONTROL_QUEUE) {
+            let running = f.nodes[self.node as usize].features_set;
             f.reset_node(self.node);
-            f.nodes[self.node as usize].renew_epoch();
+            let n = &mut f.nodes[self.node as usize];
+            n.renew_epoch();
+            // A paused VM's driver goes on after the restart and must be
+            // told (spec §2.5); a reset guest's new driver starts at 0.
+            n.forgotten = running;
         }
         // A stopped queue starts again clean.
         f.nodes[self.node as usize].broken_queues &= !queue_bit(queue_index);

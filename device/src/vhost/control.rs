@@ -84,6 +84,11 @@ fn handler(opcode: u32) -> Option<Handler> {
         cmd::GET_INFO => |f, n, _, p| need(p, 0).map(|()| get_info(f, n)),
         cmd::CREATE_PD => create_pd,
         cmd::DESTROY_PD => |f, n, _, p| destroy_pd(f, n, p),
+        cmd::ACK_RESET => |f, n, _, p| {
+            need(p, 0)?;
+            f.nodes[n as usize].reset_unacked = false;
+            Ok(Response::ok(Vec::new()))
+        },
         cmd::CREATE_ENDPOINT => create_endpoint,
         cmd::DESTROY_ENDPOINT => |f, n, _, p| destroy_endpoint(f, n, p),
         cmd::BIND_PORT => |f, n, _, p| bind_port(f, n, p),
@@ -123,6 +128,11 @@ pub fn execute(
         None if cmd::is_reserved(opcode) => Err(Response::err(status::NOT_SUPPORTED)),
         None => Err(Response::err(status::UNKNOWN_COMMAND)),
         Some(_) if header.reserved.get() != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
+        // The driver has not yet taken the RESET record (spec §2.5): no
+        // number of the forgotten state may act on the new one.
+        Some(_) if nodes.nodes[node as usize].reset_unacked && opcode != cmd::ACK_RESET => {
+            Err(Response::err(status::RESET))
+        }
         Some(_) if cmd::required_features(opcode) & !nodes.nodes[node as usize].features != 0 => {
             Err(Response::err(status::NOT_SUPPORTED))
         }

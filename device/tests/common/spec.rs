@@ -376,6 +376,19 @@ impl Raw {
 
     /// Sets queue `q` up and enables it (§2.4 step 5), with new eventfds.
     pub fn start_queue(&mut self, q: usize) -> Result<(), vhost::Error> {
+        self.start_queue_at(q, 0)
+    }
+
+    /// What QEMU's `stop` and `cont` do to queue `q` (§2.5): stopped
+    /// (`GET_VRING_BASE`), then started again at the index it stopped at,
+    /// its rings untouched; then kicked, as QEMU does at every start.
+    pub fn stop_and_resume_queue(&mut self, q: usize) {
+        let base = self.fe.get_vring_base(q).unwrap();
+        self.start_queue_at(q, base as u16).unwrap();
+        self.kicks[q].write(1).unwrap();
+    }
+
+    fn start_queue_at(&mut self, q: usize, at: u16) -> Result<(), vhost::Error> {
         let base = self.mem as u64 + RINGS + q as u64 * 0x1000;
         let kick = EventFd::new(EFD_NONBLOCK).unwrap();
         let call = EventFd::new(EFD_NONBLOCK).unwrap();
@@ -392,7 +405,7 @@ impl Raw {
                 log_addr: None,
             },
         )?;
-        self.fe.set_vring_base(q, 0)?;
+        self.fe.set_vring_base(q, at)?;
         self.fe.set_vring_kick(q, &kick)?;
         self.fe.set_vring_call(q, &call)?;
         if q < self.kicks.len() {
@@ -984,12 +997,13 @@ pub fn protocol_bit() -> u64 {
 /// §4.2's table, numbers as the spec writes them: (opcode, payload bytes,
 /// result bytes, features). SET_FILTER's payload is 8 + 16 × count; 8
 /// here (count 0).
-pub const COMMANDS: [(u32, usize, usize, u64); 17] = {
+pub const COMMANDS: [(u32, usize, usize, u64); 18] = {
     use ulnic_abi::{F_MESSAGING as M, F_RDMA as R, F_TRIPWIRE as T, F_UTLB as U};
     [
         (0x01, 0, 40, 0),          // GET_INFO
         (0x02, 8, 8, M),           // CREATE_PD
         (0x03, 4, 0, M),           // DESTROY_PD
+        (0x04, 0, 0, 0),           // ACK_RESET
         (0x10, 48, 8, M),          // CREATE_ENDPOINT
         (0x11, 4, 0, M),           // DESTROY_ENDPOINT
         (0x12, 8, 0, M),           // BIND_PORT

@@ -236,6 +236,12 @@ pub fn stall_control(dir: &Path, node: u32, stalled: bool) -> anyhow::Result<()>
     finish(&mut s, |_| {}).map(|_| ())
 }
 
+/// Pauses node `node`'s guest (`paused`) or resumes it.
+pub fn pause(dir: &Path, node: u32, paused: bool) -> anyhow::Result<()> {
+    let mut s = request(dir, &Request::Pause { node, paused })?;
+    finish(&mut s, |_| {}).map(|_| ())
+}
+
 /// Stops every guest and the supervisor.
 pub fn down(dir: &Path) -> anyhow::Result<()> {
     let mut s = request(dir, &Request::Down)?;

@@ -49,6 +49,13 @@ pub enum Request {
         /// Stalled or served.
         stalled: bool,
     },
+    /// Pause a guest (QMP `stop`) or resume it (`cont`).
+    Pause {
+        /// The node.
+        node: u32,
+        /// Paused or resumed.
+        paused: bool,
+    },
     /// Stop every guest and the supervisor.
     Down,
 }
@@ -60,7 +67,8 @@ impl Request {
             Request::Exec { node, .. }
             | Request::Put { node, .. }
             | Request::Reboot { node, .. }
-            | Request::StallControl { node, .. } => Some(*node),
+            | Request::StallControl { node, .. }
+            | Request::Pause { node, .. } => Some(*node),
             Request::Status | Request::RestartDevice { .. } | Request::Down => None,
         }
     }
@@ -76,6 +84,8 @@ pub enum NodeState {
     Ready,
     /// QEMU exited.
     Stopped,
+    /// Paused (`cluster pause`): its vCPUs and its NIC's rings stopped.
+    Paused,
 }
 
 impl std::fmt::Display for NodeState {
@@ -84,6 +94,7 @@ impl std::fmt::Display for NodeState {
             NodeState::Booting => "booting",
             NodeState::Ready => "ready",
             NodeState::Stopped => "stopped",
+            NodeState::Paused => "paused",
         })
     }
 }

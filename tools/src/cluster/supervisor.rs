@@ -46,8 +46,14 @@ fn control_socket(dir: &Path) -> PathBuf {
 #[derive(Debug, Clone)]
 enum Phase {
     Booting(Instant),
-    Ready { boot_seconds: f64 },
+    Ready {
+        boot_seconds: f64,
+    },
     Stopped(String),
+    /// Paused by `cluster pause` (resumed, it is ready again).
+    Paused {
+        boot_seconds: f64,
+    },
 }
 
 struct Slot {
@@ -178,6 +184,9 @@ impl Sup {
                     Phase::Booting(_) => (NodeState::Booting, None, None),
                     Phase::Ready { boot_seconds } => (NodeState::Ready, Some(*boot_seconds), None),
                     Phase::Stopped(why) => (NodeState::Stopped, None, Some(why.clone())),
+                    Phase::Paused { boot_seconds } => {
+                        (NodeState::Paused, Some(*boot_seconds), None)
+                    }
                 };
                 NodeStatus {
                     node: n as u32,
@@ -468,25 +477,21 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Request::Reboot { node: n, timeout } => {
-            let timeout = Duration::from_secs(timeout);
-            if let Err(e) = qmp_reset(&sup.dir.join(format!("node{n}.qmp"))) {
-                return err(&mut conn, format!("node {n}: reset failed: {e}"));
+        Request::Pause { node: n, paused } => match pause(sup, n, paused) {
+            Ok(()) => reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from),
+            Err(e) => err(&mut conn, format!("node {n}: {e:#}")),
+        },
+        Request::Reboot { node: n, timeout } => match reboot(sup, n, timeout) {
+            Ok(secs) => {
+                let _ = reply(
+                    &mut conn,
+                    kind::INFO,
+                    serde_json::to_string(&Rebooted { boot_seconds: secs })?,
+                );
+                reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
             }
-            sup.fail_routes(n, "the guest rebooted");
-            sup.set_phase(n, Phase::Booting(Instant::now()));
-            match wait_ready(sup, n, timeout) {
-                Ok(secs) => {
-                    let _ = reply(
-                        &mut conn,
-                        kind::INFO,
-                        serde_json::to_string(&Rebooted { boot_seconds: secs })?,
-                    );
-                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
-                }
-                Err(e) => err(&mut conn, format!("node {n}: {e}")),
-            }
-        }
+            Err(e) => err(&mut conn, format!("node {n}: {e:#}")),
+        },
         Request::StallControl { node: n, stalled } => {
             let done = match sup
                 .device
@@ -556,6 +561,13 @@ fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarte
         sup.members.is_none(),
         "restart-device restarts the supervisor's own device; this cluster's are separate processes (--devices)"
     );
+    if let Some(n) =
+        (0..sup.agents.len() as u32).find(|&n| matches!(sup.phase(n), Some(Phase::Paused { .. })))
+    {
+        anyhow::bail!(
+            "node {n} is paused (its NIC cannot be unplugged): `ulnic cluster resume {n}` first"
+        );
+    }
     let mut slot = sup.device.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     drop(slot.take());
@@ -605,8 +617,43 @@ fn restart_device(sup: &Sup, timeout: Duration) -> anyhow::Result<DeviceRestarte
     })
 }
 
+/// Resets node `n`'s guest and waits (`timeout` seconds at most) until it
+/// is ready again; its boot time.
+fn reboot(sup: &Sup, n: u32, timeout: u64) -> anyhow::Result<f64> {
+    if matches!(sup.phase(n), Some(Phase::Paused { .. })) {
+        anyhow::bail!("it is paused: `ulnic cluster resume {n}` first");
+    }
+    qmp_reset(&sup.dir.join(format!("node{n}.qmp")))
+        .map_err(|e| anyhow::anyhow!("reset failed: {e}"))?;
+    sup.fail_routes(n, "the guest rebooted");
+    sup.set_phase(n, Phase::Booting(Instant::now()));
+    wait_ready(sup, n, Duration::from_secs(timeout))
+}
+
+/// Pauses node `n`'s guest (QMP `stop`: its vCPUs stop and QEMU stops
+/// its NIC's rings, which the device takes for a reset, spec §2.5) or
+/// resumes it (`cont`).
+fn pause(sup: &Sup, n: u32, paused: bool) -> anyhow::Result<()> {
+    let qmp_path = sup.dir.join(format!("node{n}.qmp"));
+    match (sup.phase(n), paused) {
+        (Some(Phase::Ready { boot_seconds }), true) => {
+            qmp(&qmp_path, &[json!({ "execute": "stop" })])?;
+            sup.set_phase(n, Phase::Paused { boot_seconds });
+            Ok(())
+        }
+        (Some(Phase::Paused { boot_seconds }), false) => {
+            qmp(&qmp_path, &[json!({ "execute": "cont" })])?;
+            sup.set_phase(n, Phase::Ready { boot_seconds });
+            Ok(())
+        }
+        (p, true) => anyhow::bail!("cannot pause: it is {}", phase_name(p)),
+        (p, false) => anyhow::bail!("cannot resume: it is {}, not paused", phase_name(p)),
+    }
+}
+
 fn phase_name(p: Option<Phase>) -> String {
     match p {
+        Some(Phase::Paused { .. }) => "paused".into(),
         Some(Phase::Booting(t)) => format!("booting for {:.0} s", t.elapsed().as_secs_f64()),
         Some(Phase::Ready { .. }) => "ready".into(),
         Some(Phase::Stopped(why)) => format!("stopped: {why}"),
@@ -662,7 +709,7 @@ fn wait_ready(sup: &Sup, n: u32, timeout: Duration) -> anyhow::Result<f64> {
         match &s[n as usize].phase {
             Phase::Ready { boot_seconds } => return Ok(*boot_seconds),
             Phase::Stopped(why) => return Err(anyhow::anyhow!("{why}")),
-            Phase::Booting(_) => {}
+            Phase::Booting(_) | Phase::Paused { .. } => {}
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {

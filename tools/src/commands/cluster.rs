@@ -128,6 +128,31 @@ pub enum ClusterCmd {
         #[command(flatten)]
         name: ClusterName,
     },
+    /// Pause one guest (QEMU `stop`): its vCPUs stop, and QEMU stops its
+    /// NIC's rings. The device cannot tell that from a reset of the guest,
+    /// so it forgets the node's endpoints (peers get their close
+    /// messages); on `resume` it tells the guest's driver, and every
+    /// program on that guest gets ENODEV ("the ulnic device went away")
+    /// from the endpoints it had; new ones work (docs/spec.md §2.5). Exec,
+    /// put, reboot and restart-device refuse a paused guest.
+    ///
+    /// Examples:
+    ///   ulnic cluster pause 1
+    ///   ulnic cluster resume 1
+    #[command(verbatim_doc_comment)]
+    Pause {
+        /// The node.
+        node: u32,
+        #[command(flatten)]
+        name: ClusterName,
+    },
+    /// Resume a guest `pause` stopped (QEMU `cont`).
+    Resume {
+        /// The node.
+        node: u32,
+        #[command(flatten)]
+        name: ClusterName,
+    },
     /// Show the guests' state, boot times and log paths.
     Status {
         #[command(flatten)]
@@ -281,6 +306,16 @@ pub fn run(c: ClusterCmd) -> anyhow::Result<()> {
                 "[node {node}] control queue {}",
                 if stalled { "stalled" } else { "served again" }
             );
+            Ok(())
+        }
+        ClusterCmd::Pause { node, name } => {
+            client::pause(&state_dir(&name.name), node, true)?;
+            eprintln!("[node {node}] paused");
+            Ok(())
+        }
+        ClusterCmd::Resume { node, name } => {
+            client::pause(&state_dir(&name.name), node, false)?;
+            eprintln!("[node {node}] resumed");
             Ok(())
         }
         ClusterCmd::RestartDevice {
