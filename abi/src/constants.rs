@@ -607,6 +607,9 @@ pub mod packet {
         /// Bytes a read returns (spec §10.4): settles the read like an ACK.
         RESPONSE = 7,
     });
+    /// An ACK's `code`: it answers a packet that came ahead of the one
+    /// expected, so something before it was lost (spec §10.4).
+    pub const ACK_GAP: u16 = 1;
     /// Largest piece of an RDMA access carried as one message (spec §10.4).
     pub const RDMA_PIECE: u32 = 512 << 10;
     /// Bytes of the remote-access header before a write's data.

@@ -522,7 +522,8 @@ impl Transport {
                 match h.kind.get() {
                     packet::ACK => {
                         let (epoch, seq, room) = (h.epoch.get(), h.seq.get(), h.tag.get());
-                        self.receive_ack(key, epoch, seq, room, now, sink)
+                        let gap = h.code.get() == packet::ACK_GAP;
+                        self.receive_ack(key, (epoch, seq, gap), room, now, sink)
                     }
                     packet::NACK => {
                         self.counters[n as usize].nacks_received += 1;

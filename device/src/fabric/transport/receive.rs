@@ -29,6 +29,9 @@ pub(super) struct RecvChannel {
     /// The length of the last message delivered: the room a repeated ACK
     /// reports is for messages like it.
     last_len: usize,
+    /// The expected sequence number a GAP ACK was last sent for: one per
+    /// gap, so a burst of early packets costs one answer.
+    gap_told: Option<u32>,
 }
 
 /// A read's bytes on their way back to the node that asked.
@@ -140,6 +143,15 @@ impl Transport {
         }
         if seq != ch.next {
             counters.out_of_order_dropped += 1;
+            // Something before it was lost: said once per gap, so the
+            // sender goes back at once rather than at its timeout.
+            if ch.gap_told != Some(ch.next) && ch.next != 0 {
+                ch.gap_told = Some(ch.next);
+                let last = ch.next.wrapping_sub(1);
+                let room = room_for(sink, n, key, ch.last_len);
+                let op = h.opcode.get();
+                self.control_packet(key, epoch, last, packet::ACK, packet::ACK_GAP, op, room);
+            }
             return;
         }
         let a = match &mut ch.assembly {

@@ -440,11 +440,12 @@ impl Transport {
         }
     }
 
+    /// An ACK of `seq` in `epoch` (`gap`: it answers a packet that came
+    /// early, so the sender goes back at once).
     pub(super) fn receive_ack(
         &mut self,
         key: ChannelKey,
-        epoch: u32,
-        seq: u32,
+        (epoch, seq, gap): (u32, u32, bool),
         room: u32,
         now: Nanos,
         sink: &mut dyn Sink,
@@ -467,6 +468,24 @@ impl Transport {
             c.hold_until = 0;
         }
         self.settle(key, seq, now, sink);
+        if gap {
+            self.resend_now(key, now);
+        }
+    }
+
+    /// Fast retransmission: channel `key` sends again from its oldest
+    /// message now, unless that has not gone yet in this round or a NACK
+    /// holds the channel. No timeout is counted, nothing doubles.
+    fn resend_now(&mut self, key: ChannelKey, now: Nanos) {
+        let Some(c) = self.send.get_mut(&key) else {
+            return;
+        };
+        if c.unacked.is_empty() || c.sent == 0 || c.hold_until > now {
+            return;
+        }
+        c.rewind();
+        c.deadline = None;
+        self.make_ready(key);
     }
 
     pub(super) fn receive_nack(

@@ -418,7 +418,7 @@ fn an_ack_does_not_settle_an_unanswered_read() {
     let read = net.t.next_packet(0, 0).unwrap();
     let (epoch, seq) = (read.header.epoch.get(), read.header.seq.get());
     net.t
-        .receive_ack(MEMORY, epoch, seq, NO_ROOM_BOUND, 0, &mut s);
+        .receive_ack(MEMORY, (epoch, seq, false), NO_ROOM_BOUND, 0, &mut s);
     assert!(s.acked.is_empty(), "settled without its bytes");
 }
 
@@ -462,4 +462,40 @@ fn a_lost_refusal_of_a_port_let_go_is_said_again() {
     net.run(&mut s, lose_first_nack, 20_000_000);
     assert_eq!(s.returned, [(2, tx_error::NO_ENDPOINT)]);
     assert!(s.unreachable.is_empty(), "{:?}", s.unreachable);
+}
+
+/// A lost message followed by others: the first of them to arrive early
+/// draws one GAP ACK, and the sender goes back at once, long before its
+/// 0.5 ms timeout (spec §10.4, fast retransmission).
+#[test]
+fn a_gap_is_resent_at_once_not_at_the_timeout() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    for id in 0..8 {
+        net.t.submit(KEY, msg(id, 64), 0, || (1024, 0));
+    }
+    let mut dropped = false;
+    // Message 1's first transmission is lost; 200 us is well under the
+    // timeout.
+    net.run(
+        &mut s,
+        |_, p| {
+            let h = &p.header;
+            let first_of_1 = h.kind.get() == packet::DATA && h.seq.get() == 1 && !dropped;
+            dropped |= first_of_1;
+            first_of_1
+        },
+        200_000,
+    );
+    assert!(dropped);
+    let ids: Vec<u64> = s.acked.clone();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "all settled in order");
+    assert_eq!(s.delivered.len(), 8);
+    let c = &net.t.counters[0];
+    assert_eq!(c.timeouts, 0, "the gap waited for a timeout");
+    assert_eq!(c.retransmissions, 7, "messages 1 to 7 went again, once");
+    // One GAP ACK for the gap, not one per early packet.
+    let r = &net.t.counters[1];
+    assert_eq!(r.out_of_order_dropped, 6);
+    assert_eq!(r.acks_sent, 8 + 1);
 }
