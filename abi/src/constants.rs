@@ -21,7 +21,7 @@ use zerocopy::little_endian::{U32, U64};
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 11;
+pub const SPEC_VERSION_MINOR: u16 = 12;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -91,9 +91,10 @@ pub mod notify_reason {
     /// An endpoint's notification.
     pub const ENDPOINT: u32 = 0;
     /// The node's objects were forgotten under a running driver (spec
-    /// §2.5); the record's endpoint is `RESET_ENDPOINT`.
+    /// §2.5); the record's endpoint field is the reset's number.
     pub const RESET: u32 = 1;
-    /// The endpoint field of a RESET record.
+    /// The device's own name for the RESET record in its notification
+    /// backlog (no endpoint has this id); not on the wire.
     pub const RESET_ENDPOINT: u32 = u32::MAX;
 }
 /// Queue index of doorbell slot 0; the protection domain in slot `s`
@@ -316,8 +317,8 @@ pub mod cmd {
         CREATE_PD = 0x02,
         /// Destroy a protection domain and every endpoint in it.
         DESTROY_PD = 0x03,
-        /// Driver only: the node-wide RESET notification was taken (spec
-        /// §2.5); commands run again.
+        /// Driver only: RESET notification R was taken (spec §2.5); if R
+        /// is the latest, commands run again.
         ACK_RESET = 0x04,
         /// Create an endpoint.
         CREATE_ENDPOINT = 0x10,

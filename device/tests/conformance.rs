@@ -923,17 +923,27 @@ fn s2_5_a_paused_and_resumed_driver_is_told_of_the_reset_and_must_acknowledge_it
         .expect("no RESET record");
     assert_eq!(len, 8);
     assert_eq!(rec.reason.get(), ulnic_abi::notify_reason::RESET);
-    assert_eq!(rec.endpoint.get(), u32::MAX);
+    assert_eq!(rec.endpoint.get(), 1, "the node's first reset told");
     // Until ACK_RESET nothing runs, not even GET_INFO.
     assert_eq!(raw.status(cmd::GET_INFO, &[0u8; 0]), status::RESET);
     assert_eq!(raw.status(cmd::CREATE_PD, &[0u8; 8]), status::RESET);
-    assert_eq!(raw.status(cmd::ACK_RESET, &[0u8; 0]), status::OK);
+    // A second pause before the first was answered: record 2, and the
+    // first record's ACK lifts nothing.
+    raw.stop_and_resume_queue(0);
+    let (_, rec) = raw
+        .notification(Duration::from_secs(5))
+        .expect("no second RESET record");
+    assert_eq!(rec.endpoint.get(), 2);
+    let ack = |r: u32| ObjectId { id: r.into() };
+    assert_eq!(raw.status(cmd::ACK_RESET, &ack(1)), status::OK);
+    assert_eq!(raw.status(cmd::GET_INFO, &[0u8; 0]), status::RESET);
+    assert_eq!(raw.status(cmd::ACK_RESET, &ack(2)), status::OK);
     let gone = ObjectId { id: ep.id.into() };
     assert_eq!(raw.status(cmd::GET_STATS, &gone), status::NOT_FOUND);
     let again = raw.bound(9);
     assert_eq!(raw.status(cmd::EXPORT, &export_payload(&again)), status::OK);
     // ACK_RESET is harmless when nothing waits for it.
-    assert_eq!(raw.status(cmd::ACK_RESET, &[0u8; 0]), status::OK);
+    assert_eq!(raw.status(cmd::ACK_RESET, &ack(2)), status::OK);
 }
 
 /// §2.5: stopping the control queue frees every object of the node and

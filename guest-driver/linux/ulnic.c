@@ -92,6 +92,8 @@ struct ulnic {
 	 */
 	u32 generation;
 	struct work_struct reset_work;
+	/* The latest RESET record's number, for ACK_RESET (spec 2.5). */
+	u32 reset_number;
 	/* Commands added to the control queue, mod 2^16 (its avail index). */
 	u16 commands;
 
@@ -204,6 +206,7 @@ static void ulnic_notify_done(struct virtqueue *vq)
 		if (len >= sizeof(*rec) &&
 		    le32_to_cpu(rec->reason) == ULNIC_NOTIFY_REASON_RESET) {
 			/* Commands sleep: acknowledged from a work item. */
+			WRITE_ONCE(u->reset_number, ep);
 			schedule_work(&u->reset_work);
 		} else if (len >= sizeof(rec->endpoint) && ep < u->endpoints) {
 			/* The device names the endpoint; trust only ids we have. */
@@ -496,13 +499,14 @@ static int ulnic_release(struct inode *inode, struct file *f)
 		/*
 		 * If the device could not be told, it may still write this
 		 * memory: leak it rather than hand it back to the allocator.
-		 * A stale file's objects the device forgot already.
+		 * A stale file's objects the device forgot already (RESET:
+		 * before this driver took the record).
 		 */
-		if (err >= 0 || ulnic_stale(uf))
+		if (err >= 0 || status == ULNIC_STATUS_RESET || ulnic_stale(uf))
 			ulnic_free_ep(u, uf->eps[i]);
 	}
 	/* Same rule for the table, the pages it pins and the doorbell bitmap. */
-	if (err >= 0 || ulnic_stale(uf)) {
+	if (err >= 0 || status == ULNIC_STATUS_RESET || ulnic_stale(uf)) {
 		ulnic_utlb_free(&uf->utlb);
 		free_page((unsigned long)uf->doorbell_bits);
 	}
@@ -718,7 +722,7 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	mutex_unlock(&uf->lock);
 	a->status = cpu_to_le32(status);
 	a->out_len = cpu_to_le32(err < 0 ? 0 : (u32)err);
-	if (err < 0 && status != ULNIC_STATUS_OK)
+	if (err < 0 && status != ULNIC_STATUS_OK && status != ULNIC_STATUS_RESET)
 		err = 0;	/* the device's status says why */
 	if (err >= 0)
 		err = copy_to_user(arg, a, sizeof(*a)) ? -EFAULT : 0;
@@ -740,7 +744,7 @@ static long ulnic_wait(struct ulnic_file *uf, void __user *arg)
 	if (!ulnic_owned(uf, id))
 		return -EPERM;
 	left = wait_event_interruptible_timeout(u->wq,
-			test_and_clear_bit(id, u->notified) || ulnic_stale(uf),
+			ulnic_stale(uf) || test_and_clear_bit(id, u->notified),
 			msecs_to_jiffies(le32_to_cpu(w.timeout_ms)));
 	if (left < 0)
 		return left;
@@ -899,7 +903,7 @@ static long ulnic_utlb_install(struct ulnic_file *uf, void __user *arg)
 	err = ulnic_command(uf->u, uf, ULNIC_CMD_UTLB_INVALIDATE, &req,
 			    sizeof(req), NULL, 0, &status);
 	/* If the device was not told, it may still use the old pages. */
-	if (err >= 0 || ulnic_stale(uf))
+	if (err >= 0 || status == ULNIC_STATUS_RESET || ulnic_stale(uf))
 		ulnic_unpin(uf->utlb.mm, pages, count);
 	mutex_unlock(&uf->lock);
 	kvfree(pages);
@@ -1025,6 +1029,7 @@ static void ulnic_revoke_doorbells(struct ulnic *u)
 static void ulnic_reset_work(struct work_struct *work)
 {
 	struct ulnic *u = container_of(work, struct ulnic, reset_work);
+	struct ulnic_object_id number;
 	u32 status = 0;
 	int err;
 
@@ -1035,8 +1040,10 @@ static void ulnic_reset_work(struct work_struct *work)
 	bitmap_zero(u->notified, u->endpoints);
 	spin_unlock_irq(&u->owners_lock);
 	ulnic_revoke_doorbells(u);
-	err = ulnic_command_locked(u, NULL, ULNIC_CMD_ACK_RESET, NULL, 0, NULL,
-				   0, &status);
+	/* The latest record: an earlier one's number lifts nothing. */
+	number.id = cpu_to_le32(READ_ONCE(u->reset_number));
+	err = ulnic_command_locked(u, NULL, ULNIC_CMD_ACK_RESET, &number,
+				   sizeof(number), NULL, 0, &status);
 	ulnic_keep_index_off_zero(u);
 	mutex_unlock(&u->cmd_lock);
 	wake_up_interruptible_all(&u->wq);
@@ -1366,6 +1373,8 @@ err_ida:
 	ida_free(&ulnic_ida, u->index);
 err_reset:
 	virtio_reset_device(vdev);
+	/* A RESET record taken during probe may have queued the work. */
+	cancel_work_sync(&u->reset_work);
 	vdev->config->del_vqs(vdev);
 err_free:
 	kref_put(&u->ref, ulnic_release_dev);

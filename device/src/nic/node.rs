@@ -99,6 +99,10 @@ pub struct Node {
     /// The RESET record was given and `ACK_RESET` has not come: every
     /// other command is refused with `RESET` (spec §2.5, §4).
     pub reset_unacked: bool,
+    /// Resets told to a running driver, the latest RESET record's number
+    /// (spec §2.5): only its `ACK_RESET` lifts the refusal. Kept across
+    /// resets.
+    pub resets_told: u32,
 }
 
 impl Node {
@@ -130,6 +134,7 @@ impl Node {
             reset_at: None,
             forgotten: false,
             reset_unacked: false,
+            resets_told: 0,
         }
     }
 
@@ -216,7 +221,8 @@ impl Node {
     /// Puts one notification record (endpoint id, reason) into the node's
     /// notification queue and signals the frontend; false when the driver
     /// has posted no buffer (or broke the queue). `e` =
-    /// `notify_reason::RESET_ENDPOINT` is the node-wide RESET record.
+    /// `notify_reason::RESET_ENDPOINT` is the node-wide RESET record (its
+    /// endpoint field carries `resets_told`).
     pub fn push_notification(&mut self, mem: &GuestMemoryMmap<()>, e: u32) -> bool {
         if self.queue_broken(NOTIFY_QUEUE) {
             return false;
@@ -243,14 +249,16 @@ impl Node {
             }
         };
         let head = chain.head_index();
-        let reason = if e == notify_reason::RESET_ENDPOINT {
-            notify_reason::RESET
+        let record = if e == notify_reason::RESET_ENDPOINT {
+            NotifyRecord {
+                endpoint: self.resets_told.into(),
+                reason: notify_reason::RESET.into(),
+            }
         } else {
-            notify_reason::ENDPOINT
-        };
-        let record = NotifyRecord {
-            endpoint: e.into(),
-            reason: reason.into(),
+            NotifyRecord {
+                endpoint: e.into(),
+                reason: notify_reason::ENDPOINT.into(),
+            }
         };
         let rec = record.as_bytes();
         let written = match chain.writer(mem) {

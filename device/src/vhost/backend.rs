@@ -369,6 +369,10 @@ fn tell_reset(node: &mut crate::nic::node::Node, control: &NodeVring, mem: &Gues
         node.id
     );
     node.reset_unacked = true;
+    node.resets_told = node.resets_told.wrapping_add(1).max(1);
+    // A command completed as the queue stopped may have lost its
+    // interrupt (the call eventfd was let go at the stop).
+    let _ = crate::vring::signal_call(&control.get_ref());
     let reset = ulnic_abi::notify_reason::RESET_ENDPOINT;
     if !node.push_notification(mem, reset) {
         node.notify_backlog.push_front(reset);

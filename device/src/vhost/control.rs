@@ -84,11 +84,7 @@ fn handler(opcode: u32) -> Option<Handler> {
         cmd::GET_INFO => |f, n, _, p| need(p, 0).map(|()| get_info(f, n)),
         cmd::CREATE_PD => create_pd,
         cmd::DESTROY_PD => |f, n, _, p| destroy_pd(f, n, p),
-        cmd::ACK_RESET => |f, n, _, p| {
-            need(p, 0)?;
-            f.nodes[n as usize].reset_unacked = false;
-            Ok(Response::ok(Vec::new()))
-        },
+        cmd::ACK_RESET => |f, n, _, p| ack_reset(f, n, p),
         cmd::CREATE_ENDPOINT => create_endpoint,
         cmd::DESTROY_ENDPOINT => |f, n, _, p| destroy_endpoint(f, n, p),
         cmd::BIND_PORT => |f, n, _, p| bind_port(f, n, p),
@@ -147,6 +143,17 @@ pub fn execute(
         );
     }
     r
+}
+
+/// `ACK_RESET` R: the driver took RESET record R; the latest lifts the
+/// refusal, an earlier one (a second pause came first) changes nothing.
+fn ack_reset(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
+    let r = payload::<ObjectId>(p)?.id.get();
+    let n = &mut nodes.nodes[node as usize];
+    if r == n.resets_told {
+        n.reset_unacked = false;
+    }
+    Ok(Response::ok(Vec::new()))
 }
 
 fn get_info(nodes: &Nodes, node: u32) -> Response {

@@ -1003,7 +1003,7 @@ pub const COMMANDS: [(u32, usize, usize, u64); 18] = {
         (0x01, 0, 40, 0),          // GET_INFO
         (0x02, 8, 8, M),           // CREATE_PD
         (0x03, 4, 0, M),           // DESTROY_PD
-        (0x04, 0, 0, 0),           // ACK_RESET
+        (0x04, 4, 0, 0),           // ACK_RESET
         (0x10, 48, 8, M),          // CREATE_ENDPOINT
         (0x11, 4, 0, M),           // DESTROY_ENDPOINT
         (0x12, 8, 0, M),           // BIND_PORT
