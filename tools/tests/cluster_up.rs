@@ -200,6 +200,22 @@ fn stream(count: u32, size: u32, recv_extra: &str, send_extra: &str) -> (Output,
     (tx, rx.join().unwrap())
 }
 
+/// A stream from node 0 to node 1's `port` that will not end on its own,
+/// flowing (1000 messages in): its (receiver, sender).
+fn stream_in_flight(port: u32) -> (JoinHandle<Output>, JoinHandle<Output>) {
+    let progress = format!("/tmp/ulnic-progress-{port}");
+    let rx = receiver(
+        port,
+        &format!("--json --progress-file {progress} --progress-after 1000"),
+    );
+    let tx = exec_in_background(
+        "0",
+        format!("ulnic send --to 1:{port} --count 100000000 --size 64 --json"),
+    );
+    wait_until("1", &format!("test -e {progress}"), "stream", &rx);
+    (rx, tx)
+}
+
 /// Forty processes a node, each with its own protection domain (an open
 /// file of /dev/ulnic0) and one endpoint, the senders idle until all are
 /// open, so each send rings its domain's doorbell queue: from the 31st
@@ -559,16 +575,7 @@ fn kill_and_reset(n: &str) {
 /// clear error, the sender learns its receiver is gone, and new endpoints
 /// work at once, with no reboot.
 fn pause_resume(n: &str) {
-    let progress = "/tmp/ulnic-pause-progress";
-    let rx = receiver(
-        6,
-        &format!("--json --progress-file {progress} --progress-after 1000"),
-    );
-    let tx = exec_in_background(
-        "0",
-        "ulnic send --to 1:6 --count 100000000 --size 64 --json".into(),
-    );
-    wait_until("1", &format!("test -e {progress}"), "stream", &rx);
+    let (rx, tx) = stream_in_flight(6);
     let o = ulnic(&["cluster", "pause", "1", "--name", n]);
     assert!(o.status.success(), "pause:\n{}", text(&o));
     let s = json(&ulnic(&["cluster", "status", "--name", n, "--json"]));
@@ -694,16 +701,7 @@ fn device_restart(n: &str) {
 /// both ends learn the device went away, neither hangs, and the nodes
 /// work again with no reboot.
 fn device_restart_mid_stream(n: &str) {
-    let progress = "/tmp/ulnic-restart-progress";
-    let stream_rx = receiver(
-        8,
-        &format!("--json --progress-file {progress} --progress-after 1000"),
-    );
-    let stream_tx = exec_in_background(
-        "0",
-        "ulnic send --to 1:8 --count 100000000 --size 64 --json".into(),
-    );
-    wait_until("1", &format!("test -e {progress}"), "stream", &stream_rx);
+    let (stream_rx, stream_tx) = stream_in_flight(8);
     let o = ulnic(&["cluster", "restart-device", "--name", n]);
     assert!(o.status.success(), "restart-device:\n{}", text(&o));
     for (end, o) in [

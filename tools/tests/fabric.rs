@@ -68,22 +68,13 @@ fn assert_exactly_once_in_order(r: &serde_json::Value) {
 
 #[test]
 fn the_transport_delivers_everything_once_and_in_order_through_every_fault() {
-    let r = selftest(&[
-        "--nodes",
-        "4",
-        "--messages",
-        "40000",
-        "--drop",
-        "0.05",
-        "--corrupt",
-        "0.01",
-        "--duplicate",
-        "0.01",
-        "--reorder",
-        "0.05",
-        "--seed",
-        "3",
-    ]);
+    let r = selftest(
+        &[
+            &["--nodes", "4", "--messages", "40000", "--seed", "3"][..],
+            &FAULTS,
+        ]
+        .concat(),
+    );
     assert_exactly_once_in_order(&r);
     assert_eq!(r["delivered"], r["sent"], "{r}");
     assert_eq!(r["sent"], 40000);
@@ -184,13 +175,8 @@ fn assert_every_operation_clean(r: &serde_json::Value, per_kind: u64) {
     assert!(n(r, "timeouts") > 0, "the faults never bit: {r}");
 }
 
-const EVERY_OP: [&str; 16] = [
-    "--nodes",
-    "4",
-    "--messages",
-    "20000",
-    "--ops",
-    "send,rdma-write,rdma-read,immediate,close",
+/// Every fault at once, on every link.
+const FAULTS: [&str; 8] = [
     "--drop",
     "0.05",
     "--corrupt",
@@ -199,20 +185,29 @@ const EVERY_OP: [&str; 16] = [
     "0.01",
     "--reorder",
     "0.05",
+];
+
+const EVERY_OP: [&str; 8] = [
+    "--nodes",
+    "4",
+    "--messages",
+    "20000",
+    "--ops",
+    "send,rdma-write,rdma-read,immediate,close",
     "--partition-ms",
     "50:300",
 ];
 
 #[test]
 fn every_operation_lands_once_through_faults_and_a_partition_over_two_engine_threads() {
-    let r = selftest(&[&EVERY_OP[..], &["--threads", "2"]].concat());
+    let r = selftest(&[&EVERY_OP[..], &FAULTS, &["--threads", "2"]].concat());
     assert_eq!(r["threads"], 2, "{r}");
     assert_every_operation_clean(&r, 4000);
 }
 
 #[test]
 fn every_operation_lands_once_through_faults_and_a_partition_across_device_processes() {
-    let r = selftest(&[&EVERY_OP[..], &["--devices", "2"]].concat());
+    let r = selftest(&[&EVERY_OP[..], &FAULTS, &["--devices", "2"]].concat());
     assert_eq!(r["devices"], 2, "{r}");
     assert_every_operation_clean(&r, 4000);
 }

@@ -244,16 +244,8 @@ impl Node<'_> {
         let r = match op {
             Op::RdmaWrite => {
                 let seq = self.next[1][d];
-                self.ep
-                    .write_segment(staging as usize, &slot_bytes(n, dst, seq));
-                let r = self.ep.rdma_write(
-                    &cookie,
-                    l.write_slot(n, seq),
-                    staging,
-                    SLOT as u32,
-                    id,
-                    true,
-                );
+                let to = l.write_slot(n, seq);
+                let r = self.write_from(staging, (&cookie, to), slot_bytes(n, dst, seq), id);
                 if r.is_ok() {
                     self.s.ledger.wrote(n, dst, seq);
                     self.next[1][d] += 1;
@@ -279,16 +271,9 @@ impl Node<'_> {
             }
             _ => {
                 let j = self.next[2][d];
-                self.ep
-                    .write_segment(staging as usize, &slot_bytes(n, dst, j));
-                let data = self.ep.rdma_write(
-                    &cookie,
-                    l.immediate_slot(n, j),
-                    staging,
-                    SLOT as u32,
-                    0,
-                    false,
-                );
+                let to = l.immediate_slot(n, j);
+                // Its completion is the immediate's (same endpoint, in order).
+                let data = self.write_from(staging, (&cookie, to), slot_bytes(n, dst, j), 0);
                 let r = data.and_then(|()| {
                     self.ep
                         .write_immediate(&cookie, l.counter(n), Immediate::U64(j + 1), id, true)
@@ -316,6 +301,21 @@ impl Node<'_> {
             },
         );
         Ok(true)
+    }
+
+    /// Stages `bytes` in the segment at `staging` and writes them to `to`
+    /// (an aperture and an offset in it); with a completion unless `id` is
+    /// 0.
+    fn write_from(
+        &mut self,
+        staging: u64,
+        to: (&Cookie, u64),
+        bytes: [u8; SLOT as usize],
+        id: u64,
+    ) -> Result<(), ulnic::Error> {
+        self.ep.write_segment(staging as usize, &bytes);
+        self.ep
+            .rdma_write(to.0, to.1, staging, SLOT as u32, id, id != 0)
     }
 
     /// Takes what arrived; whether anything did.
