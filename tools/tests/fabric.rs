@@ -52,7 +52,18 @@ fn a_bad_topology_says_what_is_wrong() {
     assert!(err.contains("node 1 hangs on 0 links"), "{err}");
 }
 
+/// Tests that load both cores (self-tests, benchmarks, their device
+/// processes) take turns. The transport times its channels in real time:
+/// beside another test's load its timeouts would fire for nothing, and
+/// the lossless test counts them.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn selftest(extra: &[&str]) -> serde_json::Value {
+    let _turn = heavy();
     let mut args = vec!["fabric", "selftest", "--json"];
     args.extend_from_slice(extra);
     let mut lines = cli::json_lines(&args);
@@ -524,6 +535,7 @@ const LINK_RATE_SLACK: f64 = 1.5;
 
 #[test]
 fn the_fabric_benchmarks_report_what_they_measured() {
+    let _turn = heavy();
     // Invariants only: no test asserts on timing.
     let drain = cli::json_lines(&[
         "fabric",
@@ -664,6 +676,7 @@ fn the_fabric_benchmarks_report_what_they_measured() {
 /// Counts, not time.
 #[test]
 fn a_lossless_fabric_retransmits_nothing() {
+    let _turn = heavy();
     let hops = cli::json_lines(&[
         "fabric",
         "bench",
