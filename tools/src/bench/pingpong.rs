@@ -954,6 +954,36 @@ fn connect_guest(n: u32) -> io::Result<TcpStream> {
     }
 }
 
+/// How long a TCP server waits for its client: longer than the client
+/// tries to connect (120 s), so a client that gave up ends the server too
+/// instead of leaving it (and the guest, and the cluster run) waiting for
+/// ever (the 8-guest soak, issue 29 point 9, caught that once).
+const ACCEPT_WAIT: Duration = Duration::from_secs(150);
+
+/// The first connection to `l` within `wait`, or `TimedOut`.
+fn accept_within(l: &TcpListener, wait: Duration) -> io::Result<TcpStream> {
+    l.set_nonblocking(true)?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no client connected within {} s", wait.as_secs()),
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Runs one side of a benchmark (in a child process). The server prints
 /// READY when the client may start; the client prints its JSON record.
 pub fn peer(a: &PeerArgs) -> io::Result<()> {
@@ -996,7 +1026,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 };
                 println!("PORT {}", l.local_addr()?.port());
                 ready();
-                let (s, _) = l.accept()?;
+                let s = accept_within(&l, ACCEPT_WAIT)?;
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             } else {
