@@ -208,8 +208,11 @@ static void ulnic_notify_done(struct virtqueue *vq)
 			/* Commands sleep: acknowledged from a work item. */
 			WRITE_ONCE(u->reset_number, ep);
 			schedule_work(&u->reset_work);
-		} else if (len >= sizeof(rec->endpoint) && ep < u->endpoints) {
-			/* The device names the endpoint; trust only ids we have. */
+		} else if (len >= sizeof(*rec) && !rec->reason && ep < u->endpoints) {
+			/*
+			 * The device names the endpoint; trust only ids we have.
+			 * A reason this driver does not know is ignored (spec 6).
+			 */
 			set_bit(ep, u->notified);
 			wake_up_interruptible_all(&u->wq);
 		}

@@ -78,7 +78,8 @@ impl FaultSpec {
         })
     }
 
-    fn of(f: &Faults) -> FaultSpec {
+    /// How the control protocol spells the device's faults `f`.
+    pub fn of(f: &Faults) -> FaultSpec {
         FaultSpec {
             drop: f.drop,
             corrupt: f.corrupt,

@@ -52,8 +52,8 @@ fn a_bad_topology_says_what_is_wrong() {
     assert!(err.contains("node 1 hangs on 0 links"), "{err}");
 }
 
-/// Tests that load both cores (self-tests, benchmarks, their device
-/// processes) take turns. The transport times its channels in real time:
+/// Tests that load both cores (self-tests, benchmarks, device processes
+/// with traffic) take turns. The transport times its channels in real time:
 /// beside another test's load its timeouts would fire for nothing, and
 /// the lossless test counts them.
 static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -322,6 +322,7 @@ fn n(v: &serde_json::Value, k: &str) -> u64 {
 
 #[test]
 fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
+    let _turn = heavy();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let _dev = device_on("two-switches.toml", "8", d);
@@ -455,6 +456,7 @@ fn a_running_device_reports_counters_takes_faults_and_captures_packets() {
 
 #[test]
 fn a_mapped_fabric_finds_itself_and_routes_around_a_cut_link() {
+    let _turn = heavy();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let _dev = device_on("mapped-ring.toml", "4", d);

@@ -10,7 +10,7 @@ use ulnic_device::config::Configuration;
 use ulnic_device::fabric::topology::Faults;
 use ulnic_device::Device;
 
-use crate::control::{Client, FaultSpec, Request};
+use crate::control::FaultSpec;
 use crate::fabric::launch::{free_loopback_ports, LocalMembers};
 
 /// Where a cluster's guests sit (flattened into `cluster up/run/bench`
@@ -199,22 +199,7 @@ pub fn start_devices(
         None => LocalMembers::start(dir, nodes, devices, endpoints)?,
     };
     if !faults.none() {
-        let links = crate::fabric::file::parse(&std::fs::read_to_string(dir.join("fabric.toml"))?)?
-            .topology
-            .links()
-            .len();
-        for m in &members.members {
-            // Each member emulates the lanes it sends on.
-            let mut c = Client::connect(dir, Some(&m.name))?;
-            for link in 0..links {
-                c.send(&Request::SetFaults {
-                    link: Some(link),
-                    node: None,
-                    faults: f.spec(),
-                })?;
-                c.checked_line()?;
-            }
-        }
+        members.set_every_link(dir, f.spec())?;
     }
     Ok((None, Some(members)))
 }

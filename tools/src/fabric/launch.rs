@@ -20,6 +20,8 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use ulnic_device::fabric::network::FabricConfig;
 
+use crate::control::{Client, FaultSpec, Request};
+
 /// One line of a hostfile: `HOST [slots=N] [address=IP]` (MPI's form);
 /// `#` starts a comment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -591,6 +593,28 @@ impl LocalMembers {
             wait_up(dir, "", m)?;
         }
         Ok(started)
+    }
+}
+
+impl LocalMembers {
+    /// Sets `faults` on every link of the fabric they run (topology in
+    /// `dir`), on every member: each emulates the lanes it sends on.
+    pub fn set_every_link(&self, dir: &Path, faults: FaultSpec) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(dir.join("fabric.toml"))?;
+        let links = super::file::parse(&text)?.topology.links().len();
+        for m in &self.members {
+            let mut c = Client::connect(dir, Some(&m.name))?;
+            for link in 0..links {
+                c.send(&Request::SetFaults {
+                    link: Some(link),
+                    node: None,
+                    faults,
+                })?;
+                c.checked_line()
+                    .with_context(|| format!("member {}", m.name))?;
+            }
+        }
+        Ok(())
     }
 }
 

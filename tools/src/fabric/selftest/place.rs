@@ -87,28 +87,14 @@ impl Place {
             .prefix("ulnic-selftest-")
             .tempdir()?;
         let members = LocalMembers::start(dir.path(), nodes, devices, endpoints)?;
-        let spec = FaultSpec {
-            drop: faults.drop,
-            corrupt: faults.corrupt,
-            duplicate: faults.duplicate,
-            reorder: faults.reorder,
-            ..FaultSpec::default()
-        };
-        let place = Place::Members {
+        let spec = FaultSpec::of(&faults);
+        members.set_every_link(dir.path(), spec)?;
+        Ok(Place::Members {
             sockets: Configuration::socket_paths(dir.path(), nodes),
             members,
             dir,
             faults: spec,
-        };
-        let links = place.links()?;
-        for link in 0..links {
-            place.tell_all(&Request::SetFaults {
-                link: Some(link),
-                node: None,
-                faults: spec,
-            })?;
-        }
-        Ok(place)
+        })
     }
 
     /// Node `i`'s socket is the `i`-th.
@@ -131,16 +117,6 @@ impl Place {
                 "{} device processes joined over loopback UDP",
                 members.members.len()
             ),
-        }
-    }
-
-    fn links(&self) -> anyhow::Result<usize> {
-        match self {
-            Place::Here { fabric, .. } => Ok(fabric.topology.links().len()),
-            Place::Members { dir, .. } => {
-                let text = std::fs::read_to_string(dir.path().join("fabric.toml"))?;
-                Ok(crate::fabric::file::parse(&text)?.topology.links().len())
-            }
         }
     }
 
