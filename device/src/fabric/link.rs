@@ -120,8 +120,13 @@ pub struct Lane {
     busy_until: Nanos,
     wire: BinaryHeap<Reverse<InFlight>>,
     /// Arrived at the far end, waiting to be passed on (the far end's
-    /// input buffer).
-    arrived: VecDeque<Packet>,
+    /// input buffer), each with when it arrived.
+    arrived: VecDeque<(Nanos, Packet)>,
+    /// When a packet last left the far end's buffer.
+    taken_at: Nanos,
+    /// When a packet last left the far end's buffer while the lane was
+    /// full: no credit was free before.
+    freed_at: Nanos,
     order: u64,
     remote: Option<RemoteEnd>,
     /// What it has done.
@@ -137,6 +142,8 @@ impl Lane {
             busy_until: 0,
             wire: BinaryHeap::new(),
             arrived: VecDeque::new(),
+            taken_at: 0,
+            freed_at: 0,
             order: 0,
             remote: None,
             counters: LaneCounters::default(),
@@ -247,7 +254,7 @@ impl Lane {
                 break;
             };
             if !f.check || f.packet.intact() {
-                self.arrived.push_back(f.packet);
+                self.arrived.push_back((f.arrive, f.packet));
             } else {
                 self.counters.crc_errors += 1;
             }
@@ -257,8 +264,9 @@ impl Lane {
     /// Puts a packet that crossed from another member straight into the
     /// far end's buffer (the sending member emulated the link's time and
     /// faults, and checked the CRC if it could corrupt; a datagram's MAC
-    /// covers the rest). False, and counted, if the buffer is full.
-    pub fn inject(&mut self, p: Packet) -> bool {
+    /// covers the rest). It arrived at `now` (the members' clocks are
+    /// not compared). False, and counted, if the buffer is full.
+    pub fn inject(&mut self, now: Nanos, p: Packet) -> bool {
         // A sender sharing our counter kept to the credits; over UDP the
         // buffer is larger, and past it the packet is dropped (counted).
         let limit = match &self.remote {
@@ -269,29 +277,34 @@ impl Lane {
             self.counters.overflow += 1;
             return false;
         }
-        self.arrived.push_back(p);
+        self.arrived.push_back((now, p));
         true
     }
 
     /// Takes an arrived packet to hand to the member at the far end,
     /// counting it in the shared credit.
     pub fn hand_over(&mut self) -> Option<Packet> {
-        let p = self.arrived.pop_front()?;
+        let (_, p) = self.arrived.pop_front()?;
         if let Some(RemoteEnd::Sender(c)) = &self.remote {
             c.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
         Some(p)
     }
 
-    /// The packet first in line at the far end.
-    pub fn front(&self) -> Option<&Packet> {
-        self.arrived.front()
+    /// The packet first in line at the far end, and when it arrived there.
+    pub fn front(&self) -> Option<(Nanos, &Packet)> {
+        self.arrived.front().map(|(t, p)| (*t, p))
     }
 
-    /// Takes the packet first in line at the far end (giving its credit
-    /// back to a sender in another member).
-    pub fn pop(&mut self) -> Option<Packet> {
-        let p = self.arrived.pop_front()?;
+    /// Takes the packet first in line at the far end, passed on at time
+    /// `at` (giving its credit back, to a sender in another member too).
+    pub fn pop(&mut self, at: Nanos) -> Option<Packet> {
+        let full = !self.has_credit();
+        let (_, p) = self.arrived.pop_front()?;
+        self.taken_at = self.taken_at.max(at);
+        if full {
+            self.freed_at = self.freed_at.max(at);
+        }
         if let Some(RemoteEnd::Receiver(c)) = &self.remote {
             let _ = c.fetch_update(
                 std::sync::atomic::Ordering::AcqRel,
@@ -300,6 +313,18 @@ impl Lane {
             );
         }
         Some(p)
+    }
+
+    /// When a packet last left the far end's buffer: the next one in
+    /// line leaves no earlier.
+    pub fn taken_at(&self) -> Nanos {
+        self.taken_at
+    }
+
+    /// When a credit last came free on a full lane: a packet that waited
+    /// for it is sent no earlier.
+    pub fn freed_at(&self) -> Nanos {
+        self.freed_at
     }
 
     /// When the next packet on the wire arrives.
@@ -366,7 +391,7 @@ mod tests {
         l.send(0, packet(1));
         assert!(!l.has_credit());
         l.arrive(0);
-        l.pop();
+        l.pop(0);
         assert!(l.has_credit());
     }
 
@@ -389,7 +414,7 @@ mod tests {
             }
             l.arrive(u64::MAX);
             let mut seqs = Vec::new();
-            while let Some(p) = l.pop() {
+            while let Some(p) = l.pop(0) {
                 assert!(p.intact());
                 seqs.push(p.header.seq.get());
             }

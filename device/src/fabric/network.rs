@@ -438,7 +438,7 @@ impl Network {
 
     /// Takes the packets other members sent: each goes into the far-end
     /// buffer of its lane here.
-    fn receive_remote(&mut self) -> usize {
+    fn receive_remote(&mut self, now: Nanos) -> usize {
         let Some(wire) = self.wire.as_mut() else {
             return 0;
         };
@@ -448,7 +448,7 @@ impl Network {
         };
         let mut n = 0;
         wire.receive_all(&accepts, &mut |lane, p| {
-            if lanes[lane].inject(p) {
+            if lanes[lane].inject(now, p) {
                 n += 1;
             }
         });
@@ -622,7 +622,7 @@ impl Network {
         let mut ticked = false;
         self.tick_mapper(now);
         for _ in 0..MAX_ROUNDS {
-            let mut round = self.receive_remote();
+            let mut round = self.receive_remote(now);
             for lane in &mut self.lanes {
                 lane.arrive(now);
             }
@@ -631,7 +631,7 @@ impl Network {
             // answers probes and takes routes.
             for n in 0..self.host_in.len() {
                 let lane = self.host_in[n];
-                while let Some(p) = self.lanes[lane].pop() {
+                while let Some(p) = self.lanes[lane].pop(now) {
                     round += 1;
                     match p.header.kind.get() {
                         packet::PROBE | packet::PROBE_REPLY | packet::ROUTES => {
@@ -892,14 +892,20 @@ impl Network {
     /// Passes the packet at the head of lane `input` (ending at switch
     /// `s`) on by the gate its route names, if that lane has credit. A
     /// probe whose route ends here is answered instead.
+    ///
+    /// It is passed on at the time it could have been (it arrived, the
+    /// packet ahead of it left, a credit came free), not when the engine
+    /// got to it: a switch costs no more than its links however late the
+    /// engine runs, so a path of many hops is not slower than its links
+    /// say when the engine shares its cores.
     fn forward(&mut self, s: usize, input: usize, now: Nanos) -> Forward {
-        let Some(p) = self.lanes[input].front() else {
+        let Some((arrived, p)) = self.lanes[input].front() else {
             return Forward::Empty;
         };
         let hop = usize::from(p.header.hop.get());
         let probe = p.header.kind.get() == packet::PROBE;
         let Some(gate) = p.route.gate(hop) else {
-            let Some(p) = self.lanes[input].pop() else {
+            let Some(p) = self.lanes[input].pop(now) else {
                 return Forward::Empty;
             };
             if probe && hop == p.route.len() {
@@ -910,7 +916,7 @@ impl Network {
             return Forward::Dropped;
         };
         let Some(&out) = self.switches[s].out.get(usize::from(gate)) else {
-            self.lanes[input].pop();
+            self.lanes[input].pop(now);
             self.switches[s].counters.misrouted += 1;
             return Forward::Dropped;
         };
@@ -918,7 +924,11 @@ impl Network {
             self.lanes[out].stalled();
             return Forward::Blocked;
         }
-        let Some(mut p) = self.lanes[input].pop() else {
+        let at = arrived
+            .max(self.lanes[input].taken_at())
+            .max(self.lanes[out].freed_at())
+            .min(now);
+        let Some(mut p) = self.lanes[input].pop(at) else {
             return Forward::Empty;
         };
         p.header.hop = (p.header.hop.get() + 1).into();
@@ -929,7 +939,7 @@ impl Network {
                 p.seal();
             }
         }
-        self.hand(out, now, p);
+        self.hand(out, at, p);
         self.switches[s].counters.forwarded += 1;
         Forward::Moved
     }
@@ -1141,6 +1151,56 @@ mod tests {
         }
         assert!(!net.busy());
         assert_eq!(sink.delivered.len(), per_pair as usize * 4);
+    }
+
+    #[test]
+    fn switches_pass_packets_on_when_they_arrived_not_when_the_engine_runs() {
+        // Node 0, six switches in a row, node 1: seven links of 100 us.
+        let params = LinkParams {
+            latency: Duration::from_micros(100),
+            ..LinkParams::default()
+        };
+        let mut links = vec![Link {
+            a: End::Node(0),
+            b: End::Switch(0),
+            params,
+        }];
+        for s in 1..6 {
+            links.push(Link {
+                a: End::Switch(s - 1),
+                b: End::Switch(s),
+                params,
+            });
+        }
+        links.push(Link {
+            a: End::Node(1),
+            b: End::Switch(5),
+            params,
+        });
+        let names = (0..6).map(|s| format!("s{s}")).collect();
+        let mut net = Network::new(FabricConfig {
+            topology: Topology::new(2, names, links).unwrap(),
+            seed: 1,
+            transport: TransportConfig::default(),
+            span: None,
+            mapping: None,
+        })
+        .unwrap();
+        let mut sink = Count::default();
+        let key = ChannelKey {
+            src: 0,
+            endpoint: 0,
+            dst: 1,
+            port: 1,
+            class: Class::Messages,
+        };
+        net.submit(key, message(7, 64));
+        net.advance(&mut sink);
+        // An engine that comes back after the whole path's time finds the
+        // packet at the far end, not one hop further per visit.
+        std::thread::sleep(Duration::from_millis(2));
+        net.advance(&mut sink);
+        assert_eq!(sink.delivered, [(0, 1, 7)]);
     }
 
     #[test]
