@@ -589,8 +589,9 @@ pub mod recv_flags {
 pub mod packet {
     /// `magic`: "UL" in little endian.
     pub const MAGIC: u16 = 0x4c55;
-    /// `version`: 3 names the operation and the sender's session.
-    pub const VERSION: u16 = 3;
+    /// `version`: 3 named the operation and the sender's session; 4 adds
+    /// the SACK (an ACK with code `ACK_GAP` lists what is missing).
+    pub const VERSION: u16 = 4;
     codes!(KINDS: u16 {
         /// A fragment of a message.
         DATA = 1,
@@ -608,9 +609,18 @@ pub mod packet {
         /// Bytes a read returns (spec §10.4): settles the read like an ACK.
         RESPONSE = 7,
     });
-    /// An ACK's `code`: it answers a packet that came ahead of the one
-    /// expected, so something before it was lost (spec §10.4).
+    /// An ACK's `code`: a SACK, whose payload lists what is missing
+    /// (`wire::SackHole` entries, spec §10.4).
     pub const ACK_GAP: u16 = 1;
+    /// Holes a SACK lists at most (after the entry naming the packet that
+    /// drew it).
+    pub const MAX_SACK_HOLES: usize = 31;
+    /// A `SackHole`'s `last` when the whole message is missing.
+    pub const SACK_TO_END: u16 = 0xffff;
+    const _: () = assert!(
+        (1 + MAX_SACK_HOLES) * core::mem::size_of::<crate::wire::SackHole>()
+            <= crate::constants::fabric::MIN_MTU as usize
+    );
     /// Largest piece of an RDMA access carried as one message (spec §10.4).
     pub const RDMA_PIECE: u32 = 512 << 10;
     /// Bytes of the remote-access header before a write's data.

@@ -619,6 +619,18 @@ wire! {
         pub immediate: U64,
     }
 
+    /// One hole a SACK reports (spec §10.4): fragments `first..=last` of
+    /// message `seq` did not come (`last` = `packet::SACK_TO_END`: none
+    /// from `first` on, the message's length unknown).
+    pub struct SackHole = "ulnic_sack_hole" {
+        /// The message's sequence number.
+        pub seq: U32,
+        /// First missing fragment.
+        pub first: U16,
+        /// Last missing fragment, inclusive.
+        pub last: U16,
+    }
+
     /// The start of a datagram between device processes (spec §10.7),
     /// followed by one packet (§10.3) and `datagram::MAC_SIZE` bytes of
     /// HMAC-SHA256 over everything before them.
@@ -772,6 +784,7 @@ pub fn fabric() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
     vec![
         one::<PacketHeader>(),
         one::<RemoteAccess>(),
+        one::<SackHole>(),
         one::<DatagramHeader>(),
         one::<ProbeReply>(),
         one::<RouteEntryHead>(),
@@ -807,6 +820,7 @@ mod tests {
             ("ulnic_notify_record", 8),
             ("ulnic_packet_header", 72),
             ("ulnic_remote_access", 48),
+            ("ulnic_sack_hole", 8),
             ("ulnic_ioc_create_ep", 64),
             ("ulnic_ioc_command", 528),
             ("ulnic_datagram_header", 8),

@@ -3,19 +3,23 @@
 //! per (source endpoint, destination node and port, class), so order holds
 //! per pair of endpoints and one full receiver never blocks another.
 //!
-//! A channel is go-back-N over whole messages with a window: every
+//! A channel carries whole messages in order with a window: every
 //! message carries the channel's epoch and a sequence number and is cut
-//! into fragments at the path MTU; the receiver takes only the next
-//! sequence number, reassembles it and hands it to the node, then
-//! acknowledges it (cumulative ACK). A receiver with no buffer answers
-//! NACK and the sender tries again after a back-off; a refusal that
-//! retrying cannot cure (no endpoint, filter, buffer too small, a cookie
-//! refused) is answered with a NACK carrying the reason, and the sender
-//! returns that message and goes on in a new epoch. With no answer at all
-//! the sender retransmits from the oldest unacknowledged message after a
-//! timeout that doubles; after `retries` of them it returns every message
-//! it holds to their sender (return-to-sender), starts a new epoch and
-//! marks the destination node unreachable.
+//! into fragments at the path MTU; the receiver reassembles the expected
+//! message and up to a window of later ones (kept early), hands them to
+//! the node in order and acknowledges each (cumulative ACK). A packet
+//! that arrives past a hole draws a SACK naming the holes, and the
+//! sender sends just those fragments again (selective repeat), again
+//! only once the SACK shows a repair was lost. A receiver with no buffer
+//! answers NACK and the sender tries again after a back-off; a refusal
+//! that retrying cannot cure (no endpoint, filter, buffer too small, a
+//! cookie refused) is answered with a NACK carrying the reason, and the
+//! sender returns that message and goes on in a new epoch. With no answer
+//! at all the sender times out (the timeout doubles): the first time it
+//! sends the oldest message and the newest's last fragment again, after
+//! that everything from the oldest on; after `retries` timeouts it
+//! returns every message it holds to their sender (return-to-sender),
+//! starts a new epoch and marks the destination node unreachable.
 //!
 //! A message is a send, an out-of-band message or a remote access (its
 //! `opcode`, which also names the channel's class). A read is answered by
@@ -90,6 +94,10 @@ pub const MAX_ENDPOINT_BYTES: usize = 8 << 20;
 /// Send channels kept; past this the empty ones are forgotten (a channel
 /// made again starts a new epoch, which its receiver takes as new).
 const MAX_SEND_CHANNELS: usize = 1 << 16;
+/// Payload bytes one node may hold in messages reassembled ahead of the
+/// one their channel expects (spec §10.4); past this early packets are
+/// dropped and sent again.
+pub const MAX_EARLY_BYTES: usize = 64 << 20;
 /// RESPONSE bytes one node may have waiting to leave (spec §10.4); a read
 /// past this is NACKed for want of a buffer and retried.
 pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
@@ -269,7 +277,8 @@ pub struct TransportCounters {
     pub nacks_received: u64,
     /// Packets of messages already delivered, dropped.
     pub duplicates_dropped: u64,
-    /// Packets ahead of the next expected message, dropped.
+    /// Packets too far ahead of the next expected message to keep
+    /// (beyond the window or the early budget), dropped.
     pub out_of_order_dropped: u64,
     /// Packets of an old epoch, dropped.
     pub stale_dropped: u64,
@@ -321,6 +330,9 @@ pub struct Transport {
     /// Per node: answers to reads waiting to leave, and their bytes.
     responses: Vec<VecDeque<Response>>,
     response_bytes: Vec<usize>,
+    /// Per node: payload bytes held in reassembly (`MAX_EARLY_BYTES`
+    /// bounds the part ahead of what channels expect).
+    early_bytes: Vec<usize>,
     /// Per node: whether an answer goes before data next (they take turns).
     answer_next: Vec<bool>,
     /// The payload size of RESPONSE packets (the fabric's smallest MTU:
@@ -375,6 +387,7 @@ impl Transport {
             control: (0..nodes).map(|_| VecDeque::new()).collect(),
             responses: (0..nodes).map(|_| VecDeque::new()).collect(),
             response_bytes: vec![0; nodes as usize],
+            early_bytes: vec![0; nodes as usize],
             answer_next: vec![false; nodes as usize],
             response_mtu: response_mtu.max(1),
             timers: BinaryHeap::new(),
@@ -522,8 +535,12 @@ impl Transport {
                 match h.kind.get() {
                     packet::ACK => {
                         let (epoch, seq, room) = (h.epoch.get(), h.seq.get(), h.tag.get());
-                        let gap = h.code.get() == packet::ACK_GAP;
-                        self.receive_ack(key, (epoch, seq, gap), room, now, sink)
+                        let holes: &[u8] = if h.code.get() == packet::ACK_GAP {
+                            &p.payload
+                        } else {
+                            &[]
+                        };
+                        self.receive_ack(key, (epoch, seq), holes, room, now, sink)
                     }
                     packet::NACK => {
                         self.counters[n as usize].nacks_received += 1;

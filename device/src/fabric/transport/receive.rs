@@ -3,35 +3,114 @@
 //! header checked first), and what the node sends back: ACKs, NACKs and
 //! the RESPONSE packets that carry a read's bytes.
 
-use ulnic_abi::wire::{self, RemoteAccess};
+use std::collections::VecDeque;
+
+use ulnic_abi::wire::{self, PacketHeader, RemoteAccess, SackHole};
 use ulnic_abi::{op, packet, tx_error, MAX_MESSAGE};
+use zerocopy::IntoBytes;
 
 use super::{
     before, Arrival, ChannelKey, Class, Delivered, Sink, Transport, MAX_CONTROL_BACKLOG,
-    MAX_RESPONSE_BYTES, NO_ROOM_BOUND,
+    MAX_EARLY_BYTES, MAX_RESPONSE_BYTES, NO_ROOM_BOUND,
 };
 use crate::fabric::link::Nanos;
 use crate::fabric::packet::Packet;
 
 struct Assembly {
-    seq: u32,
+    /// The header of its first packet to come (what the node is told).
+    header: PacketHeader,
     frags: u16,
     got: Vec<bool>,
     missing: u32,
     bytes: Vec<u8>,
 }
 
+impl Assembly {
+    fn fits(&self, h: &PacketHeader) -> bool {
+        self.frags == h.frags.get() && self.bytes.len() == h.msg_len.get() as usize
+    }
+}
+
+/// Packets taken between SACKs while holes remain.
+const SACK_EVERY: u32 = 8;
+
 #[derive(Default)]
 pub(super) struct RecvChannel {
     epoch: u32,
     next: u32,
-    assembly: Option<Assembly>,
+    /// Messages being reassembled: entry `i` is message `next + i` (the
+    /// expected one, then early ones), `None` while nothing of it came.
+    pending: VecDeque<Option<Assembly>>,
     /// The length of the last message delivered: the room a repeated ACK
     /// reports is for messages like it.
     last_len: usize,
-    /// The expected sequence number a GAP ACK was last sent for: one per
-    /// gap, so a burst of early packets costs one answer.
-    gap_told: Option<u32>,
+    /// The packet taken last: sequence number, fragment, fragments.
+    last_taken: Option<(u32, u16, u16)>,
+    /// The last SACK listed holes.
+    holes: bool,
+    /// Packets taken since the last SACK.
+    since_sack: u32,
+}
+
+impl RecvChannel {
+    /// Payload bytes it holds in reassembly.
+    pub(super) fn held_bytes(&self) -> usize {
+        self.pending.iter().flatten().map(|a| a.bytes.len()).sum()
+    }
+
+    /// Whether packet (`seq`, `frag`) follows the one taken before it.
+    fn follows(&self, seq: u32, frag: u16) -> bool {
+        match self.last_taken {
+            Some((s, f, n)) if f + 1 < n => seq == s && frag == f + 1,
+            Some((s, _, _)) => seq == s.wrapping_add(1) && frag == 0,
+            None => seq == self.next && frag == 0,
+        }
+    }
+
+    /// What is missing before the furthest packet taken, from the
+    /// expected message on (at most `packet::MAX_SACK_HOLES`).
+    fn holes(&self) -> Vec<SackHole> {
+        let Some(furthest) = self.pending.iter().rposition(Option::is_some) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut push = |seq: u32, first: usize, last: u16| {
+            if out.len() < packet::MAX_SACK_HOLES {
+                out.push(SackHole {
+                    seq: seq.into(),
+                    first: (first as u16).into(),
+                    last: last.into(),
+                });
+            }
+        };
+        for (i, slot) in self.pending.iter().enumerate().take(furthest + 1) {
+            let seq = self.next.wrapping_add(i as u32);
+            let Some(a) = slot else {
+                push(seq, 0, packet::SACK_TO_END);
+                continue;
+            };
+            // In the furthest message, what follows its last packet taken
+            // may still be on its way.
+            let end = if i == furthest {
+                a.got.iter().rposition(|&g| g).unwrap_or(0)
+            } else {
+                a.got.len()
+            };
+            let mut f = 0;
+            while f < end {
+                if a.got[f] {
+                    f += 1;
+                    continue;
+                }
+                let first = f;
+                while f < end && !a.got[f] {
+                    f += 1;
+                }
+                push(seq, first, (f - 1) as u16);
+            }
+        }
+        out
+    }
 }
 
 /// A read's bytes on their way back to the node that asked.
@@ -102,7 +181,8 @@ impl Transport {
             if seq != 0 {
                 counters.out_of_order_dropped += 1;
                 if fresh {
-                    // Nothing kept for a channel this packet cannot open.
+                    // Nothing kept for a channel this packet cannot open
+                    // (and nothing was held in it).
                     self.recv.remove(&key);
                     if key.class != Class::Memory && !sink.bound(n, key.port) {
                         // The port was let go and its NACK NO_ENDPOINT
@@ -122,6 +202,8 @@ impl Transport {
                 }
                 return;
             }
+            self.early_bytes[n as usize] =
+                self.early_bytes[n as usize].saturating_sub(ch.held_bytes());
             *ch = RecvChannel {
                 epoch,
                 ..RecvChannel::default()
@@ -132,7 +214,7 @@ impl Transport {
             if frag + 1 == frags {
                 if h.opcode.get() == op::RDMA_READ && frags == 1 {
                     // Its answer was lost: a read is served again.
-                    self.serve(n, key, &p, p.payload.clone(), now, sink);
+                    self.serve(n, key, &h, p.payload.clone(), now, sink);
                 } else {
                     let last = ch.next.wrapping_sub(1);
                     let room = room_for(sink, n, key, ch.last_len);
@@ -141,28 +223,35 @@ impl Transport {
             }
             return;
         }
-        if seq != ch.next {
+        let ahead = seq.wrapping_sub(ch.next) as usize;
+        if ahead >= self.config.window.max(1) as usize {
             counters.out_of_order_dropped += 1;
-            // Something before it was lost: said once per gap, so the
-            // sender goes back at once rather than at its timeout.
-            if ch.gap_told != Some(ch.next) && ch.next != 0 {
-                ch.gap_told = Some(ch.next);
-                let last = ch.next.wrapping_sub(1);
-                let room = room_for(sink, n, key, ch.last_len);
-                let op = h.opcode.get();
-                self.control_packet(key, epoch, last, packet::ACK, packet::ACK_GAP, op, room);
-            }
             return;
         }
-        let a = match &mut ch.assembly {
-            Some(a) if a.seq == seq && a.frags == frags && a.bytes.len() == msg_len as usize => a,
-            slot => slot.insert(Assembly {
-                seq,
-                frags,
-                got: vec![false; frags as usize],
-                missing: u32::from(frags),
-                bytes: vec![0; msg_len as usize],
-            }),
+        if ch.pending.len() <= ahead {
+            ch.pending.resize_with(ahead + 1, || None);
+        }
+        let early = &mut self.early_bytes[n as usize];
+        let a = match &mut ch.pending[ahead] {
+            Some(a) if a.fits(&h) => a,
+            slot => {
+                // An early message is kept only within the node's budget;
+                // the expected one always is.
+                let old = slot.as_ref().map_or(0, |a| a.bytes.len());
+                let after = early.saturating_sub(old) + msg_len as usize;
+                if ahead > 0 && after > MAX_EARLY_BYTES {
+                    counters.out_of_order_dropped += 1;
+                    return;
+                }
+                *early = after;
+                slot.insert(Assembly {
+                    header: h,
+                    frags,
+                    got: vec![false; frags as usize],
+                    missing: u32::from(frags),
+                    bytes: vec![0; msg_len as usize],
+                })
+            }
         };
         if a.got[frag as usize] {
             counters.duplicates_dropped += 1;
@@ -171,29 +260,106 @@ impl Transport {
         a.got[frag as usize] = true;
         a.missing -= 1;
         a.bytes[off as usize..off as usize + p.payload.len()].copy_from_slice(&p.payload);
-        if a.missing > 0 {
-            return;
-        }
-        let Some(done) = ch.assembly.take() else {
-            return;
-        };
-        self.serve(n, key, &p, done.bytes, now, sink);
+        let follows = ch.follows(seq, frag);
+        ch.last_taken = Some((seq, frag, frags));
+        self.deliver_ready(n, key, now, sink);
+        self.maybe_sack(key, (seq, frag), follows, h.opcode.get(), sink);
     }
 
-    /// Hands complete message `bytes` (of the channel `key`, as packet `p`
-    /// of it says) to node `n`'s NIC, and answers: ACK, NACK, or a read's
+    /// Delivers the channel's expected message while it is complete, and
+    /// the early ones complete behind it, in order; stops at one the node
+    /// did not take (the sender will send it again).
+    fn deliver_ready(&mut self, n: u32, key: ChannelKey, now: Nanos, sink: &mut dyn Sink) {
+        loop {
+            let Some(ch) = self.recv.get_mut(&key) else {
+                return;
+            };
+            if !matches!(ch.pending.front(), Some(Some(a)) if a.missing == 0) {
+                return;
+            }
+            let Some(Some(a)) = ch.pending.pop_front() else {
+                return;
+            };
+            let expected = ch.next;
+            self.early_bytes[n as usize] =
+                self.early_bytes[n as usize].saturating_sub(a.bytes.len());
+            self.serve(n, key, &a.header, a.bytes, now, sink);
+            match self.recv.get_mut(&key) {
+                Some(ch) if ch.next == expected => {
+                    ch.pending.push_front(None);
+                    return;
+                }
+                Some(_) => {}
+                None => return,
+            }
+        }
+    }
+
+    /// Answers packet `drew` (sequence number, fragment) with a SACK when
+    /// it did not follow the one before it and left a hole, or every
+    /// `SACK_EVERY` packets while holes remain.
+    fn maybe_sack(
+        &mut self,
+        key: ChannelKey,
+        drew: (u32, u16),
+        follows: bool,
+        opcode: u16,
+        sink: &mut dyn Sink,
+    ) {
+        let Some(ch) = self.recv.get_mut(&key) else {
+            return;
+        };
+        if follows {
+            if !ch.holes {
+                return;
+            }
+            ch.since_sack += 1;
+            if ch.since_sack < SACK_EVERY {
+                return;
+            }
+        }
+        let holes = ch.holes();
+        ch.holes = !holes.is_empty();
+        ch.since_sack = 0;
+        if holes.is_empty() {
+            return;
+        }
+        let (epoch, last, len) = (ch.epoch, ch.next.wrapping_sub(1), ch.last_len);
+        let room = room_for(sink, key.dst, key, len);
+        self.control_packet(key, epoch, last, packet::ACK, packet::ACK_GAP, opcode, room);
+        if let Some(p) = self.control[key.dst as usize].back_mut() {
+            let drew = SackHole {
+                seq: drew.0.into(),
+                first: drew.1.into(),
+                last: drew.1.into(),
+            };
+            p.payload = drew.as_bytes().to_vec();
+            p.payload.extend_from_slice(holes.as_bytes());
+            p.seal();
+        }
+    }
+
+    /// Forgets what node `n` keeps for channel `key`.
+    fn forget_recv(&mut self, n: u32, key: &ChannelKey) {
+        if let Some(ch) = self.recv.remove(key) {
+            self.early_bytes[n as usize] =
+                self.early_bytes[n as usize].saturating_sub(ch.held_bytes());
+        }
+    }
+
+    /// Hands complete message `bytes` (of the channel `key`, as header `h`
+    /// of one of its packets says) to node `n`'s NIC, and answers: ACK, NACK, or a read's
     /// RESPONSE. A message served again (a read whose answer was lost)
     /// leaves the channel where it is.
     fn serve(
         &mut self,
         n: u32,
         key: ChannelKey,
-        p: &Packet,
+        h: &PacketHeader,
         bytes: Vec<u8>,
         now: Nanos,
         sink: &mut dyn Sink,
     ) {
-        let h = &p.header;
         let (epoch, seq, opcode) = (h.epoch.get(), h.seq.get(), h.opcode.get());
         let i = n as usize;
         if key.class == Class::Memory && !access_well_formed(n, opcode, &bytes) {
@@ -256,7 +422,7 @@ impl Transport {
                 if code == tx_error::NO_ENDPOINT && key.class != Class::Memory {
                     // Nothing to keep for a port nobody holds: a guest
                     // writing to every port number leaves no state here.
-                    self.recv.remove(&key);
+                    self.forget_recv(n, &key);
                 }
                 self.control_packet(key, epoch, seq, packet::NACK, code, opcode, 0)
             }

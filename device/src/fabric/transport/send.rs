@@ -5,12 +5,20 @@
 use std::cmp::Reverse;
 use std::collections::VecDeque;
 
+use ulnic_abi::wire::SackHole;
 use ulnic_abi::{op, packet, tx_error};
+use zerocopy::FromBytes;
 
 use super::{
     before, ChannelKey, Message, Sink, Transport, MAX_NACK_BACKOFF, MAX_SEND_CHANNELS,
     NACK_BACKOFF, NO_ROOM_BOUND,
 };
+
+/// The shortest wait, after the last SACK, before the oldest message's
+/// repairs go again unasked (a probe).
+const MIN_PROBE_WAIT: Nanos = 100_000;
+/// A fragment's `repaired_tx` while it waits to go again.
+const QUEUED: u64 = u64::MAX;
 use crate::fabric::link::Nanos;
 use crate::fabric::packet::Packet;
 
@@ -34,6 +42,11 @@ pub(super) struct Unacked {
     submitted_at: Nanos,
     /// A read: what came of its answer.
     answer: Option<Answer>,
+    /// The channel's `tx` when its first fragment first left (0: not yet).
+    first_tx: u64,
+    /// Per fragment, the channel's `tx` when it last went again
+    /// (`QUEUED` while it waits to; empty until a fragment goes again).
+    repaired_tx: Vec<u64>,
 }
 
 impl Unacked {
@@ -51,6 +64,19 @@ pub(super) struct SendChannel {
     sent: usize,
     /// The next fragment of `unacked[sent]` to transmit.
     frag: u32,
+    /// Fragments a SACK asked for again (sequence number, fragment): they
+    /// go before anything new.
+    repairs: VecDeque<(u32, u16)>,
+    /// When to send the oldest message's repairs again if it is still
+    /// not settled (a lost repair, with nothing else arriving to draw
+    /// another SACK).
+    probe_at: Option<Nanos>,
+    /// When a SACK last arrived: a message sent before it may have waited
+    /// at the receiver behind a hole, so its ACK gives no RTT sample.
+    sacked_at: Nanos,
+    /// DATA packets sent so far: the order packets left in, which SACKs
+    /// are read against.
+    tx: u64,
     /// Reads among the first `sent`: until they are answered only reads
     /// may follow them.
     reads_out: usize,
@@ -87,16 +113,152 @@ impl SendChannel {
     /// The receiver's room must allow it too, unless nothing is in flight
     /// (a probe: its ACK or NACK says more).
     pub(super) fn can_send(&self) -> bool {
-        self.unacked.get(self.sent).is_some_and(|u| {
-            (self.reads_out == 0 || u.is_read())
-                && (self.sent == 0 || self.room_end.is_none_or(|end| before(u.seq, end)))
-        })
+        !self.repairs.is_empty()
+            || self.unacked.get(self.sent).is_some_and(|u| {
+                (self.reads_out == 0 || u.is_read())
+                    && (self.sent == 0 || self.room_end.is_none_or(|end| before(u.seq, end)))
+            })
     }
 
     fn rewind(&mut self) {
         self.sent = 0;
         self.frag = 0;
         self.reads_out = 0;
+        self.repairs.clear();
+    }
+
+    /// How long a channel that asked for repairs may stay silent before
+    /// the oldest message's go again: two smoothed round trips.
+    fn probe_wait(&self) -> Nanos {
+        (2 * self.srtt.map_or(self.base_timeout / 4, |(srtt, _)| srtt)).max(MIN_PROBE_WAIT)
+    }
+
+    /// The probe fell due: if the oldest message was repaired and is still
+    /// not settled, its repaired fragments go again (one of them may have
+    /// been lost, and nothing else may come to draw a SACK). True if any
+    /// did.
+    fn probe(&mut self, now: Nanos) -> bool {
+        self.probe_at = None;
+        if self.sent == 0 {
+            return false;
+        }
+        let wait = self.probe_wait();
+        let Some(u) = self.unacked.front_mut() else {
+            return false;
+        };
+        let seq = u.seq;
+        let mut again = false;
+        for (f, t) in u.repaired_tx.iter_mut().enumerate() {
+            if *t != 0 && *t != QUEUED {
+                *t = QUEUED;
+                self.repairs.push_back((seq, f as u16));
+                again = true;
+            }
+        }
+        if again {
+            self.probe_at = Some(now + wait);
+        }
+        again
+    }
+
+    /// Queues every fragment of the oldest message, if it was sent in
+    /// full, to go again ahead of anything new, and the last fragment of
+    /// the last message sent in full: arriving last, it draws a SACK that
+    /// names every hole between. False if nothing was sent in full.
+    fn resend_oldest(&mut self) -> bool {
+        if self.sent == 0 {
+            return false;
+        }
+        self.repairs.clear();
+        for i in [0, self.sent - 1] {
+            let mtu = self.mtu as usize;
+            let u = &mut self.unacked[i];
+            let frags = u.msg.bytes.len().div_ceil(mtu).max(1);
+            if u.repaired_tx.len() != frags {
+                u.repaired_tx = vec![0; frags];
+            }
+            let from = if i == 0 { 0 } else { frags - 1 };
+            for f in from..frags {
+                if u.repaired_tx[f] != QUEUED {
+                    u.repaired_tx[f] = QUEUED;
+                    self.repairs.push_back((u.seq, f as u16));
+                }
+            }
+        }
+        true
+    }
+
+    /// When (in `tx`) fragment `frag` of message `seq` last left, at the
+    /// earliest: 0 if the channel does not hold it.
+    fn sent_tx(&self, seq: u32, frag: u16) -> u64 {
+        let Some(first) = self.unacked.front().map(|u| u.seq) else {
+            return 0;
+        };
+        let Some(u) = self.unacked.get(seq.wrapping_sub(first) as usize) else {
+            return 0;
+        };
+        match u.repaired_tx.get(usize::from(frag)) {
+            Some(&t) if t != 0 && t != QUEUED => t,
+            _ if u.first_tx == 0 => 0,
+            // Its fragments left in order, perhaps with others between.
+            _ => u.first_tx + u64::from(frag),
+        }
+    }
+
+    /// Where message `seq` is among those sent in full this round.
+    fn sent_index(&self, seq: u32) -> Option<usize> {
+        let first = self.unacked.front()?.seq;
+        let i = seq.wrapping_sub(first) as usize;
+        (i < self.sent).then_some(i)
+    }
+
+    /// Fragment `frag` of `unacked[i]` as a DATA packet of channel `key`.
+    fn data_packet(&self, key: &ChannelKey, i: usize, frag: u32) -> Packet {
+        let u = &self.unacked[i];
+        let len = u.msg.bytes.len();
+        let frags = len.div_ceil(self.mtu as usize).max(1);
+        let off = frag as usize * self.mtu as usize;
+        let end = (off + self.mtu as usize).min(len);
+        let mut p = Packet::new(packet::DATA);
+        let h = &mut p.header;
+        h.src_node = key.src.into();
+        h.dst_node = key.dst.into();
+        h.src_endpoint = key.endpoint.into();
+        h.src_port = u.msg.src_port.into();
+        h.dst_port = key.port.into();
+        h.epoch = self.epoch.into();
+        h.seq = u.seq.into();
+        h.frag = (frag as u16).into();
+        h.frags = (frags as u16).into();
+        h.msg_len = (len as u32).into();
+        h.offset = (off as u32).into();
+        h.tag = u.msg.tag.into();
+        h.opcode = u.msg.opcode.into();
+        h.flags = u.msg.flags.into();
+        h.session = u.msg.session.into();
+        p.payload = u.msg.bytes[off..end].to_vec();
+        p.seal();
+        p
+    }
+
+    /// The next fragment a SACK asked for that is still wanted, as a
+    /// packet; the message it belongs to gives no RTT sample now.
+    fn next_repair(&mut self, key: &ChannelKey) -> Option<Packet> {
+        while let Some((seq, frag)) = self.repairs.pop_front() {
+            let Some(i) = self.sent_index(seq) else {
+                continue; // settled meanwhile
+            };
+            let p = self.data_packet(key, i, u32::from(frag));
+            self.tx += 1;
+            let u = &mut self.unacked[i];
+            if let Some(t) = u.repaired_tx.get_mut(usize::from(frag)) {
+                *t = self.tx;
+            }
+            u.again = true;
+            u.sent_at = None;
+            return Some(p);
+        }
+        None
     }
 
     /// Takes the oldest message off, keeping the round's counts right.
@@ -141,6 +303,10 @@ impl Transport {
                     unacked: VecDeque::new(),
                     sent: 0,
                     frag: 0,
+                    repairs: VecDeque::new(),
+                    probe_at: None,
+                    sacked_at: 0,
+                    tx: 0,
                     reads_out: 0,
                     mtu,
                     base_timeout: base,
@@ -174,6 +340,8 @@ impl Transport {
             again: false,
             submitted_at: now,
             answer: None,
+            first_tx: 0,
+            repaired_tx: Vec::new(),
         });
         self.counters[key.src as usize].messages_sent += 1;
         self.make_ready(key);
@@ -206,30 +374,29 @@ impl Transport {
                 c.queued = false;
                 continue;
             }
+            if let Some(p) = c.next_repair(&key) {
+                self.counters[n as usize].retransmissions += 1;
+                if c.can_send() {
+                    ready.push_back(key);
+                } else {
+                    c.queued = false;
+                }
+                return Some(p);
+            }
+            if !c.can_send() {
+                // Only repairs were asked for, of messages settled since.
+                c.queued = false;
+                continue;
+            }
+            let p = c.data_packet(&key, c.sent, c.frag);
+            c.tx += 1;
+            let (tx, frag) = (c.tx, c.frag);
+            let u = &mut c.unacked[c.sent];
+            if frag == 0 && !u.transmitted {
+                u.first_tx = tx;
+            }
             let u = &c.unacked[c.sent];
-            let len = u.msg.bytes.len();
-            let frags = len.div_ceil(c.mtu as usize).max(1);
-            let off = c.frag as usize * c.mtu as usize;
-            let end = (off + c.mtu as usize).min(len);
-            let mut p = Packet::new(packet::DATA);
-            let h = &mut p.header;
-            h.src_node = key.src.into();
-            h.dst_node = key.dst.into();
-            h.src_endpoint = key.endpoint.into();
-            h.src_port = u.msg.src_port.into();
-            h.dst_port = key.port.into();
-            h.epoch = c.epoch.into();
-            h.seq = u.seq.into();
-            h.frag = (c.frag as u16).into();
-            h.frags = (frags as u16).into();
-            h.msg_len = (len as u32).into();
-            h.offset = (off as u32).into();
-            h.tag = u.msg.tag.into();
-            h.opcode = u.msg.opcode.into();
-            h.flags = u.msg.flags.into();
-            h.session = u.msg.session.into();
-            p.payload = u.msg.bytes[off..end].to_vec();
-            p.seal();
+            let frags = u.msg.bytes.len().div_ceil(c.mtu as usize).max(1);
             let counters = &mut self.counters[n as usize];
             if u.transmitted {
                 counters.retransmissions += 1;
@@ -291,6 +458,23 @@ impl Transport {
                 self.make_ready(key);
                 continue;
             }
+            if c.probe_at.is_some_and(|t| t <= now) {
+                if c.probe(now) {
+                    if let Some(t) = c.probe_at {
+                        self.timers.push(Reverse((t, key)));
+                    }
+                    self.make_ready(key);
+                }
+                let Some(c) = self.send.get_mut(&key) else {
+                    continue;
+                };
+                if c.deadline.is_none_or(|d| d > now) {
+                    continue;
+                }
+            }
+            let Some(c) = self.send.get_mut(&key) else {
+                continue;
+            };
             match c.deadline {
                 Some(d) if d <= now && !c.unacked.is_empty() => {}
                 _ => continue, // stale entry
@@ -308,9 +492,19 @@ impl Transport {
                 continue;
             }
             c.timeout = (c.timeout * 2).min(self.config.max_timeout);
-            c.rewind();
-            // Timed again when the first message has gone again.
-            c.deadline = None;
+            if c.timeouts == 1 && c.resend_oldest() {
+                // First, only the oldest message goes again: its packets
+                // draw a SACK naming every hole (or, if it was delivered
+                // and its ACK lost, an ACK), without sending the window
+                // again.
+                let d = now + c.timeout;
+                c.deadline = Some(d);
+                self.timers.push(Reverse((d, key)));
+            } else {
+                c.rewind();
+                // Timed again when the first message has gone again.
+                c.deadline = None;
+            }
             self.make_ready(key);
         }
     }
@@ -393,7 +587,7 @@ impl Transport {
             };
             done += 1;
             done_bytes += u.msg.bytes.len();
-            if let (Some(t), false) = (u.sent_at, u.again) {
+            if let (Some(t), false) = (u.sent_at.filter(|&t| t > c.sacked_at), u.again) {
                 let sample = now.saturating_sub(t);
                 let (srtt, var) = match c.srtt {
                     None => (sample, sample / 2),
@@ -440,12 +634,13 @@ impl Transport {
         }
     }
 
-    /// An ACK of `seq` in `epoch` (`gap`: it answers a packet that came
-    /// early, so the sender goes back at once).
+    /// An ACK of `seq` in `epoch`; `holes`, a SACK's payload (empty for
+    /// a plain ACK), says what to send again.
     pub(super) fn receive_ack(
         &mut self,
         key: ChannelKey,
-        (epoch, seq, gap): (u32, u32, bool),
+        (epoch, seq): (u32, u32),
+        holes: &[u8],
         room: u32,
         now: Nanos,
         sink: &mut dyn Sink,
@@ -468,23 +663,58 @@ impl Transport {
             c.hold_until = 0;
         }
         self.settle(key, seq, now, sink);
-        if gap {
-            self.resend_now(key, now);
+        if !holes.is_empty() {
+            self.repair(key, holes, now);
         }
     }
 
-    /// Fast retransmission: channel `key` sends again from its oldest
-    /// message now, unless that has not gone yet in this round or a NACK
-    /// holds the channel. No timeout is counted, nothing doubles.
-    fn resend_now(&mut self, key: ChannelKey, now: Nanos) {
+    /// A SACK of channel `key`: `payload` names the packet that drew it,
+    /// then the holes (`SackHole` entries). A missing fragment of a message
+    /// sent in full goes again if it never went again, or if it did before
+    /// the packet that drew the SACK left (that packet came; on an ordered
+    /// path the repair would have come before it). What the channel does
+    /// not hold is ignored.
+    fn repair(&mut self, key: ChannelKey, payload: &[u8], now: Nanos) {
         let Some(c) = self.send.get_mut(&key) else {
             return;
         };
-        if c.unacked.is_empty() || c.sent == 0 || c.hold_until > now {
+        let entries =
+            (payload.len() / std::mem::size_of::<SackHole>()).min(1 + packet::MAX_SACK_HOLES);
+        let Ok((entries, _)) = <[SackHole]>::ref_from_prefix_with_elems(payload, entries) else {
             return;
+        };
+        let Some((drew, holes)) = entries.split_first() else {
+            return;
+        };
+        c.sacked_at = now;
+        let drew = c.sent_tx(drew.seq.get(), drew.first.get());
+        for hole in holes {
+            let seq = hole.seq.get();
+            let Some(i) = c.sent_index(seq) else {
+                continue;
+            };
+            let u = &mut c.unacked[i];
+            let frags = u.msg.bytes.len().div_ceil(c.mtu as usize).max(1);
+            if u.repaired_tx.len() != frags {
+                u.repaired_tx = vec![0; frags];
+            }
+            let last = usize::from(hole.last.get()).min(frags - 1);
+            for f in usize::from(hole.first.get())..=last {
+                let t = &mut u.repaired_tx[f];
+                if *t == QUEUED || (*t != 0 && drew <= *t) {
+                    continue; // waiting to go, or may still be on its way
+                }
+                *t = QUEUED;
+                c.repairs.push_back((seq, f as u16));
+            }
         }
-        c.rewind();
-        c.deadline = None;
+        if !c.repairs.is_empty() || c.probe_at.is_some() {
+            // Silence from here on means the repairs, or the SACK that
+            // would tell of their loss, were lost.
+            let t = now + c.probe_wait();
+            c.probe_at = Some(t);
+            self.timers.push(Reverse((t, key)));
+        }
         self.make_ready(key);
     }
 
