@@ -687,6 +687,14 @@ impl Transport {
             return;
         };
         c.sacked_at = now;
+        if c.sent > 0 {
+            // The receiver is taking packets: the path is not silent. Under
+            // load a repair waits behind every queued packet of the path,
+            // longer than an idle round trip's timeout.
+            let d = now + c.timeout;
+            c.deadline = Some(d);
+            self.timers.push(Reverse((d, key)));
+        }
         let drew = c.sent_tx(drew.seq.get(), drew.first.get());
         for hole in holes {
             let seq = hole.seq.get();
