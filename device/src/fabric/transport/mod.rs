@@ -561,6 +561,18 @@ impl Transport {
             return;
         }
         self.counters[n as usize].unreachable += 1;
+        // What node n reassembles from the lost node would wait for
+        // packets that come again in a new epoch, if ever: its budget goes
+        // back to the other channels.
+        let mut freed = 0;
+        for (_, ch) in self
+            .recv
+            .iter_mut()
+            .filter(|(k, _)| k.src == lost && k.dst == n)
+        {
+            freed += ch.drop_pending();
+        }
+        self.early_bytes[n as usize] = self.early_bytes[n as usize].saturating_sub(freed);
         let mut endpoints: Vec<u32> = self
             .send
             .keys()

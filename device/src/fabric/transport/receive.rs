@@ -58,6 +58,14 @@ impl RecvChannel {
         self.pending.iter().flatten().map(|a| a.bytes.len()).sum()
     }
 
+    /// Drops every message being reassembled: the bytes it held.
+    pub(super) fn drop_pending(&mut self) -> usize {
+        let held = self.held_bytes();
+        self.pending.clear();
+        self.holes = false;
+        held
+    }
+
     /// Whether packet (`seq`, `frag`) follows the one taken before it.
     fn follows(&self, seq: u32, frag: u16) -> bool {
         match self.last_taken {
@@ -255,6 +263,11 @@ impl Transport {
         };
         if a.got[frag as usize] {
             counters.duplicates_dropped += 1;
+            if frag + 1 == frags {
+                // The last fragment of a kept message came again: a sender
+                // that timed out asks what is missing (spec §10.4).
+                self.maybe_sack(key, (seq, frag), false, h.opcode.get(), sink);
+            }
             return;
         }
         a.got[frag as usize] = true;
@@ -262,23 +275,25 @@ impl Transport {
         a.bytes[off as usize..off as usize + p.payload.len()].copy_from_slice(&p.payload);
         let follows = ch.follows(seq, frag);
         ch.last_taken = Some((seq, frag, frags));
-        self.deliver_ready(n, key, now, sink);
-        self.maybe_sack(key, (seq, frag), follows, h.opcode.get(), sink);
+        if self.deliver_ready(n, key, now, sink) {
+            self.maybe_sack(key, (seq, frag), follows, h.opcode.get(), sink);
+        }
     }
 
     /// Delivers the channel's expected message while it is complete, and
     /// the early ones complete behind it, in order; stops at one the node
-    /// did not take (the sender will send it again).
-    fn deliver_ready(&mut self, n: u32, key: ChannelKey, now: Nanos, sink: &mut dyn Sink) {
+    /// did not take (the sender will send it again). False if one was not
+    /// taken (its NACK says what to do; a SACK after it would not).
+    fn deliver_ready(&mut self, n: u32, key: ChannelKey, now: Nanos, sink: &mut dyn Sink) -> bool {
         loop {
             let Some(ch) = self.recv.get_mut(&key) else {
-                return;
+                return false;
             };
             if !matches!(ch.pending.front(), Some(Some(a)) if a.missing == 0) {
-                return;
+                return true;
             }
             let Some(Some(a)) = ch.pending.pop_front() else {
-                return;
+                return true;
             };
             let expected = ch.next;
             self.early_bytes[n as usize] =
@@ -287,10 +302,10 @@ impl Transport {
             match self.recv.get_mut(&key) {
                 Some(ch) if ch.next == expected => {
                     ch.pending.push_front(None);
-                    return;
+                    return false;
                 }
                 Some(_) => {}
-                None => return,
+                None => return false,
             }
         }
     }
@@ -326,7 +341,9 @@ impl Transport {
         }
         let (epoch, last, len) = (ch.epoch, ch.next.wrapping_sub(1), ch.last_len);
         let room = room_for(sink, key.dst, key, len);
-        self.control_packet(key, epoch, last, packet::ACK, packet::ACK_GAP, opcode, room);
+        if !self.control_packet(key, epoch, last, packet::ACK, packet::ACK_GAP, opcode, room) {
+            return;
+        }
         if let Some(p) = self.control[key.dst as usize].back_mut() {
             let drew = SackHole {
                 seq: drew.0.into(),
@@ -411,7 +428,7 @@ impl Transport {
                 match outcome {
                     Delivered::Done => {
                         let room = room_for(sink, n, key, bytes.len());
-                        self.control_packet(key, epoch, seq, packet::ACK, 0, opcode, room)
+                        self.control_packet(key, epoch, seq, packet::ACK, 0, opcode, room);
                     }
                     Delivered::Read(b) => self.queue_response(n, key, epoch, seq, b),
                 }
@@ -424,13 +441,13 @@ impl Transport {
                     // writing to every port number leaves no state here.
                     self.forget_recv(n, &key);
                 }
-                self.control_packet(key, epoch, seq, packet::NACK, code, opcode, 0)
+                self.control_packet(key, epoch, seq, packet::NACK, code, opcode, 0);
             }
         }
     }
 
     /// Queues an ACK (with the receiver's `room`) or NACK from the
-    /// receiver of channel `key`.
+    /// receiver of channel `key`; false if too many wait (it is dropped).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn control_packet(
         &mut self,
@@ -441,12 +458,12 @@ impl Transport {
         code: u16,
         opcode: u16,
         room: u32,
-    ) {
+    ) -> bool {
         let counters = &mut self.counters[key.dst as usize];
         let q = &mut self.control[key.dst as usize];
         if q.len() >= MAX_CONTROL_BACKLOG {
             counters.control_dropped += 1;
-            return;
+            return false;
         }
         if kind == packet::ACK {
             counters.acks_sent += 1;
@@ -467,6 +484,7 @@ impl Transport {
         p.seal();
         q.push_back(p);
         self.control_waiting += 1;
+        true
     }
 
     /// Queues read `seq`'s bytes to go back from node `n`.

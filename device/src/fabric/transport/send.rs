@@ -124,7 +124,33 @@ impl SendChannel {
         self.sent = 0;
         self.frag = 0;
         self.reads_out = 0;
+        // Everything goes again: nothing is a repair any more.
         self.repairs.clear();
+        for u in &mut self.unacked {
+            u.repaired_tx.clear();
+        }
+    }
+
+    /// Drops the repairs waiting to go: their fragments are no longer
+    /// marked as waiting (a fragment is `QUEUED` exactly while it is in
+    /// `repairs`).
+    fn drop_repairs(&mut self) {
+        let Some(first) = self.unacked.front().map(|u| u.seq) else {
+            self.repairs.clear();
+            return;
+        };
+        for (seq, f) in self.repairs.drain(..) {
+            let i = seq.wrapping_sub(first) as usize;
+            if let Some(t) = self
+                .unacked
+                .get_mut(i)
+                .and_then(|u| u.repaired_tx.get_mut(usize::from(f)))
+            {
+                if *t == QUEUED {
+                    *t = 0;
+                }
+            }
+        }
     }
 
     /// How long a channel that asked for repairs may stay silent before
@@ -143,7 +169,9 @@ impl SendChannel {
             return false;
         }
         let wait = self.probe_wait();
-        let Some(u) = self.unacked.front_mut() else {
+        let Some(u) = self.unacked.front_mut().filter(|u| !u.is_read()) else {
+            // A read sent again is served again: its answer, or a timeout,
+            // settles it.
             return false;
         };
         let seq = u.seq;
@@ -169,7 +197,7 @@ impl SendChannel {
         if self.sent == 0 {
             return false;
         }
-        self.repairs.clear();
+        self.drop_repairs();
         for i in [0, self.sent - 1] {
             let mtu = self.mtu as usize;
             let u = &mut self.unacked[i];
@@ -186,6 +214,19 @@ impl SendChannel {
             }
         }
         true
+    }
+
+    /// Whether fragment `frag` of message `seq` is held and last left in
+    /// order (not as a repair).
+    fn in_order(&self, seq: u32, frag: u16) -> bool {
+        let Some(first) = self.unacked.front().map(|u| u.seq) else {
+            return false;
+        };
+        self.unacked
+            .get(seq.wrapping_sub(first) as usize)
+            .is_some_and(|u| {
+                u.first_tx != 0 && u.repaired_tx.get(usize::from(frag)).is_none_or(|&t| t == 0)
+            })
     }
 
     /// When (in `tx`) fragment `frag` of message `seq` last left, at the
@@ -392,7 +433,9 @@ impl Transport {
             c.tx += 1;
             let (tx, frag) = (c.tx, c.frag);
             let u = &mut c.unacked[c.sent];
-            if frag == 0 && !u.transmitted {
+            if frag == 0 {
+                // Its latest transmission in order: what a SACK is read
+                // against.
                 u.first_tx = tx;
             }
             let u = &c.unacked[c.sent];
@@ -631,6 +674,10 @@ impl Transport {
                 *d = (*d).max(now) + late;
                 self.timers.push(Reverse((*d, *key)));
             }
+            if let Some(p) = c.probe_at.as_mut() {
+                *p = (*p).max(now) + late;
+                self.timers.push(Reverse((*p, *key)));
+            }
         }
     }
 
@@ -651,8 +698,13 @@ impl Transport {
         let Some(c) = self.send.get_mut(&key).filter(sent) else {
             return;
         };
-        c.room_end = (room != NO_ROOM_BOUND).then(|| seq.wrapping_add(1).wrapping_add(room));
-        if room == 0 {
+        let settles = c.unacked.front().is_some_and(|u| !before(seq, u.seq));
+        if c.nacks > 0 && !settles {
+            // After a NACK for want of a buffer, only an answer about the
+            // refused message lifts the hold and its room bound: a SACK
+            // that followed the NACK knows nothing newer.
+        } else if room == 0 {
+            c.room_end = Some(seq.wrapping_add(1));
             // No room: a probe goes after a pause, not at once.
             if c.hold_until <= now {
                 c.hold_until = now + NACK_BACKOFF;
@@ -660,6 +712,7 @@ impl Transport {
             }
         } else {
             // The receiver took this one and has room: no more holding.
+            c.room_end = (room != NO_ROOM_BOUND).then(|| seq.wrapping_add(1).wrapping_add(room));
             c.hold_until = 0;
         }
         self.settle(key, seq, now, sink);
@@ -687,10 +740,12 @@ impl Transport {
             return;
         };
         c.sacked_at = now;
-        if c.sent > 0 {
-            // The receiver is taking packets: the path is not silent. Under
-            // load a repair waits behind every queued packet of the path,
-            // longer than an idle round trip's timeout.
+        if c.sent > 0 && c.in_order(drew.seq.get(), drew.first.get()) {
+            // The receiver is taking packets sent in order: the stream
+            // moves. Under load a repair waits behind every queued packet
+            // of the path, longer than an idle round trip's timeout. (A
+            // SACK drawn by a repair or a probe does not count: a message
+            // the receiver keeps refusing must still time out.)
             let d = now + c.timeout;
             c.deadline = Some(d);
             self.timers.push(Reverse((d, key)));

@@ -577,3 +577,45 @@ fn under_random_loss_retransmissions_follow_the_losses() {
         c.retransmissions
     );
 }
+
+/// A repair that completes a message the receiver cannot take draws a
+/// NACK NO_BUFFER, and no SACK after it undoes the NACK's back-off: the
+/// sender waits (5 us, doubling) instead of sending the window again every
+/// round trip.
+#[test]
+fn a_refused_repair_backs_off_and_is_not_undone_by_a_sack() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record::default();
+    for id in 0..8 {
+        net.t.submit(KEY, msg(id, 64), 0, || (1024, 0));
+    }
+    // Message 0's first transmission is lost; the others are kept early.
+    // Then the receiver runs out of buffers before the repair comes.
+    let mut dropped = false;
+    net.run(
+        &mut s,
+        |_, p| {
+            let h = &p.header;
+            let first_of_0 = h.kind.get() == packet::DATA && h.seq.get() == 0 && !dropped;
+            dropped |= first_of_0;
+            first_of_0
+        },
+        10_000,
+    );
+    assert!(dropped);
+    s.full = true;
+    net.run(&mut s, |_, _| false, 5_000_000);
+    let nacks = net.t.counters[0].nacks_received;
+    assert!(
+        (3..=40).contains(&nacks),
+        "{nacks} NACKs in 5 ms: the back-off was undone"
+    );
+    s.full = false;
+    net.run(&mut s, |_, _| false, 5_000_000);
+    let want: Vec<Vec<u8>> = (0..8).map(|id| msg(id, 64).bytes).collect();
+    let got: Vec<Vec<u8>> = s.delivered.iter().map(|d| d.2.clone()).collect();
+    assert_eq!(
+        got, want,
+        "delivered once each, in order, once there was room"
+    );
+}
