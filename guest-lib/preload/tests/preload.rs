@@ -154,6 +154,16 @@ fn one_epoll_set_holds_a_ulnic_socket_a_pipe_and_a_kernel_socket() {
 }
 
 #[test]
+fn a_socket_taken_out_of_its_epoll_set_and_put_back_wakes_for_its_reply() {
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["serve", "7310"]);
+    srv.expect_line("ready", READY);
+    let cli = start(&dev, 0, sockcheck(), &["epoll-readd", "10.81.0.2", "7310"]);
+    let out = ok(cli, Duration::from_secs(120));
+    assert!(out.contains("each woke for the reply"), "{out}");
+}
+
+#[test]
 fn a_forked_child_can_close_or_use_an_inherited_connection() {
     let dev = device(2);
     for (port, mode, said, echoed) in [

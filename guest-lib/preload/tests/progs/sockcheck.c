@@ -13,6 +13,10 @@
  *   sockcheck udp IP PORT COUNT               send COUNT datagrams of sizes 0..1500, check the echoes
  *   sockcheck epoll IP PORT                   one epoll set: a ulnic connection, a pipe, a kernel TCP
  *                                             connection on 127.0.0.1; each fires for what it got
+ *   sockcheck epoll-readd IP PORT             as event libraries do: a non-blocking connect, writable
+ *                                             with EPOLLOUT, write, then
+ *                                             DEL and ADD (or MOD) for EPOLLIN, with the echo arriving
+ *                                             before, between or after; each round wakes for the reply
  *   sockcheck fork-child-closes IP PORT       connect, fork; the child closes its copy, the parent uses the connection
  *   sockcheck fork-child-uses IP PORT         connect, fork; the child uses it; the parent's copy then says EBUSY
  *   sockcheck exec                            exec itself with an empty environment; the child says whether the layer is loaded
@@ -310,6 +314,74 @@ static int epoll_mix(const char *ip, int port)
 	return 0;
 }
 
+/* What event libraries do on every change of interest: the socket leaves
+ * the set and comes back (or is modified) with the new interest, while
+ * the reply may already be there, arrive in between, or come later. */
+static int epoll_readd(const char *ip, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	int u = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), ep = epoll_create1(0);
+	struct epoll_event ev, got[4];
+	char buf[64];
+
+	if (u < 0 || ep < 0)
+		fail("socket or epoll_create1");
+	/* A non-blocking connect, its completion seen as EPOLLOUT. */
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	if (connect(u, (struct sockaddr *)&a, sizeof(a)) && errno != EINPROGRESS)
+		fail("connect");
+	for (int round = 0; round < 60; round++) {
+		int how = round % 3; /* 0: DEL+ADD, 1: MOD, 2: DEL+ADD after the reply came */
+
+		ev.events = EPOLLOUT;
+		ev.data.u64 = 7;
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, u, &ev))
+			fail("epoll_ctl add out");
+		if (epoll_wait(ep, got, 4, 5000) != 1 || !(got[0].events & EPOLLOUT)) {
+			printf("fail round %d: not writable\n", round);
+			return 1;
+		}
+		if (round == 0) {
+			int e = 0;
+			socklen_t el = sizeof(e);
+			if (getsockopt(u, SOL_SOCKET, SO_ERROR, &e, &el) || e) {
+				errno = e;
+				fail("connect completion");
+			}
+		}
+		if (write(u, "r", 1) != 1)
+			fail("write");
+		if (how == 2)
+			usleep(20000);
+		ev.events = EPOLLIN;
+		ev.data.u64 = 8;
+		if (how == 1) {
+			if (epoll_ctl(ep, EPOLL_CTL_MOD, u, &ev))
+				fail("epoll_ctl mod in");
+		} else {
+			if (epoll_ctl(ep, EPOLL_CTL_DEL, u, NULL))
+				fail("epoll_ctl del");
+			if (epoll_ctl(ep, EPOLL_CTL_ADD, u, &ev))
+				fail("epoll_ctl add in");
+		}
+		int n = epoll_wait(ep, got, 4, 5000);
+		if (n != 1 || got[0].data.u64 != 8 || !(got[0].events & EPOLLIN)) {
+			printf("fail round %d (%s): %d ready waiting for the reply\n", round,
+			       how == 1 ? "MOD" : "DEL+ADD", n);
+			return 1;
+		}
+		if (read(u, buf, sizeof(buf)) != 1)
+			fail("read");
+		if (epoll_ctl(ep, EPOLL_CTL_DEL, u, NULL))
+			fail("epoll_ctl del at end");
+		/* Nothing more to read: a non-blocking read says so. */
+		if (read(u, buf, sizeof(buf)) != -1 || errno != EAGAIN)
+			fail("read of nothing");
+	}
+	printf("ok 60 rounds of DEL+ADD and MOD each woke for the reply\n");
+	return 0;
+}
+
 /* Reads what the echo server sends back until it ends. */
 static void read_echo(int s, char *buf, size_t cap)
 {
@@ -435,6 +507,8 @@ int main(int argc, char **argv)
 		return udp(argv[2], atoi(argv[3]), atoi(argv[4]));
 	if (argc == 4 && !strcmp(argv[1], "epoll"))
 		return epoll_mix(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "epoll-readd"))
+		return epoll_readd(argv[2], atoi(argv[3]));
 	if (argc == 4 && !strcmp(argv[1], "fork-child-closes"))
 		return fork_child_closes(argv[2], atoi(argv[3]));
 	if (argc == 4 && !strcmp(argv[1], "fork-child-uses"))
