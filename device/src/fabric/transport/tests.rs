@@ -464,35 +464,47 @@ fn a_lost_refusal_of_a_port_let_go_is_said_again() {
     assert!(s.unreachable.is_empty(), "{:?}", s.unreachable);
 }
 
-/// A lost message followed by others: the receiver keeps those that come
-/// early, the first of them draws one SACK naming the lost one, and only
-/// it goes again, long before the 0.5 ms timeout (spec §10.4).
-#[test]
-fn a_lost_message_alone_is_sent_again_at_once() {
+/// Eight messages of 64 bytes on `KEY`, moved for `span` ns with the
+/// first transmission of message `lost` lost.
+fn eight_with_one_lost(lost: u32, span: Nanos) -> (Net, Record) {
     let mut net = Net::new(TransportConfig::default());
     let mut s = Record::default();
     for id in 0..8 {
         net.t.submit(KEY, msg(id, 64), 0, || (1024, 0));
     }
     let mut dropped = false;
-    // Message 1's first transmission is lost; 200 us is well under the
-    // timeout.
     net.run(
         &mut s,
         |_, p| {
             let h = &p.header;
-            let first_of_1 = h.kind.get() == packet::DATA && h.seq.get() == 1 && !dropped;
-            dropped |= first_of_1;
-            first_of_1
+            let first = h.kind.get() == packet::DATA && h.seq.get() == lost && !dropped;
+            dropped |= first;
+            first
         },
-        200_000,
+        span,
     );
     assert!(dropped);
-    let ids: Vec<u64> = s.acked.clone();
-    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "all settled in order");
-    let want: Vec<Vec<u8>> = (0..8).map(|id| msg(id, 64).bytes).collect();
+    (net, s)
+}
+
+/// Messages `0..count` of `len` bytes (as `msg` makes them) were
+/// delivered once each, in order.
+fn assert_delivered_in_order(s: &Record, count: u64, len: usize) {
+    let want: Vec<Vec<u8>> = (0..count).map(|id| msg(id, len).bytes).collect();
     let got: Vec<Vec<u8>> = s.delivered.iter().map(|d| d.2.clone()).collect();
     assert_eq!(got, want, "delivered once each, in order");
+}
+
+/// A lost message followed by others: the receiver keeps those that come
+/// early, the first of them draws one SACK naming the lost one, and only
+/// it goes again, long before the 0.5 ms timeout (spec §10.4).
+#[test]
+fn a_lost_message_alone_is_sent_again_at_once() {
+    // Message 1's first transmission is lost; 200 us is well under the
+    // timeout.
+    let (net, s) = eight_with_one_lost(1, 200_000);
+    assert_eq!(s.acked, (0..8).collect::<Vec<_>>(), "all settled in order");
+    assert_delivered_in_order(&s, 8, 64);
     let c = &net.t.counters[0];
     assert_eq!(c.timeouts, 0, "the gap waited for a timeout");
     assert_eq!(c.retransmissions, 1, "only message 1 went again");
@@ -530,9 +542,7 @@ fn lost_fragments_alone_are_sent_again_and_a_lost_repair_too() {
         },
         400_000,
     );
-    let want: Vec<Vec<u8>> = (0..8).map(|id| msg(id, 8 << 10).bytes).collect();
-    let got: Vec<Vec<u8>> = s.delivered.iter().map(|d| d.2.clone()).collect();
-    assert_eq!(got, want, "delivered once each, in order");
+    assert_delivered_in_order(&s, 8, 8 << 10);
     assert_eq!(s.acked, (0..8).collect::<Vec<_>>());
     let c = &net.t.counters[0];
     assert_eq!(c.timeouts, 0);
@@ -567,9 +577,7 @@ fn under_random_loss_retransmissions_follow_the_losses() {
             10_000,
         );
     }
-    let want: Vec<Vec<u8>> = (0..400).map(|id| msg(id, 4 << 10).bytes).collect();
-    let got: Vec<Vec<u8>> = s.delivered.iter().map(|d| d.2.clone()).collect();
-    assert_eq!(got, want, "delivered once each, in order");
+    assert_delivered_in_order(&s, 400, 4 << 10);
     let c = &net.t.counters[0];
     assert!(
         c.retransmissions <= 2 * lost,
@@ -584,25 +592,9 @@ fn under_random_loss_retransmissions_follow_the_losses() {
 /// round trip.
 #[test]
 fn a_refused_repair_backs_off_and_is_not_undone_by_a_sack() {
-    let mut net = Net::new(TransportConfig::default());
-    let mut s = Record::default();
-    for id in 0..8 {
-        net.t.submit(KEY, msg(id, 64), 0, || (1024, 0));
-    }
     // Message 0's first transmission is lost; the others are kept early.
     // Then the receiver runs out of buffers before the repair comes.
-    let mut dropped = false;
-    net.run(
-        &mut s,
-        |_, p| {
-            let h = &p.header;
-            let first_of_0 = h.kind.get() == packet::DATA && h.seq.get() == 0 && !dropped;
-            dropped |= first_of_0;
-            first_of_0
-        },
-        10_000,
-    );
-    assert!(dropped);
+    let (mut net, mut s) = eight_with_one_lost(0, 10_000);
     s.full = true;
     net.run(&mut s, |_, _| false, 5_000_000);
     let nacks = net.t.counters[0].nacks_received;
@@ -612,10 +604,5 @@ fn a_refused_repair_backs_off_and_is_not_undone_by_a_sack() {
     );
     s.full = false;
     net.run(&mut s, |_, _| false, 5_000_000);
-    let want: Vec<Vec<u8>> = (0..8).map(|id| msg(id, 64).bytes).collect();
-    let got: Vec<Vec<u8>> = s.delivered.iter().map(|d| d.2.clone()).collect();
-    assert_eq!(
-        got, want,
-        "delivered once each, in order, once there was room"
-    );
+    assert_delivered_in_order(&s, 8, 64);
 }
