@@ -171,17 +171,41 @@ impl<S: Read + Write> Link for StreamLink<S> {
     }
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut h = [0u8; 4];
-        self.s.read_exact(&mut h)?;
+        self.s.read_exact(&mut h).map_err(silent_peer)?;
         let n = u32::from_le_bytes(h) as usize;
         if n > buf.len() {
             return Err(io::Error::other("message larger than buffer"));
         }
-        self.s.read_exact(&mut buf[..n])?;
+        self.s.read_exact(&mut buf[..n]).map_err(silent_peer)?;
         Ok(n)
     }
     fn mode(&self) -> Mode {
         Mode::Block
     }
+}
+
+/// How long a TCP peer may stay silent in the middle of a benchmark: a
+/// peer whose guest powered off without a reset must end the run with an
+/// error, not leave it blocked in a read for ever (the 8-guest soak, issue
+/// 29 point 9, saw a client connected as its server's guest went away).
+const PEER_SILENCE: Duration = Duration::from_secs(60);
+
+/// A read that timed out, said as what it means.
+fn silent_peer(e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the peer sent nothing for {} s", PEER_SILENCE.as_secs()),
+        ),
+        _ => e,
+    }
+}
+
+/// Bounds how long `s` blocks in a read or a write.
+fn bounded(s: TcpStream) -> io::Result<TcpStream> {
+    s.set_read_timeout(Some(PEER_SILENCE))?;
+    s.set_write_timeout(Some(PEER_SILENCE))?;
+    Ok(s)
 }
 
 // ---------------------------------------------------------------- shm
@@ -1026,7 +1050,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 };
                 println!("PORT {}", l.local_addr()?.port());
                 ready();
-                let s = accept_within(&l, ACCEPT_WAIT)?;
+                let s = bounded(accept_within(&l, ACCEPT_WAIT)?)?;
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             } else {
@@ -1037,6 +1061,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                         a.at.parse::<u16>().map_err(io::Error::other)?,
                     ))?,
                 };
+                let s = bounded(s)?;
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             }

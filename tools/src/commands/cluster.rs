@@ -634,12 +634,14 @@ fn bench(a: &ClusterBenchArgs) -> anyhow::Result<()> {
 /// ulnic through the device, then kernel TCP over the virtio-net segment.
 /// The script rides on the kernel command line, so one shell function `b`
 /// holds what every line shares: the even node of a pair is the client,
-/// its server the next node; a last odd node sits out.
+/// its server the next node; a last odd node sits out. Each leg is named
+/// on the console as it starts (the command's own output comes through a
+/// pipe, in one piece at the end), so a run that hangs shows where.
 fn bench_script(w: Workload, sizes: &[u32], iters: u64, mode: Mode, pairs: u32) -> String {
     let m = format!("{mode:?}").to_lowercase();
     let mut script = format!(
         "set -e\nP=$((ULNIC_NODE+1)); Q=$((ULNIC_NODE-1))\n\
-         b() {{ if [ $ULNIC_NODE -ge {last} ]; then :; \
+         b() {{ echo \"ulnic-guest: leg $* at $(cut -d' ' -f1 /proc/uptime)\" >/dev/console; if [ $ULNIC_NODE -ge {last} ]; then :; \
          elif [ $((ULNIC_NODE%2)) = 0 ]; then ulnic bench-peer --role client --workload $1 --transport $2 --size $3 --iters {iters} --mode {m} --at $4 --peer-node $P; \
          else ulnic bench-peer --role server --workload $1 --transport $2 --size $3 --iters {iters} --mode {m} --at $5 --peer-node $Q >/dev/null; fi; }}\n",
         last = pairs * 2
@@ -916,7 +918,10 @@ mod tests {
         let lines: Vec<&str> = s.lines().collect();
         assert_eq!(lines[0], "set -e");
         assert_eq!(lines[1], "P=$((ULNIC_NODE+1)); Q=$((ULNIC_NODE-1))");
-        assert!(lines[2].starts_with("b() { if [ $ULNIC_NODE -ge 4 ]; then :; "));
+        assert!(lines[2].starts_with(
+            "b() { echo \"ulnic-guest: leg $* at $(cut -d' ' -f1 /proc/uptime)\" >/dev/console; \
+             if [ $ULNIC_NODE -ge 4 ]; then :; "
+        ));
         assert!(lines[2].contains(
             "then ulnic bench-peer --role client --workload $1 --transport $2 --size $3 \
              --iters 200 --mode block --at $4 --peer-node $P; else"
