@@ -135,15 +135,11 @@ impl SendChannel {
     /// marked as waiting (a fragment is `QUEUED` exactly while it is in
     /// `repairs`).
     fn drop_repairs(&mut self) {
-        let Some(first) = self.unacked.front().map(|u| u.seq) else {
-            self.repairs.clear();
-            return;
-        };
-        for (seq, f) in self.repairs.drain(..) {
-            let i = seq.wrapping_sub(first) as usize;
-            if let Some(t) = self
-                .unacked
-                .get_mut(i)
+        let repairs = std::mem::take(&mut self.repairs);
+        for (seq, f) in repairs {
+            let i = self.index_of(seq);
+            if let Some(t) = i
+                .and_then(|i| self.unacked.get_mut(i))
                 .and_then(|u| u.repaired_tx.get_mut(usize::from(f)))
             {
                 if *t == QUEUED {
@@ -199,9 +195,8 @@ impl SendChannel {
         }
         self.drop_repairs();
         for i in [0, self.sent - 1] {
-            let mtu = self.mtu as usize;
+            let frags = self.frags_of(&self.unacked[i]);
             let u = &mut self.unacked[i];
-            let frags = u.msg.bytes.len().div_ceil(mtu).max(1);
             if u.repaired_tx.len() != frags {
                 u.repaired_tx = vec![0; frags];
             }
@@ -219,11 +214,8 @@ impl SendChannel {
     /// Whether fragment `frag` of message `seq` is held and last left in
     /// order (not as a repair).
     fn in_order(&self, seq: u32, frag: u16) -> bool {
-        let Some(first) = self.unacked.front().map(|u| u.seq) else {
-            return false;
-        };
-        self.unacked
-            .get(seq.wrapping_sub(first) as usize)
+        self.index_of(seq)
+            .and_then(|i| self.unacked.get(i))
             .is_some_and(|u| {
                 u.first_tx != 0 && u.repaired_tx.get(usize::from(frag)).is_none_or(|&t| t == 0)
             })
@@ -232,10 +224,7 @@ impl SendChannel {
     /// When (in `tx`) fragment `frag` of message `seq` last left, at the
     /// earliest: 0 if the channel does not hold it.
     fn sent_tx(&self, seq: u32, frag: u16) -> u64 {
-        let Some(first) = self.unacked.front().map(|u| u.seq) else {
-            return 0;
-        };
-        let Some(u) = self.unacked.get(seq.wrapping_sub(first) as usize) else {
+        let Some(u) = self.index_of(seq).and_then(|i| self.unacked.get(i)) else {
             return 0;
         };
         match u.repaired_tx.get(usize::from(frag)) {
@@ -246,18 +235,27 @@ impl SendChannel {
         }
     }
 
+    /// Where message `seq` would be in `unacked` (sequence numbers are
+    /// consecutive from the oldest); `None` when nothing is held.
+    fn index_of(&self, seq: u32) -> Option<usize> {
+        Some(seq.wrapping_sub(self.unacked.front()?.seq) as usize)
+    }
+
     /// Where message `seq` is among those sent in full this round.
     fn sent_index(&self, seq: u32) -> Option<usize> {
-        let first = self.unacked.front()?.seq;
-        let i = seq.wrapping_sub(first) as usize;
-        (i < self.sent).then_some(i)
+        self.index_of(seq).filter(|&i| i < self.sent)
+    }
+
+    /// The DATA packets `u` is cut into on this channel.
+    fn frags_of(&self, u: &Unacked) -> usize {
+        u.msg.bytes.len().div_ceil(self.mtu as usize).max(1)
     }
 
     /// Fragment `frag` of `unacked[i]` as a DATA packet of channel `key`.
     fn data_packet(&self, key: &ChannelKey, i: usize, frag: u32) -> Packet {
         let u = &self.unacked[i];
         let len = u.msg.bytes.len();
-        let frags = len.div_ceil(self.mtu as usize).max(1);
+        let frags = self.frags_of(u);
         let off = frag as usize * self.mtu as usize;
         let end = (off + self.mtu as usize).min(len);
         let mut p = Packet::new(packet::DATA);
@@ -439,7 +437,7 @@ impl Transport {
                 u.first_tx = tx;
             }
             let u = &c.unacked[c.sent];
-            let frags = u.msg.bytes.len().div_ceil(c.mtu as usize).max(1);
+            let frags = c.frags_of(u);
             let counters = &mut self.counters[n as usize];
             if u.transmitted {
                 counters.retransmissions += 1;
@@ -756,8 +754,8 @@ impl Transport {
             let Some(i) = c.sent_index(seq) else {
                 continue;
             };
+            let frags = c.frags_of(&c.unacked[i]);
             let u = &mut c.unacked[i];
-            let frags = u.msg.bytes.len().div_ceil(c.mtu as usize).max(1);
             if u.repaired_tx.len() != frags {
                 u.repaired_tx = vec![0; frags];
             }
