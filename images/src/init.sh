@@ -23,6 +23,11 @@ arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^$1=//p" | head -n 1; }
 export ULNIC_INET=10.81.0.0/24
 if [ -e /sys/class/net/eth0 ]; then
   # IPv6 link-local, and 10.81.0.(node+1)/24; the segment has no uplink.
+  # Every address on the segment is unique by construction (the MAC
+  # carries the node), so duplicate address detection only adds a window
+  # in which the link-local address is tentative (or, if a probe is ever
+  # echoed back under load, never usable): turn it off.
+  echo 0 2>/dev/null > /proc/sys/net/ipv6/conf/eth0/accept_dad
   ip link set eth0 up
   NODE=$(arg ulnic.node)
   [ -n "$NODE" ] && ip addr add 10.81.0.$((NODE + 1))/24 dev eth0

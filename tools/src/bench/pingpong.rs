@@ -969,12 +969,60 @@ fn connect_guest(n: u32) -> io::Result<TcpStream> {
         scope,
     );
     let deadline = Instant::now() + Duration::from_secs(120);
+    // Each distinct error met while retrying, with how often: a run that
+    // never connects should say whether its SYNs went unanswered or the
+    // peer's address never resolved.
+    let mut seen: Vec<(String, u32)> = Vec::new();
     loop {
         match TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2)) {
             Ok(s) => return Ok(s),
-            Err(e) if Instant::now() > deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => {
+                let text = e.to_string();
+                match seen.iter_mut().find(|(t, _)| *t == text) {
+                    Some((_, count)) => *count += 1,
+                    None => seen.push((text, 1)),
+                }
+                if Instant::now() > deadline {
+                    let tried: Vec<String> =
+                        seen.iter().map(|(t, n)| format!("{n}x {t}")).collect();
+                    eprintln!("ulnic: connecting to {addr}: {}", tried.join(", "));
+                    print_network_state();
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
+    }
+}
+
+/// Prints the guest's view of its Ethernet segment to stderr (addresses
+/// with their flags, DAD's among them; neighbours; link state; counters)
+/// for a TCP leg that could not meet its peer: the soak's only failures so
+/// far were such legs, and their logs could not say why. The guest's `ip`
+/// is busybox's, hence the /proc files.
+fn print_network_state() {
+    for args in [
+        &["-6", "neigh", "show", "dev", "eth0"][..],
+        &["link", "show", "eth0"][..],
+    ] {
+        match std::process::Command::new("ip").args(args).output() {
+            Ok(out) => eprintln!(
+                "ulnic: ip {}:\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("ulnic: ip {}: {e}", args.join(" ")),
+        }
+    }
+    let keep = |file: &str, line: &str| match file {
+        "/proc/net/snmp6" => line.contains("Neighbor") || line.starts_with("Ip6InNoRoutes"),
+        _ => true,
+    };
+    for file in ["/proc/net/if_inet6", "/proc/net/dev", "/proc/net/snmp6"] {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| e.to_string());
+        let lines: Vec<&str> = text.lines().filter(|l| keep(file, l)).collect();
+        eprintln!("ulnic: {file}:\n{}", lines.join("\n"));
     }
 }
 
@@ -1050,7 +1098,12 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 };
                 println!("PORT {}", l.local_addr()?.port());
                 ready();
-                let s = bounded(accept_within(&l, ACCEPT_WAIT)?)?;
+                let s = accept_within(&l, ACCEPT_WAIT).inspect_err(|_| {
+                    if a.at == "listen" {
+                        print_network_state();
+                    }
+                })?;
+                let s = bounded(s)?;
                 s.set_nodelay(true)?;
                 Box::new(StreamLink { s })
             } else {
