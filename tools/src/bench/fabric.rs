@@ -556,6 +556,10 @@ pub struct SweepResult {
     pub rtt_p95_us: f64,
     /// 64 KiB messages streamed, payload MB/s (10^6).
     pub stream_mbytes_per_s: f64,
+    /// The stream's payload rate over (1 - path loss) times the link
+    /// rate: what the transport makes of the capacity loss leaves (packet
+    /// headers count against it). None without rated links.
+    pub of_lossy_link_rate: Option<f64>,
     /// DATA packets the transport sent during the case (first sends and
     /// retransmissions).
     pub data_packets: u64,
@@ -574,7 +578,7 @@ pub struct SweepResult {
 pub enum Sweep {
     /// 1, 2 and 3 switches between the two nodes.
     Hops,
-    /// Packet loss on every link from 0 to 10 %.
+    /// Packet loss along the path from 0 to 10 %.
     Loss,
     /// No fabric (no transport) against an ideal fabric with the
     /// transport.
@@ -625,7 +629,10 @@ pub fn sweep(
         mtu: 4096,
         ..LinkParams::default()
     };
-    let (bench, after, cases): (&str, &str, Vec<(String, Option<FabricConfig>)>) = match which {
+    // Each case: its name, its fabric, and the share of the data packets
+    // sent that cross the whole path (None without a rated fabric).
+    type Case = (String, Option<FabricConfig>, Option<f64>);
+    let (bench, after, cases): (&str, &str, Vec<Case>) = match which {
         Sweep::Hops => (
             "hops",
             "ping-pong and stream across switch hops",
@@ -634,6 +641,7 @@ pub fn sweep(
                     (
                         format!("{k} switch(es), 10 Gb/s 1 us links"),
                         Some(chain(k, link)),
+                        Some(1.0),
                     )
                 })
                 .collect(),
@@ -641,19 +649,23 @@ pub fn sweep(
         Sweep::Loss => (
             "loss",
             "throughput against loss rate",
+            // The loss of the whole path (two links, each dropping
+            // independently), so that "5 % loss" means what a user means.
             [0.0, 0.001, 0.01, 0.05, 0.1]
                 .into_iter()
-                .map(|p| {
+                .map(|path_loss: f64| {
+                    let drop = 1.0 - (1.0 - path_loss).sqrt();
                     let lossy = LinkParams {
                         faults: ulnic_device::fabric::topology::Faults {
-                            drop: p,
+                            drop,
                             ..Default::default()
                         },
                         ..link
                     };
                     (
-                        format!("drop {p} per packet per link"),
+                        format!("path loss {path_loss} ({drop:.4} per link)"),
                         Some(chain(1, lossy)),
+                        Some(1.0 - path_loss),
                     )
                 })
                 .collect(),
@@ -662,16 +674,18 @@ pub fn sweep(
             "reliability",
             "the cost of the transport",
             vec![
-                ("transport off (no fabric)".to_string(), None),
+                ("transport off (no fabric)".to_string(), None, None),
                 (
                     "transport on (ideal fabric)".to_string(),
                     Some(chain(1, LinkParams::default())),
+                    None,
                 ),
             ],
         ),
     };
     let mut out = Vec::new();
-    for (case, fabric) in cases {
+    let link_mbytes_per_s = link.bandwidth_bps.unwrap_or(0) as f64 / 8e6;
+    for (case, fabric, delivered) in cases {
         say(&format!("{bench}: {case}"));
         let run = InProcess::start_with(2, fabric, 4)?;
         let pp = pingpong(&run, iters)?;
@@ -693,6 +707,7 @@ pub fn sweep(
             rtt_median_us: us(pp.rtt_at(0.5)),
             rtt_p95_us: us(pp.rtt_at(0.95)),
             stream_mbytes_per_s: payload / 1e6,
+            of_lossy_link_rate: delivered.map(|d| payload / 1e6 / (d * link_mbytes_per_s)),
             data_packets: t.iter().map(|c| c.data_packets).sum(),
             retransmissions: t.iter().map(|c| c.retransmissions).sum(),
             timeouts: t.iter().map(|c| c.timeouts).sum(),

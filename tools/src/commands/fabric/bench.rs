@@ -343,11 +343,12 @@ fn sweep_table(results: &[SweepResult]) -> String {
     }
     outln!(
         out,
-        "{:<40} {:>10} {:>10} {:>12} {:>10} {:>10} {:>9} {:>8}",
+        "{:<40} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>9} {:>8}",
         "case",
         "RTT p50",
         "RTT p95",
         "stream MB/s",
+        "of (1-l)R",
         "packets",
         "retrans",
         "timeouts",
@@ -356,11 +357,13 @@ fn sweep_table(results: &[SweepResult]) -> String {
     for r in results {
         outln!(
             out,
-            "{:<40} {:>8.2}us {:>8.2}us {:>12.1} {:>10} {:>10} {:>9} {:>8}",
+            "{:<40} {:>8.2}us {:>8.2}us {:>12.1} {:>10} {:>10} {:>10} {:>9} {:>8}",
             r.case,
             r.rtt_median_us,
             r.rtt_p95_us,
             r.stream_mbytes_per_s,
+            r.of_lossy_link_rate
+                .map_or("-".to_string(), |x| format!("{:.1} %", x * 100.0)),
             r.data_packets,
             r.retransmissions,
             r.timeouts,
@@ -526,6 +529,7 @@ mod tests {
             rtt_median_us: 12.345,
             rtt_p95_us: 20.0,
             stream_mbytes_per_s: 800.06,
+            of_lossy_link_rate: Some(0.8081),
             data_packets: 9000,
             retransmissions: 12,
             timeouts: 0,
@@ -537,7 +541,7 @@ mod tests {
         assert_eq!(lines[0], "fabric-loss: VMMC-2 (payloads not touched)");
         assert_eq!(
             lines[2],
-            "1 % loss                                    12.35us    20.00us        800.1       9000         12         0        3"
+            "1 % loss                                    12.35us    20.00us        800.1     80.8 %       9000         12         0        3"
         );
         // No results: the header alone.
         assert_eq!(sweep_table(&[]).lines().count(), 1);

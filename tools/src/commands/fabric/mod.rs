@@ -66,10 +66,11 @@ pub enum FabricCmd {
     /// instead).
     ///
     /// hops, loss, reliability: 8-byte ping-pong and a 64 KiB stream between
-    /// two nodes across 1, 2 and 3 switches; with 0 to 10 % packet loss on
-    /// every link; without a fabric and with an ideal one (the cost of the
-    /// transport). Links are 10 Gb/s, 1 us, 4 KiB
-    /// packets. Payloads are not touched.
+    /// two nodes across 1, 2 and 3 switches; with 0 to 10 % packet loss
+    /// along the path (split over its two links); without a fabric and
+    /// with an ideal one (the cost of the transport). Links are 10 Gb/s,
+    /// 1 us, 4 KiB packets. Payloads are not touched. "of (1-l)R" is the
+    /// stream's payload rate over (1 - path loss) times the link rate.
     ///
     /// Examples:
     ///   ulnic fabric bench link --link 1:10,10:5
