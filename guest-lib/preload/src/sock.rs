@@ -491,9 +491,15 @@ pub enum Accepted {
 }
 
 /// One `accept` try on a listener, ulnic first, then the kernel socket:
-/// `EAGAIN` when neither has a connection.
+/// `EAGAIN` when neither has a connection. A ulnic connection is made in
+/// `net`, this process's own context (a listener inherited across fork
+/// belongs to the parent's); with none (the forked child of a
+/// host-attached process, which cannot attach again), a ulnic request
+/// cannot be taken: `EOPNOTSUPP`, said once, rather than a connection
+/// built on the parent's attachment.
 pub fn try_accept(
     st: &mut State,
+    net: Option<&Net>,
     fd: c_int,
     addr: *mut libc::sockaddr,
     len: *mut libc::socklen_t,
@@ -503,10 +509,22 @@ pub fn try_accept(
     let Kind::Listener(l) = &mut st.kind else {
         return Err(libc::EINVAL);
     };
-    match l.try_accept() {
-        Ok((s, from)) => return Ok(Accepted::Ulnic(s, from)),
-        Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(errno_of(&e)),
-        Err(_) => {}
+    match net {
+        Some(net) => match l.try_accept_in(net) {
+            Ok((s, from)) => return Ok(Accepted::Ulnic(s, from)),
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(errno_of(&e)),
+            Err(_) => {}
+        },
+        None if l.poll().contains(Ready::READ) => {
+            static TOLD: std::sync::Once = std::sync::Once::new();
+            TOLD.call_once(|| {
+                crate::real::warn(
+                    "a forked child of a host-attached process cannot make ulnic connections (it cannot attach to the device again): accept fails with EOPNOTSUPP; accept in the parent, or run the server in a guest",
+                )
+            });
+            return Err(libc::EOPNOTSUPP);
+        }
+        None => {}
     }
     if kernel {
         // The kernel descriptor is non-blocking: this never waits.

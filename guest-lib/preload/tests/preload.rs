@@ -190,6 +190,33 @@ fn a_forked_child_can_close_or_use_an_inherited_connection() {
     }
 }
 
+/// A pre-forking server on a host port: the forked child of a
+/// host-attached process cannot attach to the device again, so it cannot
+/// make the connection's endpoint; its accept fails with EOPNOTSUPP and
+/// says why, rather than building the connection on the parent's
+/// attachment (which the parent's own state would contradict: the client
+/// saw a reset, and in guests workers crashed).
+#[test]
+fn a_forked_child_of_a_host_attached_server_cannot_accept_and_says_why() {
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["serve-in-child", "7402"]);
+    srv.expect_line("ready", READY);
+    let cli = start(
+        &dev,
+        0,
+        sockcheck(),
+        &["stream", "10.81.0.2", "7402", "1000"],
+    );
+    let (out, _) = finish(srv, Duration::from_secs(30));
+    assert!(
+        out.contains("fail accept: Operation not supported"),
+        "{out}"
+    );
+    assert!(out.contains("the child exited with 1"), "{out}");
+    assert!(out.contains("cannot attach to the device again"), "{out}");
+    drop(cli);
+}
+
 #[test]
 fn exec_keeps_the_layer_when_the_environment_is_emptied() {
     let dev = device(1);

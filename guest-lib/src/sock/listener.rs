@@ -180,11 +180,33 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn try_accept(&mut self) -> io::Result<(Stream, SockAddr)> {
+        let net = self.net.clone();
+        self.try_accept_in(&net)
+    }
+
+    /// As [`Self::try_accept`], with the connection's endpoint made in
+    /// `net` rather than in the listener's own context: a process that
+    /// inherited the listener across `fork` makes its connections in a
+    /// context of its own, since the parent's context keeps per-process
+    /// state the child's copy of would contradict.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let mine = ulnic::sock::Net::open()?;
+    /// match l.try_accept_in(&mine) {
+    ///     Ok((s, from)) => println!("connection from {from}"),
+    ///     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn try_accept_in(&mut self, net: &Net) -> io::Result<(Stream, SockAddr)> {
         self.progress();
         let Some((client, session, hello)) = self.queue.pop_front() else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let s = Stream::accepted(&self.net, client, session, hello, self.port)?;
+        let s = Stream::accepted(net, client, session, hello, self.port)?;
         let from = s.peer_addr();
         Ok((s, from))
     }

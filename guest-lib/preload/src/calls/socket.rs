@@ -147,8 +147,9 @@ pub unsafe extern "C" fn accept4(
     if let Err(e) = s.usable(&c.env) {
         return fail(e);
     }
+    let net = c.env.net();
     let r = s.block(&c.env, fd, ulnic::sock::Ready::READ, false, None, |st| {
-        sock::try_accept(st, fd, addr, len, flags)
+        sock::try_accept(st, net.as_ref(), fd, addr, len, flags)
     });
     let (stream, from) = match r {
         Ok(Accepted::Kernel(k)) => return k,

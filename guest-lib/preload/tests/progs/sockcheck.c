@@ -6,6 +6,8 @@
  * and exits 1.
  *
  *   sockcheck serve PORT                      accept one connection, echo it
+ *   sockcheck serve-in-child PORT             listen, fork; the child accepts one connection and echoes
+ *                                             it, the parent reports the child's exit status
  *   sockcheck stream IP PORT BYTES            send BYTES (a pattern), read the echo, check it
  *   sockcheck sink PORT                       accept one connection, read until it ends, report how
  *   sockcheck source IP PORT                  connect and send a pattern until the write fails, report how
@@ -80,9 +82,10 @@ static int dial(const char *ip, int port, int type)
 	return s;
 }
 
-static int serve(int port)
+/* Accepts one connection on `l` and echoes it until it ends. */
+static int echo_one(int l)
 {
-	int l = listener(port, SOCK_STREAM), c = accept(l, NULL, NULL);
+	int c = accept(l, NULL, NULL);
 	char buf[65536];
 	long total = 0;
 	ssize_t n;
@@ -103,6 +106,30 @@ static int serve(int port)
 	close(c);
 	printf("ok served %ld bytes\n", total);
 	return 0;
+}
+
+static int serve(int port)
+{
+	return echo_one(listener(port, SOCK_STREAM));
+}
+
+/* A pre-forking server with one worker: the listener is made before the
+ * fork and only the child accepts and serves; the parent reports how the
+ * child ended. */
+static int serve_in_child(int port)
+{
+	int l = listener(port, SOCK_STREAM), status;
+	pid_t pid = fork();
+
+	if (pid < 0)
+		fail("fork");
+	if (pid == 0)
+		exit(echo_one(l));
+	if (waitpid(pid, &status, 0) != pid)
+		fail("waitpid");
+	printf("%s the child exited with %d\n", WIFEXITED(status) ? "ok" : "fail",
+	       WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	return !WIFEXITED(status);
 }
 
 /* Sends `bytes` of the pattern in writes of odd, changing sizes while
@@ -495,6 +522,8 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 3 && !strcmp(argv[1], "serve"))
 		return serve(atoi(argv[2]));
+	if (argc == 3 && !strcmp(argv[1], "serve-in-child"))
+		return serve_in_child(atoi(argv[2]));
 	if (argc == 5 && !strcmp(argv[1], "stream"))
 		return stream(argv[2], atoi(argv[3]), atol(argv[4]));
 	if (argc == 3 && !strcmp(argv[1], "sink"))
