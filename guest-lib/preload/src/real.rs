@@ -68,6 +68,8 @@ reals! {
     epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
     epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const sigset_t) -> c_int;
     epoll_pwait2: fn(c_int, *mut libc::epoll_event, c_int, *const timespec, *const sigset_t) -> c_int;
+    sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
+    splice: fn(c_int, *mut libc::loff_t, c_int, *mut libc::loff_t, size_t, libc::c_uint) -> ssize_t;
     fork: fn() -> libc::pid_t;
     execve: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
     execvpe: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;

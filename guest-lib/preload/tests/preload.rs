@@ -190,6 +190,30 @@ fn a_forked_child_can_close_or_use_an_inherited_connection() {
     }
 }
 
+/// sendfile (with and without an offset) and splice from a pipe send a
+/// file's bytes over a ulnic connection, and splice into a pipe takes
+/// them back: 3 MB and a byte, checked, with the file position and the
+/// offset moved by exactly what was sent. Before the layer carried them,
+/// these reached the unconnected kernel socket and failed (the test fails
+/// so: "fail sendfile with an offset").
+#[test]
+fn sendfile_and_splice_move_a_files_bytes_over_a_connection() {
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["serve", "7403"]);
+    srv.expect_line("ready", READY);
+    let cli = start(
+        &dev,
+        0,
+        sockcheck(),
+        &["zero-copy", "10.81.0.2", "7403", "3000001"],
+    );
+    let out = ok(cli, Duration::from_secs(60));
+    assert!(out.contains("ok zero-copy 3000001 bytes"), "{out}");
+    let out = ok(srv, Duration::from_secs(10));
+    // (10.81.0.2 is no kernel address here: only ulnic reaches it.)
+    assert!(out.contains("served 3000001 bytes"), "{out}");
+}
+
 /// A pre-forking server on a host port: the forked child of a
 /// host-attached process cannot attach to the device again, so it cannot
 /// make the connection's endpoint; its accept fails with EOPNOTSUPP and

@@ -49,14 +49,14 @@ fn sigpipe() {
 
 /// Where a datagram's source goes (NULL for none), and whether it did not
 /// fit the buffer.
-struct Source {
+pub(crate) struct Source {
     addr: *mut sockaddr,
     len: *mut socklen_t,
     truncated: bool,
 }
 
 impl Source {
-    fn none() -> Source {
+    pub(crate) fn none() -> Source {
         Source::at(std::ptr::null_mut(), std::ptr::null_mut())
     }
 
@@ -72,7 +72,7 @@ impl Source {
 /// Receives into `out` from socket `s` (descriptor `fd`): the bytes (with
 /// `MSG_TRUNC` on a datagram, its full length) and, for a datagram, its
 /// source, written where `src` says.
-fn recv_on(
+pub(crate) fn recv_on(
     c: &Ctx,
     fd: c_int,
     s: &Arc<Sock>,
@@ -158,7 +158,7 @@ fn recv_on(
 }
 
 /// Sends `data` on socket `s` (to `dest` for a datagram, when given).
-fn send_on(
+pub(crate) fn send_on(
     c: &Ctx,
     fd: c_int,
     s: &Arc<Sock>,
@@ -254,7 +254,7 @@ fn send_on(
 
 /// An interposed socket that moves bytes itself (anything else — a
 /// listener — is left to the kernel, which gives its usual errors).
-fn movable(c: &Ctx, fd: c_int) -> Option<Arc<Sock>> {
+pub(crate) fn movable(c: &Ctx, fd: c_int) -> Option<Arc<Sock>> {
     c.table
         .get(fd)
         .filter(|s| !matches!(s.lock().kind, Kind::Listener(_) | Kind::Kernel))

@@ -9,6 +9,9 @@
  *   sockcheck serve-in-child PORT             listen, fork; the child accepts one connection and echoes
  *                                             it, the parent reports the child's exit status
  *   sockcheck stream IP PORT BYTES            send BYTES (a pattern), read the echo, check it
+ *   sockcheck zero-copy IP PORT BYTES         send BYTES (a pattern, from a file) with sendfile, with and
+ *                                             without an offset, and with splice from a pipe; take the
+ *                                             echo with splice into a pipe, check it
  *   sockcheck sink PORT                       accept one connection, read until it ends, report how
  *   sockcheck source IP PORT                  connect and send a pattern until the write fails, report how
  *   sockcheck udp-echo PORT COUNT             echo COUNT datagrams
@@ -31,11 +34,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -494,6 +499,112 @@ static int loaded(void)
 	return 0;
 }
 
+/* The echo of a zero-copy send, taken by a thread with splice into a
+ * pipe and checked against the pattern. */
+struct echo_check {
+	int s;
+	long bytes, got, bad;
+};
+
+static void *take_echo(void *arg)
+{
+	struct echo_check *e = arg;
+	char buf[65536];
+	int p[2];
+
+	if (pipe(p))
+		fail("pipe");
+	while (e->got < e->bytes) {
+		ssize_t n = splice(e->s, NULL, p[1], NULL, sizeof(buf), 0);
+
+		if (n <= 0)
+			break;
+		for (ssize_t at = 0; at < n;) {
+			ssize_t r = read(p[0], buf, n - at);
+
+			if (r <= 0)
+				fail("read from the pipe");
+			for (ssize_t i = 0; i < r; i++)
+				e->bad += buf[i] != (char)pat(e->got + i);
+			e->got += r;
+			at += r;
+		}
+	}
+	close(p[0]);
+	close(p[1]);
+	return NULL;
+}
+
+/* Sends BYTES of the pattern, kept in a file, as servers send files: a
+ * third with sendfile and an offset (the file position stays), a third
+ * with sendfile from the file position (which moves), a third from a
+ * pipe with splice; a thread takes the echo with splice into a pipe. */
+static int zero_copy(const char *ip, int port, long bytes)
+{
+	char path[] = "/tmp/sockcheck-XXXXXX", buf[65536];
+	int f = mkstemp(path), p[2];
+	struct echo_check e = { .bytes = bytes };
+	long third = bytes / 3;
+	off_t off = 0;
+	pthread_t t;
+
+	if (f < 0)
+		fail("mkstemp");
+	unlink(path);
+	for (long i = 0; i < bytes; i += sizeof(buf)) {
+		long n = bytes - i < (long)sizeof(buf) ? bytes - i : (long)sizeof(buf);
+
+		for (long j = 0; j < n; j++)
+			buf[j] = (char)pat(i + j);
+		if (write(f, buf, n) != n)
+			fail("write the file");
+	}
+	e.s = dial(ip, port, SOCK_STREAM);
+	if (pthread_create(&t, NULL, take_echo, &e))
+		fail("pthread_create");
+	lseek(f, 0, SEEK_SET);
+	while (off < third) {
+		if (sendfile(e.s, f, &off, third - off) <= 0)
+			fail("sendfile with an offset");
+	}
+	if (lseek(f, 0, SEEK_CUR) != 0)
+		fail("sendfile with an offset moved the file position");
+	lseek(f, off, SEEK_SET);
+	while (off < 2 * third) {
+		ssize_t n = sendfile(e.s, f, NULL, 2 * third - off);
+
+		if (n <= 0)
+			fail("sendfile from the file position");
+		off += n;
+	}
+	if (lseek(f, 0, SEEK_CUR) != off)
+		fail("sendfile did not move the file position by what it sent");
+	if (pipe(p))
+		fail("pipe");
+	while (off < bytes) {
+		ssize_t n = pread(f, buf, bytes - off < 16384 ? bytes - off : 16384, off);
+
+		if (n <= 0 || write(p[1], buf, n) != n)
+			fail("fill the pipe");
+		for (ssize_t left = n; left > 0;) {
+			ssize_t k = splice(p[0], NULL, e.s, NULL, left, 0);
+
+			if (k <= 0)
+				fail("splice from a pipe");
+			left -= k;
+		}
+		off += n;
+	}
+	shutdown(e.s, SHUT_WR);
+	pthread_join(t, NULL);
+	if (e.got != bytes || e.bad) {
+		printf("fail zero-copy: %ld of %ld bytes came back, %ld wrong\n", e.got, bytes, e.bad);
+		return 1;
+	}
+	printf("ok zero-copy %ld bytes: sendfile with and without an offset, splice both ways\n", bytes);
+	return 0;
+}
+
 static int exec_check(char *self)
 {
 	char *argv[] = { self, "loaded", NULL }, *envp[] = { "HOME=/", NULL };
@@ -526,6 +637,8 @@ int main(int argc, char **argv)
 		return serve_in_child(atoi(argv[2]));
 	if (argc == 5 && !strcmp(argv[1], "stream"))
 		return stream(argv[2], atoi(argv[3]), atol(argv[4]));
+	if (argc == 5 && !strcmp(argv[1], "zero-copy"))
+		return zero_copy(argv[2], atoi(argv[3]), atol(argv[4]));
 	if (argc == 3 && !strcmp(argv[1], "sink"))
 		return sink(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "source"))
