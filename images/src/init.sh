@@ -16,7 +16,23 @@ for m in failover net_failover virtio_net; do
   [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko
 done
 ip link set lo up
+chmod 1777 /tmp
 arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^$1=//p" | head -n 1; }
+# Every node's name (nodeN) at its segment address, which is also its
+# ulnic address for the preload layer; this node's name as hostname.
+{
+  echo "127.0.0.1 localhost"
+  echo "::1 localhost ip6-localhost ip6-loopback"
+  i=0
+  while [ "$i" -lt "$(arg ulnic.nodes)" ] 2>/dev/null; do
+    echo "10.81.0.$((i + 1)) node$i"
+    i=$((i + 1))
+  done
+} > /etc/hosts
+if [ -n "$(arg ulnic.node)" ]; then
+  echo "node$(arg ulnic.node)" > /etc/hostname
+  hostname "node$(arg ulnic.node)"
+fi
 # The network whose addresses are ulnic nodes for the preload layer
 # (node n is 10.81.0.(n+1)); eth0 carries the same addresses over the
 # kernel's TCP, so one program can be run either way.

@@ -33,7 +33,7 @@ use fnv::fnv;
 use resolved::Resolved;
 
 /// Bumped when the build recipe changes in a way the inputs do not show.
-const RECIPE: u32 = 2;
+const RECIPE: u32 = 3;
 const INIT: &str = include_str!("init.sh");
 /// The Linux driver's sources, built against the guest kernel's headers.
 const MODULE_SOURCES: [(&str, &str); 3] = [
@@ -437,6 +437,10 @@ fn fetch_kernel(
         format!("linux-kbuild-{abi}"),
         "busybox-static".to_string(),
         "vde-switch".to_string(),
+        // A userland's tables for daemons: Debian's static users and
+        // groups, and /etc/services, /etc/protocols, /etc/rpc.
+        "base-passwd".to_string(),
+        "netbase".to_string(),
     ];
     let want_ref: Vec<&str> = want.iter().map(String::as_str).collect();
     if !deb.has_lists() {
@@ -497,9 +501,31 @@ fn write_initramfs(
         "etc",
         "lib",
         "lib/modules",
+        "root",
+        "var",
+        "var/cache",
+        "var/lib",
+        "var/log",
+        "var/mail",
+        "var/spool",
+        "run/lock",
     ] {
         a.dir(d);
     }
+    a.symlink("var/run", "/run");
+    a.symlink("var/lock", "/run/lock");
+    a.symlink("var/tmp", "/tmp");
+    for (from, to) in USERLAND_FILES {
+        let path = k.root.join(from);
+        let data = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        // The guests have no bash: a login shell is busybox's.
+        a.file(
+            to,
+            0o644,
+            data.replace(":/bin/bash\n", ":/bin/sh\n").as_bytes(),
+        );
+    }
+    a.file("etc/nsswitch.conf", 0o644, NSSWITCH.as_bytes());
     a.file("bin/busybox", 0o755, &bb);
     let ko = std::fs::read(&k.module).map_err(|e| Error::io(&k.module, e))?;
     a.file("lib/modules/ulnic.ko", 0o644, &ko);
@@ -540,6 +566,22 @@ fn resolve_now(deb: &Apt, bundle: Option<&Apt>) -> Result<Resolved, Error> {
         qemu_bundle_version,
     })
 }
+
+/// Files of Debian's base-passwd and netbase for the guests' /etc (in the
+/// unpacked root, where they go): daemons look up users and groups when
+/// they drop privileges, and services and protocols by name.
+const USERLAND_FILES: [(&str, &str); 5] = [
+    ("usr/share/base-passwd/passwd.master", "etc/passwd"),
+    ("usr/share/base-passwd/group.master", "etc/group"),
+    ("etc/services", "etc/services"),
+    ("etc/protocols", "etc/protocols"),
+    ("etc/rpc", "etc/rpc"),
+];
+
+/// Name services from the files above and /etc/hosts (which init writes
+/// with every node's name); there is no DNS on the segment.
+const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files\n\
+networks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n";
 
 /// Kernel modules for virtio-net, in load order (path under kernel/, name).
 const NET_MODULES: [(&str, &str); 3] = [

@@ -4,9 +4,15 @@
 //! resolves for them), as an initramfs piece the kernel unpacks after
 //! the base one; and a host directory as such a piece.
 //!
-//! Only libraries are taken from the dependencies: maintainer-script
-//! helpers (perl, debconf, adduser) that apt would install never run in a
-//! guest.
+//! A dependency is taken whole, like the named packages, when it is part
+//! of the same program: built from the same Debian source package as a
+//! named one (nginx and nginx-common, apache2 and apache2-bin), or a
+//! direct dependency of a named package that ships no program of its own
+//! (a metapackage or a flavour package standing for the one with the
+//! binary), and then its own same-source kin. From every other dependency
+//! only shared libraries are taken: maintainer-script helpers (perl,
+//! debconf, adduser) that apt would install never run in a guest. Each
+//! build says which packages it took whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -64,8 +70,9 @@ pub fn build(
         )));
     }
     // The piece is named by what went into it: the packages asked for and
-    // every version resolved.
-    let mut key = names.join(",");
+    // every version resolved
+    // (and by the rule that picks what is taken whole: 2).
+    let mut key = format!("rule 2 {}", names.join(","));
     for (n, v) in &closure {
         key.push_str(&format!(" {n}={v}"));
     }
@@ -112,10 +119,39 @@ pub fn build(
             }
         }
     }
-    // The asked-for packages whole (but their documentation), then the
-    // libraries every ELF file of the selection needs, until none is new.
+    // The asked-for packages and their parts whole (but their
+    // documentation), then the libraries every ELF file of the selection
+    // needs, until none is new.
+    let control = |name: &str| -> Result<Control, Error> {
+        let deb = debs
+            .iter()
+            .find(|d| {
+                d.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.starts_with(&format!("{name}_")))
+            })
+            .ok_or_else(|| Error::Resolve(format!("{name} was not downloaded")))?;
+        Control::of(deb)
+    };
+    let mut controls = BTreeMap::new();
+    for (name, _) in &closure {
+        controls.insert(name.clone(), control(name)?);
+    }
+    let has_program = |name: &str| -> Result<bool, Error> {
+        Ok(walk(&roots[name])?.iter().any(|f| {
+            let rel = f.strip_prefix(&roots[name]).unwrap_or(f);
+            ["bin", "sbin", "usr/bin", "usr/sbin"]
+                .iter()
+                .any(|d| rel.parent() == Some(Path::new(d)))
+        }))
+    };
+    let whole = whole_packages(names, &controls, has_program)?;
+    progress(&format!(
+        "      taken whole (named, built from the same source, or what a metapackage stands for): {}",
+        whole.iter().cloned().collect::<Vec<_>>().join(", ")
+    ));
     let mut take: BTreeSet<PathBuf> = BTreeSet::new();
-    for n in names {
+    for n in &whole {
         let root = &roots[n];
         for f in walk(root)? {
             let rel = f
@@ -183,6 +219,96 @@ pub fn build(
         take.len()
     ));
     Ok(out)
+}
+
+/// What a package's control file says of its kin.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Control {
+    /// The source package it was built from (its own name when the
+    /// control file names none).
+    pub source: String,
+    /// The packages it depends on (every alternative, without versions).
+    pub depends: Vec<String>,
+}
+
+impl Control {
+    /// Read with `dpkg-deb -f`.
+    fn of(deb: &Path) -> Result<Control, Error> {
+        let out = Command::new("dpkg-deb")
+            .arg("-f")
+            .arg(deb)
+            .args(["Package", "Source", "Depends", "Pre-Depends"])
+            .output()
+            .map_err(|e| Error::Tool {
+                tool: "dpkg-deb".into(),
+                detail: e.to_string(),
+            })?;
+        Ok(Control::parse(&String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// From `Field: value` lines.
+    pub fn parse(text: &str) -> Control {
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+                .unwrap_or("")
+        };
+        let names = |v: &str| -> Vec<String> {
+            v.split([',', '|'])
+                .filter_map(|d| d.split_whitespace().next())
+                .map(|d| d.split(':').next().unwrap_or(d).to_string())
+                .filter(|d| !d.is_empty())
+                .collect()
+        };
+        let source = field("Source").split_whitespace().next().unwrap_or("");
+        let mut depends = names(field("Depends"));
+        depends.extend(names(field("Pre-Depends")));
+        Control {
+            source: if source.is_empty() {
+                field("Package").to_string()
+            } else {
+                source.to_string()
+            },
+            depends,
+        }
+    }
+}
+
+/// The packages of the closure (`controls`) taken whole for `names`: the
+/// named ones; for a named one with no program (`has_program` false), its
+/// direct dependencies in the closure; and every package built from the
+/// same source as one of those.
+pub fn whole_packages(
+    names: &[String],
+    controls: &BTreeMap<String, Control>,
+    mut has_program: impl FnMut(&str) -> Result<bool, Error>,
+) -> Result<BTreeSet<String>, Error> {
+    let mut whole: BTreeSet<String> = names.iter().cloned().collect();
+    for n in names {
+        if has_program(n)? {
+            continue;
+        }
+        if let Some(c) = controls.get(n) {
+            whole.extend(
+                c.depends
+                    .iter()
+                    .filter(|d| controls.contains_key(*d))
+                    .cloned(),
+            );
+        }
+    }
+    let sources: BTreeSet<&str> = whole
+        .iter()
+        .filter_map(|n| controls.get(n).map(|c| c.source.as_str()))
+        .collect();
+    let kin: Vec<String> = controls
+        .iter()
+        .filter(|(_, c)| sources.contains(c.source.as_str()))
+        .map(|(n, _)| n.clone())
+        .collect();
+    whole.extend(kin);
+    Ok(whole)
 }
 
 /// The C library's own files, which the base image holds already.
@@ -296,6 +422,70 @@ fn needed(f: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_file_names_its_source_and_dependencies() {
+        let c = Control::parse(
+            "Package: nginx\nSource: nginx (1.22.1-9)\nDepends: nginx-common (= 1.22.1-9), libc6 (>= 2.34), libssl3:any | libssl1\nPre-Depends: init-system-helpers\n",
+        );
+        assert_eq!(c.source, "nginx");
+        assert_eq!(
+            c.depends,
+            [
+                "nginx-common",
+                "libc6",
+                "libssl3",
+                "libssl1",
+                "init-system-helpers"
+            ]
+        );
+        let own = Control::parse("Package: iperf3\nDepends: libiperf0\n");
+        assert_eq!(own.source, "iperf3", "no Source field: its own name");
+    }
+
+    #[test]
+    fn parts_of_the_same_program_are_taken_whole_and_libraries_are_not() {
+        let c = |src: &str, deps: &[&str]| Control {
+            source: src.into(),
+            depends: deps.iter().map(|d| d.to_string()).collect(),
+        };
+        let controls: BTreeMap<String, Control> = [
+            ("apache2", c("apache2", &["apache2-bin", "perl"])),
+            ("apache2-bin", c("apache2", &["libapr1"])),
+            ("apache2-data", c("apache2", &[])),
+            ("perl", c("perl", &[])),
+            ("libapr1", c("apr", &[])),
+            (
+                "default-mysql-server",
+                c("mysql-defaults", &["mariadb-server"]),
+            ),
+            ("mariadb-server", c("mariadb", &["mariadb-server-core"])),
+            ("mariadb-server-core", c("mariadb", &["libssl3"])),
+            ("libssl3", c("openssl", &[])),
+        ]
+        .into_iter()
+        .map(|(n, c)| (n.to_string(), c))
+        .collect();
+        // apache2 has programs (apachectl): its same-source kin only.
+        let w = whole_packages(&["apache2".into()], &controls, |_| Ok(true)).unwrap();
+        assert_eq!(
+            w.into_iter().collect::<Vec<_>>(),
+            ["apache2", "apache2-bin", "apache2-data"]
+        );
+        // A metapackage brings what it stands for, and its kin.
+        let w = whole_packages(&["default-mysql-server".into()], &controls, |n| {
+            Ok(n != "default-mysql-server")
+        })
+        .unwrap();
+        assert_eq!(
+            w.into_iter().collect::<Vec<_>>(),
+            [
+                "default-mysql-server",
+                "mariadb-server",
+                "mariadb-server-core"
+            ]
+        );
+    }
 
     #[test]
     fn package_names_are_checked_before_apt_sees_them() {

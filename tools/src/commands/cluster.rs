@@ -238,7 +238,12 @@ pub struct ClusterOpts {
     #[command(flatten)]
     pub fabric: crate::cluster::fabric::FabricArgs,
     /// Debian (bookworm) packages to add to the guests, with the shared
-    /// libraries their programs need; fetched once into the cache.
+    /// libraries their programs need; fetched once into the cache. Parts
+    /// of the same program come whole (packages built from the same
+    /// source, and what a metapackage stands for, config files included);
+    /// from other dependencies only libraries (no maintainer scripts run:
+    /// users they would create do not exist; Debian's static users, such
+    /// as www-data and nobody, do).
     /// Example: --packages redis-server,redis-tools,iperf3,sockperf
     #[arg(long, value_delimiter = ',', value_name = "PKG,...")]
     pub packages: Vec<String>,
