@@ -1072,7 +1072,7 @@ static int ulnic_mmap_doorbell(struct file *f, struct vm_area_struct *vma,
 	if (vma->vm_end - vma->vm_start != PAGE_SIZE)
 		return -EINVAL;
 	if (bits) {
-		vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY);
+		vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 		return remap_pfn_range(vma, vma->vm_start,
 				       virt_to_phys(uf->doorbell_bits) >> PAGE_SHIFT,
 				       PAGE_SIZE, vma->vm_page_prot);
@@ -1093,8 +1093,7 @@ static int ulnic_mmap_doorbell(struct file *f, struct vm_area_struct *vma,
 		/* Another device node for the same device: cannot revoke. */
 		err = -EINVAL;
 	} else {
-		vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP |
-				  VM_DONTCOPY);
+		vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP);
 		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
 		err = io_remap_pfn_range(vma, vma->vm_start, pa >> PAGE_SHIFT,
 					 PAGE_SIZE, vma->vm_page_prot);
@@ -1127,13 +1126,16 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 	if (!ep) {
 		err = -EPERM;
 	} else if ((off & ULNIC_MMAP_OFFSET_MASK) == 0 && len <= ep->ctrl_len) {
-		vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY);
+		/*
+		 * Copied at fork like the file (spec 9): ulnic_vma_open counts
+		 * the child's copy, so the memory outlives every mapping.
+		 */
+		vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 		err = remap_pfn_range(vma, vma->vm_start,
 				      virt_to_phys(ep->ctrl) >> PAGE_SHIFT,
 				      len, vma->vm_page_prot);
 	} else if ((off & ULNIC_MMAP_OFFSET_MASK) == ULNIC_MMAP_SEGMENT &&
 		   len <= ep->seg_len) {
-		vm_flags_set(vma, VM_DONTCOPY);
 		err = remap_vmalloc_range(vma, ep->seg, 0);
 	}
 	if (!err) {
