@@ -81,12 +81,17 @@ impl Env {
     /// the child's new sockets are the kernel's.
     pub fn forked(&self) {
         let mut st = self.state();
-        let attached = std::env::var_os(ulnic::SOCKET_ENV).is_some()
-            && !std::path::Path::new(ulnic::DEFAULT_DEVICE).exists();
-        *st = if attached {
+        *st = if host_attached() {
             NetState::Unavailable
         } else {
             NetState::Unopened
         };
     }
+}
+
+/// Whether the NIC is reached by host attach (one process per node: a
+/// forked child cannot attach again) rather than through a guest's driver.
+pub fn host_attached() -> bool {
+    std::env::var_os(ulnic::SOCKET_ENV).is_some()
+        && !std::path::Path::new(ulnic::DEFAULT_DEVICE).exists()
 }

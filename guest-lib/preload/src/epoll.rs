@@ -34,8 +34,10 @@ pub struct Registry {
 struct Set {
     /// Registered descriptors naming interposed sockets.
     socks: Vec<(c_int, Arc<Sock>)>,
-    /// The notification descriptor added to the kernel's set, if any.
-    notify: Option<c_int>,
+    /// The notification descriptors added to the kernel's set: this
+    /// process's context's, and any other context's a socket here lives
+    /// in (a listener inherited across fork is the parent's).
+    notify: Vec<c_int>,
 }
 
 impl Registry {
@@ -48,7 +50,7 @@ impl Registry {
     pub fn has(&self, epfd: c_int) -> bool {
         self.sets()
             .get(&epfd)
-            .is_some_and(|s| !s.socks.is_empty() || s.notify.is_some())
+            .is_some_and(|s| !s.socks.is_empty() || !s.notify.is_empty())
     }
 
     /// Drops `fd` from set `epfd`; the notification descriptor leaves the
@@ -57,7 +59,7 @@ impl Registry {
         if let Some(s) = sets.get_mut(&epfd) {
             s.socks.retain(|(f, _)| *f != fd);
             if s.socks.is_empty() {
-                if let Some(n) = s.notify.take() {
+                for n in s.notify.drain(..) {
                     // SAFETY: plain system call on descriptors we know.
                     unsafe {
                         (real().epoll_ctl)(epfd, libc::EPOLL_CTL_DEL, n, std::ptr::null_mut())
@@ -181,7 +183,9 @@ impl Registry {
 
     fn set_notify(&self, epfd: c_int, fd: c_int) {
         if let Some(s) = self.sets().get_mut(&epfd) {
-            s.notify = Some(fd);
+            if !s.notify.contains(&fd) {
+                s.notify.push(fd);
+            }
         }
     }
 
@@ -240,8 +244,14 @@ impl Registry {
                 continue;
             }
             let net = env.net_if_open();
-            if let Some(nfd) = net.as_ref().and_then(|n| n.notification_fd()) {
-                if set.notify != Some(nfd) {
+            let own = net.as_ref().and_then(|n| n.notification_fd());
+            let foreign: Vec<(c_int, &Arc<Sock>)> = set
+                .socks
+                .iter()
+                .filter_map(|(_, s)| s.lock().foreign_notify(own).map(|f| (f, s)))
+                .collect();
+            for nfd in own.into_iter().chain(foreign.iter().map(|(f, _)| *f)) {
+                if !set.notify.contains(&nfd) {
                     let mut e = epoll_event {
                         events: libc::EPOLLIN as u32,
                         u64: MAGIC,
@@ -270,8 +280,12 @@ impl Registry {
                 }
             }
             if notified {
+                // Which descriptor woke is not told apart: take them all.
                 if let Some(net) = &net {
                     let _ = net.take_notified();
+                }
+                for (_, s) in &foreign {
+                    s.lock().take_foreign();
                 }
             }
             if kept > 0 {

@@ -116,9 +116,20 @@ pub fn poll_many(
         let net = env.net_if_open();
         let notify = net.as_ref().and_then(|n| n.notification_fd());
         let mut sleep = kern.clone();
-        if let Some(n) = notify {
+        // This process's context's descriptor, then any other context's
+        // that a socket here lives in (an inherited listener's).
+        let mut wakers: Vec<(c_int, Option<&Arc<Sock>>)> =
+            notify.map(|n| (n, None)).into_iter().collect();
+        for s in socks.iter().flatten() {
+            if let Some(f) = s.lock().foreign_notify(notify) {
+                if !wakers.iter().any(|(w, _)| *w == f) {
+                    wakers.push((f, Some(s)));
+                }
+            }
+        }
+        for (fd, _) in &wakers {
             sleep.push(pollfd {
-                fd: n,
+                fd: *fd,
                 events: libc::POLLIN,
                 revents: 0,
             });
@@ -130,9 +141,17 @@ pub fn poll_many(
         if k < 0 {
             return k;
         }
-        if let (Some(net), Some(last)) = (&net, sleep.last()) {
-            if notify.is_some() && last.revents != 0 {
-                let _ = net.take_notified();
+        let woken = &sleep[sleep.len() - wakers.len()..];
+        for ((_, sock), p) in wakers.iter().zip(woken) {
+            if p.revents == 0 {
+                continue;
+            }
+            match (sock, &net) {
+                (Some(s), _) => s.lock().take_foreign(),
+                (None, Some(net)) => {
+                    let _ = net.take_notified();
+                }
+                (None, None) => {}
             }
         }
         // Whatever woke us, look at everything once more.

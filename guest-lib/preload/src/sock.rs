@@ -283,6 +283,24 @@ impl State {
         }
     }
 
+    /// The notification descriptor of the socket's own context when it is
+    /// not `own`, this process's: a listener inherited across fork lives
+    /// in the parent's context, so its wake-ups come there.
+    pub fn foreign_notify(&self, own: Option<c_int>) -> Option<c_int> {
+        match &self.kind {
+            Kind::Listener(l) => l.notification_fd().filter(|f| Some(*f) != own),
+            _ => None,
+        }
+    }
+
+    /// Takes the notifications of a foreign context (see
+    /// `foreign_notify`) after a wake-up on its descriptor.
+    pub fn take_foreign(&self) {
+        if let Kind::Listener(l) = &self.kind {
+            let _ = l.take_notified();
+        }
+    }
+
     fn waiter(&self) -> Option<ulnic::Waiter> {
         match &self.kind {
             Kind::Listener(l) => Some(l.waiter()),

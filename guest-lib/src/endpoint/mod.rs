@@ -836,6 +836,20 @@ impl Endpoint {
         Ok(self.has_work())
     }
 
+    /// Reloads this process's ring cursors from the ones the endpoint
+    /// publishes in its control page: for an endpoint that several
+    /// processes use in turn under a lock of their own (a listener shared
+    /// across fork), whose private copies go stale when another takes a
+    /// turn.
+    pub(crate) fn resync_cursors(&mut self) {
+        let load = |ep: &Endpoint, off| u32::from_le(ep.word(off).load(Ordering::Acquire));
+        self.send_producer = load(self, ctrl::SEND_PRODUCER);
+        self.recv_consumer = load(self, ctrl::RECV_CONSUMER);
+        self.free_producer = load(self, ctrl::FREE_PRODUCER);
+        self.event_consumer = load(self, ctrl::EVENT_CONSUMER);
+        self.arm_seq = load(self, ctrl::ARM_REQUEST);
+    }
+
     /// The file descriptor that becomes readable (`POLLIN`) when an armed
     /// endpoint of this endpoint's domain is notified, for `poll`,
     /// `select` and `epoll`: the Linux driver's open file (spec §9), or

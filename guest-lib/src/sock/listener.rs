@@ -10,9 +10,10 @@ use zerocopy::IntoBytes;
 use crate::endpoint::Endpoint;
 use crate::sock::addr::{Ready, SockAddr, CONN_BASE, CONN_PORTS};
 use crate::sock::net::Net;
+use crate::sock::shared_requests::{Request, SharedRequests};
 use crate::sock::stream::{errno, io_err, post_inline, Stream};
 use crate::sock::wire::{self, Hello};
-use crate::types::{Address, Payload};
+use crate::types::Payload;
 
 /// A listening stream socket on a port of this node.
 ///
@@ -33,10 +34,13 @@ pub struct Listener {
     backlog: usize,
     /// Requests waiting: the connecting endpoint, its session id (spec
     /// §5.4) and its hello.
-    queue: VecDeque<(Address, u32, Hello)>,
+    queue: VecDeque<Request>,
     nonblocking: bool,
     refused: u64,
     stray: u64,
+    /// Once shared across fork: the queue and counts every holder uses,
+    /// under their lock.
+    shared: Option<SharedRequests>,
 }
 
 impl Listener {
@@ -64,7 +68,77 @@ impl Listener {
             nonblocking: false,
             refused: 0,
             stray: 0,
+            shared: None,
         })
+    }
+
+    /// Makes the listener usable by every process forked from this one
+    /// after the call (a pre-forking server's workers): its queue moves to
+    /// memory the processes share, and each call on it takes a lock the
+    /// processes share and reloads the ring cursors first, so each request
+    /// is taken by one process, once. Call it before `fork`; the accepting
+    /// process gives its own context to [`Self::try_accept_in`]. Idempotent.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// let mut l = ulnic::sock::Listener::bind(&net, 80, 511)?;
+    /// l.share_across_fork()?;
+    /// // fork workers; each opens its own Net and accepts with try_accept_in
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn share_across_fork(&mut self) -> io::Result<()> {
+        if self.shared.is_none() {
+            let shared = SharedRequests::new(self.backlog)?;
+            shared.lock().store(&self.queue, self.refused, self.stray);
+            self.shared = Some(shared);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` as the listener's one user: for a shared listener, under
+    /// the processes' lock with the cursors and queue reloaded before and
+    /// the queue stored after.
+    fn exclusive<R>(&mut self, f: impl FnOnce(&mut Listener) -> R) -> R {
+        let Some(shared) = self.shared.take() else {
+            return f(self);
+        };
+        let r = {
+            let locked = shared.lock();
+            self.ep.resync_cursors();
+            locked.load(&mut self.queue, &mut self.refused, &mut self.stray);
+            let r = f(self);
+            locked.store(&self.queue, self.refused, self.stray);
+            r
+        };
+        self.shared = Some(shared);
+        r
+    }
+
+    /// Takes the notifications of the listener's own context (after a
+    /// wake-up on [`Self::notification_fd`]): for a process that waits on
+    /// a listener it inherited, whose context is the parent's.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// l.take_notified()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn take_notified(&self) -> io::Result<()> {
+        self.net.take_notified().map(|_| ()).map_err(io_err)
+    }
+
+    /// The descriptor that becomes readable when the armed listener is
+    /// notified (its context's; see [`crate::sock::Net::notification_fd`]).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let fd = l.notification_fd();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.net.notification_fd()
     }
 
     /// The address it listens on.
@@ -110,12 +184,12 @@ impl Listener {
     ///
     /// ```no_run
     /// # let net = ulnic::sock::Net::open()?;
-    /// # let l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
     /// assert_eq!(l.refused(), 0);
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn refused(&self) -> u64 {
-        self.refused
+    pub fn refused(&mut self) -> u64 {
+        self.exclusive(|l| l.refused)
     }
 
     fn progress(&mut self) {
@@ -158,12 +232,14 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn poll(&mut self) -> Ready {
-        self.progress();
-        if self.queue.is_empty() {
-            Ready::NONE
-        } else {
-            Ready::READ
-        }
+        self.exclusive(|l| {
+            l.progress();
+            if l.queue.is_empty() {
+                Ready::NONE
+            } else {
+                Ready::READ
+            }
+        })
     }
 
     /// Accepts the next request without blocking: the connection and the
@@ -202,13 +278,15 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn try_accept_in(&mut self, net: &Net) -> io::Result<(Stream, SockAddr)> {
-        self.progress();
-        let Some((client, session, hello)) = self.queue.pop_front() else {
-            return Err(io::ErrorKind::WouldBlock.into());
-        };
-        let s = Stream::accepted(net, client, session, hello, self.port)?;
-        let from = s.peer_addr();
-        Ok((s, from))
+        self.exclusive(|l| {
+            l.progress();
+            let Some((client, session, hello)) = l.queue.pop_front() else {
+                return Err(io::ErrorKind::WouldBlock.into());
+            };
+            let s = Stream::accepted(net, client, session, hello, l.port)?;
+            let from = s.peer_addr();
+            Ok((s, from))
+        })
     }
 
     /// Accepts the next request, blocking unless non-blocking.
@@ -247,7 +325,7 @@ impl Listener {
         // No look at the rings first: what that took in would be ready
         // without the caller knowing. The caller looked just before; the
         // arm's own re-check sees anything since.
-        self.ep.arm().map_err(io_err)
+        self.exclusive(|l| l.ep.arm().map_err(io_err))
     }
 
     /// A handle that sleeps until this socket's endpoint is notified,

@@ -30,6 +30,7 @@ mod flusher;
 mod held;
 mod listener;
 mod net;
+mod shared_requests;
 mod stream;
 mod wait;
 mod wire;

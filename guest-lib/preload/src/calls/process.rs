@@ -7,6 +7,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 
 use crate::context::ctx;
 use crate::real::real;
+use crate::sock::Kind;
 
 /// `fork`.
 #[no_mangle]
@@ -15,11 +16,23 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     let socks = c.table.all();
     let arena = c.env.arena.as_ref();
     // Counted before the child exists, so neither can close the last one
-    // while the other still holds it.
+    // while the other still holds it. A listener in a guest is shared
+    // instead of handed over: every process may accept on it (the
+    // connections are each acceptor's own), as a pre-forking server's
+    // workers do. Under host attach a child cannot make connections, so
+    // a listener is handed over like any socket.
+    let share_listeners = !crate::env::host_attached();
     for (_, s) in &socks {
         if let (Some(a), Some(i)) = (arena, s.slot) {
             a.add(i);
-            a.forking(i);
+            let shared = share_listeners
+                && match &mut s.lock().kind {
+                    Kind::Listener(l) => l.share_across_fork().is_ok(),
+                    _ => false,
+                };
+            if !shared {
+                a.forking(i);
+            }
         }
     }
     // SAFETY: the real fork.

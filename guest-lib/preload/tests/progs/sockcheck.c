@@ -9,6 +9,10 @@
  *   sockcheck serve-in-child PORT             listen, fork; the child accepts one connection and echoes
  *                                             it, the parent reports the child's exit status
  *   sockcheck stream IP PORT BYTES            send BYTES (a pattern), read the echo, check it
+ *   sockcheck prefork PORT WORKERS CONNS      a pre-forking server: WORKERS forked after listen, each
+ *                                             in its own epoll set, accept and echo; after CONNS, say
+ *                                             how many connections each worker served
+ *   sockcheck prefork-clients IP PORT CONNS K CONNS connections, K open at once, 5000 bytes each, echo checked
  *   sockcheck zero-copy IP PORT BYTES         send BYTES (a pattern, from a file) with sendfile, with and
  *                                             without an offset, and with splice from a pipe; take the
  *                                             echo with splice into a pipe, check it
@@ -605,6 +609,128 @@ static int zero_copy(const char *ip, int port, long bytes)
 	return 0;
 }
 
+/* A pre-forking server: the master listens, forks `workers`, and counts
+ * the connections they report on a pipe; each worker waits in its own
+ * epoll set on the listener it inherited (level-triggered, as nginx
+ * without EPOLLEXCLUSIVE), accepts without blocking, echoes the
+ * connection to its end and reports it. After `conns` the master stops
+ * the workers and says how many served. */
+static int prefork(int port, int workers, int conns)
+{
+	int l = listener(port, SOCK_STREAM), p[2], served[64] = { 0 };
+	pid_t pids[64];
+	char buf[65536];
+
+	if (workers < 1 || workers > 64 || pipe(p))
+		fail("workers or pipe");
+	fcntl(l, F_SETFL, O_NONBLOCK);
+	for (int w = 0; w < workers; w++) {
+		pids[w] = fork();
+		if (pids[w] < 0)
+			fail("fork");
+		if (pids[w])
+			continue;
+		int ep = epoll_create1(0);
+		struct epoll_event ev = { .events = EPOLLIN, .data.fd = l };
+
+		if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev))
+			fail("worker epoll");
+		for (;;) {
+			if (epoll_wait(ep, &ev, 1, -1) < 0 && errno != EINTR)
+				fail("worker epoll_wait");
+			int c = accept(l, NULL, NULL);
+
+			if (c < 0) {
+				if (errno == EAGAIN || errno == EWOULDBLOCK)
+					continue; /* another worker took it */
+				fail("worker accept");
+			}
+			ssize_t n;
+			while ((n = read(c, buf, sizeof(buf))) > 0)
+				for (ssize_t at = 0; at < n;) {
+					ssize_t k = write(c, buf + at, n - at);
+
+					if (k <= 0)
+						fail("worker write");
+					at += k;
+				}
+			close(c);
+			char who = (char)w;
+			if (write(p[1], &who, 1) != 1)
+				fail("worker report");
+		}
+	}
+	for (int i = 0; i < conns; i++) {
+		char who;
+
+		if (read(p[0], &who, 1) != 1)
+			fail("master read");
+		served[(unsigned char)who % 64]++;
+	}
+	int busy = 0;
+	for (int w = 0; w < workers; w++) {
+		kill(pids[w], SIGTERM);
+		waitpid(pids[w], NULL, 0);
+		busy += served[w] > 0;
+		printf("worker %d served %d\n", w, served[w]);
+	}
+	printf("ok prefork: %d connections served by %d of %d workers\n", conns, busy, workers);
+	return 0;
+}
+
+/* Clients of `prefork`: `conns` connections in rounds of `together` open
+ * at once, each sending 5000 bytes of the pattern and checking the echo
+ * before any of the round ends (so a server that serves one connection a
+ * worker uses `together` workers at once). */
+static int prefork_clients(const char *ip, int port, int conns, int together)
+{
+	int s[64];
+	unsigned char buf[5000];
+
+	if (together < 1 || together > 64)
+		fail("together");
+	for (int done = 0; done < conns;) {
+		int k = conns - done < together ? conns - done : together;
+
+		for (int i = 0; i < k; i++)
+			s[i] = dial(ip, port, SOCK_STREAM);
+		for (int i = 0; i < k; i++) {
+			for (int j = 0; j < (int)sizeof(buf); j++)
+				buf[j] = pat(j + done + i);
+			if (write(s[i], buf, sizeof(buf)) != (ssize_t)sizeof(buf))
+				fail("client write");
+		}
+		for (int i = 0; i < k; i++) {
+			long got = 0;
+			ssize_t n;
+
+			while (got < (long)sizeof(buf) &&
+			       (n = read(s[i], buf, sizeof(buf) - got)) > 0) {
+				for (ssize_t j = 0; j < n; j++)
+					if (buf[j] != pat(got + j + done + i)) {
+						printf("fail echo of connection %d at byte %ld\n", done + i,
+						       got + j);
+						return 1;
+					}
+				got += n;
+			}
+			if (got != (long)sizeof(buf)) {
+				printf("fail connection %d echoed %ld bytes\n", done + i, got);
+				return 1;
+			}
+		}
+		for (int i = 0; i < k; i++) {
+			shutdown(s[i], SHUT_WR);
+			if (read(s[i], buf, 1) != 0)
+				fail("client end of stream");
+			close(s[i]);
+		}
+		done += k;
+	}
+	printf("ok %d connections echoed\n", conns);
+	return 0;
+}
+
 static int exec_check(char *self)
 {
 	char *argv[] = { self, "loaded", NULL }, *envp[] = { "HOME=/", NULL };
@@ -637,6 +763,10 @@ int main(int argc, char **argv)
 		return serve_in_child(atoi(argv[2]));
 	if (argc == 5 && !strcmp(argv[1], "stream"))
 		return stream(argv[2], atoi(argv[3]), atol(argv[4]));
+	if (argc == 5 && !strcmp(argv[1], "prefork"))
+		return prefork(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+	if (argc == 6 && !strcmp(argv[1], "prefork-clients"))
+		return prefork_clients(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
 	if (argc == 5 && !strcmp(argv[1], "zero-copy"))
 		return zero_copy(argv[2], atoi(argv[3]), atol(argv[4]));
 	if (argc == 3 && !strcmp(argv[1], "sink"))
