@@ -301,14 +301,15 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let s = sup.clone();
+        // The process ends in the `down` request's own thread, once it
+        // has answered: leaving this loop when `stopping` is seen would
+        // end it first (the test command once caught `cluster down`
+        // failing with "failed to fill whole buffer" that way).
         std::thread::spawn(move || {
             if let Err(e) = serve_client(&s, conn) {
                 eprintln!("supervisor: request failed: {e}");
             }
         });
-        if sup.stopping.load(Ordering::Acquire) {
-            break;
-        }
     }
     Ok(())
 }
