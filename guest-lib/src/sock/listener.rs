@@ -283,7 +283,24 @@ impl Listener {
             let Some((client, session, hello)) = l.queue.pop_front() else {
                 return Err(io::ErrorKind::WouldBlock.into());
             };
-            let s = Stream::accepted(net, client, session, hello, l.port)?;
+            let s = match Stream::accepted(net, client, session, hello, l.port) {
+                Ok(s) => s,
+                Err(e) => {
+                    // The request is taken: answer it, so that its client
+                    // fails now (with why: no endpoint or memory left
+                    // here) instead of at its connect timeout.
+                    let why = e.raw_os_error().unwrap_or(libc::ECONNREFUSED) as u32;
+                    let _ = post_inline(
+                        &mut l.ep,
+                        client,
+                        wire::tag(wire::REFUSE, 0),
+                        why.to_le_bytes().as_bytes(),
+                        0,
+                    );
+                    l.refused += 1;
+                    return Err(e);
+                }
+            };
             let from = s.peer_addr();
             Ok((s, from))
         })
