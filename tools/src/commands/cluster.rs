@@ -224,7 +224,8 @@ pub struct ClusterOpts {
     /// Seconds before the run is abandoned.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
-    /// Endpoints per guest NIC, 1 to 4096.
+    /// Endpoints per guest NIC, 1 to 4096 (each ulnic socket, and each
+    /// process's library context, uses one or more).
     #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     pub endpoints: u32,

@@ -22,7 +22,7 @@ pub struct DeviceArgs {
     /// Endpoints per node, 1 to 4096 (the node's 64 virtqueues do not
     /// depend on it: give QEMU num_vqs=64). The device polls at most 64
     /// of them; the others ring a doorbell when they send (spec §5.8).
-    #[arg(long, default_value_t = 16, value_name = "N",
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     pub endpoints: u32,
     /// Microseconds the data-path engine keeps polling after its last work
@@ -175,7 +175,8 @@ mod tests {
     fn defaults() {
         let a = parse(&["--socket-dir", "/tmp/u"]).unwrap();
         assert_eq!(a.socket_dir, Some(PathBuf::from("/tmp/u")));
-        assert_eq!((a.nodes, a.endpoints, a.engine_threads), (2, 16, 1));
+        assert_eq!((a.nodes, a.engine_threads), (2, 1));
+        assert_eq!(a.endpoints, ulnic_device::config::DEFAULT_ENDPOINTS);
         assert_eq!(
             a.poll_us,
             ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64
