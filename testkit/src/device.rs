@@ -44,6 +44,9 @@ pub fn device_polling_for(nodes: u32, poll_for: Duration) -> TestDevice {
     device_with(nodes, |b| b.poll_for(poll_for))
 }
 
+/// Endpoints a node of a test device has unless a test says otherwise.
+pub const TEST_ENDPOINTS: u32 = 8;
+
 /// As `device`, with the configuration's other settings from `set`.
 pub fn device_with(
     nodes: u32,
@@ -54,7 +57,11 @@ pub fn device_with(
         .prefix("ulnic-test-")
         .tempdir()
         .unwrap();
-    let builder = Configuration::builder(Configuration::socket_paths(dir.path(), nodes));
+    // Test devices have 8 endpoints a node unless `set` says otherwise
+    // (the product's default is larger): conformance tests name slots past
+    // the last one and fill a node on purpose.
+    let builder = Configuration::builder(Configuration::socket_paths(dir.path(), nodes))
+        .max_endpoints(TEST_ENDPOINTS);
     let config = set(builder).build().expect("a valid configuration");
     TestDevice {
         dev: Device::start(config).expect("device starts"),

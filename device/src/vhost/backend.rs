@@ -599,7 +599,10 @@ mod tests {
         assert_eq!(resp.status.get(), status::OK);
         assert_eq!(len as usize, size_of::<RespHeader>() + DeviceInfo::SIZE);
         let info = DeviceInfo::decode(&result);
-        assert_eq!((info.node, info.max_endpoints, info.nodes), (0, 8, 1));
+        assert_eq!(
+            (info.node, info.max_endpoints, info.nodes),
+            (0, crate::config::DEFAULT_ENDPOINTS, 1)
+        );
         assert_eq!(info.features, F_IMPLEMENTED);
     }
 
