@@ -92,6 +92,7 @@ pub fn build(
     let _ = std::fs::remove_dir_all(&pool);
     std::fs::create_dir_all(&pool).map_err(|e| Error::io(&pool, e))?;
     let mut roots: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut controls = BTreeMap::new();
     for (name, _) in &closure {
         let deb = debs
             .iter()
@@ -104,48 +105,13 @@ pub fn build(
         let root = pool.join(name);
         apt::extract(deb, &root)?;
         roots.insert(name.clone(), root);
+        controls.insert(name.clone(), Control::of(deb)?);
     }
-    // Every shared library the dependencies hold, by file name.
-    let mut libs: BTreeMap<String, PathBuf> = BTreeMap::new();
-    for root in roots.values() {
-        for f in walk(root)? {
-            let rel = f.strip_prefix(root).unwrap_or(&f);
-            let in_lib = rel
-                .components()
-                .any(|c| c.as_os_str().to_str().is_some_and(|s| s.starts_with("lib")));
-            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if in_lib && name.starts_with("lib") && name.contains(".so") {
-                libs.entry(name.to_string()).or_insert(f.clone());
-            }
-        }
-    }
+    let libs = libraries(&roots)?;
     // The asked-for packages and their parts whole (but their
     // documentation), then the libraries every ELF file of the selection
     // needs, until none is new.
-    let control = |name: &str| -> Result<Control, Error> {
-        let deb = debs
-            .iter()
-            .find(|d| {
-                d.file_name()
-                    .and_then(|f| f.to_str())
-                    .is_some_and(|f| f.starts_with(&format!("{name}_")))
-            })
-            .ok_or_else(|| Error::Resolve(format!("{name} was not downloaded")))?;
-        Control::of(deb)
-    };
-    let mut controls = BTreeMap::new();
-    for (name, _) in &closure {
-        controls.insert(name.clone(), control(name)?);
-    }
-    let has_program = |name: &str| -> Result<bool, Error> {
-        Ok(walk(&roots[name])?.iter().any(|f| {
-            let rel = f.strip_prefix(&roots[name]).unwrap_or(f);
-            ["bin", "sbin", "usr/bin", "usr/sbin"]
-                .iter()
-                .any(|d| rel.parent() == Some(Path::new(d)))
-        }))
-    };
-    let whole = whole_packages(names, &controls, has_program)?;
+    let whole = whole_packages(names, &controls, |n| has_program(&roots[n]))?;
     progress(&format!(
         "      taken whole (named, built from the same source, or what a metapackage stands for): {}",
         whole.iter().cloned().collect::<Vec<_>>().join(", ")
@@ -219,6 +185,35 @@ pub fn build(
         take.len()
     ));
     Ok(out)
+}
+
+/// Every shared library the unpacked packages (`roots`) hold, by file
+/// name.
+fn libraries(roots: &BTreeMap<String, PathBuf>) -> Result<BTreeMap<String, PathBuf>, Error> {
+    let mut libs: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for root in roots.values() {
+        for f in walk(root)? {
+            let rel = f.strip_prefix(root).unwrap_or(&f);
+            let in_lib = rel
+                .components()
+                .any(|c| c.as_os_str().to_str().is_some_and(|s| s.starts_with("lib")));
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if in_lib && name.starts_with("lib") && name.contains(".so") {
+                libs.entry(name.to_string()).or_insert(f.clone());
+            }
+        }
+    }
+    Ok(libs)
+}
+
+/// Whether an unpacked package (at `root`) ships a program.
+fn has_program(root: &Path) -> Result<bool, Error> {
+    Ok(walk(root)?.iter().any(|f| {
+        let rel = f.strip_prefix(root).unwrap_or(f);
+        ["bin", "sbin", "usr/bin", "usr/sbin"]
+            .iter()
+            .any(|d| rel.parent() == Some(Path::new(d)))
+    }))
 }
 
 /// What a package's control file says of its kin.
