@@ -13,7 +13,7 @@ use crate::sock::net::Net;
 use crate::sock::shared_requests::{Request, SharedRequests};
 use crate::sock::stream::{errno, io_err, post_inline, Stream};
 use crate::sock::wire::{self, Hello};
-use crate::types::Payload;
+use crate::types::{Address, Payload};
 
 /// A listening stream socket on a port of this node.
 ///
@@ -192,6 +192,19 @@ impl Listener {
         self.exclusive(|l| l.refused)
     }
 
+    /// Answers a request it will not accept with REFUSE (and why), and
+    /// counts it.
+    fn refuse(&mut self, client: Address, why: i32) {
+        self.refused += 1;
+        let _ = post_inline(
+            &mut self.ep,
+            client,
+            wire::tag(wire::REFUSE, 0),
+            (why as u32).to_le_bytes().as_bytes(),
+            0,
+        );
+    }
+
     fn progress(&mut self) {
         while let Some(m) = self.ep.poll_recv() {
             let (kind, _) = wire::untag(m.tag);
@@ -205,15 +218,7 @@ impl Listener {
                     if self.queue.len() < self.backlog {
                         self.queue.push_back((m.src, m.session, h));
                     } else {
-                        self.refused += 1;
-                        let no = (libc::ECONNREFUSED as u32).to_le_bytes();
-                        let _ = post_inline(
-                            &mut self.ep,
-                            m.src,
-                            wire::tag(wire::REFUSE, 0),
-                            no.as_bytes(),
-                            0,
-                        );
+                        self.refuse(m.src, libc::ECONNREFUSED);
                     }
                 }
                 _ => self.stray += 1,
@@ -289,15 +294,7 @@ impl Listener {
                     // The request is taken: answer it, so that its client
                     // fails now (with why: no endpoint or memory left
                     // here) instead of at its connect timeout.
-                    let why = e.raw_os_error().unwrap_or(libc::ECONNREFUSED) as u32;
-                    let _ = post_inline(
-                        &mut l.ep,
-                        client,
-                        wire::tag(wire::REFUSE, 0),
-                        why.to_le_bytes().as_bytes(),
-                        0,
-                    );
-                    l.refused += 1;
+                    l.refuse(client, e.raw_os_error().unwrap_or(libc::ECONNREFUSED));
                     return Err(e);
                 }
             };

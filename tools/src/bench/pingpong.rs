@@ -970,7 +970,7 @@ fn connect_guest(n: u32) -> io::Result<TcpStream> {
     );
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120);
-    let mut revived = false;
+    let mut reset = false;
     // Each distinct error met while retrying, with how often: a run that
     // never connects should say whether its SYNs went unanswered or the
     // peer's address never resolved.
@@ -984,8 +984,9 @@ fn connect_guest(n: u32) -> io::Result<TcpStream> {
                     Some((_, count)) => *count += 1,
                     None => seen.push((text, 1)),
                 }
-                if !revived && start.elapsed() > DEAF_AFTER {
-                    revived = revive_if_deaf();
+                if !reset && start.elapsed() > DEAF_AFTER {
+                    reset_link();
+                    reset = true;
                 }
                 if Instant::now() > deadline {
                     let tried: Vec<String> =
@@ -1010,8 +1011,8 @@ const DEAF_AFTER: Duration = Duration::from_secs(10);
 /// a receive stall between the VDE segment and the guest's virtio-net,
 /// outside ulnic. Taking the link down and up makes the driver post its
 /// receive buffers and kick the queue again. Done once per leg that has
-/// not met its peer within `DEAF_AFTER`, and said: true (done).
-fn revive_if_deaf() -> bool {
+/// not met its peer within `DEAF_AFTER`, and said.
+fn reset_link() {
     let rx =
         std::fs::read_to_string("/sys/class/net/eth0/statistics/rx_packets").unwrap_or_default();
     eprintln!(
@@ -1032,7 +1033,6 @@ fn revive_if_deaf() -> bool {
             .args(["link", "set", "eth0", state])
             .status();
     }
-    true
 }
 
 /// Prints the guest's view of its Ethernet segment to stderr (addresses
@@ -1077,10 +1077,11 @@ fn accept_within(l: &TcpListener, wait: Duration, guest: bool) -> io::Result<Tcp
     l.set_nonblocking(true)?;
     let start = Instant::now();
     let deadline = start + wait;
-    let mut revived = false;
+    let mut reset = false;
     loop {
-        if guest && !revived && start.elapsed() > DEAF_AFTER {
-            revived = revive_if_deaf();
+        if guest && !reset && start.elapsed() > DEAF_AFTER {
+            reset_link();
+            reset = true;
         }
         match l.accept() {
             Ok((s, _)) => {

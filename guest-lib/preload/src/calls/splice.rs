@@ -174,7 +174,7 @@ fn pipe_to_stream(
         return fail_size(libc::EINVAL);
     }
     let stream_nonblock = s.lock().nonblock;
-    if (nonblock || stream_nonblock) && !writable(c, fd) {
+    if (nonblock || stream_nonblock) && !writable(c, fd, Some(std::time::Duration::ZERO)) {
         return fail_size(libc::EAGAIN);
     }
     if nonblock && !pipe_ready(pipe, libc::POLLIN) {
@@ -192,7 +192,7 @@ fn pipe_to_stream(
         let w = send_on(c, fd, s, &buf[sent..n], 0, None);
         if w < 0 {
             if errno() == libc::EAGAIN {
-                wait_writable(c, fd);
+                writable(c, fd, None);
                 continue;
             }
             // The stream broke: what it did not take is lost with it,
@@ -239,30 +239,15 @@ fn stream_to_pipe(
     taken
 }
 
-/// Whether the stream `fd` could take a byte now.
-fn writable(c: &Ctx, fd: c_int) -> bool {
+/// Whether the stream `fd` can take a byte, waiting up to `wait` (`None`:
+/// until it can, or has failed).
+fn writable(c: &Ctx, fd: c_int, wait: Option<std::time::Duration>) -> bool {
     let mut p = [libc::pollfd {
         fd,
         events: libc::POLLOUT,
         revents: 0,
     }];
-    crate::poll::poll_many(
-        &c.env,
-        &c.table,
-        &mut p,
-        Some(std::time::Duration::ZERO),
-        std::ptr::null(),
-    ) > 0
-}
-
-/// Sleeps until the stream `fd` can take a byte (or has failed).
-fn wait_writable(c: &Ctx, fd: c_int) {
-    let mut p = [libc::pollfd {
-        fd,
-        events: libc::POLLOUT,
-        revents: 0,
-    }];
-    crate::poll::poll_many(&c.env, &c.table, &mut p, None, std::ptr::null());
+    crate::poll::poll_many(&c.env, &c.table, &mut p, wait, std::ptr::null()) > 0
 }
 
 /// Whether the pipe is ready for `events` (`POLLIN`: it has bytes or its
