@@ -71,8 +71,9 @@ pub fn build(
     }
     // The piece is named by what went into it: the packages asked for and
     // every version resolved
-    // (and by the rule that picks what is taken whole: 2).
-    let mut key = format!("rule 2 {}", names.join(","));
+    // (and by the rules that pick what is taken: 3, with empty
+    // directories).
+    let mut key = format!("rule 3 {}", names.join(","));
     for (n, v) in &closure {
         key.push_str(&format!(" {n}={v}"));
     }
@@ -341,7 +342,8 @@ pub fn directory(dir: &Path, guest: &str, out: &Path) -> Result<(), Error> {
     a.finish(&mut file).map_err(|e| Error::io(out, e))
 }
 
-/// Adds `f` (a file or symbolic link) as `name`, with its parents.
+/// Adds `f` (a file, symbolic link or directory) as `name`, with its
+/// parents.
 fn add_path(
     a: &mut Archive,
     dirs: &mut BTreeSet<String>,
@@ -363,7 +365,11 @@ fn add_path(
         }
     }
     let meta = std::fs::symlink_metadata(f).map_err(|e| Error::io(f, e))?;
-    if meta.file_type().is_symlink() {
+    if meta.is_dir() {
+        if dirs.insert(name.to_string()) {
+            a.dir(name);
+        }
+    } else if meta.file_type().is_symlink() {
         let target = std::fs::read_link(f).map_err(|e| Error::io(f, e))?;
         a.symlink(name, &target.to_string_lossy());
     } else {
@@ -374,19 +380,26 @@ fn add_path(
     Ok(())
 }
 
-/// Every file and symbolic link under `dir`.
+/// Every file and symbolic link under `dir`, and every empty directory
+/// (a package's /var/log/nginx: daemons expect the directories their
+/// package ships).
 fn walk(dir: &Path) -> Result<Vec<PathBuf>, Error> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
+        let mut empty = true;
         for e in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
             let e = e.map_err(|e| Error::io(&d, e))?;
+            empty = false;
             let t = e.file_type().map_err(|err| Error::io(e.path(), err))?;
             if t.is_dir() {
                 todo.push(e.path());
             } else {
                 out.push(e.path());
             }
+        }
+        if empty && d != dir {
+            out.push(d);
         }
     }
     out.sort();
@@ -493,11 +506,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir(d.path().join("sub")).unwrap();
         std::fs::write(d.path().join("sub/f"), b"hi").unwrap();
+        // An empty directory comes too (daemons' /var/log/<name>).
+        std::fs::create_dir_all(d.path().join("sub/log/empty")).unwrap();
         let out = d.path().join("x.cpio");
         directory(&d.path().join("sub"), "/opt/app", &out).unwrap();
         let bytes = std::fs::read(&out).unwrap();
         let text = String::from_utf8_lossy(&bytes);
         assert!(text.contains("opt/app/f") && text.contains("TRAILER!!!"));
+        assert!(text.contains("opt/app/log/empty"));
         assert!(directory(d.path(), "/opt/../etc", &out).is_err());
     }
 }

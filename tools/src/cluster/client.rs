@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ulnic_images::Image;
 
 use super::agent::kind;
-use super::protocol::{ClusterStatus, DeviceRestarted, NodeState, Rebooted, Request};
+use super::protocol::{ClusterStatus, DeviceRestarted, JobStatus, NodeState, Rebooted, Request};
 use super::supervisor::{self, finish, request, SuperviseArgs};
 
 /// Boots a cluster in `dir` and returns its status once every guest is
@@ -124,7 +124,14 @@ pub fn exec(dir: &Path, nodes: &[u32], command: &str) -> Vec<(u32, anyhow::Resul
             let dir = dir.to_path_buf();
             let command = command.to_string();
             std::thread::spawn(move || {
-                let mut s = request(&dir, &Request::Exec { node: n, command })?;
+                let mut s = request(
+                    &dir,
+                    &Request::Exec {
+                        node: n,
+                        command,
+                        detach: false,
+                    },
+                )?;
                 let p = || Prefixer {
                     prefix: if prefix {
                         format!("[node {n}] ")
@@ -164,6 +171,35 @@ pub fn exec(dir: &Path, nodes: &[u32], command: &str) -> Vec<(u32, anyhow::Resul
             )
         })
         .collect()
+}
+
+/// Starts `command` on `node` as a background job whose output goes to a
+/// log on the host (`cluster exec --detach`).
+pub fn start_job(dir: &Path, node: u32, command: &str) -> anyhow::Result<JobStatus> {
+    let mut s = request(
+        dir,
+        &Request::Exec {
+            node,
+            command: command.to_string(),
+            detach: true,
+        },
+    )?;
+    let mut job = None;
+    let code = finish(&mut s, |f| {
+        if f.kind == kind::INFO {
+            job = serde_json::from_slice(&f.data).ok();
+        }
+    })?;
+    match job {
+        Some(j) if code == 0 => Ok(j),
+        _ => Err(anyhow::anyhow!("the supervisor did not start the job")),
+    }
+}
+
+/// Sends `signal` to background job `job`'s process group.
+pub fn signal_job(dir: &Path, job: u32, signal: i32) -> anyhow::Result<()> {
+    let mut s = request(dir, &Request::Signal { job, signal })?;
+    finish(&mut s, |_| {}).map(|_| ())
 }
 
 /// Copies local file `local` to `remote` on `node`, keeping its mode.

@@ -16,6 +16,7 @@ use ulnic_device::Device;
 pub mod agent;
 pub mod client;
 pub mod fabric;
+pub mod jobs;
 pub mod protocol;
 pub mod supervisor;
 

@@ -13,11 +13,24 @@ pub enum Request {
     /// The cluster's [`ClusterStatus`].
     Status,
     /// Run a shell command on a node; its output and exit status follow.
+    /// Detached, it becomes a [`JobStatus`]: the answer is an INFO with the
+    /// job, then EXIT 0, and the command keeps running, its output going
+    /// to the job's log on the host.
     Exec {
         /// The node.
         node: u32,
         /// A shell command line.
         command: String,
+        /// Run it as a background job.
+        #[serde(default)]
+        detach: bool,
+    },
+    /// Send a signal to a background job's process group.
+    Signal {
+        /// The job.
+        job: u32,
+        /// The signal number.
+        signal: i32,
     },
     /// Copy `len` bytes, sent after the request, to `path` on a node.
     Put {
@@ -69,7 +82,10 @@ impl Request {
             | Request::Reboot { node, .. }
             | Request::StallControl { node, .. }
             | Request::Pause { node, .. } => Some(*node),
-            Request::Status | Request::RestartDevice { .. } | Request::Down => None,
+            Request::Status
+            | Request::Signal { .. }
+            | Request::RestartDevice { .. }
+            | Request::Down => None,
         }
     }
 }
@@ -117,6 +133,52 @@ pub struct NodeStatus {
     pub console_log: PathBuf,
 }
 
+/// Where a background job is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum JobState {
+    /// Its command (or what still holds its output) runs.
+    Running,
+    /// It ended with this status (128 + signal when killed).
+    Exited {
+        /// The exit status.
+        code: i32,
+    },
+    /// Its node stopped or rebooted, or the agent could not run it.
+    Lost {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobState::Running => f.write_str("running"),
+            JobState::Exited { code } => write!(f, "exited {code}"),
+            JobState::Lost { reason } => write!(f, "lost ({reason})"),
+        }
+    }
+}
+
+/// A command started with `cluster exec --detach`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// Job number (for `cluster kill`).
+    pub job: u32,
+    /// The node it runs on.
+    pub node: u32,
+    /// Its command line.
+    pub command: String,
+    /// Where it is.
+    #[serde(flatten)]
+    pub state: JobState,
+    /// Seconds since it started.
+    pub seconds: f64,
+    /// Its standard output and error, on the host.
+    pub log: PathBuf,
+}
+
 /// A persistent cluster's status (`ulnic cluster status --json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClusterStatus {
@@ -131,6 +193,9 @@ pub struct ClusterStatus {
     pub fabric: String,
     /// Every guest.
     pub nodes: Vec<NodeStatus>,
+    /// Background jobs (`cluster exec --detach`), oldest first.
+    #[serde(default)]
+    pub jobs: Vec<JobStatus>,
 }
 
 /// The answer to [`Request::Reboot`], before its exit status.
@@ -167,5 +232,32 @@ mod tests {
         assert_eq!(r.node(), Some(1));
         assert!(serde_json::from_str::<Request>(r#"{"op":"reboot"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"fly"}"#).is_err());
+        // `detach` is optional: older clients send plain exec requests.
+        let old = r#"{"op":"exec","node":0,"command":"true"}"#;
+        assert_eq!(
+            serde_json::from_str::<Request>(old).unwrap(),
+            Request::Exec {
+                node: 0,
+                command: "true".into(),
+                detach: false
+            }
+        );
+    }
+
+    #[test]
+    fn job_states_flatten_into_the_job() {
+        let j = JobStatus {
+            job: 3,
+            node: 1,
+            command: "nginx".into(),
+            state: JobState::Exited { code: 0 },
+            seconds: 1.5,
+            log: "/tmp/x.log".into(),
+        };
+        let v: serde_json::Value = serde_json::to_value(&j).unwrap();
+        assert_eq!(v["state"], "exited");
+        assert_eq!(v["code"], 0);
+        assert_eq!(serde_json::from_value::<JobStatus>(v).unwrap(), j);
+        assert_eq!(JobState::Exited { code: 137 }.to_string(), "exited 137");
     }
 }

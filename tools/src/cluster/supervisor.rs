@@ -22,6 +22,7 @@ use ulnic_images::vm::{self, VmConfig};
 use ulnic_images::Image;
 
 use super::agent::{kind, read_frame, write_frame, Frame};
+use super::jobs::Jobs;
 use super::protocol::{ClusterStatus, DeviceRestarted, NodeState, NodeStatus, Rebooted, Request};
 use ulnic_device::{Configuration, Device};
 
@@ -85,6 +86,8 @@ struct Sup {
     members: Option<crate::fabric::launch::LocalMembers>,
     /// Each guest's VM configuration (to plug its NIC again).
     vms: Mutex<Vec<VmConfig>>,
+    /// Background jobs (`cluster exec --detach`).
+    jobs: Arc<Jobs>,
 }
 
 /// Options of the supervisor process (`ulnic cluster supervise`).
@@ -204,6 +207,7 @@ impl Sup {
             pid: std::process::id(),
             fabric: self.fabric.clone(),
             nodes,
+            jobs: self.jobs.status(),
         }
     }
 }
@@ -248,6 +252,7 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
         fabric: a.fabric.describe(a.devices),
         members,
         vms: Mutex::new(Vec::new()),
+        jobs: Arc::new(Jobs::new(&a.dir)),
     });
     for n in 0..a.nodes {
         let cfg = VmConfig {
@@ -442,41 +447,21 @@ fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
             reply(&mut conn, kind::INFO, status).map_err(anyhow::Error::from)
         }
         Request::Exec { node: n, .. } | Request::Put { node: n, .. } => {
-            if !matches!(sup.phase(n), Some(Phase::Ready { .. })) {
-                return err(
-                    &mut conn,
-                    format!("node {n} is not ready ({})", phase_name(sup.phase(n))),
-                );
-            }
-            let id = sup.next_id.fetch_add(1, Ordering::Relaxed);
-            let (tx, rx) = mpsc::channel();
-            sup.routes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, (n, tx));
-            let sent = match &req {
-                Request::Exec { command, .. } => sup
-                    .to_agent(n, &Frame::new(kind::EXEC, id, command.as_str()))
-                    .map(|()| watch_hangup(sup, &conn, n, id)),
-                Request::Put {
-                    path, mode, len, ..
-                } => put_file(sup, n, id, (path, *mode, *len), &mut rd),
-                _ => Err(anyhow::anyhow!("not a stream request")),
-            };
-            if let Err(e) = sent {
-                sup.routes
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id);
+            if let Err(e) = serve_stream(sup, &mut conn, &mut rd, &req, n) {
                 return err(&mut conn, format!("{e:#}"));
             }
-            for f in rx {
-                let last = matches!(f.kind, kind::EXIT | kind::ERROR);
-                if write_frame(&mut conn, &Frame::new(f.kind, 0, f.data)).is_err() || last {
-                    break;
-                }
-            }
             Ok(())
+        }
+        Request::Signal { job, signal } => {
+            let sent = sup.jobs.running(job).and_then(|(n, stream)| {
+                sup.to_agent(n, &Frame::new(kind::KILL, stream, signal.to_le_bytes()))
+            });
+            match sent {
+                Ok(()) => {
+                    reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from)
+                }
+                Err(e) => err(&mut conn, format!("{e:#}")),
+            }
         }
         Request::Pause { node: n, paused } => match pause(sup, n, paused) {
             Ok(()) => reply(&mut conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from),
@@ -664,6 +649,83 @@ fn phase_name(p: Option<Phase>) -> String {
 
 /// When the client goes away before its command ends (Ctrl-C), the
 /// command's process group in the guest is killed.
+/// An exec or put on node `n`: the agent's frames for it go back to the
+/// client until EXIT or ERROR (a detached exec answers with its job at
+/// once). An error is the reason to give the client.
+fn serve_stream(
+    sup: &Arc<Sup>,
+    conn: &mut UnixStream,
+    rd: &mut BufReader<UnixStream>,
+    req: &Request,
+    n: u32,
+) -> anyhow::Result<()> {
+    if !matches!(sup.phase(n), Some(Phase::Ready { .. })) {
+        anyhow::bail!("node {n} is not ready ({})", phase_name(sup.phase(n)));
+    }
+    let id = sup.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::channel();
+    sup.routes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, (n, tx));
+    if let Request::Exec {
+        command,
+        detach: true,
+        ..
+    } = req
+    {
+        let job = start_job(sup, n, id, command, rx)?;
+        let _ = reply(conn, kind::INFO, serde_json::to_string(&job)?);
+        return reply(conn, kind::EXIT, 0i32.to_le_bytes()).map_err(anyhow::Error::from);
+    }
+    let sent = match req {
+        Request::Exec { command, .. } => sup
+            .to_agent(n, &Frame::new(kind::EXEC, id, command.as_str()))
+            .map(|()| watch_hangup(sup, conn, n, id)),
+        Request::Put {
+            path, mode, len, ..
+        } => put_file(sup, n, id, (path, *mode, *len), rd),
+        _ => Err(anyhow::anyhow!("not a stream request")),
+    };
+    if let Err(e) = sent {
+        sup.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        return Err(e);
+    }
+    for f in rx {
+        let last = matches!(f.kind, kind::EXIT | kind::ERROR);
+        if write_frame(conn, &Frame::new(f.kind, 0, f.data)).is_err() || last {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Starts `command` on node `n` as a background job on agent stream
+/// `id` (already routed to `frames`): its output goes to the job's log.
+fn start_job(
+    sup: &Arc<Sup>,
+    n: u32,
+    id: u32,
+    command: &str,
+    frames: mpsc::Receiver<Frame>,
+) -> anyhow::Result<super::protocol::JobStatus> {
+    let started = sup.jobs.start(n, id, command, frames).and_then(|job| {
+        sup.to_agent(n, &Frame::new(kind::EXEC, id, command))
+            .map(|()| job)
+    });
+    if started.is_err() {
+        // Its recorder then ends the job as lost.
+        sup.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+    started
+}
+
 fn watch_hangup(sup: &Arc<Sup>, conn: &UnixStream, n: u32, id: u32) {
     let Ok(mut c) = conn.try_clone() else { return };
     let sup = sup.clone();

@@ -47,15 +47,27 @@ pub enum ClusterCmd {
     /// several nodes: the first non-zero). ULNIC_NODE and ULNIC_NODES are
     /// set. Ctrl-C kills the command in the guest.
     ///
+    /// With --detach the command becomes a background job: exec returns at
+    /// once with the job's number, the command keeps running (in its own
+    /// process group), and its output goes to a log on the host that
+    /// `cluster status` names, with the job's state. `cluster kill JOB`
+    /// signals it. Run daemons in the foreground (`nginx -g 'daemon off;'`,
+    /// `sshd -D`): one that forks away into its own session leaves the job
+    /// (which then ends) and `cluster kill` cannot reach it.
+    ///
     /// Examples:
     ///   ulnic cluster exec 1 -- ulnic recv --port 5
     ///   ulnic cluster exec all -- 'echo $ULNIC_NODE; uname -r'
+    ///   ulnic cluster exec --detach 1 -- nginx -g 'daemon off;'
     #[command(verbatim_doc_comment)]
     Exec {
         /// A node number, or `all`.
         target: String,
         #[command(flatten)]
         name: ClusterName,
+        /// Start it as a background job and return.
+        #[arg(long)]
+        detach: bool,
         /// The command (a shell command line; words are joined).
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -160,6 +172,22 @@ pub enum ClusterCmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Send a signal to a background job (`cluster exec --detach`): to
+    /// its whole process group in the guest.
+    ///
+    /// Examples:
+    ///   ulnic cluster kill 3
+    ///   ulnic cluster kill 3 --signal KILL
+    #[command(verbatim_doc_comment)]
+    Kill {
+        /// The job's number (`cluster status` lists them).
+        job: u32,
+        /// A signal name (TERM, KILL, INT, HUP, QUIT, USR1, USR2) or number.
+        #[arg(long, default_value = "TERM", value_parser = parse_signal)]
+        signal: i32,
+        #[command(flatten)]
+        name: ClusterName,
     },
     /// Stop every guest, the device and the supervisor.
     Down {
@@ -286,8 +314,20 @@ pub fn run(c: ClusterCmd) -> anyhow::Result<()> {
         ClusterCmd::Exec {
             target,
             name,
+            detach: false,
             command,
         } => exec(&name.name, &target, &shell_join(&command)?),
+        ClusterCmd::Exec {
+            target,
+            name,
+            detach: true,
+            command,
+        } => detach(&name.name, &target, &shell_join(&command)?),
+        ClusterCmd::Kill { job, signal, name } => {
+            client::signal_job(&state_dir(&name.name), job, signal)?;
+            eprintln!("job {job}: sent signal {signal}");
+            Ok(())
+        }
         ClusterCmd::Put {
             target,
             local,
@@ -413,6 +453,52 @@ fn exec(name: &str, target: &str, command: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cluster exec --detach`: one job per node, each named with its log.
+fn detach(name: &str, target: &str, command: &str) -> anyhow::Result<()> {
+    let dir = state_dir(name);
+    for n in client::nodes_of(&dir, target)? {
+        let j = client::start_job(&dir, n, command)?;
+        eprintln!(
+            "[node {n}] job {} started; output in {}",
+            j.job,
+            j.log.display()
+        );
+    }
+    Ok(())
+}
+
+/// A signal by name (with or without SIG) or number.
+fn parse_signal(s: &str) -> Result<i32, String> {
+    if let Ok(n) = s.parse::<i32>() {
+        return if (1..=64).contains(&n) {
+            Ok(n)
+        } else {
+            Err(format!("no signal {n}"))
+        };
+    }
+    let name = s.to_ascii_uppercase();
+    let name = name.strip_prefix("SIG").unwrap_or(&name);
+    [
+        ("TERM", libc::SIGTERM),
+        ("KILL", libc::SIGKILL),
+        ("INT", libc::SIGINT),
+        ("HUP", libc::SIGHUP),
+        ("QUIT", libc::SIGQUIT),
+        ("USR1", libc::SIGUSR1),
+        ("USR2", libc::SIGUSR2),
+        ("STOP", libc::SIGSTOP),
+        ("CONT", libc::SIGCONT),
+    ]
+    .iter()
+    .find(|(n, _)| *n == name)
+    .map(|&(_, v)| v)
+    .ok_or_else(|| {
+        format!(
+            "unknown signal '{s}' (TERM, KILL, INT, HUP, QUIT, USR1, USR2, STOP, CONT or a number)"
+        )
+    })
+}
+
 /// `cluster put`.
 fn put(name: &str, target: &str, local: &Path, remote: Option<String>) -> anyhow::Result<()> {
     let dir = state_dir(name);
@@ -482,6 +568,18 @@ fn status_table(name: &str, s: &crate::cluster::protocol::ClusterStatus) -> Stri
                 .unwrap_or_default(),
             n.boots,
             n.console_log.display()
+        );
+    }
+    for j in &s.jobs {
+        outln!(
+            out,
+            "  job {} on node {}: {} after {:.0} s  log {}\n    {}",
+            j.job,
+            j.node,
+            j.state,
+            j.seconds,
+            j.log.display(),
+            j.command
         );
     }
     out
@@ -835,11 +933,13 @@ mod tests {
             target,
             name,
             command,
+            detach,
         } = parse(&["exec", "all", "--name", "ci", "--", "echo", "$ULNIC_NODE"]).unwrap()
         else {
             panic!()
         };
         assert_eq!((target.as_str(), name.name.as_str()), ("all", "ci"));
+        assert!(!detach);
         assert_eq!(command, ["echo", "$ULNIC_NODE"]);
         // Flags after `--` are the command's.
         let ClusterCmd::Run { opts, command } =
@@ -884,6 +984,25 @@ mod tests {
             parse(&["status", "--json"]).unwrap(),
             ClusterCmd::Status { json: true, .. }
         ));
+        let ClusterCmd::Kill { job, signal, .. } = parse(&["kill", "3"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!((job, signal), (3, libc::SIGTERM));
+        let ClusterCmd::Kill { signal, .. } = parse(&["kill", "3", "--signal", "sigkill"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(signal, libc::SIGKILL);
+        assert!(parse(&["kill", "3", "--signal", "FLY"]).is_err());
+        assert!(parse(&["kill", "3", "--signal", "99"]).is_err());
+        let ClusterCmd::Exec {
+            detach, command, ..
+        } = parse(&["exec", "--detach", "1", "--", "sleep", "9"]).unwrap()
+        else {
+            panic!()
+        };
+        assert!(detach);
+        assert_eq!(command, ["sleep", "9"]);
         assert!(matches!(
             parse(&["down", "--name", "x"]).unwrap(),
             ClusterCmd::Down { name } if name.name == "x"
@@ -1065,13 +1184,23 @@ mod tests {
                     console_log: "/run/ulnic/ci/node1.console.log".into(),
                 },
             ],
+            jobs: vec![crate::cluster::protocol::JobStatus {
+                job: 1,
+                node: 0,
+                command: "nginx -g 'daemon off;'".into(),
+                state: crate::cluster::protocol::JobState::Running,
+                seconds: 12.4,
+                log: "/run/ulnic/ci/jobs/job1-node0.log".into(),
+            }],
         };
         assert_eq!(
             status_table("ci", &s),
             "cluster 'ci' (tcg), /run/ulnic/ci\n\
              \x20 fabric: topology two-switches.toml\n\
              \x20 node 0: ready (booted in 4.6 s)  boots 1  log /run/ulnic/ci/node0.console.log\n\
-             \x20 node 1: stopped: QEMU exited  boots 2  log /run/ulnic/ci/node1.console.log\n"
+             \x20 node 1: stopped: QEMU exited  boots 2  log /run/ulnic/ci/node1.console.log\n\
+             \x20 job 1 on node 0: running after 12 s  log /run/ulnic/ci/jobs/job1-node0.log\n\
+             \x20   nginx -g 'daemon off;'\n"
         );
     }
 }

@@ -1,0 +1,327 @@
+//! Debian's own servers as daemons between two guests, unmodified, over
+//! ulnic (the LD_PRELOAD layer), started as background jobs
+//! (`cluster exec --detach`) on a cluster with the default settings:
+//! - Apache's prefork MPM (a master that listens, workers forked before
+//!   any connection, each serving one connection at a time, retired after
+//!   three and forked again) serving a 10 MiB file, sha256-checked, to 8
+//!   clients at once, with sendfile on and off;
+//! - nginx with its packaged configuration (/etc/nginx/nginx.conf: user
+//!   www-data, its log directories), serving its welcome page and the
+//!   same file.
+//!
+//! Each server's eth0 counters show the bytes did not go through the
+//! kernel's network.
+use std::process::{Command, Output};
+
+const LAYER: &str = "LD_PRELOAD=/lib/libulnic_preload.so ULNIC_INET=10.81.0.0/24";
+const BIG: &str = "/srv/www/big.bin";
+const ROUNDS: usize = 2;
+const PARALLEL: usize = 8;
+
+fn name() -> String {
+    format!("test-daemons-{}", std::process::id())
+}
+
+fn ulnic(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ulnic"))
+        .args(args)
+        .output()
+        .expect("ulnic runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `cmd` on `node`; its standard output, or a panic with everything.
+fn exec(node: &str, cmd: &str) -> String {
+    let o = ulnic(&["cluster", "exec", node, "--name", &name(), "--", cmd]);
+    assert!(o.status.success(), "{cmd}:\n{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn put(node: &str, contents: &str, remote: &str) {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), contents).unwrap();
+    let o = ulnic(&[
+        "cluster",
+        "put",
+        node,
+        f.path().to_str().unwrap(),
+        remote,
+        "--name",
+        &name(),
+    ]);
+    assert!(o.status.success(), "put {remote}:\n{}", text(&o));
+}
+
+fn status() -> serde_json::Value {
+    let o = ulnic(&["cluster", "status", "--name", &name(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Starts `cmd` on node 1 as a background job; its number.
+fn detach(cmd: &str) -> u64 {
+    let o = ulnic(&[
+        "cluster",
+        "exec",
+        "--detach",
+        "1",
+        "--name",
+        &name(),
+        "--",
+        cmd,
+    ]);
+    assert!(o.status.success(), "exec --detach:\n{}", text(&o));
+    let s = status();
+    let job = s["jobs"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(job["command"], cmd, "{s}");
+    job["job"].as_u64().unwrap()
+}
+
+/// Waits until `check` succeeds on node 1, or fails with the job's log.
+fn wait_for(check: &str, job: u64, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let o = ulnic(&["cluster", "exec", "1", "--name", &name(), "--", check]);
+        if o.status.success() {
+            return;
+        }
+        let s = status();
+        let j = &s["jobs"][job as usize - 1];
+        if j["state"] != "running" || std::time::Instant::now() > deadline {
+            let log = std::fs::read_to_string(j["log"].as_str().unwrap()).unwrap_or_default();
+            panic!("no {what}: job {j}\nits log:\n{log}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+}
+
+/// Stops job `job` and checks `cluster status` saw it end.
+fn stop(job: u64) {
+    let o = ulnic(&["cluster", "kill", &job.to_string(), "--name", &name()]);
+    assert!(o.status.success(), "kill:\n{}", text(&o));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let s = status();
+        let j = &s["jobs"][job as usize - 1];
+        if j["state"] == "exited" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "job still {j}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// eth0's received and sent packets on node 1.
+fn eth0_packets() -> (u64, u64) {
+    let out = exec("1", "grep eth0: /proc/net/dev");
+    let f: Vec<u64> = out
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    (f[1], f[9])
+}
+
+/// `ROUNDS` rounds of `PARALLEL` fetches of `url` at once from node 0
+/// under the layer: one line per fetch, "sha256 size".
+fn fetch_all(url: &str) -> Vec<String> {
+    let script = format!(
+        "for r in $(seq {ROUNDS}); do for i in $(seq {PARALLEL}); do \
+           ( s=$({LAYER} curl -sS -w '%{{stderr}}%{{size_download}}' {url} 2>/tmp/size$i \
+               | sha256sum | cut -d' ' -f1); echo \"$s $(cat /tmp/size$i)\" ) & \
+         done; wait; done"
+    );
+    exec("0", &script).lines().map(str::to_string).collect()
+}
+
+fn assert_all_fetched(lines: &[String], sha: &str, what: &str) {
+    assert_eq!(lines.len(), ROUNDS * PARALLEL, "{what}: {lines:?}");
+    for l in lines {
+        assert_eq!(l, &format!("{sha} 10485760"), "{what}: {lines:?}");
+    }
+}
+
+const HTTPD_CONF: &str = "\
+ServerRoot /srv
+ServerName node1
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+Listen 0.0.0.0:8080
+User www-data
+Group www-data
+PidFile /run/httpd-test.pid
+Mutex file:/run default
+ErrorLog /tmp/httpd-error.log
+LogFormat \"%P %>s %B %U\" workers
+CustomLog /tmp/httpd-access.log workers
+DocumentRoot /srv/www
+<Directory /srv/www>
+    Require all granted
+</Directory>
+StartServers 4
+MinSpareServers 4
+MaxSpareServers 8
+MaxRequestWorkers 16
+MaxConnectionsPerChild 3
+";
+
+/// Apache prefork with sendfile `on`: every fetch whole, served by at
+/// least 4 workers, none of it on eth0.
+fn apache_prefork(sendfile: &str, sha: &str) {
+    put(
+        "1",
+        &format!("{HTTPD_CONF}EnableSendfile {sendfile}\n"),
+        "/etc/httpd-test.conf",
+    );
+    exec("1", ": > /tmp/httpd-access.log");
+    let job = detach(&format!(
+        "{LAYER} apache2 -f /etc/httpd-test.conf -DFOREGROUND"
+    ));
+    // The master and its four workers.
+    wait_for(
+        "[ $(ps | grep -c '^ *[0-9]* www-data *apache2 -f /etc/httpd-test') -ge 4 ]",
+        job,
+        "Apache workers",
+    );
+    let before = eth0_packets();
+    let got = fetch_all("http://node1:8080/big.bin");
+    let after = eth0_packets();
+    assert_all_fetched(&got, sha, &format!("Apache, sendfile {sendfile}"));
+    let log = exec("1", "cat /tmp/httpd-access.log");
+    let mut workers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.ends_with(" /big.bin"))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(workers.len(), ROUNDS * PARALLEL, "{log}");
+    workers.sort();
+    workers.dedup();
+    eprintln!(
+        "Apache prefork, sendfile {sendfile}: {} fetches of 10 MiB by {} workers; eth0 {:?} -> {:?}",
+        ROUNDS * PARALLEL,
+        workers.len(),
+        before,
+        after
+    );
+    assert!(workers.len() >= 4, "workers {workers:?}\n{log}");
+    assert!(
+        after.0 - before.0 < 100 && after.1 - before.1 < 100,
+        "the bytes went over eth0: {before:?} -> {after:?}"
+    );
+    stop(job);
+}
+
+/// nginx as Debian packages it: its own nginx.conf, workers as www-data,
+/// logs in /var/log/nginx.
+fn nginx_packaged(sha: &str) {
+    // What nginx-common's postinst would do (maintainer scripts are not
+    // run in the guests): enable the default site, make its index page.
+    exec(
+        "1",
+        "ln -sf /etc/nginx/sites-available/default /etc/nginx/sites-enabled/default && \
+         mkdir -p /var/www/html && \
+         cp /usr/share/nginx/html/index.html /var/www/html/index.nginx-debian.html && \
+         cp /srv/www/big.bin /var/www/html/",
+    );
+    let job = detach(&format!("{LAYER} nginx -g 'daemon off;'"));
+    wait_for(
+        "ps | grep -q '^ *[0-9]* www-data *nginx: worker'",
+        job,
+        "nginx worker",
+    );
+    let page = exec(
+        "0",
+        &format!("{LAYER} curl -sS http://node1/ && {LAYER} curl -sS -o /dev/null -w '%{{http_code}}' http://node1/absent"),
+    );
+    assert!(page.contains("Welcome to nginx!"), "{page}");
+    assert!(page.ends_with("404"), "{page}");
+    assert_all_fetched(&fetch_all("http://node1/big.bin"), sha, "nginx");
+    let who = exec("1", "ps | grep 'nginx: ' | grep -v grep");
+    assert!(
+        who.lines()
+            .any(|l| l.contains("root") && l.contains("master"))
+            && who
+                .lines()
+                .filter(|l| l.contains("worker"))
+                .all(|l| l.contains("www-data")),
+        "nginx's processes:\n{who}"
+    );
+    let log = exec("1", "cat /var/log/nginx/access.log");
+    assert_eq!(
+        log.lines().filter(|l| l.contains("GET /big.bin")).count(),
+        ROUNDS * PARALLEL,
+        "{log}"
+    );
+    stop(job);
+}
+
+#[test]
+fn debian_daemons_serve_between_guests() {
+    let n = name();
+    struct Down(String);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = ulnic(&["cluster", "down", "--name", &self.0]);
+        }
+    }
+    let _down = Down(n.clone());
+    let up = ulnic(&[
+        "cluster",
+        "up",
+        "--nodes",
+        "2",
+        "--accel",
+        "tcg",
+        "--packages",
+        "apache2-bin,nginx,curl",
+        "--name",
+        &n,
+    ]);
+    assert!(up.status.success(), "cluster up:\n{}", text(&up));
+    // A job's output lands in its log; its end is recorded.
+    let job = detach("echo started; sleep 1; echo done >&2; exit 3");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let j = loop {
+        let s = status();
+        let j = s["jobs"][job as usize - 1].clone();
+        if j["state"] != "running" || std::time::Instant::now() > deadline {
+            break j;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(
+        (&j["state"], &j["code"]),
+        (&"exited".into(), &3.into()),
+        "{j}"
+    );
+    let log = std::fs::read_to_string(j["log"].as_str().unwrap()).unwrap();
+    assert_eq!(log, "started\ndone\n");
+    let o = ulnic(&["cluster", "kill", &job.to_string(), "--name", &n]);
+    assert!(
+        !o.status.success() && text(&o).contains("is not running: exited 3"),
+        "{}",
+        text(&o)
+    );
+    let sha = exec(
+        "1",
+        &format!("mkdir -p /srv/www && head -c 10485760 /dev/urandom > {BIG} && sha256sum {BIG}"),
+    );
+    let sha = sha.split_whitespace().next().unwrap().to_string();
+    apache_prefork("On", &sha);
+    apache_prefork("Off", &sha);
+    nginx_packaged(&sha);
+    let table = ulnic(&["cluster", "status", "--name", &n]);
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(
+        table.contains("job 4 on node 1: exited") && table.contains("jobs/job4-node1.log"),
+        "{table}"
+    );
+}
