@@ -375,6 +375,47 @@ fn many_connections_at_once_each_keep_their_own_bytes() {
 }
 
 #[test]
+fn connections_shrink_under_memory_pressure_and_keep_their_bytes() {
+    // 32 MiB of endpoint memory a node held 30 connections of 1 MiB; as it
+    // fills, new connections get smaller buffers (docs/sockets.md §3), so
+    // 250 fit, each still carrying more than its buffers hold.
+    const N: usize = 250;
+    let dev = common::device_with(2, |c| c.max_endpoints(512));
+    let attach = |n| Nic::attach_with_memory(&dev.socket(n), 32 << 20).unwrap();
+    let (na, nb) = (attach(0), attach(1));
+    let a = Net::new(&na, SockConfig::default()).unwrap();
+    let b = Net::new(&nb, SockConfig::default()).unwrap();
+    let mut l = Listener::bind(&b, 15, 512).unwrap();
+    let server = thread::spawn(move || {
+        let mut conns: Vec<Stream> = (0..N).map(|_| l.accept().unwrap().0).collect();
+        for s in &mut conns {
+            let mut buf = vec![0u8; 20_000];
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        }
+        conns
+    });
+    let mut clients: Vec<Stream> = (0..N)
+        .map(|i| {
+            Stream::connect(&a, SockAddr { node: 1, port: 15 })
+                .unwrap_or_else(|e| panic!("connection {i}: {e}"))
+        })
+        .collect();
+    let pd = na.alloc_pd().unwrap();
+    let (used, limit) = pd.memory_use().unwrap();
+    assert!(used * 2 >= limit && used <= limit, "{used} of {limit}");
+    for (i, c) in clients.iter_mut().enumerate() {
+        c.write_all(&pattern(500 + i as u64, 0, 20_000)).unwrap();
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut back = vec![0u8; 20_000];
+        c.read_exact(&mut back).unwrap();
+        assert!(back == pattern(500 + i as u64, 0, 20_000), "connection {i}");
+    }
+    drop(server.join().unwrap());
+}
+
+#[test]
 fn sides_with_different_buffer_sizes_keep_every_byte() {
     // The server's hello offers buffers four times the client's send
     // slots: the client must still send no more than a slot holds.

@@ -368,6 +368,40 @@ static u64 ulnic_mem_limit(void)
 	return mb ? mb << 20 : ((u64)totalram_pages() << PAGE_SHIFT) / 4;
 }
 
+/*
+ * The endpoint memory budget in sysfs (spec 9), so libraries can size new
+ * endpoints before the budget runs out. The misc device's drvdata is its
+ * struct miscdevice.
+ */
+static struct ulnic *ulnic_of_dev(struct device *dev)
+{
+	struct miscdevice *misc = dev_get_drvdata(dev);
+
+	return container_of(misc, struct ulnic, misc);
+}
+
+static ssize_t mem_bytes_show(struct device *dev, struct device_attribute *attr,
+			      char *buf)
+{
+	return sysfs_emit(buf, "%lld\n",
+			  (long long)atomic64_read(&ulnic_of_dev(dev)->mem_bytes));
+}
+static DEVICE_ATTR_RO(mem_bytes);
+
+static ssize_t mem_limit_bytes_show(struct device *dev,
+				    struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%llu\n", (unsigned long long)ulnic_mem_limit());
+}
+static DEVICE_ATTR_RO(mem_limit_bytes);
+
+static struct attribute *ulnic_attrs[] = {
+	&dev_attr_mem_bytes.attr,
+	&dev_attr_mem_limit_bytes.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(ulnic);
+
 /* Frees @ep and gives its size back to @u's budget (a leaked one keeps it). */
 static void ulnic_free_ep(struct ulnic *u, struct ulnic_ep *ep)
 {
@@ -1365,6 +1399,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	u->misc.name = u->name;
 	u->misc.fops = &ulnic_fops;
 	u->misc.mode = 0666;
+	u->misc.groups = ulnic_groups;
 	err = misc_register(&u->misc);
 	if (err)
 		goto err_ida;

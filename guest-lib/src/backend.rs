@@ -126,6 +126,12 @@ pub(crate) trait Domain: Send + Sync {
     /// Gives the domain a UTLB of `entries` entries (driver: allocates the
     /// table, UTLB_SET_TABLE).
     fn utlb_init(&self, entries: u32) -> Result<(), Error>;
+    /// The endpoint memory the device holds now and the most it may
+    /// (bytes), where the backend bounds it: the driver's budget (spec
+    /// §9, sysfs), the attachment's shared memory. `None`: unknown.
+    fn memory_use(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// Installs the `count` pages from virtual address `va` at entries
     /// `first..first+count` (driver: pins them, writes the table,
     /// UTLB_INVALIDATE, unpins what was there). The library guarantees no

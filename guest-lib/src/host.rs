@@ -154,6 +154,11 @@ impl Domain for HostDomain {
         Ok(self.hw.take_notified())
     }
 
+    fn memory_use(&self) -> Option<(u64, u64)> {
+        let m = self.hw.memory();
+        Some((m.in_use() as u64, m.len() as u64))
+    }
+
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error> {
         let b = self.hw.memory().alloc(bytes)?;
         lock(&self.user).insert(b.ptr.as_ptr() as usize, b);

@@ -72,6 +72,8 @@ pub(crate) fn device_info(path: &Path) -> Result<DeviceInfo, Error> {
 pub(crate) struct KernelDomain {
     file: File,
     info: DeviceInfo,
+    /// The device's sysfs directory (`/sys/class/misc/ulnicN`).
+    sysfs: std::path::PathBuf,
     /// The file's doorbell page and doorbell bitmap mapped here (spec §9),
     /// both or neither; null when doorbells go through `IOC_KICK`.
     doorbell: *mut u8,
@@ -92,9 +94,11 @@ impl KernelDomain {
             .write(true)
             .open(path)
             .map_err(Error::Os)?;
+        let name = path.file_name().unwrap_or_default();
         let mut domain = KernelDomain {
             file,
             info,
+            sysfs: Path::new("/sys/class/misc").join(name),
             doorbell: std::ptr::null_mut(),
             doorbell_bits: std::ptr::null_mut(),
         };
@@ -214,6 +218,17 @@ impl Domain for KernelDomain {
 
     fn notification_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.file.as_raw_fd())
+    }
+
+    fn memory_use(&self) -> Option<(u64, u64)> {
+        let read = |f: &str| -> Option<u64> {
+            std::fs::read_to_string(self.sysfs.join(f))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        Some((read("mem_bytes")?, read("mem_limit_bytes")?))
     }
 
     fn take_notified(&self) -> Result<Vec<u32>, Error> {

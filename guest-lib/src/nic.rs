@@ -291,6 +291,23 @@ impl ProtectionDomain {
         self.inner.take_notified()
     }
 
+    /// The endpoint memory the device holds now (every domain's, bytes)
+    /// and the most it may hold: in a guest the driver's budget (spec §9),
+    /// under host attach the attachment's shared memory. `None` when the
+    /// driver does not say (an older one).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// if let Some((used, limit)) = pd.memory_use() {
+    ///     println!("{} of {} MiB", used >> 20, limit >> 20);
+    /// }
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn memory_use(&self) -> Option<(u64, u64)> {
+        self.inner.memory_use()
+    }
+
     /// Creates an endpoint: allocates and registers its rings and segment.
     ///
     /// ```no_run

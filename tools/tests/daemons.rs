@@ -9,6 +9,9 @@
 //!   www-data, its log directories), serving its welcome page and the
 //!   same file.
 //!
+//! - 1,000 connections open at once between one server process and one
+//!   client process.
+//!
 //! Each server's eth0 counters show the bytes did not go through the
 //! kernel's network.
 use std::process::{Command, Output};
@@ -263,6 +266,74 @@ fn nginx_packaged(sha: &str) {
     stop(job);
 }
 
+/// 1,000 connections open at once between the guests with the default
+/// settings: one server process holds them all in one epoll set, one
+/// client process opens them all before it sends on any, then checks
+/// every echo. Each connection is an endpoint (1,024 a node by default)
+/// and its buffers shrink as the driver's endpoint memory fills.
+fn thousand_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("sockcheck");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../guest-lib/preload/tests/progs/sockcheck.c"
+    );
+    let cc = Command::new("gcc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", src, "-o"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "gcc sockcheck.c:\n{}", text(&cc));
+    let o = ulnic(&[
+        "cluster",
+        "put",
+        "all",
+        bin.to_str().unwrap(),
+        "/bin/sockcheck",
+        "--name",
+        &name(),
+    ]);
+    assert!(o.status.success(), "cluster put:\n{}", text(&o));
+    let job = detach(&format!("{LAYER} sockcheck hold-server 7600 1000"));
+    let log = |job: u64| {
+        let s = status();
+        let j = s["jobs"][job as usize - 1].clone();
+        let text = std::fs::read_to_string(j["log"].as_str().unwrap()).unwrap_or_default();
+        (j, text)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !log(job).1.contains("ready") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server: {:?}",
+            log(job)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let clients = exec(
+        "0",
+        &format!("{LAYER} sockcheck hold-clients 10.81.0.2 7600 1000"),
+    );
+    assert!(
+        clients.contains("ok 1000 connections open at once, each echoed"),
+        "{clients}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (j, text) = loop {
+        let (j, text) = log(job);
+        if j["state"] != "running" || std::time::Instant::now() > deadline {
+            break (j, text);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(j["code"], 0, "{j}\n{text}");
+    assert!(
+        text.contains("ok hold-server: 1000 connections, 1000 open at once"),
+        "{text}"
+    );
+    eprintln!("{}", text.trim());
+}
+
 #[test]
 fn debian_daemons_serve_between_guests() {
     let n = name();
@@ -315,13 +386,14 @@ fn debian_daemons_serve_between_guests() {
         &format!("mkdir -p /srv/www && head -c 10485760 /dev/urandom > {BIG} && sha256sum {BIG}"),
     );
     let sha = sha.split_whitespace().next().unwrap().to_string();
+    thousand_connections();
     apache_prefork("On", &sha);
     apache_prefork("Off", &sha);
     nginx_packaged(&sha);
     let table = ulnic(&["cluster", "status", "--name", &n]);
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(
-        table.contains("job 4 on node 1: exited") && table.contains("jobs/job4-node1.log"),
+        table.contains("job 5 on node 1: exited") && table.contains("jobs/job5-node1.log"),
         "{table}"
     );
 }

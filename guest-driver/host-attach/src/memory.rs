@@ -104,6 +104,12 @@ impl DmaMemory {
         self.len == 0
     }
 
+    /// Bytes allocated now (whole pages).
+    pub fn in_use(&self) -> usize {
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        self.len - free.iter().map(|&(_, n)| n * PAGE).sum::<usize>()
+    }
+
     /// Where the memory is mapped in this process.
     pub fn host_base(&self) -> *mut u8 {
         self.base as *mut u8

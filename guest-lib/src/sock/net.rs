@@ -19,6 +19,74 @@ const DATAGRAM_SEND_SLOTS: u32 = 8;
 /// Tries at finding a free port before giving up.
 const PORT_TRIES: u32 = 512;
 
+/// The sizes of one stream connection's buffers, chosen by its side when
+/// it is made (docs/sockets.md §3, "Sizes"); its hello tells the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// Receive buffers posted: messages the peer may have in flight.
+    pub credits: u32,
+    /// Bytes per buffer (receive and send alike).
+    pub buffer: u32,
+    /// Send slots, a power of two.
+    pub send_slots: u32,
+}
+
+/// A connection's buffers when the device's endpoint memory is half
+/// used or more (a cap: smaller settings stay).
+const SMALLEST: Shape = Shape {
+    credits: 4,
+    buffer: 8 << 10,
+    send_slots: 2,
+};
+
+impl Shape {
+    /// The configured sizes: what a connection gets while memory is
+    /// plentiful.
+    fn full(c: &SockConfig) -> Shape {
+        Shape {
+            credits: c.credits,
+            buffer: c.buffer,
+            send_slots: c.send_slots,
+        }
+    }
+
+    /// The smallest connection `self` allows.
+    fn smallest(self) -> Shape {
+        Shape {
+            credits: self.credits.min(SMALLEST.credits),
+            buffer: self.buffer.min(SMALLEST.buffer),
+            send_slots: self.send_slots.min(SMALLEST.send_slots),
+        }
+    }
+
+    /// What a new connection gets when the device's endpoint memory is
+    /// `used` of `limit` bytes, as a kernel shrinks socket buffers under
+    /// memory pressure: the full size below a quarter, buffers a quarter
+    /// the size (at least 8 KiB) below half, the smallest beyond.
+    pub fn for_pressure(self, used: u64, limit: u64) -> Shape {
+        if used.saturating_mul(4) < limit {
+            self
+        } else if used.saturating_mul(2) < limit {
+            Shape {
+                buffer: (self.buffer / 4).max(SMALLEST.buffer).min(self.buffer) & !4095,
+                ..self
+            }
+        } else {
+            self.smallest()
+        }
+    }
+
+    /// The segment: receive buffers, then send slots.
+    fn segment_bytes(&self) -> usize {
+        ((self.credits + self.send_slots) * self.buffer) as usize
+    }
+
+    /// Where send slot `i` is in the segment.
+    pub fn send_slot(&self, i: u32) -> u64 {
+        u64::from(self.credits + i % self.send_slots) * u64::from(self.buffer)
+    }
+}
+
 /// The sockets of one process: made from one NIC and one protection
 /// domain. Cheap to clone; every socket keeps its own.
 ///
@@ -157,14 +225,29 @@ impl Net {
     }
 
     /// A stream connection's endpoint, bound to a free connection port,
-    /// its receive buffers posted: the endpoint and `k` of its port.
-    pub(crate) fn stream_endpoint(&self) -> Result<(Endpoint, u32), Error> {
-        let c = &self.inner.cfg;
+    /// its receive buffers posted: the endpoint, `k` of its port and its
+    /// buffers' sizes (smaller as the device's endpoint memory fills; the
+    /// smallest when the full one is refused for memory).
+    pub(crate) fn stream_endpoint(&self) -> Result<(Endpoint, u32, Shape), Error> {
+        let full = Shape::full(&self.inner.cfg);
+        let shape = match self.inner.pd.memory_use() {
+            Some((used, limit)) => full.for_pressure(used, limit),
+            None => full,
+        };
+        match self.stream_endpoint_of(shape) {
+            Err(e) if e.errno() == libc::ENOMEM && shape != shape.smallest() => {
+                self.stream_endpoint_of(shape.smallest())
+            }
+            r => r,
+        }
+    }
+
+    fn stream_endpoint_of(&self, c: Shape) -> Result<(Endpoint, u32, Shape), Error> {
         let mut ep = self.endpoint(EndpointConfig {
             send_entries: c.send_slots,
             recv_entries: (c.credits + 16).next_power_of_two(),
             free_entries: c.credits.next_power_of_two(),
-            segment_bytes: ((c.credits + c.send_slots) * c.buffer) as usize,
+            segment_bytes: c.segment_bytes(),
         })?;
         let k = self.bind_free(&mut ep, || {
             let k = self.inner.next_conn.fetch_add(1, Ordering::Relaxed) % (CONN_PORTS - 1) + 1;
@@ -173,13 +256,7 @@ impl Net {
         for i in 0..c.credits {
             ep.post_free(u64::from(i * c.buffer), c.buffer, u64::from(i))?;
         }
-        Ok((ep, k))
-    }
-
-    /// Where stream send slot `i` is in the segment.
-    pub(crate) fn send_slot(&self, i: u32) -> u64 {
-        let c = &self.inner.cfg;
-        u64::from(c.credits + i % c.send_slots) * u64::from(c.buffer)
+        Ok((ep, k, c))
     }
 
     /// A listener's endpoint on port `port`, receiving up to `backlog`
@@ -246,5 +323,39 @@ impl Net {
             }
         }
         Err(last.unwrap_or(Error::InvalidArgument("no free port")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_shrink_as_endpoint_memory_fills() {
+        let full = Shape::full(&SockConfig::default());
+        assert_eq!(full.segment_bytes(), 1 << 20);
+        let limit = 128 << 20;
+        assert_eq!(full.for_pressure(0, limit), full);
+        assert_eq!(full.for_pressure(limit / 4 - 1, limit), full);
+        let quarter = full.for_pressure(limit / 4, limit);
+        assert_eq!((quarter.credits, quarter.buffer), (8, 16 << 10));
+        assert_eq!(quarter.segment_bytes(), 256 << 10);
+        let small = full.for_pressure(limit / 2, limit);
+        assert_eq!(small, SMALLEST);
+        assert_eq!(small.segment_bytes(), 48 << 10);
+        assert_eq!(full.for_pressure(limit * 2, limit), SMALLEST);
+        assert_eq!(full.for_pressure(1, 0), SMALLEST);
+        // Settings already below a tier stay as they are.
+        let tiny = Shape {
+            credits: 2,
+            buffer: 4096,
+            send_slots: 1,
+        };
+        for used in [0, limit / 3, limit] {
+            assert_eq!(tiny.for_pressure(used, limit), tiny);
+        }
+        // Send slots follow the receive buffers in the segment.
+        assert_eq!(small.send_slot(0), 4 * 8192);
+        assert_eq!(small.send_slot(3), 5 * 8192);
     }
 }

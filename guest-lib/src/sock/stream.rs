@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::sock::addr::{visible_port, Ready, SockAddr, CONN_BASE, CONN_PORTS, LISTEN_BASE};
 use crate::sock::flusher::{self, Flushable};
 use crate::sock::held::Held;
-use crate::sock::net::Net;
+use crate::sock::net::{Net, Shape};
 use crate::sock::wire::{self, Hello};
 use crate::types::{Address, Event, SendError};
 use crate::FilterEntry;
@@ -89,6 +89,8 @@ pub enum Shutdown {
 pub(crate) struct Core {
     ep: Endpoint,
     net: Net,
+    /// This side's buffers (chosen when it was made).
+    shape: Shape,
     local: SockAddr,
     peer: SockAddr,
     /// Where our messages go: the listener while connecting, then the
@@ -148,7 +150,7 @@ impl Core {
                 libc::ENETUNREACH
             }));
         }
-        let (mut ep, k) = net.stream_endpoint().map_err(io_err)?;
+        let (mut ep, k, shape) = net.stream_endpoint().map_err(io_err)?;
         let local = SockAddr {
             node: net.node(),
             port: visible_port(k),
@@ -158,7 +160,7 @@ impl Core {
             node: to.node,
             port: LISTEN_BASE + u32::from(to.port),
         };
-        let hello = Hello::new(cfg.credits, cfg.buffer, local.port);
+        let hello = Hello::new(shape.credits, shape.buffer, local.port);
         post_inline(
             &mut ep,
             listener,
@@ -167,7 +169,7 @@ impl Core {
             ID_CONNECT,
         )?;
         Ok(Core::new(
-            ep,
+            (ep, shape),
             net,
             local,
             to,
@@ -185,12 +187,11 @@ impl Core {
         hello: Hello,
         port: u16,
     ) -> io::Result<Core> {
-        let (mut ep, _) = net.stream_endpoint().map_err(io_err)?;
-        let cfg = *net.config();
+        let (mut ep, _, shape) = net.stream_endpoint().map_err(io_err)?;
         ep.set_filter(&[only(client)]).map_err(io_err)?;
         ep.set_close_message(client, wire::tag(wire::RST, 0), &[])
             .map_err(io_err)?;
-        let mine = Hello::new(cfg.credits, cfg.buffer, port);
+        let mine = Hello::new(shape.credits, shape.buffer, port);
         post_inline(
             &mut ep,
             client,
@@ -206,7 +207,7 @@ impl Core {
             node: client.node,
             port: hello.port.get(),
         };
-        let mut s = Core::new(ep, net, local, peer, client, Phase::Open);
+        let mut s = Core::new((ep, shape), net, local, peer, client, Phase::Open);
         s.peer_session = session;
         s.credits = hello.credits.get();
         s.peer_buffer = hello.buffer.get();
@@ -214,7 +215,7 @@ impl Core {
     }
 
     fn new(
-        ep: Endpoint,
+        (ep, shape): (Endpoint, Shape),
         net: &Net,
         local: SockAddr,
         peer: SockAddr,
@@ -224,6 +225,7 @@ impl Core {
         Core {
             ep,
             net: net.clone(),
+            shape,
             local,
             peer,
             peer_ep,
@@ -399,16 +401,14 @@ impl Core {
     /// the peer's credits carry, as a kernel's send buffer holds more than
     /// the window.
     fn send_buffer(&self) -> usize {
-        2 * self.net.config().credits as usize * self.message_max()
+        2 * self.shape.credits as usize * self.message_max()
     }
 
     /// The largest DATA this side sends: what the peer's buffers hold
     /// (its hello says; a peer's word, so no more than this side's own
     /// send slots hold either).
     fn message_max(&self) -> usize {
-        self.peer_buffer
-            .min(self.net.config().buffer)
-            .max(INLINE_MAX) as usize
+        self.peer_buffer.min(self.shape.buffer).max(INLINE_MAX) as usize
     }
 
     /// Sends one message of `bytes` (at most the peer's buffer), taking a
@@ -423,7 +423,7 @@ impl Core {
         let posted = if bytes.len() <= INLINE_MAX as usize {
             self.ep.post_send_inline(self.peer_ep, tag, bytes, 0)
         } else {
-            let slot = self.net.send_slot(self.ep.send_position());
+            let slot = self.shape.send_slot(self.ep.send_position());
             self.ep.write_segment(slot as usize, bytes);
             self.ep
                 .post_send(self.peer_ep, tag, slot, bytes.len() as u32, 0, false)
@@ -559,7 +559,7 @@ impl Core {
     }
 
     fn give_back(&mut self, held: Held) {
-        let size = self.net.config().buffer;
+        let size = self.shape.buffer;
         if held.release(&mut self.ep, size).is_err() {
             self.reset = true;
         }
@@ -610,7 +610,7 @@ impl Core {
     /// does not come; and a request-response exchange sends no CREDIT at
     /// all (each would cost the peer a wake-up for nothing).
     fn return_due_credits(&mut self) {
-        if self.owed >= self.net.config().credits.div_ceil(2) {
+        if self.owed >= self.shape.credits.div_ceil(2) {
             self.return_credits();
         }
     }

@@ -13,6 +13,10 @@
  *                                             in its own epoll set, accept and echo; after CONNS, say
  *                                             how many connections each worker served
  *   sockcheck prefork-clients IP PORT CONNS K CONNS connections, K open at once, 5000 bytes each, echo checked
+ *   sockcheck hold-server PORT N              accept N connections, all kept open, echo each in one
+ *                                             epoll set until it ends; say how many were open at once
+ *   sockcheck hold-clients IP PORT N          open N connections at once, then send 2000 bytes on each,
+ *                                             check every echo, and only then close them all
  *   sockcheck zero-copy IP PORT BYTES         send BYTES (a pattern, from a file) with sendfile, with and
  *                                             without an offset, and with splice from a pipe; take the
  *                                             echo with splice into a pipe, check it
@@ -44,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -731,6 +736,121 @@ static int prefork_clients(const char *ip, int port, int conns, int together)
 	return 0;
 }
 
+/* Room for `n` descriptors and some (a server raises its limit so). */
+static void room_for(int n)
+{
+	struct rlimit r = { .rlim_cur = n + 64, .rlim_max = n + 64 };
+
+	if (setrlimit(RLIMIT_NOFILE, &r))
+		fail("setrlimit");
+}
+
+static int hold_server(int port, int n)
+{
+	room_for(n);
+	int l = listener(port, SOCK_STREAM), ep = epoll_create1(0), accepted = 0, open = 0,
+	    most = 0, ended = 0;
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = l }, got[64];
+	char buf[65536];
+
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev))
+		fail("epoll");
+	while (ended < n) {
+		int k = epoll_wait(ep, got, 64, -1);
+
+		if (k < 0 && errno != EINTR)
+			fail("epoll_wait");
+		for (int i = 0; i < k; i++) {
+			int fd = got[i].data.fd;
+
+			if (fd == l) {
+				int c = accept(l, NULL, NULL);
+				struct epoll_event cev = { .events = EPOLLIN };
+
+				if (c < 0) {
+					printf("fail accept of connection %d: %s\n", accepted + 1,
+					       strerror(errno));
+					return 1;
+				}
+				cev.data.fd = c;
+				if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &cev))
+					fail("epoll_ctl ADD");
+				accepted++;
+				if (++open > most)
+					most = open;
+				continue;
+			}
+			ssize_t r = read(fd, buf, sizeof(buf));
+
+			if (r < 0)
+				fail("server read");
+			if (r == 0) {
+				epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+				close(fd);
+				open--;
+				ended++;
+				continue;
+			}
+			for (ssize_t at = 0; at < r;) {
+				ssize_t w = write(fd, buf + at, r - at);
+
+				if (w <= 0)
+					fail("server write");
+				at += w;
+			}
+		}
+	}
+	printf("ok hold-server: %d connections, %d open at once\n", accepted, most);
+	return 0;
+}
+
+static int hold_clients(const char *ip, int port, int n)
+{
+	room_for(n);
+	int *s = calloc(n, sizeof(int));
+	unsigned char buf[2000];
+
+	if (!s)
+		fail("calloc");
+	for (int i = 0; i < n; i++) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+
+		s[i] = socket(AF_INET, SOCK_STREAM, 0);
+		inet_pton(AF_INET, ip, &a.sin_addr);
+		if (s[i] < 0 || connect(s[i], (struct sockaddr *)&a, sizeof(a))) {
+			printf("fail connection %d of %d: %s\n", i + 1, n, strerror(errno));
+			return 1;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		for (int j = 0; j < (int)sizeof(buf); j++)
+			buf[j] = pat(j + i);
+		if (write(s[i], buf, sizeof(buf)) != (ssize_t)sizeof(buf))
+			fail("client write");
+	}
+	for (int i = 0; i < n; i++) {
+		long at = 0;
+		ssize_t r;
+
+		while (at < (long)sizeof(buf) && (r = read(s[i], buf, sizeof(buf) - at)) > 0) {
+			for (ssize_t j = 0; j < r; j++)
+				if (buf[j] != pat(at + j + i)) {
+					printf("fail echo of connection %d at byte %ld\n", i, at + j);
+					return 1;
+				}
+			at += r;
+		}
+		if (at != (long)sizeof(buf)) {
+			printf("fail connection %d echoed %ld bytes\n", i, at);
+			return 1;
+		}
+	}
+	for (int i = 0; i < n; i++)
+		close(s[i]);
+	printf("ok %d connections open at once, each echoed\n", n);
+	return 0;
+}
+
 static int exec_check(char *self)
 {
 	char *argv[] = { self, "loaded", NULL }, *envp[] = { "HOME=/", NULL };
@@ -767,6 +887,10 @@ int main(int argc, char **argv)
 		return prefork(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	if (argc == 6 && !strcmp(argv[1], "prefork-clients"))
 		return prefork_clients(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+	if (argc == 4 && !strcmp(argv[1], "hold-server"))
+		return hold_server(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 5 && !strcmp(argv[1], "hold-clients"))
+		return hold_clients(argv[2], atoi(argv[3]), atoi(argv[4]));
 	if (argc == 5 && !strcmp(argv[1], "zero-copy"))
 		return zero_copy(argv[2], atoi(argv[3]), atol(argv[4]));
 	if (argc == 3 && !strcmp(argv[1], "sink"))
