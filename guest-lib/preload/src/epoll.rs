@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use libc::epoll_event;
 use crate::env::Env;
 use crate::real::{fail, real};
 use crate::sock::{epoll_tag, Kind, Reg, Sock, LOOK_EVERY, TAG, TAG_MASK};
+use ulnic::sock::Wakes;
 
 /// Data of the notification descriptor's registration.
 pub const MAGIC: u64 = 0x756c_6e69_635f_6e66; // "ulnic_nf"
@@ -34,6 +36,13 @@ pub struct Registry {
 struct Set {
     /// Registered descriptors naming interposed sockets.
     socks: Vec<(c_int, Arc<Sock>)>,
+    /// Where the next look starts in `socks`: after the last socket
+    /// reported, so that with more ready than `maxevents` every one gets
+    /// its turn (the kernel queues a reported level-triggered entry at
+    /// the end of its ready list).
+    next: Arc<AtomicUsize>,
+    /// Whether the next `epoll_wait` looks at the kernel's entries first.
+    kernel_turn: Arc<AtomicBool>,
     /// The notification descriptors added to the kernel's set: this
     /// process's context's, and any other context's a socket here lives
     /// in (a listener inherited across fork is the parent's).
@@ -122,6 +131,7 @@ impl Registry {
                     interest: e.events,
                     data: e.u64,
                     disabled: false,
+                    seen: None,
                 };
             }
             (_, _, Some(e)) => {
@@ -131,6 +141,7 @@ impl Registry {
                     interest: e.events,
                     data: e.u64,
                     disabled: false,
+                    seen: None,
                 });
                 drop(st);
                 self.sets()
@@ -210,6 +221,20 @@ impl Registry {
         let out = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
         let start = Instant::now();
         let mut spins = 0u32;
+        // Kernel descriptors and ulnic sockets take turns at being looked
+        // at first, so neither kind starves the other when more are ready
+        // than `max`.
+        if set.kernel_turn.fetch_xor(true, Ordering::Relaxed) {
+            let k = kernel_wait(epfd, out.as_mut_ptr(), max, Some(Duration::ZERO), sigmask);
+            if k < 0 {
+                return k;
+            }
+            let kn = merge(&set, epfd, out, 0, k as usize);
+            if kn > 0 {
+                let un = user_ready(env, &set, epfd, &mut out[kn..]);
+                return join_same(out, kn, kn + un) as c_int;
+            }
+        }
         loop {
             let mut n = user_ready(env, &set, epfd, out);
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
@@ -327,13 +352,35 @@ fn kernel_wait(
     unsafe { (real().epoll_pwait)(epfd, out, max, ms, sigmask) }
 }
 
+/// Wake-ups of these kinds reach a registration only if it asks for one
+/// of them (the kernel's wake-up keys; a change of state reaches all).
+const INPUT: u32 = (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDNORM | libc::EPOLLRDBAND) as u32;
+const OUTPUT: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32;
+
+/// Whether an edge-triggered registration that asks for `interest` and
+/// last saw `seen` is woken by `now`: as the kernel's, when ADD or MOD
+/// looked (`None`) or a wake-up it listens for came since.
+fn woken(interest: u32, seen: Option<Wakes>, now: Wakes) -> bool {
+    seen.is_none_or(|s| {
+        now.state != s.state
+            || (interest & INPUT != 0 && now.input != s.input)
+            || (interest & OUTPUT != 0 && now.output != s.output)
+    })
+}
+
 /// Fills `out` with the interposed sockets' readiness: how many entries.
+/// Level-triggered registrations report what is ready; edge-triggered
+/// ones only after a wake-up they listen for; one-shot ones once.
 fn user_ready(env: &Env, set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usize {
     let mut n = 0;
-    for (fd, sock) in &set.socks {
+    let count = set.socks.len();
+    let start = set.next.load(Ordering::Relaxed);
+    for k in 0..count {
         if n == out.len() {
             break;
         }
+        let at = (start + k) % count;
+        let (fd, sock) = &set.socks[at];
         // Another process's since a fork: an error to report.
         let theirs = sock.usable(env).is_err();
         let mut st = sock.lock();
@@ -353,12 +400,20 @@ fn user_ready(env: &Env, set: &Set, epfd: c_int, out: &mut [epoll_event]) -> usi
         } else {
             st.ready().0 & (reg.interest | always)
         };
+        if reg.interest & libc::EPOLLET as u32 != 0 && !theirs {
+            let now = st.wakes();
+            st.regs[i].seen = Some(now);
+            if !woken(reg.interest, reg.seen, now) {
+                continue;
+            }
+        }
         if ev != 0 {
             out[n] = epoll_event {
                 events: ev,
                 u64: reg.data,
             };
             n += 1;
+            set.next.store(at + 1, Ordering::Relaxed);
             if reg.interest & libc::EPOLLONESHOT as u32 != 0 {
                 st.regs[i].disabled = true;
             }
@@ -409,6 +464,23 @@ fn merge(set: &Set, epfd: c_int, out: &mut [epoll_event], n: usize, k: usize) ->
         total += 1;
     }
     total
+}
+
+/// Folds each of `out[from..to]` into an earlier entry with the same data
+/// (the same socket's kernel side reported first): how many are left.
+fn join_same(out: &mut [epoll_event], from: usize, to: usize) -> usize {
+    let mut n = from;
+    for i in from..to {
+        let e = out[i];
+        match out[..from].iter().position(|x| x.u64 == e.u64) {
+            Some(j) => out[j].events |= e.events,
+            None => {
+                out[n] = e;
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// Arms every registered socket: true when one has something already.

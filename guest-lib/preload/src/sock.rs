@@ -13,7 +13,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ulnic::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream};
+use ulnic::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream, Wakes};
 
 use crate::config::Target;
 use crate::env::Env;
@@ -66,6 +66,9 @@ pub struct Reg {
     pub data: u64,
     /// A one-shot registration that fired (until `EPOLL_CTL_MOD`).
     pub disabled: bool,
+    /// Edge-triggered: the socket's wake-ups when the set last looked
+    /// (`None` since `ADD` or `MOD`, which look at once, as the kernel's).
+    pub seen: Option<Wakes>,
 }
 
 /// A socket's state, under its lock.
@@ -270,6 +273,16 @@ impl State {
             Kind::Stream(s) => s.poll(),
             Kind::Datagram(d) => d.poll(),
             Kind::Fresh | Kind::Kernel => Ready::NONE,
+        }
+    }
+
+    /// What has woken the ulnic side so far (after `ready`).
+    pub fn wakes(&mut self) -> Wakes {
+        match &mut self.kind {
+            Kind::Listener(l) => l.wakes(),
+            Kind::Stream(s) => s.wakes(),
+            Kind::Datagram(d) => d.wakes(),
+            Kind::Fresh | Kind::Kernel => Wakes::default(),
         }
     }
 

@@ -92,6 +92,28 @@ impl Ready {
     }
 }
 
+/// What has woken a socket so far, counted as a kernel counts the
+/// wake-ups of a TCP socket: something arriving to read (data, a
+/// connection request, a datagram), room to write again after a write
+/// found none, and changes of state (connected or failed, end of stream
+/// from the peer, a reset, our own end delivered). Edge-triggered
+/// readiness (epoll's `EPOLLET`) reports a socket when a count moved since
+/// it last looked.
+///
+/// ```
+/// let w = ulnic::sock::Wakes::default();
+/// assert_eq!(w.input + w.output + w.state, 0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wakes {
+    /// Arrivals to read.
+    pub input: u64,
+    /// Room to write again after a write found none.
+    pub output: u64,
+    /// Changes of state (they wake every kind of interest).
+    pub state: u64,
+}
+
 impl std::ops::BitOr for Ready {
     type Output = Ready;
     fn bitor(self, r: Ready) -> Ready {

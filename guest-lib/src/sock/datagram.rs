@@ -9,7 +9,7 @@ use ulnic_abi::INLINE_MAX;
 
 use crate::endpoint::Endpoint;
 use crate::error::Error;
-use crate::sock::addr::{Ready, SockAddr, DGRAM_BASE};
+use crate::sock::addr::{Ready, SockAddr, Wakes, DGRAM_BASE};
 use crate::sock::held::Held;
 use crate::sock::net::{Net, DATAGRAM_BUFFER};
 use crate::sock::stream::{errno, io_err};
@@ -40,6 +40,8 @@ pub struct Datagram {
     /// or failed: dropped, as UDP drops them.
     undelivered: u64,
     stray: u64,
+    /// Datagrams queued so far (`Wakes::input`).
+    arrivals: u64,
 }
 
 impl Datagram {
@@ -66,6 +68,7 @@ impl Datagram {
             nonblocking: false,
             undelivered: 0,
             stray: 0,
+            arrivals: 0,
         })
     }
 
@@ -166,6 +169,7 @@ impl Datagram {
                     if kind == wire::DATAGRAM && !m.close && self.peer.is_none_or(|p| p == f) =>
                 {
                     self.queue.push_back((f, held));
+                    self.arrivals += 1;
                     true
                 }
                 _ => {
@@ -181,6 +185,23 @@ impl Datagram {
             if matches!(ev, Event::SendFailed { .. }) {
                 self.undelivered += 1;
             }
+        }
+    }
+
+    /// What has woken this socket so far ([`Wakes`]): datagrams queued.
+    /// Call [`Datagram::poll`] first.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut d = ulnic::sock::Datagram::bind(&net, None)?;
+    /// let _ = d.poll();
+    /// let datagrams_so_far = d.wakes().input;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn wakes(&self) -> Wakes {
+        Wakes {
+            input: self.arrivals,
+            ..Wakes::default()
         }
     }
 

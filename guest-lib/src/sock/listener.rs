@@ -8,9 +8,9 @@ use std::time::Instant;
 use zerocopy::IntoBytes;
 
 use crate::endpoint::Endpoint;
-use crate::sock::addr::{Ready, SockAddr, CONN_BASE, CONN_PORTS};
+use crate::sock::addr::{Ready, SockAddr, Wakes, CONN_BASE, CONN_PORTS};
 use crate::sock::net::Net;
-use crate::sock::shared_requests::{Request, SharedRequests};
+use crate::sock::shared_requests::{Counts, Request, SharedRequests};
 use crate::sock::stream::{errno, io_err, post_inline, Stream};
 use crate::sock::wire::{self, Hello};
 use crate::types::{Address, Payload};
@@ -36,8 +36,7 @@ pub struct Listener {
     /// §5.4) and its hello.
     queue: VecDeque<Request>,
     nonblocking: bool,
-    refused: u64,
-    stray: u64,
+    counts: Counts,
     /// Once shared across fork: the queue and counts every holder uses,
     /// under their lock.
     shared: Option<SharedRequests>,
@@ -66,8 +65,7 @@ impl Listener {
             backlog: backlog as usize,
             queue: VecDeque::new(),
             nonblocking: false,
-            refused: 0,
-            stray: 0,
+            counts: Counts::default(),
             shared: None,
         })
     }
@@ -89,7 +87,7 @@ impl Listener {
     pub fn share_across_fork(&mut self) -> io::Result<()> {
         if self.shared.is_none() {
             let shared = SharedRequests::new(self.backlog)?;
-            shared.lock().store(&self.queue, self.refused, self.stray);
+            shared.lock().store(&self.queue, self.counts);
             self.shared = Some(shared);
         }
         Ok(())
@@ -105,9 +103,9 @@ impl Listener {
         let r = {
             let locked = shared.lock();
             self.ep.resync_cursors();
-            locked.load(&mut self.queue, &mut self.refused, &mut self.stray);
+            locked.load(&mut self.queue, &mut self.counts);
             let r = f(self);
-            locked.store(&self.queue, self.refused, self.stray);
+            locked.store(&self.queue, self.counts);
             r
         };
         self.shared = Some(shared);
@@ -189,13 +187,13 @@ impl Listener {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn refused(&mut self) -> u64 {
-        self.exclusive(|l| l.refused)
+        self.exclusive(|l| l.counts.refused)
     }
 
     /// Answers a request it will not accept with REFUSE (and why), and
     /// counts it.
     fn refuse(&mut self, client: Address, why: i32) {
-        self.refused += 1;
+        self.counts.refused += 1;
         let _ = post_inline(
             &mut self.ep,
             client,
@@ -217,11 +215,12 @@ impl Listener {
                 (wire::CONNECT, Some(h)) if from_conn && !m.close && !m.returned => {
                     if self.queue.len() < self.backlog {
                         self.queue.push_back((m.src, m.session, h));
+                        self.counts.arrivals += 1;
                     } else {
                         self.refuse(m.src, libc::ECONNREFUSED);
                     }
                 }
-                _ => self.stray += 1,
+                _ => self.counts.stray += 1,
             }
         }
         // Refusals that found nobody need no answer.
@@ -245,6 +244,24 @@ impl Listener {
                 Ready::READ
             }
         })
+    }
+
+    /// What has woken this listener so far ([`Wakes`]): requests queued,
+    /// by whichever process sharing it took them in. Call
+    /// [`Listener::poll`] first.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let mut l = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let _ = l.poll();
+    /// let requests_so_far = l.wakes().input;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn wakes(&mut self) -> Wakes {
+        Wakes {
+            input: self.exclusive(|l| l.counts.arrivals),
+            ..Wakes::default()
+        }
     }
 
     /// Accepts the next request without blocking: the connection and the

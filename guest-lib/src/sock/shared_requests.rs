@@ -14,13 +14,24 @@ use crate::types::Address;
 /// A queued request: who asks, its session id, its hello.
 pub(crate) type Request = (Address, u32, Hello);
 
+/// A listener's counts, kept beside its queue.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Requests refused because the backlog was full.
+    pub refused: u64,
+    /// Messages that were not requests.
+    pub stray: u64,
+    /// Requests queued so far (`Wakes::input`).
+    pub arrivals: u64,
+}
+
 #[repr(C)]
 struct Header {
     lock: libc::pthread_mutex_t,
     len: u32,
     _reserved: u32,
-    refused: u64,
-    stray: u64,
+    counts: Counts,
 }
 
 #[repr(C)]
@@ -112,12 +123,11 @@ impl Locked<'_> {
     }
 
     /// The shared queue and counts into the caller's.
-    pub(crate) fn load(&self, queue: &mut VecDeque<Request>, refused: &mut u64, stray: &mut u64) {
+    pub(crate) fn load(&self, queue: &mut VecDeque<Request>, counts: &mut Counts) {
         // SAFETY: under the lock; `len <= cap` (only `store` sets it).
         unsafe {
             let h = &*self.q.base;
-            *refused = h.refused;
-            *stray = h.stray;
+            *counts = h.counts;
             queue.clear();
             for i in 0..(h.len as usize).min(self.q.cap) {
                 let e = *self.entries().add(i);
@@ -131,12 +141,11 @@ impl Locked<'_> {
     }
 
     /// The caller's queue (its first `cap` requests) and counts back.
-    pub(crate) fn store(&self, queue: &VecDeque<Request>, refused: u64, stray: u64) {
+    pub(crate) fn store(&self, queue: &VecDeque<Request>, counts: Counts) {
         // SAFETY: under the lock; at most `cap` entries are written.
         unsafe {
             let h = &mut *self.q.base;
-            h.refused = refused;
-            h.stray = stray;
+            h.counts = counts;
             let mut n = 0;
             for (from, session, hello) in queue.iter().take(self.q.cap) {
                 *self.entries().add(n) = Entry {
@@ -189,15 +198,21 @@ mod tests {
                 hello(i as u16),
             ));
         }
-        q.lock().store(&mine, 2, 5);
+        let counts = Counts {
+            refused: 2,
+            stray: 5,
+            arrivals: 3,
+        };
+        q.lock().store(&mine, counts);
         // SAFETY: the child only uses the shared queue and exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            let (mut got, mut refused, mut stray) = (VecDeque::new(), 0, 0);
+            let (mut got, mut counts) = (VecDeque::new(), Counts::default());
             let l = q.lock();
-            l.load(&mut got, &mut refused, &mut stray);
+            l.load(&mut got, &mut counts);
             let first = got.pop_front();
-            l.store(&got, refused, stray + 1);
+            counts.stray += 1;
+            l.store(&got, counts);
             drop(l);
             let ok = first.is_some_and(|(a, s, _)| a.port == 100 && s == 0);
             // SAFETY: leaving the child at once.
@@ -211,11 +226,11 @@ mod tests {
             0,
             "the child took the first request"
         );
-        let (mut refused, mut stray) = (0, 0);
-        q.lock().load(&mut mine, &mut refused, &mut stray);
+        let mut counts = Counts::default();
+        q.lock().load(&mut mine, &mut counts);
         let ports: Vec<u32> = mine.iter().map(|(a, _, _)| a.port).collect();
         assert_eq!(ports, [101, 102], "what the child took is gone here too");
-        assert_eq!((refused, stray), (2, 6));
+        assert_eq!((counts.refused, counts.stray, counts.arrivals), (2, 6, 3));
     }
 
     #[test]
@@ -231,8 +246,8 @@ mod tests {
         let mut status = 0;
         // SAFETY: waiting for our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        let (mut got, mut r, mut s) = (VecDeque::new(), 0, 0);
-        q.lock().load(&mut got, &mut r, &mut s);
+        let (mut got, mut counts) = (VecDeque::new(), Counts::default());
+        q.lock().load(&mut got, &mut counts);
         assert!(got.is_empty());
         // And again: the lock was made consistent and released.
         drop(q.lock());

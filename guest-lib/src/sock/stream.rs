@@ -11,7 +11,7 @@ use zerocopy::IntoBytes;
 
 use crate::endpoint::{Endpoint, LINGER};
 use crate::error::Error;
-use crate::sock::addr::{visible_port, Ready, SockAddr, CONN_BASE, CONN_PORTS, LISTEN_BASE};
+use crate::sock::addr::{visible_port, Ready, SockAddr, Wakes, CONN_BASE, CONN_PORTS, LISTEN_BASE};
 use crate::sock::flusher::{self, Flushable};
 use crate::sock::held::Held;
 use crate::sock::net::{Net, Shape};
@@ -139,6 +139,16 @@ pub(crate) struct Core {
     pending_sent: usize,
     /// Messages dropped for coming from a stranger or making no sense.
     stray: u64,
+    /// DATA messages queued for reading so far (`Wakes::input`).
+    arrivals: u64,
+    /// A write found no room; cleared (and `space_wakes` counted) when
+    /// there is room again.
+    no_space: bool,
+    /// Times there was room again after `no_space` (`Wakes::output`).
+    space_wakes: u64,
+    /// `shutdown` calls, failed ones too: each wakes every waiter, as the
+    /// kernel's does.
+    shutdowns: u64,
 }
 
 impl Core {
@@ -249,6 +259,10 @@ impl Core {
             pending: Vec::new(),
             pending_sent: 0,
             stray: 0,
+            arrivals: 0,
+            no_space: false,
+            space_wakes: 0,
+            shutdowns: 0,
         }
     }
 
@@ -316,6 +330,14 @@ impl Core {
                     reason: SendError::NoBuffer,
                     ..
                 } => self.keepalive_out = false,
+                // Our FIN to a peer that ended and closed already: its
+                // endpoint is gone, as a TCP peer's socket is once both
+                // FINs crossed. Not an error (TCP's orphan takes the FIN).
+                Event::SendFailed {
+                    id: ID_FIN,
+                    reason: SendError::NoEndpoint,
+                    ..
+                } if self.fin_in => self.fin_out = Fin::Done,
                 Event::SendFailed { id, reason, .. } => {
                     if id == ID_KEEPALIVE {
                         self.keepalive_out = false;
@@ -512,6 +534,7 @@ impl Core {
                     }
                     wire::DATA => {
                         self.queue.push_back(held);
+                        self.arrivals += 1;
                         true
                     }
                     wire::CREDIT => false,
@@ -519,6 +542,9 @@ impl Core {
                         self.fin_in = true;
                         false
                     }
+                    // Both ends had ended: as TCP's closed socket, nothing
+                    // is left to reset.
+                    wire::RST if self.ended_both_ways() => false,
                     wire::RST => {
                         self.reset = true;
                         false
@@ -578,7 +604,8 @@ impl Core {
             }
             Phase::Open => {
                 if self.reset {
-                    r = Ready::READ | Ready::WRITE | Ready::HUP;
+                    // As TCP's after a reset: both directions shut.
+                    r = Ready::READ | Ready::WRITE | Ready::HUP | Ready::READ_HUP;
                     if !self.reset_told {
                         r |= Ready::ERROR;
                     }
@@ -597,6 +624,10 @@ impl Core {
                     }
                 } else if self.unsent() < self.send_buffer() {
                     r |= Ready::WRITE;
+                    if self.no_space {
+                        self.no_space = false;
+                        self.space_wakes += 1;
+                    }
                 }
             }
         }
@@ -707,9 +738,27 @@ impl Core {
         self.pending.extend_from_slice(&buf[sent..sent + take]);
         sent += take;
         if sent == 0 && !buf.is_empty() {
+            self.no_space = true;
             return Err(io::ErrorKind::WouldBlock.into());
         }
         Ok(sent)
+    }
+
+    /// The socket's wake-ups so far (after `poll`, which takes in what
+    /// arrived).
+    pub(crate) fn wakes(&self) -> Wakes {
+        let state = [
+            !matches!(self.phase, Phase::Connecting { .. }),
+            matches!(self.phase, Phase::Failed(_)),
+            self.fin_in,
+            self.reset,
+            self.fin_out == Fin::Done,
+        ];
+        Wakes {
+            input: self.arrivals,
+            output: self.space_wakes,
+            state: state.iter().map(|&b| u64::from(b)).sum::<u64>() + self.shutdowns,
+        }
     }
 
     pub(crate) fn arm(&mut self) -> io::Result<bool> {
@@ -725,7 +774,11 @@ impl Core {
 
     pub(crate) fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
         self.progress();
-        if self.phase != Phase::Open {
+        self.shutdowns += 1;
+        // As TCP's: a connection reset, or ended both ways with our FIN
+        // delivered, is closed, no longer connected.
+        let closed = self.reset || self.ended_both_ways();
+        if self.phase != Phase::Open || closed {
             return Err(errno(libc::ENOTCONN));
         }
         if how != Shutdown::Write {
@@ -744,6 +797,12 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// Both FINs crossed (the peer's came, ours was delivered): what TCP
+    /// calls closed.
+    fn ended_both_ways(&self) -> bool {
+        self.fin_in && self.fin_out == Fin::Done
     }
 
     fn post_fin(&mut self) {
@@ -784,7 +843,7 @@ impl Core {
             self.ep.clear_close_message();
             return;
         }
-        if !self.queue.is_empty() {
+        if !self.queue.is_empty() && !self.ended_both_ways() {
             self.reset_peer();
             return;
         }
@@ -1095,6 +1154,21 @@ impl Stream {
     /// ```
     pub fn arm(&self) -> io::Result<bool> {
         self.core().arm()
+    }
+
+    /// What has woken this socket so far ([`Wakes`]), for edge-triggered
+    /// readiness: call [`Stream::poll`] first, which takes in what arrived.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let before = s.wakes();
+    /// let _ = s.poll();
+    /// let new_data = s.wakes().input > before.input;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn wakes(&self) -> Wakes {
+        self.core().wakes()
     }
 
     /// A handle that sleeps until this socket's endpoint is notified,

@@ -1,0 +1,185 @@
+//! The epoll model test: random sequences of `epoll_ctl` (ADD, MOD, DEL
+//! with level- and edge-triggered, one-shot and RDHUP interests, in two
+//! sets), writes, reads, half-closes, closes, `epoll_wait` (with room
+//! for all, and one entry at a time: ready entries take turns) and `poll` on
+//! two connection pairs and a pipe, run by `tests/progs/epollmodel.c`
+//! over ulnic (under the layer, host-attached, the pairs connected to the
+//! process's own node) and over kernel TCP on 127.0.0.1. Both must print
+//! the same: every call's result and every readiness reported. The number
+//! of sequences is `ULNIC_EPOLL_MODEL_CASES` (default 10,000).
+
+use std::cell::{Cell, RefCell};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+/// One `epollmodel` process, fed sequences.
+struct Model {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl Model {
+    fn start(cmd: &mut Command) -> Model {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("epollmodel starts");
+        let input = child.stdin.take().unwrap();
+        let mut output = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n", "epollmodel did not start");
+        Model {
+            child,
+            input,
+            output,
+        }
+    }
+
+    fn send(&mut self, seq: &[String]) {
+        for l in seq {
+            writeln!(self.input, "{l}").unwrap();
+        }
+        writeln!(self.input, "end").unwrap();
+        self.input.flush().unwrap();
+    }
+
+    /// What the sequence printed, up to its "end".
+    fn transcript(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        loop {
+            let mut line = String::new();
+            if self.output.read_line(&mut line).unwrap() == 0 {
+                out.push("(epollmodel exited)".into());
+                return out;
+            }
+            let line = line.trim_end().to_string();
+            if line == "end" {
+                return out;
+            }
+            out.push(line);
+        }
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const STREAMS: [&str; 4] = ["c0", "s0", "c1", "s1"];
+const NAMES: [&str; 5] = ["c0", "s0", "c1", "s1", "p"];
+
+fn line() -> impl Strategy<Value = String> {
+    let name = proptest::sample::select(&NAMES[..]);
+    let stream = proptest::sample::select(&STREAMS[..]);
+    let mask = (
+        proptest::bool::ANY,
+        proptest::bool::ANY,
+        proptest::bool::weighted(0.3),
+        proptest::bool::weighted(0.4),
+        proptest::bool::weighted(0.2),
+    )
+        .prop_map(|(i, o, r, e, one)| {
+            let m: String = [(i, 'i'), (o, 'o'), (r, 'r'), (e, 'e'), (one, '1')]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, c)| *c)
+                .collect();
+            if m.is_empty() {
+                "-".to_string()
+            } else {
+                m
+            }
+        });
+    let how = proptest::sample::select(&["add", "add", "mod", "del"][..]);
+    prop_oneof![
+        5 => (0..2u8, how, name.clone(), mask).prop_map(|(s, h, n, m)| format!("ctl {s} {h} {n} {m}")),
+        3 => (proptest::sample::select(&["c0", "s0", "c1", "s1", "q"][..]), 1..3000u32)
+            .prop_map(|(n, b)| format!("write {n} {b}")),
+        2 => (name, 1..4000u32).prop_map(|(n, b)| format!("read {n} {b}")),
+        5 => (0..2u8).prop_map(|s| format!("wait {s}")),
+        1 => Just("poll".to_string()),
+        1 => (0..2u8).prop_map(|s| format!("turns {s}")),
+        1 => stream.clone().prop_map(|n| format!("shut {n}")),
+        1 => stream.prop_map(|n| format!("close {n}")),
+    ]
+}
+
+fn built() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn epoll_over_ulnic_reports_what_the_kernel_reports() {
+    let cases: u32 = std::env::var("ULNIC_EPOLL_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let prog = ulnic_testkit::c_program(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/epollmodel.c"),
+    );
+    let preload = built().join("libulnic_preload.so");
+    assert!(preload.exists(), "{} not built", preload.display());
+    let dev = ulnic_testkit::device_with(1, |b| b.max_endpoints(64));
+    // Two free ports (the layer binds a listener on any address in the
+    // kernel too).
+    let free = || {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        (l.local_addr().unwrap().port().to_string(), l)
+    };
+    let ((port, a), (uport, b)) = (free(), free());
+    drop((a, b));
+    let kernel = RefCell::new(Model::start(Command::new(prog).args(["127.0.0.1", &port])));
+    let ulnic = RefCell::new(Model::start(
+        Command::new(prog)
+            .args(["10.81.0.1", &uport])
+            .env("LD_PRELOAD", &preload)
+            .env("ULNIC_INET", "10.81.0.0/24")
+            .env("ULNIC_SOCKET", &dev.sockets()[0]),
+    ));
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let lines = Cell::new(0usize);
+    let result = runner.run(&proptest::collection::vec(line(), 1..24), |seq| {
+        let (mut kernel, mut ulnic) = (kernel.borrow_mut(), ulnic.borrow_mut());
+        kernel.send(&seq);
+        ulnic.send(&seq);
+        let (k, u) = (kernel.transcript(), ulnic.transcript());
+        lines.set(lines.get() + seq.len());
+        if k != u {
+            let mut report = String::from("sequence | kernel | ulnic\n");
+            let width = k.len().max(u.len());
+            for i in 0..width {
+                report += &format!(
+                    "{:<22} | {:<28} | {}{}\n",
+                    seq.get(i).map_or("", String::as_str),
+                    k.get(i).map_or("", String::as_str),
+                    u.get(i).map_or("", String::as_str),
+                    if k.get(i) != u.get(i) { "   <--" } else { "" }
+                );
+            }
+            return Err(TestCaseError::fail(report));
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    eprintln!(
+        "epoll model: {cases} sequences, {} calls, ulnic and kernel agree",
+        lines.get()
+    );
+}

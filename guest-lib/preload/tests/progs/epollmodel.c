@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause */
+/*
+ * Runs sequences of epoll, read, write and shutdown calls read from stdin
+ * and prints what each call saw, for the preload layer's model test: the
+ * same sequences run over ulnic (under the layer, connecting to this
+ * node's own address) and over kernel TCP on 127.0.0.1 must print the same.
+ *
+ *   epollmodel IP PORT
+ *
+ * Each sequence starts with two connection pairs (c0-s0, c1-s1: a
+ * non-blocking connect, the accept, the connect's completion) and a pipe
+ * (p reads, q writes), and two epoll sets (0, 1). Lines:
+ *
+ *   ctl SET add|mod|del NAME MASK   MASK: letters i(n) o(ut) r(dhup) e(dge) 1(shot), or -
+ *   write NAME BYTES                non-blocking; then waits until the peer has them all
+ *   read NAME BYTES                 non-blocking
+ *   shut NAME                       shutdown(SHUT_WR); then waits until the peer sees it
+ *   close NAME                      (later lines naming it print "closed")
+ *   wait SET                        epoll_wait(SET, 8 entries, timeout 0)
+ *   poll                            poll(every open name, in|out|rdhup, timeout 0)
+ *   turns SET                       epoll_wait(SET, 1 entry, timeout 0) 8 times; the names
+ *                                   reported, each once (ready entries take turns)
+ *   end                             closes everything; prints "end"
+ *
+ * A stream takes at most 6 writes a sequence (ulnic credits 8 messages
+ * unread; beyond, bytes wait for credit where the kernel's window would
+ * still take them): later ones print "skip".
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NAMES 6 /* c0 s0 c1 s1 p q */
+static const char *names[NAMES] = { "c0", "s0", "c1", "s1", "p", "q" };
+static int fds[NAMES], peer[NAMES] = { 1, 0, 3, 2, -1, 4 };
+static long unread[NAMES]; /* bytes written to a name's stream not yet read there */
+static int writes[NAMES];
+static int sets[2];
+
+static void die(const char *what)
+{
+	printf("fail %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static int name_of(const char *s)
+{
+	for (int i = 0; i < NAMES; i++)
+		if (!strcmp(s, names[i]))
+			return i;
+	return -1;
+}
+
+static void nap_us(long us)
+{
+	struct timespec t = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000 };
+
+	nanosleep(&t, NULL);
+}
+
+static void pair(const char *ip, int l, int port, int *c, int *s)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	struct pollfd pf;
+
+	*c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	if (*c < 0 || (connect(*c, (struct sockaddr *)&a, sizeof(a)) && errno != EINPROGRESS))
+		die("connect");
+	pf = (struct pollfd){ .fd = l, .events = POLLIN };
+	if (poll(&pf, 1, 5000) != 1)
+		die("poll listener");
+	*s = accept4(l, NULL, NULL, SOCK_NONBLOCK);
+	if (*s < 0)
+		die("accept");
+	pf = (struct pollfd){ .fd = *c, .events = POLLOUT };
+	if (poll(&pf, 1, 5000) != 1)
+		die("poll connect");
+}
+
+/* Until the stream into `n` holds `unread[n]` bytes (2 s at most). */
+static int settle_bytes(int n)
+{
+	for (int i = 0; i < 20000; i++) {
+		int k = 0;
+
+		if (ioctl(fds[n], FIONREAD, &k))
+			return -1;
+		if (k == unread[n])
+			return 0;
+		nap_us(100);
+	}
+	return -1;
+}
+
+static void masks(char *out, unsigned ev)
+{
+	out[0] = 0;
+	if (ev & EPOLLIN)
+		strcat(out, "i");
+	if (ev & EPOLLOUT)
+		strcat(out, "o");
+	if (ev & EPOLLRDHUP)
+		strcat(out, "r");
+	if (ev & EPOLLHUP)
+		strcat(out, "h");
+	if (ev & EPOLLERR)
+		strcat(out, "e");
+}
+
+static unsigned parse_mask(const char *m)
+{
+	unsigned ev = 0;
+
+	for (; *m; m++)
+		ev |= *m == 'i' ? EPOLLIN : *m == 'o' ? EPOLLOUT : *m == 'r' ? EPOLLRDHUP :
+		      *m == 'e' ? EPOLLET : *m == '1' ? EPOLLONESHOT : 0;
+	return ev;
+}
+
+static int by_name(const void *a, const void *b)
+{
+	return (int)((const struct epoll_event *)a)->data.u64 -
+	       (int)((const struct epoll_event *)b)->data.u64;
+}
+
+static void wait_set(int set)
+{
+	struct epoll_event ev[8];
+	int k = epoll_wait(sets[set], ev, 8, 0);
+	char m[8];
+
+	if (k < 0) {
+		printf("wait -%d\n", errno);
+		return;
+	}
+	qsort(ev, k, sizeof(ev[0]), by_name);
+	printf("wait");
+	for (int i = 0; i < k; i++) {
+		masks(m, ev[i].events);
+		printf(" %s:%s", names[ev[i].data.u64], m);
+	}
+	printf("\n");
+}
+
+static void poll_all(void)
+{
+	struct pollfd pf[NAMES];
+	int k = 0;
+	char m[8];
+
+	for (int i = 0; i < NAMES; i++)
+		if (fds[i] >= 0)
+			pf[k++] = (struct pollfd){ .fd = fds[i], .events = POLLIN | POLLOUT | POLLRDHUP };
+	if (poll(pf, k, 0) < 0) {
+		printf("poll -%d\n", errno);
+		return;
+	}
+	printf("poll");
+	for (int i = 0, j = 0; i < NAMES; i++)
+		if (fds[i] >= 0) {
+			unsigned r = pf[j++].revents;
+
+			masks(m, (r & POLLIN ? EPOLLIN : 0) | (r & POLLOUT ? EPOLLOUT : 0) |
+					 (r & POLLRDHUP ? EPOLLRDHUP : 0) | (r & POLLHUP ? EPOLLHUP : 0) |
+					 (r & POLLERR ? EPOLLERR : 0));
+			printf(" %s:%s", names[i], m);
+		}
+	printf("\n");
+}
+
+static void turns(int set)
+{
+	int seen[NAMES] = { 0 };
+
+	for (int i = 0; i < 8; i++) {
+		struct epoll_event ev;
+
+		if (epoll_wait(sets[set], &ev, 1, 0) == 1)
+			seen[ev.data.u64 % NAMES] = 1;
+	}
+	printf("turns");
+	for (int i = 0; i < NAMES; i++)
+		if (seen[i])
+			printf(" %s", names[i]);
+	printf("\n");
+}
+
+static void start(const char *ip, int l, int port)
+{
+	int p[2];
+
+	pair(ip, l, port, &fds[0], &fds[1]);
+	pair(ip, l, port, &fds[2], &fds[3]);
+	if (pipe2(p, O_NONBLOCK))
+		die("pipe");
+	fds[4] = p[0];
+	fds[5] = p[1];
+	for (int i = 0; i < 2; i++)
+		if ((sets[i] = epoll_create1(0)) < 0)
+			die("epoll_create1");
+	memset(unread, 0, sizeof(unread));
+	memset(writes, 0, sizeof(writes));
+}
+
+static void finish(void)
+{
+	for (int i = 0; i < NAMES; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	close(sets[0]);
+	close(sets[1]);
+	printf("end\n");
+}
+
+/* After `n` ended its side: until its peer sees `what` (2 s at most when
+ * it `must`, else 50 ms: a reset the kernel may not send); a closed peer
+ * cannot be watched, so 20 ms (our FIN's failure, which the kernel's TCP
+ * sees at once, comes from the device's thread). The peer seeing it also
+ * means our own FIN's completion waits for us. */
+static void settle_end(int n, short what, int must)
+{
+	int to = peer[n];
+
+	if (to >= 0 && fds[to] >= 0) {
+		struct pollfd pf = { .fd = fds[to], .events = what };
+
+		for (int i = 0; i < (must ? 2000 : 50); i++) {
+			pf.revents = 0;
+			if (poll(&pf, 1, 1) == 1 && (pf.revents & what)) {
+				/* The kernel delays its ACK of a FIN; asking for
+				 * quick ACKs sends it now, so our side's state
+				 * changes now, as the device's delivery does. */
+				int one = 1;
+
+				setsockopt(fds[to], IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+				return;
+			}
+		}
+		if (must)
+			printf("settle timed out\n");
+	} else {
+		nap_us(20000);
+	}
+}
+
+/* Until the kernel's TCP has our FIN acknowledged (its state leaves
+ * FIN_WAIT1, CLOSING or LAST_ACK; the ACK is processed a moment after
+ * the FIN arrived). A ulnic socket's kernel body is unconnected: no wait. */
+static void settle_acked(int n)
+{
+	for (int i = 0; i < 20000; i++) {
+		struct tcp_info ti;
+		socklen_t len = sizeof(ti);
+
+		if (getsockopt(fds[n], IPPROTO_TCP, TCP_INFO, &ti, &len))
+			return;
+		if (ti.tcpi_state != TCP_FIN_WAIT1 && ti.tcpi_state != TCP_CLOSING &&
+		    ti.tcpi_state != TCP_LAST_ACK)
+			return;
+		nap_us(100);
+	}
+	printf("settle timed out\n");
+}
+
+/* The kernel's TCP acknowledges at once, not after its delayed-ACK
+ * timer: a FIN's ACK (a state change for its sender) then comes when the
+ * FIN does, not with later data, as the device delivers our FIN at once. */
+static void quick_acks(void)
+{
+	int one = 1;
+
+	for (int i = 0; i < 4; i++)
+		if (fds[i] >= 0)
+			setsockopt(fds[i], IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+}
+
+static void step(char *line)
+{
+	char op[16], a[16], b[16], c[16];
+	int k = sscanf(line, "%15s %15s %15s %15s", op, a, b, c), n;
+	static char buf[65536];
+
+	quick_acks();
+	if (k == 1 && !strcmp(op, "poll")) {
+		poll_all();
+		return;
+	}
+	if (k == 2 && !strcmp(op, "turns")) {
+		turns(atoi(a) & 1);
+		return;
+	}
+	if (k >= 1 && !strcmp(op, "wait") && k == 2) {
+		wait_set(atoi(a) & 1);
+		return;
+	}
+	if (k == 4 && !strcmp(op, "ctl")) {
+		int set = atoi(a) & 1, f = name_of(c);
+		int how = !strcmp(b, "add") ? EPOLL_CTL_ADD : !strcmp(b, "mod") ? EPOLL_CTL_MOD :
+									  EPOLL_CTL_DEL;
+		char *mask = strchr(strchr(strchr(line, ' ') + 1, ' ') + 1, ' ') + 1;
+		mask = strchr(mask, ' ');
+		struct epoll_event ev = { .events = mask ? parse_mask(mask + 1) : 0 };
+
+		if (f < 0 || fds[f] < 0) {
+			printf("closed\n");
+			return;
+		}
+		ev.data.u64 = f;
+		printf("ctl %d\n", epoll_ctl(sets[set], how, fds[f], &ev) ? -errno : 0);
+		return;
+	}
+	n = k >= 2 ? name_of(a) : -1;
+	if (n < 0) {
+		printf("bad line %s", line);
+		return;
+	}
+	if (fds[n] < 0) {
+		printf("closed\n");
+		return;
+	}
+	if (!strcmp(op, "write") && k == 3) {
+		int to = peer[n];
+		long want = atol(b) % (long)sizeof(buf);
+		ssize_t r;
+
+		if (n == 4 || to < 0 || fds[to] < 0 || writes[n] >= 6) {
+			printf("skip\n");
+			return;
+		}
+		memset(buf, 'x', want);
+		r = write(fds[n], buf, want);
+		printf("write %zd\n", r < 0 ? -errno : r);
+		if (r > 0) {
+			writes[n]++;
+			unread[to] += r;
+			if (settle_bytes(to))
+				printf("settle timed out\n");
+		}
+	} else if (!strcmp(op, "read") && k == 3) {
+		ssize_t r = read(fds[n], buf, atol(b) % (long)sizeof(buf));
+
+		printf("read %zd\n", r < 0 ? -errno : r);
+		if (r > 0)
+			unread[n] -= r;
+	} else if (!strcmp(op, "shut") && k == 2) {
+		if (n >= 4) {
+			printf("skip\n");
+			return;
+		}
+		printf("shut %d\n", shutdown(fds[n], SHUT_WR) ? -errno : 0);
+		settle_end(n, POLLRDHUP, 1);
+		settle_acked(n);
+	} else if (!strcmp(op, "close") && k == 2) {
+		/* Unread bytes make it a reset, unless both ends had ended. */
+		int reset = unread[n] > 0;
+
+		printf("close %d\n", close(fds[n]) ? -errno : 0);
+		fds[n] = -1;
+		if (n < 4)
+			settle_end(n, reset ? POLLERR : POLLRDHUP, !reset);
+	} else {
+		printf("bad line %s", line);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	int one = 1, l;
+	char line[256];
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: epollmodel IP PORT\n");
+		return 2;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGPIPE, SIG_IGN); /* writes to closed peers say EPIPE */
+	a.sin_port = htons(atoi(argv[2]));
+	l = socket(AF_INET, SOCK_STREAM, 0);
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 16))
+		die("listen");
+	printf("ready\n");
+	int begun = 0;
+	while (fgets(line, sizeof(line), stdin)) {
+		if (!begun) {
+			start(argv[1], l, atoi(argv[2]));
+			begun = 1;
+		}
+		if (!strncmp(line, "end", 3)) {
+			finish();
+			begun = 0;
+			continue;
+		}
+		step(line);
+	}
+	return 0;
+}
