@@ -71,9 +71,10 @@ pub fn build(
     }
     // The piece is named by what went into it: the packages asked for and
     // every version resolved
-    // (and by the rules that pick what is taken: 3, with empty
-    // directories).
-    let mut key = format!("rule 3 {}", names.join(","));
+    // (and by the rules that pick what is taken: 8, with empty
+    // directories, the packages programs link into and the
+    // architecture-independent ones).
+    let mut key = format!("rule 8 {}", names.join(","));
     for (n, v) in &closure {
         key.push_str(&format!(" {n}={v}"));
     }
@@ -112,9 +113,14 @@ pub fn build(
     // The asked-for packages and their parts whole (but their
     // documentation), then the libraries every ELF file of the selection
     // needs, until none is new.
-    let whole = whole_packages(names, &controls, |n| has_program(&roots[n]))?;
+    let whole = whole_packages(
+        names,
+        &controls,
+        |n| has_program(&roots[n]),
+        |n| programs_link_into(n, &roots),
+    )?;
     progress(&format!(
-        "      taken whole (named, built from the same source, or what a metapackage stands for): {}",
+        "      taken whole (named, built from the same source, what a metapackage or a program's link stands for, architecture-independent): {}",
         whole.iter().cloned().collect::<Vec<_>>().join(", ")
     ));
     let mut take: BTreeSet<PathBuf> = BTreeSet::new();
@@ -134,11 +140,13 @@ pub fn build(
     let mut todo: Vec<PathBuf> = take.iter().cloned().collect();
     let mut missing = BTreeSet::new();
     while let Some(f) = todo.pop() {
-        // A link brings its target (libfoo.so.1 -> libfoo.so.1.2.3).
-        if let Ok(target) = std::fs::read_link(&f) {
-            let t = f.parent().unwrap_or(Path::new("/")).join(target);
-            if t.starts_with(&pool) && t.exists() && take.insert(t.clone()) {
-                todo.push(t);
+        // A link brings its target (libfoo.so.1 -> libfoo.so.1.2.3), from
+        // whichever package of the closure holds it.
+        if std::fs::read_link(&f).is_ok() {
+            if let Some((_, t)) = link_target(&f, &roots) {
+                if take.insert(t.clone()) {
+                    todo.push(t);
+                }
             }
             continue;
         }
@@ -208,13 +216,60 @@ fn libraries(roots: &BTreeMap<String, PathBuf>) -> Result<BTreeMap<String, PathB
 }
 
 /// Whether an unpacked package (at `root`) ships a program.
+/// Where the link `f` (in one of `roots`) points: the package that holds
+/// its target and the target there, when one does.
+fn link_target(f: &Path, roots: &BTreeMap<String, PathBuf>) -> Option<(String, PathBuf)> {
+    let target = std::fs::read_link(f).ok()?;
+    let (_, root) = roots.iter().find(|(_, r)| f.starts_with(r))?;
+    let rel_dir = f.parent()?.strip_prefix(root).ok()?;
+    // The target as a path inside a package, `..` resolved.
+    let mut inside = PathBuf::new();
+    let joined = if target.is_absolute() {
+        target
+    } else {
+        rel_dir.join(target)
+    };
+    for c in joined.components() {
+        match c {
+            std::path::Component::Normal(p) => inside.push(p),
+            std::path::Component::ParentDir => {
+                inside.pop();
+            }
+            _ => {}
+        }
+    }
+    roots.iter().find_map(|(n, r)| {
+        let t = r.join(&inside);
+        std::fs::symlink_metadata(&t)
+            .is_ok()
+            .then(|| (n.clone(), t))
+    })
+}
+
+/// The other packages that package `n`'s programs are links into.
+fn programs_link_into(n: &str, roots: &BTreeMap<String, PathBuf>) -> Vec<String> {
+    let Some(root) = roots.get(n) else {
+        return Vec::new();
+    };
+    walk(root)
+        .unwrap_or_default()
+        .iter()
+        .filter(|f| is_program_path(root, f) && std::fs::read_link(f).is_ok())
+        .filter_map(|f| link_target(f, roots))
+        .map(|(p, _)| p)
+        .filter(|p| p != n)
+        .collect()
+}
+
+fn is_program_path(root: &Path, f: &Path) -> bool {
+    let rel = f.strip_prefix(root).unwrap_or(f);
+    ["bin", "sbin", "usr/bin", "usr/sbin"]
+        .iter()
+        .any(|d| rel.parent() == Some(Path::new(d)))
+}
+
 fn has_program(root: &Path) -> Result<bool, Error> {
-    Ok(walk(root)?.iter().any(|f| {
-        let rel = f.strip_prefix(root).unwrap_or(f);
-        ["bin", "sbin", "usr/bin", "usr/sbin"]
-            .iter()
-            .any(|d| rel.parent() == Some(Path::new(d)))
-    }))
+    Ok(walk(root)?.iter().any(|f| is_program_path(root, f)))
 }
 
 /// What a package's control file says of its kin.
@@ -225,6 +280,9 @@ pub struct Control {
     pub source: String,
     /// The packages it depends on (every alternative, without versions).
     pub depends: Vec<String>,
+    /// `Architecture: all`: data and scripts (JavaScript, Python or Perl
+    /// modules, tables) rather than machine code.
+    pub arch_all: bool,
 }
 
 impl Control {
@@ -233,7 +291,13 @@ impl Control {
         let out = Command::new("dpkg-deb")
             .arg("-f")
             .arg(deb)
-            .args(["Package", "Source", "Depends", "Pre-Depends"])
+            .args([
+                "Package",
+                "Source",
+                "Depends",
+                "Pre-Depends",
+                "Architecture",
+            ])
             .output()
             .map_err(|e| Error::Tool {
                 tool: "dpkg-deb".into(),
@@ -267,6 +331,7 @@ impl Control {
                 source.to_string()
             },
             depends,
+            arch_all: field("Architecture") == "all",
         }
     }
 }
@@ -279,9 +344,13 @@ pub fn whole_packages(
     names: &[String],
     controls: &BTreeMap<String, Control>,
     mut has_program: impl FnMut(&str) -> Result<bool, Error>,
+    mut links_into: impl FnMut(&str) -> Vec<String>,
 ) -> Result<BTreeSet<String>, Error> {
     let mut whole: BTreeSet<String> = names.iter().cloned().collect();
     for n in names {
+        // A program that is a link into another package (python3's
+        // /usr/bin/python3 -> python3.11) stands for that package.
+        whole.extend(links_into(n));
         if has_program(n)? {
             continue;
         }
@@ -304,8 +373,47 @@ pub fn whole_packages(
         .map(|(n, _)| n.clone())
         .collect();
     whole.extend(kin);
+    // What programs read at run time besides libraries: the
+    // architecture-independent packages that what is taken depends on,
+    // directly or through a library (nodejs's node-cjs-module-lexer
+    // through libnode108), but not through a program that is not taken
+    // (apache2-bin's perl would bring perl's modules without perl) nor the
+    // packaging machinery, which only maintainer scripts use.
+    let mut todo: Vec<&str> = whole.iter().map(String::as_str).collect();
+    let mut seen: BTreeSet<&str> = todo.iter().copied().collect();
+    let mut data = BTreeSet::new();
+    while let Some(n) = todo.pop() {
+        for d in controls.get(n).map(|c| c.depends.as_slice()).unwrap_or(&[]) {
+            let Some(c) = controls.get(d) else { continue };
+            if MACHINERY.contains(&d.as_str()) || !seen.insert(d.as_str()) {
+                continue;
+            }
+            if c.arch_all && !d.ends_with("-doc") {
+                data.insert(d.clone());
+                todo.push(d.as_str());
+            } else if d.starts_with("lib") {
+                todo.push(d.as_str());
+            }
+        }
+    }
+    whole.extend(data);
     Ok(whole)
 }
+
+/// Packages only maintainer scripts use (they are not run in guests).
+const MACHINERY: [&str; 11] = [
+    "debconf",
+    "debconf-2.0",
+    "cdebconf",
+    "po-debconf",
+    "init-system-helpers",
+    "adduser",
+    "lsb-base",
+    "sensible-utils",
+    "ucf",
+    "dpkg",
+    "install-info",
+];
 
 /// The C library's own files, which the base image holds already.
 const BASE_LIBS: [&str; 8] = [
@@ -447,8 +555,10 @@ mod tests {
                 "init-system-helpers"
             ]
         );
+        assert!(!c.arch_all);
         let own = Control::parse("Package: iperf3\nDepends: libiperf0\n");
         assert_eq!(own.source, "iperf3", "no Source field: its own name");
+        assert!(Control::parse("Package: tzdata\nArchitecture: all\n").arch_all);
     }
 
     #[test]
@@ -456,6 +566,7 @@ mod tests {
         let c = |src: &str, deps: &[&str]| Control {
             source: src.into(),
             depends: deps.iter().map(|d| d.to_string()).collect(),
+            arch_all: false,
         };
         let controls: BTreeMap<String, Control> = [
             ("apache2", c("apache2", &["apache2-bin", "perl"])),
@@ -475,15 +586,19 @@ mod tests {
         .map(|(n, c)| (n.to_string(), c))
         .collect();
         // apache2 has programs (apachectl): its same-source kin only.
-        let w = whole_packages(&["apache2".into()], &controls, |_| Ok(true)).unwrap();
+        let none = |_: &str| Vec::new();
+        let w = whole_packages(&["apache2".into()], &controls, |_| Ok(true), none).unwrap();
         assert_eq!(
             w.into_iter().collect::<Vec<_>>(),
             ["apache2", "apache2-bin", "apache2-data"]
         );
         // A metapackage brings what it stands for, and its kin.
-        let w = whole_packages(&["default-mysql-server".into()], &controls, |n| {
-            Ok(n != "default-mysql-server")
-        })
+        let w = whole_packages(
+            &["default-mysql-server".into()],
+            &controls,
+            |n| Ok(n != "default-mysql-server"),
+            none,
+        )
         .unwrap();
         assert_eq!(
             w.into_iter().collect::<Vec<_>>(),
@@ -493,6 +608,96 @@ mod tests {
                 "mariadb-server-core"
             ]
         );
+        // A flavour package whose program is a link into another package
+        // (python3 -> python3.11-minimal) brings it, and its kin, and the
+        // architecture-independent packages they need (tzdata), but not
+        // through the packaging machinery (debconf, and perl after it).
+        let controls: BTreeMap<String, Control> = [
+            ("python3", c("python3-defaults", &["python3.11", "debconf"])),
+            (
+                "debconf",
+                Control {
+                    arch_all: true,
+                    ..c("debconf", &["perl-modules"])
+                },
+            ),
+            (
+                "perl-modules",
+                Control {
+                    arch_all: true,
+                    ..c("perl", &[])
+                },
+            ),
+            ("python3.11", c("python3.11", &["python3.11-minimal"])),
+            ("python3.11-minimal", c("python3.11", &[])),
+            ("libpython3.11-stdlib", c("python3.11", &["tzdata"])),
+            ("libssl3", c("openssl", &[])),
+            (
+                "tzdata",
+                Control {
+                    arch_all: true,
+                    ..c("tzdata", &[])
+                },
+            ),
+        ]
+        .into_iter()
+        .map(|(n, c)| (n.to_string(), c))
+        .collect();
+        let w = whole_packages(
+            &["python3".into()],
+            &controls,
+            |_| Ok(true),
+            |n| {
+                if n == "python3" {
+                    vec!["python3.11-minimal".into()]
+                } else {
+                    vec![]
+                }
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            w.into_iter().collect::<Vec<_>>(),
+            [
+                "libpython3.11-stdlib",
+                "python3",
+                "python3.11",
+                "python3.11-minimal",
+                "tzdata"
+            ]
+        );
+    }
+
+    #[test]
+    fn links_are_followed_into_other_packages() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            d.path().join("python3"),
+            d.path().join("python3.11-minimal"),
+        );
+        std::fs::create_dir_all(a.join("usr/bin")).unwrap();
+        std::fs::create_dir_all(b.join("usr/bin")).unwrap();
+        std::fs::write(b.join("usr/bin/python3.11"), b"elf").unwrap();
+        std::os::unix::fs::symlink("python3.11", a.join("usr/bin/python3")).unwrap();
+        std::os::unix::fs::symlink("../../gone", a.join("usr/bin/dangling")).unwrap();
+        let roots: BTreeMap<String, PathBuf> = [
+            ("python3".to_string(), a.clone()),
+            ("python3.11-minimal".to_string(), b.clone()),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            programs_link_into("python3", &roots),
+            ["python3.11-minimal"]
+        );
+        assert_eq!(
+            link_target(&a.join("usr/bin/python3"), &roots),
+            Some((
+                "python3.11-minimal".to_string(),
+                b.join("usr/bin/python3.11")
+            ))
+        );
+        assert_eq!(link_target(&a.join("usr/bin/dangling"), &roots), None);
     }
 
     #[test]
