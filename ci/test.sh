@@ -45,6 +45,11 @@ command -v sockperf >/dev/null || missing+=(sockperf)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-benchmark >/dev/null || missing+=(redis-tools)
 command -v iperf3 >/dev/null || missing+=(iperf3)
+# Event libraries and runtimes under the layer (guest-lib/preload/tests,
+# tools/tests/daemons.rs): a libevent program built here, asyncio, Node.js.
+[ -f /usr/include/event2/event.h ] || missing+=(libevent-dev)
+command -v python3 >/dev/null || missing+=(python3)
+command -v node >/dev/null || missing+=(nodejs)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

@@ -242,6 +242,12 @@ impl Drop for TestChild {
 /// (`-O2 -Wall -Wextra -Werror`) into a directory that lives as long as
 /// the process; panics with gcc's complaint if it does not build.
 pub fn c_program(src: &std::path::Path) -> &'static std::path::Path {
+    c_program_with(src, &[])
+}
+
+/// As [`c_program`], linked with `libs` (gcc arguments after the source,
+/// such as `-Wl,-Bstatic -levent_core -Wl,-Bdynamic`).
+pub fn c_program_with(src: &std::path::Path, libs: &[&str]) -> &'static std::path::Path {
     use std::collections::HashMap;
     use std::path::{Path, PathBuf};
     use std::sync::{Mutex, OnceLock};
@@ -260,6 +266,7 @@ pub fn c_program(src: &std::path::Path) -> &'static std::path::Path {
     let out = std::process::Command::new("gcc")
         .args(["-O2", "-Wall", "-Wextra", "-Werror"])
         .arg(src)
+        .args(libs)
         .arg("-o")
         .arg(exe)
         .output()

@@ -10,7 +10,9 @@
 //!   same file.
 //!
 //! - 1,000 connections open at once between one server process and one
-//!   client process.
+//!   client process;
+//! - event libraries and runtimes: libevent, asyncio, Node.js (a cluster
+//!   of their own).
 //!
 //! Each server's eth0 counters show the bytes did not go through the
 //! kernel's network.
@@ -21,8 +23,52 @@ const BIG: &str = "/srv/www/big.bin";
 const ROUNDS: usize = 2;
 const PARALLEL: usize = 8;
 
+thread_local! {
+    /// The cluster this test thread works on.
+    static CLUSTER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 fn name() -> String {
-    format!("test-daemons-{}", std::process::id())
+    CLUSTER.with(|c| c.borrow().clone())
+}
+
+/// Boots cluster `suffix` (2 TCG guests with `packages`, and `extra`
+/// options) for this thread; it goes down when the guard drops. One test
+/// boots at a time: two TCG clusters would share 2 cores.
+fn cluster_up(
+    suffix: &str,
+    packages: &str,
+    extra: &[&str],
+) -> (Down, std::sync::MutexGuard<'static, ()>) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let n = format!("test-{suffix}-{}", std::process::id());
+    CLUSTER.with(|c| *c.borrow_mut() = n.clone());
+    let down = Down(n.clone());
+    let mut args = vec![
+        "cluster",
+        "up",
+        "--nodes",
+        "2",
+        "--accel",
+        "tcg",
+        "--packages",
+        packages,
+        "--name",
+        &n,
+    ];
+    args.extend_from_slice(extra);
+    let up = ulnic(&args);
+    assert!(up.status.success(), "cluster up:\n{}", text(&up));
+    (down, turn)
+}
+
+/// Takes cluster `.0` down however the test ends.
+struct Down(String);
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = ulnic(&["cluster", "down", "--name", &self.0]);
+    }
 }
 
 fn ulnic(args: &[&str]) -> Output {
@@ -51,16 +97,7 @@ fn exec(node: &str, cmd: &str) -> String {
 fn put(node: &str, contents: &str, remote: &str) {
     let f = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(f.path(), contents).unwrap();
-    let o = ulnic(&[
-        "cluster",
-        "put",
-        node,
-        f.path().to_str().unwrap(),
-        remote,
-        "--name",
-        &name(),
-    ]);
-    assert!(o.status.success(), "put {remote}:\n{}", text(&o));
+    put_file(node, f.path(), remote);
 }
 
 fn status() -> serde_json::Value {
@@ -266,97 +303,158 @@ fn nginx_packaged(sha: &str) {
     stop(job);
 }
 
+/// `gcc src -o /bin/NAME` on the host (with `libs`), put on every node.
+fn build_and_put(src: &str, libs: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = format!(
+        "{}/../guest-lib/preload/tests/progs/{src}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let stem = std::path::Path::new(&src).file_stem().unwrap().to_owned();
+    let bin = dir.path().join(&stem);
+    let cc = Command::new("gcc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", &src])
+        .args(libs)
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "gcc {src}:\n{}", text(&cc));
+    put_file("all", &bin, &format!("/bin/{}", stem.to_string_lossy()));
+}
+
+fn put_file(node: &str, local: &std::path::Path, remote: &str) {
+    let o = ulnic(&[
+        "cluster",
+        "put",
+        node,
+        local.to_str().unwrap(),
+        remote,
+        "--name",
+        &name(),
+    ]);
+    assert!(o.status.success(), "cluster put {remote}:\n{}", text(&o));
+}
+
+/// A job's status and its log.
+fn job_log(job: u64) -> (serde_json::Value, String) {
+    let s = status();
+    let j = s["jobs"][job as usize - 1].clone();
+    let log = std::fs::read_to_string(j["log"].as_str().unwrap()).unwrap_or_default();
+    (j, log)
+}
+
+/// `server` as a job on node 1 (under the layer) until it says "ready",
+/// then `client` on node 0 (under the layer), which must print
+/// `client_ok`; then the server must end with status 0 having printed
+/// `server_ok`. Returns both outputs.
+fn pair(server: &str, client: &str, client_ok: &str, server_ok: &str) -> (String, String) {
+    let job = detach(&format!("{LAYER} {server}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !job_log(job).1.contains("ready") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{server}: {:?}",
+            job_log(job)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let o = ulnic(&[
+        "cluster",
+        "exec",
+        "0",
+        "--name",
+        &name(),
+        "--",
+        &format!("{LAYER} {client}"),
+    ]);
+    assert!(
+        o.status.success() && text(&o).contains(client_ok),
+        "{client}:\n{}\nserver: {:?}",
+        text(&o),
+        job_log(job)
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (j, log) = loop {
+        let (j, log) = job_log(job);
+        if j["state"] != "running" || std::time::Instant::now() > deadline {
+            break (j, log);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(
+        j["code"] == 0 && log.contains(server_ok),
+        "{server}: {j}\n{log}"
+    );
+    (String::from_utf8_lossy(&o.stdout).into_owned(), log)
+}
+
 /// 1,000 connections open at once between the guests with the default
 /// settings: one server process holds them all in one epoll set, one
 /// client process opens them all before it sends on any, then checks
 /// every echo. Each connection is an endpoint (1,024 a node by default)
 /// and its buffers shrink as the driver's endpoint memory fills.
 fn thousand_connections() {
-    let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("sockcheck");
-    let src = concat!(
+    build_and_put("sockcheck.c", &[]);
+    let (_, log) = pair(
+        "sockcheck hold-server 7600 1000",
+        "sockcheck hold-clients 10.81.0.2 7600 1000",
+        "ok 1000 connections open at once, each echoed",
+        "ok hold-server: 1000 connections, 1000 open at once",
+    );
+    eprintln!("{}", log.trim());
+}
+
+/// Event libraries and runtimes between the guests: a libevent echo pair
+/// (bufferevents over epoll, linked statically with libevent_core), an
+/// asyncio echo pair (Debian's python3) and a Node.js HTTP pair (Debian's
+/// nodejs, libuv), every byte checked by the programs.
+fn event_libraries() {
+    build_and_put(
+        "evecho.c",
+        &["-Wl,-Bstatic", "-levent_core", "-Wl,-Bdynamic"],
+    );
+    let progs = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../guest-lib/preload/tests/progs/sockcheck.c"
+        "/../guest-lib/preload/tests/progs"
     );
-    let cc = Command::new("gcc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", src, "-o"])
-        .arg(&bin)
-        .output()
-        .unwrap();
-    assert!(cc.status.success(), "gcc sockcheck.c:\n{}", text(&cc));
-    let o = ulnic(&[
-        "cluster",
-        "put",
-        "all",
-        bin.to_str().unwrap(),
-        "/bin/sockcheck",
-        "--name",
-        &name(),
-    ]);
-    assert!(o.status.success(), "cluster put:\n{}", text(&o));
-    let job = detach(&format!("{LAYER} sockcheck hold-server 7600 1000"));
-    let log = |job: u64| {
-        let s = status();
-        let j = s["jobs"][job as usize - 1].clone();
-        let text = std::fs::read_to_string(j["log"].as_str().unwrap()).unwrap_or_default();
-        (j, text)
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !log(job).1.contains("ready") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "server: {:?}",
-            log(job)
+    for f in ["asyncio_echo.py", "node_http.js"] {
+        put_file(
+            "all",
+            std::path::Path::new(&format!("{progs}/{f}")),
+            &format!("/opt/{f}"),
         );
-        std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let clients = exec(
-        "0",
-        &format!("{LAYER} sockcheck hold-clients 10.81.0.2 7600 1000"),
-    );
-    assert!(
-        clients.contains("ok 1000 connections open at once, each echoed"),
-        "{clients}"
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let (j, text) = loop {
-        let (j, text) = log(job);
-        if j["state"] != "running" || std::time::Instant::now() > deadline {
-            break (j, text);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
-    assert_eq!(j["code"], 0, "{j}\n{text}");
-    assert!(
-        text.contains("ok hold-server: 1000 connections, 1000 open at once"),
-        "{text}"
-    );
-    eprintln!("{}", text.trim());
+    let runs = [
+        pair(
+            "evecho server 7610 20",
+            "evecho client 10.81.0.2 7610 20 200000",
+            "ok libevent client: 20 connections",
+            "ok libevent server: 20 connections echoed",
+        ),
+        pair(
+            "python3 /opt/asyncio_echo.py server 7611 30",
+            "python3 /opt/asyncio_echo.py client 10.81.0.2 7611 30",
+            "ok asyncio clients: 30 connections",
+            "ok asyncio server: 30 connections echoed",
+        ),
+        pair(
+            "node /opt/node_http.js server 7612 40",
+            "node /opt/node_http.js client 10.81.0.2 7612 40",
+            "ok node client: 40 requests",
+            "ok node server: 40 requests answered",
+        ),
+    ];
+    for (client, _) in runs {
+        eprintln!("{}", client.trim());
+    }
 }
 
 #[test]
 fn debian_daemons_serve_between_guests() {
+    // The default settings (512 MiB guests, 1,024 endpoints a node).
+    let (_down, _turn) = cluster_up("daemons", "apache2-bin,nginx,curl", &[]);
     let n = name();
-    struct Down(String);
-    impl Drop for Down {
-        fn drop(&mut self) {
-            let _ = ulnic(&["cluster", "down", "--name", &self.0]);
-        }
-    }
-    let _down = Down(n.clone());
-    let up = ulnic(&[
-        "cluster",
-        "up",
-        "--nodes",
-        "2",
-        "--accel",
-        "tcg",
-        "--packages",
-        "apache2-bin,nginx,curl",
-        "--name",
-        &n,
-    ]);
-    assert!(up.status.success(), "cluster up:\n{}", text(&up));
     // A job's output lands in its log; its end is recorded.
     let job = detach("echo started; sleep 1; echo done >&2; exit 3");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -396,4 +494,12 @@ fn debian_daemons_serve_between_guests() {
         table.contains("job 5 on node 1: exited") && table.contains("jobs/job5-node1.log"),
         "{table}"
     );
+}
+
+#[test]
+fn event_libraries_between_guests() {
+    // Debian's python3 and nodejs with their libraries take about 80 MiB
+    // of the guests' RAM-backed root: 1 GiB guests.
+    let (_down, _turn) = cluster_up("evlibs", "python3,nodejs", &["--memory", "1024"]);
+    event_libraries();
 }

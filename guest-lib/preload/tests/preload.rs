@@ -314,6 +314,53 @@ fn addresses_outside_the_network_stay_with_the_kernel() {
 }
 
 /// A Debian program the test command installs.
+/// Event libraries and runtimes as their users run them: a libevent
+/// echo pair (bufferevents; `tests/progs/evecho.c`, linked statically
+/// with libevent_core), Python asyncio's echo pair and a Node.js HTTP
+/// pair, each server on node 1 and client on node 0, every byte checked
+/// by the programs themselves.
+#[test]
+fn libevent_asyncio_and_node_pairs_exchange_checked_bytes() {
+    let dev = device(2);
+    let progs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs");
+    let evecho = ulnic_testkit::c_program_with(
+        &progs.join("evecho.c"),
+        &["-Wl,-Bstatic", "-levent_core", "-Wl,-Bdynamic"],
+    );
+    let asyncio = progs.join("asyncio_echo.py");
+    let asyncio = asyncio.to_str().unwrap();
+    let node = progs.join("node_http.js");
+    let node = node.to_str().unwrap();
+    let pairs: [(&Path, Vec<&str>, Vec<&str>); 3] = [
+        (
+            evecho,
+            vec!["server", "7130", "20"],
+            vec!["client", "10.81.0.2", "7130", "20", "200000"],
+        ),
+        (
+            Path::new("python3"),
+            vec![asyncio, "server", "7131", "30"],
+            vec![asyncio, "client", "10.81.0.2", "7131", "30"],
+        ),
+        (
+            Path::new("node"),
+            vec![node, "server", "7132", "40"],
+            vec![node, "client", "10.81.0.2", "7132", "40"],
+        ),
+    ];
+    for (prog, server, client) in pairs {
+        let mut srv = start(&dev, 1, prog, &server);
+        srv.expect_line("ready", READY);
+        let cli = ok(start(&dev, 0, prog, &client), Duration::from_secs(60));
+        let srv = ok(srv, Duration::from_secs(20));
+        eprintln!(
+            "{} | {}",
+            cli.trim(),
+            srv.lines().last().unwrap_or_default()
+        );
+    }
+}
+
 fn debian(name: &str) -> PathBuf {
     let p = Path::new("/usr/bin").join(name);
     assert!(p.exists(), "{name} is missing: ci/test.sh installs it (apt-get install redis-server redis-tools iperf3 sockperf)");
