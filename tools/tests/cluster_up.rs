@@ -5,6 +5,8 @@
 //! reset while the other and the device keep working, a device that stops
 //! answering one guest's commands, and the device restarted under both;
 //! then a pair whose NICs are on two device processes joined over UDP.
+mod cli;
+use cli::{run as ulnic, text};
 use std::process::{Command, Output};
 use std::thread::JoinHandle;
 
@@ -12,22 +14,6 @@ const NAME_PREFIX: &str = "test-up-";
 
 fn name() -> String {
     format!("{NAME_PREFIX}{}", std::process::id())
-}
-
-fn ulnic(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args(args)
-        .output()
-        .expect("ulnic runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `ulnic cluster exec NODE -- CMD` on the test's cluster.

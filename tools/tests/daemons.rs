@@ -16,7 +16,9 @@
 //!
 //! Each server's eth0 counters show the bytes did not go through the
 //! kernel's network.
-use std::process::{Command, Output};
+mod cli;
+use cli::{run as ulnic, text};
+use std::process::Command;
 
 const LAYER: &str = "LD_PRELOAD=/lib/libulnic_preload.so ULNIC_INET=10.81.0.0/24";
 const BIG: &str = "/srv/www/big.bin";
@@ -69,22 +71,6 @@ impl Drop for Down {
     fn drop(&mut self) {
         let _ = ulnic(&["cluster", "down", "--name", &self.0]);
     }
-}
-
-fn ulnic(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ulnic"))
-        .args(args)
-        .output()
-        .expect("ulnic runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Runs `cmd` on `node`; its standard output, or a panic with everything.
@@ -396,13 +382,13 @@ fn pair(server: &str, client: &str, client_ok: &str, server_ok: &str) -> (String
 /// and its buffers shrink as the driver's endpoint memory fills.
 fn thousand_connections() {
     build_and_put("sockcheck.c", &[]);
-    let (_, log) = pair(
+    let (clients, log) = pair(
         "sockcheck hold-server 7600 1000",
         "sockcheck hold-clients 10.81.0.2 7600 1000",
         "ok 1000 connections open at once, each echoed",
         "ok hold-server: 1000 connections, 1000 open at once",
     );
-    eprintln!("{}", log.trim());
+    eprintln!("{}\n{}", clients.trim(), log.trim());
 }
 
 /// Event libraries and runtimes between the guests: a libevent echo pair

@@ -1,7 +1,25 @@
 //! Running the `ulnic` command from the tools' tests.
 #![allow(dead_code)]
 
-use std::process::Command;
+use std::process::{Command, Output};
+
+/// Runs `ulnic ARGS` and returns what it did.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ulnic"))
+        .args(args)
+        .output()
+        .expect("ulnic runs")
+}
+
+/// An output's exit status, stdout and stderr, for a failure message.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
 
 /// Runs `ulnic ARGS`, checks it succeeded, and returns its stdout as
 /// JSON lines (the command's `--json` output).
