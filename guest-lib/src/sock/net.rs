@@ -31,7 +31,7 @@ pub(crate) struct Shape {
     pub send_slots: u32,
 }
 
-/// A connection's buffers when the device's endpoint memory is half
+/// A connection's buffers when the device's endpoint memory is a quarter
 /// used or more (a cap: smaller settings stay).
 const SMALLEST: Shape = Shape {
     credits: 4,
@@ -61,12 +61,13 @@ impl Shape {
 
     /// What a new connection gets when the device's endpoint memory is
     /// `used` of `limit` bytes, as a kernel shrinks socket buffers under
-    /// memory pressure: the full size below a quarter, buffers a quarter
-    /// the size (at least 8 KiB) below half, the smallest beyond.
+    /// memory pressure: the full size below an eighth, buffers a quarter
+    /// the size (at least 8 KiB) below a quarter, the smallest beyond (a
+    /// 512 MiB guest then holds about 1,400 connections).
     pub fn for_pressure(self, used: u64, limit: u64) -> Shape {
-        if used.saturating_mul(4) < limit {
+        if used.saturating_mul(8) < limit {
             self
-        } else if used.saturating_mul(2) < limit {
+        } else if used.saturating_mul(4) < limit {
             Shape {
                 buffer: (self.buffer / 4).max(SMALLEST.buffer).min(self.buffer) & !4095,
                 ..self
@@ -336,11 +337,12 @@ mod tests {
         assert_eq!(full.segment_bytes(), 1 << 20);
         let limit = 128 << 20;
         assert_eq!(full.for_pressure(0, limit), full);
-        assert_eq!(full.for_pressure(limit / 4 - 1, limit), full);
-        let quarter = full.for_pressure(limit / 4, limit);
+        assert_eq!(full.for_pressure(limit / 8 - 1, limit), full);
+        let quarter = full.for_pressure(limit / 8, limit);
         assert_eq!((quarter.credits, quarter.buffer), (8, 16 << 10));
         assert_eq!(quarter.segment_bytes(), 256 << 10);
-        let small = full.for_pressure(limit / 2, limit);
+        assert_eq!(full.for_pressure(limit / 4 - 1, limit), quarter);
+        let small = full.for_pressure(limit / 4, limit);
         assert_eq!(small, SMALLEST);
         assert_eq!(small.segment_bytes(), 48 << 10);
         assert_eq!(full.for_pressure(limit * 2, limit), SMALLEST);
