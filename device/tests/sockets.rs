@@ -375,6 +375,34 @@ fn many_connections_at_once_each_keep_their_own_bytes() {
 }
 
 #[test]
+fn a_listener_closed_with_requests_queued_refuses_them_at_once() {
+    let (_dev, a, b) = nets();
+    let mut l = Listener::bind(&b, 16, 8).unwrap();
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let a = a.clone();
+            thread::spawn(move || Stream::connect(&a, SockAddr { node: 1, port: 16 }).map(|_| ()))
+        })
+        .collect();
+    // All three queued, none accepted: then the listener closes.
+    common::wait_for(
+        Duration::from_secs(10),
+        "three requests queued",
+        || {
+            let _ = l.poll();
+            l.wakes().input
+        },
+        |n| *n >= 3,
+    );
+    drop(l);
+    // Refused (the connect timeout would say ETIMEDOUT).
+    for c in clients {
+        let e = c.join().unwrap().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
+    }
+}
+
+#[test]
 fn connections_shrink_under_memory_pressure_and_keep_their_bytes() {
     // 32 MiB of endpoint memory a node held 30 connections of 1 MiB; as it
     // fills, new connections get smaller buffers (docs/sockets.md §3), so

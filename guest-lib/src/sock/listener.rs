@@ -42,6 +42,16 @@ pub struct Listener {
     shared: Option<SharedRequests>,
 }
 
+/// A listener that closes refuses the requests it had queued (not one
+/// shared across fork: other processes may still accept them).
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if self.shared.is_none() {
+            self.refuse_queued();
+        }
+    }
+}
+
 impl Listener {
     /// Listens on `port` (1..=65535) of this node, queueing up to
     /// `backlog` requests (more are refused): `EADDRINUSE` if another
@@ -201,6 +211,24 @@ impl Listener {
             (why as u32).to_le_bytes().as_bytes(),
             0,
         );
+    }
+
+    /// Closing: answers every queued request (and any still in the ring)
+    /// with REFUSE, so its client fails at once, as TCP resets the
+    /// connections a closed listener had queued. The refusals are sent
+    /// before the endpoint goes (100 ms at most).
+    fn refuse_queued(&mut self) {
+        let give_up = std::time::Instant::now() + std::time::Duration::from_millis(100);
+        self.progress();
+        while let Some((client, _, _)) = self.queue.pop_front() {
+            while self.ep.send_space() == 0 && std::time::Instant::now() < give_up {
+                std::thread::yield_now();
+            }
+            self.refuse(client, libc::ECONNREFUSED);
+        }
+        while !self.ep.sends_done() && std::time::Instant::now() < give_up {
+            std::thread::yield_now();
+        }
     }
 
     fn progress(&mut self) {
