@@ -165,7 +165,8 @@ pub enum ClusterCmd {
         #[command(flatten)]
         name: ClusterName,
     },
-    /// Show the guests' state, boot times and log paths.
+    /// Show the guests' state, boot times and console logs, and the
+    /// background jobs (`exec --detach`) with their state and logs.
     Status {
         #[command(flatten)]
         name: ClusterName,
