@@ -41,8 +41,11 @@ struct Set {
     /// its turn (the kernel queues a reported level-triggered entry at
     /// the end of its ready list).
     next: Arc<AtomicUsize>,
-    /// Whether the next `epoll_wait` looks at the kernel's entries first.
-    kernel_turn: Arc<AtomicBool>,
+    /// The last `epoll_wait` filled every entry with ulnic sockets, so
+    /// the kernel's entries were not looked at: the next looks at them
+    /// first (neither kind starves the other; no extra system call when
+    /// there was room for both).
+    kernel_first: Arc<AtomicBool>,
     /// The notification descriptors added to the kernel's set: this
     /// process's context's, and any other context's a socket here lives
     /// in (a listener inherited across fork is the parent's).
@@ -221,10 +224,7 @@ impl Registry {
         let out = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
         let start = Instant::now();
         let mut spins = 0u32;
-        // Kernel descriptors and ulnic sockets take turns at being looked
-        // at first, so neither kind starves the other when more are ready
-        // than `max`.
-        if set.kernel_turn.fetch_xor(true, Ordering::Relaxed) {
+        if set.kernel_first.swap(false, Ordering::Relaxed) {
             let k = kernel_wait(epfd, out.as_mut_ptr(), max, Some(Duration::ZERO), sigmask);
             if k < 0 {
                 return k;
@@ -237,6 +237,9 @@ impl Registry {
         }
         loop {
             let mut n = user_ready(env, &set, epfd, out);
+            if n == out.len() {
+                set.kernel_first.store(true, Ordering::Relaxed);
+            }
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
             let spinning = start.elapsed() < env.spin;
             let look_kernel = n > 0
