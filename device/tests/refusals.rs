@@ -249,3 +249,37 @@ fn features_not_accepted_are_refused() {
         (event::TX_ERROR, tx_error::BAD_DESCRIPTOR, 42)
     );
 }
+
+/// A forked child's copy of an attachment may not post commands: its view
+/// of the control queue is the parent's, and a command from it would
+/// corrupt the queue for the parent (spec §2.4). The child is refused
+/// (EBUSY for the library), and the parent's queue goes on working.
+#[test]
+fn a_forked_childs_command_is_refused_and_the_parents_queue_works() {
+    let dev = common::device(1);
+    let hw = HostAttach::connect(&common::socket(&dev, 0), 4 << 20).unwrap();
+    create_pd(&hw);
+    // SAFETY: the child only makes one refused call (no lock is taken
+    // before the check) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let refused = matches!(
+            hw.command(cmd::CREATE_PD, &[]),
+            Err(ulnic_host_attach::Error::ForkedChild(cmd::CREATE_PD, _))
+        );
+        // SAFETY: leaving the forked child without running the parent's
+        // destructors.
+        unsafe { libc::_exit(if refused { 0 } else { 1 }) };
+    }
+    let mut st = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "the child's command was not refused ({st:#x})"
+    );
+    for _ in 0..3 {
+        create_pd(&hw);
+    }
+}

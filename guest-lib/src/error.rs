@@ -69,6 +69,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the host-attach driver refused a command because the caller
+    /// is a forked child of the process that attached (spec §2.4).
+    ///
+    /// ```
+    /// assert!(!ulnic::Error::WouldBlock.is_forked_child());
+    /// ```
+    pub fn is_forked_child(&self) -> bool {
+        matches!(
+            self,
+            Error::Driver(ulnic_host_attach::Error::ForkedChild(..))
+        )
+    }
+
     /// The `errno` value that stands for this error, for C callers and
     /// for the socket layer (always positive): a device status maps as
     /// the Linux driver maps it (spec §9), a failed remote access as the
@@ -91,7 +104,7 @@ impl Error {
             Error::Driver(d) => match d {
                 D::Command { status, .. } => status_errno(*status),
                 D::OutOfMemory(_) => libc::ENOMEM,
-                D::NodeBusy(_) => libc::EBUSY,
+                D::NodeBusy(_) | D::ForkedChild(..) => libc::EBUSY,
                 D::Incompatible(_) | D::BadResponse(_) => libc::EPROTO,
                 D::Timeout(_) => libc::ETIMEDOUT,
                 D::ControlQueueDead(_) => libc::EIO,

@@ -51,6 +51,11 @@ pub enum Error {
     /// The device answered with a malformed response.
     #[error("malformed response to command {0:#x}")]
     BadResponse(u32),
+    /// A forked child called: the attachment's queues are its parent's
+    /// (copied memory the parent keeps using), so a command or a look at
+    /// the notification queue from the child would corrupt them.
+    #[error("command {0:#x} not sent: this attachment belongs to process {1} (a forked child cannot use its parent's attachment; attach on its own node)")]
+    ForkedChild(u32, u32),
     /// The node closed the connection at once: another frontend (a VM or
     /// a process) is attached to it, and a node serves one at a time.
     #[error("node {0} is in use by another frontend (one VM or process per node)")]

@@ -91,6 +91,8 @@ pub struct HostAttach {
     /// Notified endpoints not yet taken: bit `e % 64` of word `e / 64`.
     pending: Box<[AtomicU64]>,
     info: DeviceInfo,
+    /// The process that attached: only it may use the queues.
+    owner: u32,
 }
 
 struct ControlQueue {
@@ -342,6 +344,7 @@ impl HostAttach {
         }
         let _ = notify.kick.write(1);
         let mut this = HostAttach {
+            owner: std::process::id(),
             _frontend: Mutex::new(fe),
             memory,
             control: Mutex::new(control),
@@ -392,6 +395,12 @@ impl HostAttach {
         &self.info
     }
 
+    /// Whether the calling process is the one that attached (a forked
+    /// child's copy of the attachment may not use its queues).
+    fn is_owner(&self) -> bool {
+        std::process::id() == self.owner
+    }
+
     /// The shared memory.
     pub fn memory(&self) -> &DmaMemory {
         &self.memory
@@ -399,6 +408,9 @@ impl HostAttach {
 
     /// Runs one control command and returns its result payload.
     pub fn command(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>, Error> {
+        if !self.is_owner() {
+            return Err(Error::ForkedChild(opcode, self.owner));
+        }
         let mut c = lock(&self.control);
         let half = c.buf.len / 2;
         if CMD_HEADER_SIZE + payload.len() > half {
@@ -571,6 +583,11 @@ impl HostAttach {
         let Some(word) = self.pending.get(bitmap::word(endpoint)) else {
             return false;
         };
+        if !self.is_owner() {
+            // A forked child: the notification queue is the parent's.
+            std::thread::sleep(timeout);
+            return false;
+        }
         let bit = bitmap::mask(endpoint);
         let deadline = Instant::now() + timeout;
         if timeout.is_zero() {
@@ -614,6 +631,9 @@ impl HostAttach {
     /// # Ok::<(), ulnic_host_attach::Error>(())
     /// ```
     pub fn take_notified(&self) -> Vec<u32> {
+        if !self.is_owner() {
+            return Vec::new(); // a forked child: the queue is the parent's
+        }
         // A thread asleep in wait_notification meanwhile may lose its
         // wake-up to this read; it finds its bit taken at its next look
         // (taking everything is what this call means).

@@ -826,8 +826,14 @@ impl Endpoint {
     /// ```
     pub fn arm(&mut self) -> Result<bool, Error> {
         if !self.notify_enabled {
-            self.dom.ep_command(cmd::ARM, self.object_id().as_bytes())?;
-            self.notify_enabled = true;
+            match self.dom.ep_command(cmd::ARM, self.object_id().as_bytes()) {
+                Ok(_) => self.notify_enabled = true,
+                // A forked child of a host-attached process: commands and
+                // notifications are the parent's (spec §2.4), so its waits
+                // look again at each timeout instead.
+                Err(e) if e.is_forked_child() => {}
+                Err(e) => return Err(e),
+            }
         }
         self.arm_seq = self.arm_seq.wrapping_add(1);
         self.word(ctrl::ARM_REQUEST)
