@@ -50,6 +50,9 @@ command -v iperf3 >/dev/null || missing+=(iperf3)
 [ -f /usr/include/event2/event.h ] || missing+=(libevent-dev)
 command -v python3 >/dev/null || missing+=(python3)
 command -v node >/dev/null || missing+=(nodejs)
+# CPython's own socket test suites, run over the kernel and under the layer
+# (guest-lib/preload/tests/cpython.rs).
+[ -f /usr/lib/python3.11/test/test_socket.py ] || missing+=(libpython3.11-testsuite)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"

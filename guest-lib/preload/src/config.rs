@@ -2,6 +2,10 @@
 //! `n` the IPv4 address `10.81.0.(n + 1)` (the network address plus
 //! `n + 1`), also as an IPv4-mapped IPv6 address. Everything else, and
 //! everything when `ULNIC_INET` is unset, stays with the kernel.
+//!
+//! Loopback mode, `ULNIC_INET=127.0.0.0/8`: every 127.x.x.x address is
+//! this node, which sends to itself through the device (docs/sockets.md
+//! §7); other nodes have no address.
 
 use std::ffi::c_int;
 use std::net::Ipv4Addr;
@@ -18,6 +22,8 @@ pub struct Inet {
     base: u32,
     /// Addresses in the range.
     size: u32,
+    /// Loopback mode: 127.0.0.0/8 is this node.
+    loopback: bool,
 }
 
 /// Where a socket address points.
@@ -28,12 +34,16 @@ pub enum Target {
     /// Any address (`INADDR_ANY`, `in6addr_any`), and a port: this node
     /// and the kernel both.
     Any(u16),
+    /// This node, whichever number it has (loopback mode), and a port:
+    /// [`crate::env::Env::target`] makes it a `Node`.
+    Local(u16),
     /// Something for the kernel.
     Kernel,
 }
 
 impl Inet {
-    /// Parses `a.b.c.d/len` (len 8..=30).
+    /// Parses `a.b.c.d/len` (len 8..=30); a network inside 127.0.0.0/8
+    /// is loopback mode.
     pub fn parse(s: &str) -> Option<Inet> {
         let (addr, len) = s.trim().split_once('/')?;
         let ip: Ipv4Addr = addr.parse().ok()?;
@@ -42,9 +52,17 @@ impl Inet {
             return None;
         }
         let mask = u32::MAX << (32 - len);
+        if ip.is_loopback() {
+            return Some(Inet {
+                base: u32::from(Ipv4Addr::new(127, 0, 0, 0)),
+                size: 1 << 24,
+                loopback: true,
+            });
+        }
         Some(Inet {
             base: u32::from(ip) & mask,
             size: 1 << (32 - len),
+            loopback: false,
         })
     }
 
@@ -66,8 +84,12 @@ impl Inet {
         (off >= 1 && off < self.size - 1).then(|| off - 1)
     }
 
-    /// The address of node `n`.
+    /// The address of node `n` (in loopback mode 127.0.0.1, the only
+    /// node there is).
     pub fn addr_of(&self, n: u32) -> Ipv4Addr {
+        if self.loopback {
+            return Ipv4Addr::LOCALHOST;
+        }
         Ipv4Addr::from(self.base.wrapping_add(n + 1))
     }
 
@@ -78,6 +100,13 @@ impl Inet {
     pub unsafe fn target(&self, addr: *const sockaddr, len: socklen_t) -> Target {
         match read_addr(addr, len) {
             Some((ip, port)) if ip.is_unspecified() => Target::Any(port),
+            Some((ip, port)) if self.loopback => {
+                if ip.is_loopback() {
+                    Target::Local(port)
+                } else {
+                    Target::Kernel
+                }
+            }
             Some((ip, port)) => match self.node_of(ip) {
                 Some(n) => Target::Node(n, port),
                 None => Target::Kernel,
@@ -198,6 +227,20 @@ mod tests {
         assert_eq!(inet.addr_of(3), Ipv4Addr::new(10, 81, 0, 4));
         assert_eq!(Inet::parse("10.81.0.7/24"), Inet::parse("10.81.0.0/24"));
         assert!(Inet::parse("10.81.0.0").is_none() && Inet::parse("10.81.0.0/31").is_none());
+    }
+
+    #[test]
+    fn loopback_mode_is_this_node_at_every_127_address() {
+        let inet = Inet::parse("127.0.0.0/8").unwrap();
+        let t =
+            |a: &sockaddr_in, len| unsafe { inet.target((a as *const sockaddr_in).cast(), len) };
+        let full = std::mem::size_of::<sockaddr_in>() as socklen_t;
+        assert_eq!(t(&v4([127, 0, 0, 1], 80), full), Target::Local(80));
+        assert_eq!(t(&v4([127, 3, 2, 1], 81), full), Target::Local(81));
+        assert_eq!(t(&v4([0, 0, 0, 0], 82), full), Target::Any(82));
+        assert_eq!(t(&v4([10, 81, 0, 1], 83), full), Target::Kernel);
+        assert_eq!(inet.addr_of(5), Ipv4Addr::LOCALHOST);
+        assert_eq!(Inet::parse("127.0.0.1/8"), Some(inet));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ulnic::sock::{Net, SockConfig};
 
-use crate::config::Inet;
+use crate::config::{Inet, Target};
 use crate::share::Arena;
 
 /// The socket context, once asked for.
@@ -64,6 +64,26 @@ impl Env {
         match &*st {
             NetState::Open(n) => Some(n.clone()),
             _ => None,
+        }
+    }
+
+    /// Where the socket address at `addr` (`len` bytes) points: the
+    /// kernel when no range is set; this node's number for a loopback
+    /// address in loopback mode (the kernel's when there is no NIC).
+    ///
+    /// # Safety
+    /// `addr` is NULL or points to `len` readable bytes.
+    pub unsafe fn target(&self, addr: *const libc::sockaddr, len: libc::socklen_t) -> Target {
+        let Some(inet) = self.inet else {
+            return Target::Kernel;
+        };
+        // SAFETY: the caller's promise.
+        match unsafe { inet.target(addr, len) } {
+            Target::Local(port) => match self.net() {
+                Some(net) => Target::Node(net.node(), port),
+                None => Target::Kernel,
+            },
+            t => t,
         }
     }
 

@@ -180,7 +180,14 @@ impl Registry {
 
     /// `fd` was closed and may have been an epoll set: forget the set.
     pub fn epoll_closed(&self, fd: c_int) {
-        self.sets().remove(&fd);
+        let Some(set) = self.sets().remove(&fd) else {
+            return;
+        };
+        // Its sockets' registrations go with it: a set made later with
+        // the same number starts empty, as the kernel's does.
+        for (_, sock) in &set.socks {
+            sock.lock().regs.retain(|r| r.epfd != fd);
+        }
     }
 
     /// `sock` went to the kernel: its registrations speak for themselves

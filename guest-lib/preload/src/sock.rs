@@ -370,7 +370,12 @@ pub fn connect(env: &Env, sock: &Sock, fd: c_int, target: Target) -> Connected {
         Kind::Listener(_) => return Connected::Ulnic(Err(libc::EINVAL)),
         Kind::Datagram(_) | Kind::Kernel => return Connected::Kernel,
     }
-    let s = match Stream::start_connect(&net, to) {
+    // A port bound first is the one the connection shows.
+    let started = match st.port {
+        Some(p) => Stream::start_connect_from(&net, to, p),
+        None => Stream::start_connect(&net, to),
+    };
+    let s = match started {
         Ok(s) => s,
         Err(e) => return Connected::Ulnic(Err(errno_of(&e))),
     };
@@ -393,6 +398,10 @@ pub fn connect(env: &Env, sock: &Sock, fd: c_int, target: Target) -> Connected {
                 if s.poll()
                     .intersects(Ready::WRITE | Ready::ERROR | Ready::HUP)
                 {
+                    if s.is_connected() {
+                        // Even if reset since: its reads say so.
+                        return Ok(());
+                    }
                     match s.take_error() {
                         Some(e) => Err(e),
                         None => Ok(()),
@@ -461,7 +470,8 @@ pub fn bind(
             }
             (p, false)
         }
-        Target::Kernel => return kernel_err.map_or(Ok(()), Err),
+        // Local: resolved by `Env::target` (never here).
+        Target::Kernel | Target::Local(_) => return kernel_err.map_or(Ok(()), Err),
     };
     // The kernel's port when it chose one (bind to port 0).
     let port = if port == 0 {

@@ -54,8 +54,9 @@ impl Drop for Listener {
 
 impl Listener {
     /// Listens on `port` (1..=65535) of this node, queueing up to
-    /// `backlog` requests (more are refused): `EADDRINUSE` if another
-    /// socket listens there.
+    /// `backlog` requests (more wait in its endpoint's ring, and beyond
+    /// that their CONNECTs are retried until their connect timeout):
+    /// `EADDRINUSE` if another socket listens there.
     ///
     /// ```no_run
     /// # let net = ulnic::sock::Net::open()?;
@@ -188,7 +189,8 @@ impl Listener {
         &self.ep
     }
 
-    /// Requests refused because the backlog was full.
+    /// Requests refused: by a close with requests queued, or because
+    /// their connection could not be made (no endpoint or memory left).
     ///
     /// ```no_run
     /// # let net = ulnic::sock::Net::open()?;
@@ -219,8 +221,12 @@ impl Listener {
     /// before the endpoint goes (100 ms at most).
     fn refuse_queued(&mut self) {
         let give_up = std::time::Instant::now() + std::time::Duration::from_millis(100);
-        self.progress();
-        while let Some((client, _, _)) = self.queue.pop_front() {
+        loop {
+            // The ring's requests come in as the queue empties.
+            self.progress();
+            let Some((client, _, _)) = self.queue.pop_front() else {
+                break;
+            };
             while self.ep.send_space() == 0 && std::time::Instant::now() < give_up {
                 std::thread::yield_now();
             }
@@ -231,9 +237,16 @@ impl Listener {
         }
     }
 
+    /// Takes requests from the ring into the queue, up to the backlog:
+    /// the rest wait in the ring (their clients are connected: the device
+    /// delivered their CONNECT), and once the ring is full too, new
+    /// CONNECTs meet NO_BUFFER and their clients send them again.
     fn progress(&mut self) {
-        while let Some(m) = self.ep.poll_recv() {
-            let (kind, _) = wire::untag(m.tag);
+        while self.queue.len() < self.backlog {
+            let Some(m) = self.ep.poll_recv() else {
+                break;
+            };
+            let (kind, credits) = wire::untag(m.tag);
             let hello = match m.payload {
                 Payload::Inline(d) => Hello::parse(&d[..m.len.min(96) as usize]),
                 Payload::Buffer { .. } => None,
@@ -241,13 +254,12 @@ impl Listener {
             let from_conn = m.src.port > CONN_BASE && m.src.port < CONN_BASE + CONN_PORTS;
             match (kind, hello) {
                 (wire::CONNECT, Some(h)) if from_conn && !m.close && !m.returned => {
-                    if self.queue.len() < self.backlog {
-                        self.queue.push_back((m.src, m.session, h));
-                        self.counts.arrivals += 1;
-                    } else {
-                        self.refuse(m.src, libc::ECONNREFUSED);
-                    }
+                    self.queue.push_back((m.src, m.session, h));
+                    self.counts.arrivals += 1;
                 }
+                // A queued client's keepalive: it only asks whether the
+                // listener is still there.
+                (wire::CREDIT, None) if from_conn && credits == 0 && m.len == 0 => {}
                 _ => self.counts.stray += 1,
             }
         }
@@ -333,6 +345,9 @@ impl Listener {
             let Some((client, session, hello)) = l.queue.pop_front() else {
                 return Err(io::ErrorKind::WouldBlock.into());
             };
+            // Its place in the backlog goes to the next in the ring,
+            // whose place there a waiting CONNECT can take.
+            l.progress();
             let s = match Stream::accepted(net, client, session, hello, l.port) {
                 Ok(s) => s,
                 Err(e) => {

@@ -49,9 +49,13 @@ pub(crate) fn io_err(e: Error) -> io::Error {
 /// Where a connection stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// CONNECT sent; waiting for ACCEPT until the deadline.
+    /// CONNECT sent; waiting for its delivery until the deadline.
     Connecting { deadline: Instant },
-    /// Connected.
+    /// Connected: the CONNECT is in the listener's queue (the device
+    /// delivered it), as a TCP client is once its handshake put it in the
+    /// accept queue. Writes wait in the send buffer for the ACCEPT.
+    Queued,
+    /// Connected and accepted: the peer's hello came.
     Open,
     /// The connect failed (errno); reported once, then `ENOTCONN`.
     Failed(i32),
@@ -146,13 +150,20 @@ pub(crate) struct Core {
     no_space: bool,
     /// Times there was room again after `no_space` (`Wakes::output`).
     space_wakes: u64,
+    /// Aborted by its program before it was accepted: once accepted, what
+    /// was written goes, then the RST (as TCP's, whose bytes had gone).
+    aborting: bool,
+    /// Closed by its program before it was accepted: the flusher finishes
+    /// it (sends what was written and the FIN once the ACCEPT comes) until
+    /// then, as a kernel keeps an orphaned socket.
+    orphan_until: Option<Instant>,
     /// `shutdown` calls, failed ones too: each wakes every waiter, as the
     /// kernel's does.
     shutdowns: u64,
 }
 
 impl Core {
-    fn start_connect(net: &Net, to: SockAddr) -> io::Result<Core> {
+    fn start_connect(net: &Net, to: SockAddr, port: Option<u16>) -> io::Result<Core> {
         if to.port == 0 || to.node >= net.nodes() {
             return Err(errno(if to.port == 0 {
                 libc::EINVAL
@@ -163,21 +174,14 @@ impl Core {
         let (mut ep, k, shape) = net.stream_endpoint().map_err(io_err)?;
         let local = SockAddr {
             node: net.node(),
-            port: visible_port(k),
+            port: port.unwrap_or_else(|| visible_port(k)),
         };
         let cfg = *net.config();
         let listener = Address {
             node: to.node,
             port: LISTEN_BASE + u32::from(to.port),
         };
-        let hello = Hello::new(shape.credits, shape.buffer, local.port);
-        post_inline(
-            &mut ep,
-            listener,
-            wire::tag(wire::CONNECT, 0),
-            hello.as_bytes(),
-            ID_CONNECT,
-        )?;
+        post_connect(&mut ep, listener, shape, local.port)?;
         Ok(Core::new(
             (ep, shape),
             net,
@@ -262,6 +266,8 @@ impl Core {
             arrivals: 0,
             no_space: false,
             space_wakes: 0,
+            aborting: false,
+            orphan_until: None,
             shutdowns: 0,
         }
     }
@@ -274,8 +280,14 @@ impl Core {
         self.peer
     }
 
-    pub(crate) fn is_connected(&self) -> bool {
-        self.phase == Phase::Open
+    pub(crate) fn is_connected(&mut self) -> bool {
+        self.progress();
+        self.connected()
+    }
+
+    /// Connected, accepted or not yet.
+    fn connected(&self) -> bool {
+        matches!(self.phase, Phase::Open | Phase::Queued)
     }
 
     pub(crate) fn available(&mut self) -> usize {
@@ -306,6 +318,9 @@ impl Core {
     /// Takes what arrived into the socket: data into the queue, credits,
     /// the handshake's answer, ends and resets; the outcome of sends.
     fn progress(&mut self) {
+        // The outcome of sends first: a CONNECT delivered before the
+        // listener's REFUSE came is a connection reset, not refused.
+        self.take_events();
         let mut heard = false;
         while let Some(m) = self.ep.poll_recv() {
             heard |= self.is_peer(&m);
@@ -319,8 +334,45 @@ impl Core {
             // Once per look, not per message: the clock is read here only.
             self.last_heard = Instant::now();
         }
+        self.take_events();
+        self.keep_alive();
+        if let Phase::Connecting { deadline } = self.phase {
+            if Instant::now() >= deadline {
+                self.phase = Phase::Failed(libc::ETIMEDOUT);
+            }
+        }
+        self.flush();
+        if self.fin_out == Fin::Wanted && self.unsent() == 0 {
+            self.post_fin();
+        }
+        // DATA consumed as it came (after shutdown(SHUT_RD)) owes credit.
+        self.return_due_credits();
+    }
+
+    /// Takes the outcome of sends (and the fabric's word on the peer's
+    /// node) from the event queue.
+    fn take_events(&mut self) {
         while let Some(ev) = self.ep.poll_event() {
             match ev {
+                Event::SendDone { id: ID_CONNECT } => {
+                    if let Phase::Connecting { .. } = self.phase {
+                        self.phase = Phase::Queued;
+                        self.last_heard = Instant::now();
+                    }
+                }
+                // The listener's backlog and ring are full: the transport
+                // retried it and gave up. Sent again until the deadline,
+                // as TCP retransmits a SYN a full listener dropped.
+                Event::SendFailed {
+                    id: ID_CONNECT,
+                    reason: SendError::NoBuffer,
+                    ..
+                } if matches!(self.phase, Phase::Connecting { .. }) => {
+                    let (to, shape, port) = (self.peer_ep, self.shape, self.local.port);
+                    if post_connect(&mut self.ep, to, shape, port).is_err() {
+                        self.phase = Phase::Failed(libc::ENOBUFS);
+                    }
+                }
                 Event::SendDone { id: ID_FIN } => self.fin_out = Fin::Done,
                 Event::SendDone { id: ID_KEEPALIVE } => self.keepalive_out = false,
                 // A keepalive the peer had no room for: it is there, and
@@ -353,7 +405,7 @@ impl Core {
                                 r => r.errno(),
                             });
                         }
-                        Phase::Open => {
+                        Phase::Open | Phase::Queued => {
                             if reason == SendError::Unreachable {
                                 self.reset_errno = libc::ETIMEDOUT;
                             }
@@ -363,7 +415,7 @@ impl Core {
                     }
                 }
                 Event::Unreachable { node }
-                    if node == self.peer_ep.node && self.phase == Phase::Open && !self.reset =>
+                    if node == self.peer_ep.node && self.connected() && !self.reset =>
                 {
                     self.reset_errno = libc::ETIMEDOUT;
                     self.reset = true;
@@ -371,18 +423,6 @@ impl Core {
                 _ => {}
             }
         }
-        self.keep_alive();
-        if let Phase::Connecting { deadline } = self.phase {
-            if Instant::now() >= deadline {
-                self.phase = Phase::Failed(libc::ETIMEDOUT);
-            }
-        }
-        self.flush();
-        if self.fin_out == Fin::Wanted && self.unsent() == 0 {
-            self.post_fin();
-        }
-        // DATA consumed as it came (after shutdown(SHUT_RD)) owes credit.
-        self.return_due_credits();
     }
 
     /// After `KEEPALIVE` without a word from the peer, sends it a CREDIT of
@@ -390,12 +430,12 @@ impl Core {
     /// delivered): a peer on a node the transport gives up on makes the
     /// send fail UNREACHABLE, and the connection fails with ETIMEDOUT
     /// instead of waiting for ever (docs/sockets.md §4).
+    ///
+    /// While queued, the keepalive goes to the listener (which ignores
+    /// it): a listener whose endpoint is gone (its program died) makes it
+    /// fail NO_ENDPOINT, which resets the connection.
     fn keep_alive(&mut self) {
-        if self.phase != Phase::Open
-            || self.reset
-            || self.keepalive_out
-            || self.ep.send_space() == 0
-        {
+        if !self.connected() || self.reset || self.keepalive_out || self.ep.send_space() == 0 {
             return;
         }
         let now = Instant::now();
@@ -414,6 +454,13 @@ impl Core {
         }
     }
 
+    /// Something waits to leave: bytes, or a FIN waiting for them or for
+    /// the ACCEPT.
+    fn has_waiting(&self) -> bool {
+        let fin_waits = self.fin_out == Fin::Wanted;
+        (self.unsent() > 0 || fin_waits) && self.connected() && !self.reset
+    }
+
     /// Bytes written and not yet sent (waiting for credit).
     fn unsent(&self) -> usize {
         self.pending.len() - self.pending_sent
@@ -430,6 +477,11 @@ impl Core {
     /// (its hello says; a peer's word, so no more than this side's own
     /// send slots hold either).
     fn message_max(&self) -> usize {
+        if self.phase == Phase::Queued {
+            // Not known yet: what is written before the ACCEPT is cut to
+            // the peer's size when it goes.
+            return self.shape.buffer.max(INLINE_MAX) as usize;
+        }
         self.peer_buffer.min(self.shape.buffer).max(INLINE_MAX) as usize
     }
 
@@ -494,14 +546,16 @@ impl Core {
     /// Takes message `m` in; false when it is not kept (its buffer goes
     /// back at once).
     fn take(&mut self, m: &crate::Received, held: Held) -> bool {
+        let (kind, credits) = wire::untag(m.tag);
         if m.returned {
-            // One of ours came back: the peer never got it.
-            self.reset |= self.phase == Phase::Open;
+            // One of ours came back: the peer never got it. A keepalive
+            // (a CREDIT of nothing) only met a full ring.
+            let keepalive = kind == wire::CREDIT && credits == 0;
+            self.reset |= self.phase == Phase::Open && !keepalive;
             return false;
         }
-        let (kind, credits) = wire::untag(m.tag);
         match self.phase {
-            Phase::Connecting { .. } => {
+            Phase::Connecting { .. } | Phase::Queued => {
                 if m.src.node != self.peer_ep.node {
                     self.stray += 1;
                 } else if kind == wire::ACCEPT && is_conn_port(m.src.port) {
@@ -510,7 +564,13 @@ impl Core {
                         _ => self.stray += 1,
                     }
                 } else if kind == wire::REFUSE && m.src == self.peer_ep {
-                    self.phase = Phase::Failed(libc::ECONNREFUSED);
+                    // Refused before it was delivered, or reset after: the
+                    // listener closed, or could not make the connection.
+                    if self.phase == Phase::Queued {
+                        self.reset = true;
+                    } else {
+                        self.phase = Phase::Failed(libc::ECONNREFUSED);
+                    }
                 } else {
                     self.stray += 1;
                 }
@@ -573,8 +633,14 @@ impl Core {
         self.credits = h.credits.get();
         self.peer_buffer = h.buffer.get();
         self.phase = Phase::Open;
-        // Only the peer from now on; our death resets it.
-        let filtered = self.ep.set_filter(&[only(server)]);
+        // Only the peer from now on; our death resets it. A forked child
+        // of a host-attached process cannot set a filter (commands are
+        // its parent's, spec §2.4): the session check alone keeps
+        // strangers out then.
+        let filtered = match self.ep.set_filter(&[only(server)]) {
+            Err(e) if e.is_forked_child() => Ok(()),
+            r => r,
+        };
         let farewell = self
             .ep
             .set_close_message(server, wire::tag(wire::RST, 0), &[]);
@@ -602,7 +668,7 @@ impl Core {
                     r |= Ready::ERROR;
                 }
             }
-            Phase::Open => {
+            Phase::Open | Phase::Queued => {
                 if self.reset {
                     // As TCP's after a reset: both directions shut.
                     r = Ready::READ | Ready::WRITE | Ready::HUP | Ready::READ_HUP;
@@ -662,7 +728,7 @@ impl Core {
         match self.phase {
             Phase::Connecting { .. } => return Err(io::ErrorKind::WouldBlock.into()),
             Phase::Failed(_) => return Err(errno(libc::ENOTCONN)),
-            Phase::Open => {}
+            Phase::Open | Phase::Queued => {}
         }
         let mut n = 0;
         let mut used = self.head_used;
@@ -713,7 +779,7 @@ impl Core {
         match self.phase {
             Phase::Connecting { .. } => return Err(io::ErrorKind::WouldBlock.into()),
             Phase::Failed(_) => return Err(errno(libc::ENOTCONN)),
-            Phase::Open => {}
+            Phase::Open | Phase::Queued => {}
         }
         if self.reset && self.reset_errno == libc::ETIMEDOUT && !self.reset_told {
             // As over TCP: the timeout is reported once, then EPIPE.
@@ -778,7 +844,7 @@ impl Core {
         // As TCP's: a connection reset, or ended both ways with our FIN
         // delivered, is closed, no longer connected.
         let closed = self.reset || self.ended_both_ways();
-        if self.phase != Phase::Open || closed {
+        if !self.connected() || closed {
             return Err(errno(libc::ENOTCONN));
         }
         if how != Shutdown::Write {
@@ -805,9 +871,13 @@ impl Core {
         self.fin_in && self.fin_out == Fin::Done
     }
 
+    /// Posts the FIN (once accepted: until then it waits, `Fin::Wanted`).
     fn post_fin(&mut self) {
         if self.reset {
             self.fin_out = Fin::Done;
+            return;
+        }
+        if self.phase != Phase::Open {
             return;
         }
         let tag = wire::tag(wire::FIN, self.owed);
@@ -820,6 +890,12 @@ impl Core {
 
     fn abort(&mut self) {
         self.progress();
+        if self.phase == Phase::Queued && !self.reset {
+            // Finished when the ACCEPT comes (the drop that follows
+            // leaves it to the flusher).
+            self.aborting = true;
+            return;
+        }
         self.reset_peer();
     }
 
@@ -832,6 +908,35 @@ impl Core {
             self.reset = true;
         }
         self.ep.clear_close_message();
+    }
+
+    /// One look at a connection its program closed before it was
+    /// accepted: true while it still has something to do (wait for the
+    /// ACCEPT, send what was written, the FIN). Once done, or at its
+    /// deadline, it is closed as [`Core::close`] would.
+    fn finish_orphan(&mut self) -> bool {
+        self.progress();
+        let expired = self.orphan_until.is_none_or(|t| Instant::now() >= t);
+        let busy = match self.phase {
+            Phase::Queued => !self.reset,
+            Phase::Open => {
+                let unread = !self.queue.is_empty() && !self.ended_both_ways();
+                if unread || (self.aborting && self.unsent() == 0) {
+                    // Aborted, or its program will not read what came.
+                    self.reset_peer();
+                }
+                !self.reset && self.fin_out != Fin::Done
+            }
+            _ => false,
+        };
+        if busy && !expired {
+            return true;
+        }
+        if busy && self.phase == Phase::Open {
+            self.reset_peer();
+        }
+        self.ep.clear_close_message();
+        false
     }
 
     /// An orderly close: FIN after everything sent, then (for at most
@@ -901,8 +1006,11 @@ impl Flushable for Mutex<Core> {
         let Ok(mut c) = self.try_lock() else {
             return true; // its program has it: it flushes on the way
         };
+        if c.orphan_until.is_some() {
+            return c.finish_orphan();
+        }
         c.progress();
-        let waiting = c.unsent() > 0 && c.phase == Phase::Open && !c.reset;
+        let waiting = c.has_waiting();
         c.watched = waiting;
         waiting
     }
@@ -934,6 +1042,11 @@ impl Stream {
         let s = Stream::start_connect(net, to)?;
         let deadline = Instant::now() + net.config().connect_timeout;
         while !s.wait(Ready::WRITE, Some(deadline))? {}
+        // Connected, even if reset since (its reads say so), as TCP's
+        // connect returned before a reset came.
+        if s.is_connected() {
+            return Ok(s);
+        }
         match s.take_error() {
             Some(e) => Err(errno(e)),
             None => Ok(s),
@@ -952,7 +1065,23 @@ impl Stream {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_connect(net: &Net, to: SockAddr) -> io::Result<Stream> {
-        Core::start_connect(net, to).map(Stream::wrap)
+        Core::start_connect(net, to, None).map(Stream::wrap)
+    }
+
+    /// As [`Stream::start_connect`], showing `port` as this side's port
+    /// (a socket bound to a port before it connects, as `bind` then
+    /// `connect`): the peer sees it as the client's port. Informational
+    /// (docs/sockets.md §1): the connection's own endpoint port differs.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// let to = ulnic::sock::SockAddr { node: 1, port: 80 };
+    /// let s = ulnic::sock::Stream::start_connect_from(&net, to, 40000)?;
+    /// assert_eq!(s.local_addr().port, 40000);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_connect_from(net: &Net, to: SockAddr, port: u16) -> io::Result<Stream> {
+        Core::start_connect(net, to, Some(port)).map(Stream::wrap)
     }
 
     /// The server's side of a connection a listener took from `client`:
@@ -1130,12 +1259,18 @@ impl Stream {
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         let mut c = self.core();
         let n = c.try_write(buf)?;
-        if c.unsent() > 0 && !c.watched {
+        self.watch_if_waiting(&mut c);
+        Ok(n)
+    }
+
+    /// Has the flusher send what waits (bytes, a FIN) without the
+    /// program's help.
+    fn watch_if_waiting(&self, c: &mut Core) {
+        if c.has_waiting() && !c.watched {
             c.watched = true;
             let weak: std::sync::Weak<dyn Flushable> = Arc::downgrade(&self.core) as _;
             flusher::watch(weak);
         }
-        Ok(n)
     }
 
     /// Asks for a notification when something new arrives, for a
@@ -1241,7 +1376,10 @@ impl Stream {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        self.core().shutdown(how)
+        let mut c = self.core();
+        c.shutdown(how)?;
+        self.watch_if_waiting(&mut c);
+        Ok(())
     }
 
     /// Aborts the connection now: the peer's reads fail with `ECONNRESET`
@@ -1259,10 +1397,23 @@ impl Stream {
 }
 
 /// Closes in order: what was written (and waits in the send buffer) goes,
-/// then the FIN; a reset instead when data was left unread.
+/// then the FIN; a reset instead when data was left unread. A connection
+/// not accepted yet is left to the flusher, which finishes it once the
+/// ACCEPT comes (or gives up at the connect timeout).
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.core().close();
+        let mut c = self.core();
+        c.progress();
+        if c.phase == Phase::Queued && !c.reset {
+            c.orphan_until = Some(Instant::now() + c.net.config().connect_timeout);
+            if c.fin_out == Fin::No && !c.aborting {
+                c.fin_out = Fin::Wanted;
+            }
+            drop(c);
+            flusher::adopt(self.core.clone());
+            return;
+        }
+        c.close();
     }
 }
 
@@ -1321,8 +1472,16 @@ fn inline_bytes(h: Held) -> Vec<u8> {
     }
 }
 
+/// Sends CONNECT with this side's hello to the listener `to`, asking for
+/// its completion (its delivery connects).
+fn post_connect(ep: &mut Endpoint, to: Address, shape: Shape, port: u16) -> io::Result<()> {
+    let hello = Hello::new(shape.credits, shape.buffer, port);
+    let tag = wire::tag(wire::CONNECT, 0);
+    post_inline(ep, to, tag, hello.as_bytes(), ID_CONNECT)
+}
+
 /// Posts an inline message with user id `id`, and a completion for the
-/// FIN (whose delivery a close waits for).
+/// CONNECT and the FIN (whose delivery the connect and a close wait for).
 pub(crate) fn post_inline(
     ep: &mut Endpoint,
     to: Address,
@@ -1330,7 +1489,7 @@ pub(crate) fn post_inline(
     bytes: &[u8],
     id: u64,
 ) -> io::Result<()> {
-    let r = if id == ID_FIN {
+    let r = if id == ID_FIN || id == ID_CONNECT {
         ep.post_send_inline_completion(to, tag, bytes, id)
     } else {
         ep.post_send_inline(to, tag, bytes, id)

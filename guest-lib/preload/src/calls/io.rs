@@ -202,10 +202,10 @@ pub(crate) fn send_on(
     }
     // A datagram socket, or a fresh one: ulnic peers by ulnic, the rest
     // by the kernel.
-    let target = match (dest, c.env.inet) {
+    let target = match dest {
         // SAFETY: the program gives `len` bytes at `addr`.
-        (Some((a, l)), Some(inet)) => unsafe { inet.target(a, l) },
-        _ => Target::Kernel,
+        Some((a, l)) => unsafe { c.env.target(a, l) },
+        None => Target::Kernel,
     };
     let connected = match &s.lock().kind {
         Kind::Datagram(d) => d.peer_addr(),

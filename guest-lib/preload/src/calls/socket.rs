@@ -64,11 +64,12 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
         // SAFETY: the program's arguments, passed on.
         return unsafe { (real().bind)(fd, addr, len) };
     };
-    let Some(inet) = c.env.inet else {
+    if c.env.inet.is_none() {
+        // SAFETY: as above.
         return unsafe { (real().bind)(fd, addr, len) };
-    };
+    }
     // SAFETY: the program gives `len` bytes at `addr`.
-    let target = unsafe { inet.target(addr, len) };
+    let target = unsafe { c.env.target(addr, len) };
     if target == Target::Kernel {
         handover(c, &s);
         // SAFETY: as above.
@@ -185,7 +186,7 @@ pub unsafe extern "C" fn accept4(
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let c = ctx();
-    let (Some(s), Some(inet)) = (c.table.get(fd), c.env.inet) else {
+    let (Some(s), Some(_)) = (c.table.get(fd), c.env.inet) else {
         // SAFETY: the program's arguments, passed on.
         return unsafe { (real().connect)(fd, addr, len) };
     };
@@ -193,7 +194,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return fail(e);
     }
     // SAFETY: the program gives `len` bytes at `addr`.
-    let target = unsafe { inet.target(addr, len) };
+    let target = unsafe { c.env.target(addr, len) };
     match sock::connect(&c.env, &s, fd, target) {
         Connected::Ulnic(Ok(())) => {
             trace!("connect({fd}) to {target:?}: connected");
