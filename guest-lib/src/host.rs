@@ -143,7 +143,11 @@ impl Domain for HostDomain {
     }
 
     fn wait(&self, ep: u32, timeout: Duration) -> Result<bool, Error> {
-        Ok(self.hw.wait_notification(ep, timeout))
+        // A signal ends the wait with EINTR, as it ends the system call
+        // the caller stands for.
+        self.hw
+            .wait_notification_interruptible(ep, timeout)
+            .map_err(Error::Os)
     }
 
     fn notification_fd(&self) -> Option<std::os::fd::RawFd> {

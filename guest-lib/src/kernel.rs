@@ -254,7 +254,8 @@ impl Domain for KernelDomain {
         };
         match ioctl(&self.file, uapi::IOC_WAIT, &mut a) {
             Ok(r) => Ok(r > 0),
-            Err(Error::Os(e)) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
+            // EINTR stays: a signal ends the wait, as it ends the system
+            // call the caller stands for.
             Err(e) => Err(e),
         }
     }

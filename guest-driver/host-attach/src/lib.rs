@@ -485,7 +485,7 @@ impl HostAttach {
                 *dead = true;
                 return Err(Error::Timeout(opcode));
             }
-            wait_readable(call, left);
+            let _ = wait_readable(call, left);
             let _ = call.read();
         }
     }
@@ -580,13 +580,34 @@ impl HostAttach {
     /// Waits up to `timeout` for a notification for `endpoint`; true when one
     /// came. Notifications for other endpoints are kept for their waiters.
     pub fn wait_notification(&self, endpoint: u32, timeout: Duration) -> bool {
+        self.wait_notification_interruptible(endpoint, timeout)
+            .unwrap_or(false)
+    }
+
+    /// As [`Self::wait_notification`], but a signal arriving while it
+    /// sleeps ends the wait with `Err(Interrupted)`, as it would end a
+    /// system call the caller stands for.
+    ///
+    /// ```no_run
+    /// # let hw = ulnic_host_attach::HostAttach::connect("/tmp/u/node0.sock".as_ref(), 64 << 20)?;
+    /// match hw.wait_notification_interruptible(3, std::time::Duration::from_millis(10)) {
+    ///     Ok(notified) => println!("notified: {notified}"),
+    ///     Err(_) => println!("a signal came"),
+    /// }
+    /// # Ok::<(), ulnic_host_attach::Error>(())
+    /// ```
+    pub fn wait_notification_interruptible(
+        &self,
+        endpoint: u32,
+        timeout: Duration,
+    ) -> Result<bool, std::io::Error> {
         let Some(word) = self.pending.get(bitmap::word(endpoint)) else {
-            return false;
+            return Ok(false);
         };
         if !self.is_owner() {
             // A forked child: the notification queue is the parent's.
             std::thread::sleep(timeout);
-            return false;
+            return Ok(false);
         }
         let bit = bitmap::mask(endpoint);
         let deadline = Instant::now() + timeout;
@@ -598,7 +619,7 @@ impl HostAttach {
         }
         loop {
             if word.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
-                return true;
+                return Ok(true);
             }
             let (reposted, for_others) = self.drain_notifications(endpoint);
             if for_others {
@@ -611,9 +632,11 @@ impl HostAttach {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return false;
+                return Ok(false);
             }
-            wait_readable(&self.notify_call, left);
+            if !wait_readable(&self.notify_call, left) {
+                return Err(std::io::Error::from_raw_os_error(libc::EINTR));
+            }
             let _ = self.notify_call.read();
         }
     }
@@ -683,7 +706,10 @@ impl HostAttach {
 }
 
 /// Blocks until `fd` is readable or `timeout` passes.
-fn wait_readable(fd: &EventFd, timeout: Duration) {
+/// Sleeps until `fd` is readable or `timeout` passes: false when a signal
+/// came meanwhile (the caller's call is interrupted, as a system call
+/// would be).
+fn wait_readable(fd: &EventFd, timeout: Duration) -> bool {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,
@@ -691,7 +717,8 @@ fn wait_readable(fd: &EventFd, timeout: Duration) {
     };
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd, count 1.
-    unsafe { libc::poll(&mut pfd, 1, ms) };
+    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+    !(r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted)
 }
 
 #[cfg(test)]

@@ -210,12 +210,22 @@ impl Sock {
                 Ok(false) => {}
                 Err(e) => return Err(e),
             }
+            // A signal ends the call with EINTR, as it ends a kernel
+            // socket's blocking call whose handler has no SA_RESTART (a
+            // program that asked for SA_RESTART sees it too: the layer
+            // cannot tell which signal came).
             if st.kernel_side_live() {
                 drop(st);
-                sleep_on(env, &[(fd, want)], left);
+                if !sleep_on(env, &[(fd, want)], left) {
+                    return Err(libc::EINTR);
+                }
             } else if let Some(w) = st.waiter() {
                 drop(st);
-                let _ = w.wait(left);
+                if let Err(e) = w.wait(left) {
+                    if e.errno() == libc::EINTR {
+                        return Err(libc::EINTR);
+                    }
+                }
             } else {
                 drop(st);
                 std::thread::sleep(left.min(Duration::from_millis(1)));
@@ -226,8 +236,8 @@ impl Sock {
 
 /// Sleeps until one of `fds` is ready as asked, or the domain's
 /// notification descriptor wakes (its notifications are then taken), or
-/// `timeout`.
-pub fn sleep_on(env: &Env, fds: &[(c_int, Ready)], timeout: Duration) {
+/// `timeout`: false when a signal ended the sleep.
+pub fn sleep_on(env: &Env, fds: &[(c_int, Ready)], timeout: Duration) -> bool {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&(fd, want)| libc::pollfd {
@@ -247,12 +257,16 @@ pub fn sleep_on(env: &Env, fds: &[(c_int, Ready)], timeout: Duration) {
     }
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
     // SAFETY: a valid array of pollfds for the duration of the call.
-    unsafe { (real().poll)(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    let r = unsafe { (real().poll)(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if r < 0 && crate::real::errno() == libc::EINTR {
+        return false;
+    }
     if let (Some(net), Some(last)) = (net, p.last()) {
         if notify.is_some() && last.revents != 0 {
             let _ = net.take_notified();
         }
     }
+    true
 }
 
 impl State {

@@ -11,6 +11,12 @@ process without the tests already done.
 
 writes {"tests": {id: outcome}, "why": {id: first line of the failure}};
 outcomes: pass, fail, error, skip, xfail, upass, hang.
+
+    cpython_suite.py --compare kernel.json ulnic.json --doc docs/sockets.md
+
+prints both runs' counts per module side by side, and exits 1 when a test
+passed over the kernel and neither passed over ulnic nor is listed in the
+doc's table (rows "| `test_...` | why |").
 """
 
 import argparse
@@ -142,19 +148,92 @@ def driver(args):
         why[last] = f"no outcome within {args.timeout} s"
     os.remove(done_file)
     with open(args.out, "w") as f:
-        json.dump({"tests": outcomes, "why": why, "seconds": round(time.monotonic() - t0, 1)}, f,
-                  indent=0, sort_keys=True)
+        json.dump({"tests": outcomes, "why": why, "seconds": round(time.monotonic() - t0, 1),
+                   "python": sys.version.split()[0]}, f, indent=0, sort_keys=True)
+
+
+# The suites guest-lib/preload/tests/cpython.rs and tools/tests/
+# cpython_guest.rs run (test_ssl is left out: its socket parts test TLS,
+# which the layer passes through untouched).
+SUITES = [
+    "test.test_socket",
+    "test.test_selectors",
+    "test.test_epoll",
+    "test.test_poll",
+    "test.test_select",
+    "test.test_socketserver",
+    "test.test_httplib",
+    "test.test_asyncio.test_sock_lowlevel",
+    "test.test_asyncio.test_streams",
+    "test.test_asyncio.test_server",
+    "test.test_asyncio.test_sendfile",
+]
+
+PASSED = ("pass", "xfail")
+FAILED = ("fail", "error", "upass")
+
+
+def listed(doc):
+    """The test ids the doc's table lists, with why."""
+    out = {}
+    with open(doc) as f:
+        for line in f:
+            if line.startswith("| `test_"):
+                name, _, rest = line[3:].partition("`")
+                out["test." + name] = rest.strip(" |\n")
+    return out
+
+
+def compare(args):
+    """Prints the counts side by side; 1 when a kernel pass is unexplained."""
+    runs = []
+    for path in args.compare:
+        with open(path) as f:
+            runs.append(json.load(f))
+    kernel, ulnic = runs[0]["tests"], runs[1]["tests"]
+    modules = sorted({t.rsplit(".", 2)[0] for t in kernel} | {t.rsplit(".", 2)[0] for t in ulnic})
+
+    def counts(tests, module=None):
+        mine = [o for t, o in tests.items() if module is None or t.rsplit(".", 2)[0] == module]
+        n = lambda kinds: sum(o in kinds for o in mine)
+        return f"{n(PASSED):>5} {n(FAILED):>4} {n(('skip',)):>4} {n(('hang',)):>4}"
+
+    took = " ".join(f"{r.get('seconds', '?')} s" for r in runs)
+    print(f"CPython {runs[1].get('python', '?')} socket suites: kernel TCP vs ulnic (loopback mode); took {took}")
+    print(f"{'module':<40} {'kernel: pass fail skip hang':<27}   ulnic")
+    for m in modules:
+        print(f"{m:<40} {counts(kernel, m):<27}   {counts(ulnic, m)}")
+    print(f"{'total':<40} {counts(kernel):<27}   {counts(ulnic)}")
+    known = listed(args.doc) if args.doc else {}
+    unexplained, now_pass = [], []
+    for t, o in sorted(kernel.items()):
+        u = ulnic.get(t, "missing")
+        if o in PASSED and u not in PASSED and t not in known:
+            unexplained.append(f"{t}: {u} ({runs[1]['why'].get(t, '')})")
+        if t in known and u in PASSED:
+            now_pass.append(t)
+    for t in now_pass:
+        print(f"listed, but passed over ulnic this run: {t}")
+    for t in unexplained:
+        print(f"UNEXPLAINED (passed over the kernel): {t}")
+    return 1 if unexplained else 0
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("modules", nargs="+", help="test modules, e.g. test.test_socket")
+    p.add_argument("modules", nargs="*", help="test modules, e.g. test.test_socket (default: the socket suites)")
+    p.add_argument("--compare", nargs=2, metavar=("KERNEL", "ULNIC"), help="two runs' results")
+    p.add_argument("--doc", help="the doc whose table lists the known differences")
     p.add_argument("--out", help="where the results go (driver)")
     p.add_argument("--timeout", type=int, default=30, help="seconds a test may take")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--log", help=argparse.SUPPRESS)
     p.add_argument("--done", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.compare:
+        sys.exit(compare(args))
+    if not args.modules:
+        args.modules = SUITES
     if args.child:
         child(args)
     elif args.out:

@@ -67,7 +67,9 @@ pub struct Waiter {
 
 impl Waiter {
     /// Sleeps until the endpoint is notified (true) or `timeout` passes
-    /// (false); a zero timeout only takes a notification that came.
+    /// (false); a zero timeout only takes a notification that came. A
+    /// signal caught meanwhile ends it with an error whose errno is
+    /// `EINTR`, as it ends a system call.
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
@@ -924,7 +926,8 @@ impl Endpoint {
 
     /// Blocks until a message or event is waiting, or `timeout` passes;
     /// returns whether there is something to poll. Check, arm, re-check,
-    /// block: a message arriving at any point is never slept through.
+    /// block: a message arriving at any point is never slept through. A
+    /// signal caught meanwhile ends it with an `EINTR` error.
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
