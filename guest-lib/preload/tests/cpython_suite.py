@@ -10,7 +10,9 @@ process without the tests already done.
     cpython_suite.py --out results.json test.test_socket test.test_select
 
 writes {"tests": {id: outcome}, "why": {id: first line of the failure}};
-outcomes: pass, fail, error, skip, xfail, upass, hang.
+outcomes: pass, fail, error, skip, xfail, upass, hang, and flaky (failed,
+then passed when tried again alone in a fresh process; counted as a pass,
+and printed).
 
     cpython_suite.py --compare kernel.json ulnic.json --doc docs/sockets.md
 
@@ -146,6 +148,24 @@ def driver(args):
             break
         outcomes[last] = "hang"
         why[last] = f"no outcome within {args.timeout} s"
+    # Each failure gets a second try in a fresh process, alone: one that
+    # passes then is recorded as "flaky" (a timing-dependent test on a
+    # slow or loaded machine), so it is told apart from a real failure.
+    for t in [t for t, o in outcomes.items() if o in ("fail", "error", "hang") and t != "(run)"]:
+        with open(done_file, "w") as f:
+            json.dump([], f)
+        cmd = [sys.executable, __file__, "--child", "--log", log, "--done", done_file,
+               "--timeout", str(args.timeout), t]
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        again = []
+        if os.path.exists(log):
+            with open(log) as f:
+                again = [json.loads(line) for line in f]
+            os.remove(log)
+        if any(e["id"] == t and e["outcome"] == "pass" for e in again) and not any(
+                e["id"] == t and e["outcome"] in ("fail", "error") for e in again):
+            outcomes[t] = "flaky"
+            why[t] = "passed on a second try after: " + why.get(t, "")
     os.remove(done_file)
     with open(args.out, "w") as f:
         json.dump({"tests": outcomes, "why": why, "seconds": round(time.monotonic() - t0, 1),
@@ -170,6 +190,8 @@ SUITES = [
 ]
 
 PASSED = ("pass", "xfail")
+# Failed, then passed on a second try alone (printed, not a failure).
+FLAKY = ("flaky",)
 FAILED = ("fail", "error", "upass")
 
 
@@ -196,7 +218,7 @@ def compare(args):
     def counts(tests, module=None):
         mine = [o for t, o in tests.items() if module is None or t.rsplit(".", 2)[0] == module]
         n = lambda kinds: sum(o in kinds for o in mine)
-        return f"{n(PASSED):>5} {n(FAILED):>4} {n(('skip',)):>4} {n(('hang',)):>4}"
+        return f"{n(PASSED + FLAKY):>5} {n(FAILED):>4} {n(('skip',)):>4} {n(('hang',)):>4}"
 
     took = " ".join(f"{r.get('seconds', '?')} s" for r in runs)
     print(f"CPython {runs[1].get('python', '?')} socket suites: kernel TCP vs ulnic (loopback mode); took {took}")
@@ -208,9 +230,11 @@ def compare(args):
     unexplained, now_pass = [], []
     for t, o in sorted(kernel.items()):
         u = ulnic.get(t, "missing")
-        if o in PASSED and u not in PASSED and t not in known:
+        if u in FLAKY:
+            print(f"flaky (failed, then passed on a second try alone): {t}: {runs[1]['why'].get(t, '')}")
+        if o in PASSED and u not in PASSED + FLAKY and t not in known:
             unexplained.append(f"{t}: {u} ({runs[1]['why'].get(t, '')})")
-        if t in known and u in PASSED:
+        if t in known and u in PASSED + FLAKY:
             now_pass.append(t)
     for t in now_pass:
         print(f"listed, but passed over ulnic this run: {t}")
