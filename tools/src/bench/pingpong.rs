@@ -1311,7 +1311,9 @@ pub fn run_one(spec: &Spec, ulnic_dir: &Path, scratch: &Path) -> io::Result<Reco
         s
     });
     // A peer that dies leaves the other waiting forever: give the survivor
-    // a grace period, then stop it.
+    // a grace period, then stop it. A peer that failed closed its socket
+    // before it printed why, so the survivor is not stopped at once: its
+    // own error (the corrupted payload it found) must reach stderr first.
     let mut dead_since: Option<Instant> = None;
     let (cli_status, srv_status) = loop {
         match (cli.try_wait()?, srv.try_wait()?) {
@@ -1320,7 +1322,8 @@ pub fn run_one(spec: &Spec, ulnic_dir: &Path, scratch: &Path) -> io::Result<Reco
                 let failed = c.is_some_and(|c| !c.success()) || s.is_some_and(|s| !s.success());
                 if c.is_some() || s.is_some() {
                     let since = *dead_since.get_or_insert_with(Instant::now);
-                    if failed || since.elapsed() > Duration::from_secs(10) {
+                    let grace = Duration::from_secs(if failed { 2 } else { 10 });
+                    if since.elapsed() > grace {
                         let _ = cli.kill();
                         let _ = srv.kill();
                     }
