@@ -40,6 +40,11 @@ command -v ssh >/dev/null || missing+=(openssh-client)
 # The peers `ulnic bench compare` runs beside ulnic (tools/tests/bench.rs).
 command -v fi_pingpong >/dev/null || missing+=(libfabric-bin)
 command -v sockperf >/dev/null || missing+=(sockperf)
+# libfabric's headers and libclang: the provider's bindings are generated
+# from the installed libfabric at build time (guest-lib/fabric/build.rs).
+[ -f /usr/include/rdma/fabric.h ] || missing+=(libfabric-dev)
+ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 ||
+  ls /usr/lib/llvm-*/lib/libclang-*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
 # Unmodified programs the preload layer runs over ulnic
 # (guest-lib/preload/tests/preload.rs).
 command -v redis-server >/dev/null || missing+=(redis-server)

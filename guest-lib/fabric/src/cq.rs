@@ -1,0 +1,330 @@
+//! Completion queues (fi_cq): completions the endpoints bound to the
+//! queue produce, read in the queue's format. Progress is manual
+//! (FI_PROGRESS_MANUAL): reading a queue moves its endpoints along.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::os::raw::{c_char, c_int};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::engine::Completion;
+use crate::ep::EpShared;
+use crate::fi::{self, nosys, sys};
+
+/// A completion with its sender as the reader's fi_addr_t.
+pub struct Entry {
+    /// The completion.
+    pub c: Completion,
+    /// `c.src` in the endpoint's AV (`FI_ADDR_NOTAVAIL` if absent).
+    pub src: u64,
+}
+
+/// A queue's state, shared with the endpoints that post to it.
+#[derive(Default)]
+pub struct CqQueue {
+    entries: Mutex<VecDeque<Entry>>,
+    eps: Mutex<Vec<Weak<EpShared>>>,
+}
+
+impl CqQueue {
+    /// Adds a completion.
+    pub fn push(&self, e: Entry) {
+        if let Ok(mut q) = self.entries.lock() {
+            q.push_back(e);
+        }
+    }
+
+    /// Makes `ep` progress when this queue is read.
+    pub fn attach(&self, ep: Weak<EpShared>) {
+        if let Ok(mut v) = self.eps.lock() {
+            v.retain(|w| w.strong_count() > 0);
+            v.push(ep);
+        }
+    }
+
+    fn progress(&self) {
+        let eps: Vec<Arc<EpShared>> = match self.eps.lock() {
+            Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
+            Err(_) => return,
+        };
+        for ep in eps {
+            ep.progress();
+        }
+    }
+}
+
+/// An open completion queue.
+#[repr(C)]
+pub struct Cq {
+    fid: sys::fid_cq,
+    format: sys::fi_cq_format,
+    pub(crate) queue: Arc<CqQueue>,
+}
+
+/// Opens a completion queue (`fi_cq_open`).
+///
+/// # Safety
+/// `attr` and `out` are valid pointers from libfabric.
+pub unsafe fn open(
+    attr: *mut sys::fi_cq_attr,
+    out: *mut *mut sys::fid_cq,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric passes a valid attr.
+    let Some(attr) = (unsafe { attr.as_mut() }) else {
+        return -fi::EINVAL;
+    };
+    let format = match attr.format {
+        sys::fi_cq_format_FI_CQ_FORMAT_UNSPEC => sys::fi_cq_format_FI_CQ_FORMAT_CONTEXT,
+        f @ (sys::fi_cq_format_FI_CQ_FORMAT_CONTEXT
+        | sys::fi_cq_format_FI_CQ_FORMAT_MSG
+        | sys::fi_cq_format_FI_CQ_FORMAT_DATA
+        | sys::fi_cq_format_FI_CQ_FORMAT_TAGGED) => f,
+        _ => return -fi::ENOSYS,
+    };
+    match attr.wait_obj {
+        sys::fi_wait_obj_FI_WAIT_NONE | sys::fi_wait_obj_FI_WAIT_UNSPEC => {}
+        _ => return -fi::ENOSYS,
+    }
+    if attr.wait_cond != sys::fi_cq_wait_cond_FI_CQ_COND_NONE || attr.flags != 0 {
+        return -fi::ENOSYS;
+    }
+    attr.format = format;
+    let cq = Box::new(Cq {
+        fid: sys::fid_cq {
+            fid: sys::fid {
+                fclass: sys::FI_CLASS_CQ as usize,
+                context,
+                ops: &CQ_FI_OPS as *const _ as *mut _,
+            },
+            ops: &CQ_OPS as *const _ as *mut _,
+        },
+        format,
+        queue: Arc::new(CqQueue::default()),
+    });
+    // SAFETY: `out` is libfabric's valid out-pointer.
+    unsafe { *out = Box::into_raw(cq).cast() };
+    0
+}
+
+/// The queue behind a fid.
+///
+/// # Safety
+/// `fid` must be a fid this provider made, not yet closed.
+pub unsafe fn from_fid<'a>(fid: *mut sys::fid) -> Option<&'a Cq> {
+    // SAFETY: `Cq` is repr(C) with its fid first; the caller's promise.
+    let cq = unsafe { fid.cast::<Cq>().as_ref()? };
+    (cq.fid.fid.fclass == sys::FI_CLASS_CQ as usize).then_some(cq)
+}
+
+unsafe extern "C" fn cq_close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric closes a fid it got from `open`, once.
+    drop(unsafe { Box::from_raw(fid.cast::<Cq>()) });
+    0
+}
+
+impl Cq {
+    fn entry_size(&self) -> usize {
+        match self.format {
+            sys::fi_cq_format_FI_CQ_FORMAT_CONTEXT => std::mem::size_of::<sys::fi_cq_entry>(),
+            sys::fi_cq_format_FI_CQ_FORMAT_MSG => std::mem::size_of::<sys::fi_cq_msg_entry>(),
+            sys::fi_cq_format_FI_CQ_FORMAT_DATA => std::mem::size_of::<sys::fi_cq_data_entry>(),
+            _ => std::mem::size_of::<sys::fi_cq_tagged_entry>(),
+        }
+    }
+
+    /// Takes up to `count` good completions into `buf` (and their
+    /// senders into `src`): how many, `-FI_EAVAIL` when an error is
+    /// first, `-FI_EAGAIN` when there is none.
+    fn read(&self, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
+        self.queue.progress();
+        let Ok(mut q) = self.queue.entries.lock() else {
+            return -(fi::EIO as isize);
+        };
+        let mut n = 0;
+        while n < count {
+            let Some(e) = q.front() else { break };
+            if e.c.error.is_some() {
+                if n == 0 {
+                    return -(fi::EAVAIL as isize);
+                }
+                break;
+            }
+            let Some(e) = q.pop_front() else { break };
+            let t = sys::fi_cq_tagged_entry {
+                op_context: e.c.context as *mut c_void,
+                flags: e.c.flags,
+                len: e.c.len,
+                buf: e.c.buf as *mut c_void,
+                data: e.c.data,
+                tag: e.c.tag,
+            };
+            let size = self.entry_size();
+            // SAFETY: the caller's buffer holds `count` entries of the
+            // queue's format, each a prefix of fi_cq_tagged_entry.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&t as *const sys::fi_cq_tagged_entry).cast::<u8>(),
+                    buf.cast::<u8>().add(n * size),
+                    size,
+                );
+                if !src.is_null() {
+                    *src.add(n) = e.src;
+                }
+            }
+            n += 1;
+        }
+        if n == 0 {
+            -(fi::EAGAIN as isize)
+        } else {
+            n as isize
+        }
+    }
+}
+
+unsafe extern "C" fn cq_read(cq: *mut sys::fid_cq, buf: *mut c_void, count: usize) -> isize {
+    // SAFETY: libfabric dispatched through this queue's ops.
+    match unsafe { from_fid(cq.cast()) } {
+        Some(cq) => cq.read(buf, count, std::ptr::null_mut()),
+        None => -(fi::EINVAL as isize),
+    }
+}
+
+unsafe extern "C" fn cq_readfrom(
+    cq: *mut sys::fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+) -> isize {
+    // SAFETY: as in cq_read.
+    match unsafe { from_fid(cq.cast()) } {
+        Some(cq) => cq.read(buf, count, src),
+        None => -(fi::EINVAL as isize),
+    }
+}
+
+unsafe extern "C" fn cq_sread(
+    cq: *mut sys::fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    _cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    // SAFETY: as in cq_read.
+    unsafe { cq_sreadfrom(cq, buf, count, std::ptr::null_mut(), _cond, timeout) }
+}
+
+unsafe extern "C" fn cq_sreadfrom(
+    cq: *mut sys::fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    _cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    // SAFETY: as in cq_read.
+    let Some(cq) = (unsafe { from_fid(cq.cast()) }) else {
+        return -(fi::EINVAL as isize);
+    };
+    let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    loop {
+        let r = cq.read(buf, count, src);
+        if r != -(fi::EAGAIN as isize) {
+            return r;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return r;
+        }
+        std::thread::yield_now();
+    }
+}
+
+unsafe extern "C" fn cq_readerr(
+    cq: *mut sys::fid_cq,
+    buf: *mut sys::fi_cq_err_entry,
+    _flags: u64,
+) -> isize {
+    // SAFETY: as in cq_read.
+    let Some(cq) = (unsafe { from_fid(cq.cast()) }) else {
+        return -(fi::EINVAL as isize);
+    };
+    // SAFETY: libfabric passes a valid entry to fill (or null).
+    let Some(out) = (unsafe { buf.as_mut() }) else {
+        return -(fi::EINVAL as isize);
+    };
+    let Ok(mut q) = cq.queue.entries.lock() else {
+        return -(fi::EIO as isize);
+    };
+    if q.front().is_none_or(|e| e.c.error.is_none()) {
+        return -(fi::EAGAIN as isize);
+    }
+    let Some(e) = q.pop_front() else {
+        return -(fi::EAGAIN as isize);
+    };
+    let (err, olen) = e.c.error.unwrap_or((fi::EIO, 0));
+    out.op_context = e.c.context as *mut c_void;
+    out.flags = e.c.flags;
+    out.len = e.c.len;
+    out.buf = e.c.buf as *mut c_void;
+    out.data = e.c.data;
+    out.tag = e.c.tag;
+    out.olen = olen;
+    out.err = err;
+    out.prov_errno = err;
+    // No provider error data: err_data is left as the caller set it.
+    out.err_data_size = 0;
+    1
+}
+
+unsafe extern "C" fn cq_strerror(
+    _cq: *mut sys::fid_cq,
+    prov_errno: c_int,
+    _err_data: *const c_void,
+    buf: *mut c_char,
+    len: usize,
+) -> *const c_char {
+    // SAFETY: forwarded as given.
+    unsafe { strerror(prov_errno, buf, len) }
+}
+
+/// The text of a provider errno (the provider's errnos are libfabric's):
+/// copied into `buf` when one is given, else a static string.
+///
+/// # Safety
+/// `buf` is null or holds `len` bytes.
+pub unsafe fn strerror(prov_errno: c_int, buf: *mut c_char, len: usize) -> *const c_char {
+    // SAFETY: fi_strerror returns a static string for any code.
+    let s = unsafe { sys::fi_strerror(prov_errno) };
+    if !buf.is_null() && len > 0 {
+        // SAFETY: `s` is a C string; `buf` holds `len` bytes.
+        unsafe {
+            let n = libc::strlen(s).min(len - 1);
+            std::ptr::copy_nonoverlapping(s, buf, n);
+            *buf.add(n) = 0;
+        }
+        return buf;
+    }
+    s
+}
+
+static CQ_FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(cq_close),
+    bind: nosys!(c_int; *mut sys::fid, *mut sys::fid, u64),
+    control: nosys!(c_int; *mut sys::fid, c_int, *mut c_void),
+    ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
+    tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
+    ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
+};
+
+static CQ_OPS: sys::fi_ops_cq = sys::fi_ops_cq {
+    size: std::mem::size_of::<sys::fi_ops_cq>(),
+    read: Some(cq_read),
+    readfrom: Some(cq_readfrom),
+    readerr: Some(cq_readerr),
+    sread: Some(cq_sread),
+    sreadfrom: Some(cq_sreadfrom),
+    signal: nosys!(c_int; *mut sys::fid_cq),
+    strerror: Some(cq_strerror),
+};

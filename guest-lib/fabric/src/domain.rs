@@ -1,0 +1,324 @@
+//! The fabric and domain objects (fi_fabric, fi_domain) and memory
+//! registration (fi_mr_reg). A domain is one open NIC (`Nic::open`: the
+//! guest device file, or host attach through `ULNIC_SOCKET`) and one
+//! protection domain on it; every endpoint of the domain is a ulnic
+//! endpoint in that protection domain.
+
+use std::ffi::c_void;
+use std::os::raw::{c_char, c_int};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ulnic::{Nic, ProtectionDomain};
+
+use crate::engine::Engine;
+use crate::fi::{self, nosys, sys};
+
+/// An open fabric.
+#[repr(C)]
+struct Fabric {
+    fid: sys::fid_fabric,
+}
+
+/// An open domain.
+#[repr(C)]
+struct Domain {
+    fid: sys::fid_domain,
+    pd: ProtectionDomain,
+    nic: Nic,
+    next_key: AtomicU64,
+}
+
+/// A registration: local buffers need none (the provider copies), so it
+/// only carries the key the caller asked for or one of the domain's.
+#[repr(C)]
+struct Mr {
+    fid: sys::fid_mr,
+}
+
+/// Opens the fabric (`fi_fabric`, through the provider's entry).
+///
+/// # Safety
+/// `out` is libfabric's valid out-pointer.
+pub unsafe extern "C" fn open_fabric(
+    _attr: *mut sys::fi_fabric_attr,
+    out: *mut *mut sys::fid_fabric,
+    context: *mut c_void,
+) -> c_int {
+    let f = Box::new(Fabric {
+        fid: sys::fid_fabric {
+            fid: sys::fid {
+                fclass: sys::FI_CLASS_FABRIC as usize,
+                context,
+                ops: &FABRIC_FI_OPS as *const _ as *mut _,
+            },
+            ops: &FABRIC_OPS as *const _ as *mut _,
+            api_version: fi::API_VERSION,
+        },
+    });
+    // SAFETY: the caller's promise.
+    unsafe { *out = Box::into_raw(f).cast() };
+    0
+}
+
+unsafe extern "C" fn fabric_close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric closes a fabric it got from `open_fabric`, once.
+    drop(unsafe { Box::from_raw(fid.cast::<Fabric>()) });
+    0
+}
+
+unsafe extern "C" fn open_domain(
+    _fabric: *mut sys::fid_fabric,
+    info: *mut sys::fi_info,
+    out: *mut *mut sys::fid_domain,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric passes the fi_info the domain is for.
+    if let Some(ep) = unsafe { info.as_ref().and_then(|i| i.ep_attr.as_ref()) } {
+        if ep.type_ != sys::fi_ep_type_FI_EP_RDM && ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC {
+            return -fi::ENOSYS;
+        }
+    }
+    let nic = match Nic::open() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("ulnic provider: cannot open the NIC: {e}");
+            return -fi::ENODEV;
+        }
+    };
+    let pd = match nic.alloc_pd() {
+        Ok(pd) => pd,
+        Err(e) => return -e.errno(),
+    };
+    let d = Box::new(Domain {
+        fid: sys::fid_domain {
+            fid: sys::fid {
+                fclass: sys::FI_CLASS_DOMAIN as usize,
+                context,
+                ops: &DOMAIN_FI_OPS as *const _ as *mut _,
+            },
+            ops: &DOMAIN_OPS as *const _ as *mut _,
+            mr: &MR_OPS as *const _ as *mut _,
+        },
+        pd,
+        nic,
+        next_key: AtomicU64::new(1),
+    });
+    // SAFETY: libfabric's valid out-pointer.
+    unsafe { *out = Box::into_raw(d).cast() };
+    0
+}
+
+/// The domain behind a fid.
+///
+/// # Safety
+/// `fid` is a fid this provider made, not yet closed.
+unsafe fn domain<'a>(fid: *mut sys::fid) -> Option<&'a Domain> {
+    // SAFETY: `Domain` is repr(C) with its fid first; the caller's promise.
+    let d = unsafe { fid.cast::<Domain>().as_ref()? };
+    (d.fid.fid.fclass == sys::FI_CLASS_DOMAIN as usize).then_some(d)
+}
+
+unsafe extern "C" fn domain_close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric closes a domain it got from `open_domain`, once.
+    drop(unsafe { Box::from_raw(fid.cast::<Domain>()) });
+    0
+}
+
+unsafe extern "C" fn av_open(
+    _d: *mut sys::fid_domain,
+    attr: *mut sys::fi_av_attr,
+    out: *mut *mut sys::fid_av,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's attr and out-pointer.
+    unsafe { crate::av::open(attr, out, context) }
+}
+
+unsafe extern "C" fn cq_open(
+    _d: *mut sys::fid_domain,
+    attr: *mut sys::fi_cq_attr,
+    out: *mut *mut sys::fid_cq,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's attr and out-pointer.
+    unsafe { crate::cq::open(attr, out, context) }
+}
+
+unsafe extern "C" fn endpoint(
+    d: *mut sys::fid_domain,
+    info: *mut sys::fi_info,
+    out: *mut *mut sys::fid_ep,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric dispatched through this domain's ops.
+    let Some(d) = (unsafe { domain(d.cast()) }) else {
+        return -fi::EINVAL;
+    };
+    // SAFETY: libfabric's fi_info for the endpoint.
+    let Some(info) = (unsafe { info.as_ref() }) else {
+        return -fi::EINVAL;
+    };
+    // SAFETY: its attrs are valid or null.
+    let (ep_attr, rx_attr) = unsafe { (info.ep_attr.as_ref(), info.rx_attr.as_ref()) };
+    if ep_attr.is_some_and(|ep| ep.type_ != sys::fi_ep_type_FI_EP_RDM) {
+        return -fi::ENOSYS;
+    }
+    let caps = info.caps | rx_attr.map_or(0, |r| r.caps);
+    match Engine::open(&d.pd) {
+        Ok(e) => {
+            let me = e.address(d.nic.node());
+            // SAFETY: libfabric's out-pointer.
+            unsafe { crate::ep::open(e, me, caps, out, context) }
+        }
+        Err(e) => -e.errno(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn mr_reg(
+    fid: *mut sys::fid,
+    _buf: *const c_void,
+    _len: usize,
+    _access: u64,
+    _offset: u64,
+    requested_key: u64,
+    _flags: u64,
+    out: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric dispatched through this domain's ops.
+    let Some(d) = (unsafe { domain(fid) }) else {
+        return -fi::EINVAL;
+    };
+    let key = if requested_key != 0 {
+        requested_key
+    } else {
+        d.next_key.fetch_add(1, Ordering::Relaxed)
+    };
+    let mr = Box::new(Mr {
+        fid: sys::fid_mr {
+            fid: sys::fid {
+                fclass: sys::FI_CLASS_MR as usize,
+                context,
+                ops: &MR_FI_OPS as *const _ as *mut _,
+            },
+            mem_desc: std::ptr::null_mut(),
+            key,
+        },
+    });
+    // SAFETY: libfabric's out-pointer.
+    unsafe { *out = Box::into_raw(mr).cast() };
+    0
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn mr_regv(
+    fid: *mut sys::fid,
+    _iov: *const sys::iovec,
+    _count: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    flags: u64,
+    out: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded as given.
+    unsafe {
+        mr_reg(
+            fid,
+            std::ptr::null(),
+            0,
+            access,
+            offset,
+            requested_key,
+            flags,
+            out,
+            context,
+        )
+    }
+}
+
+unsafe extern "C" fn mr_regattr(
+    fid: *mut sys::fid,
+    attr: *const sys::fi_mr_attr,
+    flags: u64,
+    out: *mut *mut sys::fid_mr,
+) -> c_int {
+    // SAFETY: libfabric's attr.
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        return -fi::EINVAL;
+    };
+    // SAFETY: forwarded as given.
+    unsafe {
+        mr_reg(
+            fid,
+            std::ptr::null(),
+            0,
+            a.access,
+            a.offset,
+            a.requested_key,
+            flags,
+            out,
+            a.context,
+        )
+    }
+}
+
+unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric closes a registration it got from `mr_reg`, once.
+    drop(unsafe { Box::from_raw(fid.cast::<Mr>()) });
+    0
+}
+
+macro_rules! fi_ops {
+    ($name:ident, $close:expr) => {
+        static $name: sys::fi_ops = sys::fi_ops {
+            size: std::mem::size_of::<sys::fi_ops>(),
+            close: Some($close),
+            bind: nosys!(c_int; *mut sys::fid, *mut sys::fid, u64),
+            control: nosys!(c_int; *mut sys::fid, c_int, *mut c_void),
+            ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
+            tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
+            ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
+        };
+    };
+}
+fi_ops!(FABRIC_FI_OPS, fabric_close);
+fi_ops!(DOMAIN_FI_OPS, domain_close);
+fi_ops!(MR_FI_OPS, mr_close);
+
+type Dom = *mut sys::fid_domain;
+type Fab = *mut sys::fid_fabric;
+
+static FABRIC_OPS: sys::fi_ops_fabric = sys::fi_ops_fabric {
+    size: std::mem::size_of::<sys::fi_ops_fabric>(),
+    domain: Some(open_domain),
+    passive_ep: nosys!(c_int; Fab, *mut sys::fi_info, *mut *mut sys::fid_pep, *mut c_void),
+    eq_open: Some(crate::eq::open),
+    wait_open: nosys!(c_int; Fab, *mut sys::fi_wait_attr, *mut *mut sys::fid_wait),
+    trywait: nosys!(c_int; Fab, *mut *mut sys::fid, c_int),
+    domain2: nosys!(c_int; Fab, *mut sys::fi_info, *mut *mut sys::fid_domain, u64, *mut c_void),
+};
+
+static DOMAIN_OPS: sys::fi_ops_domain = sys::fi_ops_domain {
+    size: std::mem::size_of::<sys::fi_ops_domain>(),
+    av_open: Some(av_open),
+    cq_open: Some(cq_open),
+    endpoint: Some(endpoint),
+    scalable_ep: nosys!(c_int; Dom, *mut sys::fi_info, *mut *mut sys::fid_ep, *mut c_void),
+    cntr_open: nosys!(c_int; Dom, *mut sys::fi_cntr_attr, *mut *mut sys::fid_cntr, *mut c_void),
+    poll_open: nosys!(c_int; Dom, *mut sys::fi_poll_attr, *mut *mut sys::fid_poll),
+    stx_ctx: nosys!(c_int; Dom, *mut sys::fi_tx_attr, *mut *mut sys::fid_stx, *mut c_void),
+    srx_ctx: nosys!(c_int; Dom, *mut sys::fi_rx_attr, *mut *mut sys::fid_ep, *mut c_void),
+    query_atomic: nosys!(c_int; Dom, sys::fi_datatype, sys::fi_op, *mut sys::fi_atomic_attr, u64),
+    query_collective: nosys!(c_int; Dom, sys::fi_collective_op, *mut sys::fi_collective_attr, u64),
+    endpoint2: nosys!(c_int; Dom, *mut sys::fi_info, *mut *mut sys::fid_ep, u64, *mut c_void),
+};
+
+static MR_OPS: sys::fi_ops_mr = sys::fi_ops_mr {
+    size: std::mem::size_of::<sys::fi_ops_mr>(),
+    reg: Some(mr_reg),
+    regv: Some(mr_regv),
+    regattr: Some(mr_regattr),
+};

@@ -1,0 +1,785 @@
+//! Endpoints (fi_endpoint, FI_EP_RDM): libfabric's message and tagged
+//! operations on the engine, completions routed to the bound queues.
+
+use std::ffi::c_void;
+use std::os::raw::{c_char, c_int};
+use std::sync::{Arc, Mutex};
+
+use ulnic::{Address, Error};
+
+use crate::av::{self, AvTable};
+use crate::cq::{self, CqQueue, Entry};
+use crate::engine::{Completion, Engine, PostedRecv};
+use crate::fi::{self, nosys, sys};
+
+/// What the operations of one endpoint share with the queues that make
+/// it progress.
+pub struct EpShared {
+    engine: Mutex<Engine>,
+    me: Address,
+    /// FI_DIRECTED_RECV was asked for: a receive's source address counts
+    /// (without it, fi_endpoint(3) says it is ignored).
+    directed: bool,
+    bound: Mutex<Bindings>,
+}
+
+#[derive(Default, Clone)]
+struct Bindings {
+    av: Option<Arc<AvTable>>,
+    tx_cq: Option<Arc<CqQueue>>,
+    rx_cq: Option<Arc<CqQueue>>,
+    /// FI_SELECTIVE_COMPLETION on the transmit / receive binding.
+    tx_selective: bool,
+    rx_selective: bool,
+    enabled: bool,
+}
+
+impl EpShared {
+    /// Moves the engine along and routes what finished.
+    pub fn progress(&self) {
+        self.run(|_, _| Ok(())).ok();
+    }
+
+    /// Runs `f` on the engine, then progress, then routes completions.
+    fn run<T>(
+        &self,
+        f: impl FnOnce(&mut Engine, &mut Vec<Completion>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut done = Vec::new();
+        let r = {
+            let mut e = self.engine.lock().map_err(|_| Error::WouldBlock)?;
+            let r = f(&mut e, &mut done);
+            e.progress(&mut done);
+            r
+        };
+        if !done.is_empty() {
+            let b = self.bindings();
+            for c in done {
+                let q = if c.tx { &b.tx_cq } else { &b.rx_cq };
+                let src = match (&b.av, c.tx) {
+                    (Some(av), false) => av.reverse(c.src),
+                    _ => fi::ADDR_UNSPEC,
+                };
+                if let Some(q) = q {
+                    q.push(Entry { c, src });
+                }
+            }
+        }
+        r
+    }
+
+    fn bindings(&self) -> Bindings {
+        self.bound.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+}
+
+/// An open endpoint.
+#[repr(C)]
+pub struct Ep {
+    fid: sys::fid_ep,
+    shared: Arc<EpShared>,
+}
+
+/// Opens an RDM endpoint on `engine` (`fi_endpoint`).
+///
+/// # Safety
+/// `out` is libfabric's valid out-pointer.
+pub unsafe fn open(
+    engine: Engine,
+    me: Address,
+    caps: u64,
+    out: *mut *mut sys::fid_ep,
+    context: *mut c_void,
+) -> c_int {
+    let ep = Box::new(Ep {
+        fid: sys::fid_ep {
+            fid: sys::fid {
+                fclass: sys::FI_CLASS_EP as usize,
+                context,
+                ops: &EP_FI_OPS as *const _ as *mut _,
+            },
+            ops: &EP_OPS as *const _ as *mut _,
+            cm: &CM_OPS as *const _ as *mut _,
+            msg: &MSG_OPS as *const _ as *mut _,
+            rma: &crate::rma::RMA_NOT_OFFERED as *const _ as *mut _,
+            tagged: &TAGGED_OPS as *const _ as *mut _,
+            atomic: std::ptr::null_mut(),
+            collective: std::ptr::null_mut(),
+        },
+        shared: Arc::new(EpShared {
+            engine: Mutex::new(engine),
+            me,
+            directed: caps & fi::DIRECTED_RECV != 0,
+            bound: Mutex::new(Bindings::default()),
+        }),
+    });
+    // SAFETY: the caller's promise.
+    unsafe { *out = Box::into_raw(ep).cast() };
+    0
+}
+
+/// The endpoint behind a fid.
+///
+/// # Safety
+/// `fid` must be a fid this provider made, not yet closed.
+unsafe fn from_fid<'a>(fid: *mut sys::fid) -> Option<&'a Ep> {
+    // SAFETY: `Ep` is repr(C) with its fid first; the caller's promise.
+    let ep = unsafe { fid.cast::<Ep>().as_ref()? };
+    (ep.fid.fid.fclass == sys::FI_CLASS_EP as usize).then_some(ep)
+}
+
+/// The endpoint of an `fid_ep` libfabric dispatched through our tables.
+fn ep<'a>(p: *mut sys::fid_ep) -> Option<&'a Ep> {
+    // SAFETY: libfabric calls an endpoint's ops with that endpoint.
+    unsafe { from_fid(p.cast()) }
+}
+
+/// A libfabric return value for `r`.
+fn status(r: Result<(), Error>) -> isize {
+    match r {
+        Ok(()) => 0,
+        Err(Error::WouldBlock) => -(fi::EAGAIN as isize),
+        Err(Error::InvalidArgument(_)) => -(fi::EINVAL as isize),
+        Err(e) => -(e.errno() as isize),
+    }
+}
+
+unsafe extern "C" fn ep_close(fid: *mut sys::fid) -> c_int {
+    // SAFETY: libfabric closes a fid it got from `open`, once.
+    drop(unsafe { Box::from_raw(fid.cast::<Ep>()) });
+    0
+}
+
+unsafe extern "C" fn ep_bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64) -> c_int {
+    // SAFETY: libfabric dispatched through this endpoint's ops.
+    let Some(ep) = (unsafe { from_fid(fid) }) else {
+        return -fi::EINVAL;
+    };
+    // SAFETY: `bfid` is a fid libfabric got from a provider.
+    let Some(class) = (unsafe { bfid.as_ref() }).map(|f| f.fclass as u32) else {
+        return -fi::EINVAL;
+    };
+    let Ok(mut b) = ep.shared.bound.lock() else {
+        return -fi::EIO;
+    };
+    if b.enabled {
+        return -fi::EBUSY;
+    }
+    match class {
+        sys::FI_CLASS_AV => {
+            // SAFETY: the class says it is an AV, and only ours reach us.
+            let Some(av) = (unsafe { av::from_fid(bfid) }) else {
+                return -fi::EINVAL;
+            };
+            b.av = Some(av.table.clone());
+        }
+        sys::FI_CLASS_CQ => {
+            // SAFETY: as above, a CQ.
+            let Some(q) = (unsafe { cq::from_fid(bfid) }) else {
+                return -fi::EINVAL;
+            };
+            let known = fi::TRANSMIT | fi::RECV | fi::SELECTIVE_COMPLETION;
+            if flags & !known != 0 || flags & (fi::TRANSMIT | fi::RECV) == 0 {
+                return -fi::EINVAL;
+            }
+            let selective = flags & fi::SELECTIVE_COMPLETION != 0;
+            if flags & fi::TRANSMIT != 0 {
+                b.tx_cq = Some(q.queue.clone());
+                b.tx_selective = selective;
+            }
+            if flags & fi::RECV != 0 {
+                b.rx_cq = Some(q.queue.clone());
+                b.rx_selective = selective;
+            }
+            q.queue.attach(Arc::downgrade(&ep.shared));
+        }
+        // Counters, event queues of a connection: not offered yet.
+        _ => return -fi::ENOSYS,
+    }
+    0
+}
+
+unsafe extern "C" fn ep_control(fid: *mut sys::fid, command: c_int, _arg: *mut c_void) -> c_int {
+    // SAFETY: libfabric dispatched through this endpoint's ops.
+    let Some(ep) = (unsafe { from_fid(fid) }) else {
+        return -fi::EINVAL;
+    };
+    if command as u32 != sys::FI_ENABLE {
+        return -fi::ENOSYS;
+    }
+    let Ok(mut b) = ep.shared.bound.lock() else {
+        return -fi::EIO;
+    };
+    if b.av.is_none() {
+        return -fi::ENOENT; // an RDM endpoint needs its AV (fi_endpoint(3))
+    }
+    if b.tx_cq.is_none() || b.rx_cq.is_none() {
+        return -fi::ENOCQ;
+    }
+    b.enabled = true;
+    0
+}
+
+unsafe extern "C" fn ep_cancel(fid: sys::fid_t, context: *mut c_void) -> isize {
+    // SAFETY: libfabric dispatched through this endpoint's ops.
+    let Some(ep) = (unsafe { from_fid(fid) }) else {
+        return -(fi::EINVAL as isize);
+    };
+    let shared = &ep.shared;
+    let cancelled = shared
+        .run(|e, _| Ok(e.cancel(context as usize)))
+        .unwrap_or(false);
+    if cancelled {
+        if let Some(q) = shared.bindings().rx_cq {
+            q.push(Entry {
+                c: Completion {
+                    tx: false,
+                    context: context as usize,
+                    flags: fi::RECV,
+                    len: 0,
+                    buf: 0,
+                    data: 0,
+                    tag: 0,
+                    src: shared.me,
+                    error: Some((fi::ECANCELED, 0)),
+                },
+                src: fi::ADDR_UNSPEC,
+            });
+        }
+    }
+    0
+}
+
+unsafe extern "C" fn ep_size_left(ep_: *mut sys::fid_ep) -> isize {
+    ep(ep_).map_or(-(fi::EINVAL as isize), |ep| {
+        ep.shared
+            .engine
+            .lock()
+            .map_or(0, |e| e.tx_room().min(e.rx_room()) as isize)
+    })
+}
+
+unsafe extern "C" fn cm_getname(fid: sys::fid_t, addr: *mut c_void, addrlen: *mut usize) -> c_int {
+    // SAFETY: libfabric dispatched through this endpoint's ops.
+    let Some(ep) = (unsafe { from_fid(fid) }) else {
+        return -fi::EINVAL;
+    };
+    // SAFETY: libfabric's buffer and in/out length.
+    unsafe { av::copy_name(ep.shared.me, addr, addrlen) }
+}
+
+/// A send of `len` bytes at `buf` to `dest` (an fi_addr_t).
+#[allow(clippy::too_many_arguments)]
+fn send(
+    ep_: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    tagged: bool,
+    tag: u64,
+    data: Option<u64>,
+    context: *mut c_void,
+    flags: Option<u64>,
+) -> isize {
+    let Some(ep) = ep(ep_) else {
+        return -(fi::EINVAL as isize);
+    };
+    let b = ep.shared.bindings();
+    if !b.enabled {
+        return -(fi::EINVAL as isize);
+    }
+    let Some(to) = b.av.as_ref().and_then(|av| av.resolve(dest)) else {
+        return -(fi::EINVAL as isize);
+    };
+    // Inject: copied now, no completion. Otherwise a completion unless the
+    // binding is selective and the call did not ask for one.
+    let inject = flags.is_some_and(|f| f & fi::INJECT != 0);
+    let report = match flags {
+        None => !b.tx_selective,
+        Some(f) => f & fi::INJECT == 0 && (!b.tx_selective || f & fi::COMPLETION != 0),
+    };
+    status(ep.shared.run(|e, _| {
+        e.send(
+            to,
+            buf.cast(),
+            len,
+            inject,
+            tagged,
+            tag,
+            data,
+            context as usize,
+            report,
+        )
+    }))
+}
+
+/// A receive into `len` bytes at `buf`.
+#[allow(clippy::too_many_arguments)]
+fn recv(
+    ep_: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    src: u64,
+    tagged: bool,
+    tag: u64,
+    ignore: u64,
+    context: *mut c_void,
+    flags: Option<u64>,
+) -> isize {
+    let Some(ep) = ep(ep_) else {
+        return -(fi::EINVAL as isize);
+    };
+    let b = ep.shared.bindings();
+    if !b.enabled {
+        return -(fi::EINVAL as isize);
+    }
+    let from = if src == fi::ADDR_UNSPEC || !ep.shared.directed {
+        None
+    } else {
+        match b.av.as_ref().and_then(|av| av.resolve(src)) {
+            Some(a) => Some(a),
+            None => return -(fi::EINVAL as isize),
+        }
+    };
+    let report = match flags {
+        None => !b.rx_selective,
+        Some(f) => !b.rx_selective || f & fi::COMPLETION != 0,
+    };
+    let r = PostedRecv {
+        buf: buf as usize,
+        len: if buf.is_null() { 0 } else { len },
+        src: from,
+        tagged,
+        tag,
+        ignore,
+        context: context as usize,
+        report,
+    };
+    if let Some(f) = flags {
+        if f & (fi::PEEK | fi::CLAIM | fi::DISCARD | fi::MULTI_RECV) != 0 {
+            return peek_or_refuse(ep, r, f);
+        }
+    }
+    status(ep.shared.run(|e, out| e.post_recv(r, out)))
+}
+
+/// FI_PEEK on a tagged receive: a completion describing the first
+/// matching message, or FI_ENOMSG. FI_CLAIM, FI_DISCARD and
+/// FI_MULTI_RECV are not offered.
+fn peek_or_refuse(ep: &Ep, r: PostedRecv, f: u64) -> isize {
+    if f & (fi::CLAIM | fi::DISCARD | fi::MULTI_RECV) != 0 || !r.tagged {
+        return -(fi::EOPNOTSUPP as isize);
+    }
+    let found = ep.shared.run(|e, _| Ok(e.peek(&r))).ok().flatten();
+    let b = ep.shared.bindings();
+    let Some(q) = b.rx_cq else {
+        return -(fi::ENOCQ as isize);
+    };
+    let c = match found {
+        Some((len, tag, data, src)) => Completion {
+            tx: false,
+            context: r.context,
+            flags: fi::RECV
+                | fi::TAGGED
+                | if data.is_some() {
+                    fi::REMOTE_CQ_DATA
+                } else {
+                    0
+                },
+            len,
+            buf: 0,
+            data: data.unwrap_or(0),
+            tag,
+            src,
+            error: None,
+        },
+        None => Completion {
+            tx: false,
+            context: r.context,
+            flags: fi::RECV | fi::TAGGED,
+            len: 0,
+            buf: 0,
+            data: 0,
+            tag: r.tag,
+            src: ep.shared.me,
+            error: Some((fi::ENOMSG, 0)),
+        },
+    };
+    let src = match (&b.av, c.error) {
+        (Some(av), None) => av.reverse(c.src),
+        _ => fi::ADDR_UNSPEC,
+    };
+    q.push(Entry { c, src });
+    0
+}
+
+/// The one buffer of an iov list (longer lists are not offered).
+///
+/// # Safety
+/// `iov` holds `count` entries.
+unsafe fn one_iov(iov: *const libc::iovec, count: usize) -> Result<(*mut c_void, usize), isize> {
+    match count {
+        0 => Ok((std::ptr::null_mut(), 0)),
+        // SAFETY: the caller's promise.
+        1 => unsafe { iov.as_ref() }
+            .map(|v| (v.iov_base, v.iov_len))
+            .ok_or(-(fi::EINVAL as isize)),
+        _ => Err(-(fi::EINVAL as isize)),
+    }
+}
+
+unsafe extern "C" fn msg_recv(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    context: *mut c_void,
+) -> isize {
+    recv(ep, buf, len, src, false, 0, 0, context, None)
+}
+
+unsafe extern "C" fn msg_recvv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric's iov array of `count`.
+    match unsafe { one_iov(iov.cast(), count) } {
+        Ok((b, l)) => recv(ep, b, l, src, false, 0, 0, context, None),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn msg_recvmsg(
+    ep: *mut sys::fid_ep,
+    msg: *const sys::fi_msg,
+    flags: u64,
+) -> isize {
+    // SAFETY: libfabric passes a valid message description.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(fi::EINVAL as isize);
+    };
+    // SAFETY: its iov array of `iov_count`.
+    match unsafe { one_iov(m.msg_iov.cast(), m.iov_count) } {
+        Ok((b, l)) => recv(ep, b, l, m.addr, false, 0, 0, m.context, Some(flags)),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn msg_send(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    context: *mut c_void,
+) -> isize {
+    send(ep, buf, len, dest, false, 0, None, context, None)
+}
+
+unsafe extern "C" fn msg_sendv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric's iov array of `count`.
+    match unsafe { one_iov(iov.cast(), count) } {
+        Ok((b, l)) => send(ep, b, l, dest, false, 0, None, context, None),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn msg_sendmsg(
+    ep: *mut sys::fid_ep,
+    msg: *const sys::fi_msg,
+    flags: u64,
+) -> isize {
+    // SAFETY: libfabric passes a valid message description.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(fi::EINVAL as isize);
+    };
+    let data = (flags & fi::REMOTE_CQ_DATA != 0).then_some(m.data);
+    // SAFETY: its iov array of `iov_count`.
+    match unsafe { one_iov(m.msg_iov.cast(), m.iov_count) } {
+        Ok((b, l)) => send(ep, b, l, m.addr, false, 0, data, m.context, Some(flags)),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn msg_inject(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+) -> isize {
+    send(
+        ep,
+        buf,
+        len,
+        dest,
+        false,
+        0,
+        None,
+        std::ptr::null_mut(),
+        Some(fi::INJECT),
+    )
+}
+
+unsafe extern "C" fn msg_senddata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    context: *mut c_void,
+) -> isize {
+    send(ep, buf, len, dest, false, 0, Some(data), context, None)
+}
+
+unsafe extern "C" fn msg_injectdata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+) -> isize {
+    send(
+        ep,
+        buf,
+        len,
+        dest,
+        false,
+        0,
+        Some(data),
+        std::ptr::null_mut(),
+        Some(fi::INJECT),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tagged_recv(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    context: *mut c_void,
+) -> isize {
+    recv(ep, buf, len, src, true, tag, ignore, context, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tagged_recvv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric's iov array of `count`.
+    match unsafe { one_iov(iov.cast(), count) } {
+        Ok((b, l)) => recv(ep, b, l, src, true, tag, ignore, context, None),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn tagged_recvmsg(
+    ep: *mut sys::fid_ep,
+    msg: *const sys::fi_msg_tagged,
+    flags: u64,
+) -> isize {
+    // SAFETY: libfabric passes a valid message description.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(fi::EINVAL as isize);
+    };
+    // SAFETY: its iov array of `iov_count`.
+    match unsafe { one_iov(m.msg_iov.cast(), m.iov_count) } {
+        Ok((b, l)) => recv(
+            ep,
+            b,
+            l,
+            m.addr,
+            true,
+            m.tag,
+            m.ignore,
+            m.context,
+            Some(flags),
+        ),
+        Err(e) => e,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tagged_send(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    tag: u64,
+    context: *mut c_void,
+) -> isize {
+    send(ep, buf, len, dest, true, tag, None, context, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tagged_sendv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric's iov array of `count`.
+    match unsafe { one_iov(iov.cast(), count) } {
+        Ok((b, l)) => send(ep, b, l, dest, true, tag, None, context, None),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn tagged_sendmsg(
+    ep: *mut sys::fid_ep,
+    msg: *const sys::fi_msg_tagged,
+    flags: u64,
+) -> isize {
+    // SAFETY: libfabric passes a valid message description.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(fi::EINVAL as isize);
+    };
+    let data = (flags & fi::REMOTE_CQ_DATA != 0).then_some(m.data);
+    // SAFETY: its iov array of `iov_count`.
+    match unsafe { one_iov(m.msg_iov.cast(), m.iov_count) } {
+        Ok((b, l)) => send(ep, b, l, m.addr, true, m.tag, data, m.context, Some(flags)),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn tagged_inject(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    send(
+        ep,
+        buf,
+        len,
+        dest,
+        true,
+        tag,
+        None,
+        std::ptr::null_mut(),
+        Some(fi::INJECT),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tagged_senddata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    tag: u64,
+    context: *mut c_void,
+) -> isize {
+    send(ep, buf, len, dest, true, tag, Some(data), context, None)
+}
+
+unsafe extern "C" fn tagged_injectdata(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    send(
+        ep,
+        buf,
+        len,
+        dest,
+        true,
+        tag,
+        Some(data),
+        std::ptr::null_mut(),
+        Some(fi::INJECT),
+    )
+}
+
+static EP_FI_OPS: sys::fi_ops = sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(ep_close),
+    bind: Some(ep_bind),
+    control: Some(ep_control),
+    ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
+    tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
+    ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
+};
+
+static EP_OPS: sys::fi_ops_ep = sys::fi_ops_ep {
+    size: std::mem::size_of::<sys::fi_ops_ep>(),
+    cancel: Some(ep_cancel),
+    getopt: nosys!(c_int; sys::fid_t, c_int, c_int, *mut c_void, *mut usize),
+    setopt: nosys!(c_int; sys::fid_t, c_int, c_int, *const c_void, usize),
+    tx_ctx: nosys!(c_int; *mut sys::fid_ep, c_int, *mut sys::fi_tx_attr, *mut *mut sys::fid_ep, *mut c_void),
+    rx_ctx: nosys!(c_int; *mut sys::fid_ep, c_int, *mut sys::fi_rx_attr, *mut *mut sys::fid_ep, *mut c_void),
+    rx_size_left: Some(ep_size_left),
+    tx_size_left: Some(ep_size_left),
+};
+
+static CM_OPS: sys::fi_ops_cm = sys::fi_ops_cm {
+    size: std::mem::size_of::<sys::fi_ops_cm>(),
+    setname: nosys!(c_int; sys::fid_t, *mut c_void, usize),
+    getname: Some(cm_getname),
+    getpeer: nosys!(c_int; *mut sys::fid_ep, *mut c_void, *mut usize),
+    connect: nosys!(c_int; *mut sys::fid_ep, *const c_void, *const c_void, usize),
+    listen: nosys!(c_int; *mut sys::fid_pep),
+    accept: nosys!(c_int; *mut sys::fid_ep, *const c_void, usize),
+    reject: nosys!(c_int; *mut sys::fid_pep, sys::fid_t, *const c_void, usize),
+    shutdown: nosys!(c_int; *mut sys::fid_ep, u64),
+    join: nosys!(c_int; *mut sys::fid_ep, *const c_void, u64, *mut *mut sys::fid_mc, *mut c_void),
+};
+
+static MSG_OPS: sys::fi_ops_msg = sys::fi_ops_msg {
+    size: std::mem::size_of::<sys::fi_ops_msg>(),
+    recv: Some(msg_recv),
+    recvv: Some(msg_recvv),
+    recvmsg: Some(msg_recvmsg),
+    send: Some(msg_send),
+    sendv: Some(msg_sendv),
+    sendmsg: Some(msg_sendmsg),
+    inject: Some(msg_inject),
+    senddata: Some(msg_senddata),
+    injectdata: Some(msg_injectdata),
+};
+
+static TAGGED_OPS: sys::fi_ops_tagged = sys::fi_ops_tagged {
+    size: std::mem::size_of::<sys::fi_ops_tagged>(),
+    recv: Some(tagged_recv),
+    recvv: Some(tagged_recvv),
+    recvmsg: Some(tagged_recvmsg),
+    send: Some(tagged_send),
+    sendv: Some(tagged_sendv),
+    sendmsg: Some(tagged_sendmsg),
+    inject: Some(tagged_inject),
+    senddata: Some(tagged_senddata),
+    injectdata: Some(tagged_injectdata),
+};

@@ -1,0 +1,17 @@
+//! The libfabric provider `ulnic` (docs/libfabric.md): a shared object
+//! Debian's libfabric 1.17 loads from `FI_PROVIDER_PATH` as
+//! `libulnic-fi.so`, offering reliable-datagram endpoints (FI_EP_RDM)
+//! with FI_MSG and FI_TAGGED over ulnic endpoints.
+
+mod av;
+mod cq;
+mod domain;
+mod engine;
+mod ep;
+mod eq;
+mod fi;
+mod provider;
+mod rma;
+mod wire;
+
+pub use provider::fi_prov_ini;

@@ -1,0 +1,216 @@
+//! The provider's entry (`fi_prov_ini`) and `fi_getinfo`: what it offers,
+//! matched against the caller's hints (docs/libfabric.md §3).
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+
+use crate::engine::{MAX_MESSAGE, QUEUE_DEPTH};
+use crate::fi::{self, sys};
+
+/// The provider's name.
+pub const NAME: &CStr = c"ulnic";
+/// The provider's version (this crate's 0.1).
+pub const VERSION: u32 = fi::version(0, 1);
+/// Capabilities offered.
+pub const CAPS: u64 = fi::MSG
+    | fi::TAGGED
+    | fi::SEND
+    | fi::RECV
+    | fi::DIRECTED_RECV
+    | fi::LOCAL_COMM
+    | fi::REMOTE_COMM;
+/// Bytes fi_inject takes (it copies at once).
+pub const INJECT_SIZE: usize = 4096;
+
+/// Whether this process can reach a ulnic NIC at all: a host-attach
+/// socket named, or the guest device file present.
+fn nic_present() -> bool {
+    if std::env::var_os(ulnic::SOCKET_ENV).is_some() {
+        return true;
+    }
+    let dev = std::env::var_os(ulnic::DEVICE_ENV).unwrap_or_else(|| ulnic::DEFAULT_DEVICE.into());
+    std::path::Path::new(&dev).exists()
+}
+
+/// Why the hints cannot be met, if they cannot.
+///
+/// # Safety
+/// `h` is a valid fi_info from the caller (its attr pointers may be null).
+unsafe fn refuse(h: &sys::fi_info) -> Option<&'static str> {
+    if h.caps & !CAPS != 0 {
+        return Some("capabilities not offered");
+    }
+    if h.addr_format != sys::FI_FORMAT_UNSPEC {
+        return Some("address format");
+    }
+    // SAFETY: the caller's attrs are valid or null.
+    let (ep, dom, fab, tx, rx) = unsafe {
+        (
+            h.ep_attr.as_ref(),
+            h.domain_attr.as_ref(),
+            h.fabric_attr.as_ref(),
+            h.tx_attr.as_ref(),
+            h.rx_attr.as_ref(),
+        )
+    };
+    if let Some(ep) = ep {
+        if ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC && ep.type_ != sys::fi_ep_type_FI_EP_RDM {
+            return Some("endpoint type");
+        }
+        if ep.max_msg_size > MAX_MESSAGE {
+            return Some("max_msg_size");
+        }
+        if ep.tx_ctx_cnt > 1 || ep.rx_ctx_cnt > 1 {
+            return Some("scalable endpoints");
+        }
+    }
+    if let Some(d) = dom {
+        if d.data_progress == sys::fi_progress_FI_PROGRESS_AUTO
+            || d.control_progress == sys::fi_progress_FI_PROGRESS_AUTO
+        {
+            return Some("automatic progress");
+        }
+        // SAFETY: a C string when not null.
+        if !d.name.is_null() && unsafe { CStr::from_ptr(d.name) } != NAME {
+            return Some("domain name");
+        }
+    }
+    if let Some(f) = fab {
+        // SAFETY: as above.
+        if !f.name.is_null() && unsafe { CStr::from_ptr(f.name) } != NAME {
+            return Some("fabric name");
+        }
+    }
+    if tx.is_some_and(|t| t.caps & !CAPS != 0) || rx.is_some_and(|r| r.caps & !CAPS != 0) {
+        return Some("capabilities not offered");
+    }
+    None
+}
+
+unsafe extern "C" fn getinfo(
+    _version: u32,
+    _node: *const c_char,
+    _service: *const c_char,
+    _flags: u64,
+    hints: *const sys::fi_info,
+    out: *mut *mut sys::fi_info,
+) -> c_int {
+    if out.is_null() {
+        return -fi::EINVAL;
+    }
+    // SAFETY: libfabric passes valid hints or null.
+    let hints = unsafe { hints.as_ref() };
+    // SAFETY: as above.
+    if let Some(why) = hints.and_then(|h| unsafe { refuse(h) }) {
+        let _ = why;
+        return -fi::ENODATA;
+    }
+    if !nic_present() {
+        return -fi::ENODATA;
+    }
+    // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with every attr.
+    let info = unsafe { sys::fi_dupinfo(std::ptr::null()) };
+    if info.is_null() {
+        return -fi::ENOMEM;
+    }
+    // SAFETY: a fresh fi_info with its attrs allocated.
+    unsafe { fill(&mut *info, hints) };
+    // SAFETY: libfabric's out-pointer.
+    unsafe { *out = info };
+    0
+}
+
+/// Writes what the provider offers into `i`.
+///
+/// # Safety
+/// `i` came from `fi_dupinfo(NULL)`: every attr pointer is valid.
+unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>) {
+    let asked = hints.map_or(0, |h| h.caps);
+    let caps = if asked != 0 {
+        asked | (CAPS & (fi::LOCAL_COMM | fi::REMOTE_COMM))
+    } else {
+        CAPS
+    };
+    i.caps = caps;
+    i.mode = 0;
+    i.addr_format = sys::FI_FORMAT_UNSPEC;
+    // SAFETY: hints' dest_addr holds dest_addrlen bytes; copied with
+    // malloc, as fi_freeinfo frees it with free.
+    if let Some(h) = hints.filter(|h| !h.dest_addr.is_null() && h.dest_addrlen > 0) {
+        unsafe {
+            let p = libc::malloc(h.dest_addrlen);
+            if !p.is_null() {
+                std::ptr::copy_nonoverlapping(h.dest_addr.cast::<u8>(), p.cast(), h.dest_addrlen);
+                i.dest_addr = p;
+                i.dest_addrlen = h.dest_addrlen;
+            }
+        }
+    }
+    let order = fi::ORDER_SAS;
+    // SAFETY: the caller's promise.
+    let (tx, rx, ep, dom, fab) = unsafe {
+        (
+            &mut *i.tx_attr,
+            &mut *i.rx_attr,
+            &mut *i.ep_attr,
+            &mut *i.domain_attr,
+            &mut *i.fabric_attr,
+        )
+    };
+    tx.caps = caps;
+    tx.msg_order = order;
+    tx.inject_size = INJECT_SIZE;
+    tx.size = QUEUE_DEPTH;
+    tx.iov_limit = 1;
+    rx.caps = caps;
+    rx.msg_order = order;
+    rx.size = QUEUE_DEPTH;
+    rx.iov_limit = 1;
+    ep.type_ = sys::fi_ep_type_FI_EP_RDM;
+    ep.max_msg_size = MAX_MESSAGE;
+    ep.tx_ctx_cnt = 1;
+    ep.rx_ctx_cnt = 1;
+    // SAFETY: strdup of a C string; freed by fi_freeinfo.
+    dom.name = unsafe { libc::strdup(NAME.as_ptr()) };
+    dom.threading = sys::fi_threading_FI_THREAD_SAFE;
+    dom.control_progress = sys::fi_progress_FI_PROGRESS_MANUAL;
+    dom.data_progress = sys::fi_progress_FI_PROGRESS_MANUAL;
+    dom.resource_mgmt = sys::fi_resource_mgmt_FI_RM_ENABLED;
+    dom.av_type = match hints.and_then(|h| unsafe { h.domain_attr.as_ref() }) {
+        Some(d) if d.av_type == sys::fi_av_type_FI_AV_MAP => sys::fi_av_type_FI_AV_MAP,
+        _ => sys::fi_av_type_FI_AV_TABLE,
+    };
+    dom.mr_mode = 0;
+    dom.mr_key_size = 8;
+    dom.cq_data_size = 8;
+    dom.cq_cnt = 256;
+    dom.ep_cnt = 256;
+    dom.tx_ctx_cnt = 256;
+    dom.rx_ctx_cnt = 256;
+    dom.max_ep_tx_ctx = 1;
+    dom.max_ep_rx_ctx = 1;
+    dom.mr_iov_limit = 1;
+    dom.mr_cnt = 1 << 16;
+    dom.caps = fi::LOCAL_COMM | fi::REMOTE_COMM;
+    // SAFETY: as for the domain name.
+    fab.name = unsafe { libc::strdup(NAME.as_ptr()) };
+    fab.prov_version = VERSION;
+}
+
+/// libfabric's entry into a provider loaded from `FI_PROVIDER_PATH`:
+/// the provider's description. libfabric writes into it (its context
+/// words), so it lives on the heap, made once per load.
+#[no_mangle]
+pub extern "C" fn fi_prov_ini() -> *mut sys::fi_provider {
+    Box::into_raw(Box::new(sys::fi_provider {
+        version: VERSION,
+        fi_version: fi::API_VERSION,
+        context: sys::fi_context {
+            internal: [std::ptr::null_mut(); 4],
+        },
+        name: NAME.as_ptr(),
+        getinfo: Some(getinfo),
+        fabric: Some(crate::domain::open_fabric),
+        cleanup: None,
+    }))
+}

@@ -1,0 +1,212 @@
+/* Checks the ulnic provider through libfabric's public API only, as any
+ * program would: two RDM endpoints of one domain exchange messages, and
+ * every answer is compared with what fi_msg(3), fi_tagged(3) and
+ * fi_cq(3) say. Prints "ok <name>" per check; exits 1 at the first
+ * failure. */
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond, ...)                                                      \
+	do {                                                                  \
+		if (!(cond)) {                                                \
+			fprintf(stderr, "FAILED line %d: ", __LINE__);        \
+			fprintf(stderr, __VA_ARGS__);                         \
+			fprintf(stderr, "\n");                                \
+			exit(1);                                              \
+		}                                                             \
+	} while (0)
+
+struct side {
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	fi_addr_t peer;
+};
+
+static struct fid_domain *domain;
+static struct fid_av *av;
+
+static void open_side(struct fi_info *info, struct side *s)
+{
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
+	CHECK(fi_endpoint(domain, info, &s->ep, NULL) == 0, "fi_endpoint");
+	CHECK(fi_cq_open(domain, &ca, &s->cq, NULL) == 0, "fi_cq_open");
+	CHECK(fi_ep_bind(s->ep, &av->fid, 0) == 0, "bind av");
+	CHECK(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV) == 0, "bind cq");
+	CHECK(fi_enable(s->ep) == 0, "fi_enable");
+}
+
+/* Reads one completion from `cq`, moving both sides along. */
+static ssize_t next(struct side *s, struct side *other, struct fi_cq_tagged_entry *e)
+{
+	for (long i = 0; i < 20000000; i++) {
+		ssize_t r = fi_cq_read(s->cq, e, 1);
+		if (r != -FI_EAGAIN)
+			return r;
+		struct fi_cq_tagged_entry x;
+		ssize_t o = fi_cq_read(other->cq, &x, 0);
+		(void)o;
+	}
+	return -FI_ETIMEDOUT;
+}
+
+int main(void)
+{
+	struct fi_info *hints = fi_allocinfo(), *info;
+	hints->fabric_attr->prov_name = strdup("ulnic");
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV;
+	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0, "fi_getinfo");
+	CHECK(!strcmp(info->fabric_attr->prov_name, "ulnic"), "provider %s", info->fabric_attr->prov_name);
+	printf("ok getinfo\n");
+
+	struct fi_info *h2 = fi_dupinfo(hints), *none = NULL;
+	h2->caps |= FI_ATOMIC;
+	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h2, &none) == -FI_ENODATA, "atomics refused");
+	h2->caps = FI_MSG;
+	h2->ep_attr->type = FI_EP_DGRAM;
+	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h2, &none) == -FI_ENODATA, "dgram refused");
+	printf("ok refuses-what-it-lacks\n");
+
+	struct fid_fabric *fabric;
+	CHECK(fi_fabric(info->fabric_attr, &fabric, NULL) == 0, "fi_fabric");
+	CHECK(fi_domain(fabric, info, &domain, NULL) == 0, "fi_domain");
+	struct fi_av_attr aa = { .type = FI_AV_MAP };
+	CHECK(fi_av_open(domain, &aa, &av, NULL) == 0, "fi_av_open");
+	struct side a, b;
+	open_side(info, &a);
+	open_side(info, &b);
+	char name[64];
+	size_t len = 1;
+	CHECK(fi_getname(&a.ep->fid, name, &len) == -FI_ETOOSMALL && len == 8, "getname size");
+	len = sizeof(name);
+	CHECK(fi_getname(&a.ep->fid, name, &len) == 0, "getname a");
+	CHECK(fi_av_insert(av, name, 1, &b.peer, 0, NULL) == 1, "insert a");
+	len = sizeof(name);
+	CHECK(fi_getname(&b.ep->fid, name, &len) == 0, "getname b");
+	CHECK(fi_av_insert(av, name, 1, &a.peer, 0, NULL) == 1, "insert b");
+	printf("ok endpoints\n");
+
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err;
+	char out[256], in[256];
+	for (int i = 0; i < 256; i++)
+		out[i] = (char)i;
+
+	/* Unexpected tagged messages, matched later with ignore bits, in
+	 * arrival order among those that match. */
+	CHECK(fi_tsend(a.ep, out, 10, NULL, a.peer, 0x1234, (void *)1) == 0, "tsend");
+	CHECK(fi_tsend(a.ep, out + 10, 20, NULL, a.peer, 0x1299, (void *)2) == 0, "tsend 2");
+	CHECK(next(&a, &b, &e) == 1 && e.op_context == (void *)1 && (e.flags & FI_SEND), "send done");
+	CHECK(next(&a, &b, &e) == 1 && e.op_context == (void *)2, "send 2 done");
+	CHECK(fi_trecv(b.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, 0x1299, 0, (void *)3) == 0, "trecv exact");
+	CHECK(next(&b, &a, &e) == 1 && e.op_context == (void *)3 && e.len == 20 && e.tag == 0x1299 &&
+		      !memcmp(in, out + 10, 20) && (e.flags & (FI_RECV | FI_TAGGED)) == (FI_RECV | FI_TAGGED),
+	      "exact tag took the second message (len %zu tag %lx)", e.len, (unsigned long)e.tag);
+	CHECK(fi_trecv(b.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, 0x1200, 0xff, (void *)4) == 0, "trecv ignore");
+	CHECK(next(&b, &a, &e) == 1 && e.op_context == (void *)4 && e.len == 10 && e.tag == 0x1234 &&
+		      !memcmp(in, out, 10),
+	      "ignore bits matched the first");
+	printf("ok tagged-unexpected-and-ignore\n");
+
+	/* FI_PEEK sees a message without taking it; FI_ENOMSG when none. */
+	struct iovec iov = { .iov_base = in, .iov_len = sizeof(in) };
+	struct fi_msg_tagged tm = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC,
+				    .tag = 0x77, .ignore = 0, .context = (void *)5 };
+	CHECK(fi_trecvmsg(b.ep, &tm, FI_PEEK) == 0, "peek none");
+	CHECK(next(&b, &a, &e) == -FI_EAVAIL, "peek none is an error entry");
+	CHECK(fi_cq_readerr(b.cq, &err, 0) == 1 && err.err == FI_ENOMSG && err.op_context == (void *)5, "ENOMSG");
+	CHECK(fi_tsend(a.ep, out, 33, NULL, a.peer, 0x77, (void *)6) == 0, "tsend 77");
+	CHECK(next(&a, &b, &e) == 1, "sent 77");
+	CHECK(fi_trecvmsg(b.ep, &tm, FI_PEEK) == 0, "peek");
+	CHECK(next(&b, &a, &e) == 1 && e.len == 33 && e.tag == 0x77, "peek found it (len %zu)", e.len);
+	CHECK(fi_trecv(b.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, 0x77, 0, (void *)7) == 0, "trecv 77");
+	CHECK(next(&b, &a, &e) == 1 && e.op_context == (void *)7 && e.len == 33, "still there after peek");
+	CHECK(fi_trecvmsg(b.ep, &tm, FI_PEEK | FI_CLAIM) == -FI_EOPNOTSUPP, "claim not offered");
+	printf("ok peek\n");
+
+	/* Truncation: an error entry with the bytes that did not fit. */
+	CHECK(fi_recv(b.ep, in, 10, NULL, FI_ADDR_UNSPEC, (void *)8) == 0, "short recv");
+	CHECK(fi_send(a.ep, out, 100, NULL, a.peer, (void *)9) == 0, "send 100");
+	CHECK(next(&b, &a, &e) == -FI_EAVAIL, "truncated is an error");
+	CHECK(fi_cq_readerr(b.cq, &err, 0) == 1 && err.err == FI_ETRUNC && err.olen == 90 &&
+		      err.op_context == (void *)8 && !memcmp(in, out, 10),
+	      "ETRUNC olen %zu", err.olen);
+	CHECK(next(&a, &b, &e) == 1 && e.op_context == (void *)9, "send 100 done");
+	printf("ok truncation\n");
+
+	/* Remote CQ data, and a message larger than a packet. */
+	char *big = malloc(300000), *got = malloc(300000);
+	for (int i = 0; i < 300000; i++)
+		big[i] = (char)(i * 7);
+	CHECK(fi_recv(b.ep, got, 300000, NULL, FI_ADDR_UNSPEC, (void *)10) == 0, "big recv");
+	CHECK(fi_senddata(a.ep, big, 300000, NULL, 0xabcdef, a.peer, (void *)11) == 0, "senddata");
+	CHECK(next(&b, &a, &e) == 1 && e.len == 300000 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 0xabcdef &&
+		      !memcmp(big, got, 300000),
+	      "big message with data");
+	CHECK(next(&a, &b, &e) == 1 && e.op_context == (void *)11, "senddata done");
+	printf("ok data-and-large\n");
+
+	/* Directed receive: only from the named sender. */
+	struct side c;
+	open_side(info, &c);
+	len = sizeof(name);
+	CHECK(fi_getname(&c.ep->fid, name, &len) == 0, "getname c");
+	fi_addr_t c_addr;
+	CHECK(fi_av_insert(av, name, 1, &c_addr, 0, NULL) == 1, "insert c");
+	len = sizeof(name);
+	fi_getname(&b.ep->fid, name, &len);
+	fi_av_insert(av, name, 1, &c.peer, 0, NULL);
+	CHECK(fi_recv(b.ep, in, sizeof(in), NULL, c_addr, (void *)12) == 0, "directed recv");
+	CHECK(fi_send(a.ep, out, 5, NULL, a.peer, (void *)13) == 0, "send from a");
+	CHECK(next(&a, &b, &e) == 1, "a's send done");
+	CHECK(fi_send(c.ep, out, 6, NULL, c.peer, (void *)14) == 0, "send from c");
+	CHECK(next(&c, &b, &e) == 1, "c's send done");
+	CHECK(next(&b, &a, &e) == 1 && e.op_context == (void *)12 && e.len == 6, "directed took c's (len %zu)", e.len);
+	CHECK(fi_recv(b.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)15) == 0, "any recv");
+	CHECK(next(&b, &a, &e) == 1 && e.op_context == (void *)15 && e.len == 5, "a's waited");
+	printf("ok directed\n");
+
+	/* Cancel: the receive comes back as FI_ECANCELED. */
+	CHECK(fi_recv(b.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)16) == 0, "recv to cancel");
+	CHECK(fi_cancel(&b.ep->fid, (void *)16) == 0, "cancel");
+	CHECK(next(&b, &a, &e) == -FI_EAVAIL, "cancelled is an error");
+	CHECK(fi_cq_readerr(b.cq, &err, 0) == 1 && err.err == FI_ECANCELED && err.op_context == (void *)16, "ECANCELED");
+	printf("ok cancel\n");
+
+	/* Inject: no completion. */
+	CHECK(fi_inject(a.ep, out, 40, a.peer) == 0, "inject");
+	CHECK(fi_recv(b.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, (void *)17) == 0, "recv inject");
+	CHECK(next(&b, &a, &e) == 1 && e.op_context == (void *)17 && e.len == 40, "inject arrived");
+	CHECK(fi_cq_read(a.cq, &e, 1) == -FI_EAGAIN, "inject has no completion");
+	printf("ok inject\n");
+
+	/* What is not offered says so. */
+	CHECK(fi_read(a.ep, in, 8, NULL, a.peer, 0, 0, NULL) == -FI_ENOSYS, "fi_read");
+	struct fi_cntr_attr ctr = { 0 };
+	struct fid_cntr *cntr;
+	CHECK(fi_cntr_open(domain, &ctr, &cntr, NULL) == -FI_ENOSYS, "counters");
+	printf("ok not-offered\n");
+
+	fi_close(&c.ep->fid);
+	fi_close(&c.cq->fid);
+	fi_close(&a.ep->fid);
+	fi_close(&b.ep->fid);
+	fi_close(&a.cq->fid);
+	fi_close(&b.cq->fid);
+	fi_close(&av->fid);
+	fi_close(&domain->fid);
+	fi_close(&fabric->fid);
+	fi_freeinfo(info);
+	fi_freeinfo(hints);
+	fi_freeinfo(h2);
+	printf("ok all\n");
+	return 0;
+}
