@@ -176,6 +176,14 @@ impl Cq {
             n += 1;
         }
         if n == 0 {
+            drop(q);
+            // The device's engine is a thread of another process that
+            // needs a core to move what this program waits for; a program
+            // spinning on fi_cq_read (as fi_pingpong does) would take it
+            // on a machine with fewer cores than spinners. An empty read
+            // gives up the rest of its time slice, as `ulnic bench`'s
+            // busy-poll does.
+            std::thread::yield_now();
             -(fi::EAGAIN as isize)
         } else {
             n as isize
