@@ -179,3 +179,24 @@ pub fn extract(deb: &Path, dest: &Path) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// A maintainer script of a .deb (`postinst`, ...), if it has one.
+pub fn control_script(deb: &Path, script: &str) -> Result<Option<String>, Error> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io(deb, e))?;
+    let st = Command::new("dpkg-deb")
+        .arg("-e")
+        .arg(deb)
+        .arg(dir.path())
+        .status()
+        .map_err(|e| Error::Tool {
+            tool: "dpkg-deb".into(),
+            detail: e.to_string(),
+        })?;
+    if !st.success() {
+        return Err(Error::Tool {
+            tool: format!("dpkg-deb -e {}", deb.display()),
+            detail: st.to_string(),
+        });
+    }
+    Ok(std::fs::read_to_string(dir.path().join(script)).ok())
+}

@@ -767,6 +767,7 @@ fn tool_identity(t: &Path) -> Result<String, Error> {
 fn add_tools(a: &mut newc::Archive, tools: &[PathBuf], scratch: &Path) -> Result<(), Error> {
     std::fs::create_dir_all(scratch).map_err(|e| Error::io(scratch, e))?;
     let mut libs: Vec<String> = Vec::new();
+    let mut providers: Vec<Vec<u8>> = Vec::new();
     for t in tools {
         let name = file_name(t);
         let stripped = scratch.join(&name);
@@ -779,6 +780,13 @@ fn add_tools(a: &mut newc::Archive, tools: &[PathBuf], scratch: &Path) -> Result
             std::fs::copy(t, &stripped).map_err(|e| Error::io(t, e))?;
         }
         let data = std::fs::read(&stripped).map_err(|e| Error::io(&stripped, e))?;
+        if name == FABRIC_PROVIDER {
+            // libfabric's own provider directory, under the name it loads
+            // (`*-fi.so`); libfabric itself comes with the packages that
+            // use it (`--packages libfabric-bin`), not with every image.
+            providers.push(data);
+            continue;
+        }
         // Shared libraries (the preload layer, the C API) go where the
         // dynamic loader looks; programs go on the PATH.
         let at = if name.contains(".so") { "lib" } else { "bin" };
@@ -824,8 +832,32 @@ fn add_tools(a: &mut newc::Archive, tools: &[PathBuf], scratch: &Path) -> Result
         let data = std::fs::read(p).map_err(|e| Error::io(p, e))?;
         a.file(lib.trim_start_matches('/'), 0o755, &data);
     }
+    for data in providers {
+        let mut prefix = String::new();
+        for c in FABRIC_PROVIDER_DIR.split('/') {
+            prefix = if prefix.is_empty() {
+                c.to_string()
+            } else {
+                format!("{prefix}/{c}")
+            };
+            if !dirs.contains(&prefix) {
+                a.dir(&prefix);
+                dirs.push(prefix.clone());
+            }
+        }
+        a.file(
+            &format!("{FABRIC_PROVIDER_DIR}/libulnic-fi.so"),
+            0o755,
+            &data,
+        );
+    }
     Ok(())
 }
+
+/// The libfabric provider as cargo builds it (docs/libfabric.md).
+pub const FABRIC_PROVIDER: &str = "libulnic_fi.so";
+/// Where Debian's libfabric looks for providers by default.
+pub const FABRIC_PROVIDER_DIR: &str = "usr/lib/x86_64-linux-gnu/libfabric";
 
 /// Packages downloaded in this build, and their bytes.
 #[derive(Default)]

@@ -71,10 +71,11 @@ pub fn build(
     }
     // The piece is named by what went into it: the packages asked for and
     // every version resolved
-    // (and by the rules that pick what is taken: 8, with empty
-    // directories, the packages programs link into and the
-    // architecture-independent ones).
-    let mut key = format!("rule 8 {}", names.join(","));
+    // (and by the rules that pick what is taken: 9, with empty
+    // directories, the packages programs link into, the
+    // architecture-independent ones, and the alternatives postinst
+    // scripts install).
+    let mut key = format!("rule 9 {}", names.join(","));
     for (n, v) in &closure {
         key.push_str(&format!(" {n}={v}"));
     }
@@ -95,6 +96,7 @@ pub fn build(
     std::fs::create_dir_all(&pool).map_err(|e| Error::io(&pool, e))?;
     let mut roots: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut controls = BTreeMap::new();
+    let mut alternatives = Vec::new();
     for (name, _) in &closure {
         let deb = debs
             .iter()
@@ -106,8 +108,16 @@ pub fn build(
             .ok_or_else(|| Error::Resolve(format!("{name} was not downloaded")))?;
         let root = pool.join(name);
         apt::extract(deb, &root)?;
+        if let Some(script) = apt::control_script(deb, "postinst")? {
+            alternatives.extend(Alternative::in_script(&script));
+        }
         roots.insert(name.clone(), root);
         controls.insert(name.clone(), Control::of(deb)?);
+    }
+    for alt in Alternative::chosen(alternatives) {
+        if let Some(made) = alt.install(&roots) {
+            progress(&format!("      alternative {}", made));
+        }
     }
     let libs = libraries(&roots)?;
     // The asked-for packages and their parts whole (but their
@@ -194,6 +204,80 @@ pub fn build(
         take.len()
     ));
     Ok(out)
+}
+
+/// An alternative a maintainer script installs
+/// (`update-alternatives --install LINK NAME PATH PRIORITY`). Scripts are
+/// not run, so the link they would make (libpsm-infinipath1's library,
+/// which libfabric1 needs, exists only that way) is made here, to the
+/// highest-priority choice among the packages taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alternative {
+    link: String,
+    name: String,
+    path: String,
+    priority: i64,
+}
+
+impl Alternative {
+    /// The `--install` lines of a script (continued lines joined).
+    pub fn in_script(script: &str) -> Vec<Alternative> {
+        let joined = script.replace("\\\n", " ");
+        let mut found = Vec::new();
+        for line in joined.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let Some(i) = words.iter().position(|w| *w == "--install") else {
+                continue;
+            };
+            if !words[..i]
+                .iter()
+                .any(|w| w.ends_with("update-alternatives"))
+            {
+                continue;
+            }
+            if let [link, name, path, prio, ..] = words[i + 1..] {
+                if let (true, Ok(priority)) =
+                    (link.starts_with('/') && path.starts_with('/'), prio.parse())
+                {
+                    found.push(Alternative {
+                        link: link.into(),
+                        name: name.into(),
+                        path: path.into(),
+                        priority,
+                    });
+                }
+            }
+        }
+        found
+    }
+
+    /// The highest-priority alternative of each name.
+    pub fn chosen(all: Vec<Alternative>) -> Vec<Alternative> {
+        let mut best: BTreeMap<String, Alternative> = BTreeMap::new();
+        for a in all {
+            match best.get(&a.name) {
+                Some(b) if b.priority >= a.priority => {}
+                _ => {
+                    best.insert(a.name.clone(), a);
+                }
+            }
+        }
+        best.into_values().collect()
+    }
+
+    /// Makes the link in the package that holds the chosen path, when one
+    /// does and the link is not there already: what was made.
+    fn install(&self, roots: &BTreeMap<String, PathBuf>) -> Option<String> {
+        let rel = |p: &str| p.trim_start_matches('/').to_string();
+        let root = roots.values().find(|r| r.join(rel(&self.path)).exists())?;
+        let link = root.join(rel(&self.link));
+        if std::fs::symlink_metadata(&link).is_ok() {
+            return None;
+        }
+        std::fs::create_dir_all(link.parent()?).ok()?;
+        std::os::unix::fs::symlink(&self.path, &link).ok()?;
+        Some(format!("{} -> {}", self.link, self.path))
+    }
 }
 
 /// Every shared library the unpacked packages (`roots`) hold, by file
@@ -698,6 +782,39 @@ mod tests {
             ))
         );
         assert_eq!(link_target(&a.join("usr/bin/dangling"), &roots), None);
+    }
+
+    #[test]
+    fn alternatives_are_read_from_scripts_and_the_highest_priority_wins() {
+        let script = "#! /bin/sh\nset -e\nupdate-alternatives --install /usr/lib/x/libpsm.so.1 libpsm.so.1 \\\n    /usr/lib/libpsm1/libpsm.so.1.16 40\nupdate-alternatives --remove foo /x\nexit 0\n";
+        let found = Alternative::in_script(script);
+        assert_eq!(
+            found,
+            vec![Alternative {
+                link: "/usr/lib/x/libpsm.so.1".into(),
+                name: "libpsm.so.1".into(),
+                path: "/usr/lib/libpsm1/libpsm.so.1.16".into(),
+                priority: 40,
+            }]
+        );
+        let mut other = found[0].clone();
+        other.path = "/usr/lib/libpsm2/libpsm.so.2".into();
+        other.priority = 50;
+        assert_eq!(
+            Alternative::chosen(vec![found[0].clone(), other.clone()]),
+            vec![other]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("pkg");
+        std::fs::create_dir_all(root.join("usr/lib/libpsm1")).unwrap();
+        std::fs::write(root.join("usr/lib/libpsm1/libpsm.so.1.16"), b"elf").unwrap();
+        let roots = BTreeMap::from([("pkg".to_string(), root.clone())]);
+        assert!(found[0].install(&roots).is_some());
+        assert_eq!(
+            std::fs::read_link(root.join("usr/lib/x/libpsm.so.1")).unwrap(),
+            PathBuf::from("/usr/lib/libpsm1/libpsm.so.1.16")
+        );
+        assert_eq!(found[0].install(&roots), None, "made once");
     }
 
     #[test]

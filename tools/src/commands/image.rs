@@ -70,14 +70,19 @@ fn report(r: &BuildReport) -> String {
 }
 
 /// What goes into guest images from this host: this `ulnic` binary, and
-/// the preload layer and C library built beside it (when they were).
+/// the preload layer, C library and libfabric provider built beside it
+/// (when they were).
 pub fn image_tools() -> Vec<PathBuf> {
     let exe = std::env::current_exe().ok();
     let dir = exe
         .as_ref()
         .and_then(|e| e.parent().map(|d| d.to_path_buf()));
     let mut tools: Vec<PathBuf> = exe.into_iter().collect();
-    for lib in ["libulnic_preload.so", "libulnic.so"] {
+    for lib in [
+        "libulnic_preload.so",
+        "libulnic.so",
+        ulnic_images::FABRIC_PROVIDER,
+    ] {
         if let Some(p) = dir.as_ref().map(|d| d.join(lib)).filter(|p| p.exists()) {
             tools.push(p);
         }
@@ -143,8 +148,8 @@ mod tests {
     fn the_image_gets_this_binary_first() {
         let tools = image_tools();
         assert_eq!(tools[0], std::env::current_exe().unwrap());
-        assert!(tools[1..]
-            .iter()
-            .all(|t| t.ends_with("libulnic_preload.so") || t.ends_with("libulnic.so")));
+        assert!(tools[1..].iter().all(|t| t.ends_with("libulnic_preload.so")
+            || t.ends_with("libulnic.so")
+            || t.ends_with(ulnic_images::FABRIC_PROVIDER)));
     }
 }
