@@ -1,7 +1,8 @@
 //! The libfabric provider between two TCG guests (docs/libfabric.md):
 //! guest images carry it in libfabric's own provider directory, so
 //! Debian's `fi_info` and `fi_pingpong` find it with no setting at all,
-//! through the guest driver (/dev/ulnic0). fi_pingpong's out-of-band
+//! through the guest driver (/dev/ulnic0), reliable-datagram (untagged
+//! and tagged) and connected endpoints. fi_pingpong's out-of-band
 //! handshake crosses the guests' virtio-net; its messages cross ulnic,
 //! every payload checked (`-c`).
 mod cli;
@@ -20,11 +21,11 @@ fn exec(cluster: &str, node: &str, cmd: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// fi_pingpong in `mode` ("msg" or "tagged"): server on node 1 as a job,
-/// client on node 0 (retried until the server listens); the client's
-/// table.
-fn pingpong(cluster: &str, mode: &str, port: u16) -> String {
-    let args = format!("-p ulnic -e rdm -m {mode} -I 20 -c");
+/// fi_pingpong with endpoint type `ep` in `mode` ("msg" or "tagged"):
+/// server on node 1 as a job, client on node 0 (retried until the server
+/// listens); the client's table.
+fn pingpong(cluster: &str, ep: &str, mode: &str, port: u16) -> String {
+    let args = format!("-p ulnic -e {ep} -m {mode} -I 20 -c");
     let o = ulnic(&[
         "cluster",
         "exec",
@@ -36,12 +37,40 @@ fn pingpong(cluster: &str, mode: &str, port: u16) -> String {
         &format!("fi_pingpong {args} -B {port}"),
     ]);
     assert!(o.status.success(), "server:\n{}", text(&o));
+    let job = jobs(cluster).as_array().unwrap().len();
     let client = format!(
         "for i in $(seq 60); do fi_pingpong {args} -P {port} node1 > /tmp/pp.out 2>&1 && \
          {{ cat /tmp/pp.out; exit 0; }}; grep -q 'Connection refused\\|ctrl/connect' /tmp/pp.out || \
          {{ cat /tmp/pp.out; exit 1; }}; sleep 1; done; cat /tmp/pp.out; exit 1"
     );
-    exec(cluster, "0", &client)
+    let table = exec(cluster, "0", &client);
+    // The server ends too, and well, once its client is done.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let j = jobs(cluster)[job - 1].clone();
+        if j["state"] != "running" {
+            assert_eq!(
+                (&j["state"], &j["code"]),
+                (&"exited".into(), &0.into()),
+                "{j}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server still running: {j}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    table
+}
+
+/// The cluster's background jobs (`cluster status --json`).
+fn jobs(cluster: &str) -> serde_json::Value {
+    let o = ulnic(&["cluster", "status", "--name", cluster, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    s["jobs"].clone()
 }
 
 #[test]
@@ -68,9 +97,13 @@ fn fi_pingpong_between_two_guests() {
             "node {node}: {info}"
         );
     }
-    for (mode, port) in [("msg", 47_611), ("tagged", 47_612)] {
-        let table = pingpong(&cluster, mode, port);
-        eprintln!("fi_pingpong -m {mode} between guests:\n{table}");
+    for (ep, mode, port) in [
+        ("rdm", "msg", 47_611),
+        ("rdm", "tagged", 47_612),
+        ("msg", "msg", 47_613),
+    ] {
+        let table = pingpong(&cluster, ep, mode, port);
+        eprintln!("fi_pingpong -e {ep} -m {mode} between guests:\n{table}");
         for size in ["64 ", "256 ", "1k ", "4k ", "64k ", "1m "] {
             assert!(
                 table

@@ -8,7 +8,9 @@ use std::ffi::c_void;
 use std::os::raw::{c_char, c_int};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ulnic::{Nic, ProtectionDomain};
+use std::sync::Arc;
+
+use crate::nic::SharedNic;
 
 use crate::engine::Engine;
 use crate::fi::{self, nosys, sys};
@@ -23,8 +25,7 @@ struct Fabric {
 #[repr(C)]
 struct Domain {
     fid: sys::fid_domain,
-    pd: ProtectionDomain,
-    nic: Nic,
+    nic: Arc<SharedNic>,
     next_key: AtomicU64,
 }
 
@@ -74,20 +75,16 @@ unsafe extern "C" fn open_domain(
 ) -> c_int {
     // SAFETY: libfabric passes the fi_info the domain is for.
     if let Some(ep) = unsafe { info.as_ref().and_then(|i| i.ep_attr.as_ref()) } {
-        if ep.type_ != sys::fi_ep_type_FI_EP_RDM && ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC {
+        if !crate::provider::offered_type(ep.type_) && ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC {
             return -fi::ENOSYS;
         }
     }
-    let nic = match Nic::open() {
+    let nic = match crate::nic::shared() {
         Ok(n) => n,
         Err(e) => {
             eprintln!("ulnic provider: cannot open the NIC: {e}");
             return -fi::ENODEV;
         }
-    };
-    let pd = match nic.alloc_pd() {
-        Ok(pd) => pd,
-        Err(e) => return -e.errno(),
     };
     let d = Box::new(Domain {
         fid: sys::fid_domain {
@@ -99,7 +96,6 @@ unsafe extern "C" fn open_domain(
             ops: &DOMAIN_OPS as *const _ as *mut _,
             mr: &MR_OPS as *const _ as *mut _,
         },
-        pd,
         nic,
         next_key: AtomicU64::new(1),
     });
@@ -160,15 +156,21 @@ unsafe extern "C" fn endpoint(
     };
     // SAFETY: its attrs are valid or null.
     let (ep_attr, rx_attr) = unsafe { (info.ep_attr.as_ref(), info.rx_attr.as_ref()) };
-    if ep_attr.is_some_and(|ep| ep.type_ != sys::fi_ep_type_FI_EP_RDM) {
-        return -fi::ENOSYS;
-    }
+    let connected = match ep_attr.map(|ep| ep.type_) {
+        Some(sys::fi_ep_type_FI_EP_RDM) => false,
+        Some(sys::fi_ep_type_FI_EP_MSG) => true,
+        _ => return -fi::ENOSYS,
+    };
     let caps = info.caps | rx_attr.map_or(0, |r| r.caps);
-    match Engine::open(&d.pd) {
+    // A server's endpoint is made for a connection request (its handle).
+    // SAFETY: a handle in an fi_info is a fid a provider made or null.
+    let peer = unsafe { crate::pep::requester(info.handle) };
+    match Engine::open(&d.nic.pd) {
         Ok(e) => {
-            let me = e.address(d.nic.node());
+            let me = e.address(d.nic.nic.node());
+            let conn = connected.then(|| crate::ep::Conn::new(peer));
             // SAFETY: libfabric's out-pointer.
-            unsafe { crate::ep::open(e, me, caps, out, context) }
+            unsafe { crate::ep::open(e, me, caps, conn, out, context) }
         }
         Err(e) => -e.errno(),
     }
@@ -294,7 +296,7 @@ type Fab = *mut sys::fid_fabric;
 static FABRIC_OPS: sys::fi_ops_fabric = sys::fi_ops_fabric {
     size: std::mem::size_of::<sys::fi_ops_fabric>(),
     domain: Some(open_domain),
-    passive_ep: nosys!(c_int; Fab, *mut sys::fi_info, *mut *mut sys::fid_pep, *mut c_void),
+    passive_ep: Some(crate::pep::open),
     eq_open: Some(crate::eq::open),
     wait_open: nosys!(c_int; Fab, *mut sys::fi_wait_attr, *mut *mut sys::fid_wait),
     trywait: nosys!(c_int; Fab, *mut *mut sys::fid, c_int),

@@ -12,7 +12,7 @@ use ulnic::{
 };
 use zerocopy::IntoBytes;
 
-use crate::wire::{Header, FLAG_DATA, HEADER, KIND_MSG, KIND_TAGGED, MAGIC};
+use crate::wire::{Header, FLAG_DATA, HEADER, KIND_MSG, KIND_SHUTDOWN, KIND_TAGGED, MAGIC};
 
 /// Bytes of one packet buffer (header included).
 pub const PACKET: usize = 64 << 10;
@@ -149,6 +149,9 @@ enum Current {
 /// What a receiver knows of one sender.
 #[derive(Default)]
 struct PeerIn {
+    /// The sending endpoint's session id (`Received::session`): a later
+    /// endpoint on the same port starts its sequence afresh.
+    session: u32,
     next: u32,
     stash: BTreeMap<u32, (Header, Vec<u8>)>,
     current: Option<Current>,
@@ -169,7 +172,24 @@ pub struct Engine {
     peers: HashMap<Address, PeerIn>,
     posted: VecDeque<PostedRecv>,
     unexpected: VecDeque<Unexpected>,
+    control: VecDeque<Control>,
 }
+
+/// A connection-management packet that arrived (FI_EP_MSG): its kind
+/// (`wire::KIND_CONNREQ` ...), sender and parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Control {
+    /// `wire::KIND_*`.
+    pub kind: u8,
+    /// Who sent it.
+    pub from: Address,
+    /// Its parameters.
+    pub params: Vec<u8>,
+}
+
+/// The context of a connection-management send: its failure is reported
+/// to the event queue, never to a completion queue.
+pub const CONTROL_CONTEXT: usize = usize::MAX;
 
 impl Engine {
     /// An endpoint on `pd`, bound to a free port of the provider's range,
@@ -198,6 +218,7 @@ impl Engine {
             peers: HashMap::new(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
+            control: VecDeque::new(),
         })
     }
 
@@ -207,6 +228,34 @@ impl Engine {
             node,
             port: self.port,
         }
+    }
+
+    /// Takes the next connection-management packet that arrived.
+    pub fn take_control(&mut self) -> Option<Control> {
+        self.control.pop_front()
+    }
+
+    /// Sends a connection-management packet of `kind` with `params`;
+    /// its failure comes back as an error completion whose context is
+    /// `CONTROL_CONTEXT`.
+    pub fn send_control(&mut self, dest: Address, kind: u8, params: &[u8]) -> Result<(), Error> {
+        self.queue(
+            dest,
+            params.as_ptr(),
+            params.len(),
+            true,
+            kind,
+            0,
+            None,
+            CONTROL_CONTEXT,
+            false,
+        )
+    }
+
+    /// Leaves a SHUTDOWN for `peer` with the device, delivered if this
+    /// endpoint goes away without saying so (its process dies).
+    pub fn set_close_message(&mut self, peer: Address) -> Result<(), Error> {
+        self.ep.set_close_message(peer, 0, &[])
     }
 
     /// Sends left before `send` answers `WouldBlock`.
@@ -229,6 +278,23 @@ impl Engine {
         len: usize,
         owned: bool,
         tagged: bool,
+        tag: u64,
+        cq_data: Option<u64>,
+        context: usize,
+        report: bool,
+    ) -> Result<(), Error> {
+        let kind = if tagged { KIND_TAGGED } else { KIND_MSG };
+        self.queue(dest, ptr, len, owned, kind, tag, cq_data, context, report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue(
+        &mut self,
+        dest: Address,
+        ptr: *const u8,
+        len: usize,
+        owned: bool,
+        kind: u8,
         tag: u64,
         cq_data: Option<u64>,
         context: usize,
@@ -257,7 +323,7 @@ impl Engine {
                 placed: 0,
                 outstanding: 0,
                 dest,
-                kind: if tagged { KIND_TAGGED } else { KIND_MSG },
+                kind,
                 tag,
                 cq_data,
                 context,
@@ -521,8 +587,16 @@ impl Engine {
                 )
             }
         };
-        if let (Some(h), false, false) = (h, m.returned, m.close) {
-            self.on_packet(m.src, h, &body, out);
+        if m.close {
+            // The peer's endpoint is gone (its close message, left when
+            // the connection was made).
+            self.control.push_back(Control {
+                kind: KIND_SHUTDOWN,
+                from: m.src,
+                params: Vec::new(),
+            });
+        } else if let (Some(h), false) = (h, m.returned) {
+            self.on_packet(m.src, m.session, h, &body, out);
         }
         if let Body::Buffer { offset, id, .. } = body {
             let _ = self
@@ -533,8 +607,21 @@ impl Engine {
 
     /// Handles a packet of `src`: now if it is the next one, else kept
     /// until the ones before it came.
-    fn on_packet(&mut self, src: Address, h: Header, body: &Body, out: &mut Vec<Completion>) {
+    fn on_packet(
+        &mut self,
+        src: Address,
+        session: u32,
+        h: Header,
+        body: &Body,
+        out: &mut Vec<Completion>,
+    ) {
         let peer = self.peers.entry(src).or_default();
+        if peer.session != session {
+            *peer = PeerIn {
+                session,
+                ..PeerIn::default()
+            };
+        }
         let seq = h.seq.get();
         let ahead = seq.wrapping_sub(peer.next);
         if ahead != 0 {
@@ -562,6 +649,17 @@ impl Engine {
     /// One in-order packet: the first of a message is matched, every one
     /// is copied to where its message goes, the last completes it.
     fn deliver(&mut self, src: Address, h: Header, body: &Body, out: &mut Vec<Completion>) {
+        if h.kind != KIND_MSG && h.kind != KIND_TAGGED {
+            if let Some(peer) = self.peers.get_mut(&src) {
+                peer.next = peer.next.wrapping_add(1);
+            }
+            self.control.push_back(Control {
+                kind: h.kind,
+                from: src,
+                params: body_bytes(&self.ep, body),
+            });
+            return;
+        }
         let tagged = h.kind == KIND_TAGGED;
         let data = (h.flags & FLAG_DATA != 0).then_some(h.data.get());
         let msg_len = h.msg_len.get() as usize;
@@ -758,11 +856,18 @@ unsafe fn slice_mut_or_empty<'a>(base: usize, at: usize, len: usize) -> &'a mut 
     }
 }
 
-/// Binds `ep` to a free port `PORT_BASE + k`.
+/// Binds `ep` to a free port `PORT_BASE + k`. Each endpoint a process
+/// makes tries a port its earlier ones did not (a process-wide counter
+/// from a start drawn from the process id): a receiver keeps per-sender
+/// sequence numbers by address, and a new endpoint on a port just given
+/// up would be numbered afresh by a sender that still counts on (the
+/// session id tells the receiver, not the sender; docs/libfabric.md §2).
 fn bind_free(ep: &mut Endpoint) -> Result<u32, Error> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let start = std::process::id().wrapping_mul(2654435761) >> 8;
     let mut last = None;
-    for k in 0..64u32 {
+    for _ in 0..64u32 {
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let port = PORT_BASE + (start.wrapping_add(k.wrapping_mul(7919)) & 0x00ff_ffff);
         match ep.bind(port) {
             Ok(()) => return Ok(port),

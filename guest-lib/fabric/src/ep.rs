@@ -1,5 +1,8 @@
-//! Endpoints (fi_endpoint, FI_EP_RDM): libfabric's message and tagged
-//! operations on the engine, completions routed to the bound queues.
+//! Endpoints (fi_endpoint): libfabric's message and tagged operations on
+//! the engine, completions routed to the bound queues. FI_EP_RDM
+//! endpoints address each send through their AV; FI_EP_MSG endpoints
+//! talk to the one peer their connection names (connect, accept and
+//! shutdown through the bound event queue).
 
 use std::ffi::c_void;
 use std::os::raw::{c_char, c_int};
@@ -9,8 +12,10 @@ use ulnic::{Address, Error};
 
 use crate::av::{self, AvTable};
 use crate::cq::{self, CqQueue, Entry};
-use crate::engine::{Completion, Engine, PostedRecv};
+use crate::engine::{Completion, Control, Engine, PostedRecv, CONTROL_CONTEXT};
+use crate::eq::{EqQueue, Progress};
 use crate::fi::{self, nosys, sys};
+use crate::wire::{KIND_ACCEPT, KIND_CONNREQ, KIND_REJECT, KIND_SHUTDOWN};
 
 /// What the operations of one endpoint share with the queues that make
 /// it progress.
@@ -21,6 +26,51 @@ pub struct EpShared {
     /// (without it, fi_endpoint(3) says it is ignored).
     directed: bool,
     bound: Mutex<Bindings>,
+    /// A connection-oriented endpoint's state (None for RDM).
+    conn: Option<Mutex<Conn>>,
+}
+
+/// Where a connection-oriented endpoint's connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Made, not yet connecting (a client) or accepting (a server).
+    Idle,
+    /// fi_connect sent the request; waiting for ACCEPT or REJECT.
+    Connecting,
+    /// Data flows to and from `peer`.
+    Connected,
+    /// Shut down (by either side), refused, or its peer is gone.
+    Down,
+}
+
+/// A FI_EP_MSG endpoint's connection.
+pub struct Conn {
+    state: State,
+    /// The other side: the passive endpoint until ACCEPT names the
+    /// server's endpoint.
+    peer: Option<Address>,
+    eq: Option<Arc<EqQueue>>,
+    /// This endpoint's fid, for the events it posts.
+    fid: usize,
+}
+
+impl Conn {
+    /// A connection to come; `peer` is the requester when a server's
+    /// endpoint is made for a connection request.
+    pub fn new(peer: Option<Address>) -> Conn {
+        Conn {
+            state: State::Idle,
+            peer,
+            eq: None,
+            fid: 0,
+        }
+    }
+}
+
+impl Progress for EpShared {
+    fn progress(&self) {
+        EpShared::progress(self);
+    }
 }
 
 #[derive(Default, Clone)]
@@ -52,6 +102,7 @@ impl EpShared {
             e.progress(&mut done);
             r
         };
+        self.connection_events(&mut done);
         if !done.is_empty() {
             let b = self.bindings();
             for c in done {
@@ -66,6 +117,59 @@ impl EpShared {
             }
         }
         r
+    }
+
+    /// Takes connection-management packets and failed ones into the
+    /// event queue (FI_EP_MSG).
+    fn connection_events(&self, done: &mut Vec<Completion>) {
+        let Some(conn) = &self.conn else { return };
+        let mut controls: Vec<Control> = Vec::new();
+        if let Ok(mut e) = self.engine.lock() {
+            while let Some(c) = e.take_control() {
+                controls.push(c);
+            }
+        }
+        let failed: Vec<Completion> = done
+            .extract_if(.., |c| c.context == CONTROL_CONTEXT)
+            .collect();
+        if controls.is_empty() && failed.is_empty() {
+            return;
+        }
+        let Ok(mut c) = conn.lock() else { return };
+        let Some(eq) = c.eq.clone() else { return };
+        for f in failed {
+            if f.error.is_some() && c.state == State::Connecting {
+                c.state = State::Down;
+                eq.error(c.fid, libc::ECONNREFUSED);
+            }
+        }
+        for m in controls {
+            match (m.kind, c.state) {
+                (KIND_ACCEPT, State::Connecting) => {
+                    c.state = State::Connected;
+                    c.peer = Some(m.from);
+                    if let Ok(mut e) = self.engine.lock() {
+                        let _ = e.set_close_message(m.from);
+                    }
+                    eq.cm(sys::FI_CONNECTED, c.fid, std::ptr::null_mut(), &m.params);
+                }
+                (KIND_REJECT, State::Connecting) => {
+                    c.state = State::Down;
+                    eq.error(c.fid, libc::ECONNREFUSED);
+                }
+                (KIND_SHUTDOWN, State::Connected) if c.peer == Some(m.from) => {
+                    c.state = State::Down;
+                    eq.cm(sys::FI_SHUTDOWN, c.fid, std::ptr::null_mut(), &[]);
+                }
+                _ => {} // stale or out of turn: nothing to do
+            }
+        }
+    }
+
+    /// The connected peer of a FI_EP_MSG endpoint.
+    fn connected_peer(&self) -> Option<Address> {
+        let c = self.conn.as_ref()?.lock().ok()?;
+        (c.state == State::Connected).then_some(c.peer).flatten()
     }
 
     fn bindings(&self) -> Bindings {
@@ -88,6 +192,7 @@ pub unsafe fn open(
     engine: Engine,
     me: Address,
     caps: u64,
+    conn: Option<Conn>,
     out: *mut *mut sys::fid_ep,
     context: *mut c_void,
 ) -> c_int {
@@ -111,10 +216,16 @@ pub unsafe fn open(
             me,
             directed: caps & fi::DIRECTED_RECV != 0,
             bound: Mutex::new(Bindings::default()),
+            conn: conn.map(Mutex::new),
         }),
     });
+    let shared = ep.shared.clone();
+    let raw = Box::into_raw(ep);
+    if let Some(Ok(mut c)) = shared.conn.as_ref().map(Mutex::lock) {
+        c.fid = raw as usize;
+    }
     // SAFETY: the caller's promise.
-    unsafe { *out = Box::into_raw(ep).cast() };
+    unsafe { *out = raw.cast() };
     0
 }
 
@@ -193,7 +304,21 @@ unsafe extern "C" fn ep_bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64
             }
             q.queue.attach(Arc::downgrade(&ep.shared));
         }
-        // Counters, event queues of a connection: not offered yet.
+        sys::FI_CLASS_EQ => {
+            let Some(conn) = &ep.shared.conn else {
+                return -fi::EINVAL; // RDM endpoints post no events
+            };
+            // SAFETY: the class says it is an EQ, and only ours reach us.
+            let Some(q) = (unsafe { crate::eq::from_fid(bfid) }) else {
+                return -fi::EINVAL;
+            };
+            if let Ok(mut c) = conn.lock() {
+                c.eq = Some(q.queue.clone());
+            }
+            let me: Arc<dyn Progress> = ep.shared.clone();
+            q.queue.attach(Arc::downgrade(&me));
+        }
+        // Counters: not offered yet.
         _ => return -fi::ENOSYS,
     }
     0
@@ -210,8 +335,10 @@ unsafe extern "C" fn ep_control(fid: *mut sys::fid, command: c_int, _arg: *mut c
     let Ok(mut b) = ep.shared.bound.lock() else {
         return -fi::EIO;
     };
-    if b.av.is_none() {
-        return -fi::ENOENT; // an RDM endpoint needs its AV (fi_endpoint(3))
+    match &ep.shared.conn {
+        None if b.av.is_none() => return -fi::ENOENT, // RDM needs its AV (fi_endpoint(3))
+        Some(c) if c.lock().map_or(true, |c| c.eq.is_none()) => return -fi::ENOEQ,
+        _ => {}
     }
     if b.tx_cq.is_none() || b.rx_cq.is_none() {
         return -fi::ENOCQ;
@@ -268,6 +395,151 @@ unsafe extern "C" fn cm_getname(fid: sys::fid_t, addr: *mut c_void, addrlen: *mu
     unsafe { av::copy_name(ep.shared.me, addr, addrlen) }
 }
 
+unsafe extern "C" fn cm_getpeer(
+    ep_: *mut sys::fid_ep,
+    addr: *mut c_void,
+    addrlen: *mut usize,
+) -> c_int {
+    let Some(ep) = ep(ep_) else {
+        return -fi::EINVAL;
+    };
+    match ep.shared.connected_peer() {
+        // SAFETY: libfabric's buffer and in/out length.
+        Some(p) => unsafe { av::copy_name(p, addr, addrlen) },
+        None => -fi::ENOTCONN,
+    }
+}
+
+/// Moves a FI_EP_MSG endpoint's connection from `want` to `then`
+/// (setting its peer when `peer` is given), then runs `f` with the
+/// connection's peer, event queue and fid; the state goes back when `f`
+/// fails. The connection is not locked while `f` runs: `f` sends, and
+/// sending moves the engine, which may post connection events.
+fn in_state(
+    ep_: *mut sys::fid_ep,
+    want: State,
+    then: State,
+    peer: Option<Address>,
+    f: impl FnOnce(&EpShared, Option<Address>, Option<Arc<EqQueue>>, usize) -> Result<(), Error>,
+) -> c_int {
+    let Some(ep) = ep(ep_) else {
+        return -fi::EINVAL;
+    };
+    let Some(conn) = &ep.shared.conn else {
+        return -fi::EOPNOTSUPP; // RDM endpoints have no connection
+    };
+    let (to, eq, fid) = {
+        let Ok(mut c) = conn.lock() else {
+            return -fi::EIO;
+        };
+        if c.state != want || c.eq.is_none() {
+            return -fi::EOPBADSTATE;
+        }
+        c.state = then;
+        if peer.is_some() {
+            c.peer = peer;
+        }
+        (c.peer, c.eq.clone(), c.fid)
+    };
+    match f(&ep.shared, to, eq, fid) {
+        Ok(()) => 0,
+        Err(e) => {
+            if let Ok(mut c) = conn.lock() {
+                if c.state == then {
+                    c.state = want;
+                }
+            }
+            status(Err(e)) as c_int
+        }
+    }
+}
+
+/// The parameters of a connect, accept or reject.
+///
+/// # Safety
+/// `param` holds `len` bytes when not null.
+pub unsafe fn params<'a>(param: *const c_void, len: usize) -> &'a [u8] {
+    if param.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts(param.cast(), len.min(PARAMS_MAX)) }
+    }
+}
+
+/// Bytes of connection parameters carried (`fi_cm(3)`'s FI_CM_DATA_SIZE
+/// minimum is 256).
+pub const PARAMS_MAX: usize = 256;
+
+unsafe extern "C" fn cm_connect(
+    ep_: *mut sys::fid_ep,
+    addr: *const c_void,
+    param: *const c_void,
+    paramlen: usize,
+) -> c_int {
+    if addr.is_null() || paramlen > PARAMS_MAX {
+        return -fi::EINVAL;
+    }
+    // SAFETY: `addr` is a name of NAME_LEN bytes (fi_connect's contract).
+    let name = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), av::NAME_LEN) };
+    let Some(server) = av::parse_name(name) else {
+        return -fi::EINVAL;
+    };
+    // SAFETY: fi_connect's parameters.
+    let p = unsafe { params(param, paramlen) };
+    in_state(
+        ep_,
+        State::Idle,
+        State::Connecting,
+        Some(server),
+        |shared, _, _, _| shared.run(|e, _| e.send_control(server, KIND_CONNREQ, p)),
+    )
+}
+
+unsafe extern "C" fn cm_accept(
+    ep_: *mut sys::fid_ep,
+    param: *const c_void,
+    paramlen: usize,
+) -> c_int {
+    if paramlen > PARAMS_MAX {
+        return -fi::EINVAL;
+    }
+    // SAFETY: fi_accept's parameters.
+    let p = unsafe { params(param, paramlen) };
+    in_state(
+        ep_,
+        State::Idle,
+        State::Connected,
+        None,
+        |shared, peer, eq, fid| {
+            let Some(peer) = peer else {
+                return Err(Error::InvalidArgument("not made for a connection request"));
+            };
+            shared.run(|e, _| {
+                e.send_control(peer, KIND_ACCEPT, p)?;
+                e.set_close_message(peer)
+            })?;
+            if let Some(eq) = eq {
+                eq.cm(sys::FI_CONNECTED, fid, std::ptr::null_mut(), &[]);
+            }
+            Ok(())
+        },
+    )
+}
+
+unsafe extern "C" fn cm_shutdown(ep_: *mut sys::fid_ep, _flags: u64) -> c_int {
+    in_state(
+        ep_,
+        State::Connected,
+        State::Down,
+        None,
+        |shared, peer, _, _| {
+            let Some(peer) = peer else { return Ok(()) };
+            shared.run(|e, _| e.send_control(peer, KIND_SHUTDOWN, &[]))
+        },
+    )
+}
+
 /// A send of `len` bytes at `buf` to `dest` (an fi_addr_t).
 #[allow(clippy::too_many_arguments)]
 fn send(
@@ -288,8 +560,16 @@ fn send(
     if !b.enabled {
         return -(fi::EINVAL as isize);
     }
-    let Some(to) = b.av.as_ref().and_then(|av| av.resolve(dest)) else {
-        return -(fi::EINVAL as isize);
+    let to = if ep.shared.conn.is_some() {
+        match ep.shared.connected_peer() {
+            Some(p) => p,
+            None => return -(fi::ENOTCONN as isize),
+        }
+    } else {
+        match b.av.as_ref().and_then(|av| av.resolve(dest)) {
+            Some(a) => a,
+            None => return -(fi::EINVAL as isize),
+        }
     };
     // Inject: copied now, no completion. Otherwise a completion unless the
     // binding is selective and the call did not ask for one.
@@ -333,7 +613,7 @@ fn recv(
     if !b.enabled {
         return -(fi::EINVAL as isize);
     }
-    let from = if src == fi::ADDR_UNSPEC || !ep.shared.directed {
+    let from = if src == fi::ADDR_UNSPEC || !ep.shared.directed || ep.shared.conn.is_some() {
         None
     } else {
         match b.av.as_ref().and_then(|av| av.resolve(src)) {
@@ -749,12 +1029,12 @@ static CM_OPS: sys::fi_ops_cm = sys::fi_ops_cm {
     size: std::mem::size_of::<sys::fi_ops_cm>(),
     setname: nosys!(c_int; sys::fid_t, *mut c_void, usize),
     getname: Some(cm_getname),
-    getpeer: nosys!(c_int; *mut sys::fid_ep, *mut c_void, *mut usize),
-    connect: nosys!(c_int; *mut sys::fid_ep, *const c_void, *const c_void, usize),
+    getpeer: Some(cm_getpeer),
+    connect: Some(cm_connect),
     listen: nosys!(c_int; *mut sys::fid_pep),
-    accept: nosys!(c_int; *mut sys::fid_ep, *const c_void, usize),
+    accept: Some(cm_accept),
     reject: nosys!(c_int; *mut sys::fid_pep, sys::fid_t, *const c_void, usize),
-    shutdown: nosys!(c_int; *mut sys::fid_ep, u64),
+    shutdown: Some(cm_shutdown),
     join: nosys!(c_int; *mut sys::fid_ep, *const c_void, u64, *mut *mut sys::fid_mc, *mut c_void),
 };
 

@@ -1,12 +1,14 @@
-//! Event queues (fi_eq): where connection events go. RDM endpoints post
-//! none; the application may write its own (fi_eq_write) and read them
-//! back, and libfabric's programs open one for every endpoint type.
+//! Event queues (fi_eq): where connection events go (FI_CONNREQ,
+//! FI_CONNECTED, FI_SHUTDOWN, and errors such as a refused connect).
+//! Reading a queue moves along the endpoints and passive endpoints bound
+//! to it (manual progress). RDM endpoints post nothing; the application
+//! may write its own events (fi_eq_write).
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::raw::{c_char, c_int};
-use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use crate::fi::{self, nosys, sys};
 
@@ -17,12 +19,101 @@ struct Event {
     error: bool,
 }
 
+/// Something that moves along when its event queue is read.
+pub trait Progress: Send + Sync {
+    /// Handles what arrived.
+    fn progress(&self);
+}
+
+/// A queue's events, shared with what posts to it.
+#[derive(Default)]
+pub struct EqQueue {
+    events: Mutex<VecDeque<Event>>,
+    ready: Condvar,
+    sources: Mutex<Vec<Weak<dyn Progress>>>,
+}
+
+impl EqQueue {
+    /// Makes `p` progress when this queue is read.
+    pub fn attach(&self, p: Weak<dyn Progress>) {
+        if let Ok(mut v) = self.sources.lock() {
+            v.retain(|w| w.strong_count() > 0);
+            v.push(p);
+        }
+    }
+
+    fn push(&self, e: Event) {
+        if let Ok(mut q) = self.events.lock() {
+            q.push_back(e);
+            self.ready.notify_all();
+        }
+    }
+
+    /// Posts a connection event (`struct fi_eq_cm_entry` and `params`).
+    pub fn cm(&self, code: u32, fid: usize, info: *mut sys::fi_info, params: &[u8]) {
+        let mut bytes = Vec::with_capacity(16 + params.len());
+        bytes.extend_from_slice(&fid.to_ne_bytes());
+        bytes.extend_from_slice(&(info as usize).to_ne_bytes());
+        bytes.extend_from_slice(params);
+        self.push(Event {
+            code,
+            bytes,
+            error: false,
+        });
+    }
+
+    /// Posts an error entry (`struct fi_eq_err_entry`) for `fid`.
+    pub fn error(&self, fid: usize, err: i32) {
+        let e = sys::fi_eq_err_entry {
+            fid: fid as *mut sys::fid,
+            context: std::ptr::null_mut(),
+            data: 0,
+            err,
+            prov_errno: err,
+            err_data: std::ptr::null_mut(),
+            err_data_size: 0,
+        };
+        // SAFETY: a plain C struct read as its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&e as *const sys::fi_eq_err_entry).cast::<u8>(),
+                std::mem::size_of::<sys::fi_eq_err_entry>(),
+            )
+        }
+        .to_vec();
+        self.push(Event {
+            code: 0,
+            bytes,
+            error: true,
+        });
+    }
+
+    fn progress(&self) {
+        let srcs: Vec<Arc<dyn Progress>> = match self.sources.lock() {
+            Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
+            Err(_) => return,
+        };
+        for s in srcs {
+            s.progress();
+        }
+    }
+}
+
 /// An open event queue.
 #[repr(C)]
 pub struct Eq {
     fid: sys::fid_eq,
-    events: Mutex<VecDeque<Event>>,
-    ready: Condvar,
+    pub(crate) queue: Arc<EqQueue>,
+}
+
+/// The queue behind a fid.
+///
+/// # Safety
+/// `fid` must be a fid this provider made, not yet closed.
+pub unsafe fn from_fid<'a>(fid: *mut sys::fid) -> Option<&'a Eq> {
+    // SAFETY: `Eq` is repr(C) with its fid first; the caller's promise.
+    let e = unsafe { fid.cast::<Eq>().as_ref()? };
+    (e.fid.fid.fclass == sys::FI_CLASS_EQ as usize).then_some(e)
 }
 
 /// Opens an event queue (`fi_eq_open`).
@@ -52,19 +143,16 @@ pub unsafe extern "C" fn open(
             },
             ops: &EQ_OPS as *const _ as *mut _,
         },
-        events: Mutex::new(VecDeque::new()),
-        ready: Condvar::new(),
+        queue: Arc::new(EqQueue::default()),
     });
     // SAFETY: libfabric's out-pointer.
     unsafe { *out = Box::into_raw(eq).cast() };
     0
 }
 
-fn eq<'a>(p: *mut sys::fid_eq) -> Option<&'a Eq> {
-    // SAFETY: libfabric calls a queue's ops with that queue, one of ours
-    // (repr(C), fid first).
-    let e = unsafe { p.cast::<Eq>().as_ref()? };
-    (e.fid.fid.fclass == sys::FI_CLASS_EQ as usize).then_some(e)
+fn eq<'a>(p: *mut sys::fid_eq) -> Option<&'a EqQueue> {
+    // SAFETY: libfabric calls a queue's ops with that queue.
+    unsafe { from_fid(p.cast()) }.map(|e| &*e.queue)
 }
 
 unsafe extern "C" fn eq_close(fid: *mut sys::fid) -> c_int {
@@ -73,7 +161,7 @@ unsafe extern "C" fn eq_close(fid: *mut sys::fid) -> c_int {
     0
 }
 
-impl Eq {
+impl EqQueue {
     /// Takes (or with FI_PEEK looks at) the first event if it is not an
     /// error: its size in bytes.
     fn read(
@@ -84,6 +172,7 @@ impl Eq {
         flags: u64,
         wait: Option<Duration>,
     ) -> isize {
+        self.progress();
         let Ok(mut q) = self.events.lock() else {
             return -(fi::EIO as isize);
         };
@@ -139,15 +228,12 @@ unsafe extern "C" fn eq_sread(
     timeout: c_int,
     flags: u64,
 ) -> isize {
-    // A negative timeout waits for ever: a day at a time.
-    let t = Duration::from_millis(if timeout < 0 {
-        86_400_000
-    } else {
-        timeout as u64
-    });
+    // What posts events progresses only when the queue is read, so the
+    // wait is a millisecond at a time; a negative timeout waits for ever.
+    let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     eq(e).map_or(-(fi::EINVAL as isize), |q| loop {
-        let r = q.read(event, buf, len, flags, Some(t));
-        if r != -(fi::EAGAIN as isize) || timeout >= 0 {
+        let r = q.read(event, buf, len, flags, Some(Duration::from_millis(1)));
+        if r != -(fi::EAGAIN as isize) || deadline.is_some_and(|d| Instant::now() >= d) {
             return r;
         }
     })
@@ -161,6 +247,7 @@ unsafe extern "C" fn eq_readerr(
     let Some(q) = eq(e) else {
         return -(fi::EINVAL as isize);
     };
+    q.progress();
     let Ok(mut q) = q.events.lock() else {
         return -(fi::EIO as isize);
     };
@@ -201,15 +288,11 @@ unsafe extern "C" fn eq_write(
         // SAFETY: the caller's buffer of `len` bytes.
         unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.to_vec()
     };
-    let Ok(mut v) = q.events.lock() else {
-        return -(fi::EIO as isize);
-    };
-    v.push_back(Event {
+    q.push(Event {
         code: event,
         bytes,
         error: false,
     });
-    q.ready.notify_all();
     len as isize
 }
 

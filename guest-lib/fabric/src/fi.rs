@@ -75,6 +75,9 @@ errnos!(
     ENODEV = FI_ENODEV,
     EBUSY = FI_EBUSY,
     ENOCQ = FI_ENOCQ,
+    ENOEQ = FI_ENOEQ,
+    ENOTCONN = FI_ENOTCONN,
+    EOPBADSTATE = FI_EOPBADSTATE,
 );
 
 /// An operation libfabric may call that the provider does not offer:

@@ -1,7 +1,7 @@
 //! The libfabric provider `ulnic` (docs/libfabric.md): a shared object
 //! Debian's libfabric 1.17 loads from `FI_PROVIDER_PATH` as
-//! `libulnic-fi.so`, offering reliable-datagram endpoints (FI_EP_RDM)
-//! with FI_MSG and FI_TAGGED over ulnic endpoints.
+//! `libulnic-fi.so`, offering reliable-datagram and connected endpoints
+//! (FI_EP_RDM, FI_EP_MSG) with FI_MSG and FI_TAGGED over ulnic endpoints.
 
 mod av;
 mod cq;
@@ -10,6 +10,8 @@ mod engine;
 mod ep;
 mod eq;
 mod fi;
+mod nic;
+mod pep;
 mod provider;
 mod rma;
 mod wire;

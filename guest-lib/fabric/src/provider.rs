@@ -22,6 +22,11 @@ pub const CAPS: u64 = fi::MSG
 /// Bytes fi_inject takes (it copies at once).
 pub const INJECT_SIZE: usize = 4096;
 
+/// Whether the provider offers endpoints of type `t`.
+pub fn offered_type(t: sys::fi_ep_type) -> bool {
+    t == sys::fi_ep_type_FI_EP_RDM || t == sys::fi_ep_type_FI_EP_MSG
+}
+
 /// Whether this process can reach a ulnic NIC at all: a host-attach
 /// socket named, or the guest device file present.
 fn nic_present() -> bool {
@@ -54,7 +59,7 @@ unsafe fn refuse(h: &sys::fi_info) -> Option<&'static str> {
         )
     };
     if let Some(ep) = ep {
-        if ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC && ep.type_ != sys::fi_ep_type_FI_EP_RDM {
+        if ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC && !offered_type(ep.type_) {
             return Some("endpoint type");
         }
         if ep.max_msg_size > MAX_MESSAGE {
@@ -108,15 +113,33 @@ unsafe extern "C" fn getinfo(
     if !nic_present() {
         return -fi::ENODATA;
     }
-    // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with every attr.
-    let info = unsafe { sys::fi_dupinfo(std::ptr::null()) };
-    if info.is_null() {
-        return -fi::ENOMEM;
+    // SAFETY: the hints' attrs are valid or null.
+    let asked = hints
+        .and_then(|h| unsafe { h.ep_attr.as_ref() })
+        .map_or(sys::fi_ep_type_FI_EP_UNSPEC, |e| e.type_);
+    let types = [sys::fi_ep_type_FI_EP_RDM, sys::fi_ep_type_FI_EP_MSG];
+    let mut head: *mut sys::fi_info = std::ptr::null_mut();
+    for t in types.into_iter().rev() {
+        if asked != sys::fi_ep_type_FI_EP_UNSPEC && asked != t {
+            continue;
+        }
+        // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with every
+        // attr.
+        let info = unsafe { sys::fi_dupinfo(std::ptr::null()) };
+        if info.is_null() {
+            // SAFETY: the list made so far, ours to free.
+            unsafe { sys::fi_freeinfo(head) };
+            return -fi::ENOMEM;
+        }
+        // SAFETY: a fresh fi_info with its attrs allocated.
+        unsafe {
+            fill(&mut *info, hints, t);
+            (*info).next = head;
+        }
+        head = info;
     }
-    // SAFETY: a fresh fi_info with its attrs allocated.
-    unsafe { fill(&mut *info, hints) };
     // SAFETY: libfabric's out-pointer.
-    unsafe { *out = info };
+    unsafe { *out = head };
     0
 }
 
@@ -124,7 +147,7 @@ unsafe extern "C" fn getinfo(
 ///
 /// # Safety
 /// `i` came from `fi_dupinfo(NULL)`: every attr pointer is valid.
-unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>) {
+unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>, ep_type: sys::fi_ep_type) {
     let asked = hints.map_or(0, |h| h.caps);
     let caps = if asked != 0 {
         asked | (CAPS & (fi::LOCAL_COMM | fi::REMOTE_COMM))
@@ -166,7 +189,7 @@ unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>) {
     rx.msg_order = order;
     rx.size = QUEUE_DEPTH;
     rx.iov_limit = 1;
-    ep.type_ = sys::fi_ep_type_FI_EP_RDM;
+    ep.type_ = ep_type;
     ep.max_msg_size = MAX_MESSAGE;
     ep.tx_ctx_cnt = 1;
     ep.rx_ctx_cnt = 1;

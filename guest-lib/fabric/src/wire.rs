@@ -17,6 +17,18 @@ pub const KIND_MSG: u8 = 1;
 /// A tagged message (FI_TAGGED).
 pub const KIND_TAGGED: u8 = 2;
 
+/// Connection request, client endpoint to passive endpoint (FI_EP_MSG);
+/// the payload is the connect parameters.
+pub const KIND_CONNREQ: u8 = 3;
+/// Connection accepted, the server's endpoint to the client's; the
+/// payload is the accept parameters.
+pub const KIND_ACCEPT: u8 = 4;
+/// Connection rejected, passive endpoint to client; the payload is the
+/// reject parameters.
+pub const KIND_REJECT: u8 = 5;
+/// The connection is shut down (fi_shutdown, or the peer's close message).
+pub const KIND_SHUTDOWN: u8 = 6;
+
 /// `Header::flags`: `data` carries remote CQ data.
 pub const FLAG_DATA: u8 = 1;
 
@@ -49,7 +61,7 @@ impl Header {
     /// not a header of this protocol (a stray message to the port).
     pub fn parse(b: &[u8]) -> Option<Header> {
         let h = Header::read_from_prefix(b).ok()?.0;
-        (h.magic.get() == MAGIC && (h.kind == KIND_MSG || h.kind == KIND_TAGGED)).then_some(h)
+        (h.magic.get() == MAGIC && (KIND_MSG..=KIND_SHUTDOWN).contains(&h.kind)).then_some(h)
     }
 }
 
@@ -76,7 +88,7 @@ mod tests {
         bad[0] ^= 1;
         assert_eq!(Header::parse(&bad), None);
         let mut kind = b;
-        kind[2] = 9;
+        kind[2] = KIND_SHUTDOWN + 1;
         assert_eq!(Header::parse(&kind), None);
     }
 }

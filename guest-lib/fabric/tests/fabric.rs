@@ -1,11 +1,13 @@
 //! The provider under libfabric's own programs and the public API, as
 //! separate processes attached to nodes of a device (host attach):
-//! Debian's `fi_info` and `fi_pingpong` (FI_EP_RDM, untagged and tagged,
-//! 64 B to 1 MiB, every payload checked with `-c`), and
+//! Debian's `fi_info` and `fi_pingpong` (FI_EP_RDM untagged and tagged,
+//! FI_EP_MSG; 64 B to 1 MiB, every payload checked with `-c`),
 //! `tests/progs/fi_check.c` for the semantics fi_pingpong does not
 //! reach (tag matching with ignore bits, unexpected messages, FI_PEEK,
 //! truncation, remote CQ data, directed receives, cancel, inject, and
-//! -FI_ENOSYS for what is not offered).
+//! -FI_ENOSYS for what is not offered), and `tests/progs/fi_cm.c` for
+//! connection management (refused, rejected, accepted with parameters,
+//! data both ways, shutdown).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,6 +52,7 @@ fn fi_info_lists_the_provider_only_where_a_nic_is() {
     for want in [
         "prov_name: ulnic",
         "type: FI_EP_RDM",
+        "type: FI_EP_MSG",
         "FI_TAGGED",
         "threading: FI_THREAD_SAFE",
         "max_msg_size: 1073741824",
@@ -68,12 +71,13 @@ fn fi_info_lists_the_provider_only_where_a_nic_is() {
     assert!(!out.status.success());
 }
 
-/// fi_pingpong between nodes 0 and 1 in `mode` ("msg" or "tagged").
-fn pingpong(mode: &str, oob_port: u16) {
+/// fi_pingpong between nodes 0 and 1: endpoint type `ep` ("rdm" or
+/// "msg"), `mode` ("msg" or "tagged").
+fn pingpong(ep: &str, mode: &str, oob_port: u16) {
     let prov = provider_dir();
     let dev = device();
     let port = oob_port.to_string();
-    let args = ["-p", "ulnic", "-e", "rdm", "-m", mode, "-I", "100", "-c"];
+    let args = ["-p", "ulnic", "-e", ep, "-m", mode, "-I", "100", "-c"];
     let mut server = TestChild::spawn(
         "fi_pingpong server",
         fi_cmd("fi_pingpong", prov.path(), &dev.socket(0))
@@ -116,20 +120,37 @@ fn pingpong(mode: &str, oob_port: u16) {
 
 #[test]
 fn fi_pingpong_rdm_messages_between_host_ports() {
-    pingpong("msg", 47_601);
+    pingpong("rdm", "msg", 47_601);
 }
 
 #[test]
 fn fi_pingpong_rdm_tagged_between_host_ports() {
-    pingpong("tagged", 47_602);
+    pingpong("rdm", "tagged", 47_602);
+}
+
+#[test]
+fn fi_pingpong_connected_endpoints_between_host_ports() {
+    pingpong("msg", "msg", 47_603);
 }
 
 #[test]
 fn the_public_api_behaves_as_libfabrics_manual_says() {
+    run_check("fi_check.c");
+}
+
+#[test]
+fn connections_are_made_refused_rejected_and_shut_down() {
+    run_check("fi_cm.c");
+}
+
+/// Builds `tests/progs/NAME` against libfabric and runs it on node 0.
+fn run_check(name: &str) {
     let prov = provider_dir();
     let dev = device();
     let exe = ulnic_testkit::c_program_with(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/fi_check.c"),
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/progs")
+            .join(name),
         &["-lfabric"],
     );
     let out = fi_cmd(exe.to_str().unwrap(), prov.path(), &dev.socket(0))
