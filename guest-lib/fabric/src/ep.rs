@@ -650,7 +650,16 @@ fn peek_or_refuse(ep: &Ep, r: PostedRecv, f: u64) -> isize {
     if f & (fi::CLAIM | fi::DISCARD | fi::MULTI_RECV) != 0 || !r.tagged {
         return -(fi::EOPNOTSUPP as isize);
     }
-    let found = ep.shared.run(|e, _| Ok(e.peek(&r))).ok().flatten();
+    // What already arrived is taken off the ring first: a message the
+    // device delivered before the peek must be seen by it.
+    let found = ep
+        .shared
+        .run(|e, out| {
+            e.progress(out);
+            Ok(e.peek(&r))
+        })
+        .ok()
+        .flatten();
     let b = ep.shared.bindings();
     let Some(q) = b.rx_cq else {
         return -(fi::ENOCQ as isize);
