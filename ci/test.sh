@@ -45,6 +45,9 @@ command -v sockperf >/dev/null || missing+=(sockperf)
 [ -f /usr/include/rdma/fabric.h ] || missing+=(libfabric-dev)
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 ||
   ls /usr/lib/llvm-*/lib/libclang-*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
+# Open MPI over the provider (guest-lib/fabric/tests/mpi.rs): mpirun, mpicc.
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 # Unmodified programs the preload layer runs over ulnic
 # (guest-lib/preload/tests/preload.rs).
 command -v redis-server >/dev/null || missing+=(redis-server)

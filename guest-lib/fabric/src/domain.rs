@@ -155,7 +155,17 @@ unsafe extern "C" fn endpoint(
         return -fi::EINVAL;
     };
     // SAFETY: its attrs are valid or null.
-    let (ep_attr, rx_attr) = unsafe { (info.ep_attr.as_ref(), info.rx_attr.as_ref()) };
+    let (ep_attr, tx_attr, rx_attr) = unsafe {
+        (
+            info.ep_attr.as_ref(),
+            info.tx_attr.as_ref(),
+            info.rx_attr.as_ref(),
+        )
+    };
+    let op_flags = (
+        tx_attr.map_or(0, |t| t.op_flags),
+        rx_attr.map_or(0, |r| r.op_flags),
+    );
     let connected = match ep_attr.map(|ep| ep.type_) {
         Some(sys::fi_ep_type_FI_EP_RDM) => false,
         Some(sys::fi_ep_type_FI_EP_MSG) => true,
@@ -170,7 +180,7 @@ unsafe extern "C" fn endpoint(
             let me = e.address(d.nic.nic.node());
             let conn = connected.then(|| crate::ep::Conn::new(peer));
             // SAFETY: libfabric's out-pointer.
-            unsafe { crate::ep::open(e, me, caps, conn, out, context) }
+            unsafe { crate::ep::open(e, me, caps, op_flags, conn, out, context) }
         }
         Err(e) => -e.errno(),
     }

@@ -25,6 +25,11 @@ pub struct EpShared {
     /// FI_DIRECTED_RECV was asked for: a receive's source address counts
     /// (without it, fi_endpoint(3) says it is ignored).
     directed: bool,
+    /// The default flags of operations called without flags
+    /// (`fi_tx_attr::op_flags`, `fi_rx_attr::op_flags`): FI_COMPLETION
+    /// there makes them report under FI_SELECTIVE_COMPLETION.
+    tx_op_flags: u64,
+    rx_op_flags: u64,
     bound: Mutex<Bindings>,
     /// A connection-oriented endpoint's state (None for RDM).
     conn: Option<Mutex<Conn>>,
@@ -188,10 +193,12 @@ pub struct Ep {
 ///
 /// # Safety
 /// `out` is libfabric's valid out-pointer.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn open(
     engine: Engine,
     me: Address,
     caps: u64,
+    op_flags: (u64, u64),
     conn: Option<Conn>,
     out: *mut *mut sys::fid_ep,
     context: *mut c_void,
@@ -215,6 +222,8 @@ pub unsafe fn open(
             engine: Mutex::new(engine),
             me,
             directed: caps & fi::DIRECTED_RECV != 0,
+            tx_op_flags: op_flags.0,
+            rx_op_flags: op_flags.1,
             bound: Mutex::new(Bindings::default()),
             conn: conn.map(Mutex::new),
         }),
@@ -573,11 +582,9 @@ fn send(
     };
     // Inject: copied now, no completion. Otherwise a completion unless the
     // binding is selective and the call did not ask for one.
-    let inject = flags.is_some_and(|f| f & fi::INJECT != 0);
-    let report = match flags {
-        None => !b.tx_selective,
-        Some(f) => f & fi::INJECT == 0 && (!b.tx_selective || f & fi::COMPLETION != 0),
-    };
+    let f = flags.unwrap_or(ep.shared.tx_op_flags);
+    let inject = f & fi::INJECT != 0;
+    let report = !inject && (!b.tx_selective || f & fi::COMPLETION != 0);
     status(ep.shared.run(|e, _| {
         e.send(
             to,
@@ -621,10 +628,7 @@ fn recv(
             None => return -(fi::EINVAL as isize),
         }
     };
-    let report = match flags {
-        None => !b.rx_selective,
-        Some(f) => !b.rx_selective || f & fi::COMPLETION != 0,
-    };
+    let report = !b.rx_selective || flags.unwrap_or(ep.shared.rx_op_flags) & fi::COMPLETION != 0;
     let r = PostedRecv {
         buf: buf as usize,
         len: if buf.is_null() { 0 } else { len },

@@ -180,7 +180,13 @@ unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>, ep_type: sys:
             &mut *i.fabric_attr,
         )
     };
+    // SAFETY: the hints' attrs are valid or null.
+    let (htx, hrx) = hints.map_or((None, None), |h| unsafe {
+        (h.tx_attr.as_ref(), h.rx_attr.as_ref())
+    });
     tx.caps = caps;
+    tx.op_flags = htx.map_or(0, |t| t.op_flags & fi::COMPLETION);
+    rx.op_flags = hrx.map_or(0, |r| r.op_flags & fi::COMPLETION);
     tx.msg_order = order;
     tx.inject_size = INJECT_SIZE;
     tx.size = QUEUE_DEPTH;
@@ -191,6 +197,8 @@ unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>, ep_type: sys:
     rx.iov_limit = 1;
     ep.type_ = ep_type;
     ep.max_msg_size = MAX_MESSAGE;
+    // All 64 tag bits are matched (with the receive's ignore bits).
+    ep.mem_tag_format = u64::MAX;
     ep.tx_ctx_cnt = 1;
     ep.rx_ctx_cnt = 1;
     // SAFETY: strdup of a C string; freed by fi_freeinfo.
