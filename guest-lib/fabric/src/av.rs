@@ -11,6 +11,20 @@ use ulnic::Address;
 
 use crate::fi::{self, nosys, sys};
 
+/// The node of a name that means "this node" (a name made from
+/// 127.0.0.1 or from a service alone): resolved by the endpoint that uses
+/// it.
+pub const THIS_NODE: u32 = u32::MAX;
+
+/// `a` with "this node" made `me`'s node.
+pub fn here(a: Address, me: Address) -> Address {
+    if a.node == THIS_NODE {
+        Address { node: me.node, ..a }
+    } else {
+        a
+    }
+}
+
 /// Bytes of an endpoint's name.
 pub const NAME_LEN: usize = 8;
 

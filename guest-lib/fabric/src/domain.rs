@@ -175,7 +175,9 @@ unsafe extern "C" fn endpoint(
     // A server's endpoint is made for a connection request (its handle).
     // SAFETY: a handle in an fi_info is a fid a provider made or null.
     let peer = unsafe { crate::pep::requester(info.handle) };
-    match Engine::open(&d.nic.pd) {
+    // SAFETY: the fi_info's src_addr holds src_addrlen bytes.
+    let port = unsafe { bound_port(info) };
+    match Engine::open(&d.nic.pd, port) {
         Ok(e) => {
             let me = e.address(d.nic.nic.node());
             let conn = connected.then(|| crate::ep::Conn::new(peer));
@@ -184,6 +186,20 @@ unsafe extern "C" fn endpoint(
         }
         Err(e) => -e.errno(),
     }
+}
+
+/// The port an fi_info's source address names, if it names one (a
+/// service given to fi_getinfo, or an address the program chose).
+///
+/// # Safety
+/// `info.src_addr` holds `info.src_addrlen` bytes when not null.
+pub unsafe fn bound_port(info: &sys::fi_info) -> Option<u32> {
+    if info.src_addr.is_null() || info.src_addrlen < crate::av::NAME_LEN {
+        return None;
+    }
+    // SAFETY: the caller's promise.
+    let b = unsafe { std::slice::from_raw_parts(info.src_addr.cast::<u8>(), crate::av::NAME_LEN) };
+    crate::av::parse_name(b).map(|a| a.port).filter(|&p| p != 0)
 }
 
 #[allow(clippy::too_many_arguments)]

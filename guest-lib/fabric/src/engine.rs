@@ -192,16 +192,22 @@ pub struct Control {
 pub const CONTROL_CONTEXT: usize = usize::MAX;
 
 impl Engine {
-    /// An endpoint on `pd`, bound to a free port of the provider's range,
-    /// its receive buffers posted.
-    pub fn open(pd: &ProtectionDomain) -> Result<Engine, Error> {
+    /// An endpoint on `pd`, bound to `port` or else to a free port of the
+    /// provider's range, its receive buffers posted.
+    pub fn open(pd: &ProtectionDomain, port: Option<u32>) -> Result<Engine, Error> {
         let mut ep = pd.create_endpoint(&EndpointConfig {
             send_entries: TX_SLOTS.next_power_of_two(),
             recv_entries: 512,
             free_entries: RX_BUFFERS.next_power_of_two(),
             segment_bytes: (RX_BUFFERS + TX_SLOTS) as usize * PACKET,
         })?;
-        let port = bind_free(&mut ep)?;
+        let port = match port {
+            Some(p) => {
+                ep.bind(p)?;
+                p
+            }
+            None => bind_free(&mut ep)?,
+        };
         for i in 0..RX_BUFFERS {
             ep.post_free(u64::from(i) * PACKET as u64, PACKET as u32, u64::from(i))?;
         }
@@ -868,7 +874,8 @@ fn bind_free(ep: &mut Endpoint) -> Result<u32, Error> {
     let mut last = None;
     for _ in 0..64u32 {
         let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = PORT_BASE + (start.wrapping_add(k.wrapping_mul(7919)) & 0x00ff_ffff);
+        // Below the ports services name (provider::SERVICE_BASE).
+        let port = PORT_BASE + (start.wrapping_add(k.wrapping_mul(7919)) & 0x007f_ffff);
         match ep.bind(port) {
             Ok(()) => return Ok(port),
             Err(e) if e.errno() == libc::EADDRINUSE => last = Some(e),

@@ -494,6 +494,10 @@ unsafe extern "C" fn cm_connect(
     let Some(server) = av::parse_name(name) else {
         return -fi::EINVAL;
     };
+    let Some(me) = ep(ep_).map(|e| e.shared.me) else {
+        return -fi::EINVAL;
+    };
+    let server = av::here(server, me);
     // SAFETY: fi_connect's parameters.
     let p = unsafe { params(param, paramlen) };
     in_state(
@@ -576,7 +580,7 @@ fn send(
         }
     } else {
         match b.av.as_ref().and_then(|av| av.resolve(dest)) {
-            Some(a) => a,
+            Some(a) => av::here(a, ep.shared.me),
             None => return -(fi::EINVAL as isize),
         }
     };
@@ -624,7 +628,7 @@ fn recv(
         None
     } else {
         match b.av.as_ref().and_then(|av| av.resolve(src)) {
-            Some(a) => Some(a),
+            Some(a) => Some(av::here(a, ep.shared.me)),
             None => return -(fi::EINVAL as isize),
         }
     };

@@ -92,6 +92,11 @@ impl Progress for PepShared {
             // fi_freeinfo frees it with free.
             unsafe {
                 (*info).handle = handle;
+                // The server's endpoint gets a port of its own: the
+                // passive endpoint keeps the one it listens on.
+                libc::free((*info).src_addr);
+                (*info).src_addr = std::ptr::null_mut();
+                (*info).src_addrlen = 0;
                 libc::free((*info).dest_addr);
                 let name = av::name(r.from);
                 let p = libc::malloc(name.len());
@@ -140,7 +145,9 @@ pub unsafe extern "C" fn open(
         Ok(n) => n,
         Err(e) => return -e.errno(),
     };
-    let engine = match Engine::open(&nic.pd) {
+    // SAFETY: libfabric's fi_info.
+    let port = unsafe { crate::domain::bound_port(&*info) };
+    let engine = match Engine::open(&nic.pd, port) {
         Ok(e) => e,
         Err(e) => return -e.errno(),
     };

@@ -92,11 +92,91 @@ unsafe fn refuse(h: &sys::fi_info) -> Option<&'static str> {
     None
 }
 
+/// Ports a service number names: `SERVICE_BASE + service` in the
+/// provider's range (automatic ports stay below it).
+pub const SERVICE_BASE: u32 = crate::engine::PORT_BASE + 0x0080_0000;
+
+/// The node a `fi_getinfo` node string names: a node number ("1"), a
+/// cluster host name ("node1"), or an IPv4 address of the `ULNIC_INET`
+/// network (node n is the network address + n + 1, as for sockets);
+/// 127.x.x.x and "localhost" are this node (`av::THIS_NODE`).
+pub fn resolve_node(s: &str) -> Option<u32> {
+    if let Ok(n) = s.parse::<u32>() {
+        return Some(n);
+    }
+    if let Some(n) = s.strip_prefix("node").and_then(|n| n.parse().ok()) {
+        return Some(n);
+    }
+    let ip: std::net::Ipv4Addr = if s == "localhost" {
+        std::net::Ipv4Addr::LOCALHOST
+    } else {
+        s.parse().ok()?
+    };
+    if ip.is_loopback() {
+        return Some(crate::av::THIS_NODE);
+    }
+    let net = std::env::var("ULNIC_INET").ok()?;
+    let (base, len) = net.split_once('/')?;
+    let base: std::net::Ipv4Addr = base.parse().ok()?;
+    let len: u32 = len.parse().ok().filter(|l| (8..=30).contains(l))?;
+    let mask = u32::MAX << (32 - len);
+    let off = u32::from(ip).wrapping_sub(u32::from(base) & mask);
+    (off >= 1 && off < (1 << (32 - len)) - 1).then(|| off - 1)
+}
+
+/// The port a service string names.
+pub fn resolve_service(s: &str) -> Option<u32> {
+    let n: u32 = s.parse().ok()?;
+    (n < 0x0080_0000).then_some(SERVICE_BASE + n)
+}
+
+/// The fi_getinfo node and service as an address: with FI_SOURCE (or no
+/// node) this endpoint's own (`src`), else the peer's (`dest`).
+fn addresses(
+    node: Option<&str>,
+    service: Option<&str>,
+    flags: u64,
+) -> Result<(Option<ulnic::Address>, Option<ulnic::Address>), ()> {
+    let port = match service {
+        Some(s) => Some(resolve_service(s).ok_or(())?),
+        None => None,
+    };
+    let node_num = match node {
+        Some(n) => Some(resolve_node(n).ok_or(())?),
+        None => None,
+    };
+    let addr = |n: Option<u32>| ulnic::Address {
+        node: n.unwrap_or(crate::av::THIS_NODE),
+        port: port.unwrap_or(0),
+    };
+    if flags & fi::SOURCE != 0 || node.is_none() {
+        Ok((port.map(|_| addr(node_num)), None))
+    } else {
+        Ok((None, Some(addr(node_num))))
+    }
+}
+
+/// Copies `len` bytes at `p` into malloc'd memory (fi_freeinfo frees
+/// fi_info's addresses with free).
+///
+/// # Safety
+/// `p` holds `len` readable bytes.
+unsafe fn malloc_copy(p: *const u8, len: usize) -> *mut std::ffi::c_void {
+    // SAFETY: malloc of `len`, then a copy of the caller's bytes.
+    unsafe {
+        let m = libc::malloc(len);
+        if !m.is_null() {
+            std::ptr::copy_nonoverlapping(p, m.cast(), len);
+        }
+        m
+    }
+}
+
 unsafe extern "C" fn getinfo(
     _version: u32,
-    _node: *const c_char,
-    _service: *const c_char,
-    _flags: u64,
+    node: *const c_char,
+    service: *const c_char,
+    flags: u64,
     hints: *const sys::fi_info,
     out: *mut *mut sys::fi_info,
 ) -> c_int {
@@ -113,6 +193,13 @@ unsafe extern "C" fn getinfo(
     if !nic_present() {
         return -fi::ENODATA;
     }
+    // SAFETY: C strings when not null.
+    let text = |p: *const c_char| unsafe {
+        (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
+    };
+    let Ok((src, dest)) = addresses(text(node).as_deref(), text(service).as_deref(), flags) else {
+        return -fi::ENODATA; // a node or service that names no ulnic address
+    };
     // SAFETY: the hints' attrs are valid or null.
     let asked = hints
         .and_then(|h| unsafe { h.ep_attr.as_ref() })
@@ -134,6 +221,17 @@ unsafe extern "C" fn getinfo(
         // SAFETY: a fresh fi_info with its attrs allocated.
         unsafe {
             fill(&mut *info, hints, t);
+            for (a, at, len) in [
+                (src, &mut (*info).src_addr, &mut (*info).src_addrlen),
+                (dest, &mut (*info).dest_addr, &mut (*info).dest_addrlen),
+            ] {
+                if let Some(a) = a {
+                    let name = crate::av::name(a);
+                    libc::free(*at);
+                    *at = malloc_copy(name.as_ptr(), name.len());
+                    *len = if at.is_null() { 0 } else { name.len() };
+                }
+            }
             (*info).next = head;
         }
         head = info;
@@ -161,12 +259,23 @@ unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>, ep_type: sys:
     // malloc, as fi_freeinfo frees it with free.
     if let Some(h) = hints.filter(|h| !h.dest_addr.is_null() && h.dest_addrlen > 0) {
         unsafe {
-            let p = libc::malloc(h.dest_addrlen);
-            if !p.is_null() {
-                std::ptr::copy_nonoverlapping(h.dest_addr.cast::<u8>(), p.cast(), h.dest_addrlen);
-                i.dest_addr = p;
-                i.dest_addrlen = h.dest_addrlen;
-            }
+            i.dest_addr = malloc_copy(h.dest_addr.cast(), h.dest_addrlen);
+            i.dest_addrlen = if i.dest_addr.is_null() {
+                0
+            } else {
+                h.dest_addrlen
+            };
+        }
+    }
+    // SAFETY: as above, the hints' src_addr.
+    if let Some(h) = hints.filter(|h| !h.src_addr.is_null() && h.src_addrlen > 0) {
+        unsafe {
+            i.src_addr = malloc_copy(h.src_addr.cast(), h.src_addrlen);
+            i.src_addrlen = if i.src_addr.is_null() {
+                0
+            } else {
+                h.src_addrlen
+            };
         }
     }
     let order = fi::ORDER_SAS;
@@ -244,4 +353,40 @@ pub extern "C" fn fi_prov_ini() -> *mut sys::fi_provider {
         fabric: Some(crate::domain::open_fabric),
         cleanup: None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ulnic::Address;
+
+    #[test]
+    fn nodes_and_services_name_ulnic_addresses() {
+        assert_eq!(resolve_node("3"), Some(3));
+        assert_eq!(resolve_node("node12"), Some(12));
+        assert_eq!(resolve_node("127.0.0.1"), Some(crate::av::THIS_NODE));
+        assert_eq!(resolve_node("localhost"), Some(crate::av::THIS_NODE));
+        assert_eq!(resolve_node("example.org"), None);
+        assert_eq!(resolve_service("9228"), Some(SERVICE_BASE + 9228));
+        assert_eq!(resolve_service("http"), None);
+        let port = SERVICE_BASE + 7;
+        // A server: its own address, on this node.
+        assert_eq!(
+            addresses(None, Some("7"), 0),
+            Ok((
+                Some(Address {
+                    node: crate::av::THIS_NODE,
+                    port
+                }),
+                None
+            ))
+        );
+        // A client: the server's.
+        assert_eq!(
+            addresses(Some("node1"), Some("7"), 0),
+            Ok((None, Some(Address { node: 1, port })))
+        );
+        assert_eq!(addresses(Some("nowhere"), Some("7"), 0), Err(()));
+        assert_eq!(addresses(None, None, 0), Ok((None, None)));
+    }
 }
