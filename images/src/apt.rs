@@ -162,8 +162,20 @@ impl Apt {
 
 /// Unpacks a .deb into `dest` with dpkg-deb (no maintainer scripts run).
 pub fn extract(deb: &Path, dest: &Path) -> Result<(), Error> {
+    dpkg_deb("-x", deb, dest)
+}
+
+/// A maintainer script of a .deb (`postinst`, ...), if it has one.
+pub fn control_script(deb: &Path, script: &str) -> Result<Option<String>, Error> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io(deb, e))?;
+    dpkg_deb("-e", deb, dir.path())?;
+    Ok(std::fs::read_to_string(dir.path().join(script)).ok())
+}
+
+/// `dpkg-deb OP DEB DEST`.
+fn dpkg_deb(op: &str, deb: &Path, dest: &Path) -> Result<(), Error> {
     let st = Command::new("dpkg-deb")
-        .arg("-x")
+        .arg(op)
         .arg(deb)
         .arg(dest)
         .status()
@@ -173,30 +185,9 @@ pub fn extract(deb: &Path, dest: &Path) -> Result<(), Error> {
         })?;
     if !st.success() {
         return Err(Error::Tool {
-            tool: format!("dpkg-deb -x {}", deb.display()),
+            tool: format!("dpkg-deb {op} {}", deb.display()),
             detail: st.to_string(),
         });
     }
     Ok(())
-}
-
-/// A maintainer script of a .deb (`postinst`, ...), if it has one.
-pub fn control_script(deb: &Path, script: &str) -> Result<Option<String>, Error> {
-    let dir = tempfile::tempdir().map_err(|e| Error::io(deb, e))?;
-    let st = Command::new("dpkg-deb")
-        .arg("-e")
-        .arg(deb)
-        .arg(dir.path())
-        .status()
-        .map_err(|e| Error::Tool {
-            tool: "dpkg-deb".into(),
-            detail: e.to_string(),
-        })?;
-    if !st.success() {
-        return Err(Error::Tool {
-            tool: format!("dpkg-deb -e {}", deb.display()),
-            detail: st.to_string(),
-        });
-    }
-    Ok(std::fs::read_to_string(dir.path().join(script)).ok())
 }
