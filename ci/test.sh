@@ -42,9 +42,10 @@ command -v fi_pingpong >/dev/null || missing+=(libfabric-bin)
 command -v sockperf >/dev/null || missing+=(sockperf)
 # libfabric's headers and libclang: the provider's bindings are generated
 # from the installed libfabric at build time (guest-lib/fabric/build.rs).
+# (libclang-dev, not only the library: bindgen also needs clang's own
+# headers, which come with it.)
 [ -f /usr/include/rdma/fabric.h ] || missing+=(libfabric-dev)
-ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 ||
-  ls /usr/lib/llvm-*/lib/libclang-*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
+dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)
 # Open MPI over the provider (guest-lib/fabric/tests/mpi.rs): mpirun, mpicc.
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
