@@ -215,8 +215,8 @@ pub unsafe fn open(
             msg: &MSG_OPS as *const _ as *mut _,
             rma: &crate::rma::RMA_NOT_OFFERED as *const _ as *mut _,
             tagged: &TAGGED_OPS as *const _ as *mut _,
-            atomic: std::ptr::null_mut(),
-            collective: std::ptr::null_mut(),
+            atomic: &crate::rma::ATOMIC_NOT_OFFERED as *const _ as *mut _,
+            collective: &crate::rma::COLLECTIVE_NOT_OFFERED as *const _ as *mut _,
         },
         shared: Arc::new(EpShared {
             engine: Mutex::new(engine),

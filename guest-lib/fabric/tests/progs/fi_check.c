@@ -4,6 +4,7 @@
  * fi_cq(3) say. Prints "ok <name>" per check; exits 1 at the first
  * failure. */
 #include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -193,6 +194,8 @@ int main(void)
 	struct fi_cntr_attr ctr = { 0 };
 	struct fid_cntr *cntr;
 	CHECK(fi_cntr_open(domain, &ctr, &cntr, NULL) == -FI_ENOSYS, "counters");
+	uint64_t word = 1;
+	CHECK(fi_atomic(a.ep, &word, 1, NULL, a.peer, 0, 0, FI_UINT64, FI_SUM, NULL) == -FI_ENOSYS, "atomics");
 	printf("ok not-offered\n");
 
 	fi_close(&c.ep->fid);
