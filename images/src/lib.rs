@@ -855,7 +855,7 @@ fn add_tools(a: &mut newc::Archive, tools: &[PathBuf], scratch: &Path) -> Result
 }
 
 /// The libfabric provider as cargo builds it (docs/libfabric.md).
-pub const FABRIC_PROVIDER: &str = "libulnic_fi.so";
+pub const FABRIC_PROVIDER: &str = "libulnic_fabric.so";
 /// Where Debian's libfabric looks for providers by default.
 pub const FABRIC_PROVIDER_DIR: &str = "usr/lib/x86_64-linux-gnu/libfabric";
 

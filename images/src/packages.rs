@@ -94,31 +94,8 @@ pub fn build(
     let pool = cache.join("packages-pool");
     let _ = std::fs::remove_dir_all(&pool);
     std::fs::create_dir_all(&pool).map_err(|e| Error::io(&pool, e))?;
-    let mut roots: BTreeMap<String, PathBuf> = BTreeMap::new();
-    let mut controls = BTreeMap::new();
-    let mut alternatives = Vec::new();
-    for (name, _) in &closure {
-        let deb = debs
-            .iter()
-            .find(|d| {
-                d.file_name()
-                    .and_then(|f| f.to_str())
-                    .is_some_and(|f| f.starts_with(&format!("{name}_")))
-            })
-            .ok_or_else(|| Error::Resolve(format!("{name} was not downloaded")))?;
-        let root = pool.join(name);
-        apt::extract(deb, &root)?;
-        if let Some(script) = apt::control_script(deb, "postinst")? {
-            alternatives.extend(Alternative::in_script(&script));
-        }
-        roots.insert(name.clone(), root);
-        controls.insert(name.clone(), Control::of(deb)?);
-    }
-    for alt in Alternative::chosen(alternatives) {
-        if let Some(made) = alt.install(&roots) {
-            progress(&format!("      alternative {}", made));
-        }
-    }
+    let (roots, controls, alternatives) = unpack(&closure, &debs, &pool)?;
+    Alternative::install_chosen(alternatives, &roots, progress);
     let libs = libraries(&roots)?;
     // The asked-for packages and their parts whole (but their
     // documentation), then the libraries every ELF file of the selection
@@ -265,6 +242,19 @@ impl Alternative {
         best.into_values().collect()
     }
 
+    /// Makes the links of the highest-priority alternatives, saying each.
+    fn install_chosen(
+        all: Vec<Alternative>,
+        roots: &BTreeMap<String, PathBuf>,
+        progress: &mut dyn FnMut(&str),
+    ) {
+        for alt in Alternative::chosen(all) {
+            if let Some(made) = alt.install(roots) {
+                progress(&format!("      alternative {made}"));
+            }
+        }
+    }
+
     /// Makes the link in the package that holds the chosen path, when one
     /// does and the link is not there already: what was made.
     fn install(&self, roots: &BTreeMap<String, PathBuf>) -> Option<String> {
@@ -278,6 +268,45 @@ impl Alternative {
         std::os::unix::fs::symlink(&self.path, &link).ok()?;
         Some(format!("{} -> {}", self.link, self.path))
     }
+}
+
+/// Unpacks every package of `closure` (from `debs`) under `pool`: the
+/// roots, the control fields and the alternatives their postinst
+/// scripts install.
+#[allow(clippy::type_complexity)]
+fn unpack(
+    closure: &[(String, String)],
+    debs: &[PathBuf],
+    pool: &Path,
+) -> Result<
+    (
+        BTreeMap<String, PathBuf>,
+        BTreeMap<String, Control>,
+        Vec<Alternative>,
+    ),
+    Error,
+> {
+    let mut roots: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut controls = BTreeMap::new();
+    let mut alternatives = Vec::new();
+    for (name, _) in closure {
+        let deb = debs
+            .iter()
+            .find(|d| {
+                d.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.starts_with(&format!("{name}_")))
+            })
+            .ok_or_else(|| Error::Resolve(format!("{name} was not downloaded")))?;
+        let root = pool.join(name);
+        apt::extract(deb, &root)?;
+        if let Some(script) = apt::control_script(deb, "postinst")? {
+            alternatives.extend(Alternative::in_script(&script));
+        }
+        roots.insert(name.clone(), root);
+        controls.insert(name.clone(), Control::of(deb)?);
+    }
+    Ok((roots, controls, alternatives))
 }
 
 /// Every shared library the unpacked packages (`roots`) hold, by file

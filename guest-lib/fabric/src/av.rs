@@ -96,6 +96,20 @@ pub struct Av {
     pub(crate) table: Arc<AvTable>,
 }
 
+/// The port an fi_info's source address names, if it names one (a
+/// service given to fi_getinfo, or an address the program chose).
+///
+/// # Safety
+/// `info.src_addr` holds `info.src_addrlen` bytes when not null.
+pub unsafe fn bound_port(info: &sys::fi_info) -> Option<u32> {
+    if info.src_addr.is_null() || info.src_addrlen < NAME_LEN {
+        return None;
+    }
+    // SAFETY: the caller's promise.
+    let b = unsafe { std::slice::from_raw_parts(info.src_addr.cast::<u8>(), NAME_LEN) };
+    parse_name(b).map(|a| a.port).filter(|&p| p != 0)
+}
+
 /// Opens an AV (`fi_av_open`).
 ///
 /// # Safety

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::engine::Completion;
-use crate::ep::EpShared;
 use crate::fi::{self, nosys, sys};
+use crate::progress::Progress;
 
 /// A completion with its sender as the reader's fi_addr_t.
 pub struct Entry {
@@ -24,7 +24,7 @@ pub struct Entry {
 #[derive(Default)]
 pub struct CqQueue {
     entries: Mutex<VecDeque<Entry>>,
-    eps: Mutex<Vec<Weak<EpShared>>>,
+    eps: Mutex<Vec<Weak<dyn Progress>>>,
 }
 
 impl CqQueue {
@@ -36,7 +36,7 @@ impl CqQueue {
     }
 
     /// Makes `ep` progress when this queue is read.
-    pub fn attach(&self, ep: Weak<EpShared>) {
+    pub fn attach(&self, ep: Weak<dyn Progress>) {
         if let Ok(mut v) = self.eps.lock() {
             v.retain(|w| w.strong_count() > 0);
             v.push(ep);
@@ -44,7 +44,7 @@ impl CqQueue {
     }
 
     fn progress(&self) {
-        let eps: Vec<Arc<EpShared>> = match self.eps.lock() {
+        let eps: Vec<Arc<dyn Progress>> = match self.eps.lock() {
             Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
             Err(_) => return,
         };
@@ -293,27 +293,7 @@ unsafe extern "C" fn cq_strerror(
     len: usize,
 ) -> *const c_char {
     // SAFETY: forwarded as given.
-    unsafe { strerror(prov_errno, buf, len) }
-}
-
-/// The text of a provider errno (the provider's errnos are libfabric's):
-/// copied into `buf` when one is given, else a static string.
-///
-/// # Safety
-/// `buf` is null or holds `len` bytes.
-pub unsafe fn strerror(prov_errno: c_int, buf: *mut c_char, len: usize) -> *const c_char {
-    // SAFETY: fi_strerror returns a static string for any code.
-    let s = unsafe { sys::fi_strerror(prov_errno) };
-    if !buf.is_null() && len > 0 {
-        // SAFETY: `s` is a C string; `buf` holds `len` bytes.
-        unsafe {
-            let n = libc::strlen(s).min(len - 1);
-            std::ptr::copy_nonoverlapping(s, buf, n);
-            *buf.add(n) = 0;
-        }
-        return buf;
-    }
-    s
+    unsafe { fi::strerror(prov_errno, buf, len) }
 }
 
 static CQ_FI_OPS: sys::fi_ops = sys::fi_ops {

@@ -75,7 +75,7 @@ unsafe extern "C" fn open_domain(
 ) -> c_int {
     // SAFETY: libfabric passes the fi_info the domain is for.
     if let Some(ep) = unsafe { info.as_ref().and_then(|i| i.ep_attr.as_ref()) } {
-        if !crate::provider::offered_type(ep.type_) && ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC {
+        if !crate::ep::offered_type(ep.type_) && ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC {
             return -fi::ENOSYS;
         }
     }
@@ -176,7 +176,7 @@ unsafe extern "C" fn endpoint(
     // SAFETY: a handle in an fi_info is a fid a provider made or null.
     let peer = unsafe { crate::pep::requester(info.handle) };
     // SAFETY: the fi_info's src_addr holds src_addrlen bytes.
-    let port = unsafe { bound_port(info) };
+    let port = unsafe { crate::av::bound_port(info) };
     match Engine::open(&d.nic.pd, port) {
         Ok(e) => {
             let me = e.address(d.nic.nic.node());
@@ -186,20 +186,6 @@ unsafe extern "C" fn endpoint(
         }
         Err(e) => -e.errno(),
     }
-}
-
-/// The port an fi_info's source address names, if it names one (a
-/// service given to fi_getinfo, or an address the program chose).
-///
-/// # Safety
-/// `info.src_addr` holds `info.src_addrlen` bytes when not null.
-pub unsafe fn bound_port(info: &sys::fi_info) -> Option<u32> {
-    if info.src_addr.is_null() || info.src_addrlen < crate::av::NAME_LEN {
-        return None;
-    }
-    // SAFETY: the caller's promise.
-    let b = unsafe { std::slice::from_raw_parts(info.src_addr.cast::<u8>(), crate::av::NAME_LEN) };
-    crate::av::parse_name(b).map(|a| a.port).filter(|&p| p != 0)
 }
 
 #[allow(clippy::too_many_arguments)]

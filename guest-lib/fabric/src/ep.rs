@@ -182,6 +182,11 @@ impl EpShared {
     }
 }
 
+/// Whether the provider offers endpoints of type `t`.
+pub fn offered_type(t: sys::fi_ep_type) -> bool {
+    t == sys::fi_ep_type_FI_EP_RDM || t == sys::fi_ep_type_FI_EP_MSG
+}
+
 /// An open endpoint.
 #[repr(C)]
 pub struct Ep {
@@ -311,7 +316,8 @@ unsafe extern "C" fn ep_bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64
                 b.rx_cq = Some(q.queue.clone());
                 b.rx_selective = selective;
             }
-            q.queue.attach(Arc::downgrade(&ep.shared));
+            let me: Arc<dyn Progress> = ep.shared.clone();
+            q.queue.attach(Arc::downgrade(&me));
         }
         sys::FI_CLASS_EQ => {
             let Some(conn) = &ep.shared.conn else {

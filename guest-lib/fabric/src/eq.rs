@@ -19,11 +19,7 @@ struct Event {
     error: bool,
 }
 
-/// Something that moves along when its event queue is read.
-pub trait Progress: Send + Sync {
-    /// Handles what arrived.
-    fn progress(&self);
-}
+pub use crate::progress::Progress;
 
 /// A queue's events, shared with what posts to it.
 #[derive(Default)]
@@ -304,7 +300,7 @@ unsafe extern "C" fn eq_strerror(
     len: usize,
 ) -> *const c_char {
     // SAFETY: forwarded; the same contract as a CQ's strerror.
-    unsafe { crate::cq::strerror(prov_errno, buf, len) }
+    unsafe { fi::strerror(prov_errno, buf, len) }
 }
 
 static EQ_FI_OPS: sys::fi_ops = sys::fi_ops {

@@ -93,3 +93,27 @@ macro_rules! nosys {
     }};
 }
 pub(crate) use nosys;
+
+/// The text of a provider errno (the provider's errnos are libfabric's):
+/// copied into `buf` when one is given, else a static string.
+///
+/// # Safety
+/// `buf` is null or holds `len` bytes.
+pub unsafe fn strerror(
+    prov_errno: std::os::raw::c_int,
+    buf: *mut std::os::raw::c_char,
+    len: usize,
+) -> *const std::os::raw::c_char {
+    // SAFETY: fi_strerror returns a static string for any code.
+    let s = unsafe { sys::fi_strerror(prov_errno) };
+    if !buf.is_null() && len > 0 {
+        // SAFETY: `s` is a C string; `buf` holds `len` bytes.
+        unsafe {
+            let n = libc::strlen(s).min(len - 1);
+            std::ptr::copy_nonoverlapping(s, buf, n);
+            *buf.add(n) = 0;
+        }
+        return buf;
+    }
+    s
+}

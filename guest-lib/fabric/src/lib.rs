@@ -12,6 +12,7 @@ mod eq;
 mod fi;
 mod nic;
 mod pep;
+mod progress;
 mod provider;
 mod rma;
 mod wire;

@@ -146,7 +146,7 @@ pub unsafe extern "C" fn open(
         Err(e) => return -e.errno(),
     };
     // SAFETY: libfabric's fi_info.
-    let port = unsafe { crate::domain::bound_port(&*info) };
+    let port = unsafe { crate::av::bound_port(&*info) };
     let engine = match Engine::open(&nic.pd, port) {
         Ok(e) => e,
         Err(e) => return -e.errno(),

@@ -22,11 +22,6 @@ pub const CAPS: u64 = fi::MSG
 /// Bytes fi_inject takes (it copies at once).
 pub const INJECT_SIZE: usize = 4096;
 
-/// Whether the provider offers endpoints of type `t`.
-pub fn offered_type(t: sys::fi_ep_type) -> bool {
-    t == sys::fi_ep_type_FI_EP_RDM || t == sys::fi_ep_type_FI_EP_MSG
-}
-
 /// Whether this process can reach a ulnic NIC at all: a host-attach
 /// socket named, or the guest device file present.
 fn nic_present() -> bool {
@@ -59,7 +54,7 @@ unsafe fn refuse(h: &sys::fi_info) -> Option<&'static str> {
         )
     };
     if let Some(ep) = ep {
-        if ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC && !offered_type(ep.type_) {
+        if ep.type_ != sys::fi_ep_type_FI_EP_UNSPEC && !crate::ep::offered_type(ep.type_) {
             return Some("endpoint type");
         }
         if ep.max_msg_size > MAX_MESSAGE {

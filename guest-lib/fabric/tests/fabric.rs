@@ -20,7 +20,7 @@ use ulnic_testkit::{TestChild, TestDevice};
 fn provider_dir() -> tempfile::TempDir {
     let exe = std::env::current_exe().unwrap();
     let built = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let so: PathBuf = built.join("libulnic_fi.so");
+    let so: PathBuf = built.join("libulnic_fabric.so");
     assert!(so.exists(), "{} not built", so.display());
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(&so, dir.path().join("libulnic-fi.so")).unwrap();

@@ -16,10 +16,10 @@ fn open_mpi_runs_checked_collectives_over_the_ofi_mtl() {
     let built = exe.parent().unwrap().parent().unwrap().to_path_buf();
     let prov = tempfile::tempdir().unwrap();
     std::fs::copy(
-        built.join("libulnic_fi.so"),
+        built.join("libulnic_fabric.so"),
         prov.path().join("libulnic-fi.so"),
     )
-    .expect("libulnic_fi.so built");
+    .expect("libulnic_fabric.so built");
     let dev = ulnic_testkit::device_with(4, |b| b.max_endpoints(64));
     // Rank N runs on node N.
     let mut wrapper = String::from("#!/bin/sh\ncase \"$OMPI_COMM_WORLD_RANK\" in\n");

@@ -58,6 +58,18 @@ static ssize_t next(struct side *s, struct side *other, struct fi_cq_tagged_entr
 	return -FI_ETIMEDOUT;
 }
 
+/* What is not offered says so. */
+static void not_offered(struct side *a)
+{
+	char in[8];
+	CHECK(fi_read(a->ep, in, 8, NULL, a->peer, 0, 0, NULL) == -FI_ENOSYS, "fi_read");
+	struct fi_cntr_attr ctr = { 0 };
+	struct fid_cntr *cntr;
+	CHECK(fi_cntr_open(domain, &ctr, &cntr, NULL) == -FI_ENOSYS, "counters");
+	uint64_t word = 1;
+	CHECK(fi_atomic(a->ep, &word, 1, NULL, a->peer, 0, 0, FI_UINT64, FI_SUM, NULL) == -FI_ENOSYS, "atomics");
+}
+
 int main(void)
 {
 	struct fi_info *hints = fi_allocinfo(), *info;
@@ -189,13 +201,7 @@ int main(void)
 	CHECK(fi_cq_read(a.cq, &e, 1) == -FI_EAGAIN, "inject has no completion");
 	printf("ok inject\n");
 
-	/* What is not offered says so. */
-	CHECK(fi_read(a.ep, in, 8, NULL, a.peer, 0, 0, NULL) == -FI_ENOSYS, "fi_read");
-	struct fi_cntr_attr ctr = { 0 };
-	struct fid_cntr *cntr;
-	CHECK(fi_cntr_open(domain, &ctr, &cntr, NULL) == -FI_ENOSYS, "counters");
-	uint64_t word = 1;
-	CHECK(fi_atomic(a.ep, &word, 1, NULL, a.peer, 0, 0, FI_UINT64, FI_SUM, NULL) == -FI_ENOSYS, "atomics");
+	not_offered(&a);
 	printf("ok not-offered\n");
 
 	fi_close(&c.ep->fid);

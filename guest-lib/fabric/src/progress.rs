@@ -1,0 +1,8 @@
+//! What queues move along when they are read (manual progress): the
+//! endpoints and passive endpoints bound to them.
+
+/// Something that moves along when a queue it is bound to is read.
+pub trait Progress: Send + Sync {
+    /// Handles what arrived.
+    fn progress(&self);
+}
