@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use ulnic::Address;
 
-use crate::fi::{self, nosys, sys};
+use crate::fi::{self, fid_ops, nosys, sys};
 
 /// The node of a name that means "this node" (a name made from
 /// 127.0.0.1 or from a service alone): resolved by the endpoint that uses
@@ -286,15 +286,7 @@ unsafe extern "C" fn av_straddr(
     buf
 }
 
-static AV_FI_OPS: sys::fi_ops = sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(av_close),
-    bind: nosys!(c_int; *mut sys::fid, *mut sys::fid, u64),
-    control: nosys!(c_int; *mut sys::fid, c_int, *mut c_void),
-    ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
-    tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
-    ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
-};
+fid_ops!(AV_FI_OPS, av_close);
 
 static AV_OPS: sys::fi_ops_av = sys::fi_ops_av {
     size: std::mem::size_of::<sys::fi_ops_av>(),

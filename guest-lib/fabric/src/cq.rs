@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::engine::Completion;
-use crate::fi::{self, nosys, sys};
+use crate::fi::{self, fid_ops, nosys, sys};
 use crate::progress::Progress;
 
 /// A completion with its sender as the reader's fi_addr_t.
@@ -296,15 +296,7 @@ unsafe extern "C" fn cq_strerror(
     unsafe { fi::strerror(prov_errno, buf, len) }
 }
 
-static CQ_FI_OPS: sys::fi_ops = sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(cq_close),
-    bind: nosys!(c_int; *mut sys::fid, *mut sys::fid, u64),
-    control: nosys!(c_int; *mut sys::fid, c_int, *mut c_void),
-    ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
-    tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
-    ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
-};
+fid_ops!(CQ_FI_OPS, cq_close);
 
 static CQ_OPS: sys::fi_ops_cq = sys::fi_ops_cq {
     size: std::mem::size_of::<sys::fi_ops_cq>(),

@@ -5,7 +5,7 @@
 //! endpoint in that protection domain.
 
 use std::ffi::c_void;
-use std::os::raw::{c_char, c_int};
+use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::nic::SharedNic;
 
 use crate::engine::Engine;
-use crate::fi::{self, nosys, sys};
+use crate::fi::{self, fid_ops, nosys, sys};
 
 /// An open fabric.
 #[repr(C)]
@@ -285,22 +285,9 @@ unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {
     0
 }
 
-macro_rules! fi_ops {
-    ($name:ident, $close:expr) => {
-        static $name: sys::fi_ops = sys::fi_ops {
-            size: std::mem::size_of::<sys::fi_ops>(),
-            close: Some($close),
-            bind: nosys!(c_int; *mut sys::fid, *mut sys::fid, u64),
-            control: nosys!(c_int; *mut sys::fid, c_int, *mut c_void),
-            ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
-            tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
-            ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
-        };
-    };
-}
-fi_ops!(FABRIC_FI_OPS, fabric_close);
-fi_ops!(DOMAIN_FI_OPS, domain_close);
-fi_ops!(MR_FI_OPS, mr_close);
+fid_ops!(FABRIC_FI_OPS, fabric_close);
+fid_ops!(DOMAIN_FI_OPS, domain_close);
+fid_ops!(MR_FI_OPS, mr_close);
 
 type Dom = *mut sys::fid_domain;
 type Fab = *mut sys::fid_fabric;

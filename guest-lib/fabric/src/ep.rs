@@ -5,7 +5,7 @@
 //! shutdown through the bound event queue).
 
 use std::ffi::c_void;
-use std::os::raw::{c_char, c_int};
+use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
 
 use ulnic::{Address, Error};
@@ -14,7 +14,7 @@ use crate::av::{self, AvTable};
 use crate::cq::{self, CqQueue, Entry};
 use crate::engine::{Completion, Control, Engine, PostedRecv, CONTROL_CONTEXT};
 use crate::eq::{EqQueue, Progress};
-use crate::fi::{self, nosys, sys};
+use crate::fi::{self, fid_ops, nosys, sys};
 use crate::wire::{KIND_ACCEPT, KIND_CONNREQ, KIND_REJECT, KIND_SHUTDOWN};
 
 /// What the operations of one endpoint share with the queues that make
@@ -31,6 +31,9 @@ pub struct EpShared {
     tx_op_flags: u64,
     rx_op_flags: u64,
     bound: Mutex<Bindings>,
+    /// The bindings as fi_enable fixed them (binding after it is
+    /// refused): the data path reads them without a lock.
+    ready: std::sync::OnceLock<Bindings>,
     /// A connection-oriented endpoint's state (None for RDM).
     conn: Option<Mutex<Conn>>,
 }
@@ -108,8 +111,7 @@ impl EpShared {
             r
         };
         self.connection_events(&mut done);
-        if !done.is_empty() {
-            let b = self.bindings();
+        if let (false, Some(b)) = (done.is_empty(), self.ready.get()) {
             for c in done {
                 let q = if c.tx { &b.tx_cq } else { &b.rx_cq };
                 let src = match (&b.av, c.tx) {
@@ -176,10 +178,6 @@ impl EpShared {
         let c = self.conn.as_ref()?.lock().ok()?;
         (c.state == State::Connected).then_some(c.peer).flatten()
     }
-
-    fn bindings(&self) -> Bindings {
-        self.bound.lock().map(|b| b.clone()).unwrap_or_default()
-    }
 }
 
 /// Whether the provider offers endpoints of type `t`.
@@ -230,6 +228,7 @@ pub unsafe fn open(
             tx_op_flags: op_flags.0,
             rx_op_flags: op_flags.1,
             bound: Mutex::new(Bindings::default()),
+            ready: std::sync::OnceLock::new(),
             conn: conn.map(Mutex::new),
         }),
     });
@@ -359,6 +358,7 @@ unsafe extern "C" fn ep_control(fid: *mut sys::fid, command: c_int, _arg: *mut c
         return -fi::ENOCQ;
     }
     b.enabled = true;
+    let _ = ep.shared.ready.set(b.clone());
     0
 }
 
@@ -372,7 +372,7 @@ unsafe extern "C" fn ep_cancel(fid: sys::fid_t, context: *mut c_void) -> isize {
         .run(|e, _| Ok(e.cancel(context as usize)))
         .unwrap_or(false);
     if cancelled {
-        if let Some(q) = shared.bindings().rx_cq {
+        if let Some(q) = shared.ready.get().and_then(|b| b.rx_cq.as_ref()) {
             q.push(Entry {
                 c: Completion {
                     tx: false,
@@ -575,10 +575,9 @@ fn send(
     let Some(ep) = ep(ep_) else {
         return -(fi::EINVAL as isize);
     };
-    let b = ep.shared.bindings();
-    if !b.enabled {
-        return -(fi::EINVAL as isize);
-    }
+    let Some(b) = ep.shared.ready.get() else {
+        return -(fi::EINVAL as isize); // not enabled
+    };
     let to = if ep.shared.conn.is_some() {
         match ep.shared.connected_peer() {
             Some(p) => p,
@@ -626,10 +625,9 @@ fn recv(
     let Some(ep) = ep(ep_) else {
         return -(fi::EINVAL as isize);
     };
-    let b = ep.shared.bindings();
-    if !b.enabled {
-        return -(fi::EINVAL as isize);
-    }
+    let Some(b) = ep.shared.ready.get() else {
+        return -(fi::EINVAL as isize); // not enabled
+    };
     let from = if src == fi::ADDR_UNSPEC || !ep.shared.directed || ep.shared.conn.is_some() {
         None
     } else {
@@ -674,8 +672,10 @@ fn peek_or_refuse(ep: &Ep, r: PostedRecv, f: u64) -> isize {
         })
         .ok()
         .flatten();
-    let b = ep.shared.bindings();
-    let Some(q) = b.rx_cq else {
+    let Some(b) = ep.shared.ready.get() else {
+        return -(fi::EINVAL as isize); // not enabled
+    };
+    let Some(q) = b.rx_cq.as_ref() else {
         return -(fi::ENOCQ as isize);
     };
     let c = match found {
@@ -1027,15 +1027,7 @@ unsafe extern "C" fn tagged_injectdata(
     )
 }
 
-static EP_FI_OPS: sys::fi_ops = sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(ep_close),
-    bind: Some(ep_bind),
-    control: Some(ep_control),
-    ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
-    tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
-    ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
-};
+fid_ops!(EP_FI_OPS, ep_close, Some(ep_bind), Some(ep_control));
 
 static EP_OPS: sys::fi_ops_ep = sys::fi_ops_ep {
     size: std::mem::size_of::<sys::fi_ops_ep>(),

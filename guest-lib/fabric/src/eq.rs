@@ -10,7 +10,7 @@ use std::os::raw::{c_char, c_int};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::fi::{self, nosys, sys};
+use crate::fi::{self, fid_ops, sys};
 
 /// One event: its code and bytes, or an error entry.
 struct Event {
@@ -303,15 +303,7 @@ unsafe extern "C" fn eq_strerror(
     unsafe { fi::strerror(prov_errno, buf, len) }
 }
 
-static EQ_FI_OPS: sys::fi_ops = sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(eq_close),
-    bind: nosys!(c_int; *mut sys::fid, *mut sys::fid, u64),
-    control: nosys!(c_int; *mut sys::fid, c_int, *mut c_void),
-    ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
-    tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
-    ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
-};
+fid_ops!(EQ_FI_OPS, eq_close);
 
 static EQ_OPS: sys::fi_ops_eq = sys::fi_ops_eq {
     size: std::mem::size_of::<sys::fi_ops_eq>(),

@@ -94,6 +94,31 @@ macro_rules! nosys {
 }
 pub(crate) use nosys;
 
+/// A `struct fi_ops` table named `$name`: `$close`, and `$bind` and
+/// `$control` when given (else -FI_ENOSYS); the rest answer -FI_ENOSYS.
+macro_rules! fid_ops {
+    ($name:ident, $close:expr) => {
+        $crate::fi::fid_ops!(
+            $name,
+            $close,
+            $crate::fi::nosys!(std::os::raw::c_int; *mut $crate::fi::sys::fid, *mut $crate::fi::sys::fid, u64),
+            $crate::fi::nosys!(std::os::raw::c_int; *mut $crate::fi::sys::fid, std::os::raw::c_int, *mut std::ffi::c_void)
+        );
+    };
+    ($name:ident, $close:expr, $bind:expr, $control:expr) => {
+        static $name: $crate::fi::sys::fi_ops = $crate::fi::sys::fi_ops {
+            size: std::mem::size_of::<$crate::fi::sys::fi_ops>(),
+            close: Some($close),
+            bind: $bind,
+            control: $control,
+            ops_open: $crate::fi::nosys!(std::os::raw::c_int; *mut $crate::fi::sys::fid, *const std::os::raw::c_char, u64, *mut *mut std::ffi::c_void, *mut std::ffi::c_void),
+            tostr: $crate::fi::nosys!(std::os::raw::c_int; *const $crate::fi::sys::fid, *mut std::os::raw::c_char, usize),
+            ops_set: $crate::fi::nosys!(std::os::raw::c_int; *mut $crate::fi::sys::fid, *const std::os::raw::c_char, u64, *mut std::ffi::c_void, *mut std::ffi::c_void),
+        };
+    };
+}
+pub(crate) use fid_ops;
+
 /// The text of a provider errno (the provider's errnos are libfabric's):
 /// copied into `buf` when one is given, else a static string.
 ///

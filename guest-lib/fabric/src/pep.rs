@@ -4,7 +4,7 @@
 //! `fi_endpoint` + `fi_accept` or `fi_reject` (docs/libfabric.md §2).
 
 use std::ffi::c_void;
-use std::os::raw::{c_char, c_int};
+use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
 
 use ulnic::Address;
@@ -12,7 +12,7 @@ use ulnic::Address;
 use crate::av;
 use crate::engine::Engine;
 use crate::eq::{EqQueue, Progress};
-use crate::fi::{self, nosys, sys};
+use crate::fi::{self, fid_ops, nosys, sys};
 use crate::nic::SharedNic;
 use crate::wire::{KIND_CONNREQ, KIND_REJECT};
 
@@ -278,25 +278,13 @@ unsafe extern "C" fn req_close(_fid: *mut sys::fid) -> c_int {
     0 // freed with its passive endpoint
 }
 
-macro_rules! fi_ops {
-    ($name:ident, $close:expr, $bind:expr) => {
-        static $name: sys::fi_ops = sys::fi_ops {
-            size: std::mem::size_of::<sys::fi_ops>(),
-            close: Some($close),
-            bind: $bind,
-            control: nosys!(c_int; *mut sys::fid, c_int, *mut c_void),
-            ops_open: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut *mut c_void, *mut c_void),
-            tostr: nosys!(c_int; *const sys::fid, *mut c_char, usize),
-            ops_set: nosys!(c_int; *mut sys::fid, *const c_char, u64, *mut c_void, *mut c_void),
-        };
-    };
-}
-fi_ops!(PEP_FI_OPS, pep_close, Some(pep_bind));
-fi_ops!(
-    REQ_FI_OPS,
-    req_close,
-    nosys!(c_int; *mut sys::fid, *mut sys::fid, u64)
+fid_ops!(
+    PEP_FI_OPS,
+    pep_close,
+    Some(pep_bind),
+    nosys!(c_int; *mut sys::fid, c_int, *mut c_void)
 );
+fid_ops!(REQ_FI_OPS, req_close);
 
 static PEP_OPS: sys::fi_ops_ep = sys::fi_ops_ep {
     size: std::mem::size_of::<sys::fi_ops_ep>(),
