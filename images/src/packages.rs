@@ -11,8 +11,11 @@
 //! (a metapackage or a flavour package standing for the one with the
 //! binary), and then its own same-source kin. From every other dependency
 //! only shared libraries are taken: maintainer-script helpers (perl,
-//! debconf, adduser) that apt would install never run in a guest. Each
-//! build says which packages it took whole.
+//! debconf, adduser) that apt would install never run in a guest; but
+//! a library kept in a private directory of the library tree
+//! (`usr/lib/<triplet>/<dir>/`, as PMIx's `pmix2/`) comes with that
+//! whole directory, its plugins and help texts, which it opens at run
+//! time by path. Each build says which packages it took whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -71,11 +74,11 @@ pub fn build(
     }
     // The piece is named by what went into it: the packages asked for and
     // every version resolved
-    // (and by the rules that pick what is taken: 9, with empty
+    // (and by the rules that pick what is taken: 10, with empty
     // directories, the packages programs link into, the
     // architecture-independent ones, and the alternatives postinst
-    // scripts install).
-    let mut key = format!("rule 9 {}", names.join(","));
+    // scripts install, and libraries' private directories).
+    let mut key = format!("rule 10 {}", names.join(","));
     for (n, v) in &closure {
         key.push_str(&format!(" {n}={v}"));
     }
@@ -124,32 +127,7 @@ pub fn build(
             }
         }
     }
-    let mut todo: Vec<PathBuf> = take.iter().cloned().collect();
-    let mut missing = BTreeSet::new();
-    while let Some(f) = todo.pop() {
-        // A link brings its target (libfoo.so.1 -> libfoo.so.1.2.3), from
-        // whichever package of the closure holds it.
-        if std::fs::read_link(&f).is_ok() {
-            if let Some((_, t)) = link_target(&f, &roots) {
-                if take.insert(t.clone()) {
-                    todo.push(t);
-                }
-            }
-            continue;
-        }
-        for need in needed(&f) {
-            match libs.get(&need) {
-                Some(lib) => {
-                    if take.insert(lib.clone()) {
-                        todo.push(lib.clone());
-                    }
-                }
-                None => {
-                    missing.insert(need);
-                }
-            }
-        }
-    }
+    let mut missing = follow_needs(&mut take, &libs, &roots)?;
     // Libraries the base image has (the C library and its kin come from
     // it) are not missing; anything else would fail at run time, so say so.
     missing.retain(|m| !BASE_LIBS.iter().any(|b| m.starts_with(b)));
@@ -307,6 +285,79 @@ fn unpack(
         controls.insert(name.clone(), Control::of(deb)?);
     }
     Ok((roots, controls, alternatives))
+}
+
+/// Adds to `take` what its files need, until nothing is new: a link's
+/// target, every library an ELF file needs (those no package holds go to
+/// the answer), and the private directories of the libraries taken.
+fn follow_needs(
+    take: &mut BTreeSet<PathBuf>,
+    libs: &BTreeMap<String, PathBuf>,
+    roots: &BTreeMap<String, PathBuf>,
+) -> Result<BTreeSet<String>, Error> {
+    let mut todo: Vec<PathBuf> = take.iter().cloned().collect();
+    let mut missing = BTreeSet::new();
+    while !todo.is_empty() {
+        while let Some(f) = todo.pop() {
+            // A link brings its target (libfoo.so.1 -> libfoo.so.1.2.3), from
+            // whichever package of the closure holds it.
+            if std::fs::read_link(&f).is_ok() {
+                if let Some((_, t)) = link_target(&f, roots) {
+                    if take.insert(t.clone()) {
+                        todo.push(t);
+                    }
+                }
+                continue;
+            }
+            for need in needed(&f) {
+                match libs.get(&need) {
+                    Some(lib) => {
+                        if take.insert(lib.clone()) {
+                            todo.push(lib.clone());
+                        }
+                    }
+                    None => {
+                        missing.insert(need);
+                    }
+                }
+            }
+        }
+        todo = private_directories(take, roots)?
+            .into_iter()
+            .filter(|f| take.insert(f.clone()))
+            .collect();
+    }
+    Ok(missing)
+}
+
+/// The files of the private library directories (`usr/lib/<triplet>/
+/// <dir>/...`) that hold a library of `take`, in the package that
+/// holds it: plugins and data the library opens by path at run time.
+fn private_directories(
+    take: &BTreeSet<PathBuf>,
+    roots: &BTreeMap<String, PathBuf>,
+) -> Result<Vec<PathBuf>, Error> {
+    let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+    for f in take {
+        let Some(root) = roots.values().find(|r| f.starts_with(r)) else {
+            continue;
+        };
+        let rel = f.strip_prefix(root).unwrap_or(f);
+        let parts: Vec<_> = rel.components().collect();
+        // usr / lib / <triplet> / <dir> / ... / lib*.so*
+        let is_private = parts.len() >= 5
+            && parts[0].as_os_str() == "usr"
+            && parts[1].as_os_str() == "lib"
+            && parts[2].as_os_str().to_string_lossy().contains("-linux-");
+        if is_private {
+            dirs.insert(root.join(parts[..4].iter().collect::<PathBuf>()));
+        }
+    }
+    let mut files = Vec::new();
+    for d in dirs {
+        files.extend(walk(&d)?);
+    }
+    Ok(files)
 }
 
 /// Every shared library the unpacked packages (`roots`) hold, by file
