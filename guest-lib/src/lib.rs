@@ -26,12 +26,14 @@
 //! Inside: `nic` (opening a NIC, protection domains), `endpoint` (rings,
 //! send and receive, events and blocking; `endpoint/rdma` remote memory,
 //! `endpoint/zero_copy` transfers from user buffers), `dmq` (message
-//! queues over RDMA), `utlb` (user buffers and their translations),
+//! queues over RDMA), `am` (Active Messages, VN's AM-II, over an
+//! endpoint), `utlb` (user buffers and their translations),
 //! `staging` (an endpoint's zero-copy bookkeeping), `types` and `error`
 //! (what applications see), `env` (where the device is found), and the
 //! two drivers behind one trait: `backend` (the trait), `kernel`
 //! (/dev/ulnicN) and `host` (the host-attach driver).
 
+pub mod am;
 mod backend;
 mod dmq;
 mod endpoint;
