@@ -672,6 +672,96 @@ fn the_fabric_benchmarks_report_what_they_measured() {
     }
 }
 
+/// VN's Active Message figures (docs/am.md §6): each labelled, with
+/// consistent figures, every client served, and `--plot` drawing an SVG.
+#[test]
+fn active_message_figures_are_measured_and_drawn() {
+    let _turn = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let svg = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let f5 = svg("fig5.svg");
+    let logp = cli::json_lines(&[
+        "fabric",
+        "bench",
+        "am-logp",
+        "--rounds",
+        "1",
+        "--iters",
+        "100",
+        "--seconds",
+        "0.1",
+        "--json",
+        "--plot",
+        &f5,
+    ]);
+    assert_eq!(logp.len(), 2, "{logp:?}");
+    for r in &logp {
+        assert_eq!(
+            (&r["bench"], &r["figure"]),
+            (&"am-logp".into(), &"VN Fig. 5".into())
+        );
+        for k in ["o_s_us", "o_r_us", "g_us", "rtt_us", "rtt_p95_us"] {
+            assert!(f(r, k) > 0.0, "{k}: {r}");
+        }
+        let l = f(r, "rtt_us") / 2.0 - f(r, "o_s_us") - f(r, "o_r_us");
+        assert_close(f(r, "l_us"), l, r);
+    }
+    let drawn = std::fs::read_to_string(&f5).unwrap();
+    assert!(drawn.starts_with("<svg") && drawn.contains("VN Fig. 5"));
+    for (which, figure) in [
+        ("am-hotspot", "VN Fig. 7"),
+        ("am-bulk", "VN Fig. 8"),
+        ("am-rtt", "VN Fig. 9"),
+    ] {
+        let file = svg(&format!("{which}.svg"));
+        let rows = cli::json_lines(&[
+            "fabric",
+            "bench",
+            which,
+            "--clients",
+            "1,3",
+            "--seconds",
+            "0.1",
+            "--json",
+            "--plot",
+            &file,
+        ]);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        for (r, n) in rows.iter().zip([1usize, 3]) {
+            assert_eq!(
+                (&r["bench"], &r["figure"]),
+                (&which.into(), &figure.into()),
+                "{r}"
+            );
+            let rates: Vec<f64> = r["per_client_per_s"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            assert_eq!(rates.len(), n, "{r}");
+            assert!(rates.iter().all(|&x| x > 0.0), "a client starved: {r}");
+            assert_close(f(r, "aggregate_per_s"), rates.iter().sum(), r);
+            let mb = f(r, "aggregate_mbytes_per_s");
+            if which == "am-bulk" {
+                assert_close(mb, f(r, "aggregate_per_s") * 1024.0 / 1e6, r);
+            } else {
+                assert_eq!(mb, 0.0, "{r}");
+            }
+            assert!(f(r, "rtt_p95_us") >= f(r, "rtt_median_us") && f(r, "rtt_median_us") > 0.0);
+        }
+        let drawn = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            drawn.starts_with("<svg") && drawn.contains(figure),
+            "{which}"
+        );
+    }
+    // --plot belongs to the figures.
+    let o = cli::run(&["fabric", "bench", "hotspot", "--plot", &svg("x.svg")]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--plot draws VN's"));
+}
+
 /// Issue 29, point 6: on lossless links the transport costs nothing -
 /// no timeouts, no NACKs, retransmissions at most 0.1 % of the DATA
 /// packets - across 1, 2 and 3 switches with 64 KiB messages streaming.

@@ -5,14 +5,18 @@
 //! touched; `apps` unmodified programs over the LD_PRELOAD layer;
 //! `compare` ulnic against the baselines and Debian's peers, round by
 //! round; `fabric` the emulated fabric's benchmarks (`ulnic fabric
-//! bench`), on a device with a fabric started in this process.
+//! bench`), on a device with a fabric started in this process; `am`
+//! Virtual Networks' Active Message figures over `ulnic::am`, and `plot`
+//! their SVG drawings.
 
+pub mod am;
 pub mod apps;
 pub mod compare;
 pub mod fabric;
 pub mod nodes;
 pub mod payload;
 pub mod pingpong;
+pub mod plot;
 pub mod rdma;
 pub mod record;
 pub mod utlb;

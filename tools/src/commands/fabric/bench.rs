@@ -2,10 +2,12 @@
 //! (one per benchmark) or JSON lines. The benchmarks are in
 //! `crate::bench::fabric`.
 
+use crate::bench::am::{self as am_bench, AmHotspotResult, AmLogPResult, HotspotFigure};
 use crate::bench::fabric::{
     self as fabric_bench, DrainResult, HotspotResult, LinkCase, LinkResult, LogPResult,
     PermutationResult, Sweep, SweepResult,
 };
+use crate::bench::plot;
 use crate::print::{outln, positive_secs, print_json_lines};
 
 /// The fabric benchmarks.
@@ -31,6 +33,19 @@ pub enum FabricBenchKind {
     /// VN Table 1: four streams at once between neighbours, then across
     /// the bisection of two switches.
     Permutation,
+    /// VN Fig. 5: LogP of a 4-word Active Message request and its reply
+    /// (`ulnic::am`), without a fabric and with an ideal one.
+    AmLogp,
+    /// VN Fig. 7: N clients send 4-word AM requests, each answered with
+    /// a 4-word reply, to one server endpoint: aggregate and per-client
+    /// rates.
+    AmHotspot,
+    /// VN Fig. 8: as am-hotspot with 1 KB bulk requests into the server's
+    /// region: aggregate and per-client bandwidth.
+    AmBulk,
+    /// VN Fig. 9: the round trip clients see under am-hotspot's load,
+    /// against N.
+    AmRtt,
 }
 
 /// `fabric bench`'s options.
@@ -42,7 +57,8 @@ pub struct FabricBenchArgs {
     /// link: the links to measure, as GBPS:LATENCY_US pairs.
     #[arg(long, value_delimiter = ',', default_value = "1:10,10:5")]
     pub link: Vec<String>,
-    /// link: interleaved rounds (ideal link, measured link, ...).
+    /// link, am-logp: interleaved rounds (ideal link, measured link, ...;
+    /// no fabric, ideal fabric, ...).
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
     /// link: round trips per ping-pong measurement.
@@ -64,6 +80,10 @@ pub struct FabricBenchArgs {
     /// Print one JSON object per result.
     #[arg(long)]
     pub json: bool,
+    /// am-logp, am-hotspot, am-bulk, am-rtt: also draw VN's figure into
+    /// this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs `fabric bench WHICH`.
@@ -75,7 +95,39 @@ pub fn run(a: FabricBenchArgs) -> anyhow::Result<()> {
             eprintln!("{l}")
         }
     };
+    let am = matches!(
+        a.which,
+        FabricBenchKind::AmLogp
+            | FabricBenchKind::AmHotspot
+            | FabricBenchKind::AmBulk
+            | FabricBenchKind::AmRtt
+    );
+    anyhow::ensure!(
+        a.plot.is_none() || am,
+        "--plot draws VN's Active Message figures: am-logp, am-hotspot, am-bulk, am-rtt"
+    );
     match a.which {
+        FabricBenchKind::AmLogp => {
+            let results = am_bench::logp(a.rounds, a.iters, span, &mut say)?;
+            if let Some(p) = &a.plot {
+                plot::logp(p, &results)?;
+                say(&format!("figure written to {}", p.display()));
+            }
+            show(&results, json, am_logp_table)
+        }
+        FabricBenchKind::AmHotspot | FabricBenchKind::AmBulk | FabricBenchKind::AmRtt => {
+            let figure = match a.which {
+                FabricBenchKind::AmBulk => HotspotFigure::Bulk,
+                FabricBenchKind::AmRtt => HotspotFigure::Rtt,
+                _ => HotspotFigure::Rate,
+            };
+            let results = am_bench::hotspot(figure, &a.clients, span, &mut say)?;
+            if let Some(p) = &a.plot {
+                plot::hotspot(p, figure, &results)?;
+                say(&format!("figure written to {}", p.display()));
+            }
+            show(&results, json, |r| am_hotspot_table(figure, r))
+        }
         FabricBenchKind::Link => {
             let cases = parse_links(&a.link)?;
             anyhow::ensure!(
@@ -191,6 +243,77 @@ fn link_table(results: &[LinkResult], rounds: u32) -> String {
         );
     }
     out
+}
+
+/// `am-logp`: VN Fig. 5's parameters per case.
+fn am_logp_table(results: &[AmLogPResult]) -> String {
+    let mut t = String::from(
+        "VN Fig. 5: LogP of a 4-word Active Message request and reply (ulnic::am), microseconds\n",
+    );
+    outln!(
+        t,
+        "{:<14} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+        "case",
+        "o_s",
+        "o_r",
+        "g",
+        "L",
+        "RTT",
+        "RTT p95"
+    );
+    for r in results {
+        outln!(
+            t,
+            "{:<14} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2}",
+            r.case,
+            r.o_s_us,
+            r.o_r_us,
+            r.g_us,
+            r.l_us,
+            r.rtt_us,
+            r.rtt_p95_us
+        );
+    }
+    t
+}
+
+/// `am-hotspot`, `am-bulk`, `am-rtt`: one line per N.
+fn am_hotspot_table(figure: HotspotFigure, results: &[AmHotspotResult]) -> String {
+    let head = match figure {
+        HotspotFigure::Rate => "VN Fig. 7: 4-word requests and replies to one server endpoint",
+        HotspotFigure::Bulk => "VN Fig. 8: 1 KB bulk requests, 4-word replies, one server endpoint",
+        HotspotFigure::Rtt => "VN Fig. 9: round trip against clients (Fig. 7's load)",
+    };
+    let mut t = format!("{head}\n");
+    outln!(
+        t,
+        "{:>7} {:>12} {:>9} {:>12} {:>9} {:>9} {:>6} {:>9} {:>9}",
+        "clients",
+        "aggregate/s",
+        "MB/s",
+        "per client/s",
+        "min*N",
+        "max*N",
+        "jain",
+        "RTT us",
+        "p95 us"
+    );
+    for r in results {
+        outln!(
+            t,
+            "{:>7} {:>12.0} {:>9.2} {:>12.0} {:>9.2} {:>9.2} {:>6.3} {:>9.1} {:>9.1}",
+            r.clients,
+            r.aggregate_per_s,
+            r.aggregate_mbytes_per_s,
+            r.aggregate_per_s / f64::from(r.clients.max(1)),
+            r.min_share_x_n,
+            r.max_share_x_n,
+            r.jain,
+            r.rtt_median_us,
+            r.rtt_p95_us
+        );
+    }
+    t
 }
 
 /// `hotspot`: the aggregate and the spread of the shares per N, then
@@ -410,6 +533,10 @@ mod tests {
             ("drain", FabricBenchKind::Drain),
             ("logp", FabricBenchKind::Logp),
             ("permutation", FabricBenchKind::Permutation),
+            ("am-logp", FabricBenchKind::AmLogp),
+            ("am-hotspot", FabricBenchKind::AmHotspot),
+            ("am-bulk", FabricBenchKind::AmBulk),
+            ("am-rtt", FabricBenchKind::AmRtt),
         ] {
             assert_eq!(parse(&[name]).unwrap().which, kind);
         }
