@@ -1,16 +1,47 @@
 //! Completion queues (fi_cq): completions the endpoints bound to the
 //! queue produce, read in the queue's format. Progress is manual
 //! (FI_PROGRESS_MANUAL): reading a queue moves its endpoints along.
+//!
+//! Waiting: a queue that has found nothing for `SPIN` sleeps in its
+//! next empty read until something arrives for one of its
+//! endpoints or the idle wait passes (`ULNIC_FI_IDLE_US`, default 1000
+//! us; 0 spins for ever), on the ulnic notification descriptor that
+//! FI_WAIT_FD hands out too (docs/libfabric.md §3): a program that only
+//! polls must not keep the core the device's engine, or in a TCG guest
+//! the vCPU the NIC's interrupts need, from running.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::raw::{c_char, c_int};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::engine::Completion;
 use crate::fi::{self, fid_ops, nosys, sys};
+use crate::nic::{self, SharedNic};
 use crate::progress::Progress;
+
+/// How long reads find nothing before an empty read may sleep.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Nanoseconds since the first call (never 0), for `CqQueue::idle_since`.
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+}
+
+/// How long an idle read may sleep (`ULNIC_FI_IDLE_US`).
+fn idle_wait() -> Duration {
+    static IDLE: OnceLock<Duration> = OnceLock::new();
+    *IDLE.get_or_init(|| {
+        let us = std::env::var("ULNIC_FI_IDLE_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(1000);
+        Duration::from_micros(us)
+    })
+}
 
 /// A completion with its sender as the reader's fi_addr_t.
 pub struct Entry {
@@ -25,6 +56,11 @@ pub struct Entry {
 pub struct CqQueue {
     entries: Mutex<VecDeque<Entry>>,
     eps: Mutex<Vec<Weak<dyn Progress>>>,
+    /// When reads began to find nothing (`now_ns`), 0 while they find
+    /// something.
+    idle_since: AtomicU64,
+    /// The NIC whose notification descriptor waits use.
+    nic: OnceLock<Option<Arc<SharedNic>>>,
 }
 
 impl CqQueue {
@@ -43,15 +79,95 @@ impl CqQueue {
         }
     }
 
-    fn progress(&self) {
-        let eps: Vec<Arc<dyn Progress>> = match self.eps.lock() {
+    fn sources(&self) -> Vec<Arc<dyn Progress>> {
+        match self.eps.lock() {
             Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
-            Err(_) => return,
-        };
-        for ep in eps {
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn progress(&self) {
+        for ep in self.sources() {
             ep.progress();
         }
     }
+
+    fn nic(&self) -> Option<&Arc<SharedNic>> {
+        self.nic.get_or_init(|| nic::shared().ok()).as_ref()
+    }
+
+    /// The descriptor that becomes readable when an endpoint of this
+    /// queue has something (FI_GETWAIT).
+    pub fn wait_fd(&self) -> Option<c_int> {
+        self.nic()?.pd.notification_fd()
+    }
+
+    /// `fi_trywait`: clears the descriptor's old notifications, arms
+    /// every endpoint, and says whether sleeping on the descriptor is
+    /// safe now (nothing queued, nothing arrived meanwhile).
+    pub fn try_wait(&self) -> bool {
+        try_wait(self.nic(), &self.sources()) && self.entries.lock().is_ok_and(|q| q.is_empty())
+    }
+
+    /// Sleeps until an endpoint of this queue has something or `max`
+    /// passes (at once if something is waiting).
+    fn sleep(&self, max: Duration) {
+        if self.try_wait() {
+            sleep_on(self.wait_fd(), max);
+        }
+    }
+
+    /// After an empty read: give the core away, and once the queue has
+    /// been idle a while, sleep until something arrives.
+    fn idle(&self) {
+        let idle = idle_wait();
+        let now = now_ns();
+        let since = match self.idle_since.load(Ordering::Relaxed) {
+            0 => {
+                self.idle_since.store(now, Ordering::Relaxed);
+                now
+            }
+            t => t,
+        };
+        if !idle.is_zero() && now - since >= SPIN.as_nanos() as u64 {
+            self.sleep(idle);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Clears the NIC's old notifications and arms `sources`: true if none
+/// has anything waiting (sleeping on the descriptor is safe).
+pub fn try_wait(nic: Option<&Arc<SharedNic>>, sources: &[Arc<dyn Progress>]) -> bool {
+    if let Some(n) = nic {
+        let _ = n.pd.take_notified();
+    }
+    let mut ready = false;
+    for s in sources {
+        ready |= s.arm();
+    }
+    !ready
+}
+
+/// Sleeps on the notification descriptor `fd` for at most `max` (gives
+/// the core away once without one).
+pub fn sleep_on(fd: Option<c_int>, max: Duration) {
+    let Some(fd) = fd else {
+        std::thread::yield_now();
+        return;
+    };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let t = libc::timespec {
+        tv_sec: max.as_secs() as libc::time_t,
+        tv_nsec: max.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd and timespec; no signal mask.
+    unsafe { libc::ppoll(&mut p, 1, &t, std::ptr::null()) };
 }
 
 /// An open completion queue.
@@ -59,6 +175,8 @@ impl CqQueue {
 pub struct Cq {
     fid: sys::fid_cq,
     format: sys::fi_cq_format,
+    /// FI_WAIT_FD: `fi_control(FI_GETWAIT)` hands out the descriptor.
+    wait_fd: bool,
     pub(crate) queue: Arc<CqQueue>,
 }
 
@@ -83,10 +201,11 @@ pub unsafe fn open(
         | sys::fi_cq_format_FI_CQ_FORMAT_TAGGED) => f,
         _ => return -fi::ENOSYS,
     };
-    match attr.wait_obj {
-        sys::fi_wait_obj_FI_WAIT_NONE | sys::fi_wait_obj_FI_WAIT_UNSPEC => {}
+    let wait_fd = match attr.wait_obj {
+        sys::fi_wait_obj_FI_WAIT_NONE | sys::fi_wait_obj_FI_WAIT_UNSPEC => false,
+        sys::fi_wait_obj_FI_WAIT_FD => true,
         _ => return -fi::ENOSYS,
-    }
+    };
     if attr.wait_cond != sys::fi_cq_wait_cond_FI_CQ_COND_NONE || attr.flags != 0 {
         return -fi::ENOSYS;
     }
@@ -101,6 +220,7 @@ pub unsafe fn open(
             ops: &CQ_OPS as *const _ as *mut _,
         },
         format,
+        wait_fd,
         queue: Arc::new(CqQueue::default()),
     });
     // SAFETY: `out` is libfabric's valid out-pointer.
@@ -180,12 +300,11 @@ impl Cq {
             // The device's engine is a thread of another process that
             // needs a core to move what this program waits for; a program
             // spinning on fi_cq_read (as fi_pingpong does) would take it
-            // on a machine with fewer cores than spinners. An empty read
-            // gives up the rest of its time slice, as `ulnic bench`'s
-            // busy-poll does.
-            std::thread::yield_now();
+            // on a machine with fewer cores than spinners (module doc).
+            self.queue.idle();
             -(fi::EAGAIN as isize)
         } else {
+            self.queue.idle_since.store(0, Ordering::Relaxed);
             n as isize
         }
     }
@@ -241,10 +360,16 @@ unsafe extern "C" fn cq_sreadfrom(
         if r != -(fi::EAGAIN as isize) {
             return r;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        let left = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None => Duration::from_millis(10),
+        };
+        if left.is_zero() {
             return r;
         }
-        std::thread::yield_now();
+        // Woken by an arrival; a notification another waiter took costs
+        // at most 10 ms.
+        cq.queue.sleep(left.min(Duration::from_millis(10)));
     }
 }
 
@@ -296,7 +421,58 @@ unsafe extern "C" fn cq_strerror(
     unsafe { fi::strerror(prov_errno, buf, len) }
 }
 
-fid_ops!(CQ_FI_OPS, cq_close);
+fid_ops!(
+    CQ_FI_OPS,
+    cq_close,
+    nosys!(c_int; *mut sys::fid, *mut sys::fid, u64),
+    Some(cq_control)
+);
+
+/// `fi_control(FI_GETWAIT)` on a queue opened with FI_WAIT_FD: the ulnic
+/// notification descriptor (sleep on it after `fi_trywait` says so).
+unsafe extern "C" fn cq_control(fid: *mut sys::fid, command: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: libfabric dispatched through this queue's ops.
+    let Some(cq) = (unsafe { from_fid(fid) }) else {
+        return -fi::EINVAL;
+    };
+    if command as u32 != sys::FI_GETWAIT {
+        return -fi::ENOSYS;
+    }
+    if !cq.wait_fd {
+        return -fi::ENODATA;
+    }
+    if arg.is_null() {
+        return -fi::EINVAL;
+    }
+    match cq.queue.wait_fd() {
+        Some(fd) => {
+            // SAFETY: FI_GETWAIT with FI_WAIT_FD passes an int to fill.
+            unsafe { *arg.cast::<c_int>() = fd };
+            0
+        }
+        None => -fi::ENODATA,
+    }
+}
+
+/// `fi_trywait` for one fid: 0 if it is a completion queue with a wait
+/// descriptor and sleeping on it is safe now, `-FI_EAGAIN` if something
+/// is waiting, `-FI_EINVAL` for anything else.
+///
+/// # Safety
+/// `fid` is a fid of this provider.
+pub unsafe fn try_wait_fid(fid: *mut sys::fid) -> c_int {
+    // SAFETY: the caller's promise.
+    match unsafe { from_fid(fid) } {
+        Some(cq) if cq.wait_fd => {
+            if cq.queue.try_wait() {
+                0
+            } else {
+                -fi::EAGAIN
+            }
+        }
+        _ => -fi::EINVAL,
+    }
+}
 
 static CQ_OPS: sys::fi_ops_cq = sys::fi_ops_cq {
     size: std::mem::size_of::<sys::fi_ops_cq>(),

@@ -140,6 +140,16 @@ unsafe extern "C" fn cq_open(
     unsafe { crate::cq::open(attr, out, context) }
 }
 
+unsafe extern "C" fn cntr_open(
+    _d: *mut sys::fid_domain,
+    attr: *mut sys::fi_cntr_attr,
+    out: *mut *mut sys::fid_cntr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's attr and out-pointer.
+    unsafe { crate::cntr::open(attr, out, context) }
+}
+
 unsafe extern "C" fn endpoint(
     d: *mut sys::fid_domain,
     info: *mut sys::fi_info,
@@ -289,6 +299,23 @@ fid_ops!(FABRIC_FI_OPS, fabric_close);
 fid_ops!(DOMAIN_FI_OPS, domain_close);
 fid_ops!(MR_FI_OPS, mr_close);
 
+/// `fi_trywait`: 0 when the application may sleep on every queue's
+/// descriptor, `-FI_EAGAIN` when one of them has something (read it
+/// first), `-FI_EINVAL` for a fid without a wait descriptor.
+unsafe extern "C" fn trywait(_fabric: Fab, fids: *mut *mut sys::fid, count: c_int) -> c_int {
+    if fids.is_null() || count < 0 {
+        return -fi::EINVAL;
+    }
+    for i in 0..count as usize {
+        // SAFETY: libfabric passes `count` fids of this provider.
+        let r = unsafe { crate::cq::try_wait_fid(*fids.add(i)) };
+        if r != 0 {
+            return r;
+        }
+    }
+    0
+}
+
 type Dom = *mut sys::fid_domain;
 type Fab = *mut sys::fid_fabric;
 
@@ -298,7 +325,7 @@ static FABRIC_OPS: sys::fi_ops_fabric = sys::fi_ops_fabric {
     passive_ep: Some(crate::pep::open),
     eq_open: Some(crate::eq::open),
     wait_open: nosys!(c_int; Fab, *mut sys::fi_wait_attr, *mut *mut sys::fid_wait),
-    trywait: nosys!(c_int; Fab, *mut *mut sys::fid, c_int),
+    trywait: Some(trywait),
     domain2: nosys!(c_int; Fab, *mut sys::fi_info, *mut *mut sys::fid_domain, u64, *mut c_void),
 };
 
@@ -308,7 +335,7 @@ static DOMAIN_OPS: sys::fi_ops_domain = sys::fi_ops_domain {
     cq_open: Some(cq_open),
     endpoint: Some(endpoint),
     scalable_ep: nosys!(c_int; Dom, *mut sys::fi_info, *mut *mut sys::fid_ep, *mut c_void),
-    cntr_open: nosys!(c_int; Dom, *mut sys::fi_cntr_attr, *mut *mut sys::fid_cntr, *mut c_void),
+    cntr_open: Some(cntr_open),
     poll_open: nosys!(c_int; Dom, *mut sys::fi_poll_attr, *mut *mut sys::fid_poll),
     stx_ctx: nosys!(c_int; Dom, *mut sys::fi_tx_attr, *mut *mut sys::fid_stx, *mut c_void),
     srx_ctx: nosys!(c_int; Dom, *mut sys::fi_rx_attr, *mut *mut sys::fid_ep, *mut c_void),

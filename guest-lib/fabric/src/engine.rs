@@ -54,6 +54,9 @@ pub struct Completion {
     /// An error: positive errno (`FI_ETRUNC`, `FI_EIO`, ...) and the bytes
     /// that did not fit.
     pub error: Option<(i32, usize)>,
+    /// Goes to the completion queue (else only counters see it:
+    /// selective completion, inject).
+    pub report: bool,
 }
 
 /// Where the bytes of a send come from.
@@ -397,6 +400,12 @@ impl Engine {
 
     /// Moves everything along: events, received packets, sends waiting for
     /// a slot. Finished operations are appended to `out`.
+    /// Arms the ulnic endpoint's notification: true if a message or event
+    /// is waiting (or arming failed, so a caller does not sleep on it).
+    pub fn arm(&mut self) -> bool {
+        self.ep.arm().unwrap_or(true)
+    }
+
     pub fn progress(&mut self, out: &mut Vec<Completion>) {
         while let Some(ev) = self.ep.poll_event() {
             self.on_event(ev, out);
@@ -466,8 +475,9 @@ impl Engine {
             return;
         };
         self.pending.retain(|&p| p != id);
-        if op.report || op.error.is_some() {
+        {
             out.push(Completion {
+                report: op.report || op.error.is_some(),
                 tx: true,
                 context: op.context,
                 flags: op_flags(op.kind, false),
@@ -792,10 +802,7 @@ fn push_rx(
     data: Option<u64>,
     msg_len: usize,
 ) {
-    let c = rx_completion(r, src, tag, data, msg_len);
-    if r.report || c.error.is_some() {
-        out.push(c);
-    }
+    out.push(rx_completion(r, src, tag, data, msg_len));
 }
 
 fn rx_completion(
@@ -811,7 +818,9 @@ fn rx_completion(
         flags |= crate::fi::REMOTE_CQ_DATA;
     }
     let len = msg_len.min(r.len);
+    let error = (msg_len > r.len).then_some((crate::fi::ETRUNC, msg_len - r.len));
     Completion {
+        report: r.report || error.is_some(),
         tx: false,
         context: r.context,
         flags,
@@ -820,7 +829,7 @@ fn rx_completion(
         data: data.unwrap_or(0),
         tag,
         src,
-        error: (msg_len > r.len).then_some((crate::fi::ETRUNC, msg_len - r.len)),
+        error,
     }
 }
 

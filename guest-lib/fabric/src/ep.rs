@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use ulnic::{Address, Error};
 
 use crate::av::{self, AvTable};
+use crate::cntr::CntrShared;
 use crate::cq::{self, CqQueue, Entry};
 use crate::engine::{Completion, Control, Engine, PostedRecv, CONTROL_CONTEXT};
 use crate::eq::{EqQueue, Progress};
@@ -79,6 +80,10 @@ impl Progress for EpShared {
     fn progress(&self) {
         EpShared::progress(self);
     }
+
+    fn arm(&self) -> bool {
+        self.engine.lock().map_or(true, |mut e| e.arm())
+    }
 }
 
 #[derive(Default, Clone)]
@@ -89,6 +94,9 @@ struct Bindings {
     /// FI_SELECTIVE_COMPLETION on the transmit / receive binding.
     tx_selective: bool,
     rx_selective: bool,
+    /// Counters bound with FI_SEND / FI_RECV.
+    tx_cntr: Option<Arc<CntrShared>>,
+    rx_cntr: Option<Arc<CntrShared>>,
     enabled: bool,
 }
 
@@ -113,6 +121,13 @@ impl EpShared {
         self.connection_events(&mut done);
         if let (false, Some(b)) = (done.is_empty(), self.ready.get()) {
             for c in done {
+                let counter = if c.tx { &b.tx_cntr } else { &b.rx_cntr };
+                if let Some(n) = counter {
+                    n.hit(c.error.is_some());
+                }
+                if !c.report {
+                    continue;
+                }
                 let q = if c.tx { &b.tx_cq } else { &b.rx_cq };
                 let src = match (&b.av, c.tx) {
                     (Some(av), false) => av.reverse(c.src),
@@ -332,7 +347,25 @@ unsafe extern "C" fn ep_bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64
             let me: Arc<dyn Progress> = ep.shared.clone();
             q.queue.attach(Arc::downgrade(&me));
         }
-        // Counters: not offered yet.
+        sys::FI_CLASS_CNTR => {
+            // SAFETY: as above, a counter.
+            let Some(n) = (unsafe { crate::cntr::from_fid(bfid) }) else {
+                return -fi::EINVAL;
+            };
+            // Remote memory access is not offered, so neither are its
+            // counters.
+            if flags & !(fi::SEND | fi::RECV) != 0 || flags == 0 {
+                return -fi::ENOSYS;
+            }
+            if flags & fi::SEND != 0 {
+                b.tx_cntr = Some(n.shared.clone());
+            }
+            if flags & fi::RECV != 0 {
+                b.rx_cntr = Some(n.shared.clone());
+            }
+            let me: Arc<dyn Progress> = ep.shared.clone();
+            n.shared.attach(Arc::downgrade(&me));
+        }
         _ => return -fi::ENOSYS,
     }
     0
@@ -375,6 +408,7 @@ unsafe extern "C" fn ep_cancel(fid: sys::fid_t, context: *mut c_void) -> isize {
         if let Some(q) = shared.ready.get().and_then(|b| b.rx_cq.as_ref()) {
             q.push(Entry {
                 c: Completion {
+                    report: true,
                     tx: false,
                     context: context as usize,
                     flags: fi::RECV,
@@ -680,6 +714,7 @@ fn peek_or_refuse(ep: &Ep, r: PostedRecv, f: u64) -> isize {
     };
     let c = match found {
         Some((len, tag, data, src)) => Completion {
+            report: true,
             tx: false,
             context: r.context,
             flags: fi::RECV
@@ -697,6 +732,7 @@ fn peek_or_refuse(ep: &Ep, r: PostedRecv, f: u64) -> isize {
             error: None,
         },
         None => Completion {
+            report: true,
             tx: false,
             context: r.context,
             flags: fi::RECV | fi::TAGGED,

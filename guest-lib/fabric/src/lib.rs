@@ -4,6 +4,7 @@
 //! (FI_EP_RDM, FI_EP_MSG) with FI_MSG and FI_TAGGED over ulnic endpoints.
 
 mod av;
+mod cntr;
 mod cq;
 mod domain;
 mod engine;

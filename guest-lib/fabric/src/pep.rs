@@ -55,6 +55,10 @@ struct Pep {
 }
 
 impl Progress for PepShared {
+    fn arm(&self) -> bool {
+        self.engine.lock().map_or(true, |mut e| e.arm())
+    }
+
     fn progress(&self) {
         let mut reqs = Vec::new();
         if let Ok(mut e) = self.engine.lock() {

@@ -5,4 +5,9 @@
 pub trait Progress: Send + Sync {
     /// Handles what arrived.
     fn progress(&self);
+
+    /// Asks for a notification when something arrives (the ulnic
+    /// endpoint's arm): true if something is waiting already, so the
+    /// caller must not sleep.
+    fn arm(&self) -> bool;
 }
