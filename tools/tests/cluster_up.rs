@@ -456,8 +456,8 @@ fn c_programs(n: &str) {
     // (install.sh, then gcc with pkg-config) and linked against
     // libulnic.so.0, which the guests carry in /lib: a ping-pong that
     // checks every byte, RDMA writes with an immediate, a tripwire waking
-    // its sleeping owner, sockets echoing a datagram and a stream, over
-    // /dev/ulnic0.
+    // its sleeping owner, sockets echoing a datagram and a stream, Active
+    // Messages with transfers and a refusal, over /dev/ulnic0.
     for (name, server, client, server_says, client_says) in [
         (
             "pingpong",
@@ -486,6 +486,13 @@ fn c_programs(n: &str) {
             "client 1 7 200000",
             "echoed a datagram and 200000 bytes from node 0",
             "200000 bytes echoed by node 1, every byte checked",
+        ),
+        (
+            "am_echo",
+            "server 9",
+            "client 1 9 300",
+            "answered 300 requests and 30000 transfer bytes (1 refused)",
+            "300 replies and 30 transfer replies checked, 1 refusal returned",
         ),
     ] {
         let exe = c_example(dir.path(), name);

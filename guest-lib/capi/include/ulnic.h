@@ -154,7 +154,18 @@
 /**
  * Minor version: grows when calls are added.
  */
-#define ULNIC_API_MINOR 2
+#define ULNIC_API_MINOR 3
+
+/**
+ * An Active Message endpoint. One thread at a time.
+ */
+struct ulnic_am;
+
+/**
+ * What a request handler replies through; valid only while the handler
+ * runs.
+ */
+struct ulnic_am_token;
 
 /**
  * Memory the device can reach through a domain's UTLB once registered
@@ -210,6 +221,169 @@ struct ulnic_sock_net;
  * A byte-stream connection.
  */
 struct ulnic_stream;
+
+/**
+ * Sizes of an AM endpoint (`ulnic_am_config_default` fills it).
+ */
+struct ulnic_am_config {
+  /**
+   * Requests in flight at once (VN's k_user), 1 to 254.
+   */
+  uint32_t credits;
+  /**
+   * Largest transfer, bytes.
+   */
+  uint32_t bulk_max;
+  /**
+   * Receive buffers for transfers longer than an inline message.
+   */
+  uint32_t bulk_buffers;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * Bytes of the region transfers land in.
+   */
+  uint64_t region_bytes;
+};
+
+/**
+ * A node and port: where messages go and come from.
+ */
+struct ulnic_address {
+  /**
+   * Node number (one vhost-user socket of a device).
+   */
+  uint32_t node;
+  /**
+   * Port number an endpoint is bound to on that node.
+   */
+  uint32_t port;
+};
+
+/**
+ * A message as a handler sees it (valid during the handler only).
+ */
+struct ulnic_am_message {
+  /**
+   * The sender, stamped by the device.
+   */
+  struct ulnic_address src;
+  /**
+   * The handler index it named.
+   */
+  uint32_t handler;
+  /**
+   * Must be ignored.
+   */
+  uint32_t reserved;
+  /**
+   * Its 4 words.
+   */
+  uint64_t words[4];
+  /**
+   * A transfer: where its data landed in the region.
+   */
+  uint64_t offset;
+  /**
+   * A transfer: its data, in the region (NULL for short messages).
+   */
+  const void *data;
+  /**
+   * Bytes at `data`.
+   */
+  size_t len;
+};
+
+/**
+ * A request handler: `token` replies (once), `m` is the request.
+ */
+typedef void (*ulnic_am_request_fn)(struct ulnic_am_token *token, const struct ulnic_am_message *m, void *user);
+
+/**
+ * A reply handler (it cannot reply: it has no token).
+ */
+typedef void (*ulnic_am_reply_fn)(const struct ulnic_am_message *m, void *user);
+
+/**
+ * A message given back to its sender (`ulnic_am_set_error_handler`).
+ */
+struct ulnic_am_returned {
+  /**
+   * Where it was going.
+   */
+  struct ulnic_address dest;
+  /**
+   * What it was: 1 request, 2 reply, 3 transfer, 4 credit, 5 refusal.
+   */
+  uint32_t kind;
+  /**
+   * The handler index it named.
+   */
+  uint32_t handler;
+  /**
+   * 1 when `words` holds its words (requests and transfers).
+   */
+  uint32_t has_words;
+  /**
+   * 0: ulnic could not deliver it (`code` is the device's reason);
+   * 1: the receiver refused it (`code`: 1 no handler, 2 outside its
+   * region, 3 malformed).
+   */
+  uint32_t refused;
+  /**
+   * The reason's code.
+   */
+  uint64_t code;
+  /**
+   * Its words, if `has_words`.
+   */
+  uint64_t words[4];
+};
+
+/**
+ * An error handler: a message that came back.
+ */
+typedef void (*ulnic_am_error_fn)(const struct ulnic_am_returned *r, void *user);
+
+/**
+ * An AM endpoint's counters (`ulnic_am_stats`).
+ */
+struct ulnic_am_stats {
+  /**
+   * Requests and transfers whose handler ran here.
+   */
+  uint64_t requests_handled;
+  /**
+   * Replies whose handler ran here.
+   */
+  uint64_t replies_handled;
+  /**
+   * CREDIT answers sent for requests not replied to.
+   */
+  uint64_t credits_sent;
+  /**
+   * REFUSED answers sent.
+   */
+  uint64_t refusals_sent;
+  /**
+   * Messages that came back.
+   */
+  uint64_t returned;
+  /**
+   * Answers that matched no request in flight.
+   */
+  uint64_t stray;
+  /**
+   * Messages of another version or kind, or malformed.
+   */
+  uint64_t foreign;
+  /**
+   * Replies naming a reply handler that is not set.
+   */
+  uint64_t unhandled_replies;
+};
 
 /**
  * An aperture's cookie: the capability to access it, from any node.
@@ -285,20 +459,6 @@ struct ulnic_filter {
    * Tag bits compared.
    */
   uint32_t tag_mask;
-};
-
-/**
- * A node and port: where messages go and come from.
- */
-struct ulnic_address {
-  /**
-   * Node number (one vhost-user socket of a device).
-   */
-  uint32_t node;
-  /**
-   * Port number an endpoint is bound to on that node.
-   */
-  uint32_t port;
 };
 
 /**
@@ -433,6 +593,158 @@ struct ulnic_sockaddr {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Fills `cfg` with the defaults (4 credits, 8,192-byte transfers, 32
+ * bulk buffers, a 1 MiB region).
+ *
+ * ```c
+ * struct ulnic_am_config cfg;
+ * ulnic_am_config_default(&cfg);
+ * cfg.credits = 8;
+ * ```
+ */
+int32_t ulnic_am_config_default(struct ulnic_am_config *cfg);
+
+/**
+ * Makes the bound endpoint `ep` an AM endpoint with `cfg` (NULL: the
+ * defaults). The AM endpoint takes `ep` over, also when this fails (do
+ * not destroy it yourself).
+ *
+ * ```c
+ * struct ulnic_am *am;
+ * ulnic_ep_bind(ep, 9);
+ * int err = ulnic_am_create(ep, NULL, &am);
+ * ```
+ */
+int32_t ulnic_am_create(struct ulnic_ep *ep, const struct ulnic_am_config *cfg, struct ulnic_am **out);
+
+/**
+ * Frees the AM endpoint and its endpoint. NULL is ignored.
+ *
+ * ```c
+ * ulnic_am_free(am);
+ * ```
+ */
+void ulnic_am_free(struct ulnic_am *am);
+
+/**
+ * Sets request handler `index` (0-255) to `f`, called with `user`
+ * (NULL `f` removes it: requests for it are refused).
+ *
+ * ```c
+ * static void echo(struct ulnic_am_token *t, const struct ulnic_am_message *m, void *user)
+ * {
+ *     ulnic_am_reply4(t, 1, m->words);
+ * }
+ * ulnic_am_set_request_handler(am, 1, echo, NULL);
+ * ```
+ */
+int32_t ulnic_am_set_request_handler(struct ulnic_am *am, uint32_t index, ulnic_am_request_fn f, void *user);
+
+/**
+ * Sets reply handler `index` (0-255) to `f`, called with `user` (NULL
+ * `f` removes it).
+ *
+ * ```c
+ * static void got(const struct ulnic_am_message *m, void *user) { *(uint64_t *)user = m->words[0]; }
+ * ulnic_am_set_reply_handler(am, 1, got, &answer);
+ * ```
+ */
+int32_t ulnic_am_set_reply_handler(struct ulnic_am *am, uint32_t index, ulnic_am_reply_fn f, void *user);
+
+/**
+ * Sets the error handler, called with `user` for every message that
+ * comes back (NULL: such messages are only counted).
+ *
+ * ```c
+ * static void back(const struct ulnic_am_returned *r, void *user) { fprintf(stderr, "returned\n"); }
+ * ulnic_am_set_error_handler(am, back, NULL);
+ * ```
+ */
+int32_t ulnic_am_set_error_handler(struct ulnic_am *am, ulnic_am_error_fn f, void *user);
+
+/**
+ * Sends a 4-word request to `dest`'s request handler `handler`. With
+ * `wait` it polls (running handlers) until a credit is free; without,
+ * `-EAGAIN` when none is.
+ *
+ * ```c
+ * uint64_t w[4] = { 1, 2, 3, 4 };
+ * ulnic_am_request4(am, &(struct ulnic_address){ 1, 9 }, 1, w, 1);
+ * ```
+ */
+int32_t ulnic_am_request4(struct ulnic_am *am, const struct ulnic_address *dest, uint32_t handler, const uint64_t *words, int32_t wait);
+
+/**
+ * Transfers `len` bytes at `data` into `dest`'s region at `offset`, then
+ * runs its request handler `handler` with `words` (copied at once: the
+ * buffer is free when this returns). `wait` as for `ulnic_am_request4`.
+ *
+ * ```c
+ * ulnic_am_xfer(am, &server, 4096, 2, buf, 1024, w, 1);
+ * ```
+ */
+int32_t ulnic_am_xfer(struct ulnic_am *am, const struct ulnic_address *dest, uint64_t offset, uint32_t handler, const void *data, size_t len, const uint64_t *words, int32_t wait);
+
+/**
+ * From a request handler: replies with 4 words to the requester's reply
+ * handler `handler`; once per request (again: `-EINVAL`).
+ *
+ * ```c
+ * ulnic_am_reply4(token, 1, m->words);
+ * ```
+ */
+int32_t ulnic_am_reply4(struct ulnic_am_token *token, uint32_t handler, const uint64_t *words);
+
+/**
+ * The requester of the request a token answers.
+ *
+ * ```c
+ * struct ulnic_address from = ulnic_am_token_source(token);
+ * ```
+ */
+struct ulnic_address ulnic_am_token_source(const struct ulnic_am_token *token);
+
+/**
+ * Runs the handlers of what has arrived and come back: how many
+ * messages and events it handled (0: nothing was waiting).
+ *
+ * ```c
+ * while (ulnic_am_credits(am) < 4)
+ *     ulnic_am_poll(am);
+ * ```
+ */
+int32_t ulnic_am_poll(struct ulnic_am *am);
+
+/**
+ * Credits free now (NULL: 0).
+ *
+ * ```c
+ * if (ulnic_am_credits(am) == 0) ulnic_am_poll(am);
+ * ```
+ */
+uint32_t ulnic_am_credits(const struct ulnic_am *am);
+
+/**
+ * The region transfers land in: its first byte and length.
+ *
+ * ```c
+ * uint8_t *region; size_t n;
+ * ulnic_am_region(am, (void **)&region, &n);
+ * ```
+ */
+int32_t ulnic_am_region(struct ulnic_am *am, void **base, size_t *len);
+
+/**
+ * The AM endpoint's counters.
+ *
+ * ```c
+ * struct ulnic_am_stats s;
+ * ulnic_am_stats(am, &s);
+ * ```
+ */
+int32_t ulnic_am_stats(struct ulnic_am *am, struct ulnic_am_stats *out);
 
 /**
  * Makes a queue's receiving end in `ring` bytes at `offset` of `ep`'s

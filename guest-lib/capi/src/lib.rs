@@ -15,13 +15,15 @@
 //! Inside: `status` (results, errno, the last error), `nic` (NICs,
 //! protection domains, user buffers), `endpoint` (rings, messages,
 //! events, blocking), `rdma` (apertures, RDMA, tripwires, redirection),
-//! `dmq` (message queues over RDMA), `sock` (sockets over endpoints).
+//! `dmq` (message queues over RDMA), `am` (Active Messages),
+//! `sock` (sockets over endpoints).
 
 // Every exported function takes pointers from C: each checks them for
 // NULL and documents what else it relies on in the header.
 #![allow(clippy::missing_safety_doc)]
 #![allow(non_camel_case_types)]
 
+mod am;
 mod dmq;
 mod endpoint;
 mod nic;
@@ -29,6 +31,7 @@ mod rdma;
 mod sock;
 mod status;
 
+pub use am::*;
 pub use dmq::*;
 pub use endpoint::*;
 pub use nic::*;

@@ -160,6 +160,22 @@ fn pingpong_in_c_checks_every_byte_inline_and_in_buffers() {
 }
 
 #[test]
+fn active_messages_in_c_reply_transfer_and_return_refusals() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("am_echo", bin.path(), false);
+    let dev = device();
+    let (server, client) = pair(&dev, &exe, &["server", "9"], &["client", "1", "9", "2000"]);
+    assert!(
+        server.contains("answered 2000 requests and 200000 transfer bytes (1 refused)"),
+        "{server}"
+    );
+    assert!(
+        client.contains("2000 replies and 200 transfer replies checked, 1 refusal returned"),
+        "{client}"
+    );
+}
+
+#[test]
 fn rdma_write_in_c_lands_in_order_before_its_immediate() {
     let bin = tempfile::tempdir().unwrap();
     let exe = build("rdma_write", bin.path(), false);

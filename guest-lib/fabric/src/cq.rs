@@ -2,7 +2,7 @@
 //! queue produce, read in the queue's format. Progress is manual
 //! (FI_PROGRESS_MANUAL): reading a queue moves its endpoints along.
 //!
-//! Waiting: a queue that has found nothing for `SPIN` sleeps in its
+//! Waiting: a queue that has found nothing for a while (`spin()`) sleeps in its
 //! next empty read until something arrives for one of its
 //! endpoints or the idle wait passes (`ULNIC_FI_IDLE_US`, default 1000
 //! us; 0 spins for ever), on the ulnic notification descriptor that
@@ -22,8 +22,20 @@ use crate::fi::{self, fid_ops, nosys, sys};
 use crate::nic::{self, SharedNic};
 use crate::progress::Progress;
 
-/// How long reads find nothing before an empty read may sleep.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long reads find nothing before an empty read may sleep
+/// (`ULNIC_FI_SPIN_US`, default 50 us).
+fn spin() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| micros_from_env("ULNIC_FI_SPIN_US", 50))
+}
+
+fn micros_from_env(name: &str, default: u64) -> Duration {
+    let us = std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(default);
+    Duration::from_micros(us)
+}
 
 /// Nanoseconds since the first call (never 0), for `CqQueue::idle_since`.
 fn now_ns() -> u64 {
@@ -34,13 +46,7 @@ fn now_ns() -> u64 {
 /// How long an idle read may sleep (`ULNIC_FI_IDLE_US`).
 fn idle_wait() -> Duration {
     static IDLE: OnceLock<Duration> = OnceLock::new();
-    *IDLE.get_or_init(|| {
-        let us = std::env::var("ULNIC_FI_IDLE_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(1000);
-        Duration::from_micros(us)
-    })
+    *IDLE.get_or_init(|| micros_from_env("ULNIC_FI_IDLE_US", 1000))
 }
 
 /// A completion with its sender as the reader's fi_addr_t.
@@ -129,7 +135,7 @@ impl CqQueue {
             }
             t => t,
         };
-        if !idle.is_zero() && now - since >= SPIN.as_nanos() as u64 {
+        if !idle.is_zero() && now - since >= spin().as_nanos() as u64 {
             self.sleep(idle);
         } else {
             std::thread::yield_now();

@@ -318,6 +318,39 @@ impl AmEndpoint {
         self.requests[usize::from(index)] = Some(Box::new(f));
     }
 
+    /// Removes the request handler `index` (requests for it are then
+    /// refused, docs/am.md §2).
+    ///
+    /// ```no_run
+    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// am.clear_request_handler(1);
+    /// ```
+    pub fn clear_request_handler(&mut self, index: u8) {
+        self.requests[usize::from(index)] = None;
+    }
+
+    /// Removes the reply handler `index` (replies for it are counted in
+    /// `unhandled_replies`).
+    ///
+    /// ```no_run
+    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// am.clear_reply_handler(1);
+    /// ```
+    pub fn clear_reply_handler(&mut self, index: u8) {
+        self.replies[usize::from(index)] = None;
+    }
+
+    /// Removes the error handler (returned messages are then only
+    /// counted).
+    ///
+    /// ```no_run
+    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// am.clear_error_handler();
+    /// ```
+    pub fn clear_error_handler(&mut self) {
+        self.on_error = None;
+    }
+
     /// Sets the reply handler `index` (it has no token: it cannot reply).
     ///
     /// ```no_run
