@@ -6,10 +6,10 @@
 
 use std::ffi::c_void;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::sync::Arc;
 
+use crate::mr::{MrEntry, MrTable};
 use crate::nic::SharedNic;
 
 use crate::engine::Engine;
@@ -26,14 +26,17 @@ struct Fabric {
 struct Domain {
     fid: sys::fid_domain,
     nic: Arc<SharedNic>,
-    next_key: AtomicU64,
+    /// The registrations peers may reach (RMA).
+    mrs: Arc<MrTable>,
 }
 
-/// A registration: local buffers need none (the provider copies), so it
-/// only carries the key the caller asked for or one of the domain's.
+/// A registration: local buffers need none (the provider copies); with
+/// FI_REMOTE_READ or FI_REMOTE_WRITE peers reach it by its key, drawn at
+/// random (FI_MR_PROV_KEY), until it is closed.
 #[repr(C)]
 struct Mr {
     fid: sys::fid_mr,
+    mrs: Arc<MrTable>,
 }
 
 /// Opens the fabric (`fi_fabric`, through the provider's entry).
@@ -97,7 +100,7 @@ unsafe extern "C" fn open_domain(
             mr: &MR_OPS as *const _ as *mut _,
         },
         nic,
-        next_key: AtomicU64::new(1),
+        mrs: Arc::new(MrTable::default()),
     });
     // SAFETY: libfabric's valid out-pointer.
     unsafe { *out = Box::into_raw(d).cast() };
@@ -187,7 +190,7 @@ unsafe extern "C" fn endpoint(
     let peer = unsafe { crate::pep::requester(info.handle) };
     // SAFETY: the fi_info's src_addr holds src_addrlen bytes.
     let port = unsafe { crate::av::bound_port(info) };
-    match Engine::open(&d.nic.pd, port) {
+    match Engine::open(&d.nic.pd, port, d.mrs.clone()) {
         Ok(e) => {
             let me = e.address(d.nic.nic.node());
             let conn = connected.then(|| crate::ep::Conn::new(peer));
@@ -201,12 +204,12 @@ unsafe extern "C" fn endpoint(
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn mr_reg(
     fid: *mut sys::fid,
-    _buf: *const c_void,
-    _len: usize,
-    _access: u64,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
     _offset: u64,
-    requested_key: u64,
-    _flags: u64,
+    _requested_key: u64,
+    flags: u64,
     out: *mut *mut sys::fid_mr,
     context: *mut c_void,
 ) -> c_int {
@@ -214,11 +217,16 @@ unsafe extern "C" fn mr_reg(
     let Some(d) = (unsafe { domain(fid) }) else {
         return -fi::EINVAL;
     };
-    let key = if requested_key != 0 {
-        requested_key
-    } else {
-        d.next_key.fetch_add(1, Ordering::Relaxed)
-    };
+    if out.is_null() || flags != 0 || (buf.is_null() && len != 0) {
+        return -fi::EINVAL;
+    }
+    // Keys are the provider's (FI_MR_PROV_KEY): a requested key is not
+    // honoured, so no peer can name a region by a key it chose.
+    let key = d.mrs.register(MrEntry {
+        base: buf as usize,
+        len,
+        access: access & (fi::REMOTE_READ | fi::REMOTE_WRITE),
+    });
     let mr = Box::new(Mr {
         fid: sys::fid_mr {
             fid: sys::fid {
@@ -229,6 +237,7 @@ unsafe extern "C" fn mr_reg(
             mem_desc: std::ptr::null_mut(),
             key,
         },
+        mrs: d.mrs.clone(),
     });
     // SAFETY: libfabric's out-pointer.
     unsafe { *out = Box::into_raw(mr).cast() };
@@ -238,8 +247,8 @@ unsafe extern "C" fn mr_reg(
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn mr_regv(
     fid: *mut sys::fid,
-    _iov: *const sys::iovec,
-    _count: usize,
+    iov: *const sys::iovec,
+    count: usize,
     access: u64,
     offset: u64,
     requested_key: u64,
@@ -247,12 +256,16 @@ unsafe extern "C" fn mr_regv(
     out: *mut *mut sys::fid_mr,
     context: *mut c_void,
 ) -> c_int {
+    let (base, len) = match iov_one(iov, count) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
     // SAFETY: forwarded as given.
     unsafe {
         mr_reg(
             fid,
-            std::ptr::null(),
-            0,
+            base,
+            len,
             access,
             offset,
             requested_key,
@@ -273,12 +286,16 @@ unsafe extern "C" fn mr_regattr(
     let Some(a) = (unsafe { attr.as_ref() }) else {
         return -fi::EINVAL;
     };
+    let (base, len) = match iov_one(a.mr_iov, a.iov_count) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
     // SAFETY: forwarded as given.
     unsafe {
         mr_reg(
             fid,
-            std::ptr::null(),
-            0,
+            base,
+            len,
             a.access,
             a.offset,
             a.requested_key,
@@ -289,9 +306,23 @@ unsafe extern "C" fn mr_regattr(
     }
 }
 
+/// The one buffer of an iov list (longer lists are not offered).
+fn iov_one(iov: *const sys::iovec, count: usize) -> Result<(*const c_void, usize), c_int> {
+    match count {
+        0 => Ok((std::ptr::null(), 0)),
+        1 => {
+            // SAFETY: libfabric passes `count` iovecs.
+            let v = unsafe { iov.as_ref() }.ok_or(-fi::EINVAL)?;
+            Ok((v.iov_base.cast_const(), v.iov_len))
+        }
+        _ => Err(-fi::ENOSYS),
+    }
+}
+
 unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {
     // SAFETY: libfabric closes a registration it got from `mr_reg`, once.
-    drop(unsafe { Box::from_raw(fid.cast::<Mr>()) });
+    let mr = unsafe { Box::from_raw(fid.cast::<Mr>()) };
+    mr.mrs.remove(mr.fid.key);
     0
 }
 

@@ -94,9 +94,11 @@ struct Bindings {
     /// FI_SELECTIVE_COMPLETION on the transmit / receive binding.
     tx_selective: bool,
     rx_selective: bool,
-    /// Counters bound with FI_SEND / FI_RECV.
+    /// Counters bound with FI_SEND / FI_RECV / FI_WRITE / FI_READ.
     tx_cntr: Option<Arc<CntrShared>>,
     rx_cntr: Option<Arc<CntrShared>>,
+    write_cntr: Option<Arc<CntrShared>>,
+    read_cntr: Option<Arc<CntrShared>>,
     enabled: bool,
 }
 
@@ -121,7 +123,19 @@ impl EpShared {
         self.connection_events(&mut done);
         if let (false, Some(b)) = (done.is_empty(), self.ready.get()) {
             for c in done {
-                let counter = if c.tx { &b.tx_cntr } else { &b.rx_cntr };
+                let counter = if c.flags & fi::RMA == 0 {
+                    if c.tx {
+                        &b.tx_cntr
+                    } else {
+                        &b.rx_cntr
+                    }
+                } else if c.flags & fi::WRITE != 0 {
+                    &b.write_cntr
+                } else if c.flags & fi::READ != 0 {
+                    &b.read_cntr
+                } else {
+                    &None
+                };
                 if let Some(n) = counter {
                     n.hit(c.error.is_some());
                 }
@@ -231,10 +245,10 @@ pub unsafe fn open(
             ops: &EP_OPS as *const _ as *mut _,
             cm: &CM_OPS as *const _ as *mut _,
             msg: &MSG_OPS as *const _ as *mut _,
-            rma: &crate::rma::RMA_NOT_OFFERED as *const _ as *mut _,
+            rma: &RMA_OPS as *const _ as *mut _,
             tagged: &TAGGED_OPS as *const _ as *mut _,
-            atomic: &crate::rma::ATOMIC_NOT_OFFERED as *const _ as *mut _,
-            collective: &crate::rma::COLLECTIVE_NOT_OFFERED as *const _ as *mut _,
+            atomic: &crate::unoffered::ATOMIC_NOT_OFFERED as *const _ as *mut _,
+            collective: &crate::unoffered::COLLECTIVE_NOT_OFFERED as *const _ as *mut _,
         },
         shared: Arc::new(EpShared {
             engine: Mutex::new(engine),
@@ -352,17 +366,20 @@ unsafe extern "C" fn ep_bind(fid: *mut sys::fid, bfid: *mut sys::fid, flags: u64
             let Some(n) = (unsafe { crate::cntr::from_fid(bfid) }) else {
                 return -fi::EINVAL;
             };
-            // Remote memory access is not offered, so neither are its
-            // counters.
-            if flags & !(fi::SEND | fi::RECV) != 0 || flags == 0 {
+            // Counting the accesses peers make here is not offered.
+            let known = fi::SEND | fi::RECV | fi::WRITE | fi::READ;
+            if flags & !known != 0 || flags == 0 {
                 return -fi::ENOSYS;
             }
-            if flags & fi::SEND != 0 {
-                b.tx_cntr = Some(n.shared.clone());
-            }
-            if flags & fi::RECV != 0 {
-                b.rx_cntr = Some(n.shared.clone());
-            }
+            let set = |bit: u64, slot: &mut Option<Arc<CntrShared>>| {
+                if flags & bit != 0 {
+                    *slot = Some(n.shared.clone());
+                }
+            };
+            set(fi::SEND, &mut b.tx_cntr);
+            set(fi::RECV, &mut b.rx_cntr);
+            set(fi::WRITE, &mut b.write_cntr);
+            set(fi::READ, &mut b.read_cntr);
             let me: Arc<dyn Progress> = ep.shared.clone();
             n.shared.attach(Arc::downgrade(&me));
         }
@@ -593,6 +610,30 @@ unsafe extern "C" fn cm_shutdown(ep_: *mut sys::fid_ep, _flags: u64) -> c_int {
     )
 }
 
+/// The endpoint an operation toward `dest` (an fi_addr_t; a connected
+/// endpoint's peer) is on, the peer's address, whether it is an inject
+/// (copied now, no completion) and whether it reports a completion
+/// (unless the binding is selective and `flags` do not ask for one).
+fn target<'a>(
+    ep_: *mut sys::fid_ep,
+    dest: u64,
+    flags: Option<u64>,
+) -> Result<(&'a Ep, Address, bool, bool), isize> {
+    let ep = ep(ep_).ok_or(-(fi::EINVAL as isize))?;
+    // Not enabled: no bindings yet.
+    let b = ep.shared.ready.get().ok_or(-(fi::EINVAL as isize))?;
+    let to = if ep.shared.conn.is_some() {
+        ep.shared.connected_peer().ok_or(-(fi::ENOTCONN as isize))?
+    } else {
+        let a = b.av.as_ref().and_then(|av| av.resolve(dest));
+        av::here(a.ok_or(-(fi::EINVAL as isize))?, ep.shared.me)
+    };
+    let f = flags.unwrap_or(ep.shared.tx_op_flags);
+    let inject = f & fi::INJECT != 0;
+    let report = !inject && (!b.tx_selective || f & fi::COMPLETION != 0);
+    Ok((ep, to, inject, report))
+}
+
 /// A send of `len` bytes at `buf` to `dest` (an fi_addr_t).
 #[allow(clippy::too_many_arguments)]
 fn send(
@@ -606,28 +647,10 @@ fn send(
     context: *mut c_void,
     flags: Option<u64>,
 ) -> isize {
-    let Some(ep) = ep(ep_) else {
-        return -(fi::EINVAL as isize);
+    let (ep, to, inject, report) = match target(ep_, dest, flags) {
+        Ok(t) => t,
+        Err(e) => return e,
     };
-    let Some(b) = ep.shared.ready.get() else {
-        return -(fi::EINVAL as isize); // not enabled
-    };
-    let to = if ep.shared.conn.is_some() {
-        match ep.shared.connected_peer() {
-            Some(p) => p,
-            None => return -(fi::ENOTCONN as isize),
-        }
-    } else {
-        match b.av.as_ref().and_then(|av| av.resolve(dest)) {
-            Some(a) => av::here(a, ep.shared.me),
-            None => return -(fi::EINVAL as isize),
-        }
-    };
-    // Inject: copied now, no completion. Otherwise a completion unless the
-    // binding is selective and the call did not ask for one.
-    let f = flags.unwrap_or(ep.shared.tx_op_flags);
-    let inject = f & fi::INJECT != 0;
-    let report = !inject && (!b.tx_selective || f & fi::COMPLETION != 0);
     status(ep.shared.run(|e, _| {
         e.send(
             to,
@@ -1113,4 +1136,239 @@ static TAGGED_OPS: sys::fi_ops_tagged = sys::fi_ops_tagged {
     inject: Some(tagged_inject),
     senddata: Some(tagged_senddata),
     injectdata: Some(tagged_injectdata),
+};
+
+/// A remote access: a write of `len` bytes at `buf` (copied now), or a
+/// read into them, of region `key` at `addr` of `dest`.
+#[allow(clippy::too_many_arguments)]
+fn rma(
+    ep_: *mut sys::fid_ep,
+    write: bool,
+    buf: *mut c_void,
+    len: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    data: Option<u64>,
+    context: *mut c_void,
+    flags: Option<u64>,
+) -> isize {
+    let (ep, to, _, report) = match target(ep_, dest, flags) {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
+    if len > 0 && buf.is_null() {
+        return -(fi::EINVAL as isize);
+    }
+    let ctx = context as usize;
+    status(ep.shared.run(|e, _| {
+        if write {
+            e.rma_write(to, buf.cast(), len, key, addr, data, ctx, report)
+        } else {
+            e.rma_read(to, buf as usize, len, key, addr, ctx, report)
+        }
+    }))
+}
+
+/// `fi_readmsg` / `fi_writemsg`: one local buffer, one remote range.
+fn rma_msg(ep_: *mut sys::fid_ep, write: bool, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: libfabric's message.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(fi::EINVAL as isize);
+    };
+    // SAFETY: the message's `iov_count` entries.
+    let (buf, len) = match unsafe { one_iov(m.msg_iov.cast(), m.iov_count) } {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    if m.rma_iov_count != 1 {
+        return -(fi::ENOSYS as isize);
+    }
+    // SAFETY: one remote range, as counted.
+    let Some(r) = (unsafe { m.rma_iov.as_ref() }) else {
+        return -(fi::EINVAL as isize);
+    };
+    if r.len != len {
+        return -(fi::EINVAL as isize);
+    }
+    let data = (write && flags & fi::REMOTE_CQ_DATA != 0).then_some(m.data);
+    rma(
+        ep_,
+        write,
+        buf,
+        len,
+        m.addr,
+        r.addr,
+        r.key,
+        data,
+        m.context,
+        Some(flags),
+    )
+}
+
+type E = *mut sys::fid_ep;
+
+unsafe extern "C" fn rma_read(
+    ep: E,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    rma(ep, false, buf, len, src, addr, key, None, ctx, None)
+}
+
+unsafe extern "C" fn rma_readv(
+    ep: E,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes `count` entries.
+    match unsafe { one_iov(iov.cast(), count) } {
+        Ok((buf, len)) => rma(ep, false, buf, len, src, addr, key, None, ctx, None),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn rma_readmsg(ep: E, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    rma_msg(ep, false, msg, flags)
+}
+
+unsafe extern "C" fn rma_write(
+    ep: E,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    rma(
+        ep,
+        true,
+        buf.cast_mut(),
+        len,
+        dest,
+        addr,
+        key,
+        None,
+        ctx,
+        None,
+    )
+}
+
+unsafe extern "C" fn rma_writev(
+    ep: E,
+    iov: *const sys::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: libfabric passes `count` entries.
+    match unsafe { one_iov(iov.cast(), count) } {
+        Ok((buf, len)) => rma(ep, true, buf, len, dest, addr, key, None, ctx, None),
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn rma_writemsg(ep: E, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    rma_msg(ep, true, msg, flags)
+}
+
+unsafe extern "C" fn rma_inject(
+    ep: E,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    let f = Some(fi::INJECT);
+    rma(
+        ep,
+        true,
+        buf.cast_mut(),
+        len,
+        dest,
+        addr,
+        key,
+        None,
+        std::ptr::null_mut(),
+        f,
+    )
+}
+
+unsafe extern "C" fn rma_writedata(
+    ep: E,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    rma(
+        ep,
+        true,
+        buf.cast_mut(),
+        len,
+        dest,
+        addr,
+        key,
+        Some(data),
+        ctx,
+        None,
+    )
+}
+
+unsafe extern "C" fn rma_injectdata(
+    ep: E,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    let f = Some(fi::INJECT);
+    rma(
+        ep,
+        true,
+        buf.cast_mut(),
+        len,
+        dest,
+        addr,
+        key,
+        Some(data),
+        std::ptr::null_mut(),
+        f,
+    )
+}
+
+/// FI_RMA (docs/libfabric.md §2, "Remote memory access").
+static RMA_OPS: sys::fi_ops_rma = sys::fi_ops_rma {
+    size: std::mem::size_of::<sys::fi_ops_rma>(),
+    read: Some(rma_read),
+    readv: Some(rma_readv),
+    readmsg: Some(rma_readmsg),
+    write: Some(rma_write),
+    writev: Some(rma_writev),
+    writemsg: Some(rma_writemsg),
+    inject: Some(rma_inject),
+    writedata: Some(rma_writedata),
+    injectdata: Some(rma_injectdata),
 };

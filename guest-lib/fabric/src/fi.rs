@@ -48,6 +48,12 @@ flags64!(
     REMOTE_COMM = FI_REMOTE_COMM,
     ORDER_SAS = FI_ORDER_SAS,
     MULTI_RECV = FI_MULTI_RECV,
+    RMA = FI_RMA,
+    READ = FI_READ,
+    WRITE = FI_WRITE,
+    REMOTE_READ = FI_REMOTE_READ,
+    REMOTE_WRITE = FI_REMOTE_WRITE,
+    MR_PROV_KEY = FI_MR_PROV_KEY,
 );
 
 /// `fi_addr_t` for "any source" / "no address".
@@ -74,6 +80,7 @@ errnos!(
     ENOENT = FI_ENOENT,
     ECANCELED = FI_ECANCELED,
     ENOMSG = FI_ENOMSG,
+    EACCES = FI_EACCES,
     ENODEV = FI_ENODEV,
     EBUSY = FI_EBUSY,
     ENOCQ = FI_ENOCQ,

@@ -11,11 +11,12 @@ mod engine;
 mod ep;
 mod eq;
 mod fi;
+mod mr;
 mod nic;
 mod pep;
 mod progress;
 mod provider;
-mod rma;
+mod unoffered;
 mod wire;
 
 pub use provider::fi_prov_ini;

@@ -151,7 +151,7 @@ pub unsafe extern "C" fn open(
     };
     // SAFETY: libfabric's fi_info.
     let port = unsafe { crate::av::bound_port(&*info) };
-    let engine = match Engine::open(&nic.pd, port) {
+    let engine = match Engine::open(&nic.pd, port, Default::default()) {
         Ok(e) => e,
         Err(e) => return -e.errno(),
     };

@@ -18,7 +18,22 @@ pub const CAPS: u64 = fi::MSG
     | fi::RECV
     | fi::DIRECTED_RECV
     | fi::LOCAL_COMM
-    | fi::REMOTE_COMM;
+    | fi::REMOTE_COMM
+    | RMA_CAPS;
+/// The remote memory access capabilities (they need FI_MR_PROV_KEY).
+pub const RMA_CAPS: u64 = fi::RMA | fi::READ | fi::WRITE | fi::REMOTE_READ | fi::REMOTE_WRITE;
+
+/// Whether the hints allow provider-chosen keys (RMA's registrations
+/// need them): no hints, or FI_MR_PROV_KEY in their mr_mode.
+///
+/// # Safety
+/// `h`'s domain_attr is valid or null.
+unsafe fn prov_key_allowed(h: Option<&sys::fi_info>) -> bool {
+    // SAFETY: the caller's promise.
+    h.is_none_or(|h| {
+        unsafe { h.domain_attr.as_ref() }.is_some_and(|d| d.mr_mode as u64 & fi::MR_PROV_KEY != 0)
+    })
+}
 /// Bytes fi_inject takes (it copies at once).
 pub const INJECT_SIZE: usize = 4096;
 
@@ -42,6 +57,10 @@ unsafe fn refuse(h: &sys::fi_info) -> Option<&'static str> {
     }
     if h.addr_format != sys::FI_FORMAT_UNSPEC {
         return Some("address format");
+    }
+    // SAFETY: the caller's attrs are valid or null.
+    if h.caps & RMA_CAPS != 0 && !unsafe { prov_key_allowed(Some(h)) } {
+        return Some("RMA needs FI_MR_PROV_KEY in mr_mode");
     }
     // SAFETY: the caller's attrs are valid or null.
     let (ep, dom, fab, tx, rx) = unsafe {
@@ -200,9 +219,14 @@ unsafe extern "C" fn getinfo(
         .and_then(|h| unsafe { h.ep_attr.as_ref() })
         .map_or(sys::fi_ep_type_FI_EP_UNSPEC, |e| e.type_);
     let types = [sys::fi_ep_type_FI_EP_RDM, sys::fi_ep_type_FI_EP_MSG];
+    let wants_rma = hints.is_some_and(|h| h.caps & RMA_CAPS != 0);
     let mut head: *mut sys::fi_info = std::ptr::null_mut();
     for t in types.into_iter().rev() {
         if asked != sys::fi_ep_type_FI_EP_UNSPEC && asked != t {
+            continue;
+        }
+        // RMA is offered on reliable-datagram endpoints only (`fill`).
+        if wants_rma && t != sys::fi_ep_type_FI_EP_RDM {
             continue;
         }
         // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with every
@@ -231,6 +255,9 @@ unsafe extern "C" fn getinfo(
         }
         head = info;
     }
+    if head.is_null() {
+        return -fi::ENODATA; // no endpoint type offers what was asked
+    }
     // SAFETY: libfabric's out-pointer.
     unsafe { *out = head };
     0
@@ -242,10 +269,17 @@ unsafe extern "C" fn getinfo(
 /// `i` came from `fi_dupinfo(NULL)`: every attr pointer is valid.
 unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>, ep_type: sys::fi_ep_type) {
     let asked = hints.map_or(0, |h| h.caps);
+    // SAFETY: the hints' attrs are valid or null.
+    let prov_key = unsafe { prov_key_allowed(hints) };
+    // RMA on reliable-datagram endpoints only: a connected endpoint with
+    // RMA would have libfabric's rxm utility layer itself over this
+    // provider and offer "ulnic;ofi_rxm" ahead of it.
     let caps = if asked != 0 {
         asked | (CAPS & (fi::LOCAL_COMM | fi::REMOTE_COMM))
-    } else {
+    } else if prov_key && ep_type == sys::fi_ep_type_FI_EP_RDM {
         CAPS
+    } else {
+        CAPS & !RMA_CAPS
     };
     i.caps = caps;
     i.mode = 0;
@@ -315,7 +349,13 @@ unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>, ep_type: sys:
         Some(d) if d.av_type == sys::fi_av_type_FI_AV_MAP => sys::fi_av_type_FI_AV_MAP,
         _ => sys::fi_av_type_FI_AV_TABLE,
     };
-    dom.mr_mode = 0;
+    // Keys are the provider's; remote addresses are offsets into the
+    // region (no FI_MR_VIRT_ADDR); local buffers need no registration.
+    dom.mr_mode = if caps & RMA_CAPS != 0 {
+        fi::MR_PROV_KEY as c_int
+    } else {
+        0
+    };
     dom.mr_key_size = 8;
     dom.cq_data_size = 8;
     dom.cq_cnt = 256;

@@ -29,8 +29,27 @@ pub const KIND_REJECT: u8 = 5;
 /// The connection is shut down (fi_shutdown, or the peer's close message).
 pub const KIND_SHUTDOWN: u8 = 6;
 
+/// RMA write (FI_RMA): `tag` is the region's key, `data` the offset in
+/// it; the payload starts with the writer's operation id (8 bytes) and,
+/// with `FLAG_RMA_CQ_DATA`, the remote CQ data (8 bytes), then the bytes.
+pub const KIND_WRITE: u8 = 7;
+/// RMA read request: `tag` the key, `data` the offset; the payload is the
+/// reader's operation id and the length (8 bytes each).
+pub const KIND_READ_REQ: u8 = 8;
+/// RMA read response: `tag` the reader's operation id; the payload is the
+/// bytes, or with `FLAG_ERROR` none and `data` the error.
+pub const KIND_READ_RESP: u8 = 9;
+/// RMA write acknowledgement: `tag` the writer's operation id; with
+/// `FLAG_ERROR`, `data` the error.
+pub const KIND_WRITE_ACK: u8 = 10;
+
 /// `Header::flags`: `data` carries remote CQ data.
 pub const FLAG_DATA: u8 = 1;
+/// `Header::flags` of a write: its payload carries remote CQ data.
+pub const FLAG_RMA_CQ_DATA: u8 = 2;
+/// `Header::flags` of a response or acknowledgement: the access failed,
+/// `data` is the positive libfabric errno.
+pub const FLAG_ERROR: u8 = 4;
 
 /// The header of one packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -61,7 +80,7 @@ impl Header {
     /// not a header of this protocol (a stray message to the port).
     pub fn parse(b: &[u8]) -> Option<Header> {
         let h = Header::read_from_prefix(b).ok()?.0;
-        (h.magic.get() == MAGIC && (KIND_MSG..=KIND_SHUTDOWN).contains(&h.kind)).then_some(h)
+        (h.magic.get() == MAGIC && (KIND_MSG..=KIND_WRITE_ACK).contains(&h.kind)).then_some(h)
     }
 }
 
@@ -88,7 +107,7 @@ mod tests {
         bad[0] ^= 1;
         assert_eq!(Header::parse(&bad), None);
         let mut kind = b;
-        kind[2] = KIND_SHUTDOWN + 1;
+        kind[2] = KIND_WRITE_ACK + 1;
         assert_eq!(Header::parse(&kind), None);
     }
 }

@@ -129,7 +129,7 @@ static void counters(struct fi_info *info, struct side *a)
 	CHECK(fi_cq_open(domain, &ca, &k.cq, NULL) == 0, "cq k");
 	CHECK(fi_ep_bind(k.ep, &av->fid, 0) == 0, "bind av k");
 	CHECK(fi_ep_bind(k.ep, &k.cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION) == 0, "bind cq k");
-	CHECK(fi_ep_bind(k.ep, &tx->fid, FI_WRITE) == -FI_ENOSYS, "RMA counters not offered");
+	CHECK(fi_ep_bind(k.ep, &tx->fid, FI_REMOTE_WRITE) == -FI_ENOSYS, "target-side counters not offered");
 	CHECK(fi_ep_bind(k.ep, &tx->fid, FI_SEND) == 0 && fi_ep_bind(k.ep, &rx->fid, FI_RECV) == 0, "bind counters");
 	CHECK(fi_enable(k.ep) == 0, "fi_enable k");
 	char name[64], in[64], out[32] = "counted";
@@ -174,13 +174,96 @@ static void counters(struct fi_info *info, struct side *a)
 /* What is not offered says so. */
 static void not_offered(struct side *a)
 {
-	char in[8];
-	CHECK(fi_read(a->ep, in, 8, NULL, a->peer, 0, 0, NULL) == -FI_ENOSYS, "fi_read");
 	struct fi_cntr_attr ctr = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_FD };
 	struct fid_cntr *cntr;
 	CHECK(fi_cntr_open(domain, &ctr, &cntr, NULL) == -FI_ENOSYS, "counters with a wait fd");
 	uint64_t word = 1;
 	CHECK(fi_atomic(a->ep, &word, 1, NULL, a->peer, 0, 0, FI_UINT64, FI_SUM, NULL) == -FI_ENOSYS, "atomics");
+}
+
+/* A pair of endpoints for the RMA checks: x initiates, y is the target. */
+static void rma_pair(struct fi_info *ri, struct side *x, struct side *y)
+{
+	char name[64];
+	size_t len;
+	open_side(ri, x);
+	open_side(ri, y);
+	len = sizeof(name);
+	CHECK(fi_getname(&y->ep->fid, name, &len) == 0, "getname y");
+	CHECK(fi_av_insert(av, name, 1, &x->peer, 0, NULL) == 1, "insert y");
+	len = sizeof(name);
+	CHECK(fi_getname(&x->ep->fid, name, &len) == 0, "getname x");
+	CHECK(fi_av_insert(av, name, 1, &y->peer, 0, NULL) == 1, "insert x");
+}
+
+/* A remote access's outcome: 0, or the error entry's errno. */
+static int rma_done(struct side *x, struct side *y, void *ctx, uint64_t flags)
+{
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err = { 0 };
+	ssize_t r = next(x, y, &e);
+	if (r == -FI_EAVAIL) {
+		CHECK(fi_cq_readerr(x->cq, &err, 0) == 1 && err.op_context == ctx, "error entry");
+		return err.err;
+	}
+	CHECK(r == 1 && e.op_context == ctx && (e.flags & flags) == flags, "rma completion (flags %lx)",
+	      (unsigned long)e.flags);
+	return 0;
+}
+
+/* FI_RMA: writes and reads of registered regions, checked by the target
+ * against keys it drew, bounds and rights. */
+static void rma(struct fi_info *hints)
+{
+	struct fi_info *ri, *none = NULL, *h = fi_dupinfo(hints);
+	h->caps = FI_MSG | FI_RMA;
+	h->domain_attr->mr_mode = 0;
+	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &none) == -FI_ENODATA, "RMA without PROV_KEY");
+	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &ri) == 0, "getinfo RMA");
+	CHECK(ri->domain_attr->mr_mode == FI_MR_PROV_KEY && (ri->caps & FI_RMA), "mr_mode %x", ri->domain_attr->mr_mode);
+	struct side x, y;
+	rma_pair(ri, &x, &y);
+	enum { N = 300000 };
+	static unsigned char region[N + 100000], ro[64], src[N], dst[N];
+	for (int i = 0; i < N; i++)
+		src[i] = (unsigned char)(i * 13 + 5);
+	struct fid_mr *mr, *mr_ro;
+	CHECK(fi_mr_reg(domain, region, sizeof(region), FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 7, 0, &mr, NULL) == 0, "reg");
+	CHECK(fi_mr_reg(domain, ro, sizeof(ro), FI_REMOTE_READ, 0, 8, 0, &mr_ro, NULL) == 0, "reg ro");
+	uint64_t key = fi_mr_key(mr), key_ro = fi_mr_key(mr_ro);
+	CHECK(key != 7 && key != 0 && key_ro != key, "keys are the provider's (%lx %lx)", (unsigned long)key,
+	      (unsigned long)key_ro);
+	CHECK(fi_write(x.ep, src, 100, NULL, x.peer, 10, key, (void *)60) == 0, "write");
+	CHECK(rma_done(&x, &y, (void *)60, FI_RMA | FI_WRITE) == 0 && !memcmp(region + 10, src, 100), "written");
+	CHECK(fi_write(x.ep, src, N, NULL, x.peer, 50000, key, (void *)61) == 0, "large write");
+	CHECK(rma_done(&x, &y, (void *)61, FI_RMA | FI_WRITE) == 0 && !memcmp(region + 50000, src, N), "large written");
+	CHECK(fi_read(x.ep, dst, N, NULL, x.peer, 50000, key, (void *)62) == 0, "large read");
+	CHECK(rma_done(&x, &y, (void *)62, FI_RMA | FI_READ) == 0 && !memcmp(dst, src, N), "large read back");
+	CHECK(fi_inject_write(x.ep, src + 7, 16, x.peer, 0, key) == 0, "inject write");
+	CHECK(fi_writedata(x.ep, src, 8, NULL, 0xabc, x.peer, 200, key, (void *)63) == 0, "writedata");
+	CHECK(rma_done(&x, &y, (void *)63, FI_RMA | FI_WRITE) == 0 && !memcmp(region, src + 7, 16), "inject landed first");
+	struct fi_cq_tagged_entry e;
+	CHECK(next(&y, &x, &e) == 1 && e.data == 0xabc && (e.flags & (FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA)) ==
+		      (FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA) && e.len == 8, "remote CQ data at the target");
+	/* Refused: no write right, past the end, a guessed key, a closed one. */
+	CHECK(fi_write(x.ep, src, 8, NULL, x.peer, 0, key_ro, (void *)64) == 0, "write ro");
+	CHECK(rma_done(&x, &y, (void *)64, 0) == FI_EACCES && ro[0] == 0, "no write right");
+	CHECK(fi_read(x.ep, dst, 8, NULL, x.peer, 60, key_ro, (void *)65) == 0, "read past");
+	CHECK(rma_done(&x, &y, (void *)65, 0) == FI_EACCES, "past the end");
+	CHECK(fi_read(x.ep, dst, 8, NULL, x.peer, 0, key ^ 1, (void *)66) == 0, "read guessed");
+	CHECK(rma_done(&x, &y, (void *)66, 0) == FI_EACCES, "guessed key");
+	fi_close(&mr->fid);
+	memset(region, 0, 8);
+	CHECK(fi_write(x.ep, src, 8, NULL, x.peer, 0, key, (void *)67) == 0, "write closed");
+	CHECK(rma_done(&x, &y, (void *)67, 0) == FI_EACCES && region[0] == 0, "closed region");
+	fi_close(&mr_ro->fid);
+	fi_close(&x.ep->fid);
+	fi_close(&y.ep->fid);
+	fi_close(&x.cq->fid);
+	fi_close(&y.cq->fid);
+	fi_freeinfo(ri);
+	fi_freeinfo(h);
 }
 
 static void waits_counters_and_what_is_not_offered(struct fid_fabric *fabric, struct fi_info *info,
@@ -192,6 +275,12 @@ static void waits_counters_and_what_is_not_offered(struct fid_fabric *fabric, st
 	printf("ok counters\n");
 	not_offered(a);
 	printf("ok not-offered\n");
+}
+
+static void rma_checks(struct fi_info *hints)
+{
+	rma(hints);
+	printf("ok rma\n");
 }
 
 int main(void)
@@ -326,6 +415,7 @@ int main(void)
 	printf("ok inject\n");
 
 	waits_counters_and_what_is_not_offered(fabric, info, &a);
+	rma_checks(hints);
 
 	fi_close(&c.ep->fid);
 	fi_close(&c.cq->fid);

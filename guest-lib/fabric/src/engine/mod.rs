@@ -4,15 +4,25 @@
 //! against posted receives (FIFO, tags with ignore bits), kept as
 //! unexpected messages when nothing matches, and completions handed back
 //! to the caller. It knows nothing of libfabric's objects; `ep` does.
+//! Remote memory access is in `rma`.
+
+mod rma;
+mod rma_state;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 
 use ulnic::{
     Address, Endpoint, EndpointConfig, Error, Event, Payload, ProtectionDomain, SendError,
 };
 use zerocopy::IntoBytes;
 
-use crate::wire::{Header, FLAG_DATA, HEADER, KIND_MSG, KIND_SHUTDOWN, KIND_TAGGED, MAGIC};
+use crate::mr::MrTable;
+use crate::wire::{
+    Header, FLAG_DATA, HEADER, KIND_MSG, KIND_READ_REQ, KIND_SHUTDOWN, KIND_TAGGED, KIND_WRITE,
+    MAGIC,
+};
+use rma_state::{Incoming, RmaTarget};
 
 /// Bytes of one packet buffer (header included).
 pub const PACKET: usize = 64 << 10;
@@ -85,6 +95,24 @@ struct TxOp {
     /// Report a completion (not for inject).
     report: bool,
     error: Option<i32>,
+    /// Header flags beyond `FLAG_DATA`.
+    flags: u8,
+    /// What its last packet's delivery means.
+    then: Then,
+}
+
+/// What a send's delivery means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// The operation is done (messages).
+    Complete,
+    /// An RMA write: done when the target acknowledges it.
+    AwaitAck,
+    /// A read request: the read (this id) is done when the response has
+    /// come; only a failure to deliver the request ends it here.
+    Read(u64),
+    /// A response or acknowledgement: nothing to report.
+    Quiet,
 }
 
 /// A packet in flight in a send slot.
@@ -147,6 +175,8 @@ enum Current {
     },
     /// Index-free: the newest unexpected message from this peer.
     Unexpected,
+    /// An RMA write into a region (`rma`).
+    Write(Incoming),
 }
 
 /// What a receiver knows of one sender.
@@ -176,6 +206,9 @@ pub struct Engine {
     posted: VecDeque<PostedRecv>,
     unexpected: VecDeque<Unexpected>,
     control: VecDeque<Control>,
+    /// Remote memory access: the domain's regions, reads and writes in
+    /// flight.
+    rma: RmaTarget,
 }
 
 /// A connection-management packet that arrived (FI_EP_MSG): its kind
@@ -197,7 +230,11 @@ pub const CONTROL_CONTEXT: usize = usize::MAX;
 impl Engine {
     /// An endpoint on `pd`, bound to `port` or else to a free port of the
     /// provider's range, its receive buffers posted.
-    pub fn open(pd: &ProtectionDomain, port: Option<u32>) -> Result<Engine, Error> {
+    pub fn open(
+        pd: &ProtectionDomain,
+        port: Option<u32>,
+        mrs: Arc<MrTable>,
+    ) -> Result<Engine, Error> {
         let mut ep = pd.create_endpoint(&EndpointConfig {
             send_entries: TX_SLOTS.next_power_of_two(),
             recv_entries: 512,
@@ -228,6 +265,7 @@ impl Engine {
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
             control: VecDeque::new(),
+            rma: RmaTarget::new(mrs),
         })
     }
 
@@ -322,26 +360,37 @@ impl Engine {
         } else {
             TxData::Borrowed(ptr as usize)
         };
+        let op = TxOp {
+            data,
+            len,
+            placed: 0,
+            outstanding: 0,
+            dest,
+            kind,
+            tag,
+            cq_data,
+            context,
+            report,
+            error: None,
+            flags: 0,
+            then: Then::Complete,
+        };
+        self.queue_op(op).map(|_| ())
+    }
+
+    /// Queues `op`: its id.
+    fn queue_op(&mut self, op: TxOp) -> Result<u64, Error> {
+        if op.len > MAX_MESSAGE {
+            return Err(Error::InvalidArgument("message larger than max_msg_size"));
+        }
+        if self.ops.len() >= QUEUE_DEPTH {
+            return Err(Error::WouldBlock);
+        }
         let id = self.next_op;
         self.next_op += 1;
-        self.ops.insert(
-            id,
-            TxOp {
-                data,
-                len,
-                placed: 0,
-                outstanding: 0,
-                dest,
-                kind,
-                tag,
-                cq_data,
-                context,
-                report,
-                error: None,
-            },
-        );
+        self.ops.insert(id, op);
         self.pending.push_back(id);
-        Ok(())
+        Ok(id)
     }
 
     /// Posts a receive, or completes it at once from an unexpected
@@ -475,8 +524,8 @@ impl Engine {
             return;
         };
         self.pending.retain(|&p| p != id);
-        {
-            out.push(Completion {
+        match op.then {
+            Then::Complete => out.push(Completion {
                 report: op.report || op.error.is_some(),
                 tx: true,
                 context: op.context,
@@ -487,7 +536,14 @@ impl Engine {
                 tag: op.tag,
                 src: op.dest,
                 error: op.error.map(|e| (e, 0)),
-            });
+            }),
+            Then::AwaitAck => self.write_delivered(id, &op, out),
+            Then::Read(read) => {
+                if let Some(e) = op.error {
+                    self.read_done(read, Some(e), out);
+                }
+            }
+            Then::Quiet => {}
         }
     }
 
@@ -514,7 +570,7 @@ impl Engine {
             let h = Header {
                 magic: MAGIC.into(),
                 kind: op.kind,
-                flags: if op.cq_data.is_some() { FLAG_DATA } else { 0 },
+                flags: op.flags | if op.cq_data.is_some() { FLAG_DATA } else { 0 },
                 seq: (*seq).into(),
                 msg_len: (op.len as u32).into(),
                 offset: (op.placed as u32).into(),
@@ -665,6 +721,13 @@ impl Engine {
     /// One in-order packet: the first of a message is matched, every one
     /// is copied to where its message goes, the last completes it.
     fn deliver(&mut self, src: Address, h: Header, body: &Body, out: &mut Vec<Completion>) {
+        if h.kind >= KIND_WRITE {
+            if let Some(peer) = self.peers.get_mut(&src) {
+                peer.next = peer.next.wrapping_add(1);
+            }
+            self.on_rma(src, h, body, out);
+            return;
+        }
         if h.kind != KIND_MSG && h.kind != KIND_TAGGED {
             if let Some(peer) = self.peers.get_mut(&src) {
                 peer.next = peer.next.wrapping_add(1);
@@ -735,7 +798,7 @@ impl Engine {
                     u.done = last;
                 }
             }
-            None => {}
+            Some(Current::Write(_)) | None => {}
         }
         if !last {
             return;
@@ -783,8 +846,14 @@ fn body_bytes(ep: &Endpoint, body: &Body) -> Vec<u8> {
     }
 }
 
-/// FI_SEND or FI_RECV, with FI_MSG or FI_TAGGED.
+/// FI_SEND or FI_RECV, with FI_MSG or FI_TAGGED; FI_RMA with FI_WRITE
+/// or FI_READ for the initiator's remote accesses.
 fn op_flags(kind: u8, rx: bool) -> u64 {
+    match kind {
+        KIND_WRITE => return crate::fi::RMA | crate::fi::WRITE,
+        KIND_READ_REQ => return crate::fi::RMA | crate::fi::READ,
+        _ => {}
+    }
     let dir = if rx { crate::fi::RECV } else { crate::fi::SEND };
     dir | if kind == KIND_TAGGED {
         crate::fi::TAGGED
