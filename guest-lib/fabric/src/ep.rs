@@ -13,7 +13,7 @@ use ulnic::{Address, Error};
 use crate::av::{self, AvTable};
 use crate::cntr::CntrShared;
 use crate::cq::{self, CqQueue, Entry};
-use crate::engine::{Completion, Control, Engine, PostedRecv, CONTROL_CONTEXT};
+use crate::engine::{Completion, Control, Engine, PeekMode, PostedRecv, CONTROL_CONTEXT};
 use crate::eq::{EqQueue, Progress};
 use crate::fi::{self, fid_ops, nosys, sys};
 use crate::wire::{KIND_ACCEPT, KIND_CONNREQ, KIND_REJECT, KIND_SHUTDOWN};
@@ -705,6 +705,15 @@ fn recv(
         report,
     };
     if let Some(f) = flags {
+        if f & fi::CLAIM != 0 && f & fi::PEEK == 0 && r.tagged && f & fi::MULTI_RECV == 0 {
+            let discard = f & fi::DISCARD != 0;
+            let taken = ep.shared.run(|e, out| Ok(e.take_claimed(r, discard, out)));
+            return match taken {
+                Ok(true) => 0,
+                Ok(false) => -(fi::EINVAL as isize), // nothing claimed with this context
+                Err(e) => status(Err(e)),
+            };
+        }
         if f & (fi::PEEK | fi::CLAIM | fi::DISCARD | fi::MULTI_RECV) != 0 {
             return peek_or_refuse(ep, r, f);
         }
@@ -713,19 +722,27 @@ fn recv(
 }
 
 /// FI_PEEK on a tagged receive: a completion describing the first
-/// matching message, or FI_ENOMSG. FI_CLAIM, FI_DISCARD and
-/// FI_MULTI_RECV are not offered.
+/// matching message that has arrived whole, or FI_ENOMSG; with FI_CLAIM
+/// the message is kept for the receive with FI_CLAIM and this context,
+/// with FI_DISCARD it is dropped. FI_MULTI_RECV is not offered.
 fn peek_or_refuse(ep: &Ep, r: PostedRecv, f: u64) -> isize {
-    if f & (fi::CLAIM | fi::DISCARD | fi::MULTI_RECV) != 0 || !r.tagged {
+    if f & fi::MULTI_RECV != 0 || f & fi::PEEK == 0 || !r.tagged {
         return -(fi::EOPNOTSUPP as isize);
     }
+    let how = if f & fi::CLAIM != 0 {
+        PeekMode::Claim
+    } else if f & fi::DISCARD != 0 {
+        PeekMode::Discard
+    } else {
+        PeekMode::Look
+    };
     // What already arrived is taken off the ring first: a message the
     // device delivered before the peek must be seen by it.
     let found = ep
         .shared
         .run(|e, out| {
             e.progress(out);
-            Ok(e.peek(&r))
+            Ok(e.peek(&r, how))
         })
         .ok()
         .flatten();

@@ -153,6 +153,17 @@ impl PostedRecv {
     }
 }
 
+/// What a peek does to the message it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeekMode {
+    /// Only looks (FI_PEEK).
+    Look,
+    /// Reserves it for a receive with FI_CLAIM (FI_PEEK | FI_CLAIM).
+    Claim,
+    /// Drops it (FI_PEEK | FI_DISCARD).
+    Discard,
+}
+
 /// A message that arrived before a receive matched it.
 struct Unexpected {
     src: Address,
@@ -162,6 +173,9 @@ struct Unexpected {
     msg_len: usize,
     bytes: Vec<u8>,
     done: bool,
+    /// Claimed by a peek with FI_CLAIM (its context): only the receive
+    /// with FI_CLAIM and that context takes it.
+    claimed: Option<usize>,
 }
 
 /// Where the packets of the message a peer is sending now go.
@@ -402,7 +416,7 @@ impl Engine {
         let hit = self
             .unexpected
             .iter()
-            .position(|u| r.matches(u.src, u.tagged, u.tag));
+            .position(|u| u.claimed.is_none() && r.matches(u.src, u.tagged, u.tag));
         let Some(i) = hit else {
             self.posted.push_back(r);
             return Ok(());
@@ -428,11 +442,55 @@ impl Engine {
 
     /// Looks for an unexpected message matching `r` without taking it
     /// (FI_PEEK): its length, tag, data and sender.
-    pub fn peek(&self, r: &PostedRecv) -> Option<(usize, u64, Option<u64>, Address)> {
-        self.unexpected
+    pub fn peek(
+        &mut self,
+        r: &PostedRecv,
+        how: PeekMode,
+    ) -> Option<(usize, u64, Option<u64>, Address)> {
+        let i = self
+            .unexpected
             .iter()
-            .find(|u| u.done && r.matches(u.src, u.tagged, u.tag))
-            .map(|u| (u.msg_len, u.tag, u.data, u.src))
+            .position(|u| u.done && u.claimed.is_none() && r.matches(u.src, u.tagged, u.tag))?;
+        let u = &mut self.unexpected[i];
+        let found = (u.msg_len, u.tag, u.data, u.src);
+        match how {
+            PeekMode::Look => {}
+            PeekMode::Claim => u.claimed = Some(r.context),
+            PeekMode::Discard => {
+                self.unexpected.remove(i);
+            }
+        }
+        Some(found)
+    }
+
+    /// FI_CLAIM: the message a peek claimed with `r.context` goes into
+    /// `r` (or with `discard` nowhere), completing `r`; false if no
+    /// message is claimed with that context.
+    pub fn take_claimed(
+        &mut self,
+        r: PostedRecv,
+        discard: bool,
+        out: &mut Vec<Completion>,
+    ) -> bool {
+        let Some(i) = self
+            .unexpected
+            .iter()
+            .position(|u| u.claimed == Some(r.context))
+        else {
+            return false;
+        };
+        let Some(u) = self.unexpected.remove(i) else {
+            return false;
+        };
+        let r = if discard {
+            PostedRecv { len: 0, ..r }
+        } else {
+            r
+        };
+        copy_to(&r, 0, &u.bytes);
+        let len = if discard { 0 } else { u.msg_len };
+        push_rx(out, &r, u.src, u.tag, u.data, len);
+        true
     }
 
     /// Takes back a posted receive (fi_cancel): true when it was still
@@ -769,6 +827,7 @@ impl Engine {
                         msg_len,
                         bytes: Vec::with_capacity(msg_len.min(1 << 20)),
                         done: false,
+                        claimed: None,
                     });
                     Current::Unexpected
                 }
