@@ -4,7 +4,10 @@
 //! through the guest driver (/dev/ulnic0), reliable-datagram (untagged
 //! and tagged) and connected endpoints. fi_pingpong's out-of-band
 //! handshake crosses the guests' virtio-net; its messages cross ulnic,
-//! every payload checked (`-c`).
+//! every payload checked (`-c`). Then `fi_check` (guest-lib/fabric's
+//! check of the public API: tag matching, peek and claim, cancel, wait
+//! descriptors, counters, RMA) inside a guest, where the notification
+//! descriptor is the driver's /dev/ulnic0.
 mod cli;
 use cli::{run as ulnic, text};
 
@@ -96,6 +99,34 @@ fn fi_pingpong_between_two_guests() {
             info.contains("prov_name: ulnic") && info.contains("FI_EP_RDM"),
             "node {node}: {info}"
         );
+    }
+    let check = ulnic_testkit::c_program_with(
+        std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../guest-lib/fabric/tests/progs/fi_check.c"
+        )),
+        &["-lfabric"],
+    );
+    let put = ulnic(&[
+        "cluster",
+        "put",
+        "0",
+        check.to_str().unwrap(),
+        "/root/fi_check",
+        "--name",
+        &cluster,
+    ]);
+    assert!(put.status.success(), "put:\n{}", text(&put));
+    let said = exec(&cluster, "0", "/root/fi_check");
+    eprintln!("fi_check in a guest:\n{said}");
+    for want in [
+        "ok claim-discard",
+        "ok wait-fd",
+        "ok counters",
+        "ok rma",
+        "ok all",
+    ] {
+        assert!(said.contains(want), "{want} missing:\n{said}");
     }
     for (ep, mode, port) in [
         ("rdm", "msg", 47_611),

@@ -400,11 +400,17 @@ impl Engine {
         if self.ops.len() >= QUEUE_DEPTH {
             return Err(Error::WouldBlock);
         }
+        Ok(self.enqueue(op))
+    }
+
+    /// Queues `op` whatever the queue's depth (a response or an
+    /// acknowledgement owed to a peer, which must not be lost): its id.
+    fn enqueue(&mut self, op: TxOp) -> u64 {
         let id = self.next_op;
         self.next_op += 1;
         self.ops.insert(id, op);
         self.pending.push_back(id);
-        Ok(id)
+        id
     }
 
     /// Posts a receive, or completes it at once from an unexpected

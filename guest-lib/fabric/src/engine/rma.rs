@@ -135,9 +135,10 @@ impl Engine {
             report: op.report,
             dest: op.dest,
         };
-        match op.error {
-            Some(e) => push_tx(out, KIND_WRITE, &w, Some(e)),
-            None => {
+        match (op.error, self.rma.early.remove(&id)) {
+            (Some(e), _) => push_tx(out, KIND_WRITE, &w, Some(e)),
+            (None, Some(outcome)) => push_tx(out, KIND_WRITE, &w, outcome),
+            (None, None) => {
                 self.rma.acks.insert(id, w);
             }
         }
@@ -170,11 +171,18 @@ impl Engine {
             KIND_READ_RESP => self.read_response(src, h, body, out),
             KIND_WRITE_ACK => {
                 let id = h.tag.get();
+                let error = (h.flags & FLAG_ERROR != 0).then_some(h.data.get() as i32);
                 if self.rma.acks.get(&id).is_some_and(|w| w.dest == src) {
                     if let Some(w) = self.rma.acks.remove(&id) {
-                        let error = (h.flags & FLAG_ERROR != 0).then_some(h.data.get() as i32);
                         push_tx(out, KIND_WRITE, &w, error);
                     }
+                } else if self
+                    .ops
+                    .get(&id)
+                    .is_some_and(|op| op.dest == src && op.kind == KIND_WRITE)
+                {
+                    // Before the device said its last packet was delivered.
+                    self.rma.early.insert(id, error);
                 }
             }
             _ => {}
@@ -230,7 +238,7 @@ impl Engine {
             return;
         };
         let error = w.dst.is_none().then_some(fi::EACCES);
-        let _ = self.queue_op(quiet(src, KIND_WRITE_ACK, w.op, Vec::new(), error));
+        self.enqueue(quiet(src, KIND_WRITE_ACK, w.op, Vec::new(), error));
         if let (Some(data), None) = (w.cq_data, error) {
             out.push(Completion {
                 report: true,
@@ -269,7 +277,7 @@ impl Engine {
             ),
             None => quiet(src, KIND_READ_RESP, id, Vec::new(), Some(fi::EACCES)),
         };
-        let _ = self.queue_op(reply);
+        self.enqueue(reply);
     }
 
     fn read_response(&mut self, src: Address, h: Header, body: &Body, out: &mut Vec<Completion>) {

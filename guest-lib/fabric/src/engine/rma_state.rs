@@ -44,6 +44,10 @@ pub struct RmaTarget {
     pub mrs: Arc<MrTable>,
     pub reads: HashMap<u64, ReadOp>,
     pub acks: HashMap<u64, Waiting>,
+    /// Acknowledgements that came before the device reported the
+    /// write's last packet delivered (the target can be that quick):
+    /// the outcome, kept for `write_delivered`.
+    pub early: HashMap<u64, Option<i32>>,
 }
 
 impl RmaTarget {
@@ -53,6 +57,7 @@ impl RmaTarget {
             mrs,
             reads: HashMap::new(),
             acks: HashMap::new(),
+            early: HashMap::new(),
         }
     }
 }
