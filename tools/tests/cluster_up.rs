@@ -6,7 +6,7 @@
 //! answering one guest's commands, and the device restarted under both;
 //! then a pair whose NICs are on two device processes joined over UDP.
 mod cli;
-use cli::{run as ulnic, text};
+use cli::{run as ulnic, text, Down};
 use std::process::{Command, Output};
 use std::thread::JoinHandle;
 
@@ -84,13 +84,6 @@ fn c_example(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
 }
 
 /// Takes cluster `.0` down however the test ends.
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = ulnic(&["cluster", "down", "--name", &self.0]);
-    }
-}
-
 /// A receiver on node 1 and a sender on node 0; returns (send, recv).
 /// After a node reset or a device restart: each node booted as often as
 /// `boots` says, both pass their selftest, and 5000 checked messages cross.

@@ -8,7 +8,7 @@
 //! The suites are the host test's. Opt-in: the test command's 40-minute
 //! budget no longer holds its 6.5 minutes (README).
 mod cli;
-use cli::{run as ulnic, text};
+use cli::{run as ulnic, text, Down};
 use std::path::{Path, PathBuf};
 
 fn runner() -> PathBuf {
@@ -16,13 +16,6 @@ fn runner() -> PathBuf {
 }
 
 /// Takes cluster `.0` down however the test ends.
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = ulnic(&["cluster", "down", "--name", &self.0]);
-    }
-}
-
 /// Runs `cmd` on node 0 of `cluster`: its standard output.
 fn exec(cluster: &str, cmd: &str) -> String {
     let o = ulnic(&["cluster", "exec", "0", "--name", cluster, "--", cmd]);

@@ -17,7 +17,7 @@
 //! Each server's eth0 counters show the bytes did not go through the
 //! kernel's network.
 mod cli;
-use cli::{run as ulnic, text};
+use cli::{run as ulnic, text, Down};
 use std::process::Command;
 
 const LAYER: &str = "LD_PRELOAD=/lib/libulnic_preload.so ULNIC_INET=10.81.0.0/24";
@@ -66,13 +66,6 @@ fn cluster_up(
 }
 
 /// Takes cluster `.0` down however the test ends.
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = ulnic(&["cluster", "down", "--name", &self.0]);
-    }
-}
-
 /// Runs `cmd` on `node`; its standard output, or a panic with everything.
 fn exec(node: &str, cmd: &str) -> String {
     let o = ulnic(&["cluster", "exec", node, "--name", &name(), "--", cmd]);

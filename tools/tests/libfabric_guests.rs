@@ -9,20 +9,7 @@
 //! descriptors, counters, RMA) inside a guest, where the notification
 //! descriptor is the driver's /dev/ulnic0.
 mod cli;
-use cli::{run as ulnic, text};
-
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = ulnic(&["cluster", "down", "--name", &self.0]);
-    }
-}
-
-fn exec(cluster: &str, node: &str, cmd: &str) -> String {
-    let o = ulnic(&["cluster", "exec", node, "--name", cluster, "--", cmd]);
-    assert!(o.status.success(), "{cmd}:\n{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use cli::{exec_ok as exec, run as ulnic, text, Down};
 
 /// fi_pingpong with endpoint type `ep` in `mode` ("msg" or "tagged"):
 /// server on node 1 as a job, client on node 0 (retried until the server

@@ -10,20 +10,7 @@
 //! NetPIPE's `NPopenmpi -i` (its integrity check at every size to 1 MiB).
 //! Two guests in the test command; eight behind `--ignored`.
 mod cli;
-use cli::{run as ulnic, text};
-
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = ulnic(&["cluster", "down", "--name", &self.0]);
-    }
-}
-
-fn exec(cluster: &str, node: &str, cmd: &str) -> String {
-    let o = ulnic(&["cluster", "exec", node, "--name", cluster, "--", cmd]);
-    assert!(o.status.success(), "{cmd}:\n{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use cli::{exec_ok as exec, run as ulnic, text, Down};
 
 /// Boots `nodes` guests with Open MPI, NetPIPE and dropbear, puts
 /// `mpi_check` (built here with mpicc) on each, and starts dropbear on

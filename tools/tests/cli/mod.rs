@@ -11,6 +11,24 @@ pub fn run(args: &[&str]) -> Output {
         .expect("ulnic runs")
 }
 
+/// Takes the named cluster down when dropped (a test's clusters go even
+/// when it fails).
+pub struct Down(pub String);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = run(&["cluster", "down", "--name", &self.0]);
+    }
+}
+
+/// Runs `cmd` on `node` of `cluster`, checks it succeeded, and returns
+/// its stdout.
+pub fn exec_ok(cluster: &str, node: &str, cmd: &str) -> String {
+    let o = run(&["cluster", "exec", node, "--name", cluster, "--", cmd]);
+    assert!(o.status.success(), "{cmd}:\n{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// An output's exit status, stdout and stderr, for a failure message.
 pub fn text(o: &Output) -> String {
     format!(
