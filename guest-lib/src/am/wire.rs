@@ -9,6 +9,12 @@ pub const XFER_HEADER: usize = WORDS_BYTES + 8;
 pub const VERSION: u32 = 1;
 
 /// What a message is (tag bits 8-11).
+///
+/// ```
+/// use ulnic::am::Kind;
+/// assert!(Kind::Xfer.is_request() && !Kind::Reply.is_request());
+/// assert_eq!(Kind::Refused as u32, 5);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// A short request: 4 words.
@@ -36,6 +42,10 @@ impl Kind {
     }
 
     /// A request or transfer (it takes a credit and is answered).
+    ///
+    /// ```
+    /// assert!(ulnic::am::Kind::Request.is_request());
+    /// ```
     pub fn is_request(self) -> bool {
         matches!(self, Kind::Request | Kind::Xfer)
     }
