@@ -73,7 +73,7 @@ impl CntrShared {
             if left.is_zero() {
                 return -fi::ETIMEDOUT;
             }
-            if try_wait(nic.as_ref(), &self.sources()) {
+            if try_wait(&self.sources()) {
                 sleep_on(
                     nic.as_ref().and_then(|n| n.pd.notification_fd()),
                     left.min(Duration::from_millis(10)),

@@ -112,7 +112,7 @@ impl CqQueue {
     /// every endpoint, and says whether sleeping on the descriptor is
     /// safe now (nothing queued, nothing arrived meanwhile).
     pub fn try_wait(&self) -> bool {
-        try_wait(self.nic(), &self.sources()) && self.entries.lock().is_ok_and(|q| q.is_empty())
+        try_wait(&self.sources()) && self.entries.lock().is_ok_and(|q| q.is_empty())
     }
 
     /// Sleeps until an endpoint of this queue has something or `max`
@@ -143,12 +143,10 @@ impl CqQueue {
     }
 }
 
-/// Clears the NIC's old notifications and arms `sources`: true if none
-/// has anything waiting (sleeping on the descriptor is safe).
-pub fn try_wait(nic: Option<&Arc<SharedNic>>, sources: &[Arc<dyn Progress>]) -> bool {
-    if let Some(n) = nic {
-        let _ = n.pd.take_notified();
-    }
+/// Takes `sources`' old notifications and arms them: true if none has
+/// anything waiting (sleeping on the descriptor is safe). Other
+/// endpoints' notifications stay for whoever waits for them.
+pub fn try_wait(sources: &[Arc<dyn Progress>]) -> bool {
     let mut ready = false;
     for s in sources {
         ready |= s.arm();

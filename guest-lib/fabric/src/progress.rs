@@ -6,8 +6,8 @@ pub trait Progress: Send + Sync {
     /// Handles what arrived.
     fn progress(&self);
 
-    /// Asks for a notification when something arrives (the ulnic
-    /// endpoint's arm): true if something is waiting already, so the
-    /// caller must not sleep.
+    /// Takes its old notification and asks for one when something
+    /// arrives (the ulnic endpoint's arm): true if something is waiting
+    /// already, so the caller must not sleep.
     fn arm(&self) -> bool;
 }

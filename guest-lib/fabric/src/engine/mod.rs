@@ -515,7 +515,17 @@ impl Engine {
     /// a slot. Finished operations are appended to `out`.
     /// Arms the ulnic endpoint's notification: true if a message or event
     /// is waiting (or arming failed, so a caller does not sleep on it).
+    ///
+    /// Packets in flight count as work: their delivery reports come
+    /// within microseconds, so a caller waiting for them gives the core
+    /// away and looks again rather than sleeping on a notification.
+    /// Only this endpoint's old notification is taken: the descriptor is
+    /// the process's, and another queue may be waiting on it for its own.
     pub fn arm(&mut self) -> bool {
+        if self.free_slots.len() < TX_SLOTS as usize {
+            return true;
+        }
+        let _ = self.ep.take_notification();
         self.ep.arm().unwrap_or(true)
     }
 
