@@ -200,12 +200,15 @@ impl Engine {
                 return; // malformed: nothing to acknowledge
             };
             let total = msg_len.saturating_sub(prefix);
-            let dst = self
+            let ok = self
                 .rma
                 .mrs
-                .reach(h.tag.get(), h.data.get(), total, fi::REMOTE_WRITE);
+                .reach(h.tag.get(), h.data.get(), total, fi::REMOTE_WRITE)
+                .is_some();
             let w = Incoming {
-                dst,
+                key: h.tag.get(),
+                offset: h.data.get(),
+                ok,
                 got: 0,
                 total,
                 op,
@@ -223,12 +226,14 @@ impl Engine {
             return; // a stray packet of a write whose start was refused
         };
         let chunk = &bytes[skip..];
-        if let Some(d) = w.dst {
-            let n = chunk.len().min(w.total.saturating_sub(w.got));
-            // SAFETY: `d..d + total` is a registered region's range the
-            // table checked; the application keeps it registered (and
-            // valid) while peers may write it.
-            unsafe { slice_mut_or_empty(d, w.got, n) }.copy_from_slice(&chunk[..n]);
+        let n = chunk.len().min(w.total.saturating_sub(w.got));
+        let at = w.offset.saturating_add(w.got as u64);
+        match self.rma.mrs.reach(w.key, at, n, fi::REMOTE_WRITE) {
+            // SAFETY: `d..d + n` is inside a region registered now (the
+            // table checked it this moment); the application keeps a
+            // registered region valid.
+            Some(d) if w.ok => unsafe { slice_mut_or_empty(d, 0, n) }.copy_from_slice(&chunk[..n]),
+            _ => w.ok = false,
         }
         w.got += chunk.len();
         if offset + bytes.len() < msg_len {
@@ -237,7 +242,7 @@ impl Engine {
         let Some(Current::Write(w)) = peer.current.take() else {
             return;
         };
-        let error = w.dst.is_none().then_some(fi::EACCES);
+        let error = (!w.ok).then_some(fi::EACCES);
         self.enqueue(quiet(src, KIND_WRITE_ACK, w.op, Vec::new(), error));
         if let (Some(data), None) = (w.cq_data, error) {
             out.push(Completion {

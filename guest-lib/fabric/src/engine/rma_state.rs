@@ -28,8 +28,13 @@ pub struct Waiting {
 
 /// A write arriving from a peer (its packets are contiguous).
 pub struct Incoming {
-    /// Where its bytes go; None when the access was refused.
-    pub dst: Option<usize>,
+    /// The region's key and the write's offset in it: each packet's
+    /// range is looked up again, so a region closed while a write is
+    /// arriving takes no more of it.
+    pub key: u64,
+    pub offset: u64,
+    /// Still allowed (false once the access was refused).
+    pub ok: bool,
     /// Bytes of it handled.
     pub got: usize,
     /// Its bytes (the payload less the prefix).
