@@ -306,17 +306,12 @@ unsafe extern "C" fn mr_regattr(
     }
 }
 
-/// The one buffer of an iov list (longer lists are not offered).
+/// `one_iov` (ep.rs) with a registration's argument types.
 fn iov_one(iov: *const sys::iovec, count: usize) -> Result<(*const c_void, usize), c_int> {
-    match count {
-        0 => Ok((std::ptr::null(), 0)),
-        1 => {
-            // SAFETY: libfabric passes `count` iovecs.
-            let v = unsafe { iov.as_ref() }.ok_or(-fi::EINVAL)?;
-            Ok((v.iov_base.cast_const(), v.iov_len))
-        }
-        _ => Err(-fi::ENOSYS),
-    }
+    // SAFETY: libfabric passes `count` iovecs.
+    unsafe { crate::ep::one_iov(iov.cast(), count) }
+        .map(|(b, l)| (b.cast_const(), l))
+        .map_err(|e| e as c_int)
 }
 
 unsafe extern "C" fn mr_close(fid: *mut sys::fid) -> c_int {

@@ -796,7 +796,10 @@ fn peek_or_refuse(ep: &Ep, r: PostedRecv, f: u64) -> isize {
 ///
 /// # Safety
 /// `iov` holds `count` entries.
-unsafe fn one_iov(iov: *const libc::iovec, count: usize) -> Result<(*mut c_void, usize), isize> {
+pub(crate) unsafe fn one_iov(
+    iov: *const libc::iovec,
+    count: usize,
+) -> Result<(*mut c_void, usize), isize> {
     match count {
         0 => Ok((std::ptr::null_mut(), 0)),
         // SAFETY: the caller's promise.

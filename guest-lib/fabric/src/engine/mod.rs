@@ -853,18 +853,13 @@ impl Engine {
         let last = offset + len >= msg_len;
         match peer.current.as_mut() {
             Some(Current::Posted { recv, got, .. }) => {
-                *got += match body {
-                    Body::Bytes(b) => copy_to(recv, *got, b),
-                    Body::Buffer { offset, len, .. } => {
-                        let room = recv.len.saturating_sub(*got).min(*len);
-                        // SAFETY: the receive's buffer of `recv.len` bytes
-                        // stays valid until its completion (libfabric's
-                        // contract); `got + room <= recv.len`.
-                        let dst = unsafe { slice_mut_or_empty(recv.buf, *got, room) };
-                        self.ep.read_segment(*offset, dst);
-                        room
-                    }
-                };
+                let room = recv.len.saturating_sub(*got).min(body.len());
+                // SAFETY: the receive's buffer of `recv.len` bytes stays
+                // valid until its completion (libfabric's contract);
+                // `got + room <= recv.len`.
+                let dst = unsafe { slice_mut_or_empty(recv.buf, *got, room) };
+                copy_body(&self.ep, body, 0, dst);
+                *got += room;
             }
             Some(Current::Unexpected) => {
                 let bytes = body_bytes(&self.ep, body);
@@ -906,6 +901,16 @@ impl Body {
             Body::Bytes(b) => b.len(),
             Body::Buffer { len, .. } => *len,
         }
+    }
+}
+
+/// Copies `dst.len()` bytes of a packet's payload from `skip` on into
+/// `dst` (straight from the receive buffer, no copy in between); the
+/// caller keeps `skip + dst.len() <= body.len()`.
+fn copy_body(ep: &Endpoint, body: &Body, skip: usize, dst: &mut [u8]) {
+    match body {
+        Body::Bytes(b) => dst.copy_from_slice(&b[skip..skip + dst.len()]),
+        Body::Buffer { offset, .. } => ep.read_segment(offset + skip, dst),
     }
 }
 

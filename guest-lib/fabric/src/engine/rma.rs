@@ -11,8 +11,8 @@ use ulnic::Address;
 
 use super::rma_state::{Incoming, ReadOp, Waiting};
 use super::{
-    body_bytes, slice_mut_or_empty, slice_or_empty, Body, Completion, Current, Engine, Then,
-    TxData, TxOp,
+    body_bytes, copy_body, slice_mut_or_empty, slice_or_empty, Body, Completion, Current, Engine,
+    Then, TxData, TxOp,
 };
 use crate::fi;
 use crate::wire::{
@@ -190,13 +190,19 @@ impl Engine {
     }
 
     fn write_packet(&mut self, src: Address, h: Header, body: &Body, out: &mut Vec<Completion>) {
-        let bytes = body_bytes(&self.ep, body);
-        let (offset, msg_len) = (h.offset.get() as usize, h.msg_len.get() as usize);
+        let (offset, msg_len, len) = (
+            h.offset.get() as usize,
+            h.msg_len.get() as usize,
+            body.len(),
+        );
         let mut skip = 0;
         if offset == 0 {
             let with_data = h.flags & FLAG_RMA_CQ_DATA != 0;
             let prefix = if with_data { 16 } else { 8 };
-            let Some(op) = u64_at(&bytes, 0) else {
+            let mut head = [0u8; 16];
+            let head = &mut head[..prefix.min(len)];
+            copy_body(&self.ep, body, 0, head);
+            let Some(op) = u64_at(head, 0) else {
                 return; // malformed: nothing to acknowledge
             };
             let total = msg_len.saturating_sub(prefix);
@@ -212,12 +218,12 @@ impl Engine {
                 got: 0,
                 total,
                 op,
-                cq_data: if with_data { u64_at(&bytes, 8) } else { None },
+                cq_data: if with_data { u64_at(head, 8) } else { None },
             };
             if let Some(p) = self.peers.get_mut(&src) {
                 p.current = Some(Current::Write(w));
             }
-            skip = prefix.min(bytes.len());
+            skip = head.len();
         }
         let Some(peer) = self.peers.get_mut(&src) else {
             return;
@@ -225,18 +231,21 @@ impl Engine {
         let Some(Current::Write(w)) = peer.current.as_mut() else {
             return; // a stray packet of a write whose start was refused
         };
-        let chunk = &bytes[skip..];
-        let n = chunk.len().min(w.total.saturating_sub(w.got));
+        let chunk = len - skip;
+        let n = chunk.min(w.total.saturating_sub(w.got));
         let at = w.offset.saturating_add(w.got as u64);
         match self.rma.mrs.reach(w.key, at, n, fi::REMOTE_WRITE) {
             // SAFETY: `d..d + n` is inside a region registered now (the
             // table checked it this moment); the application keeps a
-            // registered region valid.
-            Some(d) if w.ok => unsafe { slice_mut_or_empty(d, 0, n) }.copy_from_slice(&chunk[..n]),
+            // registered region valid. The bytes go there straight from
+            // the receive buffer.
+            Some(d) if w.ok => {
+                copy_body(&self.ep, body, skip, unsafe { slice_mut_or_empty(d, 0, n) })
+            }
             _ => w.ok = false,
         }
-        w.got += chunk.len();
-        if offset + bytes.len() < msg_len {
+        w.got += chunk;
+        if offset + len < msg_len {
             return;
         }
         let Some(Current::Write(w)) = peer.current.take() else {
@@ -295,12 +304,13 @@ impl Engine {
             return;
         }
         let offset = h.offset.get() as usize;
-        let bytes = body_bytes(&self.ep, body);
-        let n = r.len.saturating_sub(offset).min(bytes.len());
+        let n = r.len.saturating_sub(offset).min(body.len());
         // SAFETY: the read's buffer of `r.len` bytes stays valid until its
         // completion (libfabric's contract); `offset + n <= r.len`.
-        unsafe { slice_mut_or_empty(r.buf, offset, n) }.copy_from_slice(&bytes[..n]);
-        if offset + bytes.len() >= h.msg_len.get() as usize {
+        copy_body(&self.ep, body, 0, unsafe {
+            slice_mut_or_empty(r.buf, offset, n)
+        });
+        if offset + body.len() >= h.msg_len.get() as usize {
             self.read_done(id, None, out);
         }
     }
