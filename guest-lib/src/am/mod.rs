@@ -68,10 +68,14 @@ impl Default for AmConfig {
 /// A message as its handler sees it.
 ///
 /// ```no_run
-/// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+/// # let nic = ulnic::Nic::open()?;
+/// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+/// # ep.bind(9)?;
+/// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
 /// am.set_reply_handler(0, |m: &ulnic::am::Message| {
 ///     println!("from {}: {:?}, {} bulk bytes at {}", m.src, m.words, m.data.len(), m.offset);
 /// });
+/// # Ok::<(), ulnic::Error>(())
 /// ```
 #[derive(Debug)]
 pub struct Message<'a> {
@@ -106,10 +110,14 @@ pub enum ReturnReason {
 /// A message given back to its sender (VN's return to sender).
 ///
 /// ```no_run
-/// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+/// # let nic = ulnic::Nic::open()?;
+/// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+/// # ep.bind(9)?;
+/// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
 /// am.set_error_handler(|r: &ulnic::am::Returned| {
 ///     eprintln!("{:?} for handler {} to {} came back: {:?}", r.kind, r.handler, r.dest, r.reason);
 /// });
+/// # Ok::<(), ulnic::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Returned {
@@ -128,9 +136,13 @@ pub struct Returned {
 /// An AM endpoint's counters.
 ///
 /// ```no_run
-/// # let am: ulnic::am::AmEndpoint = unimplemented!();
+/// # let nic = ulnic::Nic::open()?;
+/// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+/// # ep.bind(9)?;
+/// # let am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
 /// let s = am.stats();
 /// println!("{} requests handled, {} stray answers", s.requests_handled, s.stray);
+/// # Ok::<(), ulnic::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AmStats {
@@ -179,11 +191,15 @@ struct Net {
 /// What a request handler answers through (docs/am.md §2).
 ///
 /// ```no_run
-/// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+/// # let nic = ulnic::Nic::open()?;
+/// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+/// # ep.bind(9)?;
+/// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
 /// am.set_request_handler(4, |token: &mut ulnic::am::RequestToken, m| {
 ///     let from = token.source();
 ///     let _ = token.reply4(5, [from.node as u64, m.words[0], 0, 0]);
 /// });
+/// # Ok::<(), ulnic::Error>(())
 /// ```
 pub struct RequestToken<'a> {
     net: &'a mut Net,
@@ -197,8 +213,12 @@ impl RequestToken<'_> {
     /// Who sent the request.
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.set_request_handler(0, |t, _| println!("{}", t.source()));
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn source(&self) -> Address {
         self.src
@@ -208,11 +228,15 @@ impl RequestToken<'_> {
     /// `handler`; once per request (a second reply is `InvalidArgument`).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.set_request_handler(0, |t, m| {
     ///     t.reply4(1, m.words).expect("first reply");
     ///     assert!(t.reply4(1, m.words).is_err());
     /// });
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn reply4(&mut self, handler: u8, words: [u64; 4]) -> Result<(), Error> {
         if self.replied {
@@ -308,8 +332,12 @@ impl AmEndpoint {
     /// transfers naming it, and may reply once through its token).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.set_request_handler(1, |t, m| { let _ = t.reply4(1, m.words); });
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn set_request_handler<F>(&mut self, index: u8, f: F)
     where
@@ -322,8 +350,12 @@ impl AmEndpoint {
     /// refused, docs/am.md §2).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.clear_request_handler(1);
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn clear_request_handler(&mut self, index: u8) {
         self.requests[usize::from(index)] = None;
@@ -333,8 +365,12 @@ impl AmEndpoint {
     /// `unhandled_replies`).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.clear_reply_handler(1);
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn clear_reply_handler(&mut self, index: u8) {
         self.replies[usize::from(index)] = None;
@@ -344,8 +380,12 @@ impl AmEndpoint {
     /// counted).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.clear_error_handler();
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn clear_error_handler(&mut self) {
         self.on_error = None;
@@ -354,8 +394,12 @@ impl AmEndpoint {
     /// Sets the reply handler `index` (it has no token: it cannot reply).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.set_reply_handler(1, |m| println!("{:?}", m.words));
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn set_reply_handler<F>(&mut self, index: u8, f: F)
     where
@@ -367,8 +411,12 @@ impl AmEndpoint {
     /// Sets the error handler: it gets every message that comes back.
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.set_error_handler(|r| eprintln!("returned: {r:?}"));
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn set_error_handler<F>(&mut self, f: F)
     where
@@ -380,8 +428,12 @@ impl AmEndpoint {
     /// Credits free now (requests that can be sent without waiting).
     ///
     /// ```no_run
-    /// # let am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// if am.credits() == 0 { /* every request is in flight */ }
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn credits(&self) -> u32 {
         self.net.credits.available()
@@ -390,8 +442,12 @@ impl AmEndpoint {
     /// The region transfers land in.
     ///
     /// ```no_run
-    /// # let am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// let first = am.region()[0];
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn region(&self) -> &[u8] {
         &self.region
@@ -400,8 +456,12 @@ impl AmEndpoint {
     /// The region, to write (for instance to clear it).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.region_mut().fill(0);
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn region_mut(&mut self) -> &mut [u8] {
         &mut self.region
@@ -410,8 +470,12 @@ impl AmEndpoint {
     /// The counters.
     ///
     /// ```no_run
-    /// # let am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// assert_eq!(am.stats().stray, 0);
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn stats(&self) -> AmStats {
         self.net.stats
@@ -420,8 +484,12 @@ impl AmEndpoint {
     /// The ulnic endpoint underneath (its address, notification fd).
     ///
     /// ```no_run
-    /// # let am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// println!("{:?}", am.endpoint().address());
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn endpoint(&self) -> &Endpoint {
         &self.net.ep
@@ -431,7 +499,10 @@ impl AmEndpoint {
     /// waiting (and polling, so handlers run) while no credit is free.
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.request4(ulnic::Address { node: 1, port: 9 }, 1, [1, 2, 3, 4])?;
     /// # Ok::<(), ulnic::Error>(())
     /// ```
@@ -443,7 +514,10 @@ impl AmEndpoint {
     /// free (or the send ring is full).
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// match am.try_request4(ulnic::Address { node: 1, port: 9 }, 1, [0; 4]) {
     ///     Err(ulnic::Error::WouldBlock) => { am.poll()?; }
     ///     r => r?,
@@ -466,7 +540,10 @@ impl AmEndpoint {
     /// at once: the caller may reuse it when this returns.
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// am.xfer(ulnic::Address { node: 1, port: 9 }, 4096, 2, &[7u8; 1024], [0; 4])?;
     /// # Ok::<(), ulnic::Error>(())
     /// ```
@@ -484,8 +561,12 @@ impl AmEndpoint {
     /// As [`AmEndpoint::xfer`], but `WouldBlock` when no credit is free.
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// let _ = am.try_xfer(ulnic::Address { node: 1, port: 9 }, 0, 2, b"bulk", [0; 4]);
+    /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn try_xfer(
         &mut self,
@@ -523,7 +604,10 @@ impl AmEndpoint {
     /// what came back: how many messages and events it handled.
     ///
     /// ```no_run
-    /// # let mut am: ulnic::am::AmEndpoint = unimplemented!();
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # ep.bind(9)?;
+    /// # let mut am = ulnic::am::AmEndpoint::new(ep, Default::default())?;
     /// loop {
     ///     if am.poll()? == 0 { std::thread::yield_now(); }
     /// }

@@ -28,6 +28,7 @@ use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::topology::Topology;
 use ulnic_device::fabric::transport::TransportConfig;
 
+use crate::bench::fabric::spread;
 use crate::fabric::InProcess;
 
 /// The port every AM endpoint binds.
@@ -436,9 +437,7 @@ fn summarise(
     let secs = seconds.max(1e-9);
     let rates: Vec<f64> = counts.iter().map(|&c| c as f64 / secs).collect();
     let total: f64 = rates.iter().sum();
-    let nf = f64::from(n);
-    let share = |r: f64| if total > 0.0 { r * nf / total } else { 0.0 };
-    let sq: f64 = rates.iter().map(|r| r * r).sum();
+    let (min_share_x_n, max_share_x_n, jain) = spread(&rates);
     let (bench, label) = match figure {
         HotspotFigure::Rate => ("am-hotspot", "VN Fig. 7"),
         HotspotFigure::Bulk => ("am-bulk", "VN Fig. 8"),
@@ -454,13 +453,9 @@ fn summarise(
         } else {
             0.0
         },
-        min_share_x_n: share(rates.iter().copied().fold(f64::MAX, f64::min)),
-        max_share_x_n: share(rates.iter().copied().fold(0.0, f64::max)),
-        jain: if sq > 0.0 {
-            total * total / (nf * sq)
-        } else {
-            0.0
-        },
+        min_share_x_n,
+        max_share_x_n,
+        jain,
         per_client_per_s: rates,
         rtt_median_us: quantile(rtt, 0.5),
         rtt_p95_us: quantile(rtt, 0.95),

@@ -524,21 +524,38 @@ pub fn hotspot(
             .iter()
             .map(|&c| c as f64 / total.max(1) as f64)
             .collect();
-        let sum: f64 = counts.iter().map(|&c| c as f64).sum();
-        let sq: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
-        let nf = f64::from(n);
+        let (min_share_x_n, max_share_x_n, jain) =
+            spread(&counts.iter().map(|&c| c as f64).collect::<Vec<_>>());
         out.push(HotspotResult {
             bench: "hotspot",
             clients: n,
             aggregate_per_s: total as f64 / seconds.max(1e-9),
-            min_share_x_n: shares.iter().copied().fold(f64::MAX, f64::min) * nf,
-            max_share_x_n: shares.iter().copied().fold(0.0, f64::max) * nf,
+            min_share_x_n,
+            max_share_x_n,
             shares,
-            jain: if sq > 0.0 { sum * sum / (nf * sq) } else { 0.0 },
+            jain,
             seconds,
         });
     }
     Ok(out)
+}
+
+/// How evenly `values` (one per client) share their sum: the smallest
+/// and largest share times the number of clients, and Jain's fairness
+/// index (each 1 when perfectly even; 0 when the sum is 0).
+pub fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let total: f64 = values.iter().sum();
+    let sq: f64 = values.iter().map(|v| v * v).sum();
+    let n = values.len() as f64;
+    if total <= 0.0 || sq <= 0.0 {
+        return (0.0, 0.0, 0.0);
+    }
+    let share = |v: f64| v * n / total;
+    (
+        share(values.iter().copied().fold(f64::MAX, f64::min)),
+        share(values.iter().copied().fold(0.0, f64::max)),
+        total * total / (n * sq),
+    )
 }
 
 /// One case of a sweep: ping-pong and stream between nodes 0 and 1.
