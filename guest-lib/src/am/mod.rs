@@ -185,7 +185,23 @@ struct Net {
     stats: AmStats,
     /// Bytes of one send or receive buffer.
     buffer: u64,
-    scratch: Vec<u8>,
+}
+
+/// Where a received message's bytes are: in its descriptor, or in a
+/// receive buffer of the segment that goes back to the free ring once
+/// they are read (`Net::release`).
+enum Body {
+    Inline([u8; ulnic_abi::INLINE_MAX as usize], usize),
+    Segment { offset: usize, len: usize, id: u64 },
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Inline(_, n) => *n,
+            Body::Segment { len, .. } => *len,
+        }
+    }
 }
 
 /// What a request handler answers through (docs/am.md §2).
@@ -319,7 +335,6 @@ impl AmEndpoint {
                 deferred: VecDeque::new(),
                 stats: AmStats::default(),
                 buffer,
-                scratch: vec![0; buffer as usize],
             },
             requests: (0..256).map(|_| None).collect(),
             replies: (0..256).map(|_| None).collect(),
@@ -678,26 +693,26 @@ impl AmEndpoint {
 
     /// A received message: its handler, an answer's settling, or nothing.
     fn dispatch(&mut self, m: Received) -> Result<(), Error> {
-        let len = self.net.payload(&m)?;
-        if m.returned || m.close {
+        let body = self.net.body(&m);
+        let handled = match Tag::decode(m.tag) {
             // A returned message's failure is its send's event (§4).
-            return Ok(());
-        }
-        let Some(tag) = Tag::decode(m.tag) else {
-            self.net.stats.foreign += 1;
-            return Ok(());
-        };
-        match tag.kind {
-            Kind::Request | Kind::Xfer => self.request(m.src, tag, len),
-            Kind::Reply | Kind::Credit | Kind::Refused => {
-                self.answer(m.src, tag, len);
+            _ if m.returned || m.close => Ok(()),
+            None => {
+                self.net.stats.foreign += 1;
                 Ok(())
             }
-        }
+            Some(tag) if tag.kind.is_request() => self.request(m.src, tag, &body),
+            Some(tag) => {
+                self.answer(m.src, tag, &body);
+                Ok(())
+            }
+        };
+        self.net.release(&body)?;
+        handled
     }
 
     /// A request or transfer: its handler, then an answer if it gave none.
-    fn request(&mut self, src: Address, tag: Tag, len: usize) -> Result<(), Error> {
+    fn request(&mut self, src: Address, tag: Tag, body: &Body) -> Result<(), Error> {
         let refuse = |net: &mut Net, why: u64| {
             net.stats.refusals_sent += 1;
             let t = Tag {
@@ -706,14 +721,17 @@ impl AmEndpoint {
             };
             net.answer(src, t, [why, 0, 0, 0])
         };
-        let bytes = &self.net.scratch[..len];
-        let (words, offset, data) = match tag.kind {
-            Kind::Request if len == WORDS_BYTES => (wire::decode_words(bytes), 0, 0..0),
-            Kind::Xfer if len >= XFER_HEADER => match wire::decode_xfer_header(bytes) {
-                Some((w, o)) => (Some(w), o, XFER_HEADER..len),
-                None => (None, 0, 0..0),
+        let len = body.len();
+        let mut head = [0u8; XFER_HEADER];
+        let head = &mut head[..len.min(XFER_HEADER)];
+        self.net.read(body, 0, head);
+        let (words, offset, n) = match tag.kind {
+            Kind::Request if len == WORDS_BYTES => (wire::decode_words(head), 0, 0),
+            Kind::Xfer if len >= XFER_HEADER => match wire::decode_xfer_header(head) {
+                Some((w, o)) => (Some(w), o, len - XFER_HEADER),
+                None => (None, 0, 0),
             },
-            _ => (None, 0, 0..0),
+            _ => (None, 0, 0),
         };
         let Some(words) = words else {
             self.net.stats.foreign += 1;
@@ -722,12 +740,13 @@ impl AmEndpoint {
         let Some(handler) = self.requests[usize::from(tag.handler)].as_mut() else {
             return refuse(&mut self.net, refusal::NO_HANDLER);
         };
-        let n = data.len();
         let landed = match usize::try_from(offset) {
             Ok(o) if o.checked_add(n).is_some_and(|end| end <= self.region.len()) => o..o + n,
             _ => return refuse(&mut self.net, refusal::OUTSIDE_REGION),
         };
-        self.region[landed.clone()].copy_from_slice(&self.net.scratch[data]);
+        // Straight from the receive buffer into the region: one copy.
+        self.net
+            .read(body, XFER_HEADER, &mut self.region[landed.clone()]);
         let message = Message {
             src,
             handler: tag.handler,
@@ -758,8 +777,13 @@ impl AmEndpoint {
 
     /// An answer: settles its request (if it is one of ours), then runs
     /// the reply handler or gives a refusal to the error handler.
-    fn answer(&mut self, src: Address, tag: Tag, len: usize) {
-        let words = match wire::decode_words(&self.net.scratch[..len]) {
+    fn answer(&mut self, src: Address, tag: Tag, body: &Body) {
+        let mut b = [0u8; WORDS_BYTES];
+        let len = body.len();
+        if len == WORDS_BYTES {
+            self.net.read(body, 0, &mut b);
+        }
+        let words = match wire::decode_words(&b) {
             Some(w) if len == WORDS_BYTES => w,
             _ => {
                 self.net.stats.foreign += 1;
@@ -867,27 +891,41 @@ impl Net {
         }
     }
 
-    /// Copies a received message's payload into `scratch` and gives its
-    /// buffer back to the free ring: its length.
-    fn payload(&mut self, m: &Received) -> Result<usize, Error> {
-        let len = (m.len as usize).min(self.scratch.len());
+    /// Where a received message's bytes are (nothing is copied yet). A
+    /// buffer the device names outside the segment holds nothing.
+    fn body(&self, m: &Received) -> Body {
+        let len = (m.len as usize).min(self.buffer as usize);
         match m.payload {
-            Payload::Inline(b) => {
-                let n = len.min(b.len());
-                self.scratch[..n].copy_from_slice(&b[..n]);
-                Ok(n)
-            }
+            Payload::Inline(b) => Body::Inline(b, len.min(b.len())),
             Payload::Buffer { offset, id } => {
                 let fits = offset
                     .checked_add(len as u64)
                     .is_some_and(|end| end <= self.ep.segment_len() as u64);
-                if fits {
-                    self.ep
-                        .read_segment(offset as usize, &mut self.scratch[..len]);
+                Body::Segment {
+                    offset: offset as usize,
+                    len: if fits { len } else { 0 },
+                    id,
                 }
-                self.ep.post_free(offset, self.buffer as u32, id)?;
-                Ok(if fits { len } else { 0 })
             }
+        }
+    }
+
+    /// Copies `dst.len()` bytes of `body` from `at` on into `dst`; the
+    /// caller keeps `at + dst.len() <= body.len()`.
+    fn read(&self, body: &Body, at: usize, dst: &mut [u8]) {
+        match body {
+            Body::Inline(b, _) => dst.copy_from_slice(&b[at..at + dst.len()]),
+            Body::Segment { offset, .. } => self.ep.read_segment(offset + at, dst),
+        }
+    }
+
+    /// Gives a receive buffer back to the free ring once its bytes are read.
+    fn release(&mut self, body: &Body) -> Result<(), Error> {
+        match *body {
+            Body::Segment { offset, id, .. } => {
+                self.ep.post_free(offset as u64, self.buffer as u32, id)
+            }
+            Body::Inline(..) => Ok(()),
         }
     }
 }
