@@ -163,6 +163,23 @@ fn a_socket_taken_out_of_its_epoll_set_and_put_back_wakes_for_its_reply() {
     assert!(out.contains("each woke for the reply"), "{out}");
 }
 
+/// `TCP_INFO` reports a ulnic socket's own state (it reported the
+/// unconnected kernel body's, CLOSE, before): LISTEN, ESTABLISHED, and
+/// CLOSE once both ends ended; the same program over the kernel passes too.
+#[test]
+fn tcp_info_reports_a_ulnic_sockets_own_state() {
+    let dev = device(2);
+    let mut srv = start(&dev, 1, sockcheck(), &["serve", "7320"]);
+    srv.expect_line("ready", READY);
+    let cli = start(&dev, 0, sockcheck(), &["tcp-info", "10.81.0.2", "7320"]);
+    let out = ok(cli, Duration::from_secs(60));
+    assert!(
+        out.contains("ok tcp states: LISTEN, ESTABLISHED, then CLOSE"),
+        "{out}"
+    );
+    ok(srv, Duration::from_secs(10));
+}
+
 #[test]
 fn a_forked_child_can_close_or_use_an_inherited_connection() {
     let dev = device(2);

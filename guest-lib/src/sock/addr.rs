@@ -114,6 +114,52 @@ pub struct Wakes {
     pub state: u64,
 }
 
+/// Where a connection is in its life, named after the TCP state a kernel
+/// socket would be in (what `getsockopt(TCP_INFO)` reports as
+/// `tcpi_state`). A ulnic connection has no TIME_WAIT: once both ends
+/// have ended it is [`ConnState::Closed`].
+///
+/// ```
+/// use ulnic::sock::ConnState;
+/// assert_eq!(ConnState::LastAck.linux_tcp_state(), 9);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnState {
+    /// The CONNECT is on its way (SYN_SENT).
+    Connecting,
+    /// Connected, neither end ended (ESTABLISHED).
+    Established,
+    /// We ended; our FIN is not yet delivered (FIN_WAIT1).
+    FinWait1,
+    /// We ended and our FIN was delivered; the peer has not ended (FIN_WAIT2).
+    FinWait2,
+    /// The peer ended; we have not (CLOSE_WAIT).
+    CloseWait,
+    /// Both ended; our FIN is not yet delivered (LAST_ACK).
+    LastAck,
+    /// Both ends ended and delivered, or reset, or the connect failed (CLOSE).
+    Closed,
+}
+
+impl ConnState {
+    /// The number Linux gives this state (`TCP_ESTABLISHED` = 1, ...).
+    ///
+    /// ```
+    /// assert_eq!(ulnic::sock::ConnState::Established.linux_tcp_state(), 1);
+    /// ```
+    pub fn linux_tcp_state(self) -> u8 {
+        match self {
+            ConnState::Established => 1,
+            ConnState::Connecting => 2,
+            ConnState::FinWait1 => 4,
+            ConnState::FinWait2 => 5,
+            ConnState::Closed => 7,
+            ConnState::CloseWait => 8,
+            ConnState::LastAck => 9,
+        }
+    }
+}
+
 impl std::ops::BitOr for Ready {
     type Output = Ready;
     fn bitor(self, r: Ready) -> Ready {

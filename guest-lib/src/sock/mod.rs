@@ -36,7 +36,7 @@ mod wait;
 mod wire;
 
 pub use addr::{
-    visible_port, Ready, SockAddr, SockConfig, Wakes, CONN_BASE, CONN_PORTS, DGRAM_BASE,
+    visible_port, ConnState, Ready, SockAddr, SockConfig, Wakes, CONN_BASE, CONN_PORTS, DGRAM_BASE,
     EPHEMERAL_FIRST, LISTEN_BASE,
 };
 pub use datagram::{Datagram, MAX_DATAGRAM};

@@ -19,6 +19,8 @@ use crate::sock::wire::{self, Hello};
 use crate::types::{Address, Event, SendError};
 use crate::FilterEntry;
 
+mod state;
+
 /// User ids of the messages whose fate matters.
 const ID_CONNECT: u64 = 1;
 const ID_FIN: u64 = 2;

@@ -376,7 +376,38 @@ pub unsafe extern "C" fn getsockopt(
         }
     }
     // SAFETY: the program's arguments, passed on.
-    unsafe { (real().getsockopt)(fd, level, name, val, len) }
+    let r = unsafe { (real().getsockopt)(fd, level, name, val, len) };
+    if r == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
+        tcp_info_state(fd, val, len);
+    }
+    r
+}
+
+/// Linux's number for a listening socket (include/net/tcp_states.h).
+const TCP_LISTEN: u8 = 10;
+
+/// `TCP_INFO` of a ulnic connection or listener: the kernel filled in its
+/// body's (an unconnected socket); `tcpi_state`, the first byte, becomes
+/// the connection's own.
+fn tcp_info_state(fd: c_int, val: *mut c_void, len: *mut socklen_t) {
+    let Some(s) = ctx().table.get(fd) else {
+        return;
+    };
+    if s.usable(&ctx().env).is_err() {
+        return;
+    }
+    let state = match &s.lock().kind {
+        Kind::Stream(x) => x.state().linux_tcp_state(),
+        Kind::Listener(_) => TCP_LISTEN,
+        _ => return,
+    };
+    // SAFETY: the kernel accepted the program's buffer and wrote `*len`
+    // bytes of it; the state is its first.
+    unsafe {
+        if !val.is_null() && !len.is_null() && *len >= 1 {
+            *val.cast::<u8>() = state;
+        }
+    }
 }
 
 /// Closes one name of an interposed socket (`close` and `dup2` onto it).

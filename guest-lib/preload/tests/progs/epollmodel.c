@@ -259,7 +259,11 @@ static void settle_end(int n, short what, int must)
 
 /* Until the kernel's TCP has our FIN acknowledged (its state leaves
  * FIN_WAIT1, CLOSING or LAST_ACK; the ACK is processed a moment after
- * the FIN arrived). A ulnic socket's kernel body is unconnected: no wait. */
+ * the FIN arrived). Under the layer a ulnic connection reports its own
+ * state: LAST_ACK or FIN_WAIT1 until the device's delivery report for our
+ * FIN is taken in (it can come a moment after the peer saw the FIN, and
+ * is a change of state that wakes an edge-triggered registration, as the
+ * kernel's ACK of the FIN is). */
 static void settle_acked(int n)
 {
 	for (int i = 0; i < 20000; i++) {

@@ -32,6 +32,8 @@
  *                                             before, between or after; each round wakes for the reply
  *   sockcheck fork-child-closes IP PORT       connect, fork; the child closes its copy, the parent uses the connection
  *   sockcheck fork-child-uses IP PORT         connect, fork; the child uses it; the parent's copy then says EBUSY
+ *   sockcheck tcp-info IP PORT                TCP_INFO's state: a listener LISTEN, a connection ESTABLISHED,
+ *                                             after both ends ended and the echo came, CLOSE or TIME_WAIT
  *   sockcheck exec                            exec itself with an empty environment; the child says whether the layer is loaded
  *   sockcheck loaded                          (what exec runs)
  */
@@ -436,6 +438,58 @@ static void read_echo(int s, char *buf, size_t cap)
 
 /* After a fork the child closes its copy; the parent goes on using the
  * connection. */
+static int tcp_state(int s)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+
+	if (getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &len))
+		fail("getsockopt TCP_INFO");
+	return ti.tcpi_state;
+}
+
+static int tcp_info_check(const char *ip, int port)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0), s, st = -1;
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	char buf[16];
+
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1))
+		fail("listen");
+	if ((st = tcp_state(l)) != TCP_LISTEN) {
+		printf("fail a listener is in state %d\n", st);
+		return 1;
+	}
+	s = dial(ip, port, SOCK_STREAM);
+	if ((st = tcp_state(s)) != TCP_ESTABLISHED) {
+		printf("fail a connection is in state %d\n", st);
+		return 1;
+	}
+	if (write(s, "state", 5) != 5)
+		fail("write");
+	if (shutdown(s, SHUT_WR))
+		fail("shutdown");
+	read_echo(s, buf, sizeof(buf));
+	if (strcmp(buf, "state")) {
+		printf("fail the echo was \"%s\"\n", buf);
+		return 1;
+	}
+	/* The server closed after our FIN; our FIN's delivery may come a
+	 * moment later. */
+	for (int i = 0; i < 2000; i++) {
+		st = tcp_state(s);
+		if (st == TCP_CLOSE || st == TCP_TIME_WAIT)
+			break;
+		usleep(1000);
+	}
+	if (st != TCP_CLOSE && st != TCP_TIME_WAIT) {
+		printf("fail an ended connection stays in state %d\n", st);
+		return 1;
+	}
+	printf("ok tcp states: LISTEN, ESTABLISHED, then %s\n", st == TCP_CLOSE ? "CLOSE" : "TIME_WAIT");
+	return 0;
+}
+
 static int fork_child_closes(const char *ip, int port)
 {
 	int s = dial(ip, port, SOCK_STREAM), status;
@@ -921,6 +975,8 @@ int main(int argc, char **argv)
 		return fork_child_closes(argv[2], atoi(argv[3]));
 	if (argc == 4 && !strcmp(argv[1], "fork-child-uses"))
 		return fork_child_uses(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "tcp-info"))
+		return tcp_info_check(argv[2], atoi(argv[3]));
 	if (argc == 2 && !strcmp(argv[1], "exec"))
 		return exec_check(argv[0]);
 	if (argc == 2 && !strcmp(argv[1], "loaded"))
