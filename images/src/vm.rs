@@ -128,6 +128,27 @@ pub fn ulnic_chardev_add(sock: &std::path::Path) -> serde_json::Value {
     })
 }
 
+/// Why QEMU stopped running the guest, if console line `line` says so.
+/// QEMU does not exit then: it keeps the VM paused in an error state, so a
+/// caller waiting for the guest must stop it itself. KVM's internal errors
+/// (an instruction KVM cannot emulate, as on hosts whose KVM is a software
+/// one) print "KVM internal error" or "KVM: entry failed" first.
+///
+/// ```
+/// let why = ulnic_images::vm::guest_stopped_by("KVM internal error. Suberror: 1");
+/// assert!(why.unwrap().contains("--accel tcg"));
+/// assert!(ulnic_images::vm::guest_stopped_by("[    0.1] Linux version").is_none());
+/// ```
+pub fn guest_stopped_by(line: &str) -> Option<&'static str> {
+    const KVM: &str = "QEMU stopped the guest: KVM internal error (this host's KVM could not \
+                       run it; --accel tcg runs it under emulation)";
+    if line.starts_with("KVM internal error") || line.starts_with("KVM: entry failed") {
+        Some(KVM)
+    } else {
+        None
+    }
+}
+
 /// Boot-time work the guests never use, skipped: under TCG these initcalls
 /// cost about 0.9 s of a 5.3 s boot (measured with `initcall_debug`). The
 /// module is unsigned anyway (no certificates needed), nothing uses BPF

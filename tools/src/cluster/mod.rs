@@ -241,7 +241,7 @@ pub fn run(
         say(&format!("[node {n}] booting ({accel})"));
     }
     drop(tx);
-    follow_consoles(&rx, &mut results, &mut children, started, opts.timeout, say)?;
+    let stopped = follow_consoles(&rx, &mut results, &mut children, started, opts.timeout, say)?;
     for c in children.iter_mut() {
         let _ = c.kill();
         let _ = c.wait();
@@ -250,12 +250,13 @@ pub fn run(
     drop(members);
     let _ = switch.kill();
     let _ = switch.wait();
-    for r in results.iter_mut() {
+    for (r, stopped) in results.iter_mut().zip(stopped) {
         if r.exit.is_none() || r.exit != Some(0) {
-            let why = match (r.boot_seconds, r.exit) {
-                (None, _) => "did not boot",
-                (Some(_), None) => "command did not finish",
-                (Some(_), Some(_)) => "command failed",
+            let why = match (stopped, r.boot_seconds, r.exit) {
+                (Some(why), _, _) => why,
+                (None, None, _) => "did not boot",
+                (None, Some(_), None) => "command did not finish",
+                (None, Some(_), Some(_)) => "command failed",
             };
             r.error = Some(format!(
                 "{why}; console tail:\n{}",
@@ -339,8 +340,11 @@ fn follow_consoles(
     started: Instant,
     timeout: Duration,
     say: &mut dyn FnMut(&str),
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Option<&'static str>>> {
     let deadline = started + timeout;
+    // QEMU keeps a guest it stopped for an error paused, not exited: such
+    // a node is stopped here at once instead of at the timeout.
+    let mut stopped = vec![None; results.len()];
     let mut logs: Vec<std::fs::File> = results
         .iter()
         .map(|r| {
@@ -365,6 +369,12 @@ fn follow_consoles(
                     ));
                 } else if let Some(code) = l.split("ulnic-guest: exit=").nth(1) {
                     r.exit = code.trim().parse().ok();
+                } else if let Some(why) = vm::guest_stopped_by(&l) {
+                    if stopped[n as usize].is_none() {
+                        say(&format!("[node {n}] {why}"));
+                        stopped[n as usize] = Some(why);
+                        let _ = children[n as usize].kill();
+                    }
                 }
             }
             Ok(Line::Exited(n)) => closed[n as usize] += 1,
@@ -377,7 +387,7 @@ fn follow_consoles(
             }
         }
     }
-    Ok(())
+    Ok(stopped)
 }
 
 /// Room for `ulnic cluster run`'s command, base64, on the guests' kernel

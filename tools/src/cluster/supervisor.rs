@@ -333,12 +333,26 @@ fn watch_guest(sup: &Arc<Sup>, n: u32, mut child: Child) {
     .into_iter()
     .flatten()
     .collect();
+    // QEMU keeps a guest it stopped for an error paused, not exited: it
+    // is killed here, so the node is not left "booting" until a timeout.
+    let stopped_by: Arc<Mutex<Option<&'static str>>> = Arc::default();
+    let pid = child.id();
     for s in streams {
-        let log = log.clone();
+        let (log, stopped_by) = (log.clone(), stopped_by.clone());
         std::thread::spawn(move || {
             for l in BufReader::new(s).lines().map_while(Result::ok) {
                 if let Some(f) = log.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
                     let _ = writeln!(f, "{l}");
+                }
+                if let Some(why) = vm::guest_stopped_by(&l) {
+                    stopped_by
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(why);
+                    // SAFETY: kill(2) on a QEMU this process started; it
+                    // stays alive (paused) after that line, so it is not
+                    // reaped yet and the pid is still its own.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
                 }
             }
         });
@@ -346,9 +360,11 @@ fn watch_guest(sup: &Arc<Sup>, n: u32, mut child: Child) {
     let sup = sup.clone();
     std::thread::spawn(move || {
         let status = child.wait();
-        let why = match status {
-            Ok(s) => format!("QEMU exited ({s})"),
-            Err(e) => format!("QEMU lost: {e}"),
+        let stopped = *stopped_by.lock().unwrap_or_else(|p| p.into_inner());
+        let why = match (stopped, status) {
+            (Some(why), _) => why.to_string(),
+            (None, Ok(s)) => format!("QEMU exited ({s})"),
+            (None, Err(e)) => format!("QEMU lost: {e}"),
         };
         if !sup.stopping.load(Ordering::Acquire) {
             eprintln!("supervisor: node {n}: {why}");
