@@ -11,7 +11,8 @@ use crate::endpoint::Endpoint;
 use crate::sock::addr::{Ready, SockAddr, Wakes, CONN_BASE, CONN_PORTS};
 use crate::sock::net::Net;
 use crate::sock::shared_requests::{Counts, Request, SharedRequests};
-use crate::sock::stream::{errno, io_err, post_inline, Stream};
+use crate::sock::stream::handle::Stream;
+use crate::sock::stream::{errno, io_err, post_inline};
 use crate::sock::wire::{self, Hello};
 use crate::types::{Address, Payload};
 

@@ -42,5 +42,6 @@ pub use addr::{
 pub use datagram::{Datagram, MAX_DATAGRAM};
 pub use listener::Listener;
 pub use net::Net;
-pub use stream::{Shutdown, Stream};
+pub use stream::handle::Stream;
+pub use stream::Shutdown;
 pub use wire::PROTOCOL_VERSION;

@@ -1,6 +1,7 @@
 //! A connection's state as TCP names it (what `TCP_INFO` reports).
 
-use super::{Core, Fin, Phase, Stream};
+use super::handle::Stream;
+use super::{Core, Fin, Phase};
 use crate::sock::addr::ConnState;
 
 impl Core {
