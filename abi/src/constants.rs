@@ -21,7 +21,7 @@ use zerocopy::little_endian::{U32, U64};
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 12;
+pub const SPEC_VERSION_MINOR: u16 = 13;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -197,6 +197,9 @@ pub const ANY: u32 = u32::MAX;
 /// ring must have at least `send_entries + CONDITION_RESERVE` entries.
 pub const CONDITION_RESERVE: u32 = 32;
 
+/// SET_EVENT_QUEUE's queue to detach a source from its queue (spec §6.1).
+pub const EVENT_QUEUE_DETACH: u32 = 0xffff_ffff;
+
 /// Byte offsets of the words in an endpoint's control block (the first
 /// `CONTROL_BLOCK_SIZE` bytes of its control region). Each index sits on its
 /// own 64-byte line so producer and consumer never share a cache line.
@@ -334,6 +337,8 @@ pub mod cmd {
         DISARM = 0x15,
         /// Read an endpoint's counters.
         GET_STATS = 0x16,
+        /// Attach an endpoint to an event queue (or detach it).
+        SET_EVENT_QUEUE = 0x17,
         /// Export a segment range as an aperture; returns its cookie.
         EXPORT = 0x30,
         /// Revoke an aperture.
@@ -723,6 +728,10 @@ pub mod event {
     pub const OOB: u16 = 6;
     /// The fabric's transport gave up on node `node` (spec §10.4).
     pub const UNREACHABLE: u16 = 7;
+    /// Posted to an event queue for one of its sources (spec §6.1):
+    /// `user_id` is the source's cookie, `aux` its endpoint id, `port`
+    /// its bound port.
+    pub const QUEUED: u16 = 8;
 }
 
 /// Codes of `TX_ERROR` events.

@@ -19,8 +19,8 @@ pub const IOC_INFO: u32 = ioc::<DeviceInfo>(READ, 1);
 pub const IOC_CREATE_EP: u32 = ioc::<IocCreateEp>(READ | WRITE, 2);
 /// Destroy one of the file's endpoints (u32 id).
 pub const IOC_DESTROY_EP: u32 = ioc::<u32>(WRITE, 3);
-/// Run BIND_PORT, SET_FILTER, ARM, DISARM, GET_STATS, EXPORT, REVOKE,
-/// EXPORT_BUFFER, SET_TRIPWIRE or CLEAR_TRIPWIRE on an endpoint the
+/// Run BIND_PORT, SET_FILTER, ARM, DISARM, GET_STATS, SET_EVENT_QUEUE,
+/// EXPORT, REVOKE, EXPORT_BUFFER, SET_TRIPWIRE or CLEAR_TRIPWIRE on an endpoint the
 /// file owns (the payload's first u32; `wire::IocCommand`).
 pub const IOC_COMMAND: u32 = ioc::<IocCommand>(READ | WRITE, 4);
 /// Ring an owned endpoint's doorbell (u32 id): set its bit in the

@@ -253,6 +253,16 @@ wire! {
         pub tag_mask: U32,
     }
 
+    /// SET_EVENT_QUEUE payload (spec §6.1).
+    pub struct SetEventQueue = "ulnic_set_event_queue" {
+        /// The source endpoint.
+        pub endpoint: U32,
+        /// The queue endpoint, or `DETACH`.
+        pub queue: U32,
+        /// What the source's QUEUED events carry.
+        pub cookie: U64,
+    }
+
     /// EXPORT payload (spec §5.12); the result is a cookie.
     pub struct Export = "ulnic_export" {
         /// Endpoint.

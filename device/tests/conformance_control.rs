@@ -11,8 +11,8 @@ use spec::{
 };
 use ulnic_abi::wire::{
     BindPort, ClearTripwire, CmdHeader, Cookie, CreateEndpoint, CreatePd, DeviceInfo,
-    EndpointCreated, Export, ExportBuffer, FilterEntry, ObjectId, PdCreated, Revoke, SetFilter,
-    SetTripwire, UtlbInvalidate, UtlbSetTable,
+    EndpointCreated, Export, ExportBuffer, FilterEntry, ObjectId, PdCreated, Revoke, SetEventQueue,
+    SetFilter, SetTripwire, UtlbInvalidate, UtlbSetTable,
 };
 use ulnic_abi::{cmd, perm, recv_flags, status, tripwire_flags, RingLayout, F_MESSAGING};
 use vm_memory::ByteValued;
@@ -391,6 +391,7 @@ fn s4_2_every_payload_length_is_exact() {
         cmd::ARM,
         cmd::DISARM,
         cmd::GET_STATS,
+        cmd::SET_EVENT_QUEUE,
         cmd::UTLB_SET_TABLE,
         cmd::UTLB_INVALIDATE,
         cmd::EXPORT,
@@ -406,6 +407,7 @@ fn s4_2_every_payload_length_is_exact() {
         size_of::<CreateEndpoint>(),
         size_of::<BindPort>(),
         size_of::<SetFilter>(),
+        size_of::<SetEventQueue>(),
         size_of::<UtlbSetTable>(),
         size_of::<UtlbInvalidate>(),
         size_of::<Export>(),
@@ -415,7 +417,7 @@ fn s4_2_every_payload_length_is_exact() {
         size_of::<ClearTripwire>(),
         size_of::<FilterEntry>(),
     ];
-    assert_eq!(payloads, [8, 4, 48, 8, 8, 16, 12, 24, 8, 32, 40, 8, 16]);
+    assert_eq!(payloads, [8, 4, 48, 8, 8, 16, 16, 12, 24, 8, 32, 40, 8, 16]);
     let results = [
         size_of::<DeviceInfo>(),
         size_of::<PdCreated>(),

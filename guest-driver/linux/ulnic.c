@@ -733,6 +733,8 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	case ULNIC_CMD_ARM:
 	case ULNIC_CMD_DISARM:
 	case ULNIC_CMD_GET_STATS:
+	/* The queue must be in this file's domain: the device checks. */
+	case ULNIC_CMD_SET_EVENT_QUEUE:
 	case ULNIC_CMD_EXPORT:
 	case ULNIC_CMD_REVOKE:
 	case ULNIC_CMD_EXPORT_BUFFER:

@@ -221,6 +221,14 @@ pub enum Event {
         /// The node lost.
         node: u32,
     },
+    /// One of this event queue's sources had something (spec §6.1,
+    /// [`Endpoint::set_event_queue`]): serve it, then arm it again.
+    Queued {
+        /// The cookie the source was attached with.
+        cookie: u64,
+        /// The source's endpoint id.
+        source: u32,
+    },
     /// An event this library version does not know.
     Unknown(EventRecord),
 }

@@ -449,7 +449,8 @@ fn c_programs(n: &str) {
     // (install.sh, then gcc with pkg-config) and linked against
     // libulnic.so.0, which the guests carry in /lib: a ping-pong that
     // checks every byte, RDMA writes with an immediate, a tripwire waking
-    // its sleeping owner, sockets echoing a datagram and a stream, Active
+    // its sleeping owner, an event queue serving four endpoints from one
+    // epoll sleep, sockets echoing a datagram and a stream, Active
     // Messages with transfers and a refusal, over /dev/ulnic0.
     for (name, server, client, server_says, client_says) in [
         (
@@ -479,6 +480,13 @@ fn c_programs(n: &str) {
             "client 1 7 200000",
             "echoed a datagram and 200000 bytes from node 0",
             "200000 bytes echoed by node 1, every byte checked",
+        ),
+        (
+            "event_queue",
+            "server 30",
+            "client 1 30 300",
+            "answered 1200 messages on 4 endpoints",
+            "1200 answers from 4 endpoints of node 1 checked",
         ),
         (
             "am_echo",

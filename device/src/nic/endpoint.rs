@@ -55,6 +55,22 @@ pub struct Endpoint {
     /// are being handed to the fabric: the device's record of it and the
     /// bytes handed over so far.
     pub pieces: Option<(u64, u64)>,
+    /// The event queue this endpoint reports to instead of notifying
+    /// (spec §6.1).
+    pub queue: Option<QueueLink>,
+}
+
+/// A source's link to its event queue (spec §6.1): the queue is the
+/// endpoint `id` only while its session is still `session` (an id is
+/// reused after a destroy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLink {
+    /// The queue's endpoint id.
+    pub id: u32,
+    /// The queue's session id when the source was attached.
+    pub session: u32,
+    /// What the source's QUEUED events carry.
+    pub cookie: u64,
 }
 
 impl Endpoint {
@@ -78,6 +94,7 @@ impl Endpoint {
             redirects: Vec::new(),
             events_owed: 0,
             session: 0,
+            queue: None,
             pieces: None,
         }
     }

@@ -515,6 +515,16 @@ impl Nodes {
             return;
         };
         let node = &mut self.nodes[n as usize];
+        // A source of an event queue reports to it instead (spec §6.1);
+        // the queue is notified if it is armed.
+        let e = match queued(node, n, e, mem) {
+            Queued::No => e,
+            Queued::Posted { queue_armed: false } => return,
+            Queued::Posted { .. } => node
+                .endpoint_mut(e)
+                .and_then(|s| s.queue)
+                .map_or(e, |l| l.id),
+        };
         if let Some(ep) = node.endpoint_mut(e) {
             ep.stats.notifications += 1;
         }
@@ -534,6 +544,43 @@ impl Nodes {
             }
             node.notify_backlog.pop_front();
         }
+    }
+}
+
+/// What became of a source's notification.
+enum Queued {
+    /// Not a source of a live queue: notify it.
+    No,
+    /// Its QUEUED event went to its queue (or was counted lost there);
+    /// `queue_armed`: the queue's arm was taken, so the queue is notified.
+    Posted { queue_armed: bool },
+}
+
+/// Posts endpoint `e`'s QUEUED event to its queue, if it has a live one.
+fn queued(node: &mut Node, node_id: u32, e: u32, mem: &GuestMemoryMmap<()>) -> Queued {
+    let Some(source) = node.endpoint_mut(e) else {
+        return Queued::No;
+    };
+    let (Some(link), port) = (source.queue, source.port.unwrap_or(0)) else {
+        return Queued::No;
+    };
+    let Some(q) = node
+        .endpoint_mut(link.id)
+        .filter(|q| q.session == link.session)
+    else {
+        return Queued::No; // destroyed (its id may be another's now)
+    };
+    let ev = EventRecord {
+        kind: event::QUEUED,
+        user_id: link.cookie,
+        node: node_id,
+        port,
+        aux: e,
+        ..EventRecord::default()
+    };
+    q.post_event(mem, &ev);
+    Queued::Posted {
+        queue_armed: q.take_arm(mem),
     }
 }
 

@@ -4,19 +4,20 @@
 use log::debug;
 use ulnic_abi::wire::{
     self, BindPort, ClearTripwire, CmdHeader, CreatePd, EndpointCreated, Export, ExportBuffer,
-    ObjectId, PdCreated, RespHeader, Revoke, SetFilter, SetTripwire, UtlbInvalidate, UtlbSetTable,
+    ObjectId, PdCreated, RespHeader, Revoke, SetEventQueue, SetFilter, SetTripwire, UtlbInvalidate,
+    UtlbSetTable,
 };
 use ulnic_abi::{
     cmd, perm, status, tripwire_flags, CreateEndpoint, DeviceInfo, FilterEntry, CMD_HEADER_SIZE,
-    F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE, MAX_SEGMENT_PAGES, PAGE_SIZE,
-    SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
+    CONDITION_RESERVE, EVENT_QUEUE_DETACH, F_IMPLEMENTED, INLINE_MAX, MAX_FILTERS, MAX_MESSAGE,
+    MAX_REDIRECTS, MAX_SEGMENT_PAGES, PAGE_SIZE, SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
 use vm_memory::GuestMemoryMmap;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::memory::guest::{self, Segment};
 use crate::nic::aperture::Tripwire;
-use crate::nic::endpoint::Endpoint;
+use crate::nic::endpoint::{Endpoint, QueueLink};
 use crate::nic::node::Pd;
 use crate::nic::utlb::{Table, UtlbRef};
 use crate::shard::nodes::Nodes;
@@ -92,6 +93,7 @@ fn handler(opcode: u32) -> Option<Handler> {
         cmd::ARM => |f, n, _, p| arm(f, n, p, true),
         cmd::DISARM => |f, n, _, p| arm(f, n, p, false),
         cmd::GET_STATS => |f, n, _, p| get_stats(f, n, p),
+        cmd::SET_EVENT_QUEUE => |f, n, _, p| set_event_queue(f, n, p),
         cmd::EXPORT => |f, n, _, p| export(f, n, p),
         cmd::REVOKE => |f, n, _, p| revoke(f, n, p),
         cmd::EXPORT_BUFFER => export_buffer,
@@ -392,6 +394,50 @@ fn arm(nodes: &mut Nodes, node: u32, p: &[u8], on: bool) -> Result<Response, Res
         .endpoint_mut(id)
         .ok_or(Response::err(status::NOT_FOUND))?;
     ep.notify_enabled = on;
+    Ok(Response::ok(Vec::new()))
+}
+
+/// SET_EVENT_QUEUE (spec §4.2, §6.1): every check before the link changes.
+fn set_event_queue(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, Response> {
+    let a: SetEventQueue = payload(p)?;
+    let (id, queue, cookie) = (a.endpoint.get(), a.queue.get(), a.cookie.get());
+    let reserved = CONDITION_RESERVE + nodes.max_tripwires + MAX_REDIRECTS;
+    let n = &mut nodes.nodes[node as usize];
+    let source = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    if queue == EVENT_QUEUE_DETACH {
+        source.queue = None;
+        return Ok(Response::ok(Vec::new()));
+    }
+    let pd = source.pd;
+    let q = n
+        .endpoint_mut(queue)
+        .ok_or(Response::err(status::NOT_FOUND))?;
+    let (q_pd, q_session, q_linked) = (q.pd, q.session, q.queue.is_some());
+    let room = q
+        .layout
+        .event_entries
+        .saturating_sub(q.layout.send_entries + reserved);
+    let links_to = |e: &Endpoint, target: u32| e.queue.is_some_and(|l| l.id == target);
+    let source_is_a_queue = n.endpoints.iter().flatten().any(|e| links_to(e, id));
+    if queue == id || q_pd != pd || q_linked || source_is_a_queue {
+        return Err(Response::err(status::INVALID_ARGUMENT));
+    }
+    let already = n.endpoint_mut(id).is_some_and(|e| links_to(e, queue));
+    let sources = n
+        .endpoints
+        .iter()
+        .flatten()
+        .filter(|e| links_to(e, queue))
+        .count() as u32;
+    if !already && sources + 1 > room {
+        return Err(Response::err(status::NO_RESOURCES));
+    }
+    let source = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
+    source.queue = Some(QueueLink {
+        id: queue,
+        session: q_session,
+        cookie,
+    });
     Ok(Response::ok(Vec::new()))
 }
 

@@ -997,7 +997,7 @@ pub fn protocol_bit() -> u64 {
 /// §4.2's table, numbers as the spec writes them: (opcode, payload bytes,
 /// result bytes, features). SET_FILTER's payload is 8 + 16 × count; 8
 /// here (count 0).
-pub const COMMANDS: [(u32, usize, usize, u64); 18] = {
+pub const COMMANDS: [(u32, usize, usize, u64); 19] = {
     use ulnic_abi::{F_MESSAGING as M, F_RDMA as R, F_TRIPWIRE as T, F_UTLB as U};
     [
         (0x01, 0, 40, 0),          // GET_INFO
@@ -1011,6 +1011,7 @@ pub const COMMANDS: [(u32, usize, usize, u64); 18] = {
         (0x14, 4, 0, M),           // ARM
         (0x15, 4, 0, M),           // DISARM
         (0x16, 4, 136, M),         // GET_STATS
+        (0x17, 16, 0, M),          // SET_EVENT_QUEUE
         (0x20, 16, 0, M | U),      // UTLB_SET_TABLE
         (0x21, 12, 0, M | U),      // UTLB_INVALIDATE
         (0x30, 24, 24, M | R),     // EXPORT

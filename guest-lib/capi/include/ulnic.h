@@ -92,6 +92,13 @@
 #define ULNIC_EVENT_UNREACHABLE 7
 
 /**
+ * `ulnic_event.kind`, on an event queue (`ulnic_ep_set_event_queue`):
+ * one of its sources had something; `id` is the source's cookie, `code`
+ * its endpoint id. Serve that source, then arm it again.
+ */
+#define ULNIC_EVENT_QUEUED 8
+
+/**
  * `ulnic_event.kind`: an event this library does not know.
  */
 #define ULNIC_EVENT_UNKNOWN 255
@@ -154,7 +161,7 @@
 /**
  * Minor version: grows when calls are added.
  */
-#define ULNIC_API_MINOR 3
+#define ULNIC_API_MINOR 4
 
 /**
  * An Active Message endpoint. One thread at a time.
@@ -912,6 +919,32 @@ uint32_t ulnic_ep_session(const struct ulnic_ep *ep);
  * ```
  */
 int32_t ulnic_ep_bind(struct ulnic_ep *ep, uint32_t port);
+
+/**
+ * Makes `queue`, an endpoint of the same domain, this endpoint's event
+ * queue (CLAN's, spec §6.1): while `ep` is armed (`ulnic_ep_arm`), a
+ * message or event reaching it posts one `ULNIC_EVENT_QUEUED` carrying
+ * `cookie` to `queue`, which is notified if armed, instead of `ep` being
+ * notified. One report per arm: serve `ep`, then arm it again.
+ * `-EINVAL` for a queue of another domain, `ep` itself, or a queue that
+ * has a queue; `-ENOSPC` when `queue` has as many sources as its event
+ * ring leaves room for.
+ *
+ * ```c
+ * ulnic_ep_set_event_queue(ep, queue, 42);
+ * ulnic_ep_arm(ep);
+ * ```
+ */
+int32_t ulnic_ep_set_event_queue(struct ulnic_ep *ep, const struct ulnic_ep *queue, uint64_t cookie);
+
+/**
+ * Detaches `ep` from its event queue: it is notified itself again.
+ *
+ * ```c
+ * ulnic_ep_clear_event_queue(ep);
+ * ```
+ */
+int32_t ulnic_ep_clear_event_queue(struct ulnic_ep *ep);
 
 /**
  * Accepts only messages matching one of `count` entries (0: all).

@@ -137,6 +137,10 @@ pub const ULNIC_EVENT_OOB: u32 = 6;
 /// `ulnic_event.kind`: the fabric gave up on node `addr.node`; sends and
 /// RDMA to it fail with `EHOSTUNREACH`.
 pub const ULNIC_EVENT_UNREACHABLE: u32 = 7;
+/// `ulnic_event.kind`, on an event queue (`ulnic_ep_set_event_queue`):
+/// one of its sources had something; `id` is the source's cookie, `code`
+/// its endpoint id. Serve that source, then arm it again.
+pub const ULNIC_EVENT_QUEUED: u32 = 8;
 /// `ulnic_event.kind`: an event this library does not know.
 pub const ULNIC_EVENT_UNKNOWN: u32 = 255;
 
@@ -277,6 +281,48 @@ pub unsafe extern "C" fn ulnic_ep_session(ep: *const ulnic_ep) -> u32 {
 pub unsafe extern "C" fn ulnic_ep_bind(ep: *mut ulnic_ep, port: u32) -> i32 {
     let e = handle!(ep, "ulnic_ep_bind");
     guard("ulnic_ep_bind", || e.ep.bind(port).map(|_| 0))
+}
+
+/// Makes `queue`, an endpoint of the same domain, this endpoint's event
+/// queue (CLAN's, spec §6.1): while `ep` is armed (`ulnic_ep_arm`), a
+/// message or event reaching it posts one `ULNIC_EVENT_QUEUED` carrying
+/// `cookie` to `queue`, which is notified if armed, instead of `ep` being
+/// notified. One report per arm: serve `ep`, then arm it again.
+/// `-EINVAL` for a queue of another domain, `ep` itself, or a queue that
+/// has a queue; `-ENOSPC` when `queue` has as many sources as its event
+/// ring leaves room for.
+///
+/// ```c
+/// ulnic_ep_set_event_queue(ep, queue, 42);
+/// ulnic_ep_arm(ep);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ulnic_ep_set_event_queue(
+    ep: *mut ulnic_ep,
+    queue: *const ulnic_ep,
+    cookie: u64,
+) -> i32 {
+    let e = handle!(ep, "ulnic_ep_set_event_queue");
+    // SAFETY: a live handle or NULL.
+    let Some(q) = (unsafe { queue.as_ref() }) else {
+        return invalid("ulnic_ep_set_event_queue", "queue is NULL");
+    };
+    guard("ulnic_ep_set_event_queue", || {
+        e.ep.set_event_queue(&q.ep, cookie).map(|_| 0)
+    })
+}
+
+/// Detaches `ep` from its event queue: it is notified itself again.
+///
+/// ```c
+/// ulnic_ep_clear_event_queue(ep);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ulnic_ep_clear_event_queue(ep: *mut ulnic_ep) -> i32 {
+    let e = handle!(ep, "ulnic_ep_clear_event_queue");
+    guard("ulnic_ep_clear_event_queue", || {
+        e.ep.clear_event_queue().map(|_| 0)
+    })
 }
 
 /// Accepts only messages matching one of `count` entries (0: all).
@@ -644,6 +690,11 @@ fn event_to_c(ev: Event) -> ulnic_event {
         Event::Unreachable { node } => {
             c.kind = ULNIC_EVENT_UNREACHABLE;
             c.addr = ulnic_address { node, port: 0 };
+        }
+        Event::Queued { cookie, source } => {
+            c.kind = ULNIC_EVENT_QUEUED;
+            c.id = cookie;
+            c.code = source;
         }
         Event::Unknown(raw) => {
             c.kind = ULNIC_EVENT_UNKNOWN;

@@ -1,7 +1,7 @@
 //! The C examples, built as a user builds them (`install.sh` into a
 //! prefix, then `gcc ... $(pkg-config --cflags --libs ulnic)`), run in
 //! pairs of host processes attached to two nodes of a device (ping-pong,
-//! RDMA write, tripwire wait, sockets). One is also
+//! RDMA write, tripwire wait, an event queue, sockets). One is also
 //! linked against `libulnic.a`. (tools/tests/cluster_up.rs runs them in
 //! guests.)
 
@@ -207,6 +207,27 @@ fn tripwire_wait_in_c_wakes_the_sleeping_owner() {
         "{owner}"
     );
     assert!(writer.contains("woke and read 4242"), "{writer}");
+}
+
+/// CLAN's event queue from C: one epoll sleep on the queue's descriptor
+/// serves four endpoints, each report names its source, none twice
+/// before its source is armed again, and an endpoint is refused as its
+/// own queue (the example fails otherwise).
+#[test]
+fn an_event_queue_in_c_serves_four_endpoints_from_one_epoll_sleep() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("event_queue", bin.path(), false);
+    let dev = device();
+    let (server, client) = pair(&dev, &exe, &["server", "30"], &["client", "1", "30", "500"]);
+    assert!(
+        server.contains("answered 2000 messages on 4 endpoints")
+            && server.contains(" 0 duplicates"),
+        "{server}"
+    );
+    assert!(
+        client.contains("2000 answers from 4 endpoints of node 1 checked"),
+        "{client}"
+    );
 }
 
 #[test]

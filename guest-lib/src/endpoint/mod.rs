@@ -2,6 +2,7 @@
 //! receiving, events and blocking. Remote memory (`rdma`) and transfers
 //! from user buffers (`zero_copy`) add to it in the child modules.
 
+mod queue;
 mod rdma;
 mod zero_copy;
 
@@ -778,6 +779,10 @@ impl Endpoint {
                 session: e.session,
             },
             event::UNREACHABLE => Event::Unreachable { node: e.node },
+            event::QUEUED => Event::Queued {
+                cookie: e.user_id,
+                source: e.aux,
+            },
             event::REDIRECTED => {
                 self.redirect_ended(e.user_id);
                 Event::Redirected {

@@ -1,0 +1,213 @@
+//! CLAN's event queues (spec §6.1) through host attach: sources report to
+//! one queue, in order, once per arm; the queue's descriptor wakes poll
+//! and epoll; refused attachments change nothing.
+
+use std::time::Duration;
+use ulnic::{Address, Endpoint, EndpointConfig, Event, Nic};
+use ulnic_testkit as common;
+
+/// Whether `fd` is readable within `ms`, by poll(2).
+fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+/// The queue's QUEUED cookies waiting now, in order.
+fn cookies(q: &mut Endpoint) -> Vec<u64> {
+    std::iter::from_fn(|| q.poll_event())
+        .map(|e| match e {
+            Event::Queued { cookie, .. } => cookie,
+            other => panic!("the queue got {other:?}"),
+        })
+        .collect()
+}
+
+/// Takes every message waiting at `ep`: how many.
+fn drain(ep: &mut Endpoint) -> usize {
+    std::iter::from_fn(|| ep.poll_recv()).count()
+}
+
+fn send(from: &mut Endpoint, port: u32, byte: u8) {
+    from.post_send_inline(Address { node: 0, port }, 0, &[byte], 0)
+        .unwrap();
+}
+
+/// Sends until the device has delivered everything `from` posted.
+fn settle(from: &Endpoint) {
+    let t = std::time::Instant::now();
+    while !from.sends_done() {
+        assert!(t.elapsed() < Duration::from_secs(5), "sends not taken");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn sources_report_to_their_queue_in_order_once_per_arm() {
+    let dev = common::device(1);
+    let nic = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cfg = EndpointConfig::default();
+    let mut q = pd.create_endpoint(&cfg).unwrap();
+    let mut sources: Vec<Endpoint> = (0..3).map(|_| pd.create_endpoint(&cfg).unwrap()).collect();
+    let mut sender = pd.create_endpoint(&cfg).unwrap();
+    sender.bind(9).unwrap();
+    for (i, s) in sources.iter_mut().enumerate() {
+        s.bind(10 + i as u32).unwrap();
+        s.set_event_queue(&q, 100 + i as u64).unwrap();
+        assert!(!s.arm().unwrap());
+    }
+    let fd = q.notification_fd().expect("a pollable descriptor");
+    assert!(!q.arm().unwrap());
+    // To 11, 10, 11 again, 12: 11's second message, before it is armed
+    // again, reports nothing more.
+    for (port, byte) in [(11, 1), (10, 2), (11, 3), (12, 4)] {
+        send(&mut sender, port, byte);
+    }
+    settle(&sender);
+    assert!(readable(fd, 5000), "the queue's descriptor did not wake");
+    assert!(q.take_notification().unwrap());
+    assert_eq!(cookies(&mut q), [101, 100, 102]);
+    // The sources were not notified themselves: their queue was.
+    for s in sources.iter_mut() {
+        assert!(!s.take_notification().unwrap());
+    }
+    assert_eq!(drain(&mut sources[1]), 2);
+    // Served and armed again: the next message reports again; one to a
+    // source not armed again does not.
+    assert!(!sources[1].arm().unwrap());
+    assert!(!q.arm().unwrap());
+    send(&mut sender, 11, 5);
+    send(&mut sender, 10, 6);
+    settle(&sender);
+    assert!(readable(fd, 5000));
+    assert!(q.take_notification().unwrap());
+    assert_eq!(cookies(&mut q), [101]);
+    // Detached, a source is notified itself again.
+    assert_eq!(drain(&mut sources[0]), 2);
+    sources[0].clear_event_queue().unwrap();
+    assert!(!sources[0].arm().unwrap());
+    send(&mut sender, 10, 7);
+    settle(&sender);
+    assert!(sources[0].wait(Duration::from_secs(5)).unwrap());
+    assert_eq!(cookies(&mut q), Vec::<u64>::new());
+    // A destroyed queue: its sources are notified themselves, and an
+    // endpoint given its id is no queue of theirs.
+    drop(q);
+    let mut other = pd.create_endpoint(&cfg).unwrap();
+    assert_eq!(drain(&mut sources[2]), 1);
+    assert!(!sources[2].arm().unwrap());
+    send(&mut sender, 12, 8);
+    settle(&sender);
+    assert!(sources[2].wait(Duration::from_secs(5)).unwrap());
+    assert!(other.poll_event().is_none());
+}
+
+#[test]
+fn a_queue_wakes_epoll_for_a_tripwire_and_an_out_of_band_message() {
+    let dev = common::device(1);
+    let nic = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cfg = EndpointConfig::default();
+    let mut q = pd.create_endpoint(&cfg).unwrap();
+    let mut a = pd.create_endpoint(&cfg).unwrap();
+    let mut b = pd.create_endpoint(&cfg).unwrap();
+    let mut sender = pd.create_endpoint(&cfg).unwrap();
+    sender.bind(19).unwrap();
+    a.bind(20).unwrap();
+    b.bind(21).unwrap();
+    a.set_event_queue(&q, 7).unwrap();
+    b.set_event_queue(&q, 8).unwrap();
+    let cookie = a.export(0, 4096, ulnic::Permissions::READ_WRITE).unwrap();
+    a.set_tripwire(&cookie, 0, 8, ulnic::TripwireOn::Writes, true, 55)
+        .unwrap();
+    // SAFETY: epoll_create1 with no flags.
+    let ep = unsafe { libc::epoll_create1(0) };
+    assert!(ep >= 0);
+    let fd = q.notification_fd().unwrap();
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 1,
+    };
+    // SAFETY: a valid epoll set, descriptor and event.
+    assert_eq!(
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+        0
+    );
+    for (port, what) in [(21, "an out-of-band message"), (20, "a tripwire")] {
+        assert!(!a.arm().unwrap() && !b.arm().unwrap() && !q.arm().unwrap());
+        if port == 21 {
+            sender
+                .post_oob(Address { node: 0, port }, 3, b"hi", 1, false)
+                .unwrap();
+        } else {
+            sender.write_segment(0, &[9u8; 8]);
+            sender.rdma_write(&cookie, 0, 0, 8, 2, false).unwrap();
+        }
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: room for 4 events.
+        let n = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 4, 5000) };
+        assert_eq!(n, 1, "{what} did not wake epoll");
+        assert!(q.take_notification().unwrap());
+        let want = if port == 21 { 8 } else { 7 };
+        assert_eq!(cookies(&mut q), [want], "{what}");
+        let source = if port == 21 { &mut b } else { &mut a };
+        assert!(source.poll_event().is_some(), "{what} is at its source");
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(ep) };
+}
+
+#[test]
+fn refused_attachments_change_nothing() {
+    let dev = common::device_with(1, |b| b.max_endpoints(256));
+    let nic = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let (pd, pd2) = (nic.alloc_pd().unwrap(), nic.alloc_pd().unwrap());
+    let cfg = EndpointConfig::default();
+    let q = pd.create_endpoint(&cfg).unwrap();
+    let mut a = pd.create_endpoint(&cfg).unwrap();
+    let mut b = pd.create_endpoint(&cfg).unwrap();
+    let mut foreign = pd2.create_endpoint(&cfg).unwrap();
+    let errno = |r: Result<(), ulnic::Error>| r.unwrap_err().errno();
+    // Another domain's queue (the source itself as its queue cannot be
+    // asked for in Rust; the C API's test asks).
+    assert_eq!(errno(foreign.set_event_queue(&q, 1)), libc::EINVAL);
+    // A chain: b reports to a, so a cannot have a queue, and a queue
+    // with a queue takes no sources.
+    b.set_event_queue(&a, 1).unwrap();
+    assert_eq!(errno(a.set_event_queue(&q, 2)), libc::EINVAL);
+    let mut c = pd.create_endpoint(&cfg).unwrap();
+    a.clear_event_queue().unwrap();
+    assert_eq!(errno(c.set_event_queue(&b, 3)), libc::EINVAL);
+    drop(c);
+    // Room: the default endpoint's ring leaves 144 sources (spec §6.1).
+    let mut many: Vec<Endpoint> = Vec::new();
+    let small = EndpointConfig {
+        send_entries: 8,
+        recv_entries: 8,
+        free_entries: 8,
+        segment_bytes: 4096,
+    };
+    let mut refused = None;
+    for i in 0..200u64 {
+        let mut s = pd.create_endpoint(&small).unwrap();
+        match s.set_event_queue(&q, i) {
+            Ok(()) => many.push(s),
+            Err(e) => {
+                refused = Some((i, e.errno()));
+                break;
+            }
+        }
+    }
+    assert_eq!(refused, Some((144, libc::ENOSPC)));
+    // Moving a source within its queue is not a new one.
+    many[0].set_event_queue(&q, 999).unwrap();
+    // Detaching one makes room for another.
+    many.pop().unwrap().clear_event_queue().unwrap();
+    let mut s = pd.create_endpoint(&small).unwrap();
+    s.set_event_queue(&q, 1).unwrap();
+}
