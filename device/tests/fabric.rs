@@ -351,3 +351,77 @@ fn a_mapper_routes_a_fabric_split_between_engine_threads() {
     // Its ACK came back over node 2's mapped route.
     assert_eq!(common::next_event(&mut tx), Event::SendDone { id: 9 });
 }
+
+/// Event queues (spec §6.1) across the fabric and engine threads: node
+/// 2's queue (switch "b", its own thread) hears messages that crossed from
+/// node 0, once per arm, and node 0's sender, attached to a
+/// queue of its own, hears its delivery reports, which the transport
+/// settles on the other thread's acknowledgement.
+#[test]
+fn event_queues_hear_what_crosses_the_fabric_between_engine_threads() {
+    let dev = start_with_threads(2);
+    let (a, c) = (
+        Nic::attach(&common::socket(&dev, 0)).unwrap(),
+        Nic::attach(&common::socket(&dev, 2)).unwrap(),
+    );
+    let pc = c.alloc_pd().unwrap();
+    let cfg = EndpointConfig::default();
+    let mut queue = pc.create_endpoint(&cfg).unwrap();
+    let mut sources: Vec<ulnic::Endpoint> =
+        (0..2).map(|_| pc.create_endpoint(&cfg).unwrap()).collect();
+    for (i, s) in sources.iter_mut().enumerate() {
+        s.bind(40 + i as u32).unwrap();
+        s.post_free(0, 65536, 1).unwrap();
+        s.post_free(65536, 65536, 2).unwrap();
+        s.set_event_queue(&queue, 500 + i as u64).unwrap();
+        assert!(!s.arm().unwrap());
+    }
+    let pa = a.alloc_pd().unwrap();
+    let mut own_queue = pa.create_endpoint(&cfg).unwrap();
+    let mut sender = pa.create_endpoint(&cfg).unwrap();
+    sender.bind(39).unwrap();
+    sender.set_event_queue(&own_queue, 77).unwrap();
+    assert!(!sender.arm().unwrap());
+    let big = vec![5u8; 1000]; // several 256-byte packets
+    sender.write_segment(0, &big);
+    sender
+        .post_send(Address { node: 2, port: 41 }, 0, 0, 1000, 1, true)
+        .unwrap();
+    sender
+        .post_send(Address { node: 2, port: 40 }, 0, 0, 1000, 2, true)
+        .unwrap();
+    sender
+        .post_send(Address { node: 2, port: 41 }, 0, 0, 1000, 3, true)
+        .unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < 2 && Instant::now() < deadline {
+        if let Some(Event::Queued { cookie, .. }) = queue.poll_event() {
+            got.push(cookie);
+        }
+        std::thread::yield_now();
+    }
+    // Each source once (its second message came before it was armed
+    // again); the order across two pairs of endpoints is the fabric's.
+    got.sort_unstable();
+    assert_eq!(got, [500, 501], "node 2's queue");
+    // The sender's own queue: one report for its delivery reports, until
+    // it is armed again.
+    let mut mine = Vec::new();
+    while mine.is_empty() && Instant::now() < deadline {
+        mine.extend(std::iter::from_fn(|| own_queue.poll_event()));
+        std::thread::yield_now();
+    }
+    assert!(
+        matches!(mine[..], [Event::Queued { cookie: 77, .. }]),
+        "{mine:?}"
+    );
+    let mut done = 0;
+    while done < 3 && Instant::now() < deadline {
+        if let Some(Event::SendDone { .. }) = sender.poll_event() {
+            done += 1;
+        }
+    }
+    assert_eq!(done, 3);
+    assert!(queue.poll_event().is_none() && own_queue.poll_event().is_none());
+}
