@@ -97,8 +97,15 @@ fn sources_report_to_their_queue_in_order_once_per_arm() {
     assert_eq!(cookies(&mut q), Vec::<u64>::new());
     // A destroyed queue: its sources are notified themselves, and an
     // endpoint given its id is no queue of theirs.
+    let q_id = q.id();
     drop(q);
     let mut other = pd.create_endpoint(&cfg).unwrap();
+    assert_eq!(other.id(), q_id, "the queue's id is given again");
+    // The stale links name nothing: the endpoint with that id is neither
+    // a queue with sources nor refused as a source itself.
+    let r = pd.create_endpoint(&cfg).unwrap();
+    other.set_event_queue(&r, 1).unwrap();
+    other.clear_event_queue().unwrap();
     assert_eq!(drain(&mut sources[2]), 1);
     assert!(!sources[2].arm().unwrap());
     send(&mut sender, 12, 8);

@@ -19,7 +19,7 @@ use zerocopy::IntoBytes;
 use crate::chain::{self, RingFault};
 use crate::memory::guest::NodeMemory;
 use crate::nic::aperture::{Aperture, ApertureTable};
-use crate::nic::endpoint::Endpoint;
+use crate::nic::endpoint::{Endpoint, QueueLink};
 
 /// A virtqueue of a node, as handed over by the vhost-user backend.
 pub type NodeVring = crate::vring::NodeVring<NodeMemory>;
@@ -305,6 +305,20 @@ impl Node {
                 .sum(),
             filters: eps.map(|e| e.filters.len()).sum(),
         }
+    }
+
+    /// Endpoint `id`'s event queue (spec §6.1), if it has one that still
+    /// exists: the endpoint it names has the session it was attached to.
+    pub fn queue_of(&self, id: u32) -> Option<QueueLink> {
+        let link = self.endpoints.get(id as usize)?.as_ref()?.queue?;
+        let q = self.endpoints.get(link.id as usize)?.as_ref()?;
+        (q.session == link.session).then_some(link)
+    }
+
+    /// The ids of the endpoints whose live event queue is `queue`.
+    pub fn sources_of(&self, queue: u32) -> impl Iterator<Item = u32> + '_ {
+        (0..self.endpoints.len() as u32)
+            .filter(move |&e| self.queue_of(e).is_some_and(|l| l.id == queue))
     }
 
     /// A live endpoint by id.

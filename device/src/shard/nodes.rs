@@ -520,10 +520,7 @@ impl Nodes {
         let e = match queued(node, n, e, mem) {
             Queued::No => e,
             Queued::Posted { queue_armed: false } => return,
-            Queued::Posted { .. } => node
-                .endpoint_mut(e)
-                .and_then(|s| s.queue)
-                .map_or(e, |l| l.id),
+            Queued::Posted { .. } => node.queue_of(e).map_or(e, |l| l.id),
         };
         if let Some(ep) = node.endpoint_mut(e) {
             ep.stats.notifications += 1;
@@ -558,17 +555,14 @@ enum Queued {
 
 /// Posts endpoint `e`'s QUEUED event to its queue, if it has a live one.
 fn queued(node: &mut Node, node_id: u32, e: u32, mem: &GuestMemoryMmap<()>) -> Queued {
-    let Some(source) = node.endpoint_mut(e) else {
+    // A queue since destroyed (its id may be another's now) counts for
+    // nothing: the source is notified itself.
+    let Some(link) = node.queue_of(e) else {
         return Queued::No;
     };
-    let (Some(link), port) = (source.queue, source.port.unwrap_or(0)) else {
+    let port = node.endpoint_mut(e).and_then(|s| s.port).unwrap_or(0);
+    let Some(q) = node.endpoint_mut(link.id) else {
         return Queued::No;
-    };
-    let Some(q) = node
-        .endpoint_mut(link.id)
-        .filter(|q| q.session == link.session)
-    else {
-        return Queued::No; // destroyed (its id may be another's now)
     };
     let ev = EventRecord {
         kind: event::QUEUED,

@@ -412,23 +412,19 @@ fn set_event_queue(nodes: &mut Nodes, node: u32, p: &[u8]) -> Result<Response, R
     let q = n
         .endpoint_mut(queue)
         .ok_or(Response::err(status::NOT_FOUND))?;
-    let (q_pd, q_session, q_linked) = (q.pd, q.session, q.queue.is_some());
+    let (q_pd, q_session) = (q.pd, q.session);
     let room = q
         .layout
         .event_entries
         .saturating_sub(q.layout.send_entries + reserved);
-    let links_to = |e: &Endpoint, target: u32| e.queue.is_some_and(|l| l.id == target);
-    let source_is_a_queue = n.endpoints.iter().flatten().any(|e| links_to(e, id));
+    // Links to a queue since destroyed count for nothing (spec §6.1).
+    let q_linked = n.queue_of(queue).is_some();
+    let source_is_a_queue = n.sources_of(id).next().is_some();
     if queue == id || q_pd != pd || q_linked || source_is_a_queue {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let already = n.endpoint_mut(id).is_some_and(|e| links_to(e, queue));
-    let sources = n
-        .endpoints
-        .iter()
-        .flatten()
-        .filter(|e| links_to(e, queue))
-        .count() as u32;
+    let already = n.queue_of(id).is_some_and(|l| l.id == queue);
+    let sources = n.sources_of(queue).count() as u32;
     if !already && sources + 1 > room {
         return Err(Response::err(status::NO_RESOURCES));
     }
