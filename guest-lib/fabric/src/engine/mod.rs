@@ -42,6 +42,20 @@ pub const PORT_BASE: u32 = 0x4600_0000;
 /// peer does not starve the caller.
 const RX_BATCH: usize = 64;
 
+/// Bytes of unexpected messages an endpoint keeps before it stops taking
+/// packets off its receive ring (`ULNIC_FI_UNEXPECTED_MAX`, default 64
+/// MiB; docs/libfabric.md §2): senders' packets then wait at the device
+/// and come back for want of a buffer, to be sent again.
+fn unexpected_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("ULNIC_FI_UNEXPECTED_MAX")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(64 << 20)
+    })
+}
+
 /// What a finished operation reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
@@ -219,6 +233,8 @@ pub struct Engine {
     peers: HashMap<Address, PeerIn>,
     posted: VecDeque<PostedRecv>,
     unexpected: VecDeque<Unexpected>,
+    /// Bytes the unexpected messages hold.
+    unexpected_bytes: usize,
     control: VecDeque<Control>,
     /// Remote memory access: the domain's regions, reads and writes in
     /// flight.
@@ -278,6 +294,7 @@ impl Engine {
             peers: HashMap::new(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
+            unexpected_bytes: 0,
             control: VecDeque::new(),
             rma: RmaTarget::new(mrs),
         })
@@ -427,7 +444,7 @@ impl Engine {
             self.posted.push_back(r);
             return Ok(());
         };
-        let Some(u) = self.unexpected.remove(i) else {
+        let Some(u) = self.take_unexpected(i) else {
             return Ok(());
         };
         let got = copy_to(&r, 0, &u.bytes);
@@ -444,6 +461,13 @@ impl Engine {
             });
         }
         Ok(())
+    }
+
+    /// Takes unexpected message `i` out of the queue.
+    fn take_unexpected(&mut self, i: usize) -> Option<Unexpected> {
+        let u = self.unexpected.remove(i)?;
+        self.unexpected_bytes -= u.bytes.len();
+        Some(u)
     }
 
     /// Looks for an unexpected message matching `r` without taking it
@@ -463,7 +487,7 @@ impl Engine {
             PeekMode::Look => {}
             PeekMode::Claim => u.claimed = Some(r.context),
             PeekMode::Discard => {
-                self.unexpected.remove(i);
+                self.take_unexpected(i);
             }
         }
         Some(found)
@@ -485,7 +509,7 @@ impl Engine {
         else {
             return false;
         };
-        let Some(u) = self.unexpected.remove(i) else {
+        let Some(u) = self.take_unexpected(i) else {
             return false;
         };
         let r = if discard {
@@ -534,6 +558,12 @@ impl Engine {
             self.on_event(ev, out);
         }
         for _ in 0..RX_BATCH {
+            // Past the bound, packets wait at the device until receives
+            // take unexpected messages; a message under way is still
+            // taken whole (a peek finds only whole ones).
+            if self.unexpected_bytes >= unexpected_max() && self.unexpected.iter().all(|u| u.done) {
+                break;
+            }
             let Some(m) = self.ep.poll_recv() else { break };
             self.on_receive(m, out);
         }
@@ -866,6 +896,7 @@ impl Engine {
                 if let Some(u) = self.unexpected.iter_mut().rev().find(|u| u.src == src) {
                     u.bytes.extend_from_slice(&bytes);
                     u.done = last;
+                    self.unexpected_bytes += bytes.len();
                 }
             }
             Some(Current::Write(_)) | None => {}
