@@ -12,6 +12,11 @@ pub const MAGIC: u16 = 0x4f01;
 /// Bytes of the header.
 pub const HEADER: usize = 32;
 
+/// A sender posts no packet `WINDOW` or more past its oldest one to that
+/// receiver still in flight; a receiver drops one further ahead
+/// (docs/libfabric.md §2).
+pub const WINDOW: u32 = 64;
+
 /// An untagged message (FI_MSG).
 pub const KIND_MSG: u8 = 1;
 /// A tagged message (FI_TAGGED).

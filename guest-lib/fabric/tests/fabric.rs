@@ -153,7 +153,7 @@ fn run_check(name: &str) {
             .join(name),
         &["-lfabric"],
     );
-    // A low bound on unexpected messages, so fi_check's 6.4 MB of them
+    // A low bound on unexpected messages, so fi_check's 6.6 MB of them
     // go past it (docs/libfabric.md).
     let out = fi_cmd(exe.to_str().unwrap(), prov.path(), &dev.socket(0))
         .env("ULNIC_FI_UNEXPECTED_MAX", "1048576")
@@ -171,7 +171,7 @@ fn run_check(name: &str) {
         .find(|l| l.starts_with("ok bounded-unexpected"))
     {
         // The receiver stopped taking packets at the bound: not every
-        // send could complete before receives were posted (all 100 do
+        // send could complete before receives were posted (all 1000 do
         // without the bound).
         assert!(
             !l.contains(": 100 of 100"),

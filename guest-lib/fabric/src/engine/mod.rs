@@ -20,9 +20,12 @@ use zerocopy::IntoBytes;
 use crate::mr::MrTable;
 use crate::wire::{
     Header, FLAG_DATA, HEADER, KIND_MSG, KIND_READ_REQ, KIND_SHUTDOWN, KIND_TAGGED, KIND_WRITE,
-    MAGIC,
+    MAGIC, WINDOW,
 };
 use rma_state::{Incoming, RmaTarget};
+
+#[cfg(test)]
+mod tests;
 
 /// Bytes of one packet buffer (header included).
 pub const PACKET: usize = 64 << 10;
@@ -133,6 +136,8 @@ enum Then {
 struct Slot {
     op: u64,
     dest: Address,
+    /// Its sequence number to `dest`.
+    seq: u32,
     len: usize,
     /// The packet itself when it went inline (kept to send it again).
     inline: Option<Vec<u8>>,
@@ -653,6 +658,16 @@ impl Engine {
 
     /// Fills free slots from waiting sends, oldest first (so packets to a
     /// peer leave in message order), and posts them.
+    /// Whether the next packet to `dest` would be `WINDOW` or more past
+    /// the oldest one to it still in flight.
+    fn window_full(&self, dest: Address) -> bool {
+        let next = self.seq_out.get(&dest).copied().unwrap_or(0);
+        self.slots
+            .iter()
+            .flatten()
+            .any(|s| s.dest == dest && next.wrapping_sub(s.seq) >= WINDOW)
+    }
+
     fn place_sends(&mut self, out: &mut Vec<Completion>) {
         while let Some(&s) = self.retry.front() {
             if !self.post_slot(s) {
@@ -661,6 +676,15 @@ impl Engine {
             self.retry.pop_front();
         }
         while let Some(&id) = self.pending.front() {
+            // The receiver keeps at most WINDOW packets aside: none past
+            // that while an older one to it is being sent again.
+            if self
+                .ops
+                .get(&id)
+                .is_some_and(|op| self.window_full(op.dest))
+            {
+                return;
+            }
             let Some(slot) = self.free_slots.pop() else {
                 return;
             };
@@ -671,6 +695,7 @@ impl Engine {
             };
             let n = (op.len - op.placed).min(CHUNK);
             let seq = self.seq_out.entry(op.dest).or_insert(0);
+            let this_seq = *seq;
             let h = Header {
                 magic: MAGIC.into(),
                 kind: op.kind,
@@ -704,6 +729,7 @@ impl Engine {
             self.slots[slot as usize] = Some(Slot {
                 op: id,
                 dest: op.dest,
+                seq: this_seq,
                 len: HEADER + n,
                 inline,
             });
@@ -801,13 +827,15 @@ impl Engine {
         let seq = h.seq.get();
         let ahead = seq.wrapping_sub(peer.next);
         if ahead != 0 {
-            if ahead < u32::MAX / 2 {
+            // Behind: a duplicate; WINDOW or more ahead: a peer breaking
+            // the protocol. Neither is kept.
+            if ahead < WINDOW {
                 let bytes = body_bytes(&self.ep, body);
                 if let Some(p) = self.peers.get_mut(&src) {
                     p.stash.insert(seq, (h, bytes));
                 }
             }
-            return; // else a duplicate of one handled already
+            return;
         }
         self.deliver(src, h, body, out);
         loop {

@@ -334,23 +334,37 @@ static void rma_checks(struct fi_info *hints)
 	printf("ok rma\n");
 }
 
+/* Message i of bounded_unexpected: every tenth 64 KiB, the rest 8 bytes. */
+static char *bounded_msg(int i, size_t *len)
+{
+	static char large[100][65536], small[1000][8];
+
+	*len = i % 10 ? 8 : sizeof(large[0]);
+	return i % 10 ? small[i] : large[i / 10];
+}
+
 /* Unexpected messages past ULNIC_FI_UNEXPECTED_MAX (docs/libfabric.md):
- * 100 tagged messages of 64 KiB sent with no receive posted are all
- * received later, intact and in order. With the bound set low (the host
- * test sets 1 MiB) the receiver stops taking packets part way: the
- * sender's wait at the device (fewer than 100 sends complete before the
- * receives are posted) and are sent again; nothing is lost. */
+ * 1,000 tagged messages (every tenth 64 KiB, the rest 8 bytes) sent with
+ * no receive posted are all received later, intact and in order. With
+ * the bound set low (the host test sets 1 MiB) the receiver stops taking
+ * packets part way: packets wait at the device or come back and are sent
+ * again (not all sends complete before the receives are posted), the
+ * small ones queued behind large ones (the device keeps each pair's
+ * order); nothing is lost. Returns the sends done before any receive. */
 static int bounded_unexpected(struct side *a, struct side *b)
 {
-	enum { N = 100, LEN = 65536 };
-	static char out[N][LEN], in[LEN];
+	enum { N = 1000 };
+	static char in[65536];
 	struct fi_cq_tagged_entry e;
 	int sent = 0;
+	size_t len;
 
 	for (int i = 0; i < N; i++) {
-		memset(out[i], 'a' + i % 26, LEN);
-		out[i][0] = (char)i;
-		CHECK(fi_tsend(a->ep, out[i], LEN, NULL, a->peer, 0x500 + i, (void *)(long)(1000 + i)) == 0,
+		char *m = bounded_msg(i, &len);
+
+		memset(m, 'a' + i % 26, len);
+		m[0] = (char)i;
+		CHECK(fi_tsend(a->ep, m, len, NULL, a->peer, 0x5000 + i, (void *)(long)(10000 + i)) == 0,
 		      "tsend %d", i);
 	}
 	/* Move both sides a while: what the bound lets through completes. */
@@ -361,14 +375,17 @@ static int bounded_unexpected(struct side *a, struct side *b)
 	}
 	int before = sent;
 	for (int i = 0; i < N; i++) {
-		CHECK(fi_trecv(b->ep, in, LEN, NULL, FI_ADDR_UNSPEC, 0x500 + i, 0, (void *)(long)(2000 + i)) == 0,
-		      "trecv %d", i);
+		char *m = bounded_msg(i, &len);
 		ssize_t r;
+
+		CHECK(fi_trecv(b->ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, 0x5000 + i, 0,
+			       (void *)(long)(20000 + i)) == 0,
+		      "trecv %d", i);
 		while ((r = fi_cq_read(b->cq, &e, 1)) == -FI_EAGAIN)
 			if (fi_cq_read(a->cq, &e, 1) == 1)
 				sent++;
-		CHECK(r == 1 && e.op_context == (void *)(long)(2000 + i) && e.len == LEN && e.tag == 0x500u + i &&
-			      !memcmp(in, out[i], LEN),
+		CHECK(r == 1 && e.op_context == (void *)(long)(20000 + i) && e.len == len &&
+			      e.tag == 0x5000u + i && !memcmp(in, m, len),
 		      "unexpected message %d (r %zd len %zu)", i, r, e.len);
 	}
 	for (; sent < N; sent++)
@@ -450,7 +467,7 @@ int main(void)
 	CHECK(next(&b, &a, &e) == 1 && e.op_context == (void *)7 && e.len == 33, "still there after peek");
 	printf("ok peek\n");
 	claim_and_discard(&a, &b);
-	printf("ok bounded-unexpected: %d of 100 sends done before any receive\n", bounded_unexpected(&a, &b));
+	printf("ok bounded-unexpected: %d of 1000 sends done before any receive\n", bounded_unexpected(&a, &b));
 
 	/* Truncation: an error entry with the bytes that did not fit. */
 	CHECK(fi_recv(b.ep, in, 10, NULL, FI_ADDR_UNSPEC, (void *)8) == 0, "short recv");
