@@ -6,17 +6,6 @@ use std::time::Duration;
 use ulnic::{Address, Endpoint, EndpointConfig, Event, Nic};
 use ulnic_testkit as common;
 
-/// Whether `fd` is readable within `ms`, by poll(2).
-fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
-}
-
 /// The queue's QUEUED cookies waiting now, in order.
 fn cookies(q: &mut Endpoint) -> Vec<u64> {
     std::iter::from_fn(|| q.poll_event())
@@ -69,7 +58,10 @@ fn sources_report_to_their_queue_in_order_once_per_arm() {
         send(&mut sender, port, byte);
     }
     settle(&sender);
-    assert!(readable(fd, 5000), "the queue's descriptor did not wake");
+    assert!(
+        common::readable(fd, 5000),
+        "the queue's descriptor did not wake"
+    );
     assert!(q.take_notification().unwrap());
     assert_eq!(cookies(&mut q), [101, 100, 102]);
     // The sources were not notified themselves: their queue was.
@@ -84,7 +76,7 @@ fn sources_report_to_their_queue_in_order_once_per_arm() {
     send(&mut sender, 11, 5);
     send(&mut sender, 10, 6);
     settle(&sender);
-    assert!(readable(fd, 5000));
+    assert!(common::readable(fd, 5000));
     assert!(q.take_notification().unwrap());
     assert_eq!(cookies(&mut q), [101]);
     // Detached, a source is notified itself again.

@@ -75,17 +75,6 @@ fn blocked_receiver_is_woken_by_a_dropped_message() {
     );
 }
 
-/// Whether `fd` is readable within `ms`.
-fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
-}
-
 #[test]
 fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
     let dev = common::device(2);
@@ -111,13 +100,13 @@ fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
             "round {round}: notifications before any message"
         );
         assert!(
-            !readable(fd, 0),
+            !common::readable(fd, 0),
             "round {round}: readable before any message"
         );
         ea.post_send_inline(Address { node: 1, port: 2 }, 0, &[round], 0)
             .unwrap();
         assert!(
-            readable(fd, 5000),
+            common::readable(fd, 5000),
             "round {round}: the message woke no poll"
         );
         assert!(
@@ -125,7 +114,7 @@ fn a_host_attached_endpoint_can_be_waited_for_in_poll() {
             "round {round}: no notification taken"
         );
         assert!(
-            !readable(fd, 0),
+            !common::readable(fd, 0),
             "round {round}: still readable after the take"
         );
         let m = eb.poll_recv().expect("the message that woke us");
@@ -169,7 +158,7 @@ fn one_call_takes_every_notification_of_a_domain() {
     let mut got = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while got.len() < 3 && std::time::Instant::now() < deadline {
-        readable(fd, 100);
+        common::readable(fd, 100);
         got.extend(pb.take_notified().unwrap());
     }
     got.sort();
@@ -190,13 +179,16 @@ fn one_call_takes_every_notification_of_a_domain() {
     // The device signals after it posts a record, so the take above may
     // have taken a record whose signal came after it: one wake-up that
     // finds nothing (spec §6). Once that is taken, nothing is left.
-    if readable(fd, 0) {
+    if common::readable(fd, 0) {
         assert!(
             pb.take_notified().unwrap().is_empty(),
             "a fourth notification"
         );
     }
-    assert!(!readable(fd, 0), "readable after everything was taken");
+    assert!(
+        !common::readable(fd, 0),
+        "readable after everything was taken"
+    );
     assert!(pb.take_notified().unwrap().is_empty());
 }
 
@@ -300,7 +292,7 @@ fn notifications_past_the_queues_buffers_all_arrive() {
                 "round {round}: {} of {N} endpoints never notified",
                 notified.iter().filter(|n| !**n).count()
             );
-            readable(pb.notification_fd().unwrap(), 100);
+            common::readable(pb.notification_fd().unwrap(), 100);
             for id in pb.take_notified().unwrap() {
                 notified[ids[&id]] = true;
             }

@@ -22,4 +22,6 @@ pub use device::{
 pub use endpoints::{attach_again, exchange, next_event, next_message, small_endpoints};
 pub use process::{c_program, c_program_with, TestChild};
 pub use raw::frontend;
-pub use wait::{eventually, thread_id, until_blocked, wait_for, wait_for_path, wait_until};
+pub use wait::{
+    eventually, readable, thread_id, until_blocked, wait_for, wait_for_path, wait_until,
+};

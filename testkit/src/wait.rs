@@ -87,3 +87,15 @@ pub fn until_blocked(tid: i32) {
         |s| *s == Some('S'),
     );
 }
+
+/// Whether `fd` becomes readable (`POLLIN`) within `ms` milliseconds, by
+/// poll(2): for the tests of a notification descriptor.
+pub fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
