@@ -45,7 +45,8 @@ pub const PORT_BASE: u32 = 0x4600_0000;
 /// peer does not starve the caller.
 const RX_BATCH: usize = 64;
 
-/// Bytes of unexpected messages an endpoint keeps before it stops taking
+/// Bytes an endpoint holds for its peers (unexpected messages, and the
+/// read responses and acknowledgements it owes) before it stops taking
 /// packets off its receive ring (`ULNIC_FI_UNEXPECTED_MAX`, default 64
 /// MiB; docs/libfabric.md §2): senders' packets then wait at the device
 /// and come back for want of a buffer, to be sent again.
@@ -240,6 +241,10 @@ pub struct Engine {
     unexpected: VecDeque<Unexpected>,
     /// Bytes the unexpected messages hold.
     unexpected_bytes: usize,
+    /// Bytes of the responses and acknowledgements queued to peers.
+    owed_bytes: usize,
+    /// Past this many bytes held for peers, no packet is taken.
+    hold_max: usize,
     control: VecDeque<Control>,
     /// Remote memory access: the domain's regions, reads and writes in
     /// flight.
@@ -300,6 +305,8 @@ impl Engine {
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
             unexpected_bytes: 0,
+            owed_bytes: 0,
+            hold_max: unexpected_max(),
             control: VecDeque::new(),
             rma: RmaTarget::new(mrs),
         })
@@ -428,6 +435,9 @@ impl Engine {
     /// Queues `op` whatever the queue's depth (a response or an
     /// acknowledgement owed to a peer, which must not be lost): its id.
     fn enqueue(&mut self, op: TxOp) -> u64 {
+        if matches!(op.then, Then::Quiet) {
+            self.owed_bytes += op.len;
+        }
         let id = self.next_op;
         self.next_op += 1;
         self.ops.insert(id, op);
@@ -566,7 +576,8 @@ impl Engine {
             // Past the bound, packets wait at the device until receives
             // take unexpected messages; a message under way is still
             // taken whole (a peek finds only whole ones).
-            if self.unexpected_bytes >= unexpected_max() && self.unexpected.iter().all(|u| u.done) {
+            let held = self.unexpected_bytes + self.owed_bytes;
+            if held >= self.hold_max && self.unexpected.iter().all(|u| u.done) {
                 break;
             }
             let Some(m) = self.ep.poll_recv() else { break };
@@ -652,7 +663,7 @@ impl Engine {
                     self.read_done(read, Some(e), out);
                 }
             }
-            Then::Quiet => {}
+            Then::Quiet => self.owed_bytes -= op.len,
         }
     }
 

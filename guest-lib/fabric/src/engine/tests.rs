@@ -70,3 +70,58 @@ fn a_packet_past_the_window_is_dropped_not_kept() {
     }
     assert_eq!(engine.peers[&src].stash.len(), 1);
 }
+
+#[test]
+fn read_requests_stop_being_taken_past_the_bound() {
+    use crate::mr::MrEntry;
+    use crate::wire::KIND_READ_REQ;
+    const MIB: usize = 1 << 20;
+    let dev = ulnic_testkit::device(1);
+    let nic = Nic::attach(&dev.socket(0)).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let region = vec![7u8; MIB];
+    let mrs = Arc::new(MrTable::default());
+    let key = mrs.register(MrEntry {
+        base: region.as_ptr() as usize,
+        len: MIB,
+        access: crate::fi::REMOTE_READ,
+    });
+    let mut engine = Engine::open(&pd, Some(PORT_BASE + 1), mrs).unwrap();
+    engine.hold_max = 4 * MIB;
+    // A reader that posts no buffer: the 1 MiB responses cannot land, so
+    // they stay owed while it keeps asking.
+    let mut raw = pd.create_endpoint(&EndpointConfig::default()).unwrap();
+    raw.bind(PORT_BASE + 2).unwrap();
+    let to = Address {
+        node: 0,
+        port: PORT_BASE + 1,
+    };
+    for seq in 0..40u32 {
+        let h = Header {
+            magic: MAGIC.into(),
+            kind: KIND_READ_REQ,
+            flags: 0,
+            seq: seq.into(),
+            msg_len: 16.into(),
+            offset: 0.into(),
+            tag: key.into(),
+            data: 0.into(),
+        };
+        let mut b = h.as_bytes().to_vec();
+        b.extend_from_slice(&u64::from(seq).to_le_bytes());
+        b.extend_from_slice(&(MIB as u64).to_le_bytes());
+        raw.post_send_inline(to, 0, &b, 0).unwrap();
+    }
+    let mut out = Vec::new();
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_millis(500) {
+        engine.progress(&mut out);
+    }
+    assert!(engine.owed_bytes > 0, "no request was served");
+    assert!(
+        engine.owed_bytes <= engine.hold_max + MIB,
+        "{} MiB of responses owed",
+        engine.owed_bytes / MIB
+    );
+    assert!(raw.recv_ready() == 0, "a response landed without a buffer");
+}
