@@ -283,3 +283,32 @@ fn a_forked_childs_command_is_refused_and_the_parents_queue_works() {
         create_pd(&hw);
     }
 }
+
+/// SET_EVENT_QUEUE (spec §4.2, §6.1) by raw command, below the library's
+/// own refusal of another domain's queue: another domain's queue, the
+/// source itself, a queue on no endpoint, and one without room are
+/// refused and leave no link.
+#[test]
+fn refused_event_queues_leave_no_link() {
+    let dev = common::device(1);
+    let hw = HostAttach::connect(&common::socket(&dev, 0), 4 << 20).unwrap();
+    let (pd, pd2) = (create_pd(&hw), create_pd(&hw));
+    let source = raw_endpoint(&hw, pd).id;
+    let queue = raw_endpoint(&hw, pd).id;
+    let foreign = raw_endpoint(&hw, pd2).id;
+    let attach = |ep: u32, q: u32| {
+        let p = wire::SetEventQueue {
+            endpoint: ep.into(),
+            queue: q.into(),
+            cookie: 9.into(),
+        };
+        status_of(hw.command(cmd::SET_EVENT_QUEUE, p.as_bytes()))
+    };
+    assert_eq!(attach(source, foreign), status::INVALID_ARGUMENT);
+    assert_eq!(attach(source, source), status::INVALID_ARGUMENT);
+    assert_eq!(attach(source, 4000), status::NOT_FOUND);
+    // A 64-entry event ring leaves no room beyond its own sends,
+    // conditions, tripwires and redirections.
+    assert_eq!(attach(source, queue), status::NO_RESOURCES);
+    assert!(dev.shard().lock().nodes[0].queue_of(source).is_none());
+}

@@ -519,8 +519,8 @@ impl Nodes {
         // the queue is notified if it is armed.
         let e = match queued(node, n, e, mem) {
             Queued::No => e,
-            Queued::Posted { queue_armed: false } => return,
-            Queued::Posted { .. } => node.queue_of(e).map_or(e, |l| l.id),
+            Queued::Posted => return,
+            Queued::NotifyQueue(q) => q,
         };
         if let Some(ep) = node.endpoint_mut(e) {
             ep.stats.notifications += 1;
@@ -548,9 +548,11 @@ impl Nodes {
 enum Queued {
     /// Not a source of a live queue: notify it.
     No,
-    /// Its QUEUED event went to its queue (or was counted lost there);
-    /// `queue_armed`: the queue's arm was taken, so the queue is notified.
-    Posted { queue_armed: bool },
+    /// Its QUEUED event went to its queue (or was counted lost there),
+    /// which is not armed: nobody is notified.
+    Posted,
+    /// As `Posted`, and the queue's arm was taken: notify queue `.0`.
+    NotifyQueue(u32),
 }
 
 /// Posts endpoint `e`'s QUEUED event to its queue, if it has a live one.
@@ -573,8 +575,10 @@ fn queued(node: &mut Node, node_id: u32, e: u32, mem: &GuestMemoryMmap<()>) -> Q
         ..EventRecord::default()
     };
     q.post_event(mem, &ev);
-    Queued::Posted {
-        queue_armed: q.take_arm(mem),
+    if q.take_arm(mem) {
+        Queued::NotifyQueue(link.id)
+    } else {
+        Queued::Posted
     }
 }
 

@@ -2,6 +2,8 @@
 //! its domain report to with a cookie, so that one ring, one descriptor
 //! and one sleep serve many sources.
 
+use std::sync::Arc;
+
 use ulnic_abi::{cmd, wire, EVENT_QUEUE_DETACH};
 use zerocopy::IntoBytes;
 
@@ -33,6 +35,13 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn set_event_queue(&mut self, queue: &Endpoint, cookie: u64) -> Result<(), Error> {
+        // An endpoint id means something only in its own domain (and on
+        // its own NIC): another's would name a stranger here.
+        if !Arc::ptr_eq(&self.dom, &queue.dom) {
+            return Err(Error::InvalidArgument(
+                "the event queue is an endpoint of another protection domain",
+            ));
+        }
         self.queue_command(queue.id, cookie)
     }
 
