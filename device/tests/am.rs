@@ -279,6 +279,13 @@ fn two_endpoints_requesting_of_each_other_without_credits_do_not_deadlock() {
         x.poll().unwrap();
     }
     x_done.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Keep answering y until it is done too: x may finish first, and y's
+    // last requests then wait for x's replies (the test hung so once).
+    while !t.is_finished() {
+        if x.poll().unwrap() == 0 {
+            std::thread::yield_now();
+        }
+    }
     let mut y = t.join().unwrap();
     pump(&mut [&mut x, &mut y], |e| e[1].credits() == 1);
     assert_eq!(x.stats().replies_handled, 2000);
