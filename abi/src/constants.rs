@@ -21,7 +21,7 @@ use zerocopy::little_endian::{U32, U64};
 /// Specification version implemented (major changes break drivers).
 pub const SPEC_VERSION_MAJOR: u16 = 0;
 /// Specification minor version (compatible additions).
-pub const SPEC_VERSION_MINOR: u16 = 13;
+pub const SPEC_VERSION_MINOR: u16 = 14;
 
 /// The virtio device id QEMU presents the device under. QEMU's generic
 /// vhost-user device only accepts ids in its own name table (QEMU 11.1
@@ -53,9 +53,25 @@ pub const F_OOB: u64 = 1 << 5;
 /// queue, payload and all, flagged `recv_flags::RETURNED`. Without it the
 /// sender sees only the `TX_ERROR` event.
 pub const F_RETURN_TO_SENDER: u64 = 1 << 6;
+/// Device feature bit: PIO windows (spec §6.2): memory one frontend
+/// exports, mapped into another frontend's shared-memory region and
+/// written with plain stores.
+pub const F_PIO: u64 = 1 << 7;
 /// Feature bits this version of the device implements.
-pub const F_IMPLEMENTED: u64 =
-    F_MESSAGING | F_UTLB | F_CLOSE_MESSAGE | F_RDMA | F_TRIPWIRE | F_OOB | F_RETURN_TO_SENDER;
+pub const F_IMPLEMENTED: u64 = F_MESSAGING
+    | F_UTLB
+    | F_CLOSE_MESSAGE
+    | F_RDMA
+    | F_TRIPWIRE
+    | F_OOB
+    | F_RETURN_TO_SENDER
+    | F_PIO;
+/// PIO windows mapped into one frontend's aperture at a time (spec §6.2).
+pub const MAX_PIO_MAPPINGS: u32 = 4;
+/// Largest PIO window, in pages (64 MiB).
+pub const MAX_PIO_PAGES: u32 = 16384;
+/// The device's PIO aperture per frontend unless told otherwise (64 MiB).
+pub const DEFAULT_PIO_APERTURE: u64 = 64 << 20;
 
 /// Apertures one endpoint may export at once.
 pub const MAX_APERTURES: u32 = 64;
@@ -339,6 +355,14 @@ pub mod cmd {
         GET_STATS = 0x16,
         /// Attach an endpoint to an event queue (or detach it).
         SET_EVENT_QUEUE = 0x17,
+        /// Create a PIO window and map it into the exporter's aperture.
+        EXPORT_PIO = 0x18,
+        /// Map another node's PIO window into this frontend's aperture.
+        IMPORT_PIO = 0x19,
+        /// Unmap a PIO window everywhere and destroy it.
+        REVOKE_PIO = 0x1a,
+        /// Drop an import of a PIO window, freeing its aperture range.
+        RELEASE_PIO = 0x1b,
         /// Export a segment range as an aperture; returns its cookie.
         EXPORT = 0x30,
         /// Revoke an aperture.
@@ -372,6 +396,8 @@ pub mod cmd {
             GET_STATS => crate::constants::STAT_NAMES.len() * 8,
             EXPORT | EXPORT_BUFFER => core::mem::size_of::<crate::wire::Cookie>(),
             SET_TRIPWIRE => core::mem::size_of::<crate::wire::ObjectId>(),
+            EXPORT_PIO => core::mem::size_of::<crate::wire::PioExported>(),
+            IMPORT_PIO => core::mem::size_of::<crate::wire::PioImported>(),
             _ => 0,
         }
     }
@@ -385,6 +411,9 @@ pub mod cmd {
                 crate::constants::F_MESSAGING | crate::constants::F_UTLB
             }
             EXPORT | REVOKE => crate::constants::F_MESSAGING | crate::constants::F_RDMA,
+            EXPORT_PIO | IMPORT_PIO | REVOKE_PIO | RELEASE_PIO => {
+                crate::constants::F_MESSAGING | crate::constants::F_PIO
+            }
             EXPORT_BUFFER => {
                 crate::constants::F_MESSAGING | crate::constants::F_RDMA | crate::constants::F_UTLB
             }
@@ -732,6 +761,10 @@ pub mod event {
     /// `user_id` is the source's cookie, `aux` its endpoint id, `port`
     /// its bound port.
     pub const QUEUED: u16 = 8;
+    /// A PIO window this endpoint imported was revoked (spec §6.2): `aux`
+    /// is the import id, `user_id` the window's key, `node` the
+    /// exporter's node, `len` the window's bytes.
+    pub const PIO_REVOKED: u16 = 9;
 }
 
 /// Codes of `TX_ERROR` events.

@@ -263,6 +263,62 @@ wire! {
         pub cookie: U64,
     }
 
+    /// EXPORT_PIO payload (spec §6.2).
+    pub struct ExportPio = "ulnic_export_pio" {
+        /// The exporting endpoint.
+        pub endpoint: U32,
+        /// Window size in pages of 4096 bytes.
+        pub pages: U32,
+        /// The node allowed to import it, or `ANY`.
+        pub importer: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+    }
+
+    /// EXPORT_PIO result (spec §6.2).
+    pub struct PioExported = "ulnic_pio_exported" {
+        /// Window id on the exporter's node.
+        pub window: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+        /// 64 random bits an importer must present.
+        pub key: U64,
+        /// Where the window is in the exporter's aperture.
+        pub offset: U64,
+    }
+
+    /// IMPORT_PIO payload (spec §6.2).
+    pub struct ImportPio = "ulnic_import_pio" {
+        /// The importing endpoint.
+        pub endpoint: U32,
+        /// The exporter's node.
+        pub node: U32,
+        /// The window id.
+        pub window: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+        /// The window's key.
+        pub key: U64,
+    }
+
+    /// IMPORT_PIO result (spec §6.2).
+    pub struct PioImported = "ulnic_pio_imported" {
+        /// Import id on the importer's node.
+        pub import: U32,
+        /// The window's size in pages.
+        pub pages: U32,
+        /// Where the window is in the importer's aperture.
+        pub offset: U64,
+    }
+
+    /// REVOKE_PIO and RELEASE_PIO payload (spec §6.2).
+    pub struct PioObject = "ulnic_pio_object" {
+        /// Endpoint.
+        pub endpoint: U32,
+        /// Window (REVOKE_PIO), or import or window (RELEASE_PIO).
+        pub id: U32,
+    }
+
     /// EXPORT payload (spec §5.12); the result is a cookie.
     pub struct Export = "ulnic_export" {
         /// Endpoint.

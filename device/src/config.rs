@@ -50,6 +50,7 @@ pub struct Configuration {
     utlb_cache: CacheConfig,
     fabric: FabricConfig,
     engine_threads: u32,
+    pio_aperture: u64,
 }
 
 impl Configuration {
@@ -67,6 +68,7 @@ impl Configuration {
             utlb_cache: CacheConfig::default(),
             fabric,
             engine_threads: 1,
+            pio_aperture: ulnic_abi::DEFAULT_PIO_APERTURE,
         })
     }
 
@@ -94,6 +96,12 @@ impl Configuration {
     /// Tripwires each endpoint may set.
     pub fn tripwires(&self) -> u32 {
         self.tripwires
+    }
+
+    /// Bytes of each frontend's PIO aperture, its shared-memory region
+    /// (spec §6.2); 0 when PIO windows are off.
+    pub fn pio_aperture(&self) -> u64 {
+        self.pio_aperture
     }
 
     /// Shape of the device's UTLB translation cache.
@@ -214,6 +222,15 @@ impl Configuration {
             )));
         }
         self.utlb_cache.validate().map_err(Error::Config)?;
+        let a = self.pio_aperture;
+        if a != 0 && (!a.is_power_of_two() || !(MIN_PIO_APERTURE..=MAX_PIO_APERTURE).contains(&a)) {
+            // QEMU asserts that a BAR is a power of two (spec §2).
+            return Err(Error::Config(format!(
+                "--pio-aperture must be 0 or a power of two from {} MiB to {} MiB, not {a} bytes",
+                MIN_PIO_APERTURE >> 20,
+                MAX_PIO_APERTURE >> 20
+            )));
+        }
         if !(1..=ulnic_abi::MAX_ENDPOINTS_LIMIT).contains(&self.max_endpoints) {
             return Err(Error::Config(format!(
                 "--endpoints must be between 1 and {}",
@@ -230,6 +247,11 @@ impl Configuration {
 /// boot time the same at 8 and 1024, issue 33). What bounds connections
 /// is then the memory they hold (the driver's `mem_limit_mb`).
 pub const DEFAULT_ENDPOINTS: u32 = 1024;
+
+/// Smallest PIO aperture (spec §3).
+pub const MIN_PIO_APERTURE: u64 = 1 << 20;
+/// Largest PIO aperture (spec §3): a BAR that firmware can still place.
+pub const MAX_PIO_APERTURE: u64 = 1 << 30;
 
 /// Polling time before the engine sleeps, unless set.
 pub const DEFAULT_POLL_FOR: Duration = Duration::from_micros(200);
@@ -255,6 +277,13 @@ impl ConfigurationBuilder {
     /// `ulnic_abi::MAX_TRIPWIRES_LIMIT`).
     pub fn tripwires(mut self, n: u32) -> Self {
         self.0.tripwires = n;
+        self
+    }
+
+    /// Bytes of each frontend's PIO aperture (0 turns PIO windows off;
+    /// else a power of two from 1 MiB to 1 GiB).
+    pub fn pio_aperture(mut self, bytes: u64) -> Self {
+        self.0.pio_aperture = bytes;
         self
     }
 

@@ -18,6 +18,7 @@ use crate::fabric::network::{Captured, FabricConfig, FabricCounters};
 use crate::fabric::span::MemoryShared;
 use crate::fabric::topology::Faults;
 use crate::memory::region;
+use crate::pio::Pio;
 use crate::shard::snapshot::Snapshot;
 use crate::shard::{engine, Shard};
 use crate::vhost::socket::serve_node;
@@ -33,6 +34,8 @@ pub struct Device {
     /// Each node's thread, and its listening socket (shut down to end an
     /// accept() the thread may be waiting in).
     node_threads: Vec<(JoinHandle<()>, std::os::fd::OwnedFd)>,
+    /// Every node's PIO windows.
+    pio: Arc<Pio>,
 }
 
 impl Device {
@@ -59,6 +62,16 @@ impl Device {
         let node_shard: Vec<usize> = (0..config.sockets().len() as u32)
             .map(|n| config.shard_of(n))
             .collect();
+        let pio = Arc::new(Pio::new(
+            (0..config.sockets().len() as u32)
+                .map(|n| {
+                    config
+                        .is_local(n)
+                        .then(|| shards[node_shard[n as usize]].clone())
+                })
+                .collect(),
+            config.pio_aperture(),
+        ));
         let mut node_threads = Vec::new();
         for (node, path) in config.sockets().iter().enumerate() {
             if !config.is_local(node as u32) {
@@ -79,10 +92,11 @@ impl Device {
                 source,
             })?;
             let shard = shards[node_shard[node]].clone();
+            let pio = pio.clone();
             let path = path.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("ulnic-node{node}"))
-                .spawn(move || serve_node(node as u32, shard, listener, &path))
+                .spawn(move || serve_node(node as u32, shard, pio, listener, &path))
                 .map_err(|source| Error::Os {
                     what: "node thread",
                     source,
@@ -118,6 +132,7 @@ impl Device {
                 .collect(),
             engines,
             node_threads,
+            pio,
         })
     }
 
@@ -332,5 +347,12 @@ impl Drop for Device {
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);
         }
+    }
+}
+
+impl Device {
+    /// What PIO windows sent the frontends so far (spec §6.2).
+    pub fn pio_counters(&self) -> &crate::pio::PioCounters {
+        &self.pio.counters
     }
 }

@@ -21,6 +21,9 @@
 //!   (`nodes`, through the fabric when there is one), remote memory
 //!   operations (`rdma`), the engine thread (`engine`), and the counters
 //!   at one moment (`snapshot`).
+//! - [`pio`]: PIO windows (CLAN's PIO apertures): the memory the device
+//!   creates for them (`window`), what it knows of each frontend
+//!   (`frontend`), and the commands that map and revoke them.
 //! - [`vhost`]: each node's vhost-user face: the backend (`backend`), the
 //!   control commands (`control`), the socket (`socket`).
 //! - [`device`]: a running device.
@@ -53,6 +56,7 @@ pub mod fabric;
 pub mod memory;
 pub mod nic;
 pub mod notifier;
+pub mod pio;
 pub mod shard;
 pub mod vhost;
 pub mod vring;

@@ -45,13 +45,13 @@ fn export_payload(ep: &spec::Ep) -> Export {
 
 /// §2: the virtio feature bits offered are VERSION_1 (32), vhost-user's
 /// PROTOCOL_FEATURES (30) and the device bits of §2's table marked
-/// implemented: 0-6.
+/// implemented: 0-7.
 #[test]
 fn s2_features_offered_are_version_1_protocol_features_and_the_device_bits() {
     let dev = common::device(1);
     let fe = Frontend::connect(common::socket(&dev, 0), 64).unwrap();
     let offered = fe.get_features().unwrap();
-    let device_bits = 0b111_1111;
+    let device_bits = 0b1111_1111;
     assert_eq!(
         F_IMPLEMENTED, device_bits,
         "the contract's implemented bits"
@@ -61,10 +61,11 @@ fn s2_features_offered_are_version_1_protocol_features_and_the_device_bits() {
     assert_eq!(offered, VERSION_1 | PROTOCOL_FEATURES | device_bits);
 }
 
-/// §2: the protocol features offered are exactly MQ, CONFIG and REPLY_ACK
-/// (not RESET_DEVICE); §2.4 step 3: GET_QUEUE_NUM gives 64.
+/// §2: the protocol features offered are exactly MQ, CONFIG, REPLY_ACK
+/// and PIO's BACKEND_REQ, BACKEND_SEND_FD and SHMEM (not RESET_DEVICE,
+/// not CONFIGURE_MEM_SLOTS); §2.4 step 3: GET_QUEUE_NUM gives 64.
 #[test]
-fn s2_protocol_features_offered_are_mq_config_and_reply_ack() {
+fn s2_protocol_features_offered_are_mq_config_reply_ack_and_pios() {
     let dev = common::device(1);
     let mut fe = Frontend::connect(common::socket(&dev, 0), 64).unwrap();
     fe.get_features().unwrap();
@@ -210,7 +211,7 @@ fn s2_accepting_a_bit_not_offered_fails_set_features_and_ends_the_connection() {
     let sock = common::socket(&dev, 0);
     let mut raw = Raw::new(&sock);
     let all = VERSION_1 | PROTOCOL_FEATURES | F_IMPLEMENTED;
-    assert!(raw.fe.set_features(all | 1 << 7).is_err(), "bit 7 taken");
+    assert!(raw.fe.set_features(all | 1 << 8).is_err(), "bit 8 taken");
     assert!(raw.closed(), "the connection stays open");
     drop(raw);
     released(&dev, 0);

@@ -392,6 +392,10 @@ fn s4_2_every_payload_length_is_exact() {
         cmd::DISARM,
         cmd::GET_STATS,
         cmd::SET_EVENT_QUEUE,
+        cmd::EXPORT_PIO,
+        cmd::IMPORT_PIO,
+        cmd::REVOKE_PIO,
+        cmd::RELEASE_PIO,
         cmd::UTLB_SET_TABLE,
         cmd::UTLB_INVALIDATE,
         cmd::EXPORT,
@@ -416,15 +420,23 @@ fn s4_2_every_payload_length_is_exact() {
         size_of::<SetTripwire>(),
         size_of::<ClearTripwire>(),
         size_of::<FilterEntry>(),
+        size_of::<ulnic_abi::wire::ExportPio>(),
+        size_of::<ulnic_abi::wire::ImportPio>(),
+        size_of::<ulnic_abi::wire::PioObject>(),
     ];
-    assert_eq!(payloads, [8, 4, 48, 8, 8, 16, 16, 12, 24, 8, 32, 40, 8, 16]);
+    assert_eq!(
+        payloads,
+        [8, 4, 48, 8, 8, 16, 16, 12, 24, 8, 32, 40, 8, 16, 16, 24, 8]
+    );
     let results = [
         size_of::<DeviceInfo>(),
         size_of::<PdCreated>(),
         size_of::<EndpointCreated>(),
         size_of::<Cookie>(),
+        size_of::<ulnic_abi::wire::PioExported>(),
+        size_of::<ulnic_abi::wire::PioImported>(),
     ];
-    assert_eq!(results, [40, 8, 8, 24]);
+    assert_eq!(results, [40, 8, 8, 24, 24, 16]);
     let dev = common::device(1);
     let mut raw = Raw::new(&common::socket(&dev, 0));
     for (opcode, len, _, _) in COMMANDS {

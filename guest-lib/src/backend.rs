@@ -129,6 +129,12 @@ pub(crate) trait Domain: Send + Sync {
     /// The endpoint memory the device holds now and the most it may
     /// (bytes), where the backend bounds it: the driver's budget (spec
     /// §9, sysfs), the attachment's shared memory. `None`: unknown.
+    /// The PIO aperture windows are mapped into (spec §6.2): its first
+    /// byte and its length; `None` where there is none.
+    fn pio_aperture(&self) -> Option<(*mut u8, u64)> {
+        None
+    }
+
     fn memory_use(&self) -> Option<(u64, u64)> {
         None
     }

@@ -48,13 +48,26 @@ pub enum DmqKind {
 }
 
 impl DmqKind {
-    fn footprint(self, len: u64) -> u64 {
+    pub(crate) fn footprint(self, len: u64) -> u64 {
         match self {
             DmqKind::Bytes => pad8(LEN_BYTES + len),
             DmqKind::Fixed { entry } => u64::from(entry),
         }
     }
-    fn check(self, ring: u64) -> Result<(), Error> {
+    /// The ring bytes a message of `len` bytes takes, or why it cannot be
+    /// queued at all.
+    pub(crate) fn room_for(self, len: u64, ring: u64) -> Result<u64, Error> {
+        let need = self.footprint(len);
+        if need > ring
+            || len > u64::from(u32::MAX)
+            || (self != DmqKind::Bytes && LEN_BYTES + len > need)
+        {
+            return Err(Error::InvalidArgument("message larger than a queue entry"));
+        }
+        Ok(need)
+    }
+
+    pub(crate) fn check(self, ring: u64) -> Result<(), Error> {
         if ring == 0 || !ring.is_multiple_of(8) {
             return Err(Error::InvalidArgument(
                 "ring length must be a non-zero multiple of 8",
@@ -70,6 +83,41 @@ impl DmqKind {
         }
         Ok(())
     }
+}
+
+/// Takes the message at free-running position `read` of a ring of
+/// `ring` bytes whose writer has reached `written` (not `read`) into
+/// `out`, loading ring bytes with `load`; returns the bytes it took in
+/// the ring. A writer's index or length past what the ring can hold is
+/// refused: the sender wrote them, and it is not trusted.
+pub(crate) fn take_message(
+    kind: DmqKind,
+    ring: u64,
+    read: u64,
+    written: u64,
+    out: &mut Vec<u8>,
+    mut load: impl FnMut(u64, &mut [u8]),
+) -> Result<u64, Error> {
+    if written.wrapping_sub(read) > ring {
+        return Err(Error::InvalidArgument(
+            "queue index corrupted by the sender",
+        ));
+    }
+    let mut len = [0u8; LEN_BYTES as usize];
+    load(read, &mut len);
+    let len = u64::from(u32::from_le_bytes(len));
+    let room = match kind {
+        DmqKind::Bytes => ring,
+        DmqKind::Fixed { entry } => u64::from(entry),
+    } - LEN_BYTES;
+    if len > room {
+        return Err(Error::InvalidArgument(
+            "message length corrupted by the sender",
+        ));
+    }
+    out.resize(len as usize, 0);
+    load(read + LEN_BYTES, out);
+    Ok(kind.footprint(len))
 }
 
 /// Drains an endpoint's events (tripwire events only re-arm: their flags
@@ -228,26 +276,10 @@ impl DmqReceiver {
             self.publish(true)?;
             return Ok(false);
         }
-        if written.wrapping_sub(self.read) > self.ring {
-            return Err(Error::InvalidArgument(
-                "queue index corrupted by the sender",
-            ));
-        }
-        let mut len = [0u8; LEN_BYTES as usize];
-        self.ring_read(self.read, &mut len);
-        let len = u64::from(u32::from_le_bytes(len));
-        let room = match self.kind {
-            DmqKind::Bytes => self.ring,
-            DmqKind::Fixed { entry } => u64::from(entry),
-        } - LEN_BYTES;
-        if len > room {
-            return Err(Error::InvalidArgument(
-                "message length corrupted by the sender",
-            ));
-        }
-        out.resize(len as usize, 0);
-        self.ring_read(self.read + LEN_BYTES, out);
-        self.read += self.kind.footprint(len);
+        let (kind, ring, read) = (self.kind, self.ring, self.read);
+        self.read += take_message(kind, ring, read, written, out, |at, b| {
+            self.ring_read(at, b)
+        })?;
         self.publish(false)?;
         Ok(true)
     }
@@ -378,13 +410,7 @@ impl DmqSender {
     /// ```
     pub fn send(&mut self, data: &[u8], timeout: Duration) -> Result<(), Error> {
         let len = data.len() as u64;
-        let need = self.kind.footprint(len);
-        if need > self.ring
-            || len > u64::from(u32::MAX)
-            || (self.kind != DmqKind::Bytes && LEN_BYTES + len > need)
-        {
-            return Err(Error::InvalidArgument("message larger than a queue entry"));
-        }
+        let need = self.kind.room_for(len, self.ring)?;
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(e) = drain(&mut self.ep) {

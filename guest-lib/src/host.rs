@@ -158,6 +158,10 @@ impl Domain for HostDomain {
         Ok(self.hw.take_notified())
     }
 
+    fn pio_aperture(&self) -> Option<(*mut u8, u64)> {
+        self.hw.pio_aperture()
+    }
+
     fn memory_use(&self) -> Option<(u64, u64)> {
         let m = self.hw.memory();
         Some((m.in_use() as u64, m.len() as u64))

@@ -42,16 +42,19 @@ mod error;
 mod host;
 mod kernel;
 mod nic;
+mod pio_dmq;
 pub mod sock;
 mod staging;
 mod types;
 mod utlb;
 
 pub use dmq::{DmqKind, DmqReceiver, DmqSender};
+pub use endpoint::pio::{pio_flush, PioGrant, PioImport, PioWindow};
 pub use endpoint::{Endpoint, Waiter, LINGER};
 pub use env::{DEFAULT_DEVICE, DEVICE_ENV, MEMORY_ENV, SOCKET_ENV};
 pub use error::Error;
 pub use nic::{Nic, ProtectionDomain};
+pub use pio_dmq::{PioDmqReceiver, PioDmqSender};
 pub use types::{
     Address, EndpointConfig, Event, Immediate, Payload, Permissions, Received, RedirectOutcome,
     SendError, TripwireOn,

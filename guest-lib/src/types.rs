@@ -229,6 +229,18 @@ pub enum Event {
         /// The source's endpoint id.
         source: u32,
     },
+    /// A PIO window this endpoint imported was revoked by its exporter,
+    /// or its exporter went away (spec §6.2): the import's memory is gone
+    /// (a store to it faults); drop the [`crate::PioImport`] to release
+    /// its range.
+    PioRevoked {
+        /// The import ([`crate::PioImport::id`]).
+        import: u32,
+        /// The window's key.
+        key: u64,
+        /// The exporter's node.
+        node: u32,
+    },
     /// An event this library version does not know.
     Unknown(EventRecord),
 }

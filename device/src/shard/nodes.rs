@@ -509,6 +509,33 @@ impl Nodes {
         )
     }
 
+    /// The session of endpoint `e` of node `n`, if it exists.
+    pub fn session_of(&self, n: u32, e: u32) -> Option<u32> {
+        let node = self.nodes.get(n as usize)?;
+        Some(node.endpoints.get(e as usize)?.as_ref()?.session)
+    }
+
+    /// Posts `ev` to endpoint `e` of node `n` if it still has session
+    /// `session` (an event of the control path: PIO_REVOKED), notifying
+    /// it if armed. False when it is gone or its event ring is full.
+    pub fn post_event_to(&mut self, n: u32, e: u32, session: u32, ev: &EventRecord) -> bool {
+        if self.session_of(n, e) != Some(session) {
+            return false;
+        }
+        let mems: Vec<Option<MemGuard>> = self.memories().collect();
+        let Some(mem) = mems[n as usize].as_deref() else {
+            return false;
+        };
+        let Some(ep) = self.nodes[n as usize].endpoint_mut(e) else {
+            return false;
+        };
+        let posted = ep.post_event(mem, ev);
+        if posted && ep.take_arm(mem) {
+            self.notify(n, e, &mems);
+        }
+        posted
+    }
+
     /// Raises a notification for endpoint `e` of node `n`.
     fn notify(&mut self, n: u32, e: u32, mems: &[Option<MemGuard>]) {
         let Some(mem) = mems[n as usize].as_deref() else {

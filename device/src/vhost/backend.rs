@@ -11,7 +11,10 @@ use ulnic_abi::{
     INLINE_MAX, MAX_CMD_PAYLOAD, MAX_MESSAGE, MAX_RING_ENTRIES, NOTIFY_QUEUE, RESP_HEADER_SIZE,
     SPEC_VERSION_MAJOR, SPEC_VERSION_MINOR,
 };
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::Backend;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::QueueT;
@@ -30,6 +33,7 @@ use crate::chain::{pop_checked, RingFault};
 use crate::memory::guest::NodeMemory;
 use crate::memory::region;
 use crate::nic::node::{queue_bit, NodeVring};
+use crate::pio::{self, Pio};
 use crate::shard::Shard;
 use crate::vhost::control;
 
@@ -61,11 +65,13 @@ pub struct NodeBackend {
     /// vhost_user fuzz target after ~20,000 connections). The node closes
     /// them once the connection's daemon is gone: `close_exit_fds`.
     exit_fds: Mutex<Vec<RawFd>>,
+    /// Every node's PIO windows (spec §6.2).
+    pio: Arc<Pio>,
 }
 
 impl NodeBackend {
     /// A backend for node `node`.
-    pub fn new(node: u32, shard: Arc<Shard>) -> Self {
+    pub fn new(node: u32, shard: Arc<Shard>, pio: Arc<Pio>) -> Self {
         let num_queues = ulnic_abi::QUEUE_COUNT as usize;
         NodeBackend {
             node,
@@ -73,6 +79,22 @@ impl NodeBackend {
             mem: RwLock::new(None),
             num_queues,
             exit_fds: Mutex::new(Vec::new()),
+            pio,
+        }
+    }
+
+    /// Revokes and releases what the node's destroyed endpoints held in
+    /// PIO windows, on a thread of its own: neither the thread answering
+    /// the frontend's messages nor its control queue's may wait for
+    /// another frontend's reply to a map or unmap (the vhost crates give
+    /// such replies no timeout), nor for a command that waits for one.
+    fn sweep_pio_later(&self) {
+        let (pio, node) = (self.pio.clone(), self.node);
+        let spawned = std::thread::Builder::new()
+            .name(format!("ulnic-pio{node}"))
+            .spawn(move || pio.sweep(node));
+        if let Err(e) = spawned {
+            warn!("node {node}: cannot start the PIO sweep: {e}");
         }
     }
 
@@ -138,6 +160,8 @@ impl NodeBackend {
                 tell_reset(node, vring, &mem);
             }
         }
+        // A kick: the frontend's vhost device runs (spec §6.2).
+        self.pio.started(self.node);
         let mut any = false;
         loop {
             let mut state = vring.get_mut();
@@ -295,10 +319,7 @@ impl NodeBackend {
         // Checked against the result's length before the command runs.
         let room = writer.available_bytes() - RESP_HEADER_SIZE;
         let resp = match reader.read_exact(&mut req) {
-            Ok(()) => {
-                let mut fabric = self.shard.lock();
-                control::execute(&mut fabric, self.node, mem, &req, room)
-            }
+            Ok(()) => self.run_command(mem, &req, room),
             Err(_) => control::Response::err(ulnic_abi::status::BAD_LENGTH),
         };
         self.shard.wake();
@@ -311,6 +332,40 @@ impl NodeBackend {
         match writer.write_all(&bytes) {
             Ok(()) => bytes.len() as u32,
             Err(_) => 0,
+        }
+    }
+
+    /// Runs one command: PIO commands outside the shard's lock (they wait
+    /// for frontends' replies), the rest under it.
+    fn run_command(&self, mem: &GuestMemoryMmap<()>, req: &[u8], room: usize) -> control::Response {
+        let mut fabric = self.shard.lock();
+        match control::pio_request(&fabric, self.node, req, room) {
+            Some(Ok((opcode, payload))) => {
+                drop(fabric);
+                match self.pio.execute(self.node, opcode, payload) {
+                    Ok(payload) => control::Response {
+                        status: ulnic_abi::status::OK,
+                        payload,
+                    },
+                    Err(pio::Fail(s)) => control::Response::err(s),
+                }
+            }
+            Some(Err(refused)) => refused,
+            None => {
+                let r = control::execute(&mut fabric, self.node, mem, req, room);
+                drop(fabric);
+                // A request shorter than its header was refused above.
+                let opcode = req.first_chunk::<4>().map(|b| u32::from_le_bytes(*b));
+                let destroys = matches!(
+                    opcode,
+                    Some(ulnic_abi::cmd::DESTROY_ENDPOINT | ulnic_abi::cmd::DESTROY_PD)
+                );
+                if destroys && r.status == ulnic_abi::status::OK {
+                    // What the endpoints held in PIO windows goes too.
+                    self.sweep_pio_later();
+                }
+                r
+            }
         }
     }
 
@@ -405,9 +460,26 @@ impl VhostUserBackend for NodeBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        // Never CONFIGURE_MEM_SLOTS: QEMU 11.1.3 crashes restarting a
+        // device reset with shared-memory mappings live (spec §2).
         VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::BACKEND_REQ
+            | VhostUserProtocolFeatures::BACKEND_SEND_FD
+            | VhostUserProtocolFeatures::SHMEM
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        self.pio.connected(self.node, backend);
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        // One region, shmid 0, the PIO aperture (spec §2, §6.2).
+        Ok(match self.pio.aperture() {
+            0 => VhostUserShMemConfig::new(0, &[]),
+            a => VhostUserShMemConfig::new(1, &[a]),
+        })
     }
 
     fn set_event_idx(&self, _enabled: bool) {}
@@ -426,12 +498,15 @@ impl VhostUserBackend for NodeBackend {
 
     fn reset_device(&self) {
         debug!("node {}: device reset", self.node);
+        self.pio.stopped(self.node);
         let mut f = self.shard.lock();
         f.reset_node(self.node);
         let n = &mut f.nodes[self.node as usize];
         n.features = 0;
         n.features_set = false;
         n.renew_epoch();
+        drop(f);
+        self.sweep_pio_later();
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
@@ -439,6 +514,8 @@ impl VhostUserBackend for NodeBackend {
         // the VM reboots: everything it created is gone with it.
         let mut f = self.shard.lock();
         if queue_index == u32::from(CONTROL_QUEUE) {
+            // Stopped: QEMU must not be sent a map or unmap now.
+            self.pio.stopped(self.node);
             let running = f.nodes[self.node as usize].features_set;
             f.reset_node(self.node);
             let n = &mut f.nodes[self.node as usize];
@@ -449,6 +526,10 @@ impl VhostUserBackend for NodeBackend {
         }
         // A stopped queue starts again clean.
         f.nodes[self.node as usize].broken_queues &= !queue_bit(queue_index);
+        drop(f);
+        if queue_index == u32::from(CONTROL_QUEUE) {
+            self.sweep_pio_later();
+        }
         Ok(())
     }
 
@@ -515,7 +596,9 @@ mod tests {
         let config = Configuration::builder(vec!["unused.sock".into()])
             .build()
             .unwrap();
-        let b = NodeBackend::new(0, Arc::new(Shard::new(&config).unwrap()));
+        let shard = Arc::new(Shard::new(&config).unwrap());
+        let pio = Arc::new(Pio::new(vec![Some(shard.clone())], 0));
+        let b = NodeBackend::new(0, shard, pio);
         *b.mem.write().unwrap() = Some(GuestMemoryAtomic::new(mem.clone()));
         let mut f = b.shard.lock();
         f.nodes[0].features = F_IMPLEMENTED;

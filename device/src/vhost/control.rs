@@ -101,6 +101,11 @@ fn handler(opcode: u32) -> Option<Handler> {
         cmd::CLEAR_TRIPWIRE => |f, n, _, p| clear_tripwire(f, n, p),
         cmd::UTLB_SET_TABLE => utlb_set_table,
         cmd::UTLB_INVALIDATE => |f, n, _, p| utlb_invalidate(f, n, p),
+        // Served outside the shard's lock (`pio_request`); a caller that
+        // runs them here has no frontend to map into.
+        cmd::EXPORT_PIO | cmd::IMPORT_PIO | cmd::REVOKE_PIO | cmd::RELEASE_PIO => {
+            |_, _, _, _| Err(Response::err(status::NOT_SUPPORTED))
+        }
         _ => return None,
     })
 }
@@ -122,7 +127,23 @@ pub fn execute(
     let header: CmdHeader = wire::read(req);
     let opcode = header.opcode.get();
     let p = &req[CMD_HEADER_SIZE..];
-    let r = match handler(opcode) {
+    let r = admit(nodes, node, &header, room).and_then(|run| run(nodes, node, mem, p));
+    let r = r.unwrap_or_else(|e| e);
+    if r.status != status::OK {
+        debug!(
+            "node {node}: command {opcode:#x} failed: {}",
+            status::name(r.status)
+        );
+    }
+    r
+}
+
+/// The checks every command passes before its own (spec §4): known,
+/// reserved word 0, no RESET unacknowledged, features accepted, room
+/// for the result. Its handler, or the refusal.
+fn admit(nodes: &Nodes, node: u32, header: &CmdHeader, room: usize) -> Result<Handler, Response> {
+    let opcode = header.opcode.get();
+    match handler(opcode) {
         None if cmd::is_reserved(opcode) => Err(Response::err(status::NOT_SUPPORTED)),
         None => Err(Response::err(status::UNKNOWN_COMMAND)),
         Some(_) if header.reserved.get() != 0 => Err(Response::err(status::INVALID_ARGUMENT)),
@@ -135,16 +156,31 @@ pub fn execute(
             Err(Response::err(status::NOT_SUPPORTED))
         }
         Some(_) if cmd::result_len(opcode) > room => Err(Response::err(status::BAD_LENGTH)),
-        Some(run) => run(nodes, node, mem, p),
-    };
-    let r = r.unwrap_or_else(|e| e);
-    if r.status != status::OK {
-        debug!(
-            "node {node}: command {opcode:#x} failed: {}",
-            status::name(r.status)
-        );
+        Some(run) => Ok(run),
     }
-    r
+}
+
+/// A PIO command (spec §6.2) that passed the checks every command
+/// passes: its opcode and payload, to run outside the shard's lock;
+/// `None` for any other command (run it with `execute`).
+pub fn pio_request<'r>(
+    nodes: &Nodes,
+    node: u32,
+    req: &'r [u8],
+    room: usize,
+) -> Option<Result<(u32, &'r [u8]), Response>> {
+    if req.len() < CMD_HEADER_SIZE {
+        return None;
+    }
+    let header: CmdHeader = wire::read(req);
+    let opcode = header.opcode.get();
+    if !matches!(
+        opcode,
+        cmd::EXPORT_PIO | cmd::IMPORT_PIO | cmd::REVOKE_PIO | cmd::RELEASE_PIO
+    ) {
+        return None;
+    }
+    Some(admit(nodes, node, &header, room).map(|_| (opcode, &req[CMD_HEADER_SIZE..])))
 }
 
 /// `ACK_RESET` R: the driver took RESET record R; the latest lifts the

@@ -15,6 +15,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::memory::region;
+use crate::pio::Pio;
 use crate::shard::Shard;
 use crate::vhost::backend::NodeBackend;
 
@@ -63,7 +64,13 @@ fn refuse_others(node: u32, listener: &Listener, connected: &AtomicBool, ended: 
 
 /// Serves one node forever: a connection at a time, freeing the node's state
 /// when a frontend goes away so a rebooted VM starts clean.
-pub fn serve_node(node: u32, shard: Arc<Shard>, mut listener: Listener, path: &Path) {
+pub fn serve_node(
+    node: u32,
+    shard: Arc<Shard>,
+    pio: Arc<Pio>,
+    mut listener: Listener,
+    path: &Path,
+) {
     // Written when a connection ends, so `refuse_others` stops at once.
     let left = match EventFd::new(EFD_NONBLOCK) {
         Ok(e) => e,
@@ -76,7 +83,7 @@ pub fn serve_node(node: u32, shard: Arc<Shard>, mut listener: Listener, path: &P
         if shard.stop.load(Ordering::Relaxed) {
             return;
         }
-        let backend = Arc::new(NodeBackend::new(node, shard.clone()));
+        let backend = Arc::new(NodeBackend::new(node, shard.clone(), pio.clone()));
         let mut daemon = match VhostUserDaemon::new(
             format!("ulnic-vhost{node}"),
             backend.clone(),
@@ -145,6 +152,9 @@ pub fn serve_node(node: u32, shard: Arc<Shard>, mut listener: Listener, path: &P
         n.features_set = false;
         n.disconnect = None;
         drop(f);
+        // Its windows are revoked from their importers, its imports
+        // forgotten (nothing can be sent to it now).
+        pio.disconnected(node);
         region::unwatch(shard.watch_base + node);
     }
 }

@@ -70,6 +70,9 @@ pub fn protocols() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::BACKEND_REQ
+        | VhostUserProtocolFeatures::BACKEND_SEND_FD
+        | VhostUserProtocolFeatures::SHMEM
 }
 /// How long anything the spec promises may take here.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -997,8 +1000,8 @@ pub fn protocol_bit() -> u64 {
 /// §4.2's table, numbers as the spec writes them: (opcode, payload bytes,
 /// result bytes, features). SET_FILTER's payload is 8 + 16 × count; 8
 /// here (count 0).
-pub const COMMANDS: [(u32, usize, usize, u64); 19] = {
-    use ulnic_abi::{F_MESSAGING as M, F_RDMA as R, F_TRIPWIRE as T, F_UTLB as U};
+pub const COMMANDS: [(u32, usize, usize, u64); 23] = {
+    use ulnic_abi::{F_MESSAGING as M, F_PIO as P, F_RDMA as R, F_TRIPWIRE as T, F_UTLB as U};
     [
         (0x01, 0, 40, 0),          // GET_INFO
         (0x02, 8, 8, M),           // CREATE_PD
@@ -1012,6 +1015,10 @@ pub const COMMANDS: [(u32, usize, usize, u64); 19] = {
         (0x15, 4, 0, M),           // DISARM
         (0x16, 4, 136, M),         // GET_STATS
         (0x17, 16, 0, M),          // SET_EVENT_QUEUE
+        (0x18, 16, 24, M | P),     // EXPORT_PIO
+        (0x19, 24, 16, M | P),     // IMPORT_PIO
+        (0x1a, 8, 0, M | P),       // REVOKE_PIO
+        (0x1b, 8, 0, M | P),       // RELEASE_PIO
         (0x20, 16, 0, M | U),      // UTLB_SET_TABLE
         (0x21, 12, 0, M | U),      // UTLB_INVALIDATE
         (0x30, 24, 24, M | R),     // EXPORT

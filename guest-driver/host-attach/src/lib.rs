@@ -13,6 +13,7 @@
 //! the attachment itself (`HostAttach`: handshake, commands, kicks,
 //! notifications).
 
+mod aperture;
 mod error;
 mod memory;
 mod virtqueue;
@@ -93,6 +94,8 @@ pub struct HostAttach {
     info: DeviceInfo,
     /// The process that attached: only it may use the queues.
     owner: u32,
+    /// The PIO aperture, when the device offers one (spec §6.2).
+    pio: Option<aperture::Aperture>,
 }
 
 struct ControlQueue {
@@ -155,8 +158,10 @@ fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
 
 /// The vhost-user handshake up to the queues: features (the device's
 /// that this driver knows and `accept`s, spec §2), owner, protocol
-/// features (MQ; CONFIG if offered). Returns the device's queue count.
-fn negotiate(fe: &mut Frontend, path: &Path, accept: u64) -> Result<usize, Error> {
+/// features (MQ; CONFIG if offered; for PIO windows REPLY_ACK,
+/// BACKEND_REQ, BACKEND_SEND_FD and SHMEM, if all offered). Returns the
+/// device's queue count, and whether PIO's protocol features were taken.
+fn negotiate(fe: &mut Frontend, path: &Path, accept: u64) -> Result<(usize, bool), Error> {
     // The device closes a second frontend's connection before reading
     // anything: the first request then finds the socket closed.
     let features = fe.get_features().map_err(|e| match e {
@@ -188,15 +193,35 @@ fn negotiate(fe: &mut Frontend, path: &Path, accept: u64) -> Result<usize, Error
             "device does not offer the MQ protocol feature".into(),
         ));
     }
-    fe.set_protocol_features(
-        pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG),
-    )
-    .map_err(proto("SET_PROTOCOL_FEATURES"))?;
+    // The device's map and unmap requests need replies (REPLY_ACK) to
+    // tell when a revocation took effect (spec §6.2).
+    let pio = VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::BACKEND_REQ
+        | VhostUserProtocolFeatures::BACKEND_SEND_FD
+        | VhostUserProtocolFeatures::SHMEM;
+    let with_pio = accept & ulnic_abi::F_PIO != 0 && pf.contains(pio);
+    let mut take = pf & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG);
+    if with_pio {
+        take |= pio;
+    }
+    fe.set_protocol_features(take)
+        .map_err(proto("SET_PROTOCOL_FEATURES"))?;
     let queues = fe.get_queue_num().map_err(proto("GET_QUEUE_NUM"))? as usize;
     if queues < usize::from(FIRST_DOORBELL_QUEUE) + 1 || queues > ulnic_abi::QUEUE_COUNT as usize {
         return Err(Error::Incompatible(format!("device has {queues} queues")));
     }
-    Ok(queues)
+    Ok((queues, with_pio))
+}
+
+/// The PIO aperture the device offers (`GET_SHMEM_CONFIG`, region 0),
+/// served; `None` when it offers none.
+fn pio_aperture(fe: &mut Frontend) -> Result<Option<aperture::Aperture>, Error> {
+    let config = fe.get_shmem_config().map_err(proto("GET_SHMEM_CONFIG"))?;
+    let size = config.memory_sizes[0];
+    if config.nregions == 0 || size == 0 {
+        return Ok(None);
+    }
+    aperture::Aperture::serve(fe, size).map(Some)
 }
 
 /// Sets up and enables the device's `queues` virtqueues in `memory`: the
@@ -324,7 +349,12 @@ impl HostAttach {
     ) -> Result<HostAttach, Error> {
         let mut fe =
             Frontend::connect(path, u64::from(ulnic_abi::QUEUE_COUNT)).map_err(proto("connect"))?;
-        let queues = negotiate(&mut fe, path, accept)?;
+        let (queues, with_pio) = negotiate(&mut fe, path, accept)?;
+        let pio = if with_pio {
+            pio_aperture(&mut fe)?
+        } else {
+            None
+        };
         let region = VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
             memory_size: memory.len() as u64,
@@ -357,6 +387,7 @@ impl HostAttach {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             info: DeviceInfo::default(),
+            pio,
         };
         this.info = this.device_info()?;
         debug!(
@@ -399,6 +430,13 @@ impl HostAttach {
     /// child's copy of the attachment may not use its queues).
     fn is_owner(&self) -> bool {
         std::process::id() == self.owner
+    }
+
+    /// The PIO aperture (spec §6.2): its first byte and its length; a
+    /// window the device reports at offset `o` is at `base + o`. `None`
+    /// when the device offers no aperture.
+    pub fn pio_aperture(&self) -> Option<(*mut u8, u64)> {
+        self.pio.as_ref().map(|a| (a.base(), a.len()))
     }
 
     /// The shared memory.

@@ -99,6 +99,13 @@
 #define ULNIC_EVENT_QUEUED 8
 
 /**
+ * `ulnic_event.kind`: a PIO window this endpoint imported was revoked
+ * (docs/spec.md §6.2): `code` is the import, `id` the window's key,
+ * `addr.node` the exporter's node. Its memory is gone (a store faults).
+ */
+#define ULNIC_EVENT_PIO_REVOKED 9
+
+/**
  * `ulnic_event.kind`: an event this library does not know.
  */
 #define ULNIC_EVENT_UNKNOWN 255
@@ -161,7 +168,7 @@
 /**
  * Minor version: grows when calls are added.
  */
-#define ULNIC_API_MINOR 4
+#define ULNIC_API_MINOR 5
 
 /**
  * An Active Message endpoint. One thread at a time.
@@ -217,6 +224,16 @@ struct ulnic_nic;
  * doorbell and one open file of the driver. Thread-safe.
  */
 struct ulnic_pd;
+
+/**
+ * A window of another node mapped here. One thread at a time.
+ */
+struct ulnic_pio_import;
+
+/**
+ * A window this process exported. One thread at a time.
+ */
+struct ulnic_pio_window;
 
 /**
  * A process's sockets: one protection domain on the NIC the environment
@@ -577,6 +594,25 @@ struct ulnic_utlb_config {
    * With fallback, the bounce buffer's size.
    */
   uint64_t bounce_bytes;
+};
+
+/**
+ * What an importer needs to map a window. Plain data: send it to the
+ * importer by any means.
+ */
+struct ulnic_pio_grant {
+  /**
+   * The exporter's node.
+   */
+  uint32_t node;
+  /**
+   * The window on that node.
+   */
+  uint32_t window;
+  /**
+   * 64 random bits.
+   */
+  uint64_t key;
 };
 
 /**
@@ -1331,6 +1367,127 @@ int32_t ulnic_pd_register(struct ulnic_pd *pd, struct ulnic_buffer *buf, size_t 
  * ```
  */
 void ulnic_buffer_free(struct ulnic_buffer *buf);
+
+/**
+ * Exports a window of `bytes` (whole pages), zero-filled and mapped here
+ * too, that node `importer` (or any: `ULNIC_ANY`) may map with its
+ * grant (`ulnic_pio_window_grant`). `-ENOSPC` when this process's
+ * aperture is full (4 windows mapped at most), `-EOPNOTSUPP` where PIO
+ * windows are not available (inside a guest, for now).
+ *
+ * ```c
+ * struct ulnic_pio_window *w;
+ * int err = ulnic_pio_export(ep, 4096, ULNIC_ANY, &w);
+ * ```
+ */
+int32_t ulnic_pio_export(struct ulnic_ep *ep, uint64_t bytes, uint32_t importer, struct ulnic_pio_window **out);
+
+/**
+ * The window's grant, for `ulnic_pio_import` on the importer.
+ *
+ * ```c
+ * struct ulnic_pio_grant g;
+ * ulnic_pio_window_grant(w, &g);
+ * ```
+ */
+int32_t ulnic_pio_window_grant(const struct ulnic_pio_window *w, struct ulnic_pio_grant *out);
+
+/**
+ * The window's first byte in this process (NULL for a NULL handle).
+ *
+ * ```c
+ * volatile uint64_t *words = ulnic_pio_window_addr(w);
+ * ```
+ */
+void *ulnic_pio_window_addr(const struct ulnic_pio_window *w);
+
+/**
+ * The window's bytes (0 for a NULL handle).
+ *
+ * ```c
+ * uint64_t n = ulnic_pio_window_len(w);
+ * ```
+ */
+uint64_t ulnic_pio_window_len(const struct ulnic_pio_window *w);
+
+/**
+ * Revokes the window: when this returns, no importer's store reaches it
+ * and each importer got `ULNIC_EVENT_PIO_REVOKED`; it stays mapped here
+ * until freed.
+ *
+ * ```c
+ * ulnic_pio_window_revoke(w);
+ * ```
+ */
+int32_t ulnic_pio_window_revoke(struct ulnic_pio_window *w);
+
+/**
+ * Revokes the window if needed and frees it (NULL is ignored).
+ *
+ * ```c
+ * ulnic_pio_window_free(w);
+ * ```
+ */
+void ulnic_pio_window_free(struct ulnic_pio_window *w);
+
+/**
+ * Maps the window `grant` names. `-ENOENT` for a forged, revoked or
+ * foreign grant, `-ENOSPC` for a full aperture.
+ *
+ * ```c
+ * struct ulnic_pio_import *imp;
+ * int err = ulnic_pio_import(ep, &g, &imp);
+ * ```
+ */
+int32_t ulnic_pio_import(struct ulnic_ep *ep, const struct ulnic_pio_grant *grant, struct ulnic_pio_import **out);
+
+/**
+ * The imported window's first byte here (NULL for a NULL handle). A
+ * store after its revocation faults.
+ *
+ * ```c
+ * volatile uint64_t *words = ulnic_pio_import_addr(imp);
+ * ```
+ */
+void *ulnic_pio_import_addr(const struct ulnic_pio_import *w);
+
+/**
+ * The imported window's bytes (0 for a NULL handle).
+ *
+ * ```c
+ * uint64_t n = ulnic_pio_import_len(imp);
+ * ```
+ */
+uint64_t ulnic_pio_import_len(const struct ulnic_pio_import *w);
+
+/**
+ * The import's id, as `ULNIC_EVENT_PIO_REVOKED`'s `code` names it.
+ *
+ * ```c
+ * uint32_t id = ulnic_pio_import_id(imp);
+ * ```
+ */
+uint32_t ulnic_pio_import_id(const struct ulnic_pio_import *w);
+
+/**
+ * Releases the import (NULL is ignored).
+ *
+ * ```c
+ * ulnic_pio_import_free(imp);
+ * ```
+ */
+void ulnic_pio_import_free(struct ulnic_pio_import *w);
+
+/**
+ * Makes every earlier store of this thread visible to the window's other
+ * users before any later load (a full fence; docs/spec.md §6.2). Data
+ * followed by a flag stored with release semantics needs none.
+ *
+ * ```c
+ * ulnic_pio_flush();
+ * ```
+ */
+void ulnic_pio_flush(void);
 
 /**
  * Exports `len` bytes at `offset` of the endpoint's segment (8-byte

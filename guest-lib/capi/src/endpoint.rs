@@ -141,6 +141,10 @@ pub const ULNIC_EVENT_UNREACHABLE: u32 = 7;
 /// one of its sources had something; `id` is the source's cookie, `code`
 /// its endpoint id. Serve that source, then arm it again.
 pub const ULNIC_EVENT_QUEUED: u32 = 8;
+/// `ulnic_event.kind`: a PIO window this endpoint imported was revoked
+/// (docs/spec.md §6.2): `code` is the import, `id` the window's key,
+/// `addr.node` the exporter's node. Its memory is gone (a store faults).
+pub const ULNIC_EVENT_PIO_REVOKED: u32 = 9;
 /// `ulnic_event.kind`: an event this library does not know.
 pub const ULNIC_EVENT_UNKNOWN: u32 = 255;
 
@@ -695,6 +699,12 @@ fn event_to_c(ev: Event) -> ulnic_event {
             c.kind = ULNIC_EVENT_QUEUED;
             c.id = cookie;
             c.code = source;
+        }
+        Event::PioRevoked { import, key, node } => {
+            c.kind = ULNIC_EVENT_PIO_REVOKED;
+            c.code = import;
+            c.id = key;
+            c.addr = ulnic_address { node, port: 0 };
         }
         Event::Unknown(raw) => {
             c.kind = ULNIC_EVENT_UNKNOWN;

@@ -15,6 +15,7 @@
 //! Inside: `status` (results, errno, the last error), `nic` (NICs,
 //! protection domains, user buffers), `endpoint` (rings, messages,
 //! events, blocking), `rdma` (apertures, RDMA, tripwires, redirection),
+//! `pio` (PIO windows: another node's memory written with stores),
 //! `dmq` (message queues over RDMA), `am` (Active Messages),
 //! `sock` (sockets over endpoints).
 
@@ -27,6 +28,7 @@ mod am;
 mod dmq;
 mod endpoint;
 mod nic;
+mod pio;
 mod rdma;
 mod sock;
 mod status;
@@ -35,6 +37,7 @@ pub use am::*;
 pub use dmq::*;
 pub use endpoint::*;
 pub use nic::*;
+pub use pio::*;
 pub use rdma::*;
 pub use sock::*;
 pub use status::*;

@@ -209,6 +209,31 @@ fn tripwire_wait_in_c_wakes_the_sleeping_owner() {
     assert!(writer.contains("woke and read 4242"), "{writer}");
 }
 
+/// PIO windows from C: the writer maps the owner's window with its grant
+/// and plays ping-pong through it with plain stores; the owner's
+/// revocation reaches the writer as an event naming its import.
+#[test]
+fn pio_windows_in_c_carry_a_ping_pong_of_plain_stores_then_revoke() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("pio_pingpong", bin.path(), false);
+    let dev = device();
+    let (owner, writer) = pair(
+        &dev,
+        &exe,
+        &["owner", "21"],
+        &["writer", "1", "21", "20000"],
+    );
+    assert!(
+        owner.contains("answered 20000 round trips, then revoked"),
+        "{owner}"
+    );
+    assert!(
+        writer.contains("20000 round trips through node 1's window")
+            && writer.contains("window revoked by node 1"),
+        "{writer}"
+    );
+}
+
 /// CLAN's event queue from C: one epoll sleep on the queue's descriptor
 /// serves four endpoints, each report names its source, none twice
 /// before its source is armed again, and an endpoint is refused as its

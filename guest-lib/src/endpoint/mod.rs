@@ -2,6 +2,7 @@
 //! receiving, events and blocking. Remote memory (`rdma`) and transfers
 //! from user buffers (`zero_copy`) add to it in the child modules.
 
+pub(crate) mod pio;
 mod queue;
 mod rdma;
 mod zero_copy;
@@ -782,6 +783,11 @@ impl Endpoint {
             event::QUEUED => Event::Queued {
                 cookie: e.user_id,
                 source: e.aux,
+            },
+            event::PIO_REVOKED => Event::PioRevoked {
+                import: e.aux,
+                key: e.user_id,
+                node: e.node,
             },
             event::REDIRECTED => {
                 self.redirect_ended(e.user_id);

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::link::Mode;
 use super::payload::Touch;
-use super::pingpong::{run_one, warmup, Mode, Spec, Transport, Workload};
+use super::pingpong::{run_one, warmup, Spec, Transport, Workload};
 use super::rdma::{memcpy_line, ulnic_line, Direction};
 use super::record::Record;
 
@@ -106,6 +107,7 @@ impl Peer {
         match self {
             Peer::Internal(Transport::Ulnic) => "ulnic".into(),
             Peer::Internal(Transport::Shm) => "shm spin ring".into(),
+            Peer::Internal(Transport::Pio) => "pio windows".into(),
             Peer::Internal(Transport::Unix) => "unix socket".into(),
             Peer::Internal(Transport::Tcp) => "tcp loopback".into(),
             Peer::FiPingpong(p, _) => format!("fi_pingpong {p}"),

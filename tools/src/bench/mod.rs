@@ -1,4 +1,5 @@
-//! `ulnic bench`: the benchmarks. `pingpong` (ping-pong and stream over
+//! `ulnic bench`: the benchmarks. `link` (the message link and the
+//! shared-memory ring), `pingpong` (ping-pong and stream over
 //! ulnic and the baselines, and the peer processes), `rdma` (RDMA, the
 //! tripwire wake-up, the message queues), `utlb` (UTLB hits, misses and
 //! stress); `record` is the result line, `payload` how payloads are
@@ -13,13 +14,17 @@ pub mod am;
 pub mod apps;
 pub mod compare;
 pub mod fabric;
+pub mod link;
 pub mod nodes;
 pub mod payload;
 pub mod pingpong;
+pub mod pio;
+pub mod pio_rounds;
 pub mod plot;
 pub mod rdma;
 pub mod record;
 pub mod utlb;
 
-pub use pingpong::{peer, run_one, Mode, PeerArgs, Spec, Transport, Workload};
+pub use link::Mode;
+pub use pingpong::{peer, run_one, PeerArgs, Spec, Transport, Workload};
 pub use record::Record;

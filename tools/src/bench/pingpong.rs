@@ -11,11 +11,12 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::link::{Link, Mode, ShmLink, SHM_RING};
 use super::payload::{check_bytes, fill_bytes, Touch};
 use super::record::Record;
 
@@ -55,6 +56,11 @@ pub enum Workload {
     /// iperf3, sockperf) under the LD_PRELOAD layer against the same
     /// programs over the kernel's TCP.
     Apps,
+    /// Round trips over PIO windows (CLAN's PIO apertures: plain stores
+    /// into a window the peer exported) beside the shared-memory spin
+    /// ring and ulnic messages, host-attached, in interleaved rounds
+    /// (8 bytes unless --size). Between guests: `ulnic cluster bench`.
+    Pio,
 }
 
 impl Workload {
@@ -83,16 +89,10 @@ pub enum Transport {
     Unix,
     /// A shared-memory ring between the two processes.
     Shm,
-}
-
-/// How a receiver waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Busy-poll, yielding the core to other runnable threads between polls.
-    Poll,
-    /// Block in the kernel until data arrives.
-    Block,
+    /// The same ring in PIO windows of the ulnic device (docs/spec.md
+    /// §6.2): each host-attached peer stores into the window the other
+    /// exported; the device only maps them.
+    Pio,
 }
 
 /// One benchmark to run.
@@ -118,41 +118,6 @@ pub struct Spec {
     pub payload: Touch,
     /// ulnic: endpoints each peer keeps open (see `ulnic bench --help`).
     pub endpoints: u32,
-}
-
-/// A message link between the two peers; `recv` reads every payload byte.
-trait Link {
-    fn send(&mut self, data: &[u8]) -> io::Result<()>;
-    /// Receives one message into `buf`, returning its length.
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
-    /// The mode that really runs.
-    fn mode(&self) -> Mode;
-
-    /// Sends a message of `scratch.len()` bytes that `fill` writes. Sockets
-    /// and the shm ring take a user buffer and copy it, so it is written
-    /// into `scratch` and sent; ulnic overrides this to write it in place
-    /// in its registered segment, as its applications do.
-    fn send_filled(
-        &mut self,
-        scratch: &mut [u8],
-        fill: &mut dyn FnMut(&mut [u8]),
-    ) -> io::Result<()> {
-        fill(scratch);
-        self.send(scratch)
-    }
-
-    /// Receives one message and shows it to `look` where it lies: sockets
-    /// and the shm ring copy it into `scratch` first; ulnic overrides this
-    /// to show the delivered buffer in its segment. Returns the length.
-    fn recv_seen(
-        &mut self,
-        scratch: &mut [u8],
-        look: &mut dyn FnMut(&[u8]) -> io::Result<()>,
-    ) -> io::Result<usize> {
-        let n = self.recv(scratch)?;
-        look(&scratch[..n])?;
-        Ok(n)
-    }
 }
 
 // ---------------------------------------------------------------- streams
@@ -206,108 +171,6 @@ fn bounded(s: TcpStream) -> io::Result<TcpStream> {
     s.set_read_timeout(Some(PEER_SILENCE))?;
     s.set_write_timeout(Some(PEER_SILENCE))?;
     Ok(s)
-}
-
-// ---------------------------------------------------------------- shm
-
-/// Bytes of each direction's ring in the shared-memory baseline.
-const SHM_RING: usize = 4 << 20;
-
-/// One direction of the shared-memory baseline: an SPSC byte ring with
-/// free-running head and tail counters, messages length-prefixed.
-struct ShmRing {
-    base: *mut u8,
-}
-
-impl ShmRing {
-    fn head(&self) -> &AtomicU64 {
-        // SAFETY: the mapping holds the two counters at offsets 0 and 64,
-        // aligned, for as long as the ring is used.
-        unsafe { &*(self.base as *const AtomicU64) }
-    }
-    fn tail(&self) -> &AtomicU64 {
-        // SAFETY: as above.
-        unsafe { &*(self.base.add(64) as *const AtomicU64) }
-    }
-    fn data(&self) -> *mut u8 {
-        // SAFETY: the data area follows the 128-byte header.
-        unsafe { self.base.add(128) }
-    }
-    fn copy_in(&self, pos: u64, src: &[u8]) {
-        let off = (pos % SHM_RING as u64) as usize;
-        let first = src.len().min(SHM_RING - off);
-        // SAFETY: both pieces lie inside the data area of SHM_RING bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data().add(off), first);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data(), src.len() - first);
-        }
-    }
-    fn copy_out(&self, pos: u64, dst: &mut [u8]) {
-        let off = (pos % SHM_RING as u64) as usize;
-        let first = dst.len().min(SHM_RING - off);
-        let len = dst.len();
-        // SAFETY: both pieces lie inside the data area of SHM_RING bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.data().add(off), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(self.data(), dst.as_mut_ptr().add(first), len - first);
-        }
-    }
-}
-
-struct ShmLink {
-    tx: ShmRing,
-    rx: ShmRing,
-}
-
-impl ShmLink {
-    fn open(path: &Path, server: bool) -> io::Result<ShmLink> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)?;
-        let len = 2 * (128 + SHM_RING);
-        let p = ulnic_host_attach::map_shared(std::os::fd::AsRawFd::as_raw_fd(&f), len, 0)?;
-        let a = p;
-        // SAFETY: the second ring starts inside the mapping.
-        let b = unsafe { a.add(128 + SHM_RING) };
-        let (tx, rx) = if server { (b, a) } else { (a, b) };
-        Ok(ShmLink {
-            tx: ShmRing { base: tx },
-            rx: ShmRing { base: rx },
-        })
-    }
-}
-
-impl Link for ShmLink {
-    fn send(&mut self, data: &[u8]) -> io::Result<()> {
-        let need = 4 + data.len() as u64;
-        let head = self.tx.head().load(Ordering::Relaxed);
-        while head + need - self.tx.tail().load(Ordering::Acquire) > SHM_RING as u64 {
-            std::thread::yield_now();
-        }
-        self.tx.copy_in(head, &(data.len() as u32).to_le_bytes());
-        self.tx.copy_in(head + 4, data);
-        self.tx.head().store(head + need, Ordering::Release);
-        Ok(())
-    }
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let tail = self.rx.tail().load(Ordering::Relaxed);
-        while self.rx.head().load(Ordering::Acquire) == tail {
-            std::thread::yield_now();
-        }
-        let mut h = [0u8; 4];
-        self.rx.copy_out(tail, &mut h);
-        let n = u32::from_le_bytes(h) as usize;
-        if n > buf.len() {
-            return Err(io::Error::other("message larger than buffer"));
-        }
-        self.rx.copy_out(tail + 4, &mut buf[..n]);
-        self.rx.tail().store(tail + 4 + n as u64, Ordering::Release);
-        Ok(n)
-    }
-    fn mode(&self) -> Mode {
-        Mode::Poll
-    }
 }
 
 // ---------------------------------------------------------------- ulnic
@@ -784,7 +647,8 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
     let corrupt_at = spec.corrupt_at;
     let touch = spec.payload;
     match spec.workload {
-        Workload::Pingpong => {
+        // `bench pio` runs ping-pongs (over PIO windows and its peers).
+        Workload::Pingpong | Workload::Pio => {
             let w = warmup(spec.iters);
             let mut samples = Vec::with_capacity(spec.iters as usize);
             for i in 0..w + spec.iters {
@@ -876,7 +740,8 @@ fn server(link: &mut dyn Link, spec: &Spec) -> io::Result<()> {
     let touch = spec.payload;
     let w = warmup(spec.iters);
     match spec.workload {
-        Workload::Pingpong => {
+        // `bench pio` runs ping-pongs (over PIO windows and its peers).
+        Workload::Pingpong | Workload::Pio => {
             for i in 0..w + spec.iters {
                 let n = link.recv_seen(&mut buf, &mut |d| check(touch, d, i))?;
                 // The answer is written afresh (message i's pattern), not
@@ -1184,6 +1049,16 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
             }
             Box::new(l)
         }
+        Transport::Pio => {
+            let (mine, default_peer) = if is_server { (1, 0) } else { (0, 1) };
+            let mine = a.my_node.unwrap_or(mine);
+            let peer = a.peer_node.unwrap_or(default_peer);
+            let sock = PathBuf::from(&a.at).join(format!("node{mine}.sock"));
+            let mut ready = ready;
+            Box::new(super::pio::PioLink::open(
+                &sock, peer, is_server, &mut ready,
+            )?)
+        }
         Transport::Ulnic => {
             // Node 0 is the client, node 1 the server, unless told the
             // peer; `at` is the socket dir, or "device" inside a guest
@@ -1268,7 +1143,7 @@ fn spawn_peer(spec: &Spec, role: &str, at: &str) -> io::Result<Child> {
 /// directory of a running device with at least two nodes.
 pub fn run_one(spec: &Spec, ulnic_dir: &Path, scratch: &Path) -> io::Result<Record> {
     let at = match spec.transport {
-        Transport::Ulnic => ulnic_dir.display().to_string(),
+        Transport::Ulnic | Transport::Pio => ulnic_dir.display().to_string(),
         Transport::Unix => scratch.join("bench.sock").display().to_string(),
         Transport::Shm => {
             let p = scratch.join("bench.shm");

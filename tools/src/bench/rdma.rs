@@ -355,6 +355,7 @@ pub fn dmq_lines(size: u32, iters: u64, sockets: &NodePair) -> io::Result<Vec<Re
     let mut r = record(Direction::Write, "ulnic", size, &mut lat, secs);
     (r.bench, r.mode, r.mbytes_per_s) = ("dmq-pingpong".into(), "block".into(), None);
     out.push(r);
+    out.extend(pio_dmq_lines(size, iters, &a, &b)?);
 
     let (mut p, mut q) = std::os::unix::net::UnixStream::pair()?;
     let echo = std::thread::spawn(move || -> io::Result<()> {
@@ -431,6 +432,65 @@ pub fn dmq_lines(size: u32, iters: u64, sockets: &NodePair) -> io::Result<Vec<Re
         start.elapsed().as_secs_f64(),
     ));
     Ok(out)
+}
+
+/// The same ping-pong and stream over CLAN's queue in PIO windows
+/// (`ulnic::PioDmqSender`): the sender stores into the receiver's ring;
+/// both sides poll (no tripwire sees PIO stores). Transport "pio".
+fn pio_dmq_lines(size: u32, iters: u64, a: &Nic, b: &Nic) -> io::Result<Vec<Record>> {
+    use ulnic::{DmqKind, PioDmqReceiver, PioDmqSender};
+    const RING: u64 = 256 << 10;
+    const T: Duration = Duration::from_secs(30);
+    let e = io::Error::other;
+    let (ea, eb) = (endpoint(a, 4096)?, endpoint(b, 4096)?);
+    let mut rx_b = PioDmqReceiver::new(&eb, RING, DmqKind::Bytes, None).map_err(e)?;
+    let mut tx_a = PioDmqSender::new(&ea, rx_b.grant(), RING, DmqKind::Bytes).map_err(e)?;
+    let mut rx_a = PioDmqReceiver::new(&ea, RING, DmqKind::Bytes, None).map_err(e)?;
+    let mut tx_b = PioDmqSender::new(&eb, rx_a.grant(), RING, DmqKind::Bytes).map_err(e)?;
+    let n = iters * 10;
+    let echo = std::thread::spawn(move || -> io::Result<u64> {
+        let mut m = Vec::new();
+        for _ in 0..iters {
+            if !rx_b.recv(&mut m, T).map_err(io::Error::other)? {
+                return Err(io::Error::other("pio dmq ping lost"));
+            }
+            std::hint::black_box(touch_lines(&m));
+            tx_b.send(&m, T).map_err(io::Error::other)?;
+        }
+        let mut sum = 0u64;
+        for _ in 0..n {
+            if !rx_b.recv(&mut m, T).map_err(io::Error::other)? {
+                return Err(io::Error::other("pio dmq stream stalled"));
+            }
+            sum = sum.wrapping_add(touch_lines(&m));
+        }
+        Ok(sum)
+    });
+    let (mut msg, mut back) = (vec![0u8; size as usize], Vec::new());
+    let mut lat = Vec::with_capacity(iters as usize);
+    let start = Instant::now();
+    for i in 0..iters {
+        fill_lines(&mut msg, i);
+        let t = Instant::now();
+        tx_a.send(&msg, T).map_err(e)?;
+        if !rx_a.recv(&mut back, T).map_err(e)? || back != msg {
+            return Err(io::Error::other("pio dmq pong lost or changed"));
+        }
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mut r = record(Direction::Write, "pio", size, &mut lat, secs);
+    (r.bench, r.mbytes_per_s) = ("dmq-pingpong".into(), None);
+    let start = Instant::now();
+    for i in 0..n {
+        fill_lines(&mut msg, i);
+        tx_a.send(&msg, T).map_err(e)?;
+    }
+    echo.join()
+        .map_err(|_| io::Error::other("echo panicked"))??;
+    let mut s = stream_record("pio", size, n, start.elapsed().as_secs_f64());
+    s.mode = "poll".into();
+    Ok(vec![r, s])
 }
 
 fn stream_record(transport: &str, size: u32, n: u64, secs: f64) -> Record {

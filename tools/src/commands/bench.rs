@@ -122,7 +122,7 @@ const DEFAULT_SIZES: [u32; 6] = [0, 4, 40, 400, 4096, 65536];
 /// Iterations of `w` at `size` when --iters is not given.
 fn default_iters(w: Workload, size: u32) -> u64 {
     match w {
-        Workload::Pingpong => 5000,
+        Workload::Pingpong | Workload::Pio => 5000,
         Workload::Stream => (256_000_000 / u64::from(size.max(1))).clamp(2000, 200_000),
         Workload::RdmaWrite | Workload::RdmaRead => {
             (512_000_000 / u64::from(size.max(1))).clamp(200, 100_000)
@@ -148,7 +148,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut own = None;
     let dir = match &a.device_dir {
         Some(d) => d.clone(),
-        None if a.transport.contains(&Transport::Ulnic) && !in_guest(&a) => {
+        None if (a.transport.contains(&Transport::Ulnic)
+            || a.transport.contains(&Transport::Pio)
+            || a.workload == Workload::Pio)
+            && !in_guest(&a) =>
+        {
             let config = Configuration::builder(Configuration::socket_paths(&scratch, 2))
                 .max_endpoints((a.endpoints + 4).min(ulnic_abi::MAX_ENDPOINTS_LIMIT))
                 .utlb_cache(a.utlb_cache.config())
@@ -160,6 +164,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     if a.workload == Workload::Compare {
         return run_compare(&a, &dir, &scratch);
+    }
+    if a.workload == Workload::Pio {
+        return run_pio(&a, &dir, &scratch);
     }
 
     anyhow::ensure!(
@@ -385,6 +392,79 @@ fn in_guest(a: &BenchArgs) -> bool {
 }
 
 /// `ulnic bench compare`: ulnic against the baselines and Debian's peers.
+/// `ulnic bench pio`: PIO windows beside the shm spin ring and ulnic
+/// messages, a table (or JSON lines) of medians and PIO's ratios.
+fn run_pio(a: &BenchArgs, dir: &Path, scratch: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(a.rounds > 0, "--rounds must be at least 1");
+    let sizes = if a.size == DEFAULT_SIZES {
+        vec![8]
+    } else {
+        a.size.clone()
+    };
+    let iters = a.iters.unwrap_or(default_iters(Workload::Pingpong, 8));
+    let mut say = |s: &str| {
+        if !a.json {
+            eprintln!("{s}");
+        }
+    };
+    if !a.json {
+        println!(
+            "{:<14} {:>6} {:>7} {:>11} {:>9} {:>10}  payload",
+            "transport", "size", "iters", "median us", "p95 us", "pio/this"
+        );
+    }
+    for size in sizes {
+        let rows =
+            crate::bench::pio_rounds::compare(size, iters, a.rounds, dir, scratch, &mut say)?;
+        for r in rows {
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "{:<14} {:>6} {:>7} {:>11.2} {:>9.2} {:>10.3}  {}",
+                    format!("{:?}", r.transport).to_lowercase(),
+                    r.size,
+                    r.iters,
+                    r.median_us,
+                    r.p95_us,
+                    r.pio_ratio,
+                    r.payload
+                );
+            }
+        }
+    }
+    if !a.json {
+        println!(
+            "(medians of {} interleaved rounds; pio/this is the median of the rounds' ratios)",
+            a.rounds
+        );
+    }
+    // CLAN's other PIO experiments: set-up costs (Table 4.1) and the
+    // sender's cost per message by size (Fig. 3.5).
+    say("set-up costs");
+    let mut costs = crate::bench::pio_rounds::setup_costs(dir, 200)?;
+    say("transmit costs");
+    let sizes = [8, 64, 256, 1024, 4096, 16384, 65536];
+    costs.extend(crate::bench::pio_rounds::transmit_costs(dir, &sizes, 2000)?);
+    if !a.json {
+        println!(
+            "\n{:<9} {:<16} {:>6} {:>6} {:>11} {:>9}",
+            "bench", "operation", "size", "iters", "median us", "p95 us"
+        );
+    }
+    for c in costs {
+        if a.json {
+            println!("{}", serde_json::to_string(&c)?);
+        } else {
+            println!(
+                "{:<9} {:<20} {:>6} {:>6} {:>11.2} {:>9.2}",
+                c.bench, c.op, c.size, c.iters, c.median_us, c.p95_us
+            );
+        }
+    }
+    Ok(())
+}
+
 fn run_compare(a: &BenchArgs, dir: &Path, scratch: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(a.rounds > 0, "--rounds must be at least 1");
     // Without --size: 8-byte and 64 KiB round trips, 8-byte blocking

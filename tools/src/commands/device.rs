@@ -33,6 +33,11 @@ pub struct DeviceArgs {
     /// endpoint's control block, so at most 3072).
     #[arg(long, default_value_t = ulnic_abi::DEFAULT_TRIPWIRES, value_name = "N")]
     pub tripwires: u32,
+    /// Each frontend's PIO aperture in MiB (docs/spec.md §6.2): the
+    /// shared-memory region PIO windows are mapped into (a guest's BAR 4).
+    /// A power of two from 1 to 1024; 0 turns PIO windows off.
+    #[arg(long, default_value_t = ulnic_abi::DEFAULT_PIO_APERTURE >> 20, value_name = "MIB")]
+    pub pio_aperture: u64,
     #[command(flatten)]
     pub utlb_cache: UtlbCacheArgs,
     /// Emulate the fabric this topology file describes (docs/spec.md
@@ -144,6 +149,7 @@ fn configuration(a: &DeviceArgs) -> anyhow::Result<Configuration> {
         .max_endpoints(a.endpoints)
         .poll_for(Duration::from_micros(a.poll_us))
         .tripwires(a.tripwires)
+        .pio_aperture(a.pio_aperture.saturating_mul(1 << 20))
         .utlb_cache(a.utlb_cache.config());
     if let Some(t) = &a.topology {
         let fabric = crate::fabric::load(t)?;

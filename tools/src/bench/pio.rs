@@ -1,0 +1,115 @@
+//! PIO windows as a benchmark link (docs/spec.md §6.2): each peer
+//! exports a window holding the ring it receives on and imports the
+//! other's, so a message is plain stores into the peer's memory: no
+//! descriptor, no doorbell, no device step. The grants cross as ulnic
+//! messages.
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ulnic::{Address, Endpoint, Nic, Payload, PioGrant, PioImport, PioWindow};
+
+use super::link::{Link, Mode, ShmLink, ShmRing, SHM_RING};
+
+/// The port each peer's endpoint binds for the grant exchange.
+const GRANT_PORT: u32 = 7;
+/// The tag of a grant message.
+const TAG_GRANT: u32 = 0x9107;
+
+/// A ping-pong link over two PIO windows.
+pub struct PioLink {
+    link: ShmLink,
+    // Dropped after `link`: the windows outlive every access.
+    _import: PioImport,
+    _window: PioWindow,
+    _ep: Endpoint,
+    _nic: Nic,
+}
+
+fn os(e: ulnic::Error) -> io::Error {
+    io::Error::from(e)
+}
+
+/// The peer's grant, once it arrives.
+fn take_grant(ep: &mut Endpoint, deadline: Instant) -> io::Result<PioGrant> {
+    loop {
+        while ep.poll_event().is_some() {}
+        if let Some(m) = ep.poll_recv() {
+            if let (TAG_GRANT, 16, Payload::Inline(data), false) =
+                (m.tag, m.len, m.payload, m.returned)
+            {
+                let mut b = [0u8; 16];
+                b.copy_from_slice(&data[..16]);
+                return Ok(PioGrant::from_bytes(&b));
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::other("the peer never sent its PIO grant"));
+        }
+        std::thread::yield_now();
+    }
+}
+
+impl PioLink {
+    /// Attaches to the node socket `sock`, exports this side's window to
+    /// node `peer`, then (the server after calling `ready`) trades grants
+    /// and maps the peer's window.
+    pub fn open(
+        sock: &Path,
+        peer: u32,
+        server: bool,
+        ready: &mut dyn FnMut(),
+    ) -> io::Result<PioLink> {
+        let nic = Nic::attach(sock).map_err(os)?;
+        let mut ep = nic
+            .alloc_pd()
+            .and_then(|pd| pd.create_endpoint(&Default::default()))
+            .map_err(os)?;
+        ep.bind(GRANT_PORT).map_err(os)?;
+        let window = ep.export_pio(128 + SHM_RING, Some(peer)).map_err(os)?;
+        let to = Address {
+            node: peer,
+            port: GRANT_PORT,
+        };
+        let mine = window.grant().to_bytes();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let theirs = if server {
+            ready();
+            let g = take_grant(&mut ep, deadline)?;
+            ep.post_send_inline(to, TAG_GRANT, &mine, 0).map_err(os)?;
+            g
+        } else {
+            ep.post_send_inline(to, TAG_GRANT, &mine, 0).map_err(os)?;
+            take_grant(&mut ep, deadline)?
+        };
+        let import = ep.import_pio(theirs).map_err(os)?;
+        let link = ShmLink::over(
+            ShmRing {
+                base: import.as_ptr(),
+            },
+            ShmRing {
+                base: window.as_ptr(),
+            },
+        );
+        Ok(PioLink {
+            link,
+            _import: import,
+            _window: window,
+            _ep: ep,
+            _nic: nic,
+        })
+    }
+}
+
+impl Link for PioLink {
+    fn send(&mut self, data: &[u8]) -> io::Result<()> {
+        self.link.send(data)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.link.recv(buf)
+    }
+    fn mode(&self) -> Mode {
+        Mode::Poll
+    }
+}
