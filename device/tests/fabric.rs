@@ -425,3 +425,42 @@ fn event_queues_hear_what_crosses_the_fabric_between_engine_threads() {
     assert_eq!(done, 3);
     assert!(queue.poll_event().is_none() && own_queue.poll_event().is_none());
 }
+
+/// PIO windows between nodes of two engine threads' shards: stores land
+/// (the fabric carries none of them), and the revocation reaches the
+/// importer's endpoint on the other shard.
+#[test]
+fn pio_windows_join_nodes_of_two_engine_threads() {
+    let dev = start_with_threads(2);
+    let (a, c) = (
+        Nic::attach(&common::socket(&dev, 0)).unwrap(),
+        Nic::attach(&common::socket(&dev, 2)).unwrap(),
+    );
+    let cfg = EndpointConfig::default();
+    let exporter = a.alloc_pd().unwrap().create_endpoint(&cfg).unwrap();
+    let mut importer = c.alloc_pd().unwrap().create_endpoint(&cfg).unwrap();
+    let w = exporter.export_pio(8192, Some(2)).unwrap();
+    let imp = importer.import_pio(w.grant()).unwrap();
+    for i in 0..1024 {
+        imp.word(i * 8)
+            .store(i as u64 + 7, std::sync::atomic::Ordering::Release);
+    }
+    for i in 0..1024 {
+        assert_eq!(
+            w.word(i * 8).load(std::sync::atomic::Ordering::Acquire),
+            i as u64 + 7
+        );
+    }
+    w.revoke().unwrap();
+    let t = std::time::Instant::now();
+    loop {
+        match importer.poll_event() {
+            Some(ulnic::Event::PioRevoked { import, node, .. }) => {
+                assert_eq!((import, node), (imp.id(), 0));
+                break;
+            }
+            Some(other) => panic!("{other:?}"),
+            None => assert!(t.elapsed() < Duration::from_secs(5), "no PIO_REVOKED"),
+        }
+    }
+}

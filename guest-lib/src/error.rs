@@ -48,6 +48,15 @@ pub enum Error {
     /// An argument is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// What was asked cannot work in this setting (EOPNOTSUPP); the text
+    /// says why.
+    ///
+    /// ```
+    /// let e = ulnic::Error::NotSupported("no PIO aperture");
+    /// assert_eq!(e.errno(), libc::EOPNOTSUPP);
+    /// ```
+    #[error("not supported here: {0}")]
+    NotSupported(&'static str),
     /// A remote access (RDMA) a library structure made failed.
     #[error("remote access failed: {0}")]
     Remote(SendError),
@@ -99,6 +108,7 @@ impl Error {
             Error::DeviceNotAnswering => libc::EIO,
             Error::WouldBlock => libc::EAGAIN,
             Error::InvalidArgument(_) => libc::EINVAL,
+            Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::Remote(e) => e.errno(),
             Error::PeerClosed { .. } => libc::ECONNRESET,
             Error::Driver(d) => match d {

@@ -152,6 +152,26 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
         assert_eq!(r[0]["transport"], "ulnic");
         assert_eq!(r[0]["payload"], "write+verify", "{}", r[0]);
     }
+    // PIO windows are memory of one device process: node 0 cannot map
+    // node 2's, and is told why.
+    let far = ulnic::Nic::attach(&dir.join("node2.sock")).unwrap();
+    let near = ulnic::Nic::attach(&dir.join("node0.sock")).unwrap();
+    let ep = |nic: &ulnic::Nic| {
+        nic.alloc_pd()
+            .unwrap()
+            .create_endpoint(&Default::default())
+            .unwrap()
+    };
+    let (exporter, importer) = (ep(&far), ep(&near));
+    let window = exporter.export_pio(4096, None).unwrap();
+    let refused = importer.import_pio(window.grant()).unwrap_err();
+    assert_eq!(refused.errno(), libc::EOPNOTSUPP, "{refused}");
+    assert!(
+        refused.to_string().contains("another device process"),
+        "{refused}"
+    );
+    drop((window, exporter, importer, near, far));
+
     let before = udp_stats(dir, "b");
     assert!(before["received"].as_u64().unwrap() > 500, "{before}");
     assert_eq!(before["rejected_mac"], 0);

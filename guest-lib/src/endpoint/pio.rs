@@ -263,11 +263,15 @@ impl Drop for PioImport {
     }
 }
 
+/// Why a NIC without an aperture has none.
+const NO_APERTURE: Error = Error::NotSupported(
+    "this NIC has no PIO aperture: a guest's driver does not map PIO windows yet, \
+     and a device started with --pio-aperture 0 offers none",
+);
+
 /// The window at `offset` of this process's aperture, checked.
 fn mapped(dom: &dyn Domain, offset: u64, len: u64) -> Result<Mapped, Error> {
-    let (base, size) = dom.pio_aperture().ok_or(Error::InvalidArgument(
-        "this NIC has no PIO aperture (a guest's driver does not map windows yet)",
-    ))?;
+    let (base, size) = dom.pio_aperture().ok_or(NO_APERTURE)?;
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(Mapped {
             // SAFETY: inside the aperture (checked), which lives as long
@@ -297,6 +301,9 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn export_pio(&self, bytes: usize, importer: Option<u32>) -> Result<PioWindow, Error> {
+        if self.dom.pio_aperture().is_none() {
+            return Err(NO_APERTURE);
+        }
         let pages = (bytes as u64).div_ceil(PAGE_SIZE);
         let pages = u32::try_from(pages).map_err(|_| Error::InvalidArgument("window too large"))?;
         let p = wire::ExportPio {
@@ -340,6 +347,9 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn import_pio(&self, grant: PioGrant) -> Result<PioImport, Error> {
+        if self.dom.pio_aperture().is_none() {
+            return Err(NO_APERTURE);
+        }
         let p = wire::ImportPio {
             endpoint: self.id.into(),
             node: grant.node.into(),
@@ -347,7 +357,17 @@ impl Endpoint {
             reserved: 0.into(),
             key: grant.key.into(),
         };
-        let r = self.dom.ep_command(cmd::IMPORT_PIO, p.as_bytes())?;
+        let r = match self.dom.ep_command(cmd::IMPORT_PIO, p.as_bytes()) {
+            Err(e) if e.errno() == libc::EOPNOTSUPP => {
+                // This NIC has an aperture: the window's node is elsewhere.
+                return Err(Error::NotSupported(
+                    "the window's node is served by another device process (a fabric \
+                     spread over devices shares no memory between them): PIO windows \
+                     reach only nodes of the same device process",
+                ));
+            }
+            r => r?,
+        };
         let out: wire::PioImported = wire::read(&r);
         let len = u64::from(out.pages.get()) * PAGE_SIZE;
         let mut w = PioImport {
