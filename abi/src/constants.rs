@@ -109,6 +109,10 @@ pub mod notify_reason {
     /// The node's objects were forgotten under a running driver (spec
     /// §2.5); the record's endpoint field is the reset's number.
     pub const RESET: u32 = 1;
+    /// A PIO window this node imported was revoked, or an import or a
+    /// window of it released (spec §6.2): the endpoint field is the
+    /// import's or window's id; a driver zaps its processes' mappings.
+    pub const PIO_UNMAPPED: u32 = 2;
     /// The device's own name for the RESET record in its notification
     /// backlog (no endpoint has this id); not on the wire.
     pub const RESET_ENDPOINT: u32 = u32::MAX;

@@ -1,5 +1,5 @@
 //! The Linux driver's character device interface (spec §9): ioctl
-//! numbers and argument layouts shared by `ulnic.c` and the library.
+//! numbers and argument layouts shared by `ulnic_main.c` and the library.
 
 /// ioctl type byte ('U').
 pub const IOC_TYPE: u32 = 0x55;
@@ -38,8 +38,17 @@ pub const fn mmap_ctrl(e: u32) -> u64 {
 pub const MMAP_ID_SHIFT: u32 = 32;
 /// Added to `mmap_ctrl(e)` for the segment.
 pub const MMAP_SEGMENT: u64 = 1 << 31;
-/// The bits of an mmap offset below the endpoint id: 0 (control region)
-/// or `MMAP_SEGMENT`.
+/// Added to `mmap_ctrl(e)`, with a PIO window's offset in the aperture
+/// (below 1 GiB, page-aligned), for that window or import of endpoint
+/// `e` (spec §9).
+pub const MMAP_PIO: u64 = 1 << 30;
+/// mmap offset of endpoint `e`'s PIO window or import at `offset` of the
+/// aperture (spec §9).
+pub const fn mmap_pio(e: u32, offset: u64) -> u64 {
+    mmap_ctrl(e) | MMAP_PIO | offset
+}
+/// The bits of an mmap offset below the endpoint id: 0 (control region),
+/// `MMAP_SEGMENT`, or `MMAP_PIO` plus an aperture offset.
 pub const MMAP_OFFSET_MASK: u64 = (1 << MMAP_ID_SHIFT) - 1;
 /// mmap offset of the open file's doorbell page, one page; writing
 /// the doorbell queue index (u16) to its start rings the doorbell

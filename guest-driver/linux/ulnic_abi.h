@@ -47,6 +47,7 @@
 #define ULNIC_FREE_DESC_SIZE 0x20
 #define ULNIC_F_CLOSE_MESSAGE_BIT 0x4
 #define ULNIC_F_MESSAGING_BIT 0x0
+#define ULNIC_F_PIO_BIT 0x7
 #define ULNIC_F_RDMA_BIT 0x2
 #define ULNIC_F_RETURN_TO_SENDER_BIT 0x6
 #define ULNIC_F_TRIPWIRE_BIT 0x3
@@ -57,6 +58,7 @@
 #define ULNIC_MAX_CTRL_BYTES 0x400000
 #define ULNIC_MAX_ENDPOINTS_LIMIT 0x1000
 #define ULNIC_MAX_MESSAGE 0x100000
+#define ULNIC_MAX_PIO_MAPPINGS 0x4
 #define ULNIC_MAX_RING_ENTRIES 0x10000
 #define ULNIC_MAX_SEGMENT_BYTES 0x4000000
 #define ULNIC_MAX_SEGMENT_PAGES 0x40000
@@ -66,8 +68,10 @@
 #define ULNIC_MMAP_DOORBELL_BITS 0x1000000001000
 #define ULNIC_MMAP_ID_SHIFT 0x20
 #define ULNIC_MMAP_OFFSET_MASK 0xffffffff
+#define ULNIC_MMAP_PIO 0x40000000
 #define ULNIC_MMAP_SEGMENT 0x80000000
 #define ULNIC_NOTIFY_QUEUE 0x1
+#define ULNIC_NOTIFY_REASON_PIO_UNMAPPED 0x2
 #define ULNIC_NOTIFY_REASON_RESET 0x1
 #define ULNIC_NOTIFY_RECORD_SIZE 0x8
 #define ULNIC_NOTIFY_RESET_ENDPOINT 0xffffffff
@@ -302,6 +306,78 @@ struct ulnic_revoke {
 _Static_assert(sizeof(struct ulnic_revoke) == 8, "struct ulnic_revoke: size");
 _Static_assert(__builtin_offsetof(struct ulnic_revoke, endpoint) == 0, "struct ulnic_revoke: endpoint");
 _Static_assert(__builtin_offsetof(struct ulnic_revoke, aperture) == 4, "struct ulnic_revoke: aperture");
+
+/* SET_EVENT_QUEUE payload (spec §6.1). */
+struct ulnic_set_event_queue {
+	__le32 endpoint;
+	__le32 queue;
+	__le64 cookie;
+};
+_Static_assert(sizeof(struct ulnic_set_event_queue) == 16, "struct ulnic_set_event_queue: size");
+_Static_assert(__builtin_offsetof(struct ulnic_set_event_queue, endpoint) == 0, "struct ulnic_set_event_queue: endpoint");
+_Static_assert(__builtin_offsetof(struct ulnic_set_event_queue, queue) == 4, "struct ulnic_set_event_queue: queue");
+_Static_assert(__builtin_offsetof(struct ulnic_set_event_queue, cookie) == 8, "struct ulnic_set_event_queue: cookie");
+
+/* EXPORT_PIO payload (spec §6.2). */
+struct ulnic_export_pio {
+	__le32 endpoint;
+	__le32 pages;
+	__le32 importer;
+	__le32 reserved;
+};
+_Static_assert(sizeof(struct ulnic_export_pio) == 16, "struct ulnic_export_pio: size");
+_Static_assert(__builtin_offsetof(struct ulnic_export_pio, endpoint) == 0, "struct ulnic_export_pio: endpoint");
+_Static_assert(__builtin_offsetof(struct ulnic_export_pio, pages) == 4, "struct ulnic_export_pio: pages");
+_Static_assert(__builtin_offsetof(struct ulnic_export_pio, importer) == 8, "struct ulnic_export_pio: importer");
+_Static_assert(__builtin_offsetof(struct ulnic_export_pio, reserved) == 12, "struct ulnic_export_pio: reserved");
+
+/* EXPORT_PIO result (spec §6.2). */
+struct ulnic_pio_exported {
+	__le32 window;
+	__le32 reserved;
+	__le64 key;
+	__le64 offset;
+};
+_Static_assert(sizeof(struct ulnic_pio_exported) == 24, "struct ulnic_pio_exported: size");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_exported, window) == 0, "struct ulnic_pio_exported: window");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_exported, reserved) == 4, "struct ulnic_pio_exported: reserved");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_exported, key) == 8, "struct ulnic_pio_exported: key");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_exported, offset) == 16, "struct ulnic_pio_exported: offset");
+
+/* IMPORT_PIO payload (spec §6.2). */
+struct ulnic_import_pio {
+	__le32 endpoint;
+	__le32 node;
+	__le32 window;
+	__le32 reserved;
+	__le64 key;
+};
+_Static_assert(sizeof(struct ulnic_import_pio) == 24, "struct ulnic_import_pio: size");
+_Static_assert(__builtin_offsetof(struct ulnic_import_pio, endpoint) == 0, "struct ulnic_import_pio: endpoint");
+_Static_assert(__builtin_offsetof(struct ulnic_import_pio, node) == 4, "struct ulnic_import_pio: node");
+_Static_assert(__builtin_offsetof(struct ulnic_import_pio, window) == 8, "struct ulnic_import_pio: window");
+_Static_assert(__builtin_offsetof(struct ulnic_import_pio, reserved) == 12, "struct ulnic_import_pio: reserved");
+_Static_assert(__builtin_offsetof(struct ulnic_import_pio, key) == 16, "struct ulnic_import_pio: key");
+
+/* IMPORT_PIO result (spec §6.2). */
+struct ulnic_pio_imported {
+	__le32 import;
+	__le32 pages;
+	__le64 offset;
+};
+_Static_assert(sizeof(struct ulnic_pio_imported) == 16, "struct ulnic_pio_imported: size");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_imported, import) == 0, "struct ulnic_pio_imported: import");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_imported, pages) == 4, "struct ulnic_pio_imported: pages");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_imported, offset) == 8, "struct ulnic_pio_imported: offset");
+
+/* REVOKE_PIO and RELEASE_PIO payload (spec §6.2). */
+struct ulnic_pio_object {
+	__le32 endpoint;
+	__le32 id;
+};
+_Static_assert(sizeof(struct ulnic_pio_object) == 8, "struct ulnic_pio_object: size");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_object, endpoint) == 0, "struct ulnic_pio_object: endpoint");
+_Static_assert(__builtin_offsetof(struct ulnic_pio_object, id) == 4, "struct ulnic_pio_object: id");
 
 /* SET_TRIPWIRE payload (spec §5.13); the result is the tripwire id (`ObjectId`). */
 struct ulnic_set_tripwire {

@@ -129,11 +129,19 @@ pub(crate) trait Domain: Send + Sync {
     /// The endpoint memory the device holds now and the most it may
     /// (bytes), where the backend bounds it: the driver's budget (spec
     /// §9, sysfs), the attachment's shared memory. `None`: unknown.
-    /// The PIO aperture windows are mapped into (spec §6.2): its first
-    /// byte and its length; `None` where there is none.
-    fn pio_aperture(&self) -> Option<(*mut u8, u64)> {
-        None
+    /// Whether PIO windows can be mapped here (spec §6.2).
+    fn has_pio(&self) -> bool {
+        false
     }
+
+    /// Maps endpoint `ep`'s PIO window or import at `offset` of the
+    /// aperture, `len` bytes, into this process.
+    fn map_pio(&self, _ep: u32, _offset: u64, _len: u64) -> Result<*mut u8, Error> {
+        Err(Error::NotSupported("no PIO aperture"))
+    }
+
+    /// Undoes `map_pio` (the window is released).
+    fn unmap_pio(&self, _ptr: *mut u8, _len: usize) {}
 
     fn memory_use(&self) -> Option<(u64, u64)> {
         None

@@ -158,8 +158,24 @@ impl Domain for HostDomain {
         Ok(self.hw.take_notified())
     }
 
-    fn pio_aperture(&self) -> Option<(*mut u8, u64)> {
-        self.hw.pio_aperture()
+    fn has_pio(&self) -> bool {
+        self.hw.pio_aperture().is_some()
+    }
+
+    fn map_pio(&self, _ep: u32, offset: u64, len: u64) -> Result<*mut u8, Error> {
+        // The device mapped it into the aperture already.
+        let (base, size) = self
+            .hw
+            .pio_aperture()
+            .ok_or(Error::NotSupported("no PIO aperture"))?;
+        match offset.checked_add(len) {
+            // SAFETY: inside the aperture (checked), which lives as long
+            // as the attachment this domain holds.
+            Some(end) if end <= size => Ok(unsafe { base.add(offset as usize) }),
+            _ => Err(Error::InvalidArgument(
+                "the device placed a window past the aperture",
+            )),
+        }
     }
 
     fn memory_use(&self) -> Option<(u64, u64)> {

@@ -192,6 +192,22 @@ impl Domain for KernelDomain {
         Ok(a.data[..n].to_vec())
     }
 
+    fn has_pio(&self) -> bool {
+        true // the driver says otherwise (EOPNOTSUPP) when there is none
+    }
+
+    fn map_pio(&self, ep: u32, offset: u64, len: u64) -> Result<*mut u8, Error> {
+        // The driver maps only a window or import of this file's endpoint
+        // at that offset, and no longer than it.
+        self.map(uapi::mmap_pio(ep, offset), len as usize)
+    }
+
+    fn unmap_pio(&self, ptr: *mut u8, len: usize) {
+        // SAFETY: a mapping `map_pio` made, no longer referenced (its
+        // window or import is being dropped).
+        unsafe { libc::munmap(ptr.cast(), len) };
+    }
+
     fn doorbell_mapped(&self) -> bool {
         !self.doorbell.is_null()
     }

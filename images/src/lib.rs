@@ -36,8 +36,16 @@ use resolved::Resolved;
 const RECIPE: u32 = 3;
 const INIT: &str = include_str!("init.sh");
 /// The Linux driver's sources, built against the guest kernel's headers.
-const MODULE_SOURCES: [(&str, &str); 3] = [
-    ("ulnic.c", include_str!("../../guest-driver/linux/ulnic.c")),
+const MODULE_SOURCES: [(&str, &str); 5] = [
+    (
+        "ulnic_main.c",
+        include_str!("../../guest-driver/linux/ulnic_main.c"),
+    ),
+    (
+        "ulnic_pio.c",
+        include_str!("../../guest-driver/linux/ulnic_pio.c"),
+    ),
+    ("ulnic.h", include_str!("../../guest-driver/linux/ulnic.h")),
     (
         "ulnic_abi.h",
         include_str!("../../guest-driver/linux/ulnic_abi.h"),

@@ -224,6 +224,23 @@ impl Node {
     /// `notify_reason::RESET_ENDPOINT` is the node-wide RESET record (its
     /// endpoint field carries `resets_told`).
     pub fn push_notification(&mut self, mem: &GuestMemoryMmap<()>, e: u32) -> bool {
+        let record = if e == notify_reason::RESET_ENDPOINT {
+            NotifyRecord {
+                endpoint: self.resets_told.into(),
+                reason: notify_reason::RESET.into(),
+            }
+        } else {
+            NotifyRecord {
+                endpoint: e.into(),
+                reason: notify_reason::ENDPOINT.into(),
+            }
+        };
+        self.push_record(mem, &record)
+    }
+
+    /// Puts `record` into the next notification buffer and signals the
+    /// queue; false when there is none (or the queue is broken).
+    pub fn push_record(&mut self, mem: &GuestMemoryMmap<()>, record: &NotifyRecord) -> bool {
         if self.queue_broken(NOTIFY_QUEUE) {
             return false;
         }
@@ -249,17 +266,6 @@ impl Node {
             }
         };
         let head = chain.head_index();
-        let record = if e == notify_reason::RESET_ENDPOINT {
-            NotifyRecord {
-                endpoint: self.resets_told.into(),
-                reason: notify_reason::RESET.into(),
-            }
-        } else {
-            NotifyRecord {
-                endpoint: e.into(),
-                reason: notify_reason::ENDPOINT.into(),
-            }
-        };
         let rec = record.as_bytes();
         let written = match chain.writer(mem) {
             Ok(mut w) if w.available_bytes() >= rec.len() => {

@@ -462,11 +462,18 @@ impl Pio {
         Ok(ok(&[]))
     }
 
-    /// Removes `[offset, +len)` from node `node`'s aperture: at once if
+    /// Removes `[offset, +len)` (import or window `id`) from node
+    /// `node`'s aperture: at once if
     /// its frontend runs, at its next start if stopped, never if gone.
     /// If `free`, its range is free again once the unmap was sent (or at
     /// once if nothing is sent). The caller holds `ops`.
-    fn unmap(&self, node: u32, offset: u64, len: u64, free: bool) {
+    fn unmap(&self, node: u32, id: u32, offset: u64, len: u64, free: bool) {
+        // A guest's driver zaps its processes' mappings of it (spec §6):
+        // from now on a store through them faults instead of reaching
+        // whatever the range holds next.
+        if let Some(s) = self.shard(node) {
+            s.lock().tell_pio_unmapped(node, id);
+        }
         let ch = {
             let mut b = lock(&self.books);
             let Some(f) = b.frontends.get_mut(node as usize) else {
@@ -532,7 +539,7 @@ impl Pio {
         for (n, imp, owner, offset) in importers {
             if offset != u64::MAX {
                 // The range stays the importer's until it releases it.
-                self.unmap(n, offset, file.bytes, false);
+                self.unmap(n, imp, offset, file.bytes, false);
             }
             let ev = EventRecord {
                 kind: event::PIO_REVOKED,
@@ -556,7 +563,7 @@ impl Pio {
         let Some(w) = lock(&self.books).windows.remove(&(node, id)) else {
             return;
         };
-        self.unmap(node, w.offset, w.file.bytes, true);
+        self.unmap(node, id, w.offset, w.file.bytes, true);
     }
 
     /// Unmaps import `id` of node `node` if still mapped and frees its
@@ -567,7 +574,7 @@ impl Pio {
         };
         debug!("node {node}: import {id} (key {:#x}) released", i.key);
         if i.mapped {
-            self.unmap(node, i.offset, i.bytes, true);
+            self.unmap(node, id, i.offset, i.bytes, true);
         } else {
             // Unmapped at its revocation; a stopped frontend may still be
             // owed that unmap (it was sent without freeing: see `unmap`).

@@ -536,6 +536,23 @@ impl Nodes {
         posted
     }
 
+    /// Tells node `n`'s driver that its PIO import or window `id` is no
+    /// longer mapped (a PIO_UNMAPPED record, spec §6): a guest's driver
+    /// zaps its processes' mappings. False when no buffer was posted (the
+    /// record is not kept: the mapping then points at nothing, and a
+    /// store through it is lost, not delivered anywhere).
+    pub fn tell_pio_unmapped(&mut self, n: u32, id: u32) -> bool {
+        let mems: Vec<Option<MemGuard>> = self.memories().collect();
+        let Some(mem) = mems.get(n as usize).and_then(|m| m.as_deref()) else {
+            return false;
+        };
+        let record = ulnic_abi::wire::NotifyRecord {
+            endpoint: id.into(),
+            reason: ulnic_abi::notify_reason::PIO_UNMAPPED.into(),
+        };
+        self.nodes[n as usize].push_record(mem, &record)
+    }
+
     /// Raises a notification for endpoint `e` of node `n`.
     fn notify(&mut self, n: u32, e: u32, mems: &[Option<MemGuard>]) {
         let Some(mem) = mems[n as usize].as_deref() else {

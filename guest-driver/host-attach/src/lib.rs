@@ -726,11 +726,15 @@ impl HostAttach {
                 self.memory.read(gpa, rec.as_mut_bytes());
                 let ep = rec.endpoint.get();
                 // The device names the endpoint; one past the limit is
-                // nobody's, and only wakes the caller.
-                if let Some(w) = self.pending.get(bitmap::word(ep)) {
-                    w.fetch_or(bitmap::mask(ep), Ordering::AcqRel);
+                // nobody's, and only wakes the caller. Other reasons
+                // (RESET, PIO_UNMAPPED: this process's aperture is
+                // changed by the backend channel) name no endpoint.
+                if rec.reason.get() == ulnic_abi::notify_reason::ENDPOINT {
+                    if let Some(w) = self.pending.get(bitmap::word(ep)) {
+                        w.fetch_or(bitmap::mask(ep), Ordering::AcqRel);
+                    }
+                    others |= ep != caller;
                 }
-                others |= ep != caller;
             }
             queue.add(&self.memory, &[], &[(gpa, NOTIFY_RECORD)]);
             reposted = reposted.saturating_add(1);

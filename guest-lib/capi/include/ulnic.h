@@ -1373,7 +1373,7 @@ void ulnic_buffer_free(struct ulnic_buffer *buf);
  * too, that node `importer` (or any: `ULNIC_ANY`) may map with its
  * grant (`ulnic_pio_window_grant`). `-ENOSPC` when this process's
  * aperture is full (4 windows mapped at most), `-EOPNOTSUPP` where PIO
- * windows are not available (inside a guest, for now).
+ * windows are not available (a device started with --pio-aperture 0).
  *
  * ```c
  * struct ulnic_pio_window *w;

@@ -47,7 +47,7 @@ pub struct ulnic_pio_import {
 /// too, that node `importer` (or any: `ULNIC_ANY`) may map with its
 /// grant (`ulnic_pio_window_grant`). `-ENOSPC` when this process's
 /// aperture is full (4 windows mapped at most), `-EOPNOTSUPP` where PIO
-/// windows are not available (inside a guest, for now).
+/// windows are not available (a device started with --pio-aperture 0).
 ///
 /// ```c
 /// struct ulnic_pio_window *w;

@@ -234,6 +234,31 @@ fn pio_windows_in_c_carry_a_ping_pong_of_plain_stores_then_revoke() {
     );
 }
 
+/// A million words stored into another node's PIO window with plain
+/// stores, all read back by the owner; after the revocation a store
+/// faults and the window stays as it was.
+#[test]
+fn a_million_pio_stores_land_and_fault_after_revocation_in_c() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("pio_words", bin.path(), false);
+    let dev = device();
+    let (owner, writer) = pair(
+        &dev,
+        &exe,
+        &["owner", "23", "1000000"],
+        &["writer", "1", "23"],
+    );
+    assert!(
+        owner.contains("all 1000000 words the writer stored read back")
+            && owner.contains("the window is unchanged since"),
+        "{owner}"
+    );
+    assert!(
+        writer.contains("a store after the revocation faulted"),
+        "{writer}"
+    );
+}
+
 /// CLAN's event queue from C: one epoll sleep on the queue's descriptor
 /// serves four endpoints, each report names its source, none twice
 /// before its source is armed again, and an endpoint is refused as its

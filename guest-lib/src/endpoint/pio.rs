@@ -62,7 +62,7 @@ impl PioGrant {
 
 /// Mapped window memory, reached only through raw copies and atomics:
 /// another process writes it at any time, and a revocation can take it
-/// away (an access then faults: SIGSEGV on a host).
+/// away (an access then faults: SIGSEGV host-attached, SIGBUS in a guest).
 #[derive(Debug)]
 struct Mapped {
     ptr: *mut u8,
@@ -243,6 +243,9 @@ impl PioWindow {
 impl Drop for PioWindow {
     fn drop(&mut self) {
         let _ = self.command(cmd::RELEASE_PIO);
+        if !self.mem.ptr.is_null() {
+            self.dom.unmap_pio(self.mem.ptr, self.mem.len);
+        }
     }
 }
 
@@ -260,29 +263,24 @@ impl Drop for PioImport {
             id: self.id.into(),
         };
         let _ = self.dom.ep_command(cmd::RELEASE_PIO, p.as_bytes());
+        if !self.mem.ptr.is_null() {
+            self.dom.unmap_pio(self.mem.ptr, self.mem.len);
+        }
     }
 }
 
 /// Why a NIC without an aperture has none.
 const NO_APERTURE: Error = Error::NotSupported(
-    "this NIC has no PIO aperture: a guest's driver does not map PIO windows yet, \
-     and a device started with --pio-aperture 0 offers none",
+    "this NIC has no PIO aperture: the device was started with --pio-aperture 0",
 );
 
-/// The window at `offset` of this process's aperture, checked.
-fn mapped(dom: &dyn Domain, offset: u64, len: u64) -> Result<Mapped, Error> {
-    let (base, size) = dom.pio_aperture().ok_or(NO_APERTURE)?;
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(Mapped {
-            // SAFETY: inside the aperture (checked), which lives as long
-            // as the attachment the domain holds.
-            ptr: unsafe { base.add(offset as usize) },
-            len: len as usize,
-        }),
-        _ => Err(Error::InvalidArgument(
-            "the device placed a window past the aperture",
-        )),
-    }
+/// The window endpoint `ep` has at `offset` of the aperture, mapped here.
+fn mapped(dom: &dyn Domain, ep: u32, offset: u64, len: u64) -> Result<Mapped, Error> {
+    let ptr = dom.map_pio(ep, offset, len)?;
+    Ok(Mapped {
+        ptr,
+        len: len as usize,
+    })
 }
 
 impl Endpoint {
@@ -301,7 +299,7 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn export_pio(&self, bytes: usize, importer: Option<u32>) -> Result<PioWindow, Error> {
-        if self.dom.pio_aperture().is_none() {
+        if !self.dom.has_pio() {
             return Err(NO_APERTURE);
         }
         let pages = (bytes as u64).div_ceil(PAGE_SIZE);
@@ -329,7 +327,7 @@ impl Endpoint {
                 len: 0,
             },
         };
-        w.mem = mapped(&*self.dom, out.offset.get(), len)?;
+        w.mem = mapped(&*self.dom, self.id, out.offset.get(), len)?;
         Ok(w)
     }
 
@@ -347,7 +345,7 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn import_pio(&self, grant: PioGrant) -> Result<PioImport, Error> {
-        if self.dom.pio_aperture().is_none() {
+        if !self.dom.has_pio() {
             return Err(NO_APERTURE);
         }
         let p = wire::ImportPio {
@@ -358,7 +356,9 @@ impl Endpoint {
             key: grant.key.into(),
         };
         let r = match self.dom.ep_command(cmd::IMPORT_PIO, p.as_bytes()) {
-            Err(e) if e.errno() == libc::EOPNOTSUPP => {
+            Err(Error::Driver(ulnic_host_attach::Error::Command { status, .. }))
+                if status == ulnic_abi::status::NOT_SUPPORTED =>
+            {
                 // This NIC has an aperture: the window's node is elsewhere.
                 return Err(Error::NotSupported(
                     "the window's node is served by another device process (a fabric \
@@ -380,7 +380,7 @@ impl Endpoint {
                 len: 0,
             },
         };
-        w.mem = mapped(&*self.dom, out.offset.get(), len)?;
+        w.mem = mapped(&*self.dom, self.id, out.offset.get(), len)?;
         Ok(w)
     }
 }

@@ -28,122 +28,7 @@
 #include <linux/wait.h>
 #include <linux/workqueue.h>
 
-#include "ulnic_abi.h"
-
-#define ULNIC_CMD_TIMEOUT (10 * HZ)
-#define ULNIC_CMD_BUF_SIZE 1024
-/* Notification buffers posted at most (8 bytes each). */
-#define ULNIC_NOTIFY_MAX 256
-
-struct ulnic_file;
-
-/* One endpoint: memory the driver allocated, owned by one open file. */
-struct ulnic_ep {
-	u32 id;
-	void *ctrl;		/* physically contiguous */
-	size_t ctrl_len;
-	void *seg;		/* vmalloc_user: any pages */
-	size_t seg_len;
-	/* Live user mappings: the memory is never freed while mapped. */
-	atomic_t maps;
-};
-
-struct ulnic {
-	struct kref ref;
-	struct virtio_device *vdev;	/* NULL once the device is gone */
-	struct miscdevice misc;
-	char name[16];
-	int index;
-	/* Endpoint id -> owning file, and pending notifications. */
-	spinlock_t owners_lock;
-	struct ulnic_file **owners;
-	unsigned long *notified;
-	wait_queue_head_t wq;
-	struct virtqueue **vqs;
-	unsigned int nvqs;
-	u32 node;
-	u32 nodes;
-	u32 endpoints;
-	/* Endpoint memory allocated and not yet freed (see mem_limit_mb). */
-	atomic64_t mem_bytes;
-
-	/*
-	 * Queue lifetime for doorbells: IOC_KICK holds it for reading, so a
-	 * kick never waits behind a slow command; remove() for writing.
-	 */
-	struct rw_semaphore vq_sem;
-
-	/* One control command at a time; the response lands in cmd_buf. */
-	struct mutex cmd_lock;
-	struct completion cmd_done;
-	u8 *cmd_buf;
-	/*
-	 * Set by remove() once the device is reset: a command in flight will
-	 * never be answered, and ends with ENODEV rather than a timeout.
-	 */
-	bool removing;
-
-	/* Notification records, as many as the queue holds (spec 6). */
-	struct ulnic_notify_record *notify_bufs;
-	unsigned long notifications;
-	/*
-	 * Bumped, under cmd_lock, when the device says it forgot this node's
-	 * objects (the RESET record, spec 2.5): files opened before are stale.
-	 */
-	u32 generation;
-	struct work_struct reset_work;
-	/* The latest RESET record's number, for ACK_RESET (spec 2.5). */
-	u32 reset_number;
-	/* Commands added to the control queue, mod 2^16 (its avail index). */
-	u16 commands;
-
-	/*
-	 * Physical address of each doorbell queue's page (page-per-vq), by
-	 * doorbell slot, or 0 when doorbells share pages and cannot be given
-	 * to one process.
-	 */
-	phys_addr_t doorbell_pa[ULNIC_DOORBELL_QUEUES];
-	/* Notification buffers posted (the queue's size, at most ULNIC_NOTIFY_MAX). */
-	unsigned int notify_count;
-	/* Buffers reposted since the notification queue was last kicked. */
-	unsigned int notify_unkicked;
-	/*
-	 * Where doorbell pages are mapped (the device node's address space,
-	 * set by the first doorbell mmap), so that remove() can revoke them:
-	 * after removal the BAR behind them may belong to another device.
-	 * A revoked doorbell faults in @dummy instead, so a late store lands
-	 * in a page nobody reads rather than killing the process.
-	 */
-	struct address_space *mapping;
-	struct page *dummy;
-};
-
-/*
- * A domain's UTLB (spec 5.14): the table the device reads by physical
- * address, and the page each entry holds pinned.
- */
-struct ulnic_utlb {
-	__le64 *table;		/* physically contiguous; NULL until IOC_UTLB_INIT */
-	size_t table_bytes;
-	struct page **pages;	/* by entry */
-	u32 entries;
-	/* Pinned pages count against this process's RLIMIT_MEMLOCK. */
-	struct mm_struct *mm;
-};
-
-/* An open /dev/ulnicN: one protection domain and its endpoints. */
-struct ulnic_file {
-	struct ulnic *u;
-	/* The device's generation at open (see struct ulnic.generation). */
-	u32 generation;
-	u32 pd;
-	/* The domain's doorbell queue and bitmap (spec 5.8). */
-	u32 doorbell_queue;
-	unsigned long *doorbell_bits;	/* one zeroed page */
-	struct mutex lock;
-	struct ulnic_ep **eps;	/* by endpoint id */
-	struct ulnic_utlb utlb;	/* under lock */
-};
+#include "ulnic.h"
 
 static DEFINE_IDA(ulnic_ida);
 
@@ -208,6 +93,10 @@ static void ulnic_notify_done(struct virtqueue *vq)
 			/* Commands sleep: acknowledged from a work item. */
 			WRITE_ONCE(u->reset_number, ep);
 			schedule_work(&u->reset_work);
+		} else if (len >= sizeof(*rec) &&
+			   le32_to_cpu(rec->reason) == ULNIC_NOTIFY_REASON_PIO_UNMAPPED) {
+			/* The record names a PIO window or import (spec 6). */
+			ulnic_pio_unmapped(u, ep);
 		} else if (len >= sizeof(*rec) && !rec->reason && ep < u->endpoints) {
 			/*
 			 * The device names the endpoint; trust only ids we have.
@@ -529,6 +418,7 @@ static int ulnic_release(struct inode *inode, struct file *f)
 	/* Destroying the domain destroys its endpoints in the device. */
 	err = ulnic_command(u, uf, ULNIC_CMD_DESTROY_PD, &pd, sizeof(pd), NULL,
 			    0, &status);
+	ulnic_pio_forget(u, uf);
 	for (i = 0; i < u->endpoints; i++) {
 		if (!uf->eps[i])
 			continue;
@@ -714,6 +604,7 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	/* Every command passed through names an endpoint first. */
 	const struct ulnic_object_id *ep_id;
 	u32 opcode, in_len, status = 0, id;
+	u8 req[sizeof(struct ulnic_import_pio)];
 	long err;
 
 	a = kmalloc(sizeof(*a), GFP_KERNEL);
@@ -741,6 +632,15 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 	case ULNIC_CMD_SET_TRIPWIRE:
 	case ULNIC_CMD_CLEAR_TRIPWIRE:
 		break;
+	/* Recorded for mmap (ulnic_pio.c); windows the device maps. */
+	case ULNIC_CMD_EXPORT_PIO:
+	case ULNIC_CMD_IMPORT_PIO:
+	case ULNIC_CMD_REVOKE_PIO:
+	case ULNIC_CMD_RELEASE_PIO:
+		err = ulnic_pio_before(uf->u, opcode);
+		if (err)
+			goto out;
+		break;
 	default:
 		err = -EOPNOTSUPP;
 		goto out;
@@ -755,9 +655,13 @@ static long ulnic_passthrough(struct ulnic_file *uf, void __user *arg)
 		err = -EPERM;
 		goto out;
 	}
+	/* The result overwrites the request: PIO records need both. */
+	memcpy(req, a->data, min_t(size_t, in_len, sizeof(req)));
 	err = ulnic_command(uf->u, uf, opcode, a->data, in_len, a->data,
 			    sizeof(a->data) - sizeof(struct ulnic_resp_header),
 			    &status);
+	if (err >= 0 && status == ULNIC_STATUS_OK && in_len <= sizeof(req))
+		ulnic_pio_after(uf->u, uf, opcode, req, a->data);
 	mutex_unlock(&uf->lock);
 	a->status = cpu_to_le32(status);
 	a->out_len = cpu_to_le32(err < 0 ? 0 : (u32)err);
@@ -1157,6 +1061,8 @@ static int ulnic_mmap(struct file *f, struct vm_area_struct *vma)
 		}
 		return err;
 	}
+	if ((off & ULNIC_MMAP_OFFSET_MASK & ~(ULNIC_MMAP_PIO - 1)) == ULNIC_MMAP_PIO)
+		return ulnic_pio_mmap(uf, f, vma, off);
 	mutex_lock(&uf->lock);
 	ep = ulnic_owned(uf, off >> ULNIC_MMAP_ID_SHIFT);
 	if (!ep) {
@@ -1339,6 +1245,7 @@ static int ulnic_probe(struct virtio_device *vdev)
 	init_rwsem(&u->vq_sem);
 	init_completion(&u->cmd_done);
 	INIT_WORK(&u->reset_work, ulnic_reset_work);
+	ulnic_pio_init(u);
 	virtio_cread_le(vdev, struct ulnic_config, node, &u->node);
 	virtio_cread_le(vdev, struct ulnic_config, nodes, &u->nodes);
 	virtio_cread_le(vdev, struct ulnic_config, endpoints, &u->endpoints);
@@ -1417,6 +1324,7 @@ err_reset:
 	virtio_reset_device(vdev);
 	/* A RESET record taken during probe may have queued the work. */
 	cancel_work_sync(&u->reset_work);
+	ulnic_pio_stop(u);
 	vdev->config->del_vqs(vdev);
 err_free:
 	kref_put(&u->ref, ulnic_release_dev);
@@ -1435,6 +1343,7 @@ static void ulnic_remove(struct virtio_device *vdev)
 	complete(&u->cmd_done);
 	/* No more records come (the device is reset); none is left running. */
 	cancel_work_sync(&u->reset_work);
+	ulnic_pio_stop(u);
 	/* Open files keep the struct; their calls now fail with ENODEV. */
 	down_write(&u->vq_sem);
 	mutex_lock(&u->cmd_lock);
@@ -1461,6 +1370,7 @@ static unsigned int ulnic_features[] = {
 	ULNIC_F_TRIPWIRE_BIT,
 	ULNIC_F_CLOSE_MESSAGE_BIT,
 	ULNIC_F_RETURN_TO_SENDER_BIT,
+	ULNIC_F_PIO_BIT,
 };
 
 static struct virtio_driver ulnic_driver = {

@@ -1,0 +1,227 @@
+/* SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause */
+/*
+ * A PIO window written word by word (CLAN's PIO apertures, docs/spec.md
+ * §6.2): the owner exports a window of WORDS 8-byte words; the writer, on
+ * another node, maps it with the grant and stores every word with plain
+ * stores; the owner reads them all back. Then the owner revokes the
+ * window: a store the writer makes after that faults (the writer tries
+ * in a child process), and the owner's memory is unchanged.
+ *
+ *   ULNIC_SOCKET=/tmp/u/node1.sock ./pio_words owner 23 1000000
+ *   ULNIC_SOCKET=/tmp/u/node0.sock ./pio_words writer 1 23
+ *
+ * Build: gcc pio_words.c $(pkg-config --cflags --libs ulnic) -o pio_words
+ */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "example.h"
+
+#define TAG_GRANT 1
+#define TAG_WRITTEN 2
+#define TAG_REVOKED 3
+#define TAG_FAULTED 4
+
+static uint64_t word_value(uint64_t i)
+{
+	return i * 0x9e3779b97f4a7c15ull + 1;
+}
+
+static int owner(uint32_t port, uint64_t words)
+{
+	struct ulnic_nic *nic;
+	struct ulnic_ep *ep = open_endpoint(port, 4, &nic);
+	struct ulnic_pio_window *w;
+	struct ulnic_pio_grant grant;
+	struct ulnic_recv m;
+	uint64_t bad = 0;
+	int err;
+
+	err = ulnic_pio_export(ep, words * 8, ULNIC_ANY, &w);
+	if (err < 0)
+		die(err, "cannot export a PIO window of %llu words", (unsigned long long)words);
+	ulnic_pio_window_grant(w, &grant);
+	volatile uint64_t *mine = ulnic_pio_window_addr(w);
+	printf("pio_words: owner on node %u port %u\n", ulnic_node(nic), port);
+	fflush(stdout);
+	next_message(ep, &m, 600000);
+	send_small(ep, m.src, TAG_GRANT, &grant, sizeof(grant));
+	next_message(ep, &m, 600000);
+	if (m.tag != TAG_WRITTEN)
+		die(0, "expected the writer's word, got tag %u", m.tag);
+	for (uint64_t i = 0; i < words; i++)
+		bad += mine[i] != word_value(i);
+	if (bad)
+		die(0, "%llu of %llu words wrong", (unsigned long long)bad, (unsigned long long)words);
+	printf("pio_words: all %llu words the writer stored read back\n", (unsigned long long)words);
+	err = ulnic_pio_window_revoke(w);
+	if (err < 0)
+		die(err, "cannot revoke");
+	send_small(ep, m.src, TAG_REVOKED, "", 0);
+	next_message(ep, &m, 60000);
+	if (m.tag != TAG_FAULTED)
+		die(0, "expected the writer's fault report, got tag %u", m.tag);
+	for (uint64_t i = 0; i < words; i++)
+		bad += mine[i] != word_value(i);
+	if (bad)
+		die(0, "%llu words changed after the revocation", (unsigned long long)bad);
+	printf("pio_words: revoked; the window is unchanged since\n");
+	ulnic_pio_window_free(w);
+	ulnic_ep_destroy(ep);
+	ulnic_close(nic);
+	return 0;
+}
+
+/* In a child: stores into the revoked window until one faults (the
+ * driver zaps the mapping a moment after the device unmapped it; a store
+ * before that reaches nothing). Returns the signal that ended it, or 0. */
+static int store_after_revocation(volatile uint64_t *p)
+{
+	pid_t pid = fork();
+	int status;
+
+	if (pid < 0)
+		die(-errno, "fork");
+	if (pid == 0) {
+		for (int i = 0; i < 500; i++) {
+			p[0] = 0xdeadull;
+			usleep(10000);
+		}
+		_exit(0);
+	}
+	if (waitpid(pid, &status, 0) != pid)
+		die(-errno, "waitpid");
+	return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
+
+static int writer(uint32_t node, uint32_t port)
+{
+	struct ulnic_nic *nic;
+	struct ulnic_ep *ep = open_endpoint(port + 1, 4, &nic);
+	struct ulnic_address to = { .node = node, .port = port };
+	struct ulnic_pio_import *imp;
+	struct ulnic_pio_grant grant;
+	struct ulnic_event ev;
+	struct ulnic_recv m;
+	int err, sig;
+
+	send_small(ep, to, 0, "hi", 2);
+	next_message(ep, &m, 10000);
+	memcpy(&grant, m.data, sizeof(grant));
+	err = ulnic_pio_import(ep, &grant, &imp);
+	if (err < 0)
+		die(err, "cannot import window %u of node %u", grant.window, grant.node);
+	uint64_t words = ulnic_pio_import_len(imp) / 8;
+	volatile uint64_t *theirs = ulnic_pio_import_addr(imp);
+	double t = now_us();
+
+	for (uint64_t i = 0; i < words; i++)
+		theirs[i] = word_value(i);
+	ulnic_pio_flush();
+	printf("pio_words: stored %llu words into node %u's window in %.0f us\n",
+	       (unsigned long long)words, node, now_us() - t);
+	send_small(ep, to, TAG_WRITTEN, "", 0);
+	/* The owner's message and the device's event, in either order. */
+	for (int told = 0, event = 0; !told || !event;) {
+		if (ulnic_ep_poll_event(ep, &ev) == 1 && ev.kind == ULNIC_EVENT_PIO_REVOKED) {
+			if (ev.code != ulnic_pio_import_id(imp))
+				die(0, "a revocation of import %u, not ours", ev.code);
+			event = 1;
+		}
+		if (ulnic_ep_poll_recv(ep, &m) == 1) {
+			if (m.tag != TAG_REVOKED)
+				die(0, "expected the revocation, got tag %u", m.tag);
+			told = 1;
+		}
+		if (now_us() - t > 60e6)
+			die(0, "no revocation (message %d, event %d) within 60 s", told, event);
+		sched_yield();
+	}
+	sig = store_after_revocation(theirs);
+	if (sig != SIGBUS && sig != SIGSEGV)
+		die(0, "a store into the revoked window did not fault (child ended with signal %d)", sig);
+	printf("pio_words: a store after the revocation faulted (%s)\n",
+	       sig == SIGBUS ? "SIGBUS" : "SIGSEGV");
+	send_small(ep, to, TAG_FAULTED, "", 0);
+	ulnic_pio_import_free(imp);
+	ulnic_ep_destroy(ep);
+	ulnic_close(nic);
+	return 0;
+}
+
+/*
+ * For lifecycle tests: the owner exports a page and hands over its grant,
+ * then revokes it once REVOKE_FILE exists; the holder maps it, stores a
+ * word, says "holding" and sleeps until killed, keeping the mapping live
+ * while its VM is paused, reset or its device restarted.
+ */
+static int hold_owner(uint32_t port, const char *revoke_file)
+{
+	struct ulnic_nic *nic;
+	struct ulnic_ep *ep = open_endpoint(port, 4, &nic);
+	struct ulnic_pio_window *w;
+	struct ulnic_pio_grant grant;
+	struct ulnic_recv m;
+	int err;
+
+	err = ulnic_pio_export(ep, 4096, ULNIC_ANY, &w);
+	if (err < 0)
+		die(err, "cannot export");
+	ulnic_pio_window_grant(w, &grant);
+	printf("pio_words: hold-owner on node %u port %u\n", ulnic_node(nic), port);
+	fflush(stdout);
+	next_message(ep, &m, 600000);
+	send_small(ep, m.src, TAG_GRANT, &grant, sizeof(grant));
+	while (access(revoke_file, F_OK) != 0)
+		usleep(50000);
+	err = ulnic_pio_window_revoke(w);
+	if (err < 0)
+		die(err, "cannot revoke");
+	printf("pio_words: revoked the held window\n");
+	ulnic_pio_window_free(w);
+	ulnic_ep_destroy(ep);
+	ulnic_close(nic);
+	return 0;
+}
+
+static int hold(uint32_t node, uint32_t port)
+{
+	struct ulnic_nic *nic;
+	struct ulnic_ep *ep = open_endpoint(port + 1, 4, &nic);
+	struct ulnic_address to = { .node = node, .port = port };
+	struct ulnic_pio_import *imp;
+	struct ulnic_pio_grant grant;
+	struct ulnic_recv m;
+	int err;
+
+	send_small(ep, to, 0, "hi", 2);
+	next_message(ep, &m, 10000);
+	memcpy(&grant, m.data, sizeof(grant));
+	err = ulnic_pio_import(ep, &grant, &imp);
+	if (err < 0)
+		die(err, "cannot import");
+	*(volatile uint64_t *)ulnic_pio_import_addr(imp) = 42;
+	printf("pio_words: holding window %u of node %u\n", grant.window, node);
+	fflush(stdout);
+	for (;;)
+		pause();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 4 && !strcmp(argv[1], "hold-owner"))
+		return hold_owner((uint32_t)strtoul(argv[2], NULL, 0), argv[3]);
+	if (argc == 4 && !strcmp(argv[1], "hold"))
+		return hold((uint32_t)strtoul(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
+	if (argc == 4 && !strcmp(argv[1], "owner"))
+		return owner((uint32_t)strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+	if (argc == 4 && !strcmp(argv[1], "writer"))
+		return writer((uint32_t)strtoul(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
+	fprintf(stderr,
+		"usage: %s owner PORT WORDS\n       %s writer NODE PORT\n"
+		"       %s hold-owner PORT REVOKE_FILE\n       %s hold NODE PORT\n",
+		argv[0], argv[0], argv[0], argv[0]);
+	return 2;
+}
