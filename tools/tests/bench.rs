@@ -150,6 +150,9 @@ fn dmq_benchmark_prints_queue_and_socket_lines() {
         .collect();
     let want: Vec<(String, String)> = [
         ("dmq-pingpong", "ulnic"),
+        // CLAN's queue in a PIO window, beside the one over RDMA.
+        ("dmq-pingpong", "pio"),
+        ("dmq-stream", "pio"),
         ("dmq-pingpong", "unix"),
         ("dmq-stream", "ulnic"),
         ("dmq-stream", "unix"),
@@ -444,4 +447,45 @@ fn apps_run_unmodified_programs_over_ulnic_and_the_kernel() {
         "--json",
     ]);
     cli::assert_apps_lines(&rows, "host");
+}
+
+/// `ulnic bench pio`: round trips over PIO windows, the shm spin ring and
+/// ulnic messages, then CLAN's set-up costs and per-message sender costs.
+#[test]
+fn pio_benchmark_prints_round_trips_setup_and_transmit_costs() {
+    let lines = bench_json(&["bench", "pio", "--iters", "300", "--rounds", "1", "--json"]);
+    let trips: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["transport"].is_string())
+        .collect();
+    let names: Vec<&str> = trips
+        .iter()
+        .map(|l| l["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pio", "shm", "ulnic"], "{lines:?}");
+    for l in &trips {
+        assert_eq!(l["size"], 8);
+        assert_eq!(l["payload"], "write+verify");
+        assert!(l["median_us"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    assert_eq!(trips[0]["pio_ratio"], 1.0);
+    let ops: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["bench"] == "setup")
+        .map(|l| l["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "pio export",
+            "pio import",
+            "pio revoke",
+            "pio release import",
+            "pio release window",
+            "rdma export",
+            "rdma revoke"
+        ]
+    );
+    let transmit = lines.iter().filter(|l| l["bench"] == "transmit").count();
+    assert_eq!(transmit, 14, "pio stores and ulnic sends at 7 sizes");
 }

@@ -549,7 +549,20 @@ fn c_programs(n: &str) {
 /// Node 1 maps a page of node 0's PIO window and holds it (for the
 /// lifecycle steps: its VM is reset or paused under the mapping); node
 /// 0's owner revokes it once `/tmp/pio.revoke` exists there.
-fn hold_window() -> (JoinHandle<Output>, JoinHandle<Output>) {
+fn hold_window(n: &str) -> (JoinHandle<Output>, JoinHandle<Output>) {
+    // A rebooted guest lost what `cluster put` gave it.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = c_example(dir.path(), "pio_words");
+    let o = ulnic(&[
+        "cluster",
+        "put",
+        "all",
+        exe.to_str().unwrap(),
+        "/bin/pio_words",
+        "--name",
+        n,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
     let _ = exec("0", "rm -f /tmp/pio.revoke");
     let owner = exec_in_background(
         "0",
@@ -567,6 +580,12 @@ fn hold_window() -> (JoinHandle<Output>, JoinHandle<Output>) {
         "grep -q holding /tmp/hold.log",
         "a held window",
         &holder,
+    );
+    assert!(
+        !holder.is_finished() && !owner.is_finished(),
+        "the window's holder or owner ended:\n{}{}",
+        text(&exec("1", "cat /tmp/hold.log")),
+        text(&exec("0", "cat /tmp/hold.owner"))
     );
     (owner, holder)
 }
@@ -665,7 +684,7 @@ fn kill_and_reset(n: &str) {
     // node 1 maps a PIO window of node 0 (QEMU drops the mapping at the
     // reset; the device owes it an unmap and sends it once the new
     // driver runs: QEMU must take it).
-    let (owner, holder) = hold_window();
+    let (owner, holder) = hold_window(n);
     wait_until("1", &format!("test -e {progress}"), "stream progress", &tx);
     let o = ulnic(&["cluster", "reboot", "1", "--name", n]);
     assert!(o.status.success(), "reboot:\n{}", text(&o));
@@ -695,7 +714,7 @@ fn pause_resume(n: &str) {
     // Paused under a mapped PIO window, which its owner revokes meanwhile:
     // the device must not send the paused QEMU the unmap (QEMU 11.1.3
     // crashes), and sends it after the resume.
-    let (owner, holder) = hold_window();
+    let (owner, holder) = hold_window(n);
     let o = ulnic(&["cluster", "pause", "1", "--name", n]);
     assert!(o.status.success(), "pause:\n{}", text(&o));
     revoke_held(owner);
@@ -734,7 +753,9 @@ fn pause_resume(n: &str) {
         log.contains("the device forgot this node's endpoints"),
         "node 1's log:\n{log}"
     );
-    let _ = exec("1", "pkill -f 'pio_words hold'");
+    // The holder sleeps until killed (its mapping is long gone).
+    let o = exec("1", "kill $(pidof pio_words)");
+    assert!(o.status.success(), "kill the holder:\n{}", text(&o));
     let _ = holder.join();
     back_to_work(n, [1, 2], "after a pause and resume");
 }

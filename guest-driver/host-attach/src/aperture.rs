@@ -61,6 +61,11 @@ impl VhostUserFrontendReqHandler for Range {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        // Not inherited by a forked child: only this process's handler
+        // can take the window away again (spec §6.2), as the guest
+        // driver's VM_DONTCOPY does. A failure leaves the copy inherited.
+        // SAFETY: the range just mapped; advice changes no contents.
+        unsafe { libc::madvise(p, len as usize, libc::MADV_DONTFORK) };
         maps.insert(off, len);
         debug!("PIO aperture: {len} bytes mapped at {off:#x}");
         Ok(0)
@@ -103,6 +108,9 @@ pub struct Aperture {
     /// Told before the channel is shut down: the thread may return.
     closing: std::sync::mpsc::Sender<()>,
     thread: Option<JoinHandle<()>>,
+    /// The process that serves the channel (a forked child's copy of
+    /// this has no thread, and must not shut the parent's channel).
+    owner: u32,
 }
 
 impl Aperture {
@@ -155,6 +163,7 @@ impl Aperture {
             channel,
             closing,
             thread: Some(thread),
+            owner: std::process::id(),
         })
     }
 
@@ -194,6 +203,13 @@ fn serve_requests(mut handler: FrontendReqHandler<Range>, closed: std::sync::mps
 
 impl Drop for Aperture {
     fn drop(&mut self) {
+        if std::process::id() != self.owner {
+            // A forked child: the thread and the channel are the parent's
+            // (the socket is shared; shutting it down would cut the
+            // parent's). Its copy of the windows goes with its exit.
+            std::mem::forget(self.thread.take());
+            return;
+        }
         // SAFETY: `channel` belongs to the handler, which the thread owns
         // until it returns; it returns only after `closing` is dropped
         // (below), so the descriptor is still open here.

@@ -1054,9 +1054,10 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
             let mine = a.my_node.unwrap_or(mine);
             let peer = a.peer_node.unwrap_or(default_peer);
             let sock = PathBuf::from(&a.at).join(format!("node{mine}.sock"));
+            let sock = (a.at != "device").then_some(sock.as_path());
             let mut ready = ready;
             Box::new(super::pio::PioLink::open(
-                &sock, peer, is_server, &mut ready,
+                sock, peer, is_server, &mut ready,
             )?)
         }
         Transport::Ulnic => {

@@ -31,18 +31,23 @@ fn os(e: ulnic::Error) -> io::Error {
     io::Error::from(e)
 }
 
+/// The peer's grant, if a message with it waits.
+fn poll_grant(ep: &mut Endpoint) -> Option<PioGrant> {
+    while ep.poll_event().is_some() {}
+    let m = ep.poll_recv()?;
+    if let (TAG_GRANT, 16, Payload::Inline(data), false) = (m.tag, m.len, m.payload, m.returned) {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&data[..16]);
+        return Some(PioGrant::from_bytes(&b));
+    }
+    None
+}
+
 /// The peer's grant, once it arrives.
 fn take_grant(ep: &mut Endpoint, deadline: Instant) -> io::Result<PioGrant> {
     loop {
-        while ep.poll_event().is_some() {}
-        if let Some(m) = ep.poll_recv() {
-            if let (TAG_GRANT, 16, Payload::Inline(data), false) =
-                (m.tag, m.len, m.payload, m.returned)
-            {
-                let mut b = [0u8; 16];
-                b.copy_from_slice(&data[..16]);
-                return Ok(PioGrant::from_bytes(&b));
-            }
+        if let Some(g) = poll_grant(ep) {
+            return Ok(g);
         }
         if Instant::now() > deadline {
             return Err(io::Error::other("the peer never sent its PIO grant"));
@@ -52,16 +57,21 @@ fn take_grant(ep: &mut Endpoint, deadline: Instant) -> io::Result<PioGrant> {
 }
 
 impl PioLink {
-    /// Attaches to the node socket `sock`, exports this side's window to
-    /// node `peer`, then (the server after calling `ready`) trades grants
-    /// and maps the peer's window.
+    /// Attaches to the node socket `sock` (inside a guest, `None`: the
+    /// device file), exports this side's window to node `peer`, then (the
+    /// server after calling `ready`) trades grants and maps the peer's
+    /// window.
     pub fn open(
-        sock: &Path,
+        sock: Option<&Path>,
         peer: u32,
         server: bool,
         ready: &mut dyn FnMut(),
     ) -> io::Result<PioLink> {
-        let nic = Nic::attach(sock).map_err(os)?;
+        let nic = match sock {
+            Some(s) => Nic::attach(s),
+            None => Nic::open(),
+        }
+        .map_err(os)?;
         let mut ep = nic
             .alloc_pd()
             .and_then(|pd| pd.create_endpoint(&Default::default()))
@@ -73,15 +83,30 @@ impl PioLink {
             port: GRANT_PORT,
         };
         let mine = window.grant().to_bytes();
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(120);
         let theirs = if server {
             ready();
             let g = take_grant(&mut ep, deadline)?;
             ep.post_send_inline(to, TAG_GRANT, &mine, 0).map_err(os)?;
             g
         } else {
-            ep.post_send_inline(to, TAG_GRANT, &mine, 0).map_err(os)?;
-            take_grant(&mut ep, deadline)?
+            // Guests come up at different times: the grant is sent again
+            // until the server's comes (a copy sent before the server
+            // bound its port comes back and is ignored).
+            let mut sent = Instant::now() - Duration::from_secs(1);
+            loop {
+                if sent.elapsed() > Duration::from_millis(200) && ep.send_space() > 0 {
+                    ep.post_send_inline(to, TAG_GRANT, &mine, 0).map_err(os)?;
+                    sent = Instant::now();
+                }
+                if let Some(g) = poll_grant(&mut ep) {
+                    break g;
+                }
+                if Instant::now() > deadline {
+                    return Err(io::Error::other("the peer never sent its PIO grant"));
+                }
+                std::thread::yield_now();
+            }
         };
         let import = ep.import_pio(theirs).map_err(os)?;
         let link = ShmLink::over(

@@ -754,10 +754,18 @@ fn bench_script(w: Workload, sizes: &[u32], iters: u64, mode: Mode, pairs: u32) 
     let wl = clap::ValueEnum::to_possible_value(&w)
         .map(|v| v.get_name().to_string())
         .unwrap_or_default();
+    // Round trips also through PIO windows (plain stores into BAR 4).
+    let legs: &[(&str, &str, &str)] = if w == Workload::Pingpong {
+        &[
+            ("ulnic", "device", "device"),
+            ("pio", "device", "device"),
+            ("tcp", "node=$P", "listen"),
+        ]
+    } else {
+        &[("ulnic", "device", "device"), ("tcp", "node=$P", "listen")]
+    };
     for s in sizes {
-        for (t, client_at, server_at) in
-            [("ulnic", "device", "device"), ("tcp", "node=$P", "listen")]
-        {
+        for &(t, client_at, server_at) in legs {
             // RDMA's baseline is a TCP stream of the same buffers.
             let wl = if t == "tcp" && w == Workload::RdmaWrite {
                 "stream"
