@@ -504,7 +504,7 @@ fn c_programs(n: &str) {
             "owner 23 1000000",
             "writer 1 23",
             "the window is unchanged since",
-            "a store after the revocation faulted",
+            "the revoked grant is refused (ENOENT)",
         ),
         (
             "pio_pingpong",

@@ -109,6 +109,14 @@ static int writer(uint32_t node, uint32_t port)
 	send_small(ep, to, 0, "hi", 2);
 	next_message(ep, &m, 10000);
 	memcpy(&grant, m.data, sizeof(grant));
+	/* A grant with one bit of its key wrong maps nothing. */
+	struct ulnic_pio_grant forged = grant;
+
+	forged.key ^= 1;
+	err = ulnic_pio_import(ep, &forged, &imp);
+	if (err != -ENOENT)
+		die(err, "a forged grant was not refused with ENOENT");
+	printf("pio_words: a forged grant is refused (ENOENT)\n");
 	err = ulnic_pio_import(ep, &grant, &imp);
 	if (err < 0)
 		die(err, "cannot import window %u of node %u", grant.window, grant.node);
@@ -143,6 +151,14 @@ static int writer(uint32_t node, uint32_t port)
 		die(0, "a store into the revoked window did not fault (child ended with signal %d)", sig);
 	printf("pio_words: a store after the revocation faulted (%s)\n",
 	       sig == SIGBUS ? "SIGBUS" : "SIGSEGV");
+	{
+		struct ulnic_pio_import *again;
+
+		err = ulnic_pio_import(ep, &grant, &again);
+		if (err != -ENOENT)
+			die(err, "the revoked grant was not refused with ENOENT");
+		printf("pio_words: the revoked grant is refused (ENOENT)\n");
+	}
 	send_small(ep, to, TAG_FAULTED, "", 0);
 	ulnic_pio_import_free(imp);
 	ulnic_ep_destroy(ep);

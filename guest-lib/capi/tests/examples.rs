@@ -254,7 +254,9 @@ fn a_million_pio_stores_land_and_fault_after_revocation_in_c() {
         "{owner}"
     );
     assert!(
-        writer.contains("a store after the revocation faulted"),
+        writer.contains("a store after the revocation faulted")
+            && writer.contains("a forged grant is refused (ENOENT)")
+            && writer.contains("the revoked grant is refused (ENOENT)"),
         "{writer}"
     );
 }
