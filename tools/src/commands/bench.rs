@@ -834,7 +834,7 @@ mod tests {
         let e = parse(&["pingpong", "--transport", "rdma"]).unwrap_err();
         assert!(
             e.to_string()
-                .contains("[possible values: ulnic, tcp, unix, shm]"),
+                .contains("[possible values: ulnic, tcp, unix, shm, pio]"),
             "{e}"
         );
     }
