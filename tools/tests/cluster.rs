@@ -90,9 +90,16 @@ fn pingpong_in_pairs() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    // Per pair: ulnic then kernel TCP over the guests' virtio-net
-    // segment, per size.
-    let per_pair = [("ulnic", 8), ("tcp", 8), ("ulnic", 4096), ("tcp", 4096)];
+    // Per pair: ulnic, then PIO windows (plain stores into BAR 4), then
+    // kernel TCP over the guests' virtio-net segment, per size.
+    let per_pair = [
+        ("ulnic", 8),
+        ("pio", 8),
+        ("tcp", 8),
+        ("ulnic", 4096),
+        ("pio", 4096),
+        ("tcp", 4096),
+    ];
     assert_eq!(
         lines.len(),
         4 * per_pair.len(),

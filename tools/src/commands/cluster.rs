@@ -709,7 +709,15 @@ fn bench(a: &ClusterBenchArgs) -> anyhow::Result<()> {
             a.workload
         ));
     }
-    let script = bench_script(a.workload, &a.size, a.iters, a.mode, pairs);
+    // PIO windows join nodes of one device process only (spec §6.2).
+    let pio = o.devices == 1;
+    if !pio && a.workload == Workload::Pingpong {
+        eprintln!(
+            "cluster bench: no PIO leg: the guests' NICs are on {} device processes, which share no memory",
+            o.devices
+        );
+    }
+    let script = bench_script(a.workload, &a.size, a.iters, a.mode, pairs, pio);
     let outputs = run_on_guests(o, &script, a.json)?;
     if !a.json {
         print!("{}", record_header());
@@ -742,7 +750,14 @@ fn bench(a: &ClusterBenchArgs) -> anyhow::Result<()> {
 /// its server the next node; a last odd node sits out. Each leg is named
 /// on the console as it starts (the command's own output comes through a
 /// pipe, in one piece at the end), so a run that hangs shows where.
-fn bench_script(w: Workload, sizes: &[u32], iters: u64, mode: Mode, pairs: u32) -> String {
+fn bench_script(
+    w: Workload,
+    sizes: &[u32],
+    iters: u64,
+    mode: Mode,
+    pairs: u32,
+    pio: bool,
+) -> String {
     let m = format!("{mode:?}").to_lowercase();
     let mut script = format!(
         "set -e\nP=$((ULNIC_NODE+1)); Q=$((ULNIC_NODE-1))\n\
@@ -755,7 +770,7 @@ fn bench_script(w: Workload, sizes: &[u32], iters: u64, mode: Mode, pairs: u32) 
         .map(|v| v.get_name().to_string())
         .unwrap_or_default();
     // Round trips also through PIO windows (plain stores into BAR 4).
-    let legs: &[(&str, &str, &str)] = if w == Workload::Pingpong {
+    let legs: &[(&str, &str, &str)] = if w == Workload::Pingpong && pio {
         &[
             ("ulnic", "device", "device"),
             ("pio", "device", "device"),
@@ -1048,7 +1063,7 @@ mod tests {
 
     #[test]
     fn the_bench_script_pairs_nodes() {
-        let s = bench_script(Workload::RdmaWrite, &[8, 4096], 200, Mode::Block, 2);
+        let s = bench_script(Workload::RdmaWrite, &[8, 4096], 200, Mode::Block, 2, true);
         let lines: Vec<&str> = s.lines().collect();
         assert_eq!(lines[0], "set -e");
         assert_eq!(lines[1], "P=$((ULNIC_NODE+1)); Q=$((ULNIC_NODE-1))");
@@ -1075,7 +1090,7 @@ mod tests {
     /// What the script's `b` runs parses as `ulnic bench-peer`.
     #[test]
     fn the_bench_script_speaks_bench_peer() {
-        let s = bench_script(Workload::Pingpong, &[8], 7, Mode::Poll, 1);
+        let s = bench_script(Workload::Pingpong, &[8], 7, Mode::Poll, 1, true);
         let call = s
             .split("then ulnic ")
             .nth(1)
