@@ -111,7 +111,7 @@ fn pingpong_and_stream_lines_hold_their_invariants() {
 #[test]
 fn a_corrupted_payload_fails_the_benchmark() {
     for workload in ["pingpong", "stream"] {
-        for transport in ["ulnic", "shm", "unix"] {
+        for transport in ["ulnic", "shm", "unix", "pio"] {
             let out = Command::new(env!("CARGO_BIN_EXE_ulnic"))
                 .args(["bench", workload, "--transport", transport])
                 .args(["--size", "64", "--iters", "300", "--corrupt-at", "150"])

@@ -71,6 +71,7 @@ struct Books {
     windows: HashMap<(u32, u32), Window>,
     /// By (importer node, import id).
     imports: HashMap<(u32, u32), Import>,
+    /// The last window or import id given (ids start at 1).
     next_id: u32,
 }
 
@@ -356,7 +357,7 @@ impl Pio {
         self.map_or_unreserve(node, &ch, &file, offset)?;
         let key = rand::RngCore::next_u64(&mut rand::rngs::OsRng);
         let mut b = lock(&self.books);
-        b.next_id = b.next_id.wrapping_add(1);
+        b.next_id = b.next_id.wrapping_add(1).max(1); // 0 names nothing
         let id = b.next_id;
         b.windows.insert(
             (node, id),
@@ -409,7 +410,7 @@ impl Pio {
             // Cannot happen: revocations wait for `ops`, which we hold.
             warn!("node {node}: window {id:?} went away while being imported");
         }
-        b.next_id = b.next_id.wrapping_add(1);
+        b.next_id = b.next_id.wrapping_add(1).max(1); // 0 names nothing
         let import = b.next_id;
         b.imports.insert(
             (node, import),
