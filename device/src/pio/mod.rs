@@ -214,6 +214,13 @@ impl Pio {
         self.sweep(node);
     }
 
+    /// Whether node `node` holds any window or import (what a sweep
+    /// would look at): most nodes never do, and need no sweep.
+    pub fn holds_any(&self, node: u32) -> bool {
+        let b = lock(&self.books);
+        b.windows.keys().any(|&(n, _)| n == node) || b.imports.keys().any(|&(n, _)| n == node)
+    }
+
     /// Revokes the windows and releases the imports of node `node`'s
     /// endpoints that no longer exist (after DESTROY_ENDPOINT,
     /// DESTROY_PD, a reset).

@@ -360,8 +360,12 @@ impl NodeBackend {
                     opcode,
                     Some(ulnic_abi::cmd::DESTROY_ENDPOINT | ulnic_abi::cmd::DESTROY_PD)
                 );
-                if destroys && r.status == ulnic_abi::status::OK {
-                    // What the endpoints held in PIO windows goes too.
+                // What the endpoints held in PIO windows goes too. No thread
+                // per destroyed endpoint when the node holds nothing (a
+                // socket server destroys one per connection); its PIO
+                // commands come through this same queue, so none is
+                // half done now.
+                if destroys && r.status == ulnic_abi::status::OK && self.pio.holds_any(self.node) {
                     self.sweep_pio_later();
                 }
                 r

@@ -111,7 +111,8 @@ pub struct PioCost {
 
 fn cost(bench: &'static str, op: &str, size: u32, samples: &mut [u64]) -> PioCost {
     samples.sort_unstable();
-    let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    // The percentiles every benchmark line uses (`Record`'s).
+    let at = |p: f64| super::record::percentile(samples, p) as f64 / 1000.0;
     PioCost {
         bench,
         op: op.into(),
