@@ -628,8 +628,10 @@ pub mod packet {
     /// `magic`: "UL" in little endian.
     pub const MAGIC: u16 = 0x4c55;
     /// `version`: 3 named the operation and the sender's session; 4 adds
-    /// the SACK (an ACK with code `ACK_GAP` lists what is missing).
-    pub const VERSION: u16 = 4;
+    /// the SACK (an ACK with code `ACK_GAP` lists what is missing); 5 the
+    /// ROOM packet (a sender asks for the receiver's room instead of
+    /// sending a message to be refused).
+    pub const VERSION: u16 = 5;
     codes!(KINDS: u16 {
         /// A fragment of a message.
         DATA = 1,
@@ -646,10 +648,16 @@ pub mod packet {
         ROUTES = 6,
         /// Bytes a read returns (spec §10.4): settles the read like an ACK.
         RESPONSE = 7,
+        /// A sender held by the receiver's room asks for it (spec §10.4):
+        /// answered with an ACK of code `ACK_ROOM`, or NACK NO_ENDPOINT.
+        ROOM = 8,
     });
     /// An ACK's `code`: a SACK, whose payload lists what is missing
     /// (`wire::SackHole` entries, spec §10.4).
     pub const ACK_GAP: u16 = 1;
+    /// An ACK's `code`: the answer to a ROOM packet, with the receiver's
+    /// room now (spec §10.4).
+    pub const ACK_ROOM: u16 = 2;
     /// Holes a SACK lists at most (after the entry naming the packet that
     /// drew it).
     pub const MAX_SACK_HOLES: usize = 31;

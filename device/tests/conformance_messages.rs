@@ -829,12 +829,16 @@ fn s5_11_close_messages_on_destroy_pd_on_disconnect_and_into_a_full_ring() {
     until("the first close message", || r1.received(&rx) == 1);
     drop(raw);
     until("two close messages", || r1.received(&rx) == 2);
-    // The third is held by the transport, which keeps offering it: once
-    // node 1 has refused it twice for room, it was tried against the full
-    // ring (it never settles while it waits).
+    // The third is held by the transport, which keeps asking for room
+    // (ROOM packets after the first NACK): once twice more, it was tried
+    // against the full ring (it never settles while it waits).
     let refusals = || {
-        dev.fabric_counters()
-            .map_or(0, |c| c.transport[1].nacks_sent)
+        dev.fabric_counters().map_or(0, |c| {
+            c.transport
+                .iter()
+                .map(|t| t.nacks_received + t.room_asks)
+                .sum::<u64>()
+        })
     };
     let before = refusals();
     until("the third refused for room", || refusals() >= before + 2);

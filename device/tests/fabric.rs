@@ -148,21 +148,22 @@ fn a_full_receiver_is_retried_until_it_posts_a_buffer() {
     tx.write_segment(0, &data);
     tx.post_send(Address { node: 1, port: 2 }, 0, 0, 1000, 1, true)
         .unwrap();
-    // NACKed and retried meanwhile, not failed: the sender has taken
-    // many more NACKs than its 3 retries, so they are not charged to them.
-    let nacks_received = || -> u64 {
+    // Refused and asked about meanwhile (a NACK, then ROOM packets
+    // answered with no room), not failed: many more than its 3 retries,
+    // so they are not charged to them.
+    let refusals = || -> u64 {
         dev.shard()
             .fabric_counters()
             .unwrap()
             .transport
             .iter()
-            .map(|t| t.nacks_received)
+            .map(|t| t.nacks_received + t.room_asks)
             .sum()
     };
     common::wait_for(
         Duration::from_secs(10),
-        "the sender to take 10 NACKs (the receiver has no buffer)",
-        nacks_received,
+        "the sender to be refused or told of no room 10 times",
+        refusals,
         |n| *n >= 10,
     );
     assert_eq!(tx.poll_event(), None, "the send failed instead of waiting");

@@ -670,6 +670,7 @@ mod tests {
                 "retransmissions",
                 "timeouts",
                 "nacks_received",
+                "room_asks",
                 "returned",
                 "shortcuts",
                 "unreachable",

@@ -586,6 +586,9 @@ pub struct SweepResult {
     pub timeouts: u64,
     /// NACKs the senders received (a receiver without room).
     pub nacks: u64,
+    /// ROOM packets the senders sent: held by a receiver's room, they
+    /// asked instead of sending (spec §10.4).
+    pub room_asks: u64,
     /// "none": the programs write and read no payload bytes.
     pub payload: &'static str,
 }
@@ -729,6 +732,7 @@ pub fn sweep(
             retransmissions: t.iter().map(|c| c.retransmissions).sum(),
             timeouts: t.iter().map(|c| c.timeouts).sum(),
             nacks: t.iter().map(|c| c.nacks_received).sum(),
+            room_asks: t.iter().map(|c| c.room_asks).sum(),
             payload: "none",
         });
     }

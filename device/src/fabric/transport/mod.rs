@@ -275,6 +275,8 @@ pub struct TransportCounters {
     pub responses_sent: u64,
     /// NACKs received.
     pub nacks_received: u64,
+    /// ROOM packets sent: a sender held by the receiver's room asking.
+    pub room_asks: u64,
     /// Packets of messages already delivered, dropped.
     pub duplicates_dropped: u64,
     /// Packets too far ahead of the next expected message to keep
@@ -307,6 +309,7 @@ summable!(TransportCounters {
     nacks_sent,
     responses_sent,
     nacks_received,
+    room_asks,
     duplicates_dropped,
     out_of_order_dropped,
     stale_dropped,
@@ -523,6 +526,7 @@ impl Transport {
         self.lost.remove(&(n, h.src_node.get()));
         match h.kind.get() {
             packet::DATA => self.receive_data(n, p, now, sink),
+            packet::ROOM => self.answer_room(n, &h, sink),
             packet::ACK | packet::NACK | packet::RESPONSE => {
                 // The channel as the DATA named it: its ends swapped back.
                 let key = ChannelKey {
@@ -535,12 +539,13 @@ impl Transport {
                 match h.kind.get() {
                     packet::ACK => {
                         let (epoch, seq, room) = (h.epoch.get(), h.seq.get(), h.tag.get());
-                        let holes: &[u8] = if h.code.get() == packet::ACK_GAP {
+                        let code = h.code.get();
+                        let holes: &[u8] = if code == packet::ACK_GAP {
                             &p.payload
                         } else {
                             &[]
                         };
-                        self.receive_ack(key, (epoch, seq), holes, room, now, sink)
+                        self.receive_ack(key, (epoch, seq), code, holes, room, now, sink)
                     }
                     packet::NACK => {
                         self.counters[n as usize].nacks_received += 1;

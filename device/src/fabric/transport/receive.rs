@@ -446,6 +446,42 @@ impl Transport {
         }
     }
 
+    /// Answers a ROOM packet that reached node `n` (spec §10.4): an ACK
+    /// of the message before the one asked about, code ROOM, with the
+    /// room now; NACK NO_ENDPOINT when nobody holds the port. No state
+    /// is kept for it.
+    pub(super) fn answer_room(&mut self, n: u32, h: &PacketHeader, sink: &mut dyn Sink) {
+        let class = Class::of(h.opcode.get());
+        if class == Class::Memory {
+            self.counters[n as usize].malformed_dropped += 1;
+            return;
+        }
+        let key = ChannelKey {
+            src: h.src_node.get(),
+            endpoint: h.src_endpoint.get(),
+            dst: n,
+            port: h.dst_port.get(),
+            class,
+        };
+        let (epoch, seq, opcode) = (h.epoch.get(), h.seq.get(), h.opcode.get());
+        if !sink.bound(n, key.port) {
+            let code = tx_error::NO_ENDPOINT;
+            self.control_packet(key, epoch, seq, packet::NACK, code, opcode, 0);
+            return;
+        }
+        let room = room_for(sink, n, key, h.msg_len.get() as usize);
+        let last = seq.wrapping_sub(1);
+        self.control_packet(
+            key,
+            epoch,
+            last,
+            packet::ACK,
+            packet::ACK_ROOM,
+            opcode,
+            room,
+        );
+    }
+
     /// Queues an ACK (with the receiver's `room`) or NACK from the
     /// receiver of channel `key`; false if too many wait (it is dropped).
     #[allow(clippy::too_many_arguments)]

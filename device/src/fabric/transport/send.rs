@@ -99,6 +99,8 @@ pub(super) struct SendChannel {
     room_end: Option<u32>,
     timeouts: u32,
     nacks: u32,
+    /// ROOM packets sent since an answer last gave room (spec §10.4).
+    room_asks: u32,
     /// In the node's ready queue.
     pub(super) queued: bool,
     /// Its messages were last returned unreachable and nothing has been
@@ -111,13 +113,48 @@ impl SendChannel {
     /// Whether its next message may go now: there is one, and it is a
     /// read or no read before it waits for its answer.
     /// The receiver's room must allow it too, unless nothing is in flight
-    /// (a probe: its ACK or NACK says more).
+    /// (then `must_ask_room` says whether it asks first).
     pub(super) fn can_send(&self) -> bool {
         !self.repairs.is_empty()
             || self.unacked.get(self.sent).is_some_and(|u| {
                 (self.reads_out == 0 || u.is_read())
                     && (self.sent == 0 || self.room_end.is_none_or(|end| before(u.seq, end)))
             })
+    }
+
+    /// Whether the next message is beyond the receiver's room with nothing
+    /// in flight: the channel asks (a ROOM packet) instead of sending it.
+    fn must_ask_room(&self) -> bool {
+        self.repairs.is_empty()
+            && self.sent == 0
+            && self.frag == 0
+            && self.unacked.front().is_some_and(|u| {
+                !u.is_read() && self.room_end.is_some_and(|end| !before(u.seq, end))
+            })
+    }
+
+    /// How long to wait after a NACK or a ROOM, `n` of them in a row:
+    /// 5 us doubling, at most 1 ms.
+    fn hold_for(n: u32) -> Nanos {
+        (NACK_BACKOFF << n.min(20)).min(MAX_NACK_BACKOFF)
+    }
+
+    /// The ROOM packet asking for room for the oldest message.
+    fn room_packet(&self, key: &ChannelKey) -> Option<Packet> {
+        let u = self.unacked.front()?;
+        let mut p = Packet::new(packet::ROOM);
+        let h = &mut p.header;
+        h.src_node = key.src.into();
+        h.dst_node = key.dst.into();
+        h.src_endpoint = key.endpoint.into();
+        h.src_port = u.msg.src_port.into();
+        h.dst_port = key.port.into();
+        h.epoch = self.epoch.into();
+        h.seq = u.seq.into();
+        h.msg_len = (u.msg.bytes.len() as u32).into();
+        h.opcode = u.msg.opcode.into();
+        p.seal();
+        Some(p)
     }
 
     fn rewind(&mut self) {
@@ -357,6 +394,7 @@ impl Transport {
                     room_end: None,
                     timeouts: 0,
                     nacks: 0,
+                    room_asks: 0,
                     queued: false,
                     unreachable: false,
                 },
@@ -406,6 +444,25 @@ impl Transport {
                 c.queued = false;
                 self.timers.push(Reverse((c.hold_until, key)));
                 continue;
+            }
+            if c.must_ask_room() {
+                let Some(p) = c.room_packet(&key) else {
+                    c.queued = false;
+                    continue;
+                };
+                c.room_asks += 1;
+                c.hold_until = now + SendChannel::hold_for(c.nacks + c.room_asks);
+                self.timers.push(Reverse((c.hold_until, key)));
+                // Its silence is timed as a message's: a receiver gone
+                // quiet is found as it would be by a message.
+                if c.deadline.is_none() {
+                    let d = now + c.timeout;
+                    c.deadline = Some(d);
+                    self.timers.push(Reverse((d, key)));
+                }
+                c.queued = false;
+                self.counters[n as usize].room_asks += 1;
+                return Some(p);
             }
             if !c.can_send() {
                 // Nothing more, or a read's answer to wait for (its
@@ -566,6 +623,7 @@ impl Transport {
         c.room_end = None;
         c.timeouts = 0;
         c.nacks = 0;
+        c.room_asks = 0;
         c.timeout = c.base_timeout;
         c.unreachable = code == tx_error::UNREACHABLE;
         self.counters[key.src as usize].returned += msgs.len() as u64;
@@ -595,7 +653,9 @@ impl Transport {
         c.rewind();
         c.timeouts = 0;
         c.nacks = 0;
+        c.room_asks = 0;
         c.hold_until = 0;
+        c.room_end = None;
         c.timeout = c.base_timeout;
         c.deadline = None;
         self.counters[key.src as usize].returned += 1;
@@ -679,12 +739,14 @@ impl Transport {
         }
     }
 
-    /// An ACK of `seq` in `epoch`; `holes`, a SACK's payload (empty for
-    /// a plain ACK), says what to send again.
+    /// An ACK of `seq` in `epoch` with `code`; `holes`, a SACK's payload
+    /// (empty for a plain ACK), says what to send again.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn receive_ack(
         &mut self,
         key: ChannelKey,
         (epoch, seq): (u32, u32),
+        code: u16,
         holes: &[u8],
         room: u32,
         now: Nanos,
@@ -697,13 +759,34 @@ impl Transport {
             return;
         };
         let settles = c.unacked.front().is_some_and(|u| !before(seq, u.seq));
-        if c.nacks > 0 && !settles {
+        let answer = code == packet::ACK_ROOM;
+        if answer && c.sent == 0 {
+            // The ROOM was answered: its silence is no longer timed.
+            c.deadline = None;
+        }
+        if answer && room == 0 {
+            // Still no room: the wait set when the ROOM left stands.
+            c.room_end = Some(seq.wrapping_add(1));
+            let patient = c.unacked.front().is_some_and(|u| u.msg.patient);
+            if c.nacks + c.room_asks > self.config.nack_retries && !patient {
+                self.return_all(key, tx_error::NO_BUFFER, sink);
+            }
+            return;
+        }
+        if answer {
+            // Room at last: the refused or held message goes now.
+            c.nacks = 0;
+            c.room_asks = 0;
+            c.hold_until = 0;
+            c.room_end = (room != NO_ROOM_BOUND).then(|| seq.wrapping_add(1).wrapping_add(room));
+            self.make_ready(key);
+        } else if c.nacks > 0 && !settles {
             // After a NACK for want of a buffer, only an answer about the
             // refused message lifts the hold and its room bound: a SACK
             // that followed the NACK knows nothing newer.
         } else if room == 0 {
             c.room_end = Some(seq.wrapping_add(1));
-            // No room: a probe goes after a pause, not at once.
+            // No room: a ROOM asks after a pause, not at once.
             if c.hold_until <= now {
                 c.hold_until = now + NACK_BACKOFF;
                 self.timers.push(Reverse((c.hold_until, key)));

@@ -18,6 +18,8 @@ struct Record {
     reads_served: u32,
     unreachable: Vec<(u32, u32, Vec<u32>, Vec<u32>)>,
     full: bool,
+    /// Receive slots left, when counted: each delivery takes one.
+    slots: Option<u32>,
     /// Ports whose endpoint went away.
     unbound: Vec<u32>,
 }
@@ -27,8 +29,11 @@ impl Sink for Record {
         if a.port == 9 || self.unbound.contains(&a.port) {
             return Err(tx_error::NO_ENDPOINT);
         }
-        if self.full {
+        if self.full || self.slots == Some(0) {
             return Err(tx_error::NO_BUFFER);
+        }
+        if let Some(n) = self.slots.as_mut() {
+            *n -= 1;
         }
         if a.opcode == op::RDMA_READ {
             self.reads_served += 1;
@@ -54,6 +59,13 @@ impl Sink for Record {
     }
     fn returned(&mut self, _: ChannelKey, m: Message, code: u16) {
         self.returned.push((m.user_id, code));
+    }
+    fn room(&mut self, _: u32, _: u32, _: usize) -> u32 {
+        if self.full {
+            0
+        } else {
+            self.slots.unwrap_or(NO_ROOM_BOUND)
+        }
     }
     fn unreachable(&mut self, node: u32, lost: u32, endpoints: &[u32], ports: &[u32]) {
         self.unreachable
@@ -222,11 +234,64 @@ fn a_full_receiver_is_retried_not_failed() {
     net.t.submit(KEY, msg(1, 10), 0, || (1024, 0));
     net.run(&mut s, |_, _| false, 3_000_000);
     assert!(s.delivered.is_empty() && s.returned.is_empty());
-    assert!(net.t.counters[0].nacks_received > 3);
+    // Refused once, then asked (ROOM) without sending it again.
+    let c = net.t.counters[0];
+    assert_eq!((c.nacks_received, c.retransmissions), (1, 0), "{c:?}");
+    assert!(c.room_asks > 3, "{c:?}");
     s.full = false;
     net.run(&mut s, |_, _| false, 3_000_000);
     assert_eq!(s.delivered.len(), 1);
     assert_eq!(s.acked, [1]);
+    // It went again once, when an answer gave room.
+    assert_eq!(net.t.counters[0].retransmissions, 1);
+}
+
+/// A receiver that runs out of room holds its sender back: the sender
+/// asks (ROOM) until the receiver has room, and no message is sent to be
+/// refused and sent again.
+#[test]
+fn a_receiver_without_room_is_asked_not_sent_to() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record {
+        slots: Some(2),
+        ..Default::default()
+    };
+    // The first ACK gives the room; the rest are bound by it.
+    net.t.submit(KEY, msg(0, 3000), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 100_000);
+    for i in 1..6 {
+        net.t.submit(KEY, msg(i, 3000), net.now, || (1024, 0));
+    }
+    net.run(&mut s, |_, _| false, 3_000_000);
+    assert_eq!(s.delivered.len(), 2);
+    let c = net.t.counters[0];
+    assert_eq!((c.nacks_received, c.retransmissions), (0, 0), "{c:?}");
+    assert!(c.room_asks >= 3, "{c:?}");
+    s.slots = Some(10);
+    net.run(&mut s, |_, _| false, 3_000_000);
+    assert_delivered_in_order(&s, 6, 3000);
+    let c = &net.t.counters[0];
+    assert_eq!((c.nacks_received, c.retransmissions), (0, 0), "{c:?}");
+    assert_eq!(c.data_packets, 6 * 3, "{c:?}");
+}
+
+/// A ROOM to a port nobody holds is answered NO_ENDPOINT: the message is
+/// returned, not asked about forever.
+#[test]
+fn a_room_to_a_port_let_go_returns_the_message() {
+    let mut net = Net::new(TransportConfig::default());
+    let mut s = Record {
+        slots: Some(1),
+        ..Default::default()
+    };
+    net.t.submit(KEY, msg(0, 10), 0, || (1024, 0));
+    net.t.submit(KEY, msg(1, 10), 0, || (1024, 0));
+    net.run(&mut s, |_, _| false, 100_000);
+    assert_eq!(s.delivered.len(), 1);
+    assert!(net.t.counters[0].room_asks >= 1);
+    s.unbound.push(KEY.port);
+    net.run(&mut s, |_, _| false, 3_000_000);
+    assert_eq!(s.returned, [(1, tx_error::NO_ENDPOINT)]);
 }
 
 #[test]
@@ -249,7 +314,7 @@ fn a_patient_message_outlasts_the_nack_budget() {
     net.t.submit(KEY, close, 0, || (1024, 0));
     net.run(&mut s, |_, _| false, 50_000_000);
     assert_eq!(s.returned, [(1, tx_error::NO_BUFFER)]);
-    assert!(net.t.counters[0].nacks_received > 20);
+    assert!(net.t.counters[0].room_asks > 20);
     s.full = false;
     net.run(&mut s, |_, _| false, 3_000_000);
     assert_eq!(s.acked, [2], "the patient one waited for room");
@@ -418,7 +483,7 @@ fn an_ack_does_not_settle_an_unanswered_read() {
     let read = net.t.next_packet(0, 0).unwrap();
     let (epoch, seq) = (read.header.epoch.get(), read.header.seq.get());
     net.t
-        .receive_ack(MEMORY, (epoch, seq), &[], NO_ROOM_BOUND, 0, &mut s);
+        .receive_ack(MEMORY, (epoch, seq), 0, &[], NO_ROOM_BOUND, 0, &mut s);
     assert!(s.acked.is_empty(), "settled without its bytes");
 }
 
@@ -597,10 +662,11 @@ fn a_refused_repair_backs_off_and_is_not_undone_by_a_sack() {
     let (mut net, mut s) = eight_with_one_lost(0, 10_000);
     s.full = true;
     net.run(&mut s, |_, _| false, 5_000_000);
-    let nacks = net.t.counters[0].nacks_received;
+    let c = &net.t.counters[0];
+    let refusals = c.nacks_received + c.room_asks;
     assert!(
-        (3..=40).contains(&nacks),
-        "{nacks} NACKs in 5 ms: the back-off was undone"
+        (3..=40).contains(&refusals),
+        "{refusals} NACKs and ROOMs in 5 ms: the back-off was undone"
     );
     s.full = false;
     net.run(&mut s, |_, _| false, 5_000_000);

@@ -661,6 +661,7 @@ mod tests {
             retransmissions: 12,
             timeouts: 0,
             nacks: 3,
+            room_asks: 5,
             payload: "none",
         };
         let t = sweep_table(&[r]);
