@@ -294,6 +294,10 @@ impl Device {
                 mine.0.add(&theirs.0);
             }
         }
+        let pio = &self.pio.counters;
+        out.totals.pio_maps = pio.maps.load(Ordering::Relaxed);
+        out.totals.pio_unmaps = pio.unmaps.load(Ordering::Relaxed);
+        out.totals.pio_commands = pio.commands.load(Ordering::Relaxed);
         out
     }
 }

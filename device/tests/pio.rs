@@ -30,6 +30,16 @@ fn sent(dev: &ulnic_device::Device) -> (u64, u64, u64) {
     )
 }
 
+/// Per node, the wake-ups of the thread reading its frontend's
+/// vhost-user socket (unchanged: no message came).
+fn vhost_wakeups(dev: &ulnic_device::Device) -> Vec<Option<u64>> {
+    dev.snapshot()
+        .nodes
+        .iter()
+        .map(|n| n.vhost_wakeups)
+        .collect()
+}
+
 /// Runs `store` in a forked child; the signal that ended it (0 if it
 /// exited).
 fn child_signal(store: impl FnOnce()) -> i32 {
@@ -81,6 +91,8 @@ fn a_million_stores_land_with_no_message_and_fault_once_revoked() {
     assert_ne!(imp.as_ptr(), w.as_ptr(), "two mappings of one window");
 
     let before = sent(&dev);
+    let woken = vhost_wakeups(&dev);
+    assert!(woken.iter().all(Option::is_some), "{woken:?}");
     let words = imp.as_ptr().cast::<u64>();
     for i in 0..WORDS {
         // SAFETY: inside the imported window (WORDS words), mapped.
@@ -91,6 +103,11 @@ fn a_million_stores_land_with_no_message_and_fault_once_revoked() {
         sent(&dev),
         before,
         "no map, unmap or command during the stores"
+    );
+    assert_eq!(
+        vhost_wakeups(&dev),
+        woken,
+        "no vhost-user message from a frontend during the stores"
     );
     let mine = w.as_ptr().cast::<u64>();
     for i in 0..WORDS {

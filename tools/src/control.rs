@@ -148,6 +148,10 @@ pub struct NodeStats {
     pub queue_errors: u64,
     /// Memory faults.
     pub memory_faults: u64,
+    /// Wake-ups of the thread reading its frontend's vhost-user socket
+    /// (spec §10.6.1): unchanged means no vhost-user message came.
+    #[serde(default)]
+    pub vhost_wakeups: Option<u64>,
     /// Transport counters (with a fabric).
     pub transport: Option<std::collections::BTreeMap<String, u64>>,
     /// Its endpoints.
@@ -329,6 +333,7 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
                 connections: n.connections,
                 queue_errors: n.queue_errors,
                 memory_faults: n.memory_faults,
+                vhost_wakeups: n.vhost_wakeups,
                 transport: transport
                     .and_then(|t| t.get(n.node as usize))
                     .map(|t| map(t.named())),
@@ -649,6 +654,7 @@ mod tests {
                 "connections",
                 "queue_errors",
                 "memory_faults",
+                "vhost_wakeups",
                 "transport",
                 "endpoints"
             ])
@@ -697,6 +703,9 @@ mod tests {
                 "returned_to_sender",
                 "returns_lost",
                 "kicks_served_asleep",
+                "pio_maps",
+                "pio_unmaps",
+                "pio_commands",
             ])
         );
         let link = &v["links"][0];

@@ -80,6 +80,9 @@ pub struct Node {
     pub memory_faults: u64,
     /// Ends the current frontend's connection (set while one is attached).
     pub disconnect: Option<vhost_user_backend::ShutdownHandle>,
+    /// The thread reading the current frontend's vhost-user socket (its
+    /// wake-ups are `ulnic stats`' `vhost_wakeups`).
+    pub vhost_reader: Option<i32>,
     /// Config-space connection epoch (spec §2.2): new for each connection,
     /// so a driver can tell that the device it talks to forgot its state.
     pub epoch: u32,
@@ -127,6 +130,7 @@ impl Node {
             queue_errors: 0,
             broken_queues: 0,
             memory_faults: 0,
+            vhost_reader: None,
             disconnect: None,
             epoch: 0,
             control_stalled: false,

@@ -26,6 +26,12 @@ pub struct Counters {
     /// Kicks that came while the engine slept, served by the node thread
     /// that received them (spec §5.8).
     pub kicks_served_asleep: u64,
+    /// `SHMEM_MAP` requests sent (device-wide, from `Pio`; 0 in a shard).
+    pub pio_maps: u64,
+    /// `SHMEM_UNMAP` requests sent, fences included (as `pio_maps`).
+    pub pio_unmaps: u64,
+    /// PIO commands served (as `pio_maps`).
+    pub pio_commands: u64,
 }
 
 summable!(Counters {
@@ -36,5 +42,8 @@ summable!(Counters {
     closes_undeliverable,
     returned_to_sender,
     returns_lost,
-    kicks_served_asleep
+    kicks_served_asleep,
+    pio_maps,
+    pio_unmaps,
+    pio_commands
 });

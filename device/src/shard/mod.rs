@@ -312,6 +312,7 @@ impl Shard {
                     .collect(),
                 queue_errors: n.queue_errors,
                 memory_faults: n.memory_faults,
+                vhost_wakeups: n.vhost_reader.and_then(crate::vhost::reader::wakeups),
             })
             .collect();
         let fabric = f.network.as_ref().map(|net| {

@@ -33,6 +33,9 @@ pub struct NodeSnapshot {
     pub queue_errors: u64,
     /// Times its shared memory shrank under the device.
     pub memory_faults: u64,
+    /// Times the thread reading its frontend's vhost-user socket woke up
+    /// (`vhost::reader`); None without a frontend.
+    pub vhost_wakeups: Option<u64>,
 }
 
 /// Everything a device counts.

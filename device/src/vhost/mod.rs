@@ -3,4 +3,5 @@
 
 pub mod backend;
 pub mod control;
+pub mod reader;
 pub mod socket;

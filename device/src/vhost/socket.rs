@@ -18,6 +18,7 @@ use crate::memory::region;
 use crate::pio::Pio;
 use crate::shard::Shard;
 use crate::vhost::backend::NodeBackend;
+use crate::vhost::reader;
 
 /// How long a pending connection waits for the current frontend to leave
 /// before it is refused.
@@ -84,8 +85,11 @@ pub fn serve_node(
             return;
         }
         let backend = Arc::new(NodeBackend::new(node, shard.clone(), pio.clone()));
+        // A name no other reader of this process has (tests run several
+        // devices in one process), so its thread can be found by it.
+        let name = reader::unique_name();
         let mut daemon = match VhostUserDaemon::new(
-            format!("ulnic-vhost{node}"),
+            name.clone(),
             backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         ) {
@@ -105,15 +109,25 @@ pub fn serve_node(
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
+        // The reader names itself once it runs: give it a moment.
+        let mut tid = None;
+        for _ in 0..50 {
+            tid = reader::find_thread(&name);
+            if tid.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         {
             let mut f = shard.lock();
             f.nodes[node as usize].disconnect = daemon.shutdown_handle();
+            f.nodes[node as usize].vhost_reader = tid;
             f.nodes[node as usize].connections += 1;
             // A new connection is a new device as far as the driver can
             // tell: nothing it created before exists (spec §2.2, §2.5).
             f.nodes[node as usize].renew_epoch();
             info!(
-                "node {node}: frontend connected (connection {})",
+                "node {node}: frontend connected (connection {}, read by thread {name})",
                 f.nodes[node as usize].connections
             );
         }
@@ -151,6 +165,7 @@ pub fn serve_node(
         n.features = 0;
         n.features_set = false;
         n.disconnect = None;
+        n.vhost_reader = None;
         drop(f);
         // Its windows are revoked from their importers, its imports
         // forgotten (nothing can be sent to it now).

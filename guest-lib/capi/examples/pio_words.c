@@ -5,14 +5,23 @@
  * another node, maps it with the grant and stores every word with plain
  * stores; the owner reads them all back. Then the owner revokes the
  * window: a store the writer makes after that faults (the writer tries
- * in a child process), and the owner's memory is unchanged.
+ * in a child process), and the owner's memory is unchanged. In a guest
+ * the writer also checks that the driver refuses to map beyond the
+ * window it was granted.
  *
  *   ULNIC_SOCKET=/tmp/u/node1.sock ./pio_words owner 23 1000000
- *   ULNIC_SOCKET=/tmp/u/node0.sock ./pio_words writer 1 23
+ *   ULNIC_SOCKET=/tmp/u/node0.sock ./pio_words writer 1 23 [GATE]
+ *
+ * With GATE the writer paces its stores for an observer: it creates
+ * GATE.mapped once the window is mapped, waits for GATE.go, stores, creates
+ * GATE.stored and waits for GATE.done (so counters read between .mapped
+ * and .stored cover the stores and nothing else).
  *
  * Build: gcc pio_words.c $(pkg-config --cflags --libs ulnic) -o pio_words
  */
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,7 +104,83 @@ static int store_after_revocation(volatile uint64_t *p)
 	return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
 }
 
-static int writer(uint32_t node, uint32_t port)
+/* Creates GATE.STEP (a gate of NULL does nothing). */
+static void gate_mark(const char *gate, const char *step)
+{
+	char path[512];
+	int fd;
+
+	if (!gate)
+		return;
+	snprintf(path, sizeof(path), "%s.%s", gate, step);
+	fd = open(path, O_CREAT | O_WRONLY, 0644);
+	if (fd < 0)
+		die(-errno, "cannot create %s", path);
+	close(fd);
+}
+
+/* Waits (up to 10 minutes) until GATE.STEP exists. */
+static void gate_wait(const char *gate, const char *step)
+{
+	char path[512];
+	double t = now_us();
+
+	if (!gate)
+		return;
+	snprintf(path, sizeof(path), "%s.%s", gate, step);
+	while (access(path, F_OK) != 0) {
+		if (now_us() - t > 600e6)
+			die(0, "%s did not appear within 10 minutes", path);
+		usleep(20000);
+	}
+}
+
+/* The file offset the library mapped ADDR at, if a device file is mapped
+ * there (in a guest, /dev/ulnicN); -1 host-attached. */
+static long long device_file_offset(const void *addr)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	unsigned long long lo, hi, off;
+	char line[512], file[256];
+	long long found = -1;
+
+	if (!f)
+		die(-errno, "cannot read /proc/self/maps");
+	while (fgets(line, sizeof(line), f)) {
+		file[0] = 0;
+		if (sscanf(line, "%llx-%llx %*s %llx %*s %*s %255s", &lo, &hi, &off, file) >= 3 &&
+		    lo == (uintptr_t)addr && !strncmp(file, "/dev/ulnic", 10))
+			found = (long long)off;
+	}
+	fclose(f);
+	return found;
+}
+
+/* In a guest: the driver maps only what the device mapped for this file,
+ * so neither a longer mapping of the import nor one just past it is
+ * allowed. Host-attached, the aperture's reservation faults a store past
+ * the window (the device's tests check that). */
+static void beyond_the_window(struct ulnic_ep *ep, struct ulnic_pio_import *imp)
+{
+	long long off = device_file_offset(ulnic_pio_import_addr(imp));
+	uint64_t len = ulnic_pio_import_len(imp);
+	long page = sysconf(_SC_PAGESIZE);
+	void *p;
+
+	if (off < 0) {
+		printf("pio_words: host-attached: no device file to map beyond the window\n");
+		return;
+	}
+	p = mmap(NULL, len + page, PROT_READ | PROT_WRITE, MAP_SHARED, ulnic_ep_fd(ep), off);
+	if (p != MAP_FAILED || errno != EPERM)
+		die(p == MAP_FAILED ? -errno : 0, "a mapping longer than the window was not refused with EPERM");
+	p = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_SHARED, ulnic_ep_fd(ep), off + (long long)len);
+	if (p != MAP_FAILED || errno != EPERM)
+		die(p == MAP_FAILED ? -errno : 0, "a mapping past the window was not refused with EPERM");
+	printf("pio_words: a mapping beyond the window is refused (EPERM)\n");
+}
+
+static int writer(uint32_t node, uint32_t port, const char *gate)
 {
 	struct ulnic_nic *nic;
 	struct ulnic_ep *ep = open_endpoint(port + 1, 4, &nic);
@@ -122,13 +207,21 @@ static int writer(uint32_t node, uint32_t port)
 		die(err, "cannot import window %u of node %u", grant.window, grant.node);
 	uint64_t words = ulnic_pio_import_len(imp) / 8;
 	volatile uint64_t *theirs = ulnic_pio_import_addr(imp);
+
+	beyond_the_window(ep, imp);
+	gate_mark(gate, "mapped");
+	gate_wait(gate, "go");
 	double t = now_us();
 
 	for (uint64_t i = 0; i < words; i++)
 		theirs[i] = word_value(i);
 	ulnic_pio_flush();
+	t = now_us() - t;
+	gate_mark(gate, "stored");
+	gate_wait(gate, "done");
 	printf("pio_words: stored %llu words into node %u's window in %.0f us\n",
-	       (unsigned long long)words, node, now_us() - t);
+	       (unsigned long long)words, node, t);
+	t = now_us();
 	send_small(ep, to, TAG_WRITTEN, "", 0);
 	/* The owner's message and the device's event, in either order. */
 	for (int told = 0, event = 0; !told || !event;) {
@@ -233,10 +326,11 @@ int main(int argc, char **argv)
 		return hold((uint32_t)strtoul(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
 	if (argc == 4 && !strcmp(argv[1], "owner"))
 		return owner((uint32_t)strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
-	if (argc == 4 && !strcmp(argv[1], "writer"))
-		return writer((uint32_t)strtoul(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
+	if ((argc == 4 || argc == 5) && !strcmp(argv[1], "writer"))
+		return writer((uint32_t)strtoul(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0),
+			      argc == 5 ? argv[4] : NULL);
 	fprintf(stderr,
-		"usage: %s owner PORT WORDS\n       %s writer NODE PORT\n"
+		"usage: %s owner PORT WORDS\n       %s writer NODE PORT [GATE]\n"
 		"       %s hold-owner PORT REVOKE_FILE\n       %s hold NODE PORT\n",
 		argv[0], argv[0], argv[0], argv[0]);
 	return 2;
