@@ -396,10 +396,18 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
 /// Serves the control socket at `path` for `device` on a thread of its
 /// own, a thread per client.
 pub fn serve(device: Arc<Device>, path: &Path) -> anyhow::Result<()> {
-    let _ = std::fs::remove_file(path);
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    // Bound under another name and renamed into place once listening and
+    // private: a client that sees the path can connect (between bind and
+    // listen a connect is refused, which made waiters fail at random).
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(".new");
+    let staged = PathBuf::from(staged);
+    let _ = std::fs::remove_file(&staged);
+    let listener = UnixListener::bind(&staged)
+        .with_context(|| format!("cannot listen on {}", staged.display()))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::rename(&staged, path)
+        .with_context(|| format!("cannot move {} into place", staged.display()))?;
     std::thread::Builder::new()
         .name("ulnic-control".into())
         .spawn(move || {
@@ -451,82 +459,83 @@ fn client(device: &Device, conn: UnixStream) -> anyhow::Result<()> {
         if line.trim().is_empty() {
             continue;
         }
-        let req: Request = match serde_json::from_str(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                reply(&mut out, Err(anyhow::anyhow!("bad request: {e}")))?;
-                continue;
-            }
-        };
-        match req {
-            Request::Stats => {
-                let faults: Vec<Faults> = device
-                    .fabric_config()
-                    .map(|f| f.topology.links().iter().map(|l| l.params.faults).collect())
-                    .unwrap_or_default();
-                let s = stats_of(&device.snapshot(), &faults);
-                writeln!(out, "{}", serde_json::to_string(&s)?)?;
-            }
-            Request::SetFaults { link, node, faults } => {
-                let r = lanes_of(device, link, node).and_then(|l| {
-                    device
-                        .set_link_faults(l, faults.faults()?)
-                        .map_err(anyhow::Error::from)
+        match serde_json::from_str(&line) {
+            Ok(req) => answer(device, req, &mut out)?,
+            Err(e) => reply(&mut out, Err(anyhow::anyhow!("bad request: {e}")))?,
+        }
+    }
+    Ok(())
+}
+
+/// Answers one request of the control protocol for `device` on `out`
+/// (a capture streams until the client hangs up).
+pub fn answer(device: &Device, req: Request, out: &mut UnixStream) -> anyhow::Result<()> {
+    match req {
+        Request::Stats => {
+            let faults: Vec<Faults> = device
+                .fabric_config()
+                .map(|f| f.topology.links().iter().map(|l| l.params.faults).collect())
+                .unwrap_or_default();
+            let s = stats_of(&device.snapshot(), &faults);
+            writeln!(out, "{}", serde_json::to_string(&s)?)?;
+        }
+        Request::SetFaults { link, node, faults } => {
+            let r = lanes_of(device, link, node).and_then(|l| {
+                device
+                    .set_link_faults(l, faults.faults()?)
+                    .map_err(anyhow::Error::from)
+            });
+            reply(out, r)?;
+        }
+        Request::Map => {
+            let r = device
+                .fabric_config()
+                .context("this device has no emulated fabric (start it with --topology)")
+                .and_then(|f| {
+                    let m = device.map_fabric(Duration::from_secs(30))?;
+                    Ok(map_report(&m, &f.topology))
                 });
-                reply(&mut out, r)?;
+            match r {
+                Ok(report) => writeln!(out, "{}", serde_json::to_string(&report)?)?,
+                Err(e) => reply(out, Err(e))?,
             }
-            Request::Map => {
-                let r = device
-                    .fabric_config()
-                    .context("this device has no emulated fabric (start it with --topology)")
-                    .and_then(|f| {
-                        let m = device.map_fabric(Duration::from_secs(30))?;
-                        Ok(map_report(&m, &f.topology))
-                    });
-                match r {
-                    Ok(report) => writeln!(out, "{}", serde_json::to_string(&report)?)?,
-                    Err(e) => reply(&mut out, Err(e))?,
-                }
-            }
-            Request::Capture { link, node } => {
-                let l = match lanes_of(device, link, node) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        reply(&mut out, Err(e))?;
+        }
+        Request::Capture { link, node } => {
+            let l = match lanes_of(device, link, node) {
+                Ok(l) => l,
+                Err(e) => return reply(out, Err(e)),
+            };
+            let (tx, rx) = std::sync::mpsc::sync_channel(4096);
+            device.capture(vec![2 * l, 2 * l + 1], tx)?;
+            reply(out, Ok(()))?;
+            // Until the client hangs up (a write fails); dropping `rx`
+            // ends the tap.
+            let b64 = base64::engine::general_purpose::STANDARD;
+            loop {
+                let c = match rx.recv_timeout(Duration::from_millis(500)) {
+                    Ok(c) => c,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        // A heartbeat, so a gone client is noticed.
+                        writeln!(out)?;
                         continue;
                     }
+                    Err(_) => return Ok(()),
                 };
-                let (tx, rx) = std::sync::mpsc::sync_channel(4096);
-                device.capture(vec![2 * l, 2 * l + 1], tx)?;
-                reply(&mut out, Ok(()))?;
-                // Until the client hangs up (a write fails); dropping `rx`
-                // ends the tap.
-                let b64 = base64::engine::general_purpose::STANDARD;
-                loop {
-                    let c = match rx.recv_timeout(Duration::from_millis(500)) {
-                        Ok(c) => c,
-                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                            // A heartbeat, so a gone client is noticed.
-                            writeln!(out)?;
-                            continue;
-                        }
-                        Err(_) => return Ok(()),
-                    };
-                    let line = CapturedLine {
-                        link: c.lane / 2,
-                        direction: (c.lane % 2) as u8,
-                        at_ns: c.at,
-                        packet: b64.encode(&c.bytes),
-                    };
-                    writeln!(out, "{}", serde_json::to_string(&line)?)?;
-                }
+                let line = CapturedLine {
+                    link: c.lane / 2,
+                    direction: (c.lane % 2) as u8,
+                    at_ns: c.at,
+                    packet: b64.encode(&c.bytes),
+                };
+                writeln!(out, "{}", serde_json::to_string(&line)?)?;
             }
         }
     }
     Ok(())
 }
 
-fn reply(out: &mut UnixStream, r: anyhow::Result<()>) -> anyhow::Result<()> {
+/// Writes the reply line of a request that returns nothing else.
+pub fn reply(out: &mut UnixStream, r: anyhow::Result<()>) -> anyhow::Result<()> {
     let rep = match r {
         Ok(()) => Reply {
             ok: true,

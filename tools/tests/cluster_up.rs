@@ -582,6 +582,7 @@ fn vhost_traffic(cluster_dir: &str) -> (Vec<u64>, [u64; 3]) {
 /// neither a map, an unmap nor serves a command (issue 31).
 fn gated_pio_writer(cluster_dir: &str, client: &str) -> Output {
     let gate = "/tmp/pio-gate";
+    let start = vhost_traffic(cluster_dir);
     let w = exec_in_background("0", format!("rm -f {gate}.*; pio_words {client} {gate}"));
     wait_until("0", &format!("test -e {gate}.mapped"), "mapped window", &w);
     assert!(!w.is_finished(), "{}", text(&w.join().unwrap()));
@@ -601,6 +602,13 @@ fn gated_pio_writer(cluster_dir: &str, client: &str) -> Output {
     let after = vhost_traffic(cluster_dir);
     exec("0", &format!("touch {gate}.done"));
     let out = w.join().unwrap();
+    eprintln!("vhost-user traffic: at start {start:?}, mapped {before:?}, stored {after:?}");
+    // The counts are live: the import's map made node 0's QEMU add the
+    // window to its vhost memory table, a message the device read.
+    assert!(
+        before.0[0] > start.0[0] && before.1[0] > start.1[0],
+        "the import went unseen: {start:?} -> {before:?}"
+    );
     assert_eq!(
         before, after,
         "vhost-user traffic while the words were stored (wake-ups per node; maps, unmaps, commands):\n{}",

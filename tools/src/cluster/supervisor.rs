@@ -430,12 +430,63 @@ fn reply(w: &mut UnixStream, kind: u8, data: impl Into<Vec<u8>>) -> std::io::Res
     write_frame(w, &Frame::new(kind, 0, data))
 }
 
+/// The device control protocol (`crate::control`) for the device this
+/// supervisor runs, from request `first` on: each request holds the
+/// device while it is answered, so a restart waits for it; a capture,
+/// which would hold it until the client hangs up, is refused.
+fn serve_device_control(
+    sup: &Arc<Sup>,
+    first: &str,
+    rd: BufReader<UnixStream>,
+    mut conn: UnixStream,
+) -> anyhow::Result<()> {
+    use crate::control::{answer, reply, Request as DeviceRequest};
+    let lines = std::iter::once(Ok(first.to_string())).chain(rd.lines());
+    for line in lines {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let req: DeviceRequest = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                reply(&mut conn, Err(anyhow::anyhow!("bad request: {e}")))?;
+                continue;
+            }
+        };
+        if matches!(req, DeviceRequest::Capture { .. }) {
+            let why = "this cluster's device runs inside its supervisor, which does not \
+                       stream captures: start the cluster with --devices 2 (each device \
+                       process has a control socket of its own) or capture an `ulnic device`";
+            reply(&mut conn, Err(anyhow::anyhow!(why)))?;
+            continue;
+        }
+        let device = sup.device.lock().unwrap_or_else(|p| p.into_inner());
+        match device.as_ref() {
+            Some(d) => answer(d, req, &mut conn)?,
+            None => reply(
+                &mut conn,
+                Err(anyhow::anyhow!(
+                    "this cluster's devices are separate processes (--devices): \
+                     name one with --member"
+                )),
+            )?,
+        }
+    }
+    Ok(())
+}
+
 fn serve_client(sup: &Arc<Sup>, mut conn: UnixStream) -> anyhow::Result<()> {
     let mut rd = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
     rd.read_line(&mut line)?;
     let req: Request = match serde_json::from_str(&line) {
         Ok(r) => r,
+        Err(_) if serde_json::from_str::<crate::control::Request>(&line).is_ok() => {
+            // `ulnic stats` (or `fabric set`, `fabric map`) given this
+            // directory: the device this supervisor runs answers.
+            return serve_device_control(sup, &line, rd, conn);
+        }
         Err(e) => {
             let msg = format!("bad request: {e}");
             let _ = reply(&mut conn, kind::ERROR, msg.clone());

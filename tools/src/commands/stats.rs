@@ -11,7 +11,9 @@ use crate::print::{outln, positive_secs};
 /// `ulnic stats`' options.
 #[derive(clap::Args, Debug)]
 pub struct StatsArgs {
-    /// The device's socket directory (as given to `ulnic device --socket-dir`).
+    /// The device's socket directory (as given to `ulnic device --socket-dir`),
+    /// or a cluster's directory (the `dir` of `ulnic cluster status --json`):
+    /// its supervisor answers for the device it runs.
     #[arg(long, value_name = "DIR")]
     pub device: PathBuf,
     /// With a fabric spread over devices: which member's counters.
