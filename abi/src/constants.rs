@@ -557,6 +557,9 @@ pub mod op {
     /// Send an out-of-band message (at most `OOB_MAX` bytes, inline),
     /// delivered as an `event::OOB`.
     pub const OOB: u16 = 7;
+    /// Fire the tripwires on a range of a PIO window the writer stored
+    /// into (spec §6.2); the RDMA layout, the grant as its cookie.
+    pub const PIO_SYNC: u16 = 8;
 }
 
 /// Bytes an out-of-band message carries at most (spec §5.3).
@@ -595,8 +598,10 @@ pub mod tripwire_flags {
     pub const READ: u32 = 1 << 1;
     /// Fire on every match, not once.
     pub const PERSISTENT: u32 = 1 << 2;
+    /// The range is in a PIO window (spec §6.2), fired by PIO_SYNC.
+    pub const PIO: u32 = 1 << 3;
     /// All flags.
-    pub const ALL: u32 = WRITE | READ | PERSISTENT;
+    pub const ALL: u32 = WRITE | READ | PERSISTENT | PIO;
 }
 
 /// Send descriptor flags.

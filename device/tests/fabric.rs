@@ -428,8 +428,9 @@ fn event_queues_hear_what_crosses_the_fabric_between_engine_threads() {
 }
 
 /// PIO windows between nodes of two engine threads' shards: stores land
-/// (the fabric carries none of them), and the revocation reaches the
-/// importer's endpoint on the other shard.
+/// (the fabric carries none of them), a PIO_SYNC crosses to the other
+/// shard and fires the window's tripwire there, and the revocation
+/// reaches the importer's endpoint on the other shard.
 #[test]
 fn pio_windows_join_nodes_of_two_engine_threads() {
     let dev = start_with_threads(2);
@@ -438,9 +439,10 @@ fn pio_windows_join_nodes_of_two_engine_threads() {
         Nic::attach(&common::socket(&dev, 2)).unwrap(),
     );
     let cfg = EndpointConfig::default();
-    let exporter = a.alloc_pd().unwrap().create_endpoint(&cfg).unwrap();
+    let mut exporter = a.alloc_pd().unwrap().create_endpoint(&cfg).unwrap();
     let mut importer = c.alloc_pd().unwrap().create_endpoint(&cfg).unwrap();
     let w = exporter.export_pio(8192, Some(2)).unwrap();
+    let tw = exporter.set_pio_tripwire(&w, 0, 8192, true, 5).unwrap();
     let imp = importer.import_pio(w.grant()).unwrap();
     for i in 0..1024 {
         imp.word(i * 8)
@@ -451,6 +453,23 @@ fn pio_windows_join_nodes_of_two_engine_threads() {
             w.word(i * 8).load(std::sync::atomic::Ordering::Acquire),
             i as u64 + 7
         );
+    }
+    importer.pio_sync(&w.grant(), 0, 8192, 1, true).unwrap();
+    assert_eq!(
+        common::next_event(&mut importer),
+        ulnic::Event::SendDone { id: 1 }
+    );
+    match common::next_event(&mut exporter) {
+        ulnic::Event::Tripwire {
+            id,
+            user,
+            from,
+            len,
+            ..
+        } => {
+            assert_eq!((id, user, from.node, len), (tw, 5, 2, 8192));
+        }
+        other => panic!("{other:?}"),
     }
     w.revoke().unwrap();
     let t = std::time::Instant::now();

@@ -318,3 +318,130 @@ fn a_message_queue_over_a_pio_window_carries_every_message_in_order() {
         );
     }
 }
+
+/// The outcome of the sync `id` the importer posted: None for TX_DONE.
+fn sync_outcome(ep: &mut Endpoint, id: u64) -> Option<ulnic::SendError> {
+    match common::next_event(ep) {
+        Event::SendDone { id: done } if done == id => None,
+        Event::SendFailed {
+            id: failed, reason, ..
+        } if failed == id => Some(reason),
+        other => panic!("sync {id}: {other:?}"),
+    }
+}
+
+/// Issue 31, point 2: tripwires on a PIO window fire on an importer's
+/// PIO_SYNC of their range (the device never sees the stores), wake an
+/// exporter blocked on its event, and see the stores made before the
+/// sync; a sync elsewhere fires nothing, a wrong grant, a node the grant
+/// does not name, a range past the window or a revoked window fail, and
+/// only the window's exporter may set tripwires on it.
+#[test]
+fn pio_sync_fires_the_window_tripwires_and_wakes_the_exporter() {
+    let (_dev, a, b) = common::two_nodes();
+    let mut exporter = endpoint(&a);
+    let mut importer = endpoint(&b);
+    let mut bystander = endpoint(&a);
+    let w = exporter.export_pio(16384, Some(1)).unwrap();
+    let grant = w.grant();
+    let once = exporter
+        .set_pio_tripwire(&w, 4096, 4096, false, 77)
+        .unwrap();
+    let every = exporter.set_pio_tripwire(&w, 0, 8, true, 78).unwrap();
+    assert_eq!(
+        errno(exporter.set_pio_tripwire(&w, 16000, 1000, false, 0)),
+        libc::EINVAL,
+        "a range past the window"
+    );
+    assert_eq!(
+        errno(bystander.set_pio_tripwire(&w, 0, 8, false, 0)),
+        libc::ENOENT,
+        "another endpoint's window"
+    );
+    let imp = importer.import_pio(grant).unwrap();
+
+    // The exporter sleeps until the tripwire's event wakes it, then reads
+    // what was stored before the sync.
+    let waiter = std::thread::spawn(move || {
+        let ev = common::next_event(&mut exporter);
+        (exporter, ev)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    imp.write(4096 + 8, b"synced!!");
+    importer.pio_sync(&grant, 4096 + 8, 8, 1, true).unwrap();
+    assert_eq!(sync_outcome(&mut importer, 1), None);
+    let (mut exporter, ev) = waiter.join().unwrap();
+    match ev {
+        Event::Tripwire {
+            id,
+            user,
+            from,
+            len,
+            read,
+        } => {
+            assert_eq!((id, user, from.node, len, read), (once, 77, 1, 8, false));
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut got = [0u8; 8];
+    w.read(4096 + 8, &mut got);
+    assert_eq!(&got, b"synced!!");
+
+    // A one-shot tripwire fired once; a sync outside every range fires
+    // nothing; a persistent one fires each time (its event, once taken,
+    // re-enables it).
+    importer.pio_sync(&grant, 4096, 16, 2, true).unwrap();
+    importer.pio_sync(&grant, 12288, 8, 3, true).unwrap();
+    assert_eq!(sync_outcome(&mut importer, 2), None);
+    assert_eq!(sync_outcome(&mut importer, 3), None);
+    assert_eq!(exporter.poll_event(), None, "nothing fired");
+    for round in 0..2 {
+        importer.pio_sync(&grant, 0, 4, 10 + round, true).unwrap();
+        assert_eq!(sync_outcome(&mut importer, 10 + round), None);
+        assert!(matches!(
+            common::next_event(&mut exporter),
+            Event::Tripwire { id, user: 78, len: 4, .. } if id == every
+        ));
+    }
+
+    // Refusals: each fails at the window's node and fires nothing.
+    let forged = PioGrant {
+        key: grant.key ^ 1,
+        ..grant
+    };
+    importer.pio_sync(&forged, 0, 8, 20, true).unwrap();
+    assert_eq!(
+        sync_outcome(&mut importer, 20),
+        Some(ulnic::SendError::BadCookie)
+    );
+    importer.pio_sync(&grant, 16380, 8, 21, true).unwrap();
+    assert_eq!(
+        sync_outcome(&mut importer, 21),
+        Some(ulnic::SendError::OutOfRange)
+    );
+    importer.pio_sync(&grant, 0, 0, 22, true).unwrap();
+    assert_eq!(
+        sync_outcome(&mut importer, 22),
+        Some(ulnic::SendError::BadDescriptor)
+    );
+    bystander.pio_sync(&grant, 0, 8, 23, true).unwrap();
+    assert_eq!(
+        sync_outcome(&mut bystander, 23),
+        Some(ulnic::SendError::BadCookie),
+        "the grant names node 1 only"
+    );
+    assert_eq!(
+        exporter.poll_event(),
+        None,
+        "a refused sync fired something"
+    );
+    w.revoke().unwrap();
+    assert_eq!(next_revoked(&mut importer).0, imp.id());
+    importer.pio_sync(&grant, 0, 8, 24, true).unwrap();
+    assert_eq!(
+        sync_outcome(&mut importer, 24),
+        Some(ulnic::SendError::BadCookie),
+        "a revoked window"
+    );
+    assert_eq!(exporter.poll_event(), None);
+}

@@ -27,10 +27,28 @@ pub struct Aperture {
     pub buffer: Option<UtlbRef>,
 }
 
-/// A tripwire set by an endpoint on one of its apertures.
+/// A PIO window as its node's NIC sees it (spec §6.2): what checks a
+/// PIO_SYNC's grant and a PIO tripwire's owner. `pio::Pio` adds it when
+/// the window is exported and removes it when it is revoked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowRef {
+    /// The exporting endpoint and its session (an id reused later is
+    /// another endpoint).
+    pub ep: u32,
+    pub session: u32,
+    /// The grant's key.
+    pub key: u64,
+    /// Its bytes.
+    pub len: u64,
+    /// The node allowed to import and sync it, or `ANY`.
+    pub importer: u32,
+}
+
+/// A tripwire set by an endpoint on one of its apertures, or with flag
+/// PIO on one of its PIO windows.
 #[derive(Debug, Clone, Copy)]
 pub struct Tripwire {
-    /// Aperture id (on the endpoint's node).
+    /// Aperture id (on the endpoint's node), or window id with flag PIO.
     pub aperture: u32,
     /// Range inside the aperture.
     pub offset: u64,
@@ -135,8 +153,10 @@ impl ApertureTable {
 /// What a matching access did, for the tripwire event.
 #[derive(Debug, Clone, Copy)]
 pub struct Access {
-    /// The aperture accessed.
+    /// The aperture accessed, or the PIO window synced.
     pub aperture: u32,
+    /// A PIO_SYNC of a window (it matches only PIO tripwires).
+    pub pio: bool,
     /// Range inside it.
     pub offset: u64,
     /// Length.

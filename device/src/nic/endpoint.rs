@@ -328,7 +328,12 @@ impl Endpoint {
         let mut fired = Vec::new();
         for (id, slot) in self.tripwires.iter_mut().enumerate() {
             let Some(t) = slot.as_mut() else { continue };
-            if !t.active || t.aperture != access.aperture || t.flags & want == 0 {
+            let pio = t.flags & tripwire_flags::PIO != 0;
+            if !t.active
+                || t.aperture != access.aperture
+                || pio != access.pio
+                || t.flags & want == 0
+            {
                 continue;
             }
             let start = access.offset.max(t.offset);

@@ -18,7 +18,7 @@ use zerocopy::IntoBytes;
 
 use crate::chain::{self, RingFault};
 use crate::memory::guest::NodeMemory;
-use crate::nic::aperture::{Aperture, ApertureTable};
+use crate::nic::aperture::{Aperture, ApertureTable, WindowRef};
 use crate::nic::endpoint::{Endpoint, QueueLink};
 
 /// A virtqueue of a node, as handed over by the vhost-user backend.
@@ -63,6 +63,8 @@ pub struct Node {
     pub connections: u64,
     /// Apertures exported by this node's endpoints.
     pub apertures: ApertureTable,
+    /// Its PIO windows not revoked, by id (kept by `pio::Pio`).
+    pub windows: HashMap<u32, WindowRef>,
     /// Feature bits the frontend accepted (SET_FEATURES); only these are
     /// acted on.
     pub features: u64,
@@ -125,6 +127,7 @@ impl Node {
             notify_backlog: VecDeque::new(),
             connections: 0,
             apertures: Default::default(),
+            windows: HashMap::new(),
             features: 0,
             features_set: false,
             queue_errors: 0,
@@ -194,6 +197,7 @@ impl Node {
         self.rung.clear();
         self.ports.clear();
         self.apertures.clear();
+        self.windows.clear();
         self.notify = None;
         self.control = None;
         self.notify_backlog.clear();
@@ -403,5 +407,13 @@ impl Node {
     pub fn aperture_for(&self, c: &Cookie) -> Option<Aperture> {
         let a = *self.apertures.get(c.aperture)?;
         (a.generation == c.generation && a.key == c.key).then_some(a)
+    }
+
+    /// The PIO window a grant names on this node, if the grant is right
+    /// and node `from` may use it (spec §6.2).
+    pub fn window_for(&self, c: &Cookie, from: u32) -> Option<WindowRef> {
+        let w = *self.windows.get(&c.aperture)?;
+        let allowed = w.importer == ulnic_abi::ANY || w.importer == from;
+        (c.generation == 0 && w.key == c.key && allowed).then_some(w)
     }
 }

@@ -22,6 +22,7 @@ use ulnic_abi::{event, status, EventRecord, ANY, MAX_PIO_MAPPINGS, MAX_PIO_PAGES
 use vhost::vhost_user::Backend;
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::nic::aperture::WindowRef;
 use crate::pio::frontend::Frontend;
 use crate::pio::window::WindowFile;
 use crate::shard::Shard;
@@ -366,6 +367,7 @@ impl Pio {
         let mut b = lock(&self.books);
         b.next_id = b.next_id.wrapping_add(1).max(1); // 0 names nothing
         let id = b.next_id;
+        let bytes = file.bytes;
         b.windows.insert(
             (node, id),
             Window {
@@ -377,6 +379,18 @@ impl Pio {
                 revoked: false,
             },
         );
+        drop(b);
+        // What the NIC checks a PIO_SYNC and a PIO tripwire against.
+        let seen = WindowRef {
+            ep: owner.ep,
+            session: owner.session,
+            key,
+            len: bytes,
+            importer,
+        };
+        if let Some(s) = self.shard(node) {
+            s.lock().nodes[node as usize].windows.insert(id, seen);
+        }
         let out = PioExported {
             window: id.into(),
             reserved: 0.into(),
@@ -533,6 +547,10 @@ impl Pio {
             w.revoked = true;
             (w.file.clone(), w.key)
         };
+        // Its grant syncs nothing from now on, and no tripwire is set on it.
+        if let Some(s) = self.shard(node) {
+            s.lock().nodes[node as usize].windows.remove(&id);
+        }
         let importers: Vec<(u32, u32, Owner, u64)> = lock(&self.books)
             .imports
             .iter_mut()

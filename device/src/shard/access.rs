@@ -12,6 +12,8 @@ pub enum Kind {
     Write,
     Read,
     Immediate,
+    /// PIO_SYNC: no bytes, the window's tripwires fired (spec §6.2).
+    Sync,
 }
 
 impl Kind {
@@ -20,6 +22,7 @@ impl Kind {
         match opcode {
             op::WRITE_IMMEDIATE => Kind::Immediate,
             op::RDMA_READ => Kind::Read,
+            op::PIO_SYNC => Kind::Sync,
             _ => Kind::Write,
         }
     }

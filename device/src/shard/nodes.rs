@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use ulnic_abi::{
     ctrl, event, op, recv_flags, send_flags, tx_error, EventRecord, SendDesc, F_CLOSE_MESSAGE,
-    F_MESSAGING, F_OOB, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, SEND_DESC_SIZE,
+    F_MESSAGING, F_OOB, F_PIO, F_RDMA, F_UTLB, INLINE_MAX, INLINE_OFFSET, SEND_DESC_SIZE,
 };
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
@@ -372,7 +372,7 @@ impl Nodes {
             op::SEND | op::OOB => {
                 send::serve(&mut pass, self.network.as_mut(), &mut from, &desc, &raw)
             }
-            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => {
+            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE | op::PIO_SYNC => {
                 let net = self.network.as_mut();
                 rdma::serve(&mut pass, net, &mut self.remote, &mut from, &raw)
             }
@@ -649,6 +649,7 @@ fn descriptor_allowed(d: &SendDesc, raw: &[u8; SEND_DESC_SIZE as usize], feature
         op::OOB => need |= F_OOB,
         op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => need |= F_RDMA,
         op::REDIRECT | op::REDIRECT_END => need |= F_RDMA | F_UTLB,
+        op::PIO_SYNC => need |= F_PIO,
         _ => {}
     }
     if d.flags & send_flags::UTLB != 0 {

@@ -1,7 +1,9 @@
 //! The remote-memory operations of the send ring (spec §5.12 to §5.15):
 //! RDMA write, read and write-immediate against an aperture named by a
-//! cookie, anywhere on the shard, and REDIRECT / REDIRECT_END on one's
-//! own apertures. Tripwires fire and redirections land here.
+//! cookie, anywhere on the shard, REDIRECT / REDIRECT_END on one's own
+//! apertures, and PIO_SYNC, which fires the tripwires of a PIO window
+//! named by its grant (spec §6.2). Tripwires fire and redirections land
+//! here.
 //!
 //! An RDMA descriptor is served in three steps: `check` (the initiator's
 //! side: the descriptor and its local buffer), `target` (the cookie: the
@@ -89,6 +91,17 @@ pub fn serve(
 
 /// Carries out a checked access whose target is served by this shard.
 fn local(pass: &mut Pass<'_>, from: &mut Initiator<'_>, req: &Request) -> Result<(), u16> {
+    if req.kind == Kind::Sync {
+        let access = Access {
+            aperture: req.cookie.aperture,
+            pio: true,
+            offset: req.remote_offset,
+            len: req.len,
+            read: false,
+            from: from.writer(),
+        };
+        return sync(pass, Some(from), &req.cookie, &access);
+    }
     target(pass, from, req).and_then(|mut t| {
         let r = carry(pass, from, req, &t);
         if let Some(seg) = t.buffer.take() {
@@ -112,6 +125,17 @@ pub fn arrive(pass: &mut Pass<'_>, a: &Arrival<'_>) -> Result<Option<Vec<u8>>, u
         key: h.cookie_key.get(),
     };
     let remote_offset = h.offset.get();
+    if kind == Kind::Sync {
+        let access = Access {
+            aperture: cookie.aperture,
+            pio: true,
+            offset: remote_offset,
+            len,
+            read: false,
+            from: (a.src, a.src_port),
+        };
+        return sync(pass, None, &cookie, &access).map(|()| None);
+    }
     let tmem = pass.mem(tn).ok_or(tx_error::BAD_COOKIE)?;
     let ap = pass
         .nodes
@@ -145,6 +169,7 @@ pub fn arrive(pass: &mut Pass<'_>, a: &Arrival<'_>) -> Result<Option<Vec<u8>>, u
     };
     let access = Access {
         aperture: t.aperture,
+        pio: false,
         offset: remote_offset,
         len,
         read: kind == Kind::Read,
@@ -168,7 +193,7 @@ pub fn arrive(pass: &mut Pass<'_>, a: &Arrival<'_>) -> Result<Option<Vec<u8>>, u
                 .map_err(bad)
                 .map(|()| (Some(b), false))
         }
-        Kind::Write => land(
+        Kind::Write | Kind::Sync => land(
             pass.utlb,
             tgt,
             tmem,
@@ -250,6 +275,14 @@ fn check(
         }
         return Ok(req);
     }
+    if kind == Kind::Sync {
+        // A range of the window, nothing local: no buffer to name, and no
+        // bytes move, so no MAX_RDMA bound (the window bounds it).
+        if by_utlb || d.len == 0 || d.local_offset != 0 || d.immediate != 0 {
+            return Err(tx_error::BAD_DESCRIPTOR);
+        }
+        return Ok(req);
+    }
     if d.len == 0 || d.len > MAX_RDMA {
         return Err(tx_error::BAD_DESCRIPTOR);
     }
@@ -317,6 +350,7 @@ fn carry(
 ) -> Result<(), u16> {
     let access = Access {
         aperture: t.aperture,
+        pio: false,
         offset: req.remote_offset,
         len: req.len,
         read: req.kind == Kind::Read,
@@ -348,7 +382,8 @@ fn carry(
                 req.len,
             )
             .map_err(|_| tx_error::BAD_ADDRESS)?,
-            Kind::Write => {}
+            // A sync never gets here (`local` serves it).
+            Kind::Write | Kind::Sync => {}
         }
         let redirected = req.kind == Kind::Write
             && land(pass.utlb, tgt, tmem, t, req.len, &source, access.from)?;
@@ -390,6 +425,7 @@ fn carry_within(
             guest::write_segment(mem, local, req.local_offset, &staged).map_err(bad)?;
             false
         }
+        Kind::Sync => false,
         Kind::Write => {
             guest::read_segment(mem, local, req.local_offset, &mut staged).map_err(bad)?;
             let source = Payload::Bytes(&staged);
@@ -446,6 +482,44 @@ fn land(
         posted |= tgt.post_event(mem, &r.report(redirect::FULL));
     }
     Ok(posted)
+}
+
+/// A PIO_SYNC at the window's node (spec §6.2): the grant (the access's
+/// window and the cookie's key, for the initiator's node) and the range
+/// checked, then the window's PIO tripwires fired on it and their owner
+/// woken if that posted an event. `from` is the initiator when it is
+/// served here (the window's owner may be that very endpoint).
+fn sync(
+    pass: &mut Pass<'_>,
+    from: Option<&mut Initiator<'_>>,
+    cookie: &Cookie,
+    access: &Access,
+) -> Result<(), u16> {
+    let tn = cookie.node;
+    let w = pass
+        .nodes
+        .get(tn as usize)
+        .and_then(|n| n.window_for(cookie, access.from.0))
+        .ok_or(tx_error::BAD_COOKIE)?;
+    if access
+        .offset
+        .checked_add(access.len)
+        .is_none_or(|end| end > w.len)
+    {
+        return Err(tx_error::OUT_OF_RANGE);
+    }
+    let tmem = pass.mem(tn).ok_or(tx_error::BAD_COOKIE)?;
+    let owner = match from {
+        Some(f) if (f.node, f.id) == (tn, w.ep) => Some(&mut *f.ep),
+        _ => pass.nodes[tn as usize].endpoint_mut(w.ep),
+    };
+    let owner = owner
+        .filter(|o| o.session == w.session)
+        .ok_or(tx_error::BAD_COOKIE)?;
+    if owner.fire_tripwires(tmem, access) && owner.take_arm(tmem) {
+        pass.wake.push((tn, w.ep));
+    }
+    Ok(())
 }
 
 fn refused(id: u64, code: u16) -> EventRecord {

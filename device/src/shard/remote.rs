@@ -112,7 +112,7 @@ pub fn submit(
     };
     let src_port = from.ep.port.unwrap_or(0);
     while done < req.len || (done == 0 && req.kind == Kind::Immediate) {
-        let piece = if req.kind == Kind::Immediate {
+        let piece = if matches!(req.kind, Kind::Immediate | Kind::Sync) {
             req.len
         } else {
             (req.len - done).min(u64::from(packet::RDMA_PIECE))

@@ -583,16 +583,27 @@ fn set_tripwire(
     if a.reserved.get() != 0 {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }
-    let ap = *n
-        .apertures
-        .get(aperture)
-        .filter(|a| a.ep == id)
-        .ok_or(Response::err(status::NOT_FOUND))?;
+    let session = n.endpoint_mut(id).map(|e| e.session);
+    // With PIO the range is in one of the endpoint's PIO windows (spec
+    // §6.2), else in one of its apertures.
+    let range = if flags & tripwire_flags::PIO != 0 {
+        n.windows
+            .get(&aperture)
+            .filter(|_| n.features & ulnic_abi::F_PIO != 0)
+            .filter(|w| w.ep == id && Some(w.session) == session)
+            .map(|w| w.len)
+    } else {
+        n.apertures
+            .get(aperture)
+            .filter(|a| a.ep == id)
+            .map(|a| a.len)
+    };
+    let range = range.ok_or(Response::err(status::NOT_FOUND))?;
     let ep = n.endpoint_mut(id).ok_or(Response::err(status::NOT_FOUND))?;
     if flags & !tripwire_flags::ALL != 0
         || flags & (tripwire_flags::READ | tripwire_flags::WRITE) == 0
         || len == 0
-        || offset.checked_add(len).is_none_or(|end| end > ap.len)
+        || offset.checked_add(len).is_none_or(|end| end > range)
     {
         return Err(Response::err(status::INVALID_ARGUMENT));
     }

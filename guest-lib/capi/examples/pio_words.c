@@ -3,7 +3,9 @@
  * A PIO window written word by word (CLAN's PIO apertures, docs/spec.md
  * §6.2): the owner exports a window of WORDS 8-byte words; the writer, on
  * another node, maps it with the grant and stores every word with plain
- * stores; the owner reads them all back. Then the owner revokes the
+ * stores and then syncs the window (ulnic_pio_sync), which fires the
+ * tripwire the owner sleeps on; the owner reads them all back. Then the
+ * owner revokes the
  * window: a store the writer makes after that faults (the writer tries
  * in a child process), and the owner's memory is unchanged. In a guest
  * the writer also checks that the driver refuses to map beyond the
@@ -37,14 +39,35 @@ static uint64_t word_value(uint64_t i)
 	return i * 0x9e3779b97f4a7c15ull + 1;
 }
 
+/* Sleeps (up to 10 minutes) until tripwire TW of EP fires. */
+static void await_tripwire(struct ulnic_ep *ep, uint32_t tw, struct ulnic_event *ev)
+{
+	double t = now_us();
+	int err;
+
+	for (;;) {
+		if (ulnic_ep_poll_event(ep, ev) == 1) {
+			if (ev->kind == ULNIC_EVENT_TRIPWIRE && ev->tripwire == tw)
+				return;
+			die(0, "expected tripwire %u, got event kind %u", tw, ev->kind);
+		}
+		if (now_us() - t > 600e6)
+			die(0, "tripwire %u did not fire within 10 minutes", tw);
+		if ((err = ulnic_ep_wait(ep, 100)) < 0)
+			die(err, "wait");
+	}
+}
+
 static int owner(uint32_t port, uint64_t words)
 {
 	struct ulnic_nic *nic;
 	struct ulnic_ep *ep = open_endpoint(port, 4, &nic);
 	struct ulnic_pio_window *w;
 	struct ulnic_pio_grant grant;
+	struct ulnic_event ev;
 	struct ulnic_recv m;
 	uint64_t bad = 0;
+	uint32_t tw;
 	int err;
 
 	err = ulnic_pio_export(ep, words * 8, ULNIC_ANY, &w);
@@ -52,10 +75,19 @@ static int owner(uint32_t port, uint64_t words)
 		die(err, "cannot export a PIO window of %llu words", (unsigned long long)words);
 	ulnic_pio_window_grant(w, &grant);
 	volatile uint64_t *mine = ulnic_pio_window_addr(w);
+	/* The device never sees the stores: the writer's sync fires this. */
+	err = ulnic_pio_window_tripwire(ep, w, 0, words * 8, 0, 0x5e, &tw);
+	if (err < 0)
+		die(err, "cannot set a tripwire on the window");
 	printf("pio_words: owner on node %u port %u\n", ulnic_node(nic), port);
 	fflush(stdout);
 	next_message(ep, &m, 600000);
 	send_small(ep, m.src, TAG_GRANT, &grant, sizeof(grant));
+	await_tripwire(ep, tw, &ev);
+	if (ev.id != 0x5e || ev.addr.node != m.src.node || ev.code != 0)
+		die(0, "tripwire event: user %llx from node %u, code %u", (unsigned long long)ev.id,
+		    ev.addr.node, ev.code);
+	printf("pio_words: woken by node %u's sync of %u bytes\n", ev.addr.node, ev.len);
 	next_message(ep, &m, 600000);
 	if (m.tag != TAG_WRITTEN)
 		die(0, "expected the writer's word, got tag %u", m.tag);
@@ -221,6 +253,21 @@ static int writer(uint32_t node, uint32_t port, const char *gate)
 	gate_wait(gate, "done");
 	printf("pio_words: stored %llu words into node %u's window in %.0f us\n",
 	       (unsigned long long)words, node, t);
+	/* Wakes the owner, who sleeps on a tripwire over the window. */
+	err = ulnic_pio_sync(ep, &grant, 0, (uint32_t)(words * 8), 9, ULNIC_COMPLETION);
+	if (err < 0)
+		die(err, "cannot sync the window");
+	for (t = now_us();;) {
+		if (ulnic_ep_poll_event(ep, &ev) == 1) {
+			if (ev.kind != ULNIC_EVENT_SEND_DONE || ev.id != 9)
+				die(0, "the sync: event kind %u, code %u", ev.kind, ev.code);
+			break;
+		}
+		if (now_us() - t > 60e6)
+			die(0, "the sync did not complete within 60 s");
+		ulnic_ep_wait(ep, 100);
+	}
+	printf("pio_words: synced the window: the owner's tripwire fired\n");
 	t = now_us();
 	send_small(ep, to, TAG_WRITTEN, "", 0);
 	/* The owner's message and the device's event, in either order. */

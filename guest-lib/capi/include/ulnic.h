@@ -168,7 +168,7 @@
 /**
  * Minor version: grows when calls are added.
  */
-#define ULNIC_API_MINOR 5
+#define ULNIC_API_MINOR 6
 
 /**
  * An Active Message endpoint. One thread at a time.
@@ -1488,6 +1488,37 @@ void ulnic_pio_import_free(struct ulnic_pio_import *w);
  * ```
  */
 void ulnic_pio_flush(void);
+
+/**
+ * Tells the device that this process stored into `len` bytes at `offset`
+ * of the window `grant` names: the tripwires its exporter set on that
+ * range (`ulnic_pio_window_tripwire`) fire and wake it, and it finds the
+ * stores made before this call. One descriptor per sync, none per store;
+ * the window need not be mapped here. `flags`: `ULNIC_COMPLETION` for a
+ * `ULNIC_EVENT_SEND_DONE`; a wrong or revoked grant ends in
+ * `ULNIC_EVENT_SEND_FAILED` (BAD_COOKIE), a range past the window in
+ * OUT_OF_RANGE. `-EAGAIN` when the send ring is full.
+ *
+ * ```c
+ * words[0] = 42;
+ * ulnic_pio_sync(ep, &g, 0, 8, 1, ULNIC_COMPLETION);
+ * ```
+ */
+int32_t ulnic_pio_sync(struct ulnic_ep *ep, const struct ulnic_pio_grant *grant, uint64_t offset, uint32_t len, uint64_t id, uint32_t flags);
+
+/**
+ * Sets a tripwire on `len` bytes at `offset` of window `w`, which `ep`
+ * exported: an importer's `ulnic_pio_sync` touching the range posts
+ * `ULNIC_EVENT_TRIPWIRE` with `user` and wakes a waiter. `flags`: 0 (it
+ * fires once) or `ULNIC_TRIPWIRE_PERSISTENT`. `*id` names it for
+ * `ulnic_ep_clear_tripwire`. `-ENOENT` for another endpoint's window.
+ *
+ * ```c
+ * uint32_t tw;
+ * ulnic_pio_window_tripwire(ep, w, 0, 4096, 0, 77, &tw);
+ * ```
+ */
+int32_t ulnic_pio_window_tripwire(struct ulnic_ep *ep, const struct ulnic_pio_window *w, uint64_t offset, uint64_t len, uint32_t flags, uint64_t user, uint32_t *id);
 
 /**
  * Exports `len` bytes at `offset` of the endpoint's segment (8-byte

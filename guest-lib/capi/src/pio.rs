@@ -1,13 +1,14 @@
 //! PIO windows (CLAN's PIO apertures, docs/spec.md §6.2): memory an
 //! endpoint exports that another node's process maps and writes with
-//! plain stores.
+//! plain stores; tripwires on windows, fired by the writer's sync.
 
 use std::ffi::c_void;
 
 use ulnic::{PioGrant, PioImport, PioWindow};
 
-use crate::endpoint::ulnic_ep;
+use crate::endpoint::{ulnic_ep, ULNIC_COMPLETION};
 use crate::nic::put;
+use crate::rdma::ULNIC_TRIPWIRE_PERSISTENT;
 use crate::status::{guard, handle, invalid};
 
 /// What an importer needs to map a window. Plain data: send it to the
@@ -230,4 +231,87 @@ pub unsafe extern "C" fn ulnic_pio_import_free(w: *mut ulnic_pio_import) {
 #[no_mangle]
 pub extern "C" fn ulnic_pio_flush() {
     ulnic::pio_flush();
+}
+
+/// Tells the device that this process stored into `len` bytes at `offset`
+/// of the window `grant` names: the tripwires its exporter set on that
+/// range (`ulnic_pio_window_tripwire`) fire and wake it, and it finds the
+/// stores made before this call. One descriptor per sync, none per store;
+/// the window need not be mapped here. `flags`: `ULNIC_COMPLETION` for a
+/// `ULNIC_EVENT_SEND_DONE`; a wrong or revoked grant ends in
+/// `ULNIC_EVENT_SEND_FAILED` (BAD_COOKIE), a range past the window in
+/// OUT_OF_RANGE. `-EAGAIN` when the send ring is full.
+///
+/// ```c
+/// words[0] = 42;
+/// ulnic_pio_sync(ep, &g, 0, 8, 1, ULNIC_COMPLETION);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ulnic_pio_sync(
+    ep: *mut ulnic_ep,
+    grant: *const ulnic_pio_grant,
+    offset: u64,
+    len: u32,
+    id: u64,
+    flags: u32,
+) -> i32 {
+    let e = handle!(ep, "ulnic_pio_sync");
+    // SAFETY: NULL or a grant the caller owns.
+    let Some(g) = (unsafe { grant.as_ref() }) else {
+        return invalid("ulnic_pio_sync", "grant is NULL");
+    };
+    if flags & !ULNIC_COMPLETION != 0 {
+        return invalid("ulnic_pio_sync", "unknown flags");
+    }
+    let grant = PioGrant {
+        node: g.node,
+        window: g.window,
+        key: g.key,
+    };
+    guard("ulnic_pio_sync", || {
+        e.ep.pio_sync(&grant, offset, len, id, flags & ULNIC_COMPLETION != 0)
+            .map(|()| 0)
+    })
+}
+
+/// Sets a tripwire on `len` bytes at `offset` of window `w`, which `ep`
+/// exported: an importer's `ulnic_pio_sync` touching the range posts
+/// `ULNIC_EVENT_TRIPWIRE` with `user` and wakes a waiter. `flags`: 0 (it
+/// fires once) or `ULNIC_TRIPWIRE_PERSISTENT`. `*id` names it for
+/// `ulnic_ep_clear_tripwire`. `-ENOENT` for another endpoint's window.
+///
+/// ```c
+/// uint32_t tw;
+/// ulnic_pio_window_tripwire(ep, w, 0, 4096, 0, 77, &tw);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ulnic_pio_window_tripwire(
+    ep: *mut ulnic_ep,
+    w: *const ulnic_pio_window,
+    offset: u64,
+    len: u64,
+    flags: u32,
+    user: u64,
+    id: *mut u32,
+) -> i32 {
+    let e = handle!(ep, "ulnic_pio_window_tripwire");
+    // SAFETY: NULL or a live handle.
+    let (Some(w), false, 0) = (
+        unsafe { w.as_ref() },
+        id.is_null(),
+        flags & !ULNIC_TRIPWIRE_PERSISTENT,
+    ) else {
+        return invalid(
+            "ulnic_pio_window_tripwire",
+            "window or id is NULL, or unknown flags",
+        );
+    };
+    let persistent = flags & ULNIC_TRIPWIRE_PERSISTENT != 0;
+    guard("ulnic_pio_window_tripwire", || {
+        put(
+            id,
+            e.ep.set_pio_tripwire(&w.w, offset, len, persistent, user)?,
+        );
+        Ok(0)
+    })
 }

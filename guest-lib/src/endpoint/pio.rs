@@ -1,11 +1,12 @@
 //! PIO windows (spec §6.2), CLAN's PIO apertures: memory an endpoint
 //! exports that other nodes' processes map and write with plain stores,
-//! no command, descriptor or doorbell on the way.
+//! no command, descriptor or doorbell on the way; tripwires on windows,
+//! fired by a writer's PIO_SYNC.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ulnic_abi::{cmd, wire, ANY, PAGE_SIZE};
+use ulnic_abi::{cmd, op, tripwire_flags, wire, Cookie, ANY, PAGE_SIZE};
 use zerocopy::IntoBytes;
 
 use super::Endpoint;
@@ -284,6 +285,74 @@ fn mapped(dom: &dyn Domain, ep: u32, offset: u64, len: u64) -> Result<Mapped, Er
 }
 
 impl Endpoint {
+    /// Tells the device that this process stored into `[offset,
+    /// offset+len)` of the window `grant` names: the tripwires its
+    /// exporter set there ([`Endpoint::set_pio_tripwire`]) fire, waking a
+    /// reader blocked on one (spec §6.2). The stores before it are seen
+    /// by whoever the event wakes (the descriptor is posted after them).
+    /// One descriptor per sync, none per store; no mapping of the window
+    /// is needed. With `completion` a [`crate::Event::SendDone`] follows;
+    /// a wrong or revoked grant ends in [`crate::SendError::BadCookie`], a
+    /// range past the window in [`crate::SendError::OutOfRange`].
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let mut ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// # let grant = ulnic::PioGrant { node: 1, window: 7, key: 0xfeed };
+    /// let import = ep.import_pio(grant)?;
+    /// import.word(0).store(42, std::sync::atomic::Ordering::Release);
+    /// ep.pio_sync(&grant, 0, 8, 1, false)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn pio_sync(
+        &mut self,
+        grant: &PioGrant,
+        offset: u64,
+        len: u32,
+        id: u64,
+        completion: bool,
+    ) -> Result<(), Error> {
+        let cookie = Cookie {
+            node: grant.node,
+            aperture: grant.window,
+            generation: 0,
+            key: grant.key,
+        };
+        let d = Self::rdma_desc(op::PIO_SYNC, &cookie, offset, 0, len, id, completion);
+        self.post_rdma(d)
+    }
+
+    /// Sets a tripwire on `[offset, offset+len)` of a window this
+    /// endpoint exported: when an importer's [`Endpoint::pio_sync`]
+    /// touches the range, a [`crate::Event::Tripwire`] carrying `user`
+    /// arrives and a blocked owner wakes, as for a tripwire on an
+    /// aperture (the device does not see the stores themselves). A
+    /// one-shot tripwire (`persistent = false`) fires once. Returns its
+    /// id, for [`Endpoint::clear_tripwire`] and
+    /// [`Endpoint::take_tripwire_fired`].
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// let w = ep.export_pio(4096, None)?;
+    /// let tw = ep.set_pio_tripwire(&w, 0, 4096, false, 7)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn set_pio_tripwire(
+        &self,
+        window: &PioWindow,
+        offset: u64,
+        len: u64,
+        persistent: bool,
+        user: u64,
+    ) -> Result<u32, Error> {
+        let mut flags = tripwire_flags::WRITE | tripwire_flags::PIO;
+        if persistent {
+            flags |= tripwire_flags::PERSISTENT;
+        }
+        self.set_tripwire_on(window.grant.window, offset, len, flags, user)
+    }
+
     /// Exports a PIO window of `bytes` (rounded up to whole pages) that
     /// node `importer` (or any node: `None`) may map with the grant
     /// [`PioWindow::grant`] names. Its memory, zero-filled, is mapped

@@ -60,13 +60,13 @@ impl Endpoint {
         Ok(())
     }
 
-    fn post_rdma(&mut self, d: RdmaDesc) -> Result<(), Error> {
+    pub(super) fn post_rdma(&mut self, d: RdmaDesc) -> Result<(), Error> {
         let mut b = [0u8; 64];
         d.encode(&mut b);
         self.push_slot(&b)
     }
 
-    fn rdma_desc(
+    pub(super) fn rdma_desc(
         opcode: u16,
         cookie: &Cookie,
         remote: u64,
@@ -225,9 +225,21 @@ impl Endpoint {
         if persistent {
             flags |= tripwire_flags::PERSISTENT;
         }
+        self.set_tripwire_on(cookie.aperture, offset, len, flags, user)
+    }
+
+    /// SET_TRIPWIRE on `aperture` (a PIO window's id with flag PIO).
+    pub(super) fn set_tripwire_on(
+        &self,
+        aperture: u32,
+        offset: u64,
+        len: u64,
+        flags: u32,
+        user: u64,
+    ) -> Result<u32, Error> {
         let p = wire::SetTripwire {
             endpoint: self.id().into(),
-            aperture: cookie.aperture.into(),
+            aperture: aperture.into(),
             offset: offset.into(),
             len: len.into(),
             flags: flags.into(),

@@ -118,7 +118,7 @@ impl Class {
     pub fn of(opcode: u16) -> Class {
         match opcode {
             op::OOB => Class::Urgent,
-            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE => Class::Memory,
+            op::RDMA_WRITE | op::RDMA_READ | op::WRITE_IMMEDIATE | op::PIO_SYNC => Class::Memory,
             _ => Class::Messages,
         }
     }

@@ -146,6 +146,7 @@ fn access_well_formed(n: u32, opcode: u16, bytes: &[u8]) -> bool {
         op::RDMA_WRITE => len > 0 && body == len as usize,
         op::RDMA_READ => body == 0 && (1..=packet::RDMA_PIECE).contains(&len),
         op::WRITE_IMMEDIATE => body == 0 && (len == 4 || len == 8),
+        op::PIO_SYNC => body == 0 && len > 0,
         _ => false,
     };
     fits && a.cookie_node.get() == n && a.cookie_reserved.get() == 0 && a.reserved.get() == 0
