@@ -162,7 +162,7 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
             .create_endpoint(&Default::default())
             .unwrap()
     };
-    let (exporter, importer) = (ep(&far), ep(&near));
+    let (mut exporter, mut importer) = (ep(&far), ep(&near));
     let window = exporter.export_pio(4096, None).unwrap();
     let refused = importer.import_pio(window.grant()).unwrap_err();
     assert_eq!(refused.errno(), libc::EOPNOTSUPP, "{refused}");
@@ -170,6 +170,27 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
         refused.to_string().contains("another device process"),
         "{refused}"
     );
+    // A sync needs no mapping: it crosses to device b as an access and
+    // fires the window's tripwire there.
+    let tw = exporter.set_pio_tripwire(&window, 0, 4096, false, 9).unwrap();
+    importer.pio_sync(&window.grant(), 8, 8, 1, true).unwrap();
+    let next = |ep: &mut ulnic::Endpoint| {
+        let t = std::time::Instant::now();
+        loop {
+            if let Some(e) = ep.poll_event() {
+                return e;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "no event");
+            ep.wait(std::time::Duration::from_millis(100)).unwrap();
+        }
+    };
+    assert_eq!(next(&mut importer), ulnic::Event::SendDone { id: 1 });
+    match next(&mut exporter) {
+        ulnic::Event::Tripwire { id, user, from, .. } => {
+            assert_eq!((id, user, from.node), (tw, 9, 0));
+        }
+        other => panic!("{other:?}"),
+    }
     drop((window, exporter, importer, near, far));
 
     let before = udp_stats(dir, "b");
