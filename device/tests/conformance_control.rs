@@ -900,12 +900,17 @@ fn s4_2_set_and_clear_tripwire() {
         raw.status(cmd::SET_TRIPWIRE, &tw(63, 0, 8, w)),
         status::NOT_FOUND
     );
+    // With PIO the aperture field names a PIO window: none has id 0.
+    assert_eq!(
+        raw.status(cmd::SET_TRIPWIRE, &tw(mine, 0, 8, w | tripwire_flags::PIO)),
+        status::NOT_FOUND
+    );
     let mut reserved = tw(mine, 0, 8, w);
     reserved.reserved = 1.into();
     let invalid = [
         tw(mine, 0, 8, 0),
         tw(mine, 0, 8, tripwire_flags::PERSISTENT),
-        tw(mine, 0, 8, w | 8),
+        tw(mine, 0, 8, w | 16),
         tw(mine, 0, 0, w),
         tw(mine, 4090, 7, w),
         tw(mine, u64::MAX, 2, w),

@@ -462,13 +462,19 @@ fn pio_benchmark_prints_round_trips_setup_and_transmit_costs() {
         .iter()
         .map(|l| l["transport"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["pio", "shm", "ulnic"], "{lines:?}");
+    assert_eq!(names, ["pio", "shm", "ulnic", "pio", "ulnic"], "{lines:?}");
+    let modes: Vec<&str> = trips.iter().map(|l| l["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["poll", "poll", "poll", "block", "block"]);
     for l in &trips {
         assert_eq!(l["size"], 8);
         assert_eq!(l["payload"], "write+verify");
         assert!(l["median_us"].as_f64().unwrap() > 0.0, "{l}");
     }
     assert_eq!(trips[0]["pio_ratio"], 1.0);
+    assert_eq!(
+        trips[3]["pio_ratio"], 1.0,
+        "blocking rows compare to PIO blocking"
+    );
     let ops: Vec<&str> = lines
         .iter()
         .filter(|l| l["bench"] == "setup")

@@ -90,15 +90,18 @@ fn pingpong_in_pairs() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    // Per pair: ulnic, then PIO windows (plain stores into BAR 4), then
-    // kernel TCP over the guests' virtio-net segment, per size.
+    // Per pair: ulnic, then PIO windows (plain stores into BAR 4) polling
+    // and blocking on a tripwire, then kernel TCP over the guests'
+    // virtio-net segment, per size.
     let per_pair = [
-        ("ulnic", 8),
-        ("pio", 8),
-        ("tcp", 8),
-        ("ulnic", 4096),
-        ("pio", 4096),
-        ("tcp", 4096),
+        ("ulnic", 8, "block"),
+        ("pio", 8, "poll"),
+        ("pio", 8, "block"),
+        ("tcp", 8, "block"),
+        ("ulnic", 4096, "block"),
+        ("pio", 4096, "poll"),
+        ("pio", 4096, "block"),
+        ("tcp", 4096, "block"),
     ];
     assert_eq!(
         lines.len(),
@@ -106,7 +109,8 @@ fn pingpong_in_pairs() {
         "one result per pair, transport and size:\n{out}"
     );
     for (i, l) in lines.iter().enumerate() {
-        let (t, size) = per_pair[i % per_pair.len()];
+        let (t, size, mode) = per_pair[i % per_pair.len()];
+        assert_eq!(l["mode"].as_str(), Some(mode), "{l}");
         assert_eq!(
             (
                 l["transport"].as_str(),

@@ -172,7 +172,9 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
     );
     // A sync needs no mapping: it crosses to device b as an access and
     // fires the window's tripwire there.
-    let tw = exporter.set_pio_tripwire(&window, 0, 4096, false, 9).unwrap();
+    let tw = exporter
+        .set_pio_tripwire(&window, 0, 4096, false, 9)
+        .unwrap();
     importer.pio_sync(&window.grant(), 8, 8, 1, true).unwrap();
     let next = |ep: &mut ulnic::Endpoint| {
         let t = std::time::Instant::now();

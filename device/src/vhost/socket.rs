@@ -109,19 +109,9 @@ pub fn serve_node(
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
-        // The reader names itself once it runs: give it a moment.
-        let mut tid = None;
-        for _ in 0..50 {
-            tid = reader::find_thread(&name);
-            if tid.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
         {
             let mut f = shard.lock();
             f.nodes[node as usize].disconnect = daemon.shutdown_handle();
-            f.nodes[node as usize].vhost_reader = tid;
             f.nodes[node as usize].connections += 1;
             // A new connection is a new device as far as the driver can
             // tell: nothing it created before exists (spec §2.2, §2.5).
@@ -131,6 +121,17 @@ pub fn serve_node(
                 f.nodes[node as usize].connections
             );
         }
+        // The reader names itself once it runs: give it a moment (after
+        // the epoch is renewed: the frontend is already talking).
+        let mut tid = None;
+        for _ in 0..50 {
+            tid = reader::find_thread(&name);
+            if tid.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        shard.lock().nodes[node as usize].vhost_reader = tid;
         // While this frontend is attached, others are told at once (their
         // connection is closed) instead of waiting in the backlog.
         let connected = AtomicBool::new(true);

@@ -1057,7 +1057,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
             let sock = (a.at != "device").then_some(sock.as_path());
             let mut ready = ready;
             Box::new(super::pio::PioLink::open(
-                sock, peer, is_server, &mut ready,
+                sock, peer, is_server, spec.mode, &mut ready,
             )?)
         }
         Transport::Ulnic => {

@@ -2,7 +2,9 @@
 //! exports a window holding the ring it receives on and imports the
 //! other's, so a message is plain stores into the peer's memory: no
 //! descriptor, no doorbell, no device step. The grants cross as ulnic
-//! messages.
+//! messages. Polling, a receiver spins on its ring; blocking, it sleeps
+//! on a tripwire over its ring's head word, which the sender fires with
+//! a PIO_SYNC after its stores (one descriptor a message, spec §6.2).
 
 use std::io;
 use std::path::Path;
@@ -20,10 +22,16 @@ const TAG_GRANT: u32 = 0x9107;
 /// A ping-pong link over two PIO windows.
 pub struct PioLink {
     link: ShmLink,
+    mode: Mode,
+    /// The peer's window, for the syncs that wake it.
+    peer: PioGrant,
+    /// The receive ring's head word (blocking: the tripwire's range).
+    head: *const std::sync::atomic::AtomicU64,
+    tail: u64,
     // Dropped after `link`: the windows outlive every access.
     _import: PioImport,
     _window: PioWindow,
-    _ep: Endpoint,
+    ep: Endpoint,
     _nic: Nic,
 }
 
@@ -65,6 +73,7 @@ impl PioLink {
         sock: Option<&Path>,
         peer: u32,
         server: bool,
+        mode: Mode,
         ready: &mut dyn FnMut(),
     ) -> io::Result<PioLink> {
         let nic = match sock {
@@ -78,6 +87,10 @@ impl PioLink {
             .map_err(os)?;
         ep.bind(GRANT_PORT).map_err(os)?;
         let window = ep.export_pio(128 + SHM_RING, Some(peer)).map_err(os)?;
+        if mode == Mode::Block {
+            // The peer's sync after each message fires it (and wakes us).
+            ep.set_pio_tripwire(&window, 0, 8, true, 0).map_err(os)?;
+        }
         let to = Address {
             node: peer,
             port: GRANT_PORT,
@@ -119,22 +132,58 @@ impl PioLink {
         );
         Ok(PioLink {
             link,
+            mode,
+            peer: theirs,
+            head: window.word(0),
+            tail: 0,
             _import: import,
             _window: window,
-            _ep: ep,
+            ep,
             _nic: nic,
         })
+    }
+
+    /// Blocking: sleeps until the ring's head moves past `self.tail`.
+    fn await_data(&mut self) -> io::Result<()> {
+        use std::sync::atomic::Ordering;
+        // SAFETY: the head word of our own window, mapped while `self` is.
+        let head = unsafe { &*self.head };
+        loop {
+            if head.load(Ordering::Acquire) != self.tail {
+                return Ok(());
+            }
+            // Returns at once while a tripwire event waits; taking the
+            // events re-enables the tripwire.
+            self.ep.wait(Duration::from_secs(1)).map_err(os)?;
+            while self.ep.poll_event().is_some() {}
+        }
     }
 }
 
 impl Link for PioLink {
     fn send(&mut self, data: &[u8]) -> io::Result<()> {
-        self.link.send(data)
+        self.link.send(data)?;
+        if self.mode == Mode::Block {
+            // After the stores: whoever the tripwire wakes sees them.
+            loop {
+                match self.ep.pio_sync(&self.peer, 0, 8, 0, false) {
+                    Ok(()) => break,
+                    Err(ulnic::Error::WouldBlock) => std::thread::yield_now(),
+                    Err(e) => return Err(os(e)),
+                }
+            }
+        }
+        Ok(())
     }
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.link.recv(buf)
+        if self.mode == Mode::Block {
+            self.await_data()?;
+        }
+        let n = self.link.recv(buf)?;
+        self.tail += 4 + n as u64;
+        Ok(n)
     }
     fn mode(&self) -> Mode {
-        Mode::Poll
+        self.mode
     }
 }

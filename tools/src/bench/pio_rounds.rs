@@ -13,6 +13,9 @@ use super::link::Mode;
 pub struct PioRow {
     /// The transport.
     pub transport: super::pingpong::Transport,
+    /// How its receiver waits (PIO blocking: on a tripwire the sender's
+    /// PIO_SYNC fires).
+    pub mode: Mode,
     /// Message size in bytes.
     pub size: u32,
     /// Round trips per round.
@@ -21,8 +24,8 @@ pub struct PioRow {
     pub median_us: f64,
     /// Median of the rounds' 95th percentiles, microseconds.
     pub p95_us: f64,
-    /// Median of the rounds' PIO median over this transport's (1 for
-    /// PIO itself).
+    /// Median of the rounds' PIO median (PIO waiting the same way) over
+    /// this transport's (1 for PIO itself).
     pub pio_ratio: f64,
     /// How payloads were touched.
     pub payload: &'static str,
@@ -34,9 +37,9 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Round trips over PIO windows, the shared-memory spin ring and ulnic
-/// messages, host-attached, in `rounds` interleaved rounds (each
-/// transport once a round, in turn), every payload byte written and
-/// checked. `ulnic_dir` holds a running device's node sockets (0 and 1).
+/// messages, polling, then PIO windows and ulnic messages blocking,
+/// host-attached, in `rounds` interleaved rounds (each once a round, in
+/// turn), every payload byte written and checked. `ulnic_dir` holds a running device's node sockets (0 and 1).
 pub fn compare(
     size: u32,
     iters: u64,
@@ -46,21 +49,34 @@ pub fn compare(
     say: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<PioRow>> {
     use super::pingpong::{run_one, Spec, Transport, Workload};
-    let transports = [Transport::Pio, Transport::Shm, Transport::Ulnic];
+    let transports = [
+        (Transport::Pio, Mode::Poll),
+        (Transport::Shm, Mode::Poll),
+        (Transport::Ulnic, Mode::Poll),
+        (Transport::Pio, Mode::Block),
+        (Transport::Ulnic, Mode::Block),
+    ];
+    // Each row's ratio is to PIO waiting the same way.
+    let reference = |mode: Mode| {
+        transports
+            .iter()
+            .position(|&(t, m)| t == Transport::Pio && m == mode)
+            .unwrap_or(0)
+    };
     let touch = super::payload::Touch::WriteVerify;
     let mut med: Vec<Vec<f64>> = vec![Vec::new(); transports.len()];
     let mut p95: Vec<Vec<f64>> = vec![Vec::new(); transports.len()];
     let mut ratio: Vec<Vec<f64>> = vec![Vec::new(); transports.len()];
     for round in 1..=rounds {
         let mut this = Vec::new();
-        for (i, &t) in transports.iter().enumerate() {
-            say(&format!("round {round}/{rounds}: {t:?}"));
+        for (i, &(t, mode)) in transports.iter().enumerate() {
+            say(&format!("round {round}/{rounds}: {t:?} ({mode:?})"));
             let spec = Spec {
                 workload: Workload::Pingpong,
                 transport: t,
                 size,
                 iters,
-                mode: Mode::Poll,
+                mode,
                 corrupt_at: None,
                 nodes: (0, 1),
                 payload: touch,
@@ -73,14 +89,15 @@ pub fn compare(
             this.push(us(r.median_ns));
         }
         for (i, v) in this.iter().enumerate() {
-            ratio[i].push(this[0] / v);
+            ratio[i].push(this[reference(transports[i].1)] / v);
         }
     }
     Ok(transports
         .iter()
         .enumerate()
-        .map(|(i, &transport)| PioRow {
+        .map(|(i, &(transport, mode))| PioRow {
             transport,
+            mode,
             size,
             iters,
             median_us: median(&mut med[i]),

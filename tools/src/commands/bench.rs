@@ -409,8 +409,8 @@ fn run_pio(a: &BenchArgs, dir: &Path, scratch: &Path) -> anyhow::Result<()> {
     };
     if !a.json {
         println!(
-            "{:<14} {:>6} {:>7} {:>11} {:>9} {:>10}  payload",
-            "transport", "size", "iters", "median us", "p95 us", "pio/this"
+            "{:<14} {:<6} {:>6} {:>7} {:>11} {:>9} {:>10}  payload",
+            "transport", "mode", "size", "iters", "median us", "p95 us", "pio/this"
         );
     }
     for size in sizes {
@@ -421,8 +421,9 @@ fn run_pio(a: &BenchArgs, dir: &Path, scratch: &Path) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!(
-                    "{:<14} {:>6} {:>7} {:>11.2} {:>9.2} {:>10.3}  {}",
+                    "{:<14} {:<6} {:>6} {:>7} {:>11.2} {:>9.2} {:>10.3}  {}",
                     format!("{:?}", r.transport).to_lowercase(),
+                    format!("{:?}", r.mode).to_lowercase(),
                     r.size,
                     r.iters,
                     r.median_us,
@@ -435,7 +436,7 @@ fn run_pio(a: &BenchArgs, dir: &Path, scratch: &Path) -> anyhow::Result<()> {
     }
     if !a.json {
         println!(
-            "(medians of {} interleaved rounds; pio/this is the median of the rounds' ratios)",
+            "(medians of {} interleaved rounds; pio/this is the median of the rounds' ratios to PIO waiting the same way: polling, a spin on the ring; blocking, a tripwire fired by the sender's PIO_SYNC)",
             a.rounds
         );
     }

@@ -762,32 +762,35 @@ fn bench_script(
     let mut script = format!(
         "set -e\nP=$((ULNIC_NODE+1)); Q=$((ULNIC_NODE-1))\n\
          b() {{ echo \"ulnic-guest: leg $* at $(cut -d' ' -f1 /proc/uptime)\" >/dev/console; if [ $ULNIC_NODE -ge {last} ]; then :; \
-         elif [ $((ULNIC_NODE%2)) = 0 ]; then ulnic bench-peer --role client --workload $1 --transport $2 --size $3 --iters {iters} --mode {m} --at $4 --peer-node $P; \
-         else ulnic bench-peer --role server --workload $1 --transport $2 --size $3 --iters {iters} --mode {m} --at $5 --peer-node $Q >/dev/null; fi; }}\n",
+         elif [ $((ULNIC_NODE%2)) = 0 ]; then ulnic bench-peer --role client --workload $1 --transport $2 --size $3 --iters {iters} --mode $6 --at $4 --peer-node $P; \
+         else ulnic bench-peer --role server --workload $1 --transport $2 --size $3 --iters {iters} --mode $6 --at $5 --peer-node $Q >/dev/null; fi; }}\n",
         last = pairs * 2
     );
     let wl = clap::ValueEnum::to_possible_value(&w)
         .map(|v| v.get_name().to_string())
         .unwrap_or_default();
-    // Round trips also through PIO windows (plain stores into BAR 4).
-    let legs: &[(&str, &str, &str)] = if w == Workload::Pingpong && pio {
-        &[
-            ("ulnic", "device", "device"),
-            ("pio", "device", "device"),
-            ("tcp", "node=$P", "listen"),
-        ]
-    } else {
-        &[("ulnic", "device", "device"), ("tcp", "node=$P", "listen")]
-    };
+    // Round trips also through PIO windows (plain stores into BAR 4):
+    // polling on the ring, and, when the others block, sleeping on a
+    // tripwire the sender's PIO_SYNC fires.
+    let mut legs: Vec<(&str, &str, &str, &str)> = vec![("ulnic", "device", "device", &m)];
+    if w == Workload::Pingpong && pio {
+        legs.push(("pio", "device", "device", "poll"));
+        if mode == Mode::Block {
+            legs.push(("pio", "device", "device", "block"));
+        }
+    }
+    legs.push(("tcp", "node=$P", "listen", &m));
     for s in sizes {
-        for &(t, client_at, server_at) in legs {
+        for &(t, client_at, server_at, leg_mode) in &legs {
             // RDMA's baseline is a TCP stream of the same buffers.
             let wl = if t == "tcp" && w == Workload::RdmaWrite {
                 "stream"
             } else {
                 &wl
             };
-            script.push_str(&format!("b {wl} {t} {s} {client_at} {server_at}\n"));
+            script.push_str(&format!(
+                "b {wl} {t} {s} {client_at} {server_at} {leg_mode}\n"
+            ));
         }
     }
     script
@@ -1073,16 +1076,28 @@ mod tests {
         ));
         assert!(lines[2].contains(
             "then ulnic bench-peer --role client --workload $1 --transport $2 --size $3 \
-             --iters 200 --mode block --at $4 --peer-node $P; else"
+             --iters 200 --mode $6 --at $4 --peer-node $P; else"
         ));
         assert!(lines[2].ends_with("--peer-node $Q >/dev/null; fi; }"));
         assert_eq!(
             lines[3..],
             [
-                "b rdma-write ulnic 8 device device",
-                "b stream tcp 8 node=$P listen",
-                "b rdma-write ulnic 4096 device device",
-                "b stream tcp 4096 node=$P listen",
+                "b rdma-write ulnic 8 device device block",
+                "b stream tcp 8 node=$P listen block",
+                "b rdma-write ulnic 4096 device device block",
+                "b stream tcp 4096 node=$P listen block",
+            ]
+        );
+        // A ping-pong adds PIO: polling, and blocking on tripwires when
+        // the others block.
+        let s = bench_script(Workload::Pingpong, &[8], 9, Mode::Block, 1, true);
+        assert_eq!(
+            s.lines().skip(3).collect::<Vec<_>>(),
+            [
+                "b pingpong ulnic 8 device device block",
+                "b pingpong pio 8 device device poll",
+                "b pingpong pio 8 device device block",
+                "b pingpong tcp 8 node=$P listen block",
             ]
         );
     }
@@ -1102,6 +1117,7 @@ mod tests {
             .replace("$2", "ulnic")
             .replace("$3", "8")
             .replace("$4", "device")
+            .replace("$6", "poll")
             .replace("$P", "1");
         let words: Vec<&str> = call.split_whitespace().collect();
         let Cmd::BenchPeer(p) = try_parse(&words).unwrap() else {

@@ -132,6 +132,17 @@ pub(super) struct Response {
     frag: u32,
 }
 
+/// The channel a packet from its sender names, arriving at node `n`.
+fn arriving(h: &PacketHeader, n: u32, class: Class) -> ChannelKey {
+    ChannelKey {
+        src: h.src_node.get(),
+        endpoint: h.src_endpoint.get(),
+        dst: n,
+        port: h.dst_port.get(),
+        class,
+    }
+}
+
 /// Whether a remote access's payload holds together for node `n` (spec
 /// §10.4): a whole header naming this node with its reserved fields 0, a
 /// length fit for the operation, and a write's bytes after the header.
@@ -172,13 +183,7 @@ impl Transport {
             counters.malformed_dropped += 1;
             return;
         }
-        let key = ChannelKey {
-            src: h.src_node.get(),
-            endpoint: h.src_endpoint.get(),
-            dst: n,
-            port: h.dst_port.get(),
-            class,
-        };
+        let key = arriving(&h, n, class);
         let (epoch, seq) = (h.epoch.get(), h.seq.get());
         let fresh = !self.recv.contains_key(&key);
         let ch = self.recv.entry(key).or_default();
@@ -457,13 +462,7 @@ impl Transport {
             self.counters[n as usize].malformed_dropped += 1;
             return;
         }
-        let key = ChannelKey {
-            src: h.src_node.get(),
-            endpoint: h.src_endpoint.get(),
-            dst: n,
-            port: h.dst_port.get(),
-            class,
-        };
+        let key = arriving(h, n, class);
         let (epoch, seq, opcode) = (h.epoch.get(), h.seq.get(), h.opcode.get());
         if !sink.bound(n, key.port) {
             let code = tx_error::NO_ENDPOINT;

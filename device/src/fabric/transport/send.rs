@@ -139,10 +139,11 @@ impl SendChannel {
         (NACK_BACKOFF << n.min(20)).min(MAX_NACK_BACKOFF)
     }
 
-    /// The ROOM packet asking for room for the oldest message.
-    fn room_packet(&self, key: &ChannelKey) -> Option<Packet> {
-        let u = self.unacked.front()?;
-        let mut p = Packet::new(packet::ROOM);
+    /// A packet of `kind` about message `u` of channel `key`: its
+    /// addresses, epoch, number, length and operation (the caller adds
+    /// the rest and seals it).
+    fn packet_about(&self, kind: u16, key: &ChannelKey, u: &Unacked) -> Packet {
+        let mut p = Packet::new(kind);
         let h = &mut p.header;
         h.src_node = key.src.into();
         h.dst_node = key.dst.into();
@@ -153,6 +154,12 @@ impl SendChannel {
         h.seq = u.seq.into();
         h.msg_len = (u.msg.bytes.len() as u32).into();
         h.opcode = u.msg.opcode.into();
+        p
+    }
+
+    /// The ROOM packet asking for room for the oldest message.
+    fn room_packet(&self, key: &ChannelKey) -> Option<Packet> {
+        let mut p = self.packet_about(packet::ROOM, key, self.unacked.front()?);
         p.seal();
         Some(p)
     }
@@ -295,21 +302,12 @@ impl SendChannel {
         let frags = self.frags_of(u);
         let off = frag as usize * self.mtu as usize;
         let end = (off + self.mtu as usize).min(len);
-        let mut p = Packet::new(packet::DATA);
+        let mut p = self.packet_about(packet::DATA, key, u);
         let h = &mut p.header;
-        h.src_node = key.src.into();
-        h.dst_node = key.dst.into();
-        h.src_endpoint = key.endpoint.into();
-        h.src_port = u.msg.src_port.into();
-        h.dst_port = key.port.into();
-        h.epoch = self.epoch.into();
-        h.seq = u.seq.into();
         h.frag = (frag as u16).into();
         h.frags = (frags as u16).into();
-        h.msg_len = (len as u32).into();
         h.offset = (off as u32).into();
         h.tag = u.msg.tag.into();
-        h.opcode = u.msg.opcode.into();
         h.flags = u.msg.flags.into();
         h.session = u.msg.session.into();
         p.payload = u.msg.bytes[off..end].to_vec();
