@@ -317,6 +317,16 @@ impl Endpoint {
         Some(id as u32)
     }
 
+    /// Deactivates the tripwires set on PIO window `window` (it was
+    /// revoked); they keep their ids until cleared.
+    pub fn retire_pio_tripwires(&mut self, window: u32) {
+        for t in self.tripwires.iter_mut().flatten() {
+            if t.flags & tripwire_flags::PIO != 0 && t.aperture == window {
+                t.active = false;
+            }
+        }
+    }
+
     /// Fires every active tripwire `access` matches: sets its fired byte,
     /// posts its event if the byte was clear. True when an event was posted.
     pub fn fire_tripwires(&mut self, mem: &GuestMemoryMmap<()>, access: &Access) -> bool {

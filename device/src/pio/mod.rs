@@ -539,17 +539,27 @@ impl Pio {
     /// each importing endpoint; it stays mapped in its exporter. The
     /// caller holds `ops`.
     fn revoke_window(&self, node: u32, id: u32) {
-        let (file, key) = {
+        let (file, key, exporter) = {
             let mut b = lock(&self.books);
             let Some(w) = b.windows.get_mut(&(node, id)) else {
                 return;
             };
             w.revoked = true;
-            (w.file.clone(), w.key)
+            (w.file.clone(), w.key, w.owner)
         };
-        // Its grant syncs nothing from now on, and no tripwire is set on it.
+        // Its grant syncs nothing from now on, no tripwire is set on it,
+        // and those set on it never fire again (even on a later window
+        // that would get its id).
         if let Some(s) = self.shard(node) {
-            s.lock().nodes[node as usize].windows.remove(&id);
+            let mut f = s.lock();
+            let n = &mut f.nodes[node as usize];
+            n.windows.remove(&id);
+            if let Some(ep) = n
+                .endpoint_mut(exporter.ep)
+                .filter(|e| e.session == exporter.session)
+            {
+                ep.retire_pio_tripwires(id);
+            }
         }
         let importers: Vec<(u32, u32, Owner, u64)> = lock(&self.books)
             .imports
