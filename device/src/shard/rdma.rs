@@ -74,7 +74,10 @@ pub fn serve(
         Some(_) if tn as usize >= pass.nodes.len() => Err(tx_error::BAD_COOKIE),
         Some(net) => {
             let key = ChannelKey::new(from.node, from.id, tn, 0, req.opcode);
-            let bytes = packet::ACCESS_HEADER_SIZE + req.len as usize;
+            // A sync's len names a range of the window; it carries no
+            // bytes (a write carries them, a read's answer brings them).
+            let carried = if req.kind == Kind::Sync { 0 } else { req.len };
+            let bytes = packet::ACCESS_HEADER_SIZE + carried as usize;
             if from.ep.pieces.is_none() && net.idle(&key) && net.shortcut(from.node, tn, bytes) {
                 net.count_shortcut(from.node);
                 local(pass, from, &req).map(|()| Sent::Done)
