@@ -217,3 +217,124 @@ fn refused_attachments_change_nothing() {
     let mut s = pd.create_endpoint(&small).unwrap();
     s.set_event_queue(&q, 1).unwrap();
 }
+
+/// `ulnic::EventQueue`: the library's own waits on attached endpoints
+/// sleep on the queue, beside a thread that serves the queue itself.
+#[test]
+fn waits_on_attached_endpoints_and_the_queue_share_one_notification() {
+    let dev = common::device(1);
+    let nic = Nic::attach(&common::socket(&dev, 0)).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cfg = EndpointConfig::default();
+    let queue = ulnic::EventQueue::new(&pd).unwrap();
+    let mut sources: Vec<Endpoint> = (0..3).map(|_| pd.create_endpoint(&cfg).unwrap()).collect();
+    for (i, s) in sources.iter_mut().enumerate() {
+        s.bind(30 + i as u32).unwrap();
+        queue.attach(s, 200 + i as u64).unwrap();
+    }
+    let mut sender = pd.create_endpoint(&cfg).unwrap();
+    sender.bind(29).unwrap();
+    let mut c = sources.pop().unwrap();
+    let b = sources.pop().unwrap();
+    let mut a = sources.pop().unwrap();
+    // Nothing came: the queue reports nothing, and a wait on a source
+    // times out.
+    assert!(queue.wait(Duration::ZERO).unwrap().is_empty());
+    assert!(!a.wait(Duration::from_millis(20)).unwrap());
+    // One thread blocks in a's own wait, another in b's waiter: one of
+    // them sleeps in the driver, the other on the queue's lock, and
+    // whichever takes the queue's events hands the other its report.
+    let waiter_b = b.waiter();
+    let ta = std::thread::spawn(move || {
+        let woke = a.wait(Duration::from_secs(10)).unwrap();
+        (woke, a.poll_recv().map(|m| m.len))
+    });
+    let tb = std::thread::spawn(move || waiter_b.wait(Duration::from_secs(10)).unwrap());
+    std::thread::sleep(Duration::from_millis(100));
+    send(&mut sender, 30, 1);
+    send(&mut sender, 31, 2);
+    settle(&sender);
+    assert_eq!(ta.join().unwrap(), (true, Some(1)));
+    assert!(tb.join().unwrap(), "b's waiter woke");
+    // Then the queue's consumer: c's report. (a's too when a's thread
+    // started after its message came and found it without sleeping: a
+    // report left behind only sends the consumer to look at a.)
+    send(&mut sender, 32, 3);
+    settle(&sender);
+    let mut got = Vec::new();
+    let t = std::time::Instant::now();
+    while !got.contains(&202) && t.elapsed() < Duration::from_secs(10) {
+        got.extend(queue.wait(Duration::from_secs(1)).unwrap());
+    }
+    assert!(got.contains(&202), "c reported: {got:?}");
+    assert!(got.iter().all(|c| [200, 202].contains(c)), "{got:?}");
+    assert_eq!(drain(&mut c), 1);
+    // Served and armed again, c reports again; a message to b, whose
+    // waiter is gone, is the consumer's now.
+    assert!(!c.arm().unwrap());
+    let mut b = b;
+    assert_eq!(drain(&mut b), 1);
+    assert!(!b.arm().unwrap());
+    send(&mut sender, 31, 4);
+    send(&mut sender, 32, 5);
+    settle(&sender);
+    let mut got = Vec::new();
+    let t = std::time::Instant::now();
+    while got.len() < 2 && t.elapsed() < Duration::from_secs(10) {
+        got.extend(queue.wait(Duration::from_secs(1)).unwrap());
+    }
+    got.sort_unstable();
+    assert_eq!(got, [201, 202]);
+    // A program sleeping on the queue's descriptor: a zero wait arms the
+    // queue, a message makes the descriptor readable, the next zero wait
+    // takes the report and the notification (no longer readable).
+    assert_eq!(drain(&mut b), 1);
+    assert!(!b.arm().unwrap());
+    let fd = queue.notification_fd().unwrap();
+    assert!(queue.wait(Duration::ZERO).unwrap().is_empty());
+    assert!(!common::readable(fd, 0));
+    send(&mut sender, 31, 6);
+    settle(&sender);
+    assert!(common::readable(fd, 5000), "the queue's descriptor woke");
+    let mut got = queue.wait(Duration::ZERO).unwrap();
+    let t = std::time::Instant::now();
+    while got.is_empty() && t.elapsed() < Duration::from_secs(5) {
+        got = queue.wait(Duration::ZERO).unwrap();
+    }
+    assert_eq!(got, [201]);
+    assert!(!common::readable(fd, 0), "the notification was taken");
+    // A tripwire on an attached endpoint: its wait sleeps on the queue.
+    assert_eq!(drain(&mut b), 1);
+    let cookie = b.export(0, 4096, ulnic::Permissions::WRITE).unwrap();
+    let tw = b
+        .set_tripwire(&cookie, 0, 8, ulnic::TripwireOn::Writes, false, 9)
+        .unwrap();
+    let tt = std::thread::spawn(move || {
+        let woke = b.wait_tripwire(tw, 0, 0, Duration::from_secs(10)).unwrap();
+        (woke, b.read_u64(0))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    sender.write_segment(0, &7u64.to_le_bytes());
+    sender.rdma_write(&cookie, 0, 0, 8, 3, false).unwrap();
+    assert_eq!(tt.join().unwrap(), (true, 7));
+    // Detached, an endpoint waits on itself again; one attached with the
+    // raw call cannot wait on itself and says so.
+    queue.detach(&mut c).unwrap();
+    assert_eq!(
+        queue.detach(&mut c).unwrap_err().errno(),
+        libc::EINVAL,
+        "not attached any more"
+    );
+    assert_eq!(drain(&mut c), 1);
+    assert!(!c.arm().unwrap());
+    send(&mut sender, 32, 7);
+    settle(&sender);
+    assert!(c.wait(Duration::from_secs(5)).unwrap());
+    assert_eq!(drain(&mut c), 1);
+    let raw_queue = pd.create_endpoint(&cfg).unwrap();
+    c.set_event_queue(&raw_queue, 1).unwrap();
+    assert_eq!(
+        c.wait(Duration::from_millis(10)).unwrap_err().errno(),
+        libc::EINVAL
+    );
+}

@@ -345,6 +345,7 @@ impl ProtectionDomain {
             event_consumer: 0,
             arm_seq: 0,
             notify_enabled: false,
+            reporting: Default::default(),
         };
         ep.prepare_bounce();
         Ok(ep)

@@ -450,7 +450,8 @@ fn c_programs(n: &str, cluster_dir: &str) {
     // libulnic.so.0, which the guests carry in /lib: a ping-pong that
     // checks every byte, RDMA writes with an immediate, a tripwire waking
     // its sleeping owner, an event queue serving four endpoints from one
-    // epoll sleep, sockets echoing a datagram and a stream, Active
+    // epoll sleep (and shared with a thread blocked on one of them),
+    // sockets echoing a datagram and a stream, Active
     // Messages with transfers and a refusal, over /dev/ulnic0.
     for (name, server, client, server_says, client_says) in [
         (
@@ -486,6 +487,16 @@ fn c_programs(n: &str, cluster_dir: &str) {
             "server 30",
             "client 1 30 300",
             "answered 1200 messages on 4 endpoints",
+            "1200 answers from 4 endpoints of node 1 checked",
+        ),
+        // The same through a ulnic_evq: three sources served through
+        // ulnic_evq_wait, one by a thread blocked in ulnic_ep_wait, all
+        // sleeping on the queue (the kernel driver's wait).
+        (
+            "event_queue",
+            "server-evq 30",
+            "client 1 30 300",
+            "answered 1200 messages on 4 endpoints: 900 through ulnic_evq_wait",
             "1200 answers from 4 endpoints of node 1 checked",
         ),
         (

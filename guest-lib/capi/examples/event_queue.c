@@ -7,11 +7,18 @@
  * again. The client sends rounds of one message to each source, in a
  * rotating order, and checks every answer.
  *
+ * With `server-evq` the sources are attached to a ulnic_evq instead: the
+ * main thread serves all but the last through ulnic_evq_wait, and a
+ * thread of its own blocks in ulnic_ep_wait on the last one; both sleep
+ * on the one queue, which hands each its own reports.
+ *
  *   ULNIC_SOCKET=/tmp/u/node1.sock ./event_queue server 30
+ *   ULNIC_SOCKET=/tmp/u/node1.sock ./event_queue server-evq 30
  *   ULNIC_SOCKET=/tmp/u/node0.sock ./event_queue client 1 30 500
  *
  * Build: gcc event_queue.c $(pkg-config --cflags --libs ulnic) -o event_queue
  */
+#include <pthread.h>
 #include <sys/epoll.h>
 
 #include "example.h"
@@ -109,6 +116,91 @@ static int server(uint32_t port)
 	return duplicates != 0;
 }
 
+struct own_thread {
+	struct ulnic_ep *ep;
+	unsigned long answered, wakeups;
+	int err;
+};
+
+/* The last source's own thread: blocks on it alone, through the queue. */
+static void *serve_alone(void *arg)
+{
+	struct own_thread *t = arg;
+	int done = 0, r;
+
+	while (!done) {
+		if ((r = ulnic_ep_wait(t->ep, 600000)) != 1) {
+			t->err = r < 0 ? r : -ETIMEDOUT;
+			return NULL;
+		}
+		t->wakeups++;
+		done = serve(t->ep, &t->answered);
+	}
+	return NULL;
+}
+
+static int server_evq(uint32_t port)
+{
+	struct ulnic_nic *nic;
+	struct ulnic_pd *pd;
+	struct ulnic_evq *evq;
+	struct ulnic_ep *src[SOURCES];
+	struct own_thread alone = { 0 };
+	pthread_t thread;
+	unsigned long answered = 0, waits = 0, reports = 0;
+	int err, done[SOURCES - 1] = { 0 }, left = SOURCES - 1;
+
+	if ((err = ulnic_open(&nic)) < 0 || (err = ulnic_pd_alloc(nic, &pd)) < 0)
+		die(err, "cannot open the NIC");
+	if ((err = ulnic_evq_create(pd, &evq)) < 0)
+		die(err, "cannot create the event queue");
+	for (int i = 0; i < SOURCES; i++) {
+		src[i] = make_endpoint(pd, port + i, 4);
+		if ((err = ulnic_evq_attach(evq, src[i], i)) < 0)
+			die(err, "cannot attach source %d", i);
+	}
+	alone.ep = src[SOURCES - 1];
+	if ((err = pthread_create(&thread, NULL, serve_alone, &alone)))
+		die(-err, "pthread_create");
+	printf("event_queue: server on node %u ports %u-%u, one ulnic_evq\n", ulnic_node(nic), port,
+	       port + SOURCES - 1);
+	fflush(stdout);
+	while (left) {
+		uint64_t ready[SOURCES];
+		int n = ulnic_evq_wait(evq, ready, SOURCES, 600000);
+
+		if (n <= 0)
+			die(n, "no report within 600 s");
+		waits++;
+		for (int k = 0; k < n; k++) {
+			uint64_t i = ready[k];
+
+			if (i >= SOURCES - 1)
+				die(0, "ulnic_evq_wait reported source %lu, which a thread waits on",
+				    (unsigned long)i);
+			reports++;
+			do {
+				if (serve(src[i], &answered) && !done[i]) {
+					done[i] = 1;
+					left--;
+				}
+			} while (ulnic_ep_arm(src[i]) == 1);
+		}
+	}
+	pthread_join(thread, NULL);
+	if (alone.err)
+		die(alone.err, "the thread blocked on source %d failed", SOURCES - 1);
+	printf("event_queue: answered %lu messages on %d endpoints: %lu through ulnic_evq_wait (%lu waits, %lu reports), %lu by a thread blocked in ulnic_ep_wait (%lu wake-ups)\n",
+	       answered + alone.answered, SOURCES, answered, waits, reports, alone.answered,
+	       alone.wakeups);
+	for (int i = 0; i < SOURCES; i++)
+		ulnic_ep_destroy(src[i]);
+	ulnic_evq_destroy(evq);
+	ulnic_pd_free(pd);
+	ulnic_close(nic);
+	return 0;
+}
+
 static int client(uint32_t node, uint32_t port, unsigned rounds)
 {
 	struct ulnic_nic *nic;
@@ -147,8 +239,10 @@ int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "server"))
 		return server(atoi(argv[2]));
+	if (argc == 3 && !strcmp(argv[1], "server-evq"))
+		return server_evq(atoi(argv[2]));
 	if (argc == 5 && !strcmp(argv[1], "client"))
 		return client(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: event_queue server PORT | event_queue client NODE PORT ROUNDS\n");
+	fprintf(stderr, "usage: event_queue server PORT | event_queue server-evq PORT | event_queue client NODE PORT ROUNDS\n");
 	return 2;
 }

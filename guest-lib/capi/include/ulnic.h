@@ -168,7 +168,7 @@
 /**
  * Minor version: grows when calls are added.
  */
-#define ULNIC_API_MINOR 6
+#define ULNIC_API_MINOR 7
 
 /**
  * An Active Message endpoint. One thread at a time.
@@ -207,6 +207,12 @@ struct ulnic_dmq_sender;
  * One thread at a time.
  */
 struct ulnic_ep;
+
+/**
+ * An event queue (`ulnic_evq_create`). Its calls are made by one thread
+ * at a time; other threads may block on its sources meanwhile.
+ */
+struct ulnic_evq;
 
 /**
  * A stream listener on a port.
@@ -964,7 +970,9 @@ int32_t ulnic_ep_bind(struct ulnic_ep *ep, uint32_t port);
  * notified. One report per arm: serve `ep`, then arm it again.
  * `-EINVAL` for a queue of another domain, `ep` itself, or a queue that
  * has a queue; `-ENOSPC` when `queue` has as many sources as its event
- * ring leaves room for.
+ * ring leaves room for. `ep` is then never notified itself, so
+ * `ulnic_ep_wait` on it fails with `-EINVAL`; attach it with
+ * `ulnic_evq_attach` instead to keep blocking on it.
  *
  * ```c
  * ulnic_ep_set_event_queue(ep, queue, 42);
@@ -1202,6 +1210,75 @@ int32_t ulnic_ep_stats(struct ulnic_ep *ep, uint64_t *values, size_t count);
  * ```
  */
 const char *ulnic_stat_name(uint32_t i);
+
+/**
+ * Creates an event queue in `pd`. Free it with `ulnic_evq_destroy` (after
+ * its sources, or they keep it alive until they are destroyed).
+ *
+ * ```c
+ * struct ulnic_evq *evq;
+ * int err = ulnic_evq_create(pd, &evq);
+ * ```
+ */
+int32_t ulnic_evq_create(struct ulnic_pd *pd, struct ulnic_evq **out);
+
+/**
+ * Frees an event queue handle; NULL is ignored.
+ *
+ * ```c
+ * ulnic_evq_destroy(evq);
+ * ```
+ */
+void ulnic_evq_destroy(struct ulnic_evq *evq);
+
+/**
+ * Attaches `ep` (an endpoint of the queue's domain) with `cookie` and
+ * arms it: its next message or event reports `cookie` to the queue, and
+ * a `ulnic_ep_wait` on it sleeps on the queue. `-EINVAL` for an endpoint
+ * of another domain or one that is a queue; `-ENOSPC` when the queue is
+ * full of sources.
+ *
+ * ```c
+ * ulnic_evq_attach(evq, ep, 3);
+ * ```
+ */
+int32_t ulnic_evq_attach(struct ulnic_evq *evq, struct ulnic_ep *ep, uint64_t cookie);
+
+/**
+ * Detaches `ep` from the queue: it is notified itself again. `-EINVAL`
+ * if it is not attached to this queue.
+ *
+ * ```c
+ * ulnic_evq_detach(evq, ep);
+ * ```
+ */
+int32_t ulnic_evq_detach(struct ulnic_evq *evq, struct ulnic_ep *ep);
+
+/**
+ * Stores in `cookies` (room for `max`) the cookies of sources that
+ * reported, in the order they came, once each: how many; waits up to
+ * `timeout_ms` (-1: forever) when none has. A source some thread is
+ * blocked on (`ulnic_ep_wait`) is that thread's, not reported here.
+ * Serve each source, then arm it again (`ulnic_ep_arm`). A zero timeout
+ * also arms the queue, for a program that sleeps on `ulnic_evq_fd`.
+ *
+ * ```c
+ * uint64_t ready[16];
+ * int n = ulnic_evq_wait(evq, ready, 16, 1000);
+ * ```
+ */
+int32_t ulnic_evq_wait(struct ulnic_evq *evq, uint64_t *cookies, size_t max, int32_t timeout_ms);
+
+/**
+ * The descriptor that becomes readable when the queue is notified (for
+ * `poll`, `select`, `epoll`), or a negative errno. Call `ulnic_evq_wait`
+ * with a zero timeout before sleeping on it, and after it wakes.
+ *
+ * ```c
+ * int fd = ulnic_evq_fd(evq);
+ * ```
+ */
+int32_t ulnic_evq_fd(const struct ulnic_evq *evq);
 
 /**
  * Opens the NIC the environment names: `ULNIC_DEVICE` or `/dev/ulnic0`

@@ -294,7 +294,9 @@ pub unsafe extern "C" fn ulnic_ep_bind(ep: *mut ulnic_ep, port: u32) -> i32 {
 /// notified. One report per arm: serve `ep`, then arm it again.
 /// `-EINVAL` for a queue of another domain, `ep` itself, or a queue that
 /// has a queue; `-ENOSPC` when `queue` has as many sources as its event
-/// ring leaves room for.
+/// ring leaves room for. `ep` is then never notified itself, so
+/// `ulnic_ep_wait` on it fails with `-EINVAL`; attach it with
+/// `ulnic_evq_attach` instead to keep blocking on it.
 ///
 /// ```c
 /// ulnic_ep_set_event_queue(ep, queue, 42);

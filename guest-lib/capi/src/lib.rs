@@ -14,7 +14,8 @@
 //!
 //! Inside: `status` (results, errno, the last error), `nic` (NICs,
 //! protection domains, user buffers), `endpoint` (rings, messages,
-//! events, blocking), `rdma` (apertures, RDMA, tripwires, redirection),
+//! events, blocking), `evq` (event queues that blocking calls on
+//! their sources share), `rdma` (apertures, RDMA, tripwires, redirection),
 //! `pio` (PIO windows: another node's memory written with stores),
 //! `dmq` (message queues over RDMA), `am` (Active Messages),
 //! `sock` (sockets over endpoints).
@@ -27,6 +28,7 @@
 mod am;
 mod dmq;
 mod endpoint;
+mod evq;
 mod nic;
 mod pio;
 mod rdma;
@@ -36,6 +38,7 @@ mod status;
 pub use am::*;
 pub use dmq::*;
 pub use endpoint::*;
+pub use evq::*;
 pub use nic::*;
 pub use pio::*;
 pub use rdma::*;

@@ -9,7 +9,7 @@ use ulnic::Error;
 /// The version of this API: the soname is `libulnic.so.ULNIC_API_MAJOR`.
 pub const ULNIC_API_MAJOR: u32 = 0;
 /// Minor version: grows when calls are added.
-pub const ULNIC_API_MINOR: u32 = 6;
+pub const ULNIC_API_MINOR: u32 = 7;
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());

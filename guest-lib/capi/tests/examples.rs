@@ -282,6 +282,33 @@ fn an_event_queue_in_c_serves_four_endpoints_from_one_epoll_sleep() {
     );
 }
 
+/// `ulnic_evq`: the main thread serves three sources through
+/// `ulnic_evq_wait` while a thread blocks in `ulnic_ep_wait` on the
+/// fourth, both on one queue; every message is answered and the queue
+/// never reports the thread's source to the main thread (the example
+/// fails otherwise).
+#[test]
+fn an_evq_in_c_is_shared_by_its_consumer_and_a_thread_blocked_on_a_source() {
+    let bin = tempfile::tempdir().unwrap();
+    let exe = build("event_queue", bin.path(), false);
+    let dev = device();
+    let (server, client) = pair(
+        &dev,
+        &exe,
+        &["server-evq", "30"],
+        &["client", "1", "30", "500"],
+    );
+    assert!(
+        server.contains("answered 2000 messages on 4 endpoints: 1500 through ulnic_evq_wait")
+            && server.contains("500 by a thread blocked in ulnic_ep_wait"),
+        "{server}"
+    );
+    assert!(
+        client.contains("2000 answers from 4 endpoints of node 1 checked"),
+        "{client}"
+    );
+}
+
 #[test]
 fn sockets_in_c_echo_a_datagram_and_a_stream_without_blocking() {
     let bin = tempfile::tempdir().unwrap();

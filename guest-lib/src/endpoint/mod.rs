@@ -21,6 +21,7 @@ use zerocopy::IntoBytes;
 
 use crate::backend::{Domain, EpMemory};
 use crate::error::Error;
+use crate::reporting::Reporting;
 use crate::staging::EndpointUtlb;
 use crate::types::{Address, Event, Payload, Received, RedirectOutcome, SendError};
 use crate::utlb;
@@ -51,6 +52,8 @@ pub struct Endpoint {
     pub(crate) event_consumer: u32,
     pub(crate) arm_seq: u32,
     pub(crate) notify_enabled: bool,
+    /// Who is notified for it: itself or an event queue (spec §6.1).
+    pub(crate) reporting: Reporting,
 }
 
 /// Sleeps until an armed endpoint is notified ([`Endpoint::waiter`]).
@@ -65,13 +68,17 @@ pub struct Endpoint {
 pub struct Waiter {
     dom: Arc<dyn Domain>,
     id: u32,
+    reporting: Reporting,
 }
 
 impl Waiter {
     /// Sleeps until the endpoint is notified (true) or `timeout` passes
     /// (false); a zero timeout only takes a notification that came. A
     /// signal caught meanwhile ends it with an error whose errno is
-    /// `EINTR`, as it ends a system call.
+    /// `EINTR`, as it ends a system call. For an endpoint attached to an
+    /// [`crate::EventQueue`], notified means reported there; one attached
+    /// with the raw [`Endpoint::set_event_queue`] is never notified
+    /// itself, so this fails with `EINVAL`.
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
@@ -80,7 +87,25 @@ impl Waiter {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
-        self.dom.wait(self.id, timeout)
+        sleep(&self.dom, self.id, &self.reporting, timeout)
+    }
+}
+
+/// Sleeps until endpoint `id` of `dom` is notified, the way `reporting`
+/// says it is.
+fn sleep(
+    dom: &Arc<dyn Domain>,
+    id: u32,
+    reporting: &Reporting,
+    timeout: Duration,
+) -> Result<bool, Error> {
+    match reporting {
+        Reporting::Itself => dom.wait(id, timeout),
+        Reporting::Shared(hub) => hub.wait_source(id, timeout),
+        Reporting::Raw if timeout.is_zero() => Ok(false),
+        Reporting::Raw => Err(Error::InvalidArgument(
+            "the endpoint reports to an event queue, not to itself: wait on the queue (or attach it with EventQueue::attach)",
+        )),
     }
 }
 
@@ -95,6 +120,10 @@ impl Drop for Endpoint {
             std::thread::yield_now();
         }
         self.dom.destroy_endpoint(&self.mem);
+        // Destroying detached it (spec §6.1): a report it left goes.
+        if let Reporting::Shared(hub) = &self.reporting {
+            hub.forget(self.id);
+        }
         // The device has let go of the endpoint: its UTLB holds can go.
         self.release_utlb();
     }
@@ -897,7 +926,7 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn take_notification(&mut self) -> Result<bool, Error> {
-        self.dom.wait(self.id, Duration::ZERO)
+        sleep(&self.dom, self.id, &self.reporting, Duration::ZERO)
     }
 
     /// A handle that sleeps until this endpoint is notified, for a thread
@@ -917,6 +946,7 @@ impl Endpoint {
         Waiter {
             dom: self.dom.clone(),
             id: self.id,
+            reporting: self.reporting.clone(),
         }
     }
 
@@ -961,7 +991,7 @@ impl Endpoint {
             if left.is_zero() {
                 return Ok(false);
             }
-            if self.dom.wait(self.id, left)? && self.has_work() {
+            if sleep(&self.dom, self.id, &self.reporting, left)? && self.has_work() {
                 return Ok(true);
             }
         }

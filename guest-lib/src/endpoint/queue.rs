@@ -9,6 +9,7 @@ use zerocopy::IntoBytes;
 
 use super::Endpoint;
 use crate::error::Error;
+use crate::reporting::Reporting;
 
 impl Endpoint {
     /// Makes `queue` (an endpoint of the same domain) this endpoint's
@@ -42,7 +43,21 @@ impl Endpoint {
                 "the event queue is an endpoint of another protection domain",
             ));
         }
-        self.queue_command(queue.id, cookie)
+        self.report_to(queue.id, cookie, Reporting::Raw)
+    }
+
+    /// Attaches this endpoint to queue endpoint `queue` with `cookie`;
+    /// its waits then go the way `reporting` says.
+    pub(crate) fn report_to(
+        &mut self,
+        queue: u32,
+        cookie: u64,
+        reporting: Reporting,
+    ) -> Result<(), Error> {
+        self.queue_command(queue, cookie)?;
+        self.leave_shared_queue();
+        self.reporting = reporting;
+        Ok(())
     }
 
     /// Detaches this endpoint from its event queue, if it has one: it is
@@ -55,7 +70,18 @@ impl Endpoint {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn clear_event_queue(&mut self) -> Result<(), Error> {
-        self.queue_command(EVENT_QUEUE_DETACH, 0)
+        self.queue_command(EVENT_QUEUE_DETACH, 0)?;
+        self.leave_shared_queue();
+        self.reporting = Reporting::Itself;
+        Ok(())
+    }
+
+    /// Drops a report an [`crate::EventQueue`] holds for this endpoint,
+    /// which has just left it.
+    fn leave_shared_queue(&mut self) {
+        if let Reporting::Shared(hub) = &self.reporting {
+            hub.forget(self.id);
+        }
     }
 
     fn queue_command(&mut self, queue: u32, cookie: u64) -> Result<(), Error> {
