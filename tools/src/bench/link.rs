@@ -51,6 +51,13 @@ pub trait Link {
         look(&scratch[..n])?;
         Ok(n)
     }
+
+    /// ulnic: doorbells this side's endpoint has rung so far (the
+    /// device's `doorbells` counter, docs/spec.md §5.8); other transports
+    /// have none.
+    fn doorbells(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Bytes of each direction's ring in the shared-memory baseline.

@@ -551,6 +551,14 @@ impl Link for UlnicLink {
     ) -> io::Result<usize> {
         self.recv_with(scratch.len(), look)
     }
+
+    fn doorbells(&self) -> Option<u64> {
+        let stats = self.ep.stats().ok()?;
+        stats
+            .iter()
+            .find(|(name, _)| *name == "doorbells")
+            .map(|&(_, v)| v)
+    }
 }
 
 impl UlnicLink {
@@ -651,7 +659,11 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         Workload::Pingpong | Workload::Pio => {
             let w = warmup(spec.iters);
             let mut samples = Vec::with_capacity(spec.iters as usize);
+            let mut rung = None;
             for i in 0..w + spec.iters {
+                if i == w {
+                    rung = link.doorbells();
+                }
                 // The round trip includes writing and checking payloads
                 // (when asked for), as it does for every transport.
                 let t = Instant::now();
@@ -671,6 +683,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
                 }
             }
             rec.set_latencies(&mut samples);
+            rec.doorbells_per_op = per_op(rung, link.doorbells(), spec.iters);
         }
         Workload::Stream => {
             let w = warmup(spec.iters);
@@ -678,6 +691,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
                 link.send_filled(&mut out, &mut |o| fill(touch, o, i))?;
             }
             link.recv(&mut inb)?; // the receiver drained the warm-up
+            let rung = link.doorbells();
             let t = Instant::now();
             for i in 0..spec.iters {
                 link.send_filled(&mut out, &mut |o| {
@@ -692,6 +706,7 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
             rec.seconds = Some(s);
             rec.mbytes_per_s = Some(spec.iters as f64 * f64::from(spec.size) / s / 1e6);
             rec.msgs_per_s = Some(spec.iters as f64 / s);
+            rec.doorbells_per_op = per_op(rung, link.doorbells(), spec.iters);
         }
         Workload::RdmaWrite
         | Workload::RdmaRead
@@ -702,6 +717,12 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
         | Workload::Apps => return Err(rdma_has_no_peers()),
     }
     Ok(rec)
+}
+
+/// Doorbells per operation between two readings of the counter.
+fn per_op(before: Option<u64>, after: Option<u64>, ops: u64) -> Option<f64> {
+    let rung = after?.checked_sub(before?)?;
+    (ops > 0).then(|| rung as f64 / ops as f64)
 }
 
 /// Writes message `i`'s payload unless payloads are not touched.

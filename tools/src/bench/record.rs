@@ -46,6 +46,11 @@ pub struct Record {
     /// Stream: messages per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub msgs_per_s: Option<f64>,
+    /// ulnic: doorbells the client's endpoint rang per measured operation
+    /// (round trip or message): 0 when the device polled its send ring,
+    /// 1 when every send rang (an MMIO write, an exit, in a guest).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub doorbells_per_op: Option<f64>,
     /// UTLB: pages per buffer.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pages: Option<u32>,

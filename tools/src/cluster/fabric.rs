@@ -11,7 +11,7 @@ use ulnic_device::fabric::topology::Faults;
 use ulnic_device::Device;
 
 use crate::control::FaultSpec;
-use crate::fabric::launch::{free_loopback_ports, LocalMembers};
+use crate::fabric::launch::{free_loopback_ports, LocalMembers, NodeSettings};
 
 /// Where a cluster's guests sit (flattened into `cluster up/run/bench`
 /// and the supervisor's arguments).
@@ -148,14 +148,16 @@ impl FabricArgs {
 }
 
 /// The configuration of a cluster's device in one process: `sockets`,
-/// `endpoints` per node, behind the fabric `f` asks for.
+/// each node given `settings`, behind the fabric `f` asks for.
 pub fn configuration(
     sockets: &[PathBuf],
-    endpoints: u32,
+    settings: &NodeSettings,
     f: &FabricArgs,
 ) -> anyhow::Result<Configuration> {
     let faults = f.faults()?;
-    let mut b = Configuration::builder(sockets.to_vec()).max_endpoints(endpoints);
+    let mut b = Configuration::builder(sockets.to_vec())
+        .max_endpoints(settings.endpoints)
+        .poll_for(std::time::Duration::from_micros(settings.poll_us));
     if f.topology.is_some() || !faults.none() {
         let mut fabric = match &f.topology {
             Some(t) => crate::fabric::load(t)?,
@@ -175,18 +177,18 @@ pub fn configuration(
 
 /// The guests' device for `sockets` (in `dir`): in this process, or
 /// spread over `devices` processes joined over loopback UDP, behind the
-/// fabric `f` asks for, with `endpoints` per node.
+/// fabric `f` asks for, each node given `settings`.
 pub fn start_devices(
     dir: &Path,
     sockets: &[PathBuf],
     devices: u32,
-    endpoints: u32,
+    settings: &NodeSettings,
     f: &FabricArgs,
 ) -> anyhow::Result<(Option<Device>, Option<LocalMembers>)> {
     let faults = f.faults()?;
     let nodes = sockets.len() as u32;
     if devices <= 1 {
-        let config = configuration(sockets, endpoints, f)?;
+        let config = configuration(sockets, settings, f)?;
         return Ok((Some(Device::start(config)?), None));
     }
     let members = match &f.topology {
@@ -194,9 +196,9 @@ pub fn start_devices(
             let text = std::fs::read_to_string(t)
                 .with_context(|| format!("cannot read {}", t.display()))?;
             let spread = spread(&text, &free_loopback_ports(devices)?)?;
-            LocalMembers::start_with(dir, &spread, endpoints)?
+            LocalMembers::start_with(dir, &spread, settings)?
         }
-        None => LocalMembers::start(dir, nodes, devices, endpoints)?,
+        None => LocalMembers::start(dir, nodes, devices, settings)?,
     };
     if !faults.none() {
         members.set_every_link(dir, f.spec())?;

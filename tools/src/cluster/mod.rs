@@ -44,12 +44,24 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Endpoints per node.
     pub endpoints: u32,
+    /// The engine's idle period in microseconds (the device's `--poll-us`).
+    pub poll_us: u64,
     /// Device processes the nodes are spread over (1: one device in this
     /// process, nodes one copy apart; more: a star fabric of that many
     /// `ulnic device` processes joined over loopback UDP).
     pub devices: u32,
     /// The fabric the guests sit behind.
     pub fabric: fabric::FabricArgs,
+}
+
+impl RunOptions {
+    /// What the device gives each node.
+    pub fn settings(&self) -> crate::fabric::launch::NodeSettings {
+        crate::fabric::launch::NodeSettings {
+            endpoints: self.endpoints,
+            poll_us: self.poll_us,
+        }
+    }
 }
 
 /// What happened on one node.
@@ -284,7 +296,7 @@ fn start_devices(
 ) -> anyhow::Result<(Option<Device>, Option<crate::fabric::launch::LocalMembers>)> {
     say(&format!("fabric: {}", opts.fabric.describe(opts.devices)));
     let (device, members) =
-        fabric::start_devices(dir, sockets, opts.devices, opts.endpoints, &opts.fabric)?;
+        fabric::start_devices(dir, sockets, opts.devices, &opts.settings(), &opts.fabric)?;
     for member in members.iter().flat_map(|m| &m.members) {
         say(&format!(
             "device {} at {}: nodes {:?}",

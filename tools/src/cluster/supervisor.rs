@@ -24,6 +24,7 @@ use ulnic_images::Image;
 use super::agent::{kind, read_frame, write_frame, Frame};
 use super::jobs::Jobs;
 use super::protocol::{ClusterStatus, DeviceRestarted, NodeState, NodeStatus, Rebooted, Request};
+use crate::fabric::launch::NodeSettings;
 use ulnic_device::{Configuration, Device};
 
 /// Where cluster `name` keeps its sockets and logs.
@@ -108,6 +109,9 @@ pub struct SuperviseArgs {
     /// Endpoints per node.
     #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS)]
     pub endpoints: u32,
+    /// The engine's idle period in microseconds (the device's `--poll-us`).
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64)]
+    pub poll_us: u64,
     /// Device processes the guests' NICs are spread over (1: one device
     /// in the supervisor).
     #[arg(long, default_value_t = 1)]
@@ -220,11 +224,15 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
     )
     .map_err(|e| anyhow::anyhow!("image.json: {e}"))?;
     let sockets = a.fabric.sockets(&a.dir, a.nodes)?;
-    let config = super::fabric::configuration(&sockets, a.endpoints, &a.fabric)?;
+    let settings = NodeSettings {
+        endpoints: a.endpoints,
+        poll_us: a.poll_us,
+    };
+    let config = super::fabric::configuration(&sockets, &settings, &a.fabric)?;
     eprintln!("supervisor: fabric: {}", a.fabric.describe(a.devices));
     let (device, members) = if a.devices > 1 {
         let (_, m) =
-            super::fabric::start_devices(&a.dir, &sockets, a.devices, a.endpoints, &a.fabric)?;
+            super::fabric::start_devices(&a.dir, &sockets, a.devices, &settings, &a.fabric)?;
         for member in m.iter().flat_map(|m| &m.members) {
             eprintln!(
                 "supervisor: device {} at {} serves nodes {:?}",
@@ -1055,6 +1063,7 @@ pub fn spawn_supervisor(dir: &Path, image: &Image, args: &SuperviseArgs) -> anyh
         .args(["--accel", &args.accel])
         .args(["--memory", &args.memory.to_string()])
         .args(["--endpoints", &args.endpoints.to_string()])
+        .args(["--poll-us", &args.poll_us.to_string()])
         .args(["--devices", &args.devices.to_string()])
         .args(args.fabric.to_args())
         .stdin(Stdio::null())

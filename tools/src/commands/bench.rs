@@ -291,6 +291,12 @@ pub fn record_line(r: &Record, json: bool) -> String {
         usec(r.p95_ns),
         r.payload.as_deref().unwrap_or("-"),
     );
+    if let Some(d) = r.doorbells_per_op {
+        // After the payload rule, so the columns before it keep their
+        // places: a doorbell is an exit in a guest (docs/spec.md §5.8).
+        out.pop();
+        outln!(out, "  doorbells/op {d:.2}");
+    }
     out
 }
 

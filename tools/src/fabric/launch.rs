@@ -148,8 +148,8 @@ pub struct UpOptions {
     pub remote_ulnic: String,
     /// First UDP port (member k uses port + k).
     pub port: u16,
-    /// Endpoints per node.
-    pub endpoints: u32,
+    /// What each member gives its nodes.
+    pub settings: NodeSettings,
     /// Write the files and print the commands, start nothing.
     pub dry_run: bool,
 }
@@ -229,7 +229,7 @@ pub fn up(o: &UpOptions, say: &mut dyn FnMut(&str)) -> anyhow::Result<Vec<Member
             _ => None,
         };
         let log = o.dir.join(format!("{name}.log"));
-        let args = device_args(o.endpoints, &o.dir, name, nodes, &topo_path, &key_path);
+        let args = device_args(&o.settings, &o.dir, name, nodes, &topo_path, &key_path);
         if o.dry_run {
             let cmd = shlex::try_join(args.iter().map(String::as_str))?;
             match host {
@@ -313,9 +313,30 @@ fn served_by(config: &FabricConfig, k: usize) -> Vec<u32> {
         .collect()
 }
 
+/// What a device process gives each of its nodes (its `ulnic device`
+/// options beyond the fabric's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeSettings {
+    /// Endpoints per node (`--endpoints`).
+    pub endpoints: u32,
+    /// Microseconds the engine polls after its last work before it sleeps
+    /// and asks for doorbells (`--poll-us`, docs/spec.md §5.8).
+    pub poll_us: u64,
+}
+
+impl NodeSettings {
+    /// `endpoints` per node, the device's default idle period.
+    pub fn with_endpoints(endpoints: u32) -> NodeSettings {
+        NodeSettings {
+            endpoints,
+            poll_us: ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64,
+        }
+    }
+}
+
 /// The arguments of `ulnic device` for member `name`, sockets in `dir`.
 fn device_args(
-    endpoints: u32,
+    settings: &NodeSettings,
     dir: &Path,
     name: &str,
     nodes: u32,
@@ -327,7 +348,9 @@ fn device_args(
         "--nodes".into(),
         nodes.to_string(),
         "--endpoints".into(),
-        endpoints.to_string(),
+        settings.endpoints.to_string(),
+        "--poll-us".into(),
+        settings.poll_us.to_string(),
         "--topology".into(),
         topo.display().to_string(),
         "--member".into(),
@@ -548,17 +571,21 @@ impl LocalMembers {
         dir: &Path,
         nodes: u32,
         devices: u32,
-        endpoints: u32,
+        settings: &NodeSettings,
     ) -> anyhow::Result<LocalMembers> {
         let addrs = free_loopback_ports(devices)?;
         let text = star_topology(nodes, &addrs)?;
-        Self::start_with(dir, &text, endpoints)
+        Self::start_with(dir, &text, settings)
     }
 
     /// Starts one member for each [[device]] entry of topology `text`
     /// (written to `dir` with a fresh key), here, and waits until each is
     /// up.
-    pub fn start_with(dir: &Path, text: &str, endpoints: u32) -> anyhow::Result<LocalMembers> {
+    pub fn start_with(
+        dir: &Path,
+        text: &str,
+        settings: &NodeSettings,
+    ) -> anyhow::Result<LocalMembers> {
         let topo = dir.join("fabric.toml");
         std::fs::write(&topo, text)?;
         let key = dir.join("fabric.key");
@@ -575,7 +602,7 @@ impl LocalMembers {
         };
         for (k, (name, addr)) in span.members.iter().enumerate() {
             let log = dir.join(format!("{name}.log"));
-            let args = device_args(endpoints, dir, name, nodes, &topo, &key);
+            let args = device_args(settings, dir, name, nodes, &topo, &key);
             // Tied to the thread that started it: the run's (or the
             // supervisor's) main thread, which lives as long as the guests.
             let child = spawn_here(&args, &log, Lifetime::TiedToParent)?;

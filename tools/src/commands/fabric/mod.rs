@@ -254,6 +254,11 @@ pub struct FabricUpArgs {
     /// Endpoints per node.
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub endpoints: u32,
+    /// Each member's `--poll-us`: microseconds its engine polls the
+    /// resident endpoints after its last work before it sleeps and asks
+    /// for doorbells (docs/spec.md §5.8).
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64, value_name = "US")]
+    pub poll_us: u64,
     /// Write the topology and key, print each member's command, start
     /// nothing (for srun or your own launcher).
     #[arg(long)]
@@ -549,7 +554,10 @@ fn up(a: FabricUpArgs) -> anyhow::Result<()> {
         ssh: a.ssh,
         remote_ulnic: a.remote_ulnic,
         port: a.port,
-        endpoints: a.endpoints,
+        settings: launch::NodeSettings {
+            endpoints: a.endpoints,
+            poll_us: a.poll_us,
+        },
         dry_run: a.dry_run,
     };
     let members = launch::up(&o, &mut |l| eprintln!("ulnic fabric up: {l}"))?;

@@ -12,7 +12,7 @@ use ulnic_device::fabric::network::FabricConfig;
 use ulnic_device::fabric::topology::Faults;
 
 use crate::control::{Client, FaultSpec, Request, Stats};
-use crate::fabric::launch::{star_topology, LocalMembers};
+use crate::fabric::launch::{star_topology, LocalMembers, NodeSettings};
 use crate::fabric::InProcess;
 
 /// Counters by name, summed over nodes (transport) or lanes (links).
@@ -86,7 +86,12 @@ impl Place {
         let dir = tempfile::Builder::new()
             .prefix("ulnic-selftest-")
             .tempdir()?;
-        let members = LocalMembers::start(dir.path(), nodes, devices, endpoints)?;
+        let members = LocalMembers::start(
+            dir.path(),
+            nodes,
+            devices,
+            &NodeSettings::with_endpoints(endpoints),
+        )?;
         let spec = FaultSpec::of(&faults);
         members.set_every_link(dir.path(), spec)?;
         Ok(Place::Members {
