@@ -445,3 +445,67 @@ fn pio_sync_fires_the_window_tripwires_and_wakes_the_exporter() {
     );
     assert_eq!(exporter.poll_event(), None);
 }
+
+/// Issue 31, point 4: the sources CLAN's event queue gathers include PIO
+/// syncs and close messages. The exporter's window tripwire and a close
+/// message reach one `EventQueue` as reports of their endpoints, waking
+/// a consumer blocked in `EventQueue::wait`; the exporter's own wait on
+/// the tripwire sleeps on the same queue.
+#[test]
+fn a_pio_sync_and_a_close_message_report_to_an_event_queue() {
+    let (_dev, a, b) = common::two_nodes();
+    let pd = a.alloc_pd().unwrap();
+    let queue = ulnic::EventQueue::new(&pd).unwrap();
+    let mut exporter = pd.create_endpoint(&Default::default()).unwrap();
+    let mut listener = pd.create_endpoint(&Default::default()).unwrap();
+    listener.bind(40).unwrap();
+    queue.attach(&mut exporter, 1).unwrap();
+    queue.attach(&mut listener, 2).unwrap();
+    let w = exporter.export_pio(4096, Some(1)).unwrap();
+    let tw = exporter.set_pio_tripwire(&w, 0, 8, true, 5).unwrap();
+    let mut importer = endpoint(&b);
+    let imp = importer.import_pio(w.grant()).unwrap();
+
+    // A consumer blocked on the queue wakes for the sync.
+    let q = queue.clone();
+    let consumer = std::thread::spawn(move || q.wait(Duration::from_secs(10)).unwrap());
+    std::thread::sleep(Duration::from_millis(50));
+    imp.write(0, &42u64.to_le_bytes());
+    importer.pio_sync(&w.grant(), 0, 8, 1, true).unwrap();
+    assert_eq!(sync_outcome(&mut importer, 1), None);
+    assert_eq!(consumer.join().unwrap(), [1], "the exporter reported");
+    assert!(matches!(
+        exporter.poll_event(),
+        Some(Event::Tripwire { id, user: 5, .. }) if id == tw
+    ));
+
+    // The exporter's own wait on the tripwire sleeps on the queue.
+    let waiter = std::thread::spawn(move || {
+        let woke = exporter.wait(Duration::from_secs(10)).unwrap();
+        (woke, exporter.poll_event())
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    importer.pio_sync(&w.grant(), 0, 8, 2, true).unwrap();
+    assert_eq!(sync_outcome(&mut importer, 2), None);
+    let (woke, ev) = waiter.join().unwrap();
+    assert!(woke);
+    assert!(
+        matches!(ev, Some(Event::Tripwire { user: 5, .. })),
+        "{ev:?}"
+    );
+
+    // A close message: the peer's endpoint goes, the listener reports.
+    let mut peer = endpoint(&b);
+    peer.bind(41).unwrap();
+    peer.set_close_message(ulnic::Address { node: 0, port: 40 }, 9, b"bye")
+        .unwrap();
+    drop(peer);
+    let mut got = Vec::new();
+    let t = std::time::Instant::now();
+    while got.is_empty() && t.elapsed() < Duration::from_secs(10) {
+        got = queue.wait(Duration::from_secs(1)).unwrap();
+    }
+    assert_eq!(got, [2], "the listener reported the close message");
+    let m = listener.poll_recv().expect("the close message");
+    assert_eq!(m.tag, 9);
+}
