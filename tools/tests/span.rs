@@ -162,7 +162,12 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
             .create_endpoint(&Default::default())
             .unwrap()
     };
-    let (mut exporter, mut importer) = (ep(&far), ep(&near));
+    // The window's owner reports to an event queue, so the sync below
+    // reaches a queue across device processes too.
+    let far_pd = far.alloc_pd().unwrap();
+    let queue = ulnic::EventQueue::new(&far_pd).unwrap();
+    let mut exporter = far_pd.create_endpoint(&Default::default()).unwrap();
+    let mut importer = ep(&near);
     let window = exporter.export_pio(4096, None).unwrap();
     let refused = importer.import_pio(window.grant()).unwrap_err();
     assert_eq!(refused.errno(), libc::EOPNOTSUPP, "{refused}");
@@ -175,7 +180,14 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
     let tw = exporter
         .set_pio_tripwire(&window, 0, 4096, false, 9)
         .unwrap();
+    queue.attach(&mut exporter, 77).unwrap();
     importer.pio_sync(&window.grant(), 8, 8, 1, true).unwrap();
+    let mut reported = Vec::new();
+    let t = std::time::Instant::now();
+    while reported.is_empty() && t.elapsed() < std::time::Duration::from_secs(10) {
+        reported = queue.wait(std::time::Duration::from_secs(1)).unwrap();
+    }
+    assert_eq!(reported, [77], "the owner's queue got the sync's report");
     let next = |ep: &mut ulnic::Endpoint| {
         let t = std::time::Instant::now();
         loop {
@@ -193,7 +205,7 @@ fn two_devices_in_two_namespaces_are_one_fabric_and_strangers_are_kept_out() {
         }
         other => panic!("{other:?}"),
     }
-    drop((window, exporter, importer, near, far));
+    drop((window, exporter, importer, queue, far_pd, near, far));
 
     let before = udp_stats(dir, "b");
     assert!(before["received"].as_u64().unwrap() > 500, "{before}");
