@@ -393,12 +393,11 @@ pub fn stats_of(s: &Snapshot, faults: &[Faults]) -> Stats {
     }
 }
 
-/// Serves the control socket at `path` for `device` on a thread of its
-/// own, a thread per client.
-pub fn serve(device: Arc<Device>, path: &Path) -> anyhow::Result<()> {
-    // Bound under another name and renamed into place once listening and
-    // private: a client that sees the path can connect (between bind and
-    // listen a connect is refused, which made waiters fail at random).
+/// A Unix socket listening at `path`, private to this user, that appears
+/// there only once it listens: it is bound under another name and renamed
+/// into place, so a client that sees the path can connect (between bind
+/// and listen a connect is refused, which made waiters fail at random).
+pub fn listen_in_place(path: &Path) -> anyhow::Result<UnixListener> {
     let mut staged = path.as_os_str().to_owned();
     staged.push(".new");
     let staged = PathBuf::from(staged);
@@ -408,6 +407,13 @@ pub fn serve(device: Arc<Device>, path: &Path) -> anyhow::Result<()> {
     std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
     std::fs::rename(&staged, path)
         .with_context(|| format!("cannot move {} into place", staged.display()))?;
+    Ok(listener)
+}
+
+/// Serves the control socket at `path` for `device` on a thread of its
+/// own, a thread per client.
+pub fn serve(device: Arc<Device>, path: &Path) -> anyhow::Result<()> {
+    let listener = listen_in_place(path)?;
     std::thread::Builder::new()
         .name("ulnic-control".into())
         .spawn(move || {

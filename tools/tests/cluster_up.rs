@@ -408,11 +408,16 @@ fn preload_prefork(n: &str) {
 }
 
 fn c_programs(n: &str, cluster_dir: &str) {
-    // A 32-bit program: every ioctl through compat_ioctl, and an
-    // endpoint mapped at its 64-bit offset, written against the generated
-    // header as it is (guest-driver/linux/tests/compat32.c).
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("compat32");
+    compat32_program(n, dir.path());
+    c_examples(n, cluster_dir, dir.path());
+}
+
+/// A 32-bit program: every ioctl through compat_ioctl, and an endpoint
+/// mapped at its 64-bit offset, written against the generated header as
+/// it is (guest-driver/linux/tests/compat32.c).
+fn compat32_program(n: &str, dir: &std::path::Path) {
+    let bin = dir.join("compat32");
     let linux = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-driver/linux");
     let cc = Command::new("gcc")
         .args([
@@ -444,7 +449,10 @@ fn c_programs(n: &str, cluster_dir: &str) {
         "{}",
         text(&o)
     );
+}
 
+/// The C API's examples between nodes 0 and 1 (built in `dir`).
+fn c_examples(n: &str, cluster_dir: &str, dir: &std::path::Path) {
     // The C API's examples in guests, built as a user builds them
     // (install.sh, then gcc with pkg-config) and linked against
     // libulnic.so.0, which the guests carry in /lib: a ping-pong that
@@ -525,7 +533,7 @@ fn c_programs(n: &str, cluster_dir: &str) {
             "window revoked by node 1",
         ),
     ] {
-        let exe = c_example(dir.path(), name);
+        let exe = c_example(dir, name);
         let o = ulnic(&[
             "cluster",
             "put",

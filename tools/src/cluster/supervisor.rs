@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -244,8 +244,8 @@ pub fn supervise(a: &SuperviseArgs) -> anyhow::Result<()> {
         (Some(Device::start(config.clone())?), None)
     };
     let _switch = super::start_segment(&image, &a.dir.join("segment"))?;
-    let listener = UnixListener::bind(control_socket(&a.dir))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", control_socket(&a.dir).display()))?;
+    // Clients wait for the path: it appears once the socket listens.
+    let listener = crate::control::listen_in_place(&control_socket(&a.dir))?;
     let sup = Arc::new(Sup {
         dir: a.dir.clone(),
         accel: a.accel.clone(),
