@@ -105,6 +105,43 @@ fn pingpong_and_stream_lines_hold_their_invariants() {
     }
 }
 
+/// `--event-queue`: each peer blocks through a CLAN event queue; the
+/// lines say so, every byte is still checked, and the ulnic lines count
+/// the client's doorbells per operation.
+#[test]
+fn an_event_queue_carries_a_blocking_pingpong_and_stream() {
+    for workload in ["pingpong", "stream"] {
+        let lines = bench_json(&[
+            "bench",
+            workload,
+            "--transport",
+            "ulnic",
+            "--mode",
+            "block",
+            "--event-queue",
+            "--size",
+            "64",
+            "--iters",
+            "300",
+            "--json",
+        ]);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let l = &lines[0];
+        assert_eq!(l["transport"], "ulnic:evq", "{l}");
+        assert_eq!(
+            (l["mode"].as_str(), l["payload"].as_str()),
+            (Some("block"), Some("write+verify")),
+            "{l}"
+        );
+        assert!(l["doorbells_per_op"].as_f64().is_some(), "{l}");
+        if workload == "pingpong" {
+            assert_sequential_line(l, 300);
+        } else {
+            assert_rate_line(l, 300);
+        }
+    }
+}
+
 /// The payload really is checked, every message: one byte flipped on
 /// purpose in message 150 of 300 fails the run, for each transport and
 /// both workloads.

@@ -411,6 +411,7 @@ fn measure(
         nodes: at.nodes,
         payload: touch,
         endpoints: 1,
+        event_queue: false,
     };
     let mbytes = |r: Record| {
         r.mbytes_per_s

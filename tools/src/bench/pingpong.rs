@@ -118,6 +118,9 @@ pub struct Spec {
     pub payload: Touch,
     /// ulnic: endpoints each peer keeps open (see `ulnic bench --help`).
     pub endpoints: u32,
+    /// ulnic: each peer's endpoint reports to an `EventQueue` and blocks
+    /// through it (see `ulnic bench --help`).
+    pub event_queue: bool,
 }
 
 // ---------------------------------------------------------------- streams
@@ -261,6 +264,8 @@ struct UlnicLink {
     ep: ulnic::Endpoint,
     /// Endpoints kept open beside the measured one (`--endpoints`).
     _others: Vec<ulnic::Endpoint>,
+    /// The queue `ep` reports to (`--event-queue`): dropped after it.
+    _queue: Option<ulnic::EventQueue>,
     _nic: ulnic::Nic,
     peer: ulnic::Address,
     mode: Mode,
@@ -284,6 +289,7 @@ impl UlnicLink {
         mode: Mode,
         others: u32,
         payload: Touch,
+        event_queue: bool,
     ) -> io::Result<UlnicLink> {
         let buffers = ulnic_buffers(payload);
         let slot = u64::from(max.max(1)).div_ceil(4096) * 4096;
@@ -310,6 +316,13 @@ impl UlnicLink {
         };
         let mut ep = pd.create_endpoint(&cfg).map_err(io::Error::other)?;
         ep.bind(BENCH_PORT).map_err(io::Error::other)?;
+        let queue = if event_queue {
+            let q = ulnic::EventQueue::new(&pd).map_err(io::Error::other)?;
+            q.attach(&mut ep, 0).map_err(io::Error::other)?;
+            Some(q)
+        } else {
+            None
+        };
         // Receive buffers live in the second half of the segment; with
         // one buffer, every descriptor names the same bytes.
         for i in 0..u64::from(CREDITS) {
@@ -320,6 +333,7 @@ impl UlnicLink {
         Ok(UlnicLink {
             ep,
             _others: others,
+            _queue: queue,
             _nic: nic,
             peer: ulnic::Address {
                 node: peer_node,
@@ -640,7 +654,16 @@ fn client(link: &mut dyn Link, spec: &Spec) -> io::Result<Record> {
     let mut rec = Record {
         bench: format!("{:?}", spec.workload).to_lowercase(),
         transport: match spec.transport {
-            Transport::Ulnic if spec.endpoints > 1 => format!("ulnic:{}ep", spec.endpoints),
+            Transport::Ulnic => {
+                let mut t = "ulnic".to_string();
+                if spec.endpoints > 1 {
+                    t += &format!(":{}ep", spec.endpoints);
+                }
+                if spec.event_queue {
+                    t += ":evq";
+                }
+                t
+            }
             t => format!("{t:?}").to_lowercase(),
         },
         size: spec.size,
@@ -831,6 +854,9 @@ pub struct PeerArgs {
     /// ulnic: endpoints this peer keeps open (see `ulnic bench --help`).
     #[arg(long, default_value_t = 1)]
     pub endpoints: u32,
+    /// ulnic: block through an event queue (see `ulnic bench --help`).
+    #[arg(long)]
+    pub event_queue: bool,
 }
 
 /// TCP port of the benchmark server inside guests.
@@ -1012,6 +1038,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
         nodes: (0, 1),
         payload: a.payload,
         endpoints: a.endpoints,
+        event_queue: a.event_queue,
     };
     let is_server = a.role == "server";
     let ready = || {
@@ -1096,6 +1123,7 @@ pub fn peer(a: &PeerArgs) -> io::Result<()> {
                 spec.mode,
                 spec.endpoints.saturating_sub(1),
                 spec.payload,
+                spec.event_queue,
             )?;
             if a.at == "device" {
                 // Guests come up at different times: meet first.
@@ -1136,6 +1164,7 @@ fn spawn_peer(spec: &Spec, role: &str, at: &str) -> io::Result<Child> {
         .args(["--mode", &format!("{:?}", spec.mode).to_lowercase()])
         .args(["--payload", spec.payload.label()])
         .args(["--endpoints", &spec.endpoints.to_string()])
+        .args(spec.event_queue.then_some("--event-queue"))
         .args(
             spec.corrupt_at
                 .map(|n| vec!["--corrupt-at".to_string(), n.to_string()])

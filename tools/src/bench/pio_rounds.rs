@@ -81,6 +81,7 @@ pub fn compare(
                 nodes: (0, 1),
                 payload: touch,
                 endpoints: 1,
+                event_queue: false,
             };
             let r = run_one(&spec, ulnic_dir, scratch)?;
             let us = |ns: Option<u64>| ns.map_or(f64::NAN, |n| n as f64 / 1000.0);

@@ -93,6 +93,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(ulnic_abi::MAX_ENDPOINTS_LIMIT)))]
     pub endpoints: u32,
+    /// pingpong and stream over ulnic: each peer's endpoint reports to a
+    /// CLAN event queue (`ulnic::EventQueue`, spec §6.1) and its blocking
+    /// waits go through the queue; with --mode block this shows what the
+    /// queue adds to a wake-up. Lines say "ulnic:evq".
+    #[arg(long)]
+    pub event_queue: bool,
     /// compare: also boot QEMU guests (TCG unless KVM works here; the
     /// guest image is built on first use): 8-byte round trips between two
     /// guests over ulnic against kernel TCP on their virtio-net link, and
@@ -206,6 +212,7 @@ fn run_two_process(a: &BenchArgs, dir: &Path, scratch: &Path) -> bool {
                 nodes: a.nodes,
                 payload: a.payload,
                 endpoints: a.endpoints,
+                event_queue: a.event_queue,
             };
             let progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
             if progress {
@@ -751,6 +758,7 @@ mod tests {
         assert_eq!(a.payload, Touch::WriteVerify);
         assert_eq!(a.rounds, 5);
         assert_eq!(a.endpoints, 1);
+        assert!(!a.event_queue);
         assert_eq!(
             a.utlb_cache.utlb_cache_entries,
             ulnic_abi::DEFAULT_UTLB_CACHE
@@ -784,9 +792,11 @@ mod tests {
             "none",
             "--endpoints",
             "4096",
+            "--event-queue",
             "--json",
         ])
         .unwrap();
+        assert!(a.event_queue);
         assert_eq!(a.transport, [Transport::Tcp, Transport::Ulnic]);
         assert_eq!(a.size, [8, 65536]);
         assert_eq!(a.iters, Some(7));
