@@ -254,7 +254,10 @@ pub const MIN_PIO_APERTURE: u64 = 1 << 20;
 pub const MAX_PIO_APERTURE: u64 = 1 << 30;
 
 /// Polling time before the engine sleeps, unless set.
-pub const DEFAULT_POLL_FOR: Duration = Duration::from_micros(200);
+pub const DEFAULT_POLL_FOR: Duration = Duration::from_micros(DEFAULT_POLL_US);
+
+/// [`DEFAULT_POLL_FOR`] in microseconds, as `--poll-us` options take it.
+pub const DEFAULT_POLL_US: u64 = 200;
 
 /// Builds a [`Configuration`]; [`ConfigurationBuilder::build`] checks it.
 #[derive(Debug, Clone)]

@@ -331,6 +331,20 @@ fn waits_on_attached_endpoints_and_the_queue_share_one_notification() {
     settle(&sender);
     assert!(c.wait(Duration::from_secs(5)).unwrap());
     assert_eq!(drain(&mut c), 1);
+    // A waiter made before its endpoint is attached waits the way the
+    // endpoint is notified now: through the queue.
+    let early = c.waiter();
+    queue.attach(&mut c, 203).unwrap();
+    let te = std::thread::spawn(move || early.wait(Duration::from_secs(10)).unwrap());
+    std::thread::sleep(Duration::from_millis(50));
+    send(&mut sender, 32, 8);
+    settle(&sender);
+    assert!(
+        te.join().unwrap(),
+        "the early waiter woke through the queue"
+    );
+    assert_eq!(drain(&mut c), 1);
+    queue.detach(&mut c).unwrap();
     let raw_queue = pd.create_endpoint(&cfg).unwrap();
     c.set_event_queue(&raw_queue, 1).unwrap();
     assert_eq!(

@@ -162,8 +162,17 @@ impl Hub {
 
 impl SourceWaits for Hub {
     fn wait_source(&self, source: u32, timeout: Duration) -> Result<bool, Error> {
-        *self.lock().waiting.entry(source).or_insert(0) += 1;
+        self.claim(source);
         let r = self.wait_for(timeout, false, |st| st.take(source).then_some(()));
+        self.unclaim(source);
+        r.map(|got| got.is_some())
+    }
+
+    fn claim(&self, source: u32) {
+        *self.lock().waiting.entry(source).or_insert(0) += 1;
+    }
+
+    fn unclaim(&self, source: u32) {
         let mut st = self.lock();
         if let Some(n) = st.waiting.get_mut(&source) {
             *n -= 1;
@@ -171,7 +180,6 @@ impl SourceWaits for Hub {
                 st.waiting.remove(&source);
             }
         }
-        r.map(|got| got.is_some())
     }
 
     fn forget(&self, source: u32) {
@@ -297,6 +305,7 @@ impl EventQueue {
     pub fn detach(&self, ep: &mut Endpoint) -> Result<(), Error> {
         if !ep
             .reporting
+            .get()
             .is_shared_with(Arc::as_ptr(&self.hub).cast::<()>())
         {
             return Err(Error::InvalidArgument(

@@ -21,7 +21,7 @@ use zerocopy::IntoBytes;
 
 use crate::backend::{Domain, EpMemory};
 use crate::error::Error;
-use crate::reporting::Reporting;
+use crate::reporting::{Reporting, SharedReporting};
 use crate::staging::EndpointUtlb;
 use crate::types::{Address, Event, Payload, Received, RedirectOutcome, SendError};
 use crate::utlb;
@@ -53,7 +53,7 @@ pub struct Endpoint {
     pub(crate) arm_seq: u32,
     pub(crate) notify_enabled: bool,
     /// Who is notified for it: itself or an event queue (spec §6.1).
-    pub(crate) reporting: Reporting,
+    pub(crate) reporting: SharedReporting,
 }
 
 /// Sleeps until an armed endpoint is notified ([`Endpoint::waiter`]).
@@ -68,7 +68,7 @@ pub struct Endpoint {
 pub struct Waiter {
     dom: Arc<dyn Domain>,
     id: u32,
-    reporting: Reporting,
+    reporting: SharedReporting,
 }
 
 impl Waiter {
@@ -76,9 +76,10 @@ impl Waiter {
     /// (false); a zero timeout only takes a notification that came. A
     /// signal caught meanwhile ends it with an error whose errno is
     /// `EINTR`, as it ends a system call. For an endpoint attached to an
-    /// [`crate::EventQueue`], notified means reported there; one attached
-    /// with the raw [`Endpoint::set_event_queue`] is never notified
-    /// itself, so this fails with `EINVAL`.
+    /// [`crate::EventQueue`] (now, whenever the waiter was made), notified
+    /// means reported there; one attached with the raw
+    /// [`Endpoint::set_event_queue`] is never notified itself, so this
+    /// fails with `EINVAL`.
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
@@ -96,10 +97,10 @@ impl Waiter {
 fn sleep(
     dom: &Arc<dyn Domain>,
     id: u32,
-    reporting: &Reporting,
+    reporting: &SharedReporting,
     timeout: Duration,
 ) -> Result<bool, Error> {
-    match reporting {
+    match reporting.get() {
         Reporting::Itself => dom.wait(id, timeout),
         Reporting::Shared(hub) => hub.wait_source(id, timeout),
         Reporting::Raw if timeout.is_zero() => Ok(false),
@@ -121,7 +122,7 @@ impl Drop for Endpoint {
         }
         self.dom.destroy_endpoint(&self.mem);
         // Destroying detached it (spec §6.1): a report it left goes.
-        if let Reporting::Shared(hub) = &self.reporting {
+        if let Reporting::Shared(hub) = self.reporting.get() {
             hub.forget(self.id);
         }
         // The device has let go of the endpoint: its UTLB holds can go.
@@ -983,6 +984,8 @@ impl Endpoint {
             return Ok(true);
         }
         let deadline = Instant::now() + timeout;
+        // Claimed before the arm: a report the arm lets through is ours.
+        let _claim = self.reporting.get().claim(self.id);
         loop {
             if self.arm()? {
                 return Ok(true);

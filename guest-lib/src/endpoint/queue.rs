@@ -55,8 +55,7 @@ impl Endpoint {
         reporting: Reporting,
     ) -> Result<(), Error> {
         self.queue_command(queue, cookie)?;
-        self.leave_shared_queue();
-        self.reporting = reporting;
+        self.leave_shared_queue(reporting);
         Ok(())
     }
 
@@ -71,15 +70,14 @@ impl Endpoint {
     /// ```
     pub fn clear_event_queue(&mut self) -> Result<(), Error> {
         self.queue_command(EVENT_QUEUE_DETACH, 0)?;
-        self.leave_shared_queue();
-        self.reporting = Reporting::Itself;
+        self.leave_shared_queue(Reporting::Itself);
         Ok(())
     }
 
-    /// Drops a report an [`crate::EventQueue`] holds for this endpoint,
-    /// which has just left it.
-    fn leave_shared_queue(&mut self) {
-        if let Reporting::Shared(hub) = &self.reporting {
+    /// Makes `now` how this endpoint is notified, and drops a report
+    /// the [`crate::EventQueue`] it leaves, if any, holds for it.
+    fn leave_shared_queue(&mut self, now: Reporting) {
+        if let Reporting::Shared(hub) = self.reporting.replace(now) {
             hub.forget(self.id);
         }
     }

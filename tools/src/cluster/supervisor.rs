@@ -110,7 +110,7 @@ pub struct SuperviseArgs {
     #[arg(long, default_value_t = ulnic_device::config::DEFAULT_ENDPOINTS)]
     pub endpoints: u32,
     /// The engine's idle period in microseconds (the device's `--poll-us`).
-    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64)]
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_US)]
     pub poll_us: u64,
     /// Device processes the guests' NICs are spread over (1: one device
     /// in the supervisor).

@@ -708,7 +708,7 @@ impl ClusterOpts {
     /// device's default.
     pub fn poll_us(&self) -> u64 {
         self.poll_us
-            .unwrap_or(ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64)
+            .unwrap_or(ulnic_device::config::DEFAULT_POLL_US)
     }
 }
 

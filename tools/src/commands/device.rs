@@ -27,7 +27,7 @@ pub struct DeviceArgs {
     pub endpoints: u32,
     /// Microseconds the data-path engine keeps polling after its last work
     /// before it sleeps and asks drivers for doorbells.
-    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64, value_name = "US")]
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_US, value_name = "US")]
     pub poll_us: u64,
     /// Tripwires each endpoint may set (their fired flags live in the
     /// endpoint's control block, so at most 3072).
@@ -183,10 +183,7 @@ mod tests {
         assert_eq!(a.socket_dir, Some(PathBuf::from("/tmp/u")));
         assert_eq!((a.nodes, a.engine_threads), (2, 1));
         assert_eq!(a.endpoints, ulnic_device::config::DEFAULT_ENDPOINTS);
-        assert_eq!(
-            a.poll_us,
-            ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64
-        );
+        assert_eq!(a.poll_us, ulnic_device::config::DEFAULT_POLL_US);
         assert_eq!(a.tripwires, ulnic_abi::DEFAULT_TRIPWIRES);
         assert!(a.socket.is_empty() && a.topology.is_none() && a.control.is_none());
         assert!(a.member.is_none() && a.key_file.is_none());

@@ -329,7 +329,7 @@ impl NodeSettings {
     pub fn with_endpoints(endpoints: u32) -> NodeSettings {
         NodeSettings {
             endpoints,
-            poll_us: ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64,
+            poll_us: ulnic_device::config::DEFAULT_POLL_US,
         }
     }
 }

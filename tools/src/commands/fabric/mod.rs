@@ -257,7 +257,7 @@ pub struct FabricUpArgs {
     /// Each member's `--poll-us`: microseconds its engine polls the
     /// resident endpoints after its last work before it sleeps and asks
     /// for doorbells (docs/spec.md §5.8).
-    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_FOR.as_micros() as u64, value_name = "US")]
+    #[arg(long, default_value_t = ulnic_device::config::DEFAULT_POLL_US, value_name = "US")]
     pub poll_us: u64,
     /// Write the topology and key, print each member's command, start
     /// nothing (for srun or your own launcher).
