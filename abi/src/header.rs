@@ -164,6 +164,8 @@ pub fn c_header() -> String {
         ("ULNIC_MMAP_OFFSET_MASK", uapi::MMAP_OFFSET_MASK),
         ("ULNIC_MMAP_DOORBELL", uapi::MMAP_DOORBELL),
         ("ULNIC_MMAP_DOORBELL_BITS", uapi::MMAP_DOORBELL_BITS),
+        ("ULNIC_WATCHER_CLOEXEC", uapi::WATCHER_CLOEXEC.into()),
+        ("ULNIC_WATCH_REMOVE", uapi::WATCH_REMOVE.into()),
         ("ULNIC_MAX_CTRL_BYTES", uapi::MAX_CTRL_BYTES),
         ("ULNIC_MAX_SEGMENT_BYTES", uapi::MAX_SEGMENT_BYTES),
         ("ULNIC_MAX_UTLB_TABLE_BYTES", uapi::MAX_UTLB_TABLE_BYTES),

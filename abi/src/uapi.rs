@@ -3,7 +3,9 @@
 
 /// ioctl type byte ('U').
 pub const IOC_TYPE: u32 = 0x55;
-use crate::wire::{DeviceInfo, IocCommand, IocCreateEp, IocNotified, IocUtlbInstall, IocWait};
+use crate::wire::{
+    DeviceInfo, IocCommand, IocCreateEp, IocNotified, IocUtlbInstall, IocWait, IocWatch,
+};
 
 /// `_IOC(dir, 'U', nr, sizeof(T))`: the argument's size is its type's.
 const fn ioc<T>(dir: u32, nr: u32) -> u32 {
@@ -67,6 +69,16 @@ pub const IOC_UTLB_INSTALL: u32 = ioc::<IocUtlbInstall>(WRITE, 8);
 /// (`wire::IocNotified`): for a program that sleeps in `poll` or
 /// `epoll` on the file for many endpoints.
 pub const IOC_TAKE_NOTIFIED: u32 = ioc::<IocNotified>(READ, 9);
+/// Make a watcher of the device (u32 flags, `WATCHER_CLOEXEC`): the
+/// ioctl returns its new file descriptor (spec §9).
+pub const IOC_WATCHER: u32 = ioc::<u32>(WRITE, 10);
+/// Make a watcher watch one of the file's endpoints, or stop
+/// (`wire::IocWatch`, spec §9).
+pub const IOC_WATCH: u32 = ioc::<IocWatch>(WRITE, 11);
+/// `IOC_WATCHER` flag: the new descriptor is closed on exec.
+pub const WATCHER_CLOEXEC: u32 = 1;
+/// `IocWatch` flag: stop watching.
+pub const WATCH_REMOVE: u32 = 1;
 /// Direction of an ioctl's argument, as `_IOR`, `_IOW`, `_IOWR` say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dir {
@@ -80,7 +92,7 @@ pub enum Dir {
 
 /// Every ioctl: name, direction, number, C argument type, and the
 /// number Rust computes (which the C header asserts equal to its own).
-pub fn ioctls() -> [(&'static str, Dir, u32, &'static str, u32); 9] {
+pub fn ioctls() -> [(&'static str, Dir, u32, &'static str, u32); 11] {
     [
         (
             "IOC_INFO",
@@ -120,6 +132,14 @@ pub fn ioctls() -> [(&'static str, Dir, u32, &'static str, u32); 9] {
             9,
             "struct ulnic_ioc_notified",
             IOC_TAKE_NOTIFIED,
+        ),
+        ("IOC_WATCHER", Dir::Write, 10, "__u32", IOC_WATCHER),
+        (
+            "IOC_WATCH",
+            Dir::Write,
+            11,
+            "struct ulnic_ioc_watch",
+            IOC_WATCH,
         ),
     ]
 }

@@ -788,6 +788,18 @@ wire! {
         pub va: U64,
     }
 
+    /// `IOC_WATCH` argument (spec §9).
+    pub struct IocWatch = "ulnic_ioc_watch" {
+        /// The file's endpoint.
+        pub id: U32,
+        /// The watcher's descriptor (`IOC_WATCHER`).
+        pub watcher: U32,
+        /// `uapi::WATCH_REMOVE` or 0.
+        pub flags: U32,
+        /// Reserved, 0.
+        pub reserved: U32,
+    }
+
     /// `IOC_TAKE_NOTIFIED` result (spec §9): which of the file's
     /// endpoints were notified, now taken.
     pub struct IocNotified = "ulnic_ioc_notified" {
@@ -843,6 +855,7 @@ pub fn all() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         one::<IocWait>(),
         one::<IocUtlbInstall>(),
         one::<IocNotified>(),
+        one::<IocWatch>(),
     ]
 }
 

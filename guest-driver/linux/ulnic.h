@@ -70,6 +70,8 @@ struct ulnic {
 	struct ulnic_file **owners;
 	unsigned long *notified;
 	wait_queue_head_t wq;
+	/* Watchers of each endpoint (ulnic_watch.c), under owners_lock. */
+	struct list_head *watches;
 	struct virtqueue **vqs;
 	unsigned int nvqs;
 	u32 node;
@@ -158,6 +160,21 @@ struct ulnic_file {
 	struct ulnic_ep **eps;	/* by endpoint id */
 	struct ulnic_utlb utlb;	/* under lock */
 };
+
+/* ulnic_main.c */
+void ulnic_put(struct ulnic *u);
+
+static inline void ulnic_get(struct ulnic *u)
+{
+	kref_get(&u->ref);
+}
+
+/* ulnic_watch.c */
+void ulnic_watch_notify(struct ulnic *u, u32 id);
+void ulnic_watch_forget_locked(struct ulnic *u, u32 id);
+void ulnic_watch_wake_all(struct ulnic *u);
+long ulnic_watcher_new(struct ulnic *u, u32 __user *arg);
+long ulnic_watch_ioctl(struct ulnic_file *uf, void __user *arg);
 
 /* ulnic_pio.c */
 void ulnic_pio_init(struct ulnic *u);

@@ -94,6 +94,8 @@
 #define ULNIC_STATUS_RESET 0x9
 #define ULNIC_STATUS_UNKNOWN_COMMAND 0x1
 #define ULNIC_VIRTIO_ID 0x15
+#define ULNIC_WATCHER_CLOEXEC 0x1
+#define ULNIC_WATCH_REMOVE 0x1
 
 /* Endpoint bitmaps (spec 5.8, 9): bit e % 64 of little-endian word e / 64. */
 #define ULNIC_BITMAP_WORD_BITS 64
@@ -755,6 +757,19 @@ struct ulnic_ioc_notified {
 _Static_assert(sizeof(struct ulnic_ioc_notified) == 512, "struct ulnic_ioc_notified: size");
 _Static_assert(__builtin_offsetof(struct ulnic_ioc_notified, bits) == 0, "struct ulnic_ioc_notified: bits");
 
+/* `IOC_WATCH` argument (spec §9). */
+struct ulnic_ioc_watch {
+	__le32 id;
+	__le32 watcher;
+	__le32 flags;
+	__le32 reserved;
+};
+_Static_assert(sizeof(struct ulnic_ioc_watch) == 16, "struct ulnic_ioc_watch: size");
+_Static_assert(__builtin_offsetof(struct ulnic_ioc_watch, id) == 0, "struct ulnic_ioc_watch: id");
+_Static_assert(__builtin_offsetof(struct ulnic_ioc_watch, watcher) == 4, "struct ulnic_ioc_watch: watcher");
+_Static_assert(__builtin_offsetof(struct ulnic_ioc_watch, flags) == 8, "struct ulnic_ioc_watch: flags");
+_Static_assert(__builtin_offsetof(struct ulnic_ioc_watch, reserved) == 12, "struct ulnic_ioc_watch: reserved");
+
 /* ioctls of /dev/ulnicN (spec §9); arguments are the structs above. */
 #define ULNIC_IOC_INFO _IOR(ULNIC_IOC_TYPE, 1, struct ulnic_device_info)
 _Static_assert(ULNIC_IOC_INFO == 0x80285501u, "ULNIC_IOC_INFO");
@@ -774,5 +789,9 @@ _Static_assert(ULNIC_IOC_UTLB_INIT == 0x40045507u, "ULNIC_IOC_UTLB_INIT");
 _Static_assert(ULNIC_IOC_UTLB_INSTALL == 0x40105508u, "ULNIC_IOC_UTLB_INSTALL");
 #define ULNIC_IOC_TAKE_NOTIFIED _IOR(ULNIC_IOC_TYPE, 9, struct ulnic_ioc_notified)
 _Static_assert(ULNIC_IOC_TAKE_NOTIFIED == 0x82005509u, "ULNIC_IOC_TAKE_NOTIFIED");
+#define ULNIC_IOC_WATCHER _IOW(ULNIC_IOC_TYPE, 10, __u32)
+_Static_assert(ULNIC_IOC_WATCHER == 0x4004550au, "ULNIC_IOC_WATCHER");
+#define ULNIC_IOC_WATCH _IOW(ULNIC_IOC_TYPE, 11, struct ulnic_ioc_watch)
+_Static_assert(ULNIC_IOC_WATCH == 0x4010550bu, "ULNIC_IOC_WATCH");
 
 #endif /* ULNIC_ABI_H */

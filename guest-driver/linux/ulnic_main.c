@@ -51,6 +51,7 @@ static void ulnic_release_dev(struct kref *ref)
 	struct ulnic *u = container_of(ref, struct ulnic, ref);
 
 	kvfree(u->owners);
+	kvfree(u->watches);
 	bitmap_free(u->notified);
 	kfree(u->notify_bufs);
 	kfree(u->cmd_buf);
@@ -58,6 +59,11 @@ static void ulnic_release_dev(struct kref *ref)
 	if (u->dummy)
 		__free_page(u->dummy);
 	kfree(u);
+}
+
+void ulnic_put(struct ulnic *u)
+{
+	kref_put(&u->ref, ulnic_release_dev);
 }
 
 static void ulnic_control_done(struct virtqueue *vq)
@@ -104,6 +110,7 @@ static void ulnic_notify_done(struct virtqueue *vq)
 			 */
 			set_bit(ep, u->notified);
 			wake_up_interruptible_all(&u->wq);
+			ulnic_watch_notify(u, ep);
 		}
 		ulnic_post_notify(u, rec - u->notify_bufs);
 		u->notify_unkicked++;
@@ -374,6 +381,7 @@ static void ulnic_disown(struct ulnic_file *uf, u32 id)
 	if (u->owners[id] == uf) {
 		u->owners[id] = NULL;
 		clear_bit(id, u->notified);
+		ulnic_watch_forget_locked(u, id);
 	}
 	spin_unlock_irq(&u->owners_lock);
 }
@@ -907,6 +915,10 @@ static long ulnic_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		return ulnic_utlb_install(uf, p);
 	case ULNIC_IOC_TAKE_NOTIFIED:
 		return ulnic_take_notified(uf, p);
+	case ULNIC_IOC_WATCHER:
+		return ulnic_watcher_new(u, p);
+	case ULNIC_IOC_WATCH:
+		return ulnic_watch_ioctl(uf, p);
 	default:
 		return -ENOTTY;
 	}
@@ -982,6 +994,7 @@ static void ulnic_reset_work(struct work_struct *work)
 	memset(u->owners, 0, u->endpoints * sizeof(*u->owners));
 	bitmap_zero(u->notified, u->endpoints);
 	spin_unlock_irq(&u->owners_lock);
+	ulnic_watch_wake_all(u);
 	ulnic_revoke_doorbells(u);
 	/* The latest record: an earlier one's number lifts nothing. */
 	number.id = cpu_to_le32(READ_ONCE(u->reset_number));
@@ -1259,12 +1272,15 @@ static int ulnic_probe(struct virtio_device *vdev)
 				 GFP_KERNEL);
 	u->owners = kvcalloc(u->endpoints, sizeof(*u->owners), GFP_KERNEL);
 	u->notified = bitmap_zalloc(u->endpoints, GFP_KERNEL);
+	u->watches = kvcalloc(u->endpoints, sizeof(*u->watches), GFP_KERNEL);
 	u->dummy = alloc_page(GFP_KERNEL | __GFP_ZERO);
 	if (!u->cmd_buf || !u->notify_bufs || !u->owners || !u->notified ||
-	    !u->dummy) {
+	    !u->watches || !u->dummy) {
 		err = -ENOMEM;
 		goto err_free;
 	}
+	for (i = 0; i < u->endpoints; i++)
+		INIT_LIST_HEAD(&u->watches[i]);
 
 	err = ulnic_find_vqs(u);
 	if (err) {
@@ -1352,6 +1368,7 @@ static void ulnic_remove(struct virtio_device *vdev)
 	up_write(&u->vq_sem);
 	ulnic_revoke_doorbells(u);
 	wake_up_interruptible_all(&u->wq);
+	ulnic_watch_wake_all(u);
 	vdev->config->del_vqs(vdev);
 	kref_put(&u->ref, ulnic_release_dev);
 }

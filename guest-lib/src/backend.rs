@@ -118,6 +118,27 @@ pub(crate) trait Domain: Send + Sync {
     /// Takes every notification of the domain's endpoints (under host
     /// attach, of the attachment's): the endpoints notified. Never blocks.
     fn take_notified(&self) -> Result<Vec<u32>, Error>;
+    /// A new watcher (spec §6 "Several waiters", §9): a descriptor whose
+    /// 8-byte count grows with every notification of the endpoints it
+    /// watches (the driver's watcher; under host attach an eventfd).
+    fn new_watcher(&self) -> Result<std::os::fd::OwnedFd, Error>;
+    /// Makes `watcher` watch endpoint `ep` of this domain, or stop.
+    fn watch(&self, ep: u32, watcher: std::os::fd::RawFd, on: bool) -> Result<(), Error>;
+    /// A descriptor a waiter polls beside its watcher, and reads with
+    /// [`Domain::feed_watchers`] when readable, where this process itself
+    /// reads the records that feed watchers (host attach); `None` where
+    /// the driver feeds them.
+    fn watch_feed(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Reads the records that came, feeding watchers (see `watch_feed`).
+    fn feed_watchers(&self) {}
+    /// Whether this process's watchers of this domain's endpoints are fed
+    /// at all (false in a forked child under host attach, whose parent
+    /// reads the notification queue).
+    fn watchers_fed(&self) -> bool {
+        true
+    }
     /// Memory for user buffers the device can reach once their pages are
     /// installed in the UTLB (page aligned, zeroed).
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error>;

@@ -122,6 +122,8 @@ impl Domain for HostDomain {
             )
             .is_ok()
         {
+            // Its watches go with it, as the driver's do (spec §9).
+            self.hw.unwatch_endpoint(ep.id);
             // Only reuse the memory once the device has let go of it.
             if let Some(bufs) = self
                 .buffers
@@ -156,6 +158,33 @@ impl Domain for HostDomain {
 
     fn take_notified(&self) -> Result<Vec<u32>, Error> {
         Ok(self.hw.take_notified())
+    }
+
+    fn new_watcher(&self) -> Result<std::os::fd::OwnedFd, Error> {
+        // SAFETY: plain system call; the descriptor it returns is new.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::Os(std::io::Error::last_os_error()));
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    }
+
+    fn watch(&self, ep: u32, watcher: std::os::fd::RawFd, on: bool) -> Result<(), Error> {
+        self.hw.watch(ep, watcher, on);
+        Ok(())
+    }
+
+    fn watch_feed(&self) -> Option<std::os::fd::RawFd> {
+        self.hw.watch_feedable().then(|| self.hw.notification_fd())
+    }
+
+    fn feed_watchers(&self) {
+        self.hw.feed_watchers();
+    }
+
+    fn watchers_fed(&self) -> bool {
+        self.hw.watch_feedable()
     }
 
     fn has_pio(&self) -> bool {

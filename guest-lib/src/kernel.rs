@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ulnic_abi::bitmap;
-use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, IocWait};
+use ulnic_abi::wire::{self, IocCommand, IocCreateEp, IocUtlbInstall, IocWait, IocWatch};
 use ulnic_abi::{uapi, DeviceInfo, RingLayout};
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -274,6 +274,25 @@ impl Domain for KernelDomain {
             // call the caller stands for.
             Err(e) => Err(e),
         }
+    }
+
+    fn new_watcher(&self) -> Result<std::os::fd::OwnedFd, Error> {
+        let mut flags = uapi::WATCHER_CLOEXEC;
+        let fd = ioctl(&self.file, uapi::IOC_WATCHER, &mut flags)?;
+        // SAFETY: the driver returned a new descriptor that nothing else
+        // owns.
+        Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    }
+
+    fn watch(&self, ep: u32, watcher: std::os::fd::RawFd, on: bool) -> Result<(), Error> {
+        let mut a = IocWatch {
+            id: ep.into(),
+            watcher: (watcher as u32).into(),
+            flags: if on { 0 } else { uapi::WATCH_REMOVE }.into(),
+            reserved: 0.into(),
+        };
+        ioctl(&self.file, uapi::IOC_WATCH, &mut a)?;
+        Ok(())
     }
 
     fn alloc_user_memory(&self, bytes: usize) -> Result<UserMemory, Error> {

@@ -49,6 +49,7 @@ pub mod sock;
 mod staging;
 mod types;
 mod utlb;
+mod watcher;
 
 pub use dmq::{DmqKind, DmqReceiver, DmqSender};
 pub use endpoint::pio::{pio_flush, PioGrant, PioImport, PioWindow};
@@ -64,3 +65,4 @@ pub use types::{
 };
 pub use ulnic_abi::{Cookie, EventRecord, FilterEntry, ANY, INLINE_MAX};
 pub use utlb::{Registration, Translation, UserBuffer, UtlbConfig, UtlbStats};
+pub use watcher::Watcher;

@@ -602,6 +602,12 @@ mod tests {
         fn take_notified(&self) -> Result<Vec<u32>, Error> {
             Ok(Vec::new())
         }
+        fn new_watcher(&self) -> Result<std::os::fd::OwnedFd, Error> {
+            Err(Error::WouldBlock)
+        }
+        fn watch(&self, _: u32, _: std::os::fd::RawFd, _: bool) -> Result<(), Error> {
+            Err(Error::WouldBlock)
+        }
         fn alloc_user_memory(&self, _: usize) -> Result<UserMemory, Error> {
             Err(Error::WouldBlock)
         }

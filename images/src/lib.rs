@@ -36,7 +36,7 @@ use resolved::Resolved;
 const RECIPE: u32 = 3;
 const INIT: &str = include_str!("init.sh");
 /// The Linux driver's sources, built against the guest kernel's headers.
-const MODULE_SOURCES: [(&str, &str); 5] = [
+const MODULE_SOURCES: [(&str, &str); 6] = [
     (
         "ulnic_main.c",
         include_str!("../../guest-driver/linux/ulnic_main.c"),
@@ -44,6 +44,10 @@ const MODULE_SOURCES: [(&str, &str); 5] = [
     (
         "ulnic_pio.c",
         include_str!("../../guest-driver/linux/ulnic_pio.c"),
+    ),
+    (
+        "ulnic_watch.c",
+        include_str!("../../guest-driver/linux/ulnic_watch.c"),
     ),
     ("ulnic.h", include_str!("../../guest-driver/linux/ulnic.h")),
     (

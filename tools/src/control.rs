@@ -718,6 +718,7 @@ mod tests {
                 "returned_to_sender",
                 "returns_lost",
                 "kicks_served_asleep",
+                "found_by_timer",
                 "pio_maps",
                 "pio_unmaps",
                 "pio_commands",

@@ -26,6 +26,10 @@ pub struct Counters {
     /// Kicks that came while the engine slept, served by the node thread
     /// that received them (spec §5.8).
     pub kicks_served_asleep: u64,
+    /// Engine wake-ups by the safety net alone (no kick, command, packet
+    /// or fabric due time) after which a pass found sends to serve: lost
+    /// wake-ups, found late (spec §10.6.1).
+    pub found_by_timer: u64,
     /// `SHMEM_MAP` requests sent (device-wide, from `Pio`; 0 in a shard).
     pub pio_maps: u64,
     /// `SHMEM_UNMAP` requests sent, fences included (as `pio_maps`).
@@ -43,6 +47,7 @@ summable!(Counters {
     returned_to_sender,
     returns_lost,
     kicks_served_asleep,
+    found_by_timer,
     pio_maps,
     pio_unmaps,
     pio_commands

@@ -25,16 +25,25 @@ const SPIN_UNDER: Duration = Duration::from_millis(2);
 /// Runs until the shard is stopped.
 pub fn run(shard: Arc<Shard>, poll_for: Duration) {
     let mut idle_since = Instant::now();
+    // The last sleep ended by the safety net alone (no kick, wake,
+    // datagram or fabric time): work the next pass finds then was
+    // announced by nothing (spec §10.6.1, `found_by_timer`).
+    let mut safety_net = false;
     while !shard.stop.load(Ordering::Relaxed) {
         if shard.paused.load(Ordering::Relaxed) {
             // `Device::pause(false)` wakes this at once (a plain sleep
             // would add up to its length to the drain it times).
             shard.sleep(MAX_SLEEP);
             idle_since = Instant::now();
+            safety_net = false;
             continue;
         }
         shard.disconnect_faulted();
-        if shard.lock().poll() > 0 {
+        let work = shard.lock().poll();
+        if std::mem::take(&mut safety_net) && work > 0 {
+            shard.count_found_by_timer();
+        }
+        if work > 0 {
             shard.count_pass(false);
             idle_since = Instant::now();
             shard.mark_busy(idle_since);
@@ -71,7 +80,9 @@ pub fn run(shard: Arc<Shard>, poll_for: Duration) {
         // While it sleeps, a kick is served by the thread that receives
         // it (`Shard::kicked`).
         if stayed == 0 || shard.lock().poll() == 0 {
-            shard.sleep_for_doorbells(sleep);
+            let clock = shard.sleep_for_doorbells(sleep);
+            // A fabric time it asked for is no safety net.
+            safety_net = clock && due.is_none();
         }
         idle_since = Instant::now();
     }

@@ -380,17 +380,24 @@ impl Shard {
 
     /// The engine's sleep when idle: until woken, a kick or `timeout`.
     /// Returns at once if a kick came since the engine last looked.
-    pub fn sleep_for_doorbells(&self, timeout: Duration) {
+    /// True when only the clock ended it (no wake, kick or datagram).
+    pub fn sleep_for_doorbells(&self, timeout: Duration) -> bool {
         self.sleeping.store(true, Ordering::SeqCst);
         let kicked = self.kicks.iter().any(|k| k.load(Ordering::SeqCst) != 0);
-        if !kicked {
-            self.sleep(timeout);
-        }
+        let clock = !kicked && !self.sleep(timeout);
         self.sleeping.store(false, Ordering::SeqCst);
+        clock && !self.kicks.iter().any(|k| k.load(Ordering::SeqCst) != 0)
     }
 
-    /// Sleeps until woken or `timeout`.
-    pub fn sleep(&self, timeout: Duration) {
+    /// Counts a lost wake-up found by the engine's safety net (the
+    /// `found_by_timer` total, spec §10.6.1).
+    pub fn count_found_by_timer(&self) {
+        self.lock().counters.found_by_timer += 1;
+    }
+
+    /// Sleeps until woken or `timeout`: true when woken (the wake eventfd
+    /// or a datagram), false when the clock ended it.
+    pub fn sleep(&self, timeout: Duration) -> bool {
         let fd = |fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -400,7 +407,7 @@ impl Shard {
         let mut pfds = [fd(self.wake.as_raw_fd()), fd(self.udp.unwrap_or(-1))];
         // SAFETY: `pfds` is a valid array of two pollfds for the duration
         // of the call, and the count passed is its length.
-        unsafe {
+        let r = unsafe {
             libc::poll(
                 pfds.as_mut_ptr(),
                 pfds.len() as libc::nfds_t,
@@ -408,5 +415,6 @@ impl Shard {
             )
         };
         let _ = self.wake.read();
+        r != 0
     }
 }

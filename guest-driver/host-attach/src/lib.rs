@@ -91,6 +91,13 @@ pub struct HostAttach {
     _unused_call: EventFd,
     /// Notified endpoints not yet taken: bit `e % 64` of word `e / 64`.
     pending: Box<[AtomicU64]>,
+    /// Watchers (eventfds of this process) of each endpoint: every
+    /// record naming the endpoint adds one to each (spec §6, "Several
+    /// waiters").
+    watchers: Mutex<std::collections::HashMap<u32, Vec<std::os::fd::RawFd>>>,
+    /// Threads inside `wait_notification`, which sleep on `notify_call`
+    /// itself: whoever reads it for records must wake them again.
+    sleepers: std::sync::atomic::AtomicUsize,
     info: DeviceInfo,
     /// The process that attached: only it may use the queues.
     owner: u32,
@@ -383,6 +390,8 @@ impl HostAttach {
             doorbells,
             doorbell_bits: Mutex::new(std::collections::HashMap::new()),
             _unused_call: unused_call,
+            watchers: Mutex::new(std::collections::HashMap::new()),
+            sleepers: std::sync::atomic::AtomicUsize::new(0),
             pending: (0..bitmap::words(ulnic_abi::MAX_ENDPOINTS_LIMIT))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -649,7 +658,24 @@ impl HostAttach {
         }
         let bit = bitmap::mask(endpoint);
         let deadline = Instant::now() + timeout;
-        if timeout.is_zero() {
+        // Counted before its first look, so that a reader of the eventfd
+        // that drains after it wakes it (`feed_watchers`).
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let r = self.wait_counted(word, bit, endpoint, deadline, timeout.is_zero());
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// `wait_notification_interruptible`'s loop, while counted a sleeper.
+    fn wait_counted(
+        &self,
+        word: &AtomicU64,
+        bit: u64,
+        endpoint: u32,
+        deadline: Instant,
+        look: bool,
+    ) -> Result<bool, std::io::Error> {
+        if look {
             // A look, for a caller that polls `notification_fd`: leave it
             // unreadable unless a record comes after this (records read
             // below set `pending`; others' waiters are woken there).
@@ -659,7 +685,7 @@ impl HostAttach {
             if word.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
                 return Ok(true);
             }
-            let (reposted, for_others) = self.drain_notifications(endpoint);
+            let (reposted, for_others, _) = self.drain_notifications(endpoint);
             if for_others {
                 // Another thread may be asleep on the eventfd whose count
                 // this thread consumed: wake everyone to look again.
@@ -676,6 +702,78 @@ impl HostAttach {
                 return Err(std::io::Error::from_raw_os_error(libc::EINTR));
             }
             let _ = self.notify_call.read();
+        }
+    }
+
+    /// Makes eventfd `watcher` watch `endpoint` (or stop, `on` false):
+    /// each notification record for the endpoint that this process reads
+    /// from now on adds one to it, whoever reads it (spec §6, "Several
+    /// waiters"). A caller must stop every watch of an eventfd before it
+    /// closes it. Records are read only by the process that attached (a
+    /// forked child's watches are never fed: `watch_feedable`).
+    ///
+    /// ```no_run
+    /// # let hw = ulnic_host_attach::HostAttach::connect("/tmp/u/node0.sock".as_ref(), 64 << 20)?;
+    /// let ev = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+    /// hw.watch(3, std::os::fd::AsRawFd::as_raw_fd(&ev), true);
+    /// hw.feed_watchers();
+    /// hw.watch(3, std::os::fd::AsRawFd::as_raw_fd(&ev), false);
+    /// # Ok::<(), ulnic_host_attach::Error>(())
+    /// ```
+    pub fn watch(&self, endpoint: u32, watcher: std::os::fd::RawFd, on: bool) {
+        let mut w = lock(&self.watchers);
+        let list = w.entry(endpoint).or_default();
+        let at = list.iter().position(|&f| f == watcher);
+        match (on, at) {
+            (true, None) => list.push(watcher),
+            (false, Some(i)) => {
+                list.swap_remove(i);
+            }
+            _ => {}
+        }
+        if list.is_empty() {
+            w.remove(&endpoint);
+        }
+    }
+
+    /// Ends every watch of `endpoint` (it was destroyed: its id may name
+    /// another endpoint later).
+    ///
+    /// ```no_run
+    /// # let hw = ulnic_host_attach::HostAttach::connect("/tmp/u/node0.sock".as_ref(), 64 << 20)?;
+    /// hw.unwatch_endpoint(3);
+    /// # Ok::<(), ulnic_host_attach::Error>(())
+    /// ```
+    pub fn unwatch_endpoint(&self, endpoint: u32) {
+        lock(&self.watchers).remove(&endpoint);
+    }
+
+    /// Whether this process reads the notification records that feed
+    /// watchers (the process that attached; a forked child does not).
+    pub fn watch_feedable(&self) -> bool {
+        self.is_owner()
+    }
+
+    /// Reads the notification records that came, feeding the watchers of
+    /// the endpoints they name; call it when [`Self::notification_fd`]
+    /// is readable. Notifications of endpoints nobody watches stay for
+    /// [`Self::wait_notification`] and [`Self::take_notified`].
+    ///
+    /// ```no_run
+    /// # let hw = ulnic_host_attach::HostAttach::connect("/tmp/u/node0.sock".as_ref(), 64 << 20)?;
+    /// hw.feed_watchers();
+    /// # Ok::<(), ulnic_host_attach::Error>(())
+    /// ```
+    pub fn feed_watchers(&self) {
+        if !self.is_owner() {
+            return;
+        }
+        let _ = self.notify_call.read();
+        let (any, _, _) = self.drain_notifications(u32::MAX);
+        if any && self.sleepers.load(Ordering::SeqCst) > 0 {
+            // A thread asleep in wait_notification may have lost the
+            // eventfd's count to the read above; its bit is in `pending`.
+            let _ = self.notify_call.write(1);
         }
     }
 
@@ -706,10 +804,25 @@ impl HostAttach {
             .collect()
     }
 
-    /// Moves notification records into `pending` and reposts their buffers;
-    /// returns (any record, any record for an endpoint other than the
-    /// caller's). Records are only read under the lock, never waited for.
-    fn drain_notifications(&self, caller: u32) -> (bool, bool) {
+    /// Adds one to every watcher of `ep`: whether it has any.
+    fn feed(&self, ep: u32) -> bool {
+        let w = lock(&self.watchers);
+        let Some(list) = w.get(&ep) else {
+            return false;
+        };
+        for &fd in list {
+            // SAFETY: an eventfd of this process, watched until its owner
+            // stops the watch (before closing it); 8 bytes from a u64.
+            unsafe { libc::write(fd, (&1u64 as *const u64).cast(), 8) };
+        }
+        true
+    }
+
+    /// Moves notification records into `pending`, feeds the watchers of
+    /// the endpoints they name, and reposts their buffers; returns (any
+    /// record, any record for an endpoint other than the caller's, any
+    /// record for an endpoint nobody watches). Records are only read under the lock, never waited for.
+    fn drain_notifications(&self, caller: u32) -> (bool, bool, bool) {
         let mut n = lock(&self.notify);
         let NotifyQueue {
             queue,
@@ -717,7 +830,7 @@ impl HostAttach {
             bufs,
             reposts,
         } = &mut *n;
-        let (mut any, mut others) = (false, false);
+        let (mut any, mut others, mut unwatched) = (false, false, false);
         let mut reposted = 0u16;
         while let Some((id, len)) = queue.pop_used(&self.memory) {
             let gpa = bufs.gpa + u64::from(id) * u64::from(NOTIFY_RECORD);
@@ -733,7 +846,9 @@ impl HostAttach {
                     if let Some(w) = self.pending.get(bitmap::word(ep)) {
                         w.fetch_or(bitmap::mask(ep), Ordering::AcqRel);
                     }
+                    let watched = self.feed(ep);
                     others |= ep != caller;
+                    unwatched |= !watched;
                 }
             }
             queue.add(&self.memory, &[], &[(gpa, NOTIFY_RECORD)]);
@@ -743,7 +858,7 @@ impl HostAttach {
         if reposts.reposted(reposted) {
             let _ = kick.write(1);
         }
-        (any, others)
+        (any, others, unwatched)
     }
 }
 

@@ -48,6 +48,27 @@ extern "C" fn at_exit() {
         c.table.remove(fd);
         close_name(c, fd, &s);
     }
+    if std::env::var_os("ULNIC_STATS").is_some_and(|v| v != "0") {
+        report_wakes();
+    }
+}
+
+/// With `ULNIC_STATS=1`: how this process's waits ended (docs/sockets.md
+/// §6), one line on standard error, for tests and users to check that no
+/// wake-up was found by timer.
+pub fn report_wakes() {
+    let w = ulnic::sock::wake_stats();
+    if w == ulnic::sock::WakeStats::default() {
+        return; // a process that never waited on a ulnic socket
+    }
+    crate::real::warn(&format!(
+        "wakes pid {}: notified {} timer {} found_by_timer {} unfed_looks {}",
+        std::process::id(),
+        w.notified,
+        w.timer,
+        w.found_by_timer,
+        w.unfed_looks
+    ));
 }
 
 /// Makes the kernel descriptor non-blocking (the program's own view is

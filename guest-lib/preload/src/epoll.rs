@@ -20,8 +20,9 @@ use libc::epoll_event;
 
 use crate::env::Env;
 use crate::real::{fail, real};
-use crate::sock::{epoll_tag, Kind, Reg, Sock, LOOK_EVERY, TAG, TAG_MASK};
+use crate::sock::{earliest, epoll_tag, Kind, Reg, Sock, TAG, TAG_MASK};
 use ulnic::sock::Wakes;
+use ulnic::Watcher;
 
 /// Data of the notification descriptor's registration.
 pub const MAGIC: u64 = 0x756c_6e69_635f_6e66; // "ulnic_nf"
@@ -46,9 +47,11 @@ struct Set {
     /// first (neither kind starves the other; no extra system call when
     /// there was room for both).
     kernel_first: Arc<AtomicBool>,
-    /// The notification descriptors added to the kernel's set: this
-    /// process's context's, and any other context's a socket here lives
-    /// in (a listener inherited across fork is the parent's).
+    /// The set's watcher (spec §6 "Several waiters"), made when it first
+    /// sleeps: it watches the set's sockets, and its descriptors are in
+    /// the kernel's set (data `MAGIC`).
+    watcher: Option<Arc<Watcher>>,
+    /// The descriptors added to the kernel's set for it.
     notify: Vec<c_int>,
 }
 
@@ -69,13 +72,20 @@ impl Registry {
     /// kernel's set with the last socket.
     fn unregister(sets: &mut HashMap<c_int, Set>, epfd: c_int, fd: c_int) {
         if let Some(s) = sets.get_mut(&epfd) {
+            let gone: Vec<Arc<Sock>> = s
+                .socks
+                .iter()
+                .filter(|(f, _)| *f == fd)
+                .map(|(_, x)| x.clone())
+                .collect();
             s.socks.retain(|(f, _)| *f != fd);
-            if s.socks.is_empty() {
-                for n in s.notify.drain(..) {
-                    // SAFETY: plain system call on descriptors we know.
-                    unsafe {
-                        (real().epoll_ctl)(epfd, libc::EPOLL_CTL_DEL, n, std::ptr::null_mut())
-                    };
+            if let Some(w) = &s.watcher {
+                for sock in gone {
+                    // Still in the set under another descriptor (dup):
+                    // still watched.
+                    if !s.socks.iter().any(|(_, x)| Arc::ptr_eq(x, &sock)) {
+                        sock.lock().watch(w, false);
+                    }
                 }
             }
         }
@@ -202,12 +212,25 @@ impl Registry {
         self.sets().get(&epfd).cloned()
     }
 
-    fn set_notify(&self, epfd: c_int, fd: c_int) {
-        if let Some(s) = self.sets().get_mut(&epfd) {
-            if !s.notify.contains(&fd) {
-                s.notify.push(fd);
+    /// Set `epfd`'s watcher, made (from this process's NIC) and its
+    /// descriptors added to the kernel's set the first time.
+    fn watcher(&self, env: &Env, epfd: c_int) -> Option<Arc<Watcher>> {
+        let mut sets = self.sets();
+        let s = sets.get_mut(&epfd)?;
+        if s.watcher.is_none() {
+            let w = env.net_if_open()?.new_watcher().ok()?;
+            for nfd in w.fds() {
+                let mut e = epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: MAGIC,
+                };
+                // SAFETY: plain system call with our own epoll_event.
+                unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_ADD, nfd, &mut e) };
+                s.notify.push(nfd);
             }
+            s.watcher = Some(w);
         }
+        s.watcher.clone()
     }
 
     /// `epoll_wait` on a set with interposed sockets (`timeout` `None`:
@@ -273,33 +296,30 @@ impl Registry {
                 std::thread::yield_now();
                 continue;
             }
-            // Sleep: arm every socket; something already there means look
-            // again instead.
+            // Sleep: every socket watched by the set's watcher and armed
+            // (something already there means look again instead), until a
+            // notification, a kernel descriptor, a connection's own timer
+            // or the program's timeout (docs/sockets.md §6).
+            let w = self.watcher(env, epfd);
+            if let Some(w) = &w {
+                for (_, sock) in &set.socks {
+                    sock.lock().watch(w, true);
+                }
+            }
             if arm_all(&set, epfd) {
                 continue;
             }
-            let net = env.net_if_open();
-            let own = net.as_ref().and_then(|n| n.notification_fd());
-            let foreign: Vec<(c_int, &Arc<Sock>)> = set
+            let until = set
                 .socks
                 .iter()
-                .filter_map(|(_, s)| s.lock().foreign_notify(own).map(|f| (f, s)))
-                .collect();
-            for nfd in own.into_iter().chain(foreign.iter().map(|(f, _)| *f)) {
-                if !set.notify.contains(&nfd) {
-                    let mut e = epoll_event {
-                        events: libc::EPOLLIN as u32,
-                        u64: MAGIC,
-                    };
-                    // SAFETY: plain system call; EEXIST when a dup of
-                    // this set already has it, which is as good.
-                    unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_ADD, nfd, &mut e) };
-                    self.set_notify(epfd, nfd);
-                }
+                .fold(timeout.map(|t| start + t), |u, (_, s)| {
+                    earliest(u, s.lock().next_timer())
+                });
+            let fed = w.as_ref().is_some_and(|w| w.fed());
+            let mut nap = until.map(|u| u.saturating_duration_since(Instant::now()));
+            if !fed {
+                nap = Some(nap.map_or(ulnic::sock::UNFED_LOOK, |n| n.min(ulnic::sock::UNFED_LOOK)));
             }
-            // Woken at least every LOOK_EVERY: a connection's keepalive
-            // is sent from its next look (docs/sockets.md §4).
-            let nap = Some(left.map_or(LOOK_EVERY, |l| l.min(LOOK_EVERY)));
             let k = kernel_wait(epfd, out.as_mut_ptr(), max, nap, sigmask);
             if k < 0 {
                 return k;
@@ -314,14 +334,16 @@ impl Registry {
                     kept += 1;
                 }
             }
-            if notified {
-                // Which descriptor woke is not told apart: take them all.
-                if let Some(net) = &net {
-                    let _ = net.take_notified();
-                }
-                for (_, s) in &foreign {
-                    s.lock().take_foreign();
-                }
+            if let (true, Some(w)) = (notified, &w) {
+                w.take();
+            }
+            if notified || kept > 0 {
+                ulnic::sock::count_wake(ulnic::sock::WakeKind::Notified);
+            } else if !fed {
+                ulnic::sock::count_wake(ulnic::sock::WakeKind::Unfed);
+            } else if let Some(w) = &w {
+                let work = arm_all(&set, epfd);
+                ulnic::sock::count_clock(w, work);
             }
             if kept > 0 {
                 // Kernel descriptors are ready; the sockets' state joins

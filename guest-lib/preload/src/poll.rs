@@ -12,8 +12,9 @@ use libc::pollfd;
 
 use crate::env::Env;
 use crate::real::{fail, real};
-use crate::sock::{Sock, LOOK_EVERY};
+use crate::sock::{earliest, sleep, Slept, Sock};
 use crate::table::Table;
+use ulnic::Watcher;
 
 /// The real `ppoll` with `timeout` (`None`: forever).
 fn kernel_poll(
@@ -63,6 +64,7 @@ pub fn poll_many(
     let start = Instant::now();
     let mut spins = 0u32;
     let mut look_kernel = true;
+    let mut watched = Watched::default();
     loop {
         let mut ready = 0;
         for (p, s) in fds.iter_mut().zip(&socks) {
@@ -103,61 +105,80 @@ pub fn poll_many(
             std::thread::yield_now();
             continue;
         }
-        let mut armed_ready = false;
-        for s in socks.iter().flatten() {
-            if s.lock().arm().unwrap_or(true) {
-                armed_ready = true;
-                break;
-            }
+        // Sleep: every socket watched by this thread's watcher and armed
+        // (something already there means look again instead), then
+        // until a notification, a kernel descriptor, a connection's own
+        // timer or the program's timeout (docs/sockets.md §6).
+        if !watched.started {
+            watched.start(&socks);
         }
-        if armed_ready {
+        if arm_any(&socks) {
             continue;
         }
-        let net = env.net_if_open();
-        let notify = net.as_ref().and_then(|n| n.notification_fd());
-        let mut sleep = kern.clone();
-        // This process's context's descriptor, then any other context's
-        // that a socket here lives in (an inherited listener's).
-        let mut wakers: Vec<(c_int, Option<&Arc<Sock>>)> =
-            notify.map(|n| (n, None)).into_iter().collect();
-        for s in socks.iter().flatten() {
-            if let Some(f) = s.lock().foreign_notify(notify) {
-                if !wakers.iter().any(|(w, _)| *w == f) {
-                    wakers.push((f, Some(s)));
-                }
-            }
-        }
-        for (fd, _) in &wakers {
-            sleep.push(pollfd {
-                fd: *fd,
-                events: libc::POLLIN,
-                revents: 0,
+        let until = socks
+            .iter()
+            .flatten()
+            .fold(timeout.map(|t| start + t), |u, s| {
+                earliest(u, s.lock().next_timer())
             });
-        }
-        // Woken at least every LOOK_EVERY: a connection's keepalive is
-        // sent from its next look (docs/sockets.md §4).
-        let nap = Some(left.map_or(LOOK_EVERY, |l| l.min(LOOK_EVERY)));
-        let k = kernel_poll(&mut sleep, nap, sigmask);
-        if k < 0 {
-            return k;
-        }
-        let woken = &sleep[sleep.len() - wakers.len()..];
-        for ((_, sock), p) in wakers.iter().zip(woken) {
-            if p.revents == 0 {
-                continue;
-            }
-            match (sock, &net) {
-                (Some(s), _) => s.lock().take_foreign(),
-                (None, Some(net)) => {
-                    let _ = net.take_notified();
+        let mut sleep_on = kern.clone();
+        match sleep(watched.w.as_deref(), &mut sleep_on, until, sigmask) {
+            Slept::Interrupted => return fail(libc::EINTR),
+            Slept::Woken => {}
+            Slept::Clock(w) => {
+                let work = arm_any(&socks);
+                if let Some(w) = w {
+                    ulnic::sock::count_clock(w, work);
                 }
-                (None, None) => {}
             }
         }
         // Whatever woke us, look at everything once more.
         look_kernel = true;
-        if timeout.is_some_and(|t| start.elapsed() >= t) && k == 0 {
-            return 0;
+    }
+}
+
+/// Arms every socket: true when one has something already.
+fn arm_any(socks: &[Option<Arc<Sock>>]) -> bool {
+    socks
+        .iter()
+        .flatten()
+        .any(|s| s.lock().arm().unwrap_or(true))
+}
+
+/// The sockets a `poll` watches with this thread's watcher while it
+/// sleeps; the watches end with it.
+#[derive(Default)]
+struct Watched {
+    started: bool,
+    w: Option<Arc<Watcher>>,
+    socks: Vec<Arc<Sock>>,
+}
+
+impl Watched {
+    fn start(&mut self, socks: &[Option<Arc<Sock>>]) {
+        self.started = true;
+        for s in socks.iter().flatten() {
+            let st = s.lock();
+            let ok = match &self.w {
+                Some(w) => st.watch(w, true),
+                None => {
+                    self.w = st.start_watch();
+                    self.w.is_some()
+                }
+            };
+            if ok {
+                self.socks.push(s.clone());
+            }
+        }
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(w) = &self.w {
+            for s in &self.socks {
+                s.lock().watch(w, false);
+            }
         }
     }
 }

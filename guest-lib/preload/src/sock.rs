@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ulnic::sock::{Datagram, Listener, Net, Ready, Shutdown, SockAddr, Stream, Wakes};
+use ulnic::Watcher;
 
 use crate::config::Target;
 use crate::env::Env;
@@ -23,10 +24,6 @@ use crate::real::real;
 /// their data, so their readiness can be given the program's own.
 pub const TAG: u64 = 0x756c_6e00_0000_0000;
 
-/// The longest `poll`/`epoll_wait` sleeps before it looks at its ulnic
-/// sockets again, however long the program's timeout: a connection's
-/// keepalive goes from a look (docs/sockets.md §4).
-pub const LOOK_EVERY: Duration = Duration::from_millis(500);
 /// The bits of `TAG`.
 pub const TAG_MASK: u64 = 0xffff_ff00_0000_0000;
 
@@ -34,9 +31,6 @@ pub const TAG_MASK: u64 = 0xffff_ff00_0000_0000;
 pub fn epoll_tag(fd: c_int) -> u64 {
     TAG | u64::from(fd as u32)
 }
-
-/// The longest a blocking call sleeps before it looks again.
-const SLICE: Duration = Duration::from_millis(100);
 
 /// What a socket is.
 pub enum Kind {
@@ -172,9 +166,11 @@ impl Sock {
 
     /// Runs `op` until it does not report `EAGAIN`, sleeping between
     /// tries unless the socket is non-blocking (or `dontwait`): polls for
-    /// the spin time, then sleeps until the device or, for a socket with a
-    /// live kernel side, the kernel socket `fd` has something. `timeout`
-    /// (`SO_RCVTIMEO`-like) ends the wait with `EAGAIN`.
+    /// the spin time, then watches the socket's endpoint with this
+    /// thread's watcher, arms it and sleeps until notified, until the
+    /// kernel socket `fd` (for a socket with a live kernel side) is ready
+    /// as `want` says, or until the connection's own timer (docs/sockets.md
+    /// §6). `timeout` (`SO_RCVTIMEO`-like) ends the wait with `EAGAIN`.
     pub fn block<T>(
         &self,
         env: &Env,
@@ -184,89 +180,149 @@ impl Sock {
         timeout: Option<Duration>,
         mut op: impl FnMut(&mut State) -> Res<T>,
     ) -> Res<T> {
+        let _ = env;
         let start = Instant::now();
-        loop {
+        let mut watched: Option<Arc<Watcher>> = None;
+        let r = loop {
             let mut st = self.lock();
             match op(&mut st) {
                 Err(libc::EAGAIN) => {}
-                r => return r,
+                r => break r,
             }
             if st.nonblock || dontwait {
-                return Err(libc::EAGAIN);
+                break Err(libc::EAGAIN);
             }
             let elapsed = start.elapsed();
-            let left = match timeout {
-                Some(t) if elapsed >= t => return Err(libc::EAGAIN),
-                Some(t) => (t - elapsed).min(SLICE),
-                None => SLICE,
-            };
+            if timeout.is_some_and(|t| elapsed >= t) {
+                break Err(libc::EAGAIN);
+            }
             if elapsed < env.spin {
                 drop(st);
                 std::thread::yield_now();
                 continue;
             }
+            if watched.is_none() {
+                watched = st.start_watch();
+            }
             match st.arm() {
                 Ok(true) => continue, // something came meanwhile
                 Ok(false) => {}
-                Err(e) => return Err(e),
+                Err(e) => break Err(e),
             }
+            let until = earliest(timeout.map(|t| start + t), st.next_timer());
+            let live = st.kernel_side_live();
+            drop(st);
+            let mut kernel = [libc::pollfd {
+                fd,
+                events: (want.0 & (libc::POLLIN | libc::POLLOUT) as u32) as i16,
+                revents: 0,
+            }];
+            let extra: &mut [libc::pollfd] = if live { &mut kernel } else { &mut [] };
             // A signal ends the call with EINTR, as it ends a kernel
             // socket's blocking call whose handler has no SA_RESTART (a
             // program that asked for SA_RESTART sees it too: the layer
             // cannot tell which signal came).
-            if st.kernel_side_live() {
-                drop(st);
-                if !sleep_on(env, &[(fd, want)], left) {
-                    return Err(libc::EINTR);
-                }
-            } else if let Some(w) = st.waiter() {
-                drop(st);
-                if let Err(e) = w.wait(left) {
-                    if e.errno() == libc::EINTR {
-                        return Err(libc::EINTR);
+            match sleep(watched.as_deref(), extra, until, std::ptr::null()) {
+                Slept::Interrupted => break Err(libc::EINTR),
+                Slept::Woken => {}
+                Slept::Clock(w) => {
+                    let work = self.lock().arm().unwrap_or(true);
+                    if let Some(w) = w {
+                        ulnic::sock::count_clock(&w, work);
                     }
                 }
-            } else {
-                drop(st);
-                std::thread::sleep(left.min(Duration::from_millis(1)));
             }
+        };
+        if let Some(w) = watched {
+            self.lock().watch(&w, false);
         }
+        r
     }
 }
 
-/// Sleeps until one of `fds` is ready as asked, or the domain's
-/// notification descriptor wakes (its notifications are then taken), or
-/// `timeout`: false when a signal ended the sleep.
-pub fn sleep_on(env: &Env, fds: &[(c_int, Ready)], timeout: Duration) -> bool {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&(fd, want)| libc::pollfd {
-            fd,
-            events: (want.0 & (libc::POLLIN | libc::POLLOUT) as u32) as i16,
-            revents: 0,
-        })
-        .collect();
-    let net = env.net_if_open();
-    let notify = net.as_ref().and_then(Net::notification_fd);
-    if let Some(n) = notify {
-        p.push(libc::pollfd {
-            fd: n,
-            events: libc::POLLIN,
-            revents: 0,
-        });
+/// The earlier of two optional instants.
+pub fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-    // SAFETY: a valid array of pollfds for the duration of the call.
-    let r = unsafe { (real().poll)(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-    if r < 0 && crate::real::errno() == libc::EINTR {
-        return false;
-    }
-    if let (Some(net), Some(last)) = (net, p.last()) {
-        if notify.is_some() && last.revents != 0 {
-            let _ = net.take_notified();
+}
+
+/// How a [`sleep`] ended.
+pub enum Slept<'a> {
+    /// A signal.
+    Interrupted,
+    /// A notification, a poke, or one of the kernel descriptors.
+    Woken,
+    /// The clock, with the watcher slept on (none: there was none).
+    Clock(Option<&'a Watcher>),
+}
+
+/// Sleeps on watcher `w` and the kernel descriptors `extra` until one
+/// wakes or `until` (`None`: no limit). Where nothing feeds `w` (a child
+/// forked under host attach) or there is no watcher, at most
+/// `UNFED_LOOK`, counted as an unfed look.
+pub fn sleep<'a>(
+    w: Option<&'a Watcher>,
+    extra: &mut [libc::pollfd],
+    until: Option<Instant>,
+    sigmask: *const libc::sigset_t,
+) -> Slept<'a> {
+    let fed = w.is_some_and(Watcher::fed);
+    let cap = (!fed).then(|| Instant::now() + ulnic::sock::UNFED_LOOK);
+    let deadline = earliest(until, cap);
+    // The real ppoll, not the library's wait: the program's descriptors in
+    // `extra` may be interposed sockets, which the layer's own poll would
+    // take for its own.
+    let mut p: Vec<libc::pollfd> = extra.to_vec();
+    let own = w.map_or_else(Vec::new, |w| w.fds());
+    p.extend(own.iter().map(|&fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }));
+    loop {
+        if w.is_some_and(|w| w.take() > 0) {
+            extra.iter_mut().for_each(|x| x.revents = 0);
+            ulnic::sock::count_wake(ulnic::sock::WakeKind::Notified);
+            return Slept::Woken;
         }
+        p.iter_mut().for_each(|x| x.revents = 0);
+        let ts = deadline.map(|d| {
+            let left = d.saturating_duration_since(Instant::now());
+            libc::timespec {
+                tv_sec: left.as_secs().min(i32::MAX as u64) as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            }
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: a valid array of pollfds, a timespec (or null) and the
+        // program's mask (or null) for the duration of the call.
+        let r = unsafe { (real().ppoll)(p.as_mut_ptr(), p.len() as libc::nfds_t, tsp, sigmask) };
+        if r < 0 && crate::real::errno() == libc::EINTR {
+            return Slept::Interrupted;
+        }
+        let n = extra.len();
+        extra.copy_from_slice(&p[..n]);
+        if extra.iter().any(|x| x.revents != 0) {
+            ulnic::sock::count_wake(ulnic::sock::WakeKind::Notified);
+            return Slept::Woken;
+        }
+        if r > 0 {
+            continue; // the watcher's own descriptors: taken at the top
+        }
+        if w.is_some_and(|w| w.take() > 0) {
+            ulnic::sock::count_wake(ulnic::sock::WakeKind::Notified);
+            return Slept::Woken;
+        }
+        if !fed {
+            ulnic::sock::count_wake(ulnic::sock::WakeKind::Unfed);
+            return Slept::Clock(None);
+        }
+        return Slept::Clock(w);
     }
-    true
 }
 
 impl State {
@@ -310,30 +366,35 @@ impl State {
         }
     }
 
-    /// The notification descriptor of the socket's own context when it is
-    /// not `own`, this process's: a listener inherited across fork lives
-    /// in the parent's context, so its wake-ups come there.
-    pub fn foreign_notify(&self, own: Option<c_int>) -> Option<c_int> {
+    /// Starts watching the ulnic side's endpoint with this thread's
+    /// watcher: the watcher, or `None` for a socket with no ulnic side.
+    pub fn start_watch(&self) -> Option<Arc<Watcher>> {
+        let w = match &self.kind {
+            Kind::Listener(l) => l.thread_watcher().ok()?,
+            Kind::Stream(s) => s.thread_watcher().ok()?,
+            Kind::Datagram(d) => d.thread_watcher().ok()?,
+            Kind::Fresh | Kind::Kernel => return None,
+        };
+        self.watch(&w, true).then_some(w)
+    }
+
+    /// Makes `w` watch the ulnic side's endpoint (or stop): false when
+    /// there is none, or it cannot.
+    pub fn watch(&self, w: &Watcher, on: bool) -> bool {
         match &self.kind {
-            Kind::Listener(l) => l.notification_fd().filter(|f| Some(*f) != own),
+            Kind::Listener(l) => l.watch(w, on).is_ok(),
+            Kind::Stream(s) => s.watch(w, on).is_ok(),
+            Kind::Datagram(d) => d.watch(w, on).is_ok(),
+            Kind::Fresh | Kind::Kernel => false,
+        }
+    }
+
+    /// When the ulnic side next acts by itself (a connection's keepalive
+    /// or connect deadline): a sleep for it ends by then.
+    pub fn next_timer(&self) -> Option<Instant> {
+        match &self.kind {
+            Kind::Stream(s) => s.next_timer(),
             _ => None,
-        }
-    }
-
-    /// Takes the notifications of a foreign context (see
-    /// `foreign_notify`) after a wake-up on its descriptor.
-    pub fn take_foreign(&self) {
-        if let Kind::Listener(l) = &self.kind {
-            let _ = l.take_notified();
-        }
-    }
-
-    fn waiter(&self) -> Option<ulnic::Waiter> {
-        match &self.kind {
-            Kind::Listener(l) => Some(l.waiter()),
-            Kind::Stream(s) => Some(s.waiter()),
-            Kind::Datagram(d) => Some(d.waiter()),
-            Kind::Fresh | Kind::Kernel => None,
         }
     }
 

@@ -7,6 +7,13 @@
 //! process's own node) and over kernel TCP on 127.0.0.1. Both must print
 //! the same: every call's result and every readiness reported. The number
 //! of sequences is `ULNIC_EPOLL_MODEL_CASES` (default 10,000).
+//!
+//! A second run mixes in blocking waits (`bwait`, `bpoll`, `fwait`)
+//! during which another thread, or a forked child, writes to a stream
+//! the wait watches: a wake-up lost there leaves the wait asleep to its
+//! timeout, so it reports less than the kernel's. That run also requires
+//! the layer's wake counters (`ULNIC_STATS=1`) to say that no wake-up was
+//! found by timer.
 
 use std::cell::{Cell, RefCell};
 use std::io::{BufRead, BufReader, Write};
@@ -19,7 +26,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 /// One `epollmodel` process, fed sequences.
 struct Model {
     child: Child,
-    input: ChildStdin,
+    input: Option<ChildStdin>,
     output: BufReader<ChildStdout>,
 }
 
@@ -37,17 +44,18 @@ impl Model {
         assert_eq!(line, "ready\n", "epollmodel did not start");
         Model {
             child,
-            input,
+            input: Some(input),
             output,
         }
     }
 
     fn send(&mut self, seq: &[String]) {
+        let input = self.input.as_mut().expect("still running");
         for l in seq {
-            writeln!(self.input, "{l}").unwrap();
+            writeln!(input, "{l}").unwrap();
         }
-        writeln!(self.input, "end").unwrap();
-        self.input.flush().unwrap();
+        writeln!(input, "end").unwrap();
+        input.flush().unwrap();
     }
 
     /// What the sequence printed, up to its "end".
@@ -65,6 +73,15 @@ impl Model {
             }
             out.push(line);
         }
+    }
+}
+
+impl Model {
+    /// Ends the process as a program ends (its stdin closed, so it
+    /// returns from main and `exit` runs its handlers).
+    fn finish(mut self) {
+        drop(self.input.take());
+        let _ = self.child.wait();
     }
 }
 
@@ -114,6 +131,18 @@ fn line() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Lines of the second run: the first run's, and blocking waits while
+/// another thread or process writes.
+fn blocking_line() -> impl Strategy<Value = String> {
+    let stream = proptest::sample::select(&STREAMS[..]);
+    prop_oneof![
+        6 => line(),
+        1 => (0..2u8, stream.clone(), 1..3000u32).prop_map(|(s, n, b)| format!("bwait {s} {n} {b}")),
+        1 => (stream.clone(), 1..3000u32).prop_map(|(n, b)| format!("bpoll {n} {b}")),
+        1 => (0..2u8, stream, 1..3000u32).prop_map(|(s, n, b)| format!("fwait {s} {n} {b}")),
+    ]
+}
+
 fn built() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent().unwrap().parent().unwrap().to_path_buf()
@@ -125,6 +154,22 @@ fn epoll_over_ulnic_reports_what_the_kernel_reports() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
+    compare(cases, line(), false);
+}
+
+#[test]
+fn blocked_waits_see_what_other_threads_and_processes_change() {
+    let cases: u32 = std::env::var("ULNIC_EPOLL_MODEL_BLOCKING_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    compare(cases, blocking_line(), true);
+}
+
+/// Runs `cases` sequences of `lines` over ulnic and the kernel and
+/// requires the same transcripts; with `wakes`, also that the layer found
+/// no wake-up by timer.
+fn compare(cases: u32, lines_of: impl Strategy<Value = String>, wakes: bool) {
     let prog = ulnic_testkit::c_program(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/epollmodel.c"),
     );
@@ -139,13 +184,16 @@ fn epoll_over_ulnic_reports_what_the_kernel_reports() {
     };
     let ((port, a), (uport, b)) = (free(), free());
     drop((a, b));
-    let kernel = RefCell::new(Model::start(Command::new(prog).args(["127.0.0.1", &port])));
+    let stats = tempfile::NamedTempFile::new().unwrap();
+    let kernel = RefCell::new(Model::start(Command::new(&prog).args(["127.0.0.1", &port])));
     let ulnic = RefCell::new(Model::start(
-        Command::new(prog)
+        Command::new(&prog)
             .args(["10.81.0.1", &uport])
             .env("LD_PRELOAD", &preload)
             .env("ULNIC_INET", "10.81.0.0/24")
-            .env("ULNIC_SOCKET", &dev.sockets()[0]),
+            .env("ULNIC_SOCKET", &dev.sockets()[0])
+            .env("ULNIC_STATS", "1")
+            .stderr(stats.reopen().unwrap()),
     ));
     let mut runner = TestRunner::new(Config {
         cases,
@@ -153,7 +201,7 @@ fn epoll_over_ulnic_reports_what_the_kernel_reports() {
         ..Config::default()
     });
     let lines = Cell::new(0usize);
-    let result = runner.run(&proptest::collection::vec(line(), 1..24), |seq| {
+    let result = runner.run(&proptest::collection::vec(lines_of, 1..24), |seq| {
         let (mut kernel, mut ulnic) = (kernel.borrow_mut(), ulnic.borrow_mut());
         kernel.send(&seq);
         ulnic.send(&seq);
@@ -182,4 +230,18 @@ fn epoll_over_ulnic_reports_what_the_kernel_reports() {
         "epoll model: {cases} sequences, {} calls, ulnic and kernel agree",
         lines.get()
     );
+    ulnic.into_inner().finish();
+    let report = std::fs::read_to_string(stats.path()).unwrap();
+    eprint!("{report}");
+    if wakes {
+        let found: Vec<&str> = report
+            .lines()
+            .filter(|l| l.contains("wakes pid"))
+            .filter(|l| !l.contains("found_by_timer 0 "))
+            .collect();
+        assert!(
+            report.contains("wakes pid") && found.is_empty(),
+            "the layer found wake-ups by timer (lost wake-ups): {found:?}\n{report}"
+        );
+    }
 }

@@ -101,6 +101,25 @@ fn sleep(
     timeout: Duration,
 ) -> Result<bool, Error> {
     match reporting.get() {
+        // Where this process reads the notification queue itself (host
+        // attach), each waiter sleeps on a watcher of its own: sleeping
+        // on the queue's one eventfd, a waiter could lose its wake-up to
+        // another that read the eventfd first (spec §6, "Several
+        // waiters").
+        Reporting::Itself if dom.watch_feed().is_some() => {
+            let w = crate::watcher::Watcher::this_thread(dom)?;
+            w.watch_id(dom, id)?;
+            let r = w.wait(timeout);
+            let _ = w.unwatch_id(dom, id);
+            r
+        }
+        // A forked child under host attach: nothing can notify it (its
+        // parent reads the queue), so it can only look again, counted.
+        Reporting::Itself if !dom.watchers_fed() => {
+            std::thread::sleep(timeout.min(crate::sock::UNFED_LOOK));
+            crate::sock::count_wake(crate::sock::WakeKind::Unfed);
+            Ok(false)
+        }
         Reporting::Itself => dom.wait(id, timeout),
         Reporting::Shared(hub) => hub.wait_source(id, timeout),
         Reporting::Raw if timeout.is_zero() => Ok(false),
@@ -767,6 +786,12 @@ impl Endpoint {
         self.event_consumer = self.event_consumer.wrapping_add(1);
         self.word(ctrl::EVENT_CONSUMER)
             .store(self.event_consumer.to_le(), Ordering::Release);
+        if !self.sends_done() {
+            // Sends may be held back for want of event slots: a device
+            // that stopped polling learns of the room now, not when its
+            // engine next wakes (spec §5.6).
+            self.doorbell_if_wanted();
+        }
         Some(match e.kind {
             event::TX_DONE => Event::SendDone { id: e.user_id },
             event::TX_ERROR => Event::SendFailed {
@@ -878,9 +903,22 @@ impl Endpoint {
                 Err(e) => return Err(e),
             }
         }
-        self.arm_seq = self.arm_seq.wrapping_add(1);
-        self.word(ctrl::ARM_REQUEST)
-            .store(self.arm_seq.to_le(), Ordering::Release);
+        // An atomic add on the shared word, not a store of a private copy
+        // plus one: a waiter in another thread or process (after fork)
+        // may have armed since, and storing the same value twice would be
+        // no arm (spec §6, "Several waiters").
+        let word = self.word(ctrl::ARM_REQUEST);
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let next = u32::from_le(cur).wrapping_add(1).to_le();
+            match word.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.arm_seq = u32::from_le(next);
+                    break;
+                }
+                Err(now) => cur = now,
+            }
+        }
         fence(Ordering::SeqCst);
         Ok(self.has_work())
     }

@@ -251,7 +251,13 @@ impl Datagram {
             port: DGRAM_BASE + u32::from(to.port),
         };
         let tag = wire::tag(wire::DATAGRAM, 0);
-        let r = if buf.len() <= INLINE_MAX as usize {
+        // The send that fills the ring asks for its completion, whose
+        // event notifies a writer waiting for room (the ring's consumer
+        // moving notifies nobody).
+        let last = self.ep.send_space() == 1;
+        let r = if buf.len() <= INLINE_MAX as usize && last {
+            self.ep.post_send_inline_completion(dest, tag, buf, 0)
+        } else if buf.len() <= INLINE_MAX as usize {
             self.ep.post_send_inline(dest, tag, buf, 0)
         } else if self.ep.send_space() == 0 {
             Err(Error::WouldBlock)
@@ -259,7 +265,7 @@ impl Datagram {
             let slot = self.net.datagram_slot(self.ep.send_position());
             self.ep.write_segment(slot as usize, buf);
             self.ep
-                .post_send(dest, tag, slot, buf.len() as u32, 0, false)
+                .post_send(dest, tag, slot, buf.len() as u32, 0, last)
         };
         match r {
             Ok(()) => Ok(buf.len()),
@@ -377,6 +383,38 @@ impl Datagram {
         self.ep.arm().map_err(io_err)
     }
 
+    /// Makes `w` watch this socket's endpoint (or stop, `on` false), so
+    /// that its notifications wake `w` (arm with [`Self::arm`] before
+    /// sleeping on `w`).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Datagram::bind(&net, None)?;
+    /// let w = net.watcher()?;
+    /// s.watch(&w, true)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn watch(&self, w: &crate::Watcher, on: bool) -> io::Result<()> {
+        if on {
+            w.watch(&self.ep).map_err(io_err)
+        } else {
+            w.unwatch(&self.ep).map_err(io_err)
+        }
+    }
+
+    /// This thread's watcher (made from this socket's NIC the first time):
+    /// what a thread blocked on sockets sleeps on.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Datagram::bind(&net, None)?;
+    /// let w = s.thread_watcher()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn thread_watcher(&self) -> io::Result<std::sync::Arc<crate::Watcher>> {
+        crate::sock::wait::thread_watcher(&self.ep.dom)
+    }
+
     /// A handle that sleeps until this socket's endpoint is notified,
     /// without holding the socket (after [`Self::arm`]).
     ///
@@ -404,12 +442,14 @@ impl Datagram {
     /// ```
     pub fn wait(&mut self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
         let spin = self.net.config().spin;
+        let (dom, id) = (self.ep.dom.clone(), self.ep.id());
         super::wait::until(
             self,
             spin,
             deadline,
+            (&dom, id),
             |d| d.poll().intersects(want),
-            |d, t| d.ep.wait(t).map(|_| ()).map_err(io_err),
+            |d| d.arm(),
         )
     }
 }

@@ -1,19 +1,34 @@
 //! Bytes written beyond a peer's credit leave without their program's
-//! help: a thread of the library's looks at every connection with bytes
-//! waiting (every millisecond, while there are any) and sends what new
-//! credit allows, as a kernel sends a socket's buffer while its program
-//! does something else. It also holds the connections their programs
-//! closed before they were accepted, until they are finished (the
-//! kernel's orphaned sockets).
+//! help: a thread of the library's watches every connection with bytes
+//! waiting and, woken by their notifications (credit coming back), sends
+//! what new credit allows, as a kernel sends a socket's buffer while its
+//! program does something else. It also holds the connections their
+//! programs closed before they were accepted, until they are finished (the
+//! kernel's orphaned sockets). It sleeps on a watcher of its own (spec §6
+//! "Several waiters"), never looking again on a clock except for a
+//! connection's own timers (its keepalive, an orphan's deadline).
 
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::Instant;
+
+use crate::sock::wait;
+use crate::watcher::Watcher;
 
 /// A connection the flusher can push along.
 pub(crate) trait Flushable: Send + Sync {
-    /// Takes in credit and sends what it allows, if the connection is not
-    /// busy in its program's hands; true while bytes still wait.
+    /// Takes in credit and sends what it allows; true while bytes still
+    /// wait (or, for an orphan, while it is not finished).
     fn try_flush(&self) -> bool;
+    /// Watches the connection's endpoint with `w` and arms it: true when
+    /// something waits already (look again instead of sleeping).
+    fn watch_arm(&self, w: &Watcher) -> bool;
+    /// Stops `w`'s watch of the connection's endpoint.
+    fn unwatch(&self, w: &Watcher);
+    /// The connection's next timer (`Core::next_timer`, an orphan's
+    /// deadline).
+    fn next_timer(&self) -> Option<Instant>;
+    /// A watcher of the connection's device, for the flusher thread.
+    fn new_watcher(&self) -> Option<Arc<Watcher>>;
 }
 
 /// A connection the thread looks at.
@@ -26,11 +41,11 @@ enum Entry {
 }
 
 impl Entry {
-    /// Looks at it: true to keep it.
-    fn keep(&self) -> bool {
+    /// The connection, if it is this process's to look at.
+    fn conn(&self) -> Option<Arc<dyn Flushable>> {
         match self {
-            Entry::Watched(c) => c.upgrade().is_some_and(|c| c.try_flush()),
-            Entry::Orphan(pid, c) => *pid == std::process::id() && c.try_flush(),
+            Entry::Watched(c) => c.upgrade(),
+            Entry::Orphan(pid, c) => (*pid == std::process::id()).then(|| c.clone()),
         }
     }
 }
@@ -40,6 +55,8 @@ struct Flusher {
     wake: Condvar,
     /// The process the thread runs in (a forked child starts its own).
     pid: Mutex<u32>,
+    /// The thread's watcher, poked when a connection is added.
+    watcher: Mutex<Option<Arc<Watcher>>>,
 }
 
 fn flusher() -> &'static Flusher {
@@ -48,6 +65,7 @@ fn flusher() -> &'static Flusher {
         watched: Mutex::new(Vec::new()),
         wake: Condvar::new(),
         pid: Mutex::new(0),
+        watcher: Mutex::new(None),
     })
 }
 
@@ -79,10 +97,14 @@ fn add(e: Entry) {
     }
     f.watched.lock().unwrap_or_else(|p| p.into_inner()).push(e);
     f.wake.notify_one();
+    if let Some(w) = f.watcher.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        w.poke();
+    }
 }
 
 fn run() {
     let f = flusher();
+    let mut watcher: Option<Arc<Watcher>> = None;
     loop {
         let list: Vec<Entry> = {
             let mut w = f.watched.lock().unwrap_or_else(|p| p.into_inner());
@@ -91,22 +113,58 @@ fn run() {
             }
             std::mem::take(&mut *w)
         };
+        if watcher.is_none() {
+            watcher = list
+                .iter()
+                .filter_map(Entry::conn)
+                .find_map(|c| c.new_watcher());
+            *f.watcher.lock().unwrap_or_else(|p| p.into_inner()) = watcher.clone();
+        }
         let mut keep = Vec::with_capacity(list.len());
+        let mut again = false;
+        let mut until: Option<Instant> = None;
         for e in list {
-            if e.keep() {
-                keep.push(e);
-            } else if let Entry::Orphan(pid, c) = e {
-                if pid != std::process::id() {
-                    // The parent's: dropping it here would destroy the
-                    // parent's endpoint.
-                    std::mem::forget(c);
+            let Some(c) = e.conn() else {
+                if let Entry::Orphan(pid, c) = e {
+                    if pid != std::process::id() {
+                        // The parent's: dropping it here would destroy
+                        // the parent's endpoint.
+                        std::mem::forget(c);
+                    }
                 }
+                continue;
+            };
+            if !c.try_flush() {
+                if let Some(w) = &watcher {
+                    c.unwatch(w);
+                }
+                continue;
             }
+            match &watcher {
+                Some(w) => again |= c.watch_arm(w),
+                None => again = true,
+            }
+            if let Some(t) = c.next_timer() {
+                until = Some(until.map_or(t, |u| u.min(t)));
+            }
+            keep.push(e);
         }
         f.watched
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(keep);
-        std::thread::sleep(Duration::from_millis(1));
+        match &watcher {
+            _ if again => std::thread::yield_now(),
+            Some(w) => {
+                if let Ok(wait::Woke::Clock) = wait::sleep(w, until) {
+                    // The next pass looks at every connection; what it
+                    // finds was due (a timer), or would have notified.
+                    wait::count_wake(wait::WakeKind::Timer);
+                }
+            }
+            // No watcher could be made (no memory for one): bytes still
+            // leave whenever their program calls into the connection.
+            None => std::thread::sleep(wait::UNFED_LOOK),
+        }
     }
 }

@@ -403,6 +403,38 @@ impl Listener {
         self.exclusive(|l| l.ep.arm().map_err(io_err))
     }
 
+    /// Makes `w` watch this socket's endpoint (or stop, `on` false), so
+    /// that its notifications wake `w` (arm with [`Self::arm`] before
+    /// sleeping on `w`).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let w = net.watcher()?;
+    /// s.watch(&w, true)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn watch(&self, w: &crate::Watcher, on: bool) -> io::Result<()> {
+        if on {
+            w.watch(&self.ep).map_err(io_err)
+        } else {
+            w.unwatch(&self.ep).map_err(io_err)
+        }
+    }
+
+    /// This thread's watcher (made from this socket's NIC the first time):
+    /// what a thread blocked on sockets sleeps on.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Listener::bind(&net, 7, 16)?;
+    /// let w = s.thread_watcher()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn thread_watcher(&self) -> io::Result<std::sync::Arc<crate::Watcher>> {
+        crate::sock::wait::thread_watcher(&self.ep.dom)
+    }
+
     /// A handle that sleeps until this socket's endpoint is notified,
     /// without holding the socket (after [`Self::arm`]).
     ///
@@ -431,12 +463,14 @@ impl Listener {
     /// ```
     pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
         let spin = self.net.config().spin;
+        let (dom, id) = (self.ep.dom.clone(), self.ep.id());
         super::wait::until(
             self,
             spin,
             deadline,
+            (&dom, id),
             |l| l.poll().contains(Ready::READ),
-            |l, t| l.ep.wait(t).map(|_| ()).map_err(io_err),
+            |l| l.arm(),
         )
     }
 }

@@ -44,4 +44,5 @@ pub use listener::Listener;
 pub use net::Net;
 pub use stream::handle::Stream;
 pub use stream::Shutdown;
+pub use wait::{count_clock, count_wake, wake_stats, WakeKind, WakeStats, UNFED_LOOK};
 pub use wire::PROTOCOL_VERSION;

@@ -197,6 +197,31 @@ impl Net {
         &self.inner.cfg
     }
 
+    /// This thread's watcher (spec §6 "Several waiters"), made the first
+    /// time: what a thread blocked on sockets sleeps on.
+    ///
+    /// ```no_run
+    /// let net = ulnic::sock::Net::open()?;
+    /// let w = net.watcher()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn watcher(&self) -> std::io::Result<Arc<crate::Watcher>> {
+        crate::sock::wait::thread_watcher(&self.inner.pd.inner)
+    }
+
+    /// A new watcher of this NIC, for a waiter of its own (an `epoll`
+    /// set).
+    ///
+    /// ```no_run
+    /// let net = ulnic::sock::Net::open()?;
+    /// let w = net.new_watcher()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn new_watcher(&self) -> std::io::Result<Arc<crate::Watcher>> {
+        crate::Watcher::of(&self.inner.pd.inner)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+    }
+
     /// The descriptor that becomes readable when one of these sockets,
     /// armed, has something new (`poll`, `select`, `epoll`).
     ///

@@ -15,6 +15,7 @@ use crate::sock::addr::{visible_port, Ready, SockAddr, Wakes, CONN_BASE, CONN_PO
 use crate::sock::flusher::{self, Flushable};
 use crate::sock::held::Held;
 use crate::sock::net::{Net, Shape};
+use crate::sock::wait;
 use crate::sock::wire::{self, Hello};
 use crate::types::{Address, Event, SendError};
 use crate::FilterEntry;
@@ -30,10 +31,6 @@ const ID_KEEPALIVE: u64 = 3;
 /// How long a closing connection waits for its peer to take more of what
 /// was written before it gives up and resets.
 const STALLED: Duration = Duration::from_secs(10);
-
-/// The longest a blocking call sleeps at once before it looks again (a
-/// wake-up another thread took is then noticed).
-const SLEEP_SLICE: Duration = Duration::from_millis(100);
 
 /// How long a connection may hear nothing from its peer before it sends a
 /// keepalive (docs/sockets.md §4).
@@ -497,13 +494,20 @@ impl Core {
             return Ok(false);
         }
         let tag = wire::tag(wire::DATA, self.owed);
-        let posted = if bytes.len() <= INLINE_MAX as usize {
+        // The send that fills the ring asks for its completion, whose
+        // event notifies a writer waiting for room (the ring's consumer
+        // moving notifies nobody).
+        let last = self.ep.send_space() == 1;
+        let posted = if bytes.len() <= INLINE_MAX as usize && last {
+            self.ep
+                .post_send_inline_completion(self.peer_ep, tag, bytes, 0)
+        } else if bytes.len() <= INLINE_MAX as usize {
             self.ep.post_send_inline(self.peer_ep, tag, bytes, 0)
         } else {
             let slot = self.shape.send_slot(self.ep.send_position());
             self.ep.write_segment(slot as usize, bytes);
             self.ep
-                .post_send(self.peer_ep, tag, slot, bytes.len() as u32, 0, false)
+                .post_send(self.peer_ep, tag, slot, bytes.len() as u32, 0, last)
         };
         match posted {
             Ok(()) => {
@@ -841,6 +845,35 @@ impl Core {
         self.ep.waiter()
     }
 
+    /// The connection's endpoint: its domain and id.
+    pub(crate) fn endpoint(&self) -> (std::sync::Arc<dyn crate::backend::Domain>, u32) {
+        (self.ep.dom.clone(), self.ep.id())
+    }
+
+    /// When the connection next has something to do by itself, with no
+    /// message coming: its keepalive (docs/sockets.md §4) or its connect
+    /// deadline. A waiter sleeps no longer than this.
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
+        let connect = match self.phase {
+            Phase::Connecting { deadline } => Some(deadline),
+            _ => None,
+        };
+        // A keepalive waits for the last one's delivery (its event
+        // notifies) and for ring room (the send that filled the ring asks
+        // for its completion).
+        let keepalive =
+            (self.connected() && !self.reset && !self.keepalive_out && self.ep.send_space() > 0)
+                .then(|| {
+                    self.keepalive_at
+                        .map_or(self.last_heard, |k| k.max(self.last_heard))
+                        + KEEPALIVE
+                });
+        match (connect, keepalive) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     pub(crate) fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
         self.progress();
         self.shutdowns += 1;
@@ -979,7 +1012,10 @@ impl Core {
                 }
                 break;
             }
-            let _ = self.ep.wait(Duration::from_millis(10));
+            // Woken by the FIN's completion or the peer's credit; the
+            // clock ends it only at the limit.
+            let left = (last.1 + limit).saturating_duration_since(now);
+            let _ = self.ep.wait(left + Duration::from_millis(1));
         }
         self.ep.clear_close_message();
     }
@@ -987,9 +1023,8 @@ impl Core {
 
 impl Flushable for Mutex<Core> {
     fn try_flush(&self) -> bool {
-        let Ok(mut c) = self.try_lock() else {
-            return true; // its program has it: it flushes on the way
-        };
+        // Held by its program only briefly (never across a sleep).
+        let mut c = self.lock().unwrap_or_else(|p| p.into_inner());
         if c.orphan_until.is_some() {
             return c.finish_orphan();
         }
@@ -997,6 +1032,34 @@ impl Flushable for Mutex<Core> {
         let waiting = c.has_waiting();
         c.watched = waiting;
         waiting
+    }
+
+    fn watch_arm(&self, w: &crate::watcher::Watcher) -> bool {
+        let mut c = self.lock().unwrap_or_else(|p| p.into_inner());
+        let (dom, id) = c.endpoint();
+        if w.watch_id(&dom, id).is_err() {
+            return true; // cannot be woken: look again
+        }
+        c.arm().unwrap_or(true)
+    }
+
+    fn unwatch(&self, w: &crate::watcher::Watcher) {
+        let c = self.lock().unwrap_or_else(|p| p.into_inner());
+        let (dom, id) = c.endpoint();
+        let _ = w.unwatch_id(&dom, id);
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        let c = self.lock().unwrap_or_else(|p| p.into_inner());
+        match (c.next_timer(), c.orphan_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn new_watcher(&self) -> Option<std::sync::Arc<crate::watcher::Watcher>> {
+        let c = self.lock().unwrap_or_else(|p| p.into_inner());
+        crate::watcher::Watcher::of(&c.ep.dom).ok()
     }
 }
 

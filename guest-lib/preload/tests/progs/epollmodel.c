@@ -20,7 +20,18 @@
  *   poll                            poll(every open name, in|out|rdhup, timeout 0)
  *   turns SET                       epoll_wait(SET, 1 entry, timeout 0) 8 times; the names
  *                                   reported, each once (ready entries take turns)
+ *   bwait SET NAME BYTES            epoll_wait(SET, 8 entries, 300 ms) while another thread
+ *                                   writes BYTES to NAME 5 ms after the wait began
+ *   bpoll NAME BYTES                poll (as `poll`, 300 ms) while another thread writes
+ *   fwait SET NAME BYTES            NAME leaves both sets and this process (closed here); a
+ *                                   forked child writes BYTES to it 5 ms after
+ *                                   epoll_wait(SET, 8 entries, 300 ms) began, then exits
+ *                                   once the wait is over (its close ends the stream)
  *   end                             closes everything; prints "end"
+ *
+ * The blocking waits find what changed in another thread or process while
+ * they slept: a wake-up lost there leaves them asleep to their timeout,
+ * which reports less than the kernel does.
  *
  * A stream takes at most 6 writes a sequence (ulnic credits 8 messages
  * unread; beyond, bytes wait for credit where the kernel's window would
@@ -40,6 +51,8 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,7 +169,9 @@ static void wait_set(int set)
 	printf("\n");
 }
 
-static void poll_all(void)
+/* poll(every open name, in|out|rdhup, `ms`): prints `label` and each
+ * name's readiness. With `out` 0, POLLOUT is not asked for. */
+static void poll_names(const char *label, int ms, int out)
 {
 	struct pollfd pf[NAMES];
 	int k = 0;
@@ -164,12 +179,13 @@ static void poll_all(void)
 
 	for (int i = 0; i < NAMES; i++)
 		if (fds[i] >= 0)
-			pf[k++] = (struct pollfd){ .fd = fds[i], .events = POLLIN | POLLOUT | POLLRDHUP };
-	if (poll(pf, k, 0) < 0) {
-		printf("poll -%d\n", errno);
+			pf[k++] = (struct pollfd){ .fd = fds[i],
+						   .events = POLLIN | POLLRDHUP | (out ? POLLOUT : 0) };
+	if (poll(pf, k, ms) < 0) {
+		printf("%s -%d\n", label, errno);
 		return;
 	}
-	printf("poll");
+	printf("%s", label);
 	for (int i = 0, j = 0; i < NAMES; i++)
 		if (fds[i] >= 0) {
 			unsigned r = pf[j++].revents;
@@ -180,6 +196,11 @@ static void poll_all(void)
 			printf(" %s:%s", names[i], m);
 		}
 	printf("\n");
+}
+
+static void poll_all(void)
+{
+	poll_names("poll", 0, 1);
 }
 
 static void turns(int set)
@@ -292,6 +313,141 @@ static void quick_acks(void)
 			setsockopt(fds[i], IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
 }
 
+/* A write 5 ms from now, by another thread. */
+struct later {
+	int fd;
+	long bytes;
+	ssize_t done;
+};
+
+static void *write_later(void *arg)
+{
+	struct later *w = arg;
+	static char data[65536];
+
+	nap_us(5000);
+	memset(data, 'y', sizeof(data));
+	w->done = write(w->fd, data, w->bytes);
+	if (w->done < 0)
+		w->done = -errno;
+	return NULL;
+}
+
+/* Whether `n` may be written to now (a stream with an open peer and
+ * writes left this sequence), else prints "skip". */
+static int writable_name(int n)
+{
+	if (n < 0 || n >= 4 || fds[n] < 0 || fds[peer[n]] < 0 || writes[n] >= 6) {
+		printf("skip\n");
+		return 0;
+	}
+	return 1;
+}
+
+static void print_events(const char *what, struct epoll_event *ev, int k)
+{
+	char m[8];
+
+	qsort(ev, k, sizeof(ev[0]), by_name);
+	printf("%s", what);
+	for (int i = 0; i < k; i++) {
+		masks(m, ev[i].events);
+		printf(" %s:%s", names[ev[i].data.u64], m);
+	}
+	printf("\n");
+}
+
+/* bwait and bpoll: a wait while another thread writes. */
+static void blocked(int set, int n, long bytes, int use_poll)
+{
+	struct later w = { .fd = fds[n], .bytes = bytes % 65536 };
+	struct epoll_event ev[8];
+	pthread_t t;
+	int k = 0;
+
+	if (!w.bytes)
+		w.bytes = 1;
+	if (pthread_create(&t, NULL, write_later, &w))
+		die("pthread_create");
+	if (!use_poll)
+		k = epoll_wait(sets[set], ev, 8, 300);
+	else
+		poll_names("woke", 300, 0);
+	pthread_join(t, NULL);
+	printf("%s %zd\n", use_poll ? "bpoll" : "bwait", w.done);
+	if (!use_poll && k < 0)
+		printf("wait -%d\n", errno);
+	else if (!use_poll)
+		print_events("woke", ev, k);
+	if (w.done > 0) {
+		writes[n]++;
+		unread[peer[n]] += w.done;
+		if (settle_bytes(peer[n]))
+			printf("settle timed out\n");
+	}
+}
+
+/* fwait: a forked child writes while this process waits. */
+static void forked(int set, int n, long bytes)
+{
+	int go[2], back[2], to = peer[n], reset;
+	long want = bytes % 65536 ? bytes % 65536 : 1;
+	struct epoll_event ev[8];
+	ssize_t done = 0;
+	pid_t pid;
+	int k;
+
+	for (int i = 0; i < 2; i++)
+		epoll_ctl(sets[i], EPOLL_CTL_DEL, fds[n], NULL);
+	if (pipe(go) || pipe(back))
+		die("pipe");
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (!pid) {
+		static char data[65536];
+		char c;
+
+		nap_us(5000);
+		memset(data, 'z', sizeof(data));
+		done = write(fds[n], data, want);
+		if (done < 0)
+			done = -errno;
+		if (write(back[1], &done, sizeof(done)) != sizeof(done))
+			_exit(3);
+		if (read(go[0], &c, 1) != 1)
+			_exit(4);
+		exit(0); /* an orderly close of what it holds */
+	}
+	close(fds[n]);
+	fds[n] = -1;
+	k = epoll_wait(sets[set], ev, 8, 300);
+	if (read(back[0], &done, sizeof(done)) != sizeof(done))
+		done = -EIO;
+	printf("fwait %zd\n", done);
+	if (k < 0)
+		printf("wait -%d\n", errno);
+	else
+		print_events("woke", ev, k);
+	if (done > 0) {
+		writes[n]++;
+		unread[to] += done;
+		if (settle_bytes(to))
+			printf("settle timed out\n");
+	}
+	/* The child's close is a reset when it leaves bytes unread. */
+	reset = unread[n] > 0;
+	if (write(go[1], "g", 1) != 1)
+		die("write");
+	waitpid(pid, NULL, 0);
+	for (int i = 0; i < 2; i++) {
+		close(go[i]);
+		close(back[i]);
+	}
+	settle_end(n, reset ? POLLERR : POLLRDHUP, !reset);
+}
+
 static void step(char *line)
 {
 	char op[16], a[16], b[16], c[16];
@@ -309,6 +465,23 @@ static void step(char *line)
 	}
 	if (k >= 1 && !strcmp(op, "wait") && k == 2) {
 		wait_set(atoi(a) & 1);
+		return;
+	}
+	if (k == 4 && (!strcmp(op, "bwait") || !strcmp(op, "fwait"))) {
+		n = name_of(b);
+		if (!writable_name(n))
+			return;
+		if (!strcmp(op, "bwait"))
+			blocked(atoi(a) & 1, n, atol(c), 0);
+		else
+			forked(atoi(a) & 1, n, atol(c));
+		return;
+	}
+	if (k == 3 && !strcmp(op, "bpoll")) {
+		n = name_of(a);
+		if (!writable_name(n))
+			return;
+		blocked(0, n, atol(b), 1);
 		return;
 	}
 	if (k == 4 && !strcmp(op, "ctl")) {

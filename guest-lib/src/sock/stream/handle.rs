@@ -312,6 +312,54 @@ impl Stream {
         self.core().wakes()
     }
 
+    /// Makes `w` watch this connection's endpoint (or stop, `on` false),
+    /// so that its notifications wake `w` (arm with [`Self::arm`] before
+    /// sleeping on `w`; sleep no longer than [`Self::next_timer`]).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let w = net.watcher()?;
+    /// s.watch(&w, true)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn watch(&self, w: &crate::Watcher, on: bool) -> io::Result<()> {
+        let (dom, id) = self.core().endpoint();
+        if on {
+            w.watch_id(&dom, id).map_err(io_err)
+        } else {
+            w.unwatch_id(&dom, id).map_err(io_err)
+        }
+    }
+
+    /// When the connection next acts by itself, with nothing arriving: its
+    /// keepalive or connect deadline (docs/sockets.md §4). A program
+    /// sleeping for it wakes by then and looks ([`Self::poll`]).
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let due = s.next_timer();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn next_timer(&self) -> Option<Instant> {
+        self.core().next_timer()
+    }
+
+    /// This thread's watcher (made from this socket's NIC the first time):
+    /// what a thread blocked on sockets sleeps on.
+    ///
+    /// ```no_run
+    /// # let net = ulnic::sock::Net::open()?;
+    /// # let s = ulnic::sock::Stream::connect(&net, ulnic::sock::SockAddr { node: 1, port: 7 })?;
+    /// let w = s.thread_watcher()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn thread_watcher(&self) -> io::Result<std::sync::Arc<crate::Watcher>> {
+        let (dom, _) = self.core().endpoint();
+        wait::thread_watcher(&dom)
+    }
+
     /// A handle that sleeps until this socket's endpoint is notified,
     /// without holding the socket (after [`Stream::arm`]).
     ///
@@ -343,8 +391,9 @@ impl Stream {
     /// ```
     pub fn wait(&self, want: Ready, deadline: Option<Instant>) -> io::Result<bool> {
         let spin_until = Instant::now() + self.core().net.config().spin;
+        let mut watching: Option<wait::Watching> = None;
         loop {
-            let waiter = {
+            let (w, until) = {
                 let mut c = self.core();
                 if c.poll().intersects(want | Ready::ERROR | Ready::HUP) {
                     return Ok(true);
@@ -354,20 +403,30 @@ impl Stream {
                     return Ok(false);
                 }
                 if now < spin_until {
-                    None
-                } else if c.arm()? {
+                    drop(c);
+                    std::thread::yield_now();
+                    continue;
+                }
+                if watching.is_none() {
+                    let (dom, id) = c.endpoint();
+                    watching = Some(wait::Watching::start(&dom, id)?);
+                }
+                if c.arm()? {
                     continue; // something came meanwhile
-                } else {
-                    Some(c.waiter())
                 }
+                let w = watching.as_ref().map(|x| x.watcher().clone());
+                // Woken for the connection's own timer too (a keepalive,
+                // the connect deadline), never to look again.
+                let until = match (deadline, c.next_timer()) {
+                    (Some(d), Some(t)) => Some(d.min(t)),
+                    (d, t) => d.or(t),
+                };
+                (w, until)
             };
-            match waiter {
-                None => std::thread::yield_now(),
-                Some(w) => {
-                    let left = deadline
-                        .map_or(SLEEP_SLICE, |d| d.saturating_duration_since(Instant::now()));
-                    w.wait(left.min(SLEEP_SLICE)).map_err(io_err)?;
-                }
+            let Some(w) = w else { continue };
+            if wait::sleep(&w, until)? == wait::Woke::Clock {
+                let work = self.core().arm()?;
+                wait::count_clock(&w, work);
             }
         }
     }
@@ -383,9 +442,14 @@ impl Stream {
     /// ```
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         let mut c = self.core();
-        c.shutdown(how)?;
+        let r = c.shutdown(how);
         self.watch_if_waiting(&mut c);
-        Ok(())
+        let (dom, id) = c.endpoint();
+        drop(c);
+        // Its waiters in other threads see what changed (the kernel wakes
+        // a socket's waiters at every shutdown, even a failed one).
+        crate::watcher::poke_endpoint(&dom, id);
+        r
     }
 
     /// Aborts the connection now: the peer's reads fail with `ECONNRESET`

@@ -1,0 +1,344 @@
+//! Watchers (spec §6 "Several waiters", §9): one waiter's wake-up for the
+//! notifications of many endpoints, which no other waiter can take. A
+//! thread blocked on a socket, a `poll` call and an `epoll` set each wait
+//! on a watcher of their own; the driver (or, under host attach, whoever
+//! reads the notification queue) adds one to every watcher of an endpoint
+//! for each notification, so a wake-up that one of them takes is never
+//! missing from another.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::backend::Domain;
+use crate::endpoint::Endpoint;
+use crate::error::Error;
+
+/// One waiter's wake-up for the endpoints it watches.
+///
+/// Watch the endpoints, arm them ([`Endpoint::arm`]), look at them once
+/// more, then sleep in [`Watcher::wait`] (or in `poll`/`epoll` on
+/// [`Watcher::fds`], then [`Watcher::take`]). Every notification of a
+/// watched endpoint after the watch wakes it, whatever other waiters of
+/// the same endpoint do.
+///
+/// ```no_run
+/// # let nic = ulnic::Nic::open()?;
+/// # let pd = nic.alloc_pd()?;
+/// # let mut a = pd.create_endpoint(&Default::default())?;
+/// # let mut b = pd.create_endpoint(&Default::default())?;
+/// let w = ulnic::Watcher::new(&pd)?;
+/// w.watch(&a)?;
+/// w.watch(&b)?;
+/// if !a.arm()? && !b.arm()? {
+///     w.wait(std::time::Duration::from_secs(1))?;
+/// }
+/// # Ok::<(), ulnic::Error>(())
+/// ```
+pub struct Watcher {
+    fd: OwnedFd,
+    /// The domain it was made from: under host attach its notification
+    /// queue feeds every watcher of the attachment.
+    maker: Arc<dyn Domain>,
+    /// The process that made it: a forked child's copy is the parent's
+    /// watcher, never to be waited on or unwatched from the child.
+    pid: u32,
+    /// What it watches: by (domain's address, endpoint id).
+    watched: Mutex<HashMap<(usize, u32), Arc<dyn Domain>>>,
+}
+
+thread_local! {
+    /// This thread's watcher, and the process it was made in (a forked
+    /// child makes its own: the copy it inherited is the parent's).
+    static MINE: std::cell::RefCell<Option<(u32, Arc<Watcher>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Every live watcher of this process, so that a change user space makes
+/// wakes the waiters of the endpoint it concerns ([`poke_endpoint`]).
+static LIVE: Mutex<Vec<Weak<Watcher>>> = Mutex::new(Vec::new());
+
+/// A domain's identity in a watcher's table.
+fn key(dom: &Arc<dyn Domain>) -> usize {
+    Arc::as_ptr(dom).cast::<()>() as usize
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Watcher {
+    /// A new watcher of `pd`'s device.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn new(pd: &crate::ProtectionDomain) -> Result<Arc<Watcher>, Error> {
+        Watcher::of(&pd.inner)
+    }
+
+    /// This thread's watcher, made from `dom` the first time (what a
+    /// thread blocked on endpoints sleeps on).
+    pub(crate) fn this_thread(dom: &Arc<dyn Domain>) -> Result<Arc<Watcher>, Error> {
+        MINE.with(|m| {
+            let mut m = m.borrow_mut();
+            let pid = std::process::id();
+            if let Some((p, w)) = m.as_ref() {
+                if *p == pid {
+                    return Ok(w.clone());
+                }
+            }
+            let w = Watcher::of(dom)?;
+            *m = Some((pid, w.clone()));
+            Ok(w)
+        })
+    }
+
+    pub(crate) fn of(dom: &Arc<dyn Domain>) -> Result<Arc<Watcher>, Error> {
+        let w = Arc::new(Watcher {
+            fd: dom.new_watcher()?,
+            maker: dom.clone(),
+            pid: std::process::id(),
+            watched: Mutex::new(HashMap::new()),
+        });
+        let mut live = lock(&LIVE);
+        live.retain(|x| x.strong_count() > 0);
+        live.push(Arc::downgrade(&w));
+        Ok(w)
+    }
+
+    /// Watches `ep`: its notifications wake this watcher from now on.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # let ep = pd.create_endpoint(&Default::default())?;
+    /// let w = ulnic::Watcher::new(&pd)?;
+    /// w.watch(&ep)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn watch(&self, ep: &Endpoint) -> Result<(), Error> {
+        self.watch_id(&ep.dom, ep.id())
+    }
+
+    pub(crate) fn watch_id(&self, dom: &Arc<dyn Domain>, id: u32) -> Result<(), Error> {
+        let mut w = lock(&self.watched);
+        let key = (key(dom), id);
+        if w.contains_key(&key) {
+            return Ok(());
+        }
+        dom.watch(id, self.fd.as_raw_fd(), true)?;
+        w.insert(key, dom.clone());
+        Ok(())
+    }
+
+    /// Stops watching `ep`.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # let ep = pd.create_endpoint(&Default::default())?;
+    /// # let w = ulnic::Watcher::new(&pd)?;
+    /// w.watch(&ep)?;
+    /// w.unwatch(&ep)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn unwatch(&self, ep: &Endpoint) -> Result<(), Error> {
+        self.unwatch_id(&ep.dom, ep.id())
+    }
+
+    pub(crate) fn unwatch_id(&self, dom: &Arc<dyn Domain>, id: u32) -> Result<(), Error> {
+        if lock(&self.watched).remove(&(key(dom), id)).is_some() {
+            // The endpoint may be gone already, and its watches with it.
+            let _ = dom.watch(id, self.fd.as_raw_fd(), false);
+        }
+        Ok(())
+    }
+
+    /// Whether it watches endpoint `id` of `dom`.
+    pub(crate) fn watches(&self, dom: &Arc<dyn Domain>, id: u32) -> bool {
+        lock(&self.watched).contains_key(&(key(dom), id))
+    }
+
+    /// The descriptors to sleep on in `poll` or `epoll` for this watcher:
+    /// its own, and under host attach the notification queue's, which
+    /// must be read with [`Watcher::take`] when readable (the process
+    /// reads the records that feed watchers itself).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// for fd in w.fds() {
+    ///     println!("poll {fd} for POLLIN");
+    /// }
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn fds(&self) -> Vec<RawFd> {
+        let mut v = vec![self.fd.as_raw_fd()];
+        if let Some(f) = self.feed() {
+            v.push(f.1);
+        }
+        v
+    }
+
+    /// The domain whose records feed this watcher in this process, and
+    /// its descriptor (host attach).
+    fn feed(&self) -> Option<(Arc<dyn Domain>, RawFd)> {
+        let f = self.maker.watch_feed()?;
+        Some((self.maker.clone(), f))
+    }
+
+    /// Whether every endpoint it watches feeds it in this process (false
+    /// in a forked child under host attach, whose parent reads the
+    /// notification queue: such a child can only look again later).
+    pub fn fed(&self) -> bool {
+        self.maker.watchers_fed() && lock(&self.watched).values().all(|d| d.watchers_fed())
+    }
+
+    /// Takes the wake-ups that came (reading the records that feed it
+    /// first, under host attach): how many; 0 when none. Never blocks.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// if w.take() > 0 { /* look at the watched endpoints */ }
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn take(&self) -> u64 {
+        if let Some((d, _)) = self.feed() {
+            d.feed_watchers();
+        }
+        let mut n = 0u64;
+        // SAFETY: reads 8 bytes into a u64 from our own descriptor, which
+        // never blocks (EAGAIN when the count is 0).
+        let r = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut n as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if r == 8 {
+            n
+        } else {
+            0
+        }
+    }
+
+    /// Wakes this watcher's waiters as a notification would (for a change
+    /// user space made, such as a shutdown in another thread).
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// w.poke();
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn poke(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a u64 to our own descriptor.
+        unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+
+    /// Sleeps until woken (true) or `timeout` passes (false), taking the
+    /// wake-ups. A signal caught meanwhile ends it with `EINTR`.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// let woken = w.wait(std::time::Duration::from_millis(100))?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
+        self.wait_with(&mut [], timeout, None)
+    }
+
+    /// Sleeps until woken (true), one of `extra` is ready as asked, or
+    /// `timeout` passes; takes the wake-ups. `extra`'s `revents` are
+    /// filled in (all 0 when it returns for another reason). A signal
+    /// caught meanwhile ends it with `EINTR`.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// let mut stdin = [libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 }];
+    /// let woken = w.wait_with(&mut stdin, std::time::Duration::from_secs(1), None)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    ///
+    /// `sigmask`, if given, is the signal mask while it sleeps (as
+    /// `ppoll`'s).
+    pub fn wait_with(
+        &self,
+        extra: &mut [libc::pollfd],
+        timeout: Duration,
+        sigmask: Option<&libc::sigset_t>,
+    ) -> Result<bool, Error> {
+        let deadline = Instant::now() + timeout;
+        extra.iter_mut().for_each(|p| p.revents = 0);
+        loop {
+            if self.take() > 0 {
+                return Ok(true);
+            }
+            let mut p: Vec<libc::pollfd> = extra.to_vec();
+            for fd in self.fds() {
+                p.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ts = libc::timespec {
+                tv_sec: left.as_secs().min(i32::MAX as u64) as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            };
+            let mask = sigmask.map_or(std::ptr::null(), |m| m as *const libc::sigset_t);
+            // SAFETY: a valid array of pollfds, a timespec and a mask (or
+            // null) for the duration of the call.
+            let r = unsafe { libc::ppoll(p.as_mut_ptr(), p.len() as libc::nfds_t, &ts, mask) };
+            if r < 0 {
+                // EINTR included: a signal ends the wait, as it ends the
+                // system call the caller stands for.
+                return Err(Error::Os(std::io::Error::last_os_error()));
+            }
+            let n = extra.len();
+            extra.copy_from_slice(&p[..n]);
+            // Only our own descriptors woke: take at the top of the loop.
+            if extra.iter().any(|x| x.revents != 0) || r == 0 {
+                return Ok(self.take() > 0);
+            }
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            return; // a copy inherited across fork: the watches are the parent's
+        }
+        for ((_, id), d) in lock(&self.watched).drain() {
+            let _ = d.watch(id, self.fd.as_raw_fd(), false);
+        }
+    }
+}
+
+/// Wakes every watcher of this process that watches endpoint `id` of
+/// `dom` (a change user space made to what its waiters wait for).
+pub(crate) fn poke_endpoint(dom: &Arc<dyn Domain>, id: u32) {
+    let live: Vec<Arc<Watcher>> = lock(&LIVE).iter().filter_map(Weak::upgrade).collect();
+    for w in live {
+        if w.pid == std::process::id() && w.watches(dom, id) {
+            w.poke();
+        }
+    }
+}
