@@ -49,6 +49,7 @@ pub mod sock;
 mod staging;
 mod types;
 mod utlb;
+mod wakes;
 mod watcher;
 
 pub use dmq::{DmqKind, DmqReceiver, DmqSender};

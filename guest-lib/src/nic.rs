@@ -165,6 +165,19 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// A new watcher of this domain's device (spec §6 "Several waiters"):
+    /// one waiter's wake-up for the notifications of the endpoints it
+    /// watches, of this domain or any other of the device.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// let w = nic.alloc_pd()?.new_watcher()?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn new_watcher(&self) -> Result<std::sync::Arc<crate::watcher::Watcher>, Error> {
+        crate::watcher::Watcher::of(&self.inner)
+    }
+
     /// Gives the domain a UTLB (VMMC-2): afterwards endpoints can send and
     /// RDMA from any [`UserBuffer`] of the domain without copying it into
     /// their segment; the driver installs translations as they are needed.

@@ -12,25 +12,25 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::backend::Domain;
-use crate::endpoint::Endpoint;
 use crate::error::Error;
 
 /// One waiter's wake-up for the endpoints it watches.
 ///
-/// Watch the endpoints, arm them ([`Endpoint::arm`]), look at them once
-/// more, then sleep in [`Watcher::wait`] (or in `poll`/`epoll` on
-/// [`Watcher::fds`], then [`Watcher::take`]). Every notification of a
-/// watched endpoint after the watch wakes it, whatever other waiters of
-/// the same endpoint do.
+/// Made by [`crate::ProtectionDomain::new_watcher`]. Watch the endpoints
+/// ([`crate::Endpoint::watch`]), arm them ([`crate::Endpoint::arm`]),
+/// look at them once more, then sleep in [`Watcher::wait`] (or in
+/// `poll`/`epoll` on [`Watcher::fds`], then [`Watcher::take`]). Every
+/// notification of a watched endpoint after the watch wakes it, whatever
+/// other waiters of the same endpoint do.
 ///
 /// ```no_run
 /// # let nic = ulnic::Nic::open()?;
 /// # let pd = nic.alloc_pd()?;
 /// # let mut a = pd.create_endpoint(&Default::default())?;
 /// # let mut b = pd.create_endpoint(&Default::default())?;
-/// let w = ulnic::Watcher::new(&pd)?;
-/// w.watch(&a)?;
-/// w.watch(&b)?;
+/// let w = pd.new_watcher()?;
+/// a.watch(&w)?;
+/// b.watch(&w)?;
 /// if !a.arm()? && !b.arm()? {
 ///     w.wait(std::time::Duration::from_secs(1))?;
 /// }
@@ -69,17 +69,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Watcher {
-    /// A new watcher of `pd`'s device.
-    ///
-    /// ```no_run
-    /// # let nic = ulnic::Nic::open()?;
-    /// let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
-    /// # Ok::<(), ulnic::Error>(())
-    /// ```
-    pub fn new(pd: &crate::ProtectionDomain) -> Result<Arc<Watcher>, Error> {
-        Watcher::of(&pd.inner)
-    }
-
     /// This thread's watcher, made from `dom` the first time (what a
     /// thread blocked on endpoints sleeps on).
     pub(crate) fn this_thread(dom: &Arc<dyn Domain>) -> Result<Arc<Watcher>, Error> {
@@ -110,20 +99,6 @@ impl Watcher {
         Ok(w)
     }
 
-    /// Watches `ep`: its notifications wake this watcher from now on.
-    ///
-    /// ```no_run
-    /// # let nic = ulnic::Nic::open()?;
-    /// # let pd = nic.alloc_pd()?;
-    /// # let ep = pd.create_endpoint(&Default::default())?;
-    /// let w = ulnic::Watcher::new(&pd)?;
-    /// w.watch(&ep)?;
-    /// # Ok::<(), ulnic::Error>(())
-    /// ```
-    pub fn watch(&self, ep: &Endpoint) -> Result<(), Error> {
-        self.watch_id(&ep.dom, ep.id())
-    }
-
     pub(crate) fn watch_id(&self, dom: &Arc<dyn Domain>, id: u32) -> Result<(), Error> {
         let mut w = lock(&self.watched);
         let key = (key(dom), id);
@@ -133,21 +108,6 @@ impl Watcher {
         dom.watch(id, self.fd.as_raw_fd(), true)?;
         w.insert(key, dom.clone());
         Ok(())
-    }
-
-    /// Stops watching `ep`.
-    ///
-    /// ```no_run
-    /// # let nic = ulnic::Nic::open()?;
-    /// # let pd = nic.alloc_pd()?;
-    /// # let ep = pd.create_endpoint(&Default::default())?;
-    /// # let w = ulnic::Watcher::new(&pd)?;
-    /// w.watch(&ep)?;
-    /// w.unwatch(&ep)?;
-    /// # Ok::<(), ulnic::Error>(())
-    /// ```
-    pub fn unwatch(&self, ep: &Endpoint) -> Result<(), Error> {
-        self.unwatch_id(&ep.dom, ep.id())
     }
 
     pub(crate) fn unwatch_id(&self, dom: &Arc<dyn Domain>, id: u32) -> Result<(), Error> {
@@ -170,7 +130,7 @@ impl Watcher {
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
-    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// # let w = nic.alloc_pd()?.new_watcher()?;
     /// for fd in w.fds() {
     ///     println!("poll {fd} for POLLIN");
     /// }
@@ -203,7 +163,7 @@ impl Watcher {
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
-    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// # let w = nic.alloc_pd()?.new_watcher()?;
     /// if w.take() > 0 { /* look at the watched endpoints */ }
     /// # Ok::<(), ulnic::Error>(())
     /// ```
@@ -233,7 +193,7 @@ impl Watcher {
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
-    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// # let w = nic.alloc_pd()?.new_watcher()?;
     /// w.poke();
     /// # Ok::<(), ulnic::Error>(())
     /// ```
@@ -254,7 +214,7 @@ impl Watcher {
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
-    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// # let w = nic.alloc_pd()?.new_watcher()?;
     /// let woken = w.wait(std::time::Duration::from_millis(100))?;
     /// # Ok::<(), ulnic::Error>(())
     /// ```
@@ -269,7 +229,7 @@ impl Watcher {
     ///
     /// ```no_run
     /// # let nic = ulnic::Nic::open()?;
-    /// # let w = ulnic::Watcher::new(&nic.alloc_pd()?)?;
+    /// # let w = nic.alloc_pd()?.new_watcher()?;
     /// let mut stdin = [libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 }];
     /// let woken = w.wait_with(&mut stdin, std::time::Duration::from_secs(1), None)?;
     /// # Ok::<(), ulnic::Error>(())

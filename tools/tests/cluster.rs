@@ -22,6 +22,7 @@ fn guests_run_commands_talk_over_ulnic_in_pairs_and_report_failures() {
     // One test function: the runs are heavy for 2 cores and better not
     // overlap.
     fuzz_then_selftest();
+    the_main_job_ten_times();
     pingpong_in_pairs();
     pingpong_over_two_devices();
     pingpong_behind_a_topology();
@@ -71,6 +72,31 @@ fn fuzz_then_selftest() {
         assert!(
             err.contains(&format!("[node {n}] node={n}/2")),
             "node {n} env:\n{err}"
+        );
+    }
+}
+
+/// README's main job, as a user runs it, ten times in a row with its
+/// defaults (block mode, the device's default idle period): a send left
+/// stranded between the device and a guest, or a wake-up lost, stalls a
+/// run and fails it (issue 46: it once failed five runs in seven).
+fn the_main_job_ten_times() {
+    let runs: u32 = std::env::var("ULNIC_MAIN_JOB_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    for run in 1..=runs {
+        let started = std::time::Instant::now();
+        let (ok, out, err) = ulnic(&[
+            "cluster", "bench", "pingpong", "--nodes", "2", "--size", "8,4096",
+        ]);
+        assert!(ok, "run {run} of the main job failed:\n{out}\n{err}");
+        for leg in ["ulnic  block        8", "ulnic  block     4096"] {
+            assert!(out.contains(leg), "run {run}: no `{leg}` line:\n{out}");
+        }
+        eprintln!(
+            "main job run {run}/{runs}: ok in {:.1} s",
+            started.elapsed().as_secs_f64()
         );
     }
 }

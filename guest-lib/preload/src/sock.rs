@@ -228,7 +228,7 @@ impl Sock {
                 Slept::Clock(w) => {
                     let work = self.lock().arm().unwrap_or(true);
                     if let Some(w) = w {
-                        ulnic::sock::count_clock(&w, work);
+                        ulnic::sock::count_clock(w, work);
                     }
                 }
             }

@@ -116,8 +116,8 @@ fn sleep(
         // A forked child under host attach: nothing can notify it (its
         // parent reads the queue), so it can only look again, counted.
         Reporting::Itself if !dom.watchers_fed() => {
-            std::thread::sleep(timeout.min(crate::sock::UNFED_LOOK));
-            crate::sock::count_wake(crate::sock::WakeKind::Unfed);
+            std::thread::sleep(timeout.min(crate::wakes::UNFED_LOOK));
+            crate::wakes::count_wake(crate::wakes::WakeKind::Unfed);
             Ok(false)
         }
         Reporting::Itself => dom.wait(id, timeout),
@@ -1036,6 +1036,63 @@ impl Endpoint {
                 return Ok(true);
             }
         }
+    }
+
+    /// Makes `w` watch this endpoint: its notifications wake `w` from now
+    /// on (spec §6, "Several waiters"), whatever other waiters do.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # let ep = pd.create_endpoint(&Default::default())?;
+    /// let w = pd.new_watcher()?;
+    /// ep.watch(&w)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn watch(&self, w: &crate::watcher::Watcher) -> Result<(), Error> {
+        w.watch_id(&self.dom, self.id)
+    }
+
+    /// Stops `w` watching this endpoint.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let pd = nic.alloc_pd()?;
+    /// # let ep = pd.create_endpoint(&Default::default())?;
+    /// # let w = pd.new_watcher()?;
+    /// ep.watch(&w)?;
+    /// ep.unwatch(&w)?;
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn unwatch(&self, w: &crate::watcher::Watcher) -> Result<(), Error> {
+        w.unwatch_id(&self.dom, self.id)
+    }
+
+    /// The control block's published words (spec §5.2), for a report of
+    /// an endpoint that seems stuck: the rings' indices as each side
+    /// published them, `doorbell wanted`, and the arm request and its
+    /// acknowledgement.
+    ///
+    /// ```no_run
+    /// # let nic = ulnic::Nic::open()?;
+    /// # let ep = nic.alloc_pd()?.create_endpoint(&Default::default())?;
+    /// eprintln!("{}", ep.control_words());
+    /// # Ok::<(), ulnic::Error>(())
+    /// ```
+    pub fn control_words(&self) -> String {
+        let w = |off| u32::from_le(self.word(off).load(Ordering::Acquire));
+        format!(
+            "send {}/{} recv {}/{} events {}/{} doorbell_wanted {} arm {}/{}",
+            w(ctrl::SEND_PRODUCER),
+            w(ctrl::SEND_CONSUMER),
+            w(ctrl::RECV_PRODUCER),
+            w(ctrl::RECV_CONSUMER),
+            w(ctrl::EVENT_PRODUCER),
+            w(ctrl::EVENT_CONSUMER),
+            w(ctrl::DOORBELL_WANTED),
+            w(ctrl::ARM_REQUEST),
+            w(ctrl::ARM_ACK)
+        )
     }
 
     /// The device's counters for this endpoint, by name (`ulnic_abi::STAT_NAMES`).

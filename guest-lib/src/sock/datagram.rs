@@ -394,11 +394,11 @@ impl Datagram {
     /// s.watch(&w, true)?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn watch(&self, w: &crate::Watcher, on: bool) -> io::Result<()> {
+    pub fn watch(&self, w: &crate::watcher::Watcher, on: bool) -> io::Result<()> {
         if on {
-            w.watch(&self.ep).map_err(io_err)
+            self.ep.watch(w).map_err(io_err)
         } else {
-            w.unwatch(&self.ep).map_err(io_err)
+            self.ep.unwatch(w).map_err(io_err)
         }
     }
 
@@ -411,7 +411,7 @@ impl Datagram {
     /// let w = s.thread_watcher()?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn thread_watcher(&self) -> io::Result<std::sync::Arc<crate::Watcher>> {
+    pub fn thread_watcher(&self) -> io::Result<std::sync::Arc<crate::watcher::Watcher>> {
         crate::sock::wait::thread_watcher(&self.ep.dom)
     }
 

@@ -159,12 +159,12 @@ fn run() {
                 if let Ok(wait::Woke::Clock) = wait::sleep(w, until) {
                     // The next pass looks at every connection; what it
                     // finds was due (a timer), or would have notified.
-                    wait::count_wake(wait::WakeKind::Timer);
+                    crate::wakes::count_wake(crate::wakes::WakeKind::Timer);
                 }
             }
             // No watcher could be made (no memory for one): bytes still
             // leave whenever their program calls into the connection.
-            None => std::thread::sleep(wait::UNFED_LOOK),
+            None => std::thread::sleep(crate::wakes::UNFED_LOOK),
         }
     }
 }

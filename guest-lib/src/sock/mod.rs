@@ -35,6 +35,7 @@ mod stream;
 mod wait;
 mod wire;
 
+pub use crate::wakes::{count_wake, wake_stats, WakeKind, WakeStats, UNFED_LOOK};
 pub use addr::{
     visible_port, ConnState, Ready, SockAddr, SockConfig, Wakes, CONN_BASE, CONN_PORTS, DGRAM_BASE,
     EPHEMERAL_FIRST, LISTEN_BASE,
@@ -44,5 +45,5 @@ pub use listener::Listener;
 pub use net::Net;
 pub use stream::handle::Stream;
 pub use stream::Shutdown;
-pub use wait::{count_clock, count_wake, wake_stats, WakeKind, WakeStats, UNFED_LOOK};
+pub use wait::count_clock;
 pub use wire::PROTOCOL_VERSION;

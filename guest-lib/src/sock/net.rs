@@ -205,7 +205,7 @@ impl Net {
     /// let w = net.watcher()?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn watcher(&self) -> std::io::Result<Arc<crate::Watcher>> {
+    pub fn watcher(&self) -> std::io::Result<Arc<crate::watcher::Watcher>> {
         crate::sock::wait::thread_watcher(&self.inner.pd.inner)
     }
 
@@ -217,8 +217,8 @@ impl Net {
     /// let w = net.new_watcher()?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn new_watcher(&self) -> std::io::Result<Arc<crate::Watcher>> {
-        crate::Watcher::of(&self.inner.pd.inner)
+    pub fn new_watcher(&self) -> std::io::Result<Arc<crate::watcher::Watcher>> {
+        crate::watcher::Watcher::of(&self.inner.pd.inner)
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
     }
 

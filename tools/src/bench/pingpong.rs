@@ -504,12 +504,13 @@ impl UlnicLink {
             },
         );
         format!(
-            "sent {} credits {} consumed {} send_space {} sends_done {} device: {stats}",
+            "sent {} credits {} consumed {} send_space {} sends_done {} control block: {} device: {stats}",
             self.send_seq,
             self.credits,
             self.consumed,
             self.ep.send_space(),
-            self.ep.sends_done()
+            self.ep.sends_done(),
+            self.ep.control_words()
         )
     }
 }

@@ -33,9 +33,10 @@
  * they slept: a wake-up lost there leaves them asleep to their timeout,
  * which reports less than the kernel does.
  *
- * A stream takes at most 6 writes a sequence (ulnic credits 8 messages
- * unread; beyond, bytes wait for credit where the kernel's window would
- * still take them): later ones print "skip".
+ * A stream takes at most WRITES (4) writes a sequence (a ulnic connection
+ * credits at least 4 messages unread; beyond, bytes wait for credit
+ * where the kernel's window would still take them): later ones print
+ * "skip".
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -57,6 +58,10 @@
 #include <unistd.h>
 
 #define NAMES 6 /* c0 s0 c1 s1 p q */
+/* Writes a stream takes per sequence: the fewest credits a ulnic
+ * connection has (4, when the attachment's memory fills: docs/sockets.md
+ * §3 "Sizes"; a forked child's closed connections keep theirs). */
+#define WRITES 4
 static const char *names[NAMES] = { "c0", "s0", "c1", "s1", "p", "q" };
 static int fds[NAMES], peer[NAMES] = { 1, 0, 3, 2, -1, 4 };
 static long unread[NAMES]; /* bytes written to a name's stream not yet read there */
@@ -337,7 +342,7 @@ static void *write_later(void *arg)
  * writes left this sequence), else prints "skip". */
 static int writable_name(int n)
 {
-	if (n < 0 || n >= 4 || fds[n] < 0 || fds[peer[n]] < 0 || writes[n] >= 6) {
+	if (n < 0 || n >= 4 || fds[n] < 0 || fds[peer[n]] < 0 || writes[n] >= WRITES) {
 		printf("skip\n");
 		return 0;
 	}
@@ -418,7 +423,10 @@ static void forked(int set, int n, long bytes)
 			_exit(3);
 		if (read(go[0], &c, 1) != 1)
 			_exit(4);
-		exit(0); /* an orderly close of what it holds */
+		/* exit, not _exit: what it holds is closed in order, as a
+		 * program ends (stdout was flushed before the fork; stdin is
+		 * a pipe the parent reads). */
+		exit(0);
 	}
 	close(fds[n]);
 	fds[n] = -1;
@@ -514,7 +522,7 @@ static void step(char *line)
 		long want = atol(b) % (long)sizeof(buf);
 		ssize_t r;
 
-		if (n == 4 || to < 0 || fds[to] < 0 || writes[n] >= 6) {
+		if (n == 4 || to < 0 || fds[to] < 0 || writes[n] >= WRITES) {
 			printf("skip\n");
 			return;
 		}

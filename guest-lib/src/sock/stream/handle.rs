@@ -323,7 +323,7 @@ impl Stream {
     /// s.watch(&w, true)?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn watch(&self, w: &crate::Watcher, on: bool) -> io::Result<()> {
+    pub fn watch(&self, w: &crate::watcher::Watcher, on: bool) -> io::Result<()> {
         let (dom, id) = self.core().endpoint();
         if on {
             w.watch_id(&dom, id).map_err(io_err)
@@ -355,7 +355,7 @@ impl Stream {
     /// let w = s.thread_watcher()?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn thread_watcher(&self) -> io::Result<std::sync::Arc<crate::Watcher>> {
+    pub fn thread_watcher(&self) -> io::Result<std::sync::Arc<crate::watcher::Watcher>> {
         let (dom, _) = self.core().endpoint();
         wait::thread_watcher(&dom)
     }
