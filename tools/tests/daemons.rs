@@ -12,7 +12,9 @@
 //! - 1,000 connections open at once between one server process and one
 //!   client process;
 //! - event libraries and runtimes: libevent, asyncio, Node.js (a cluster
-//!   of their own).
+//!   of their own), and the preload layer's epoll model with its blocking
+//!   waits (threads and forked children changing what another waits on)
+//!   inside a guest, on the Linux driver's watchers.
 //!
 //! Each server's eth0 counters show the bytes did not go through the
 //! kernel's network.
@@ -475,10 +477,90 @@ fn debian_daemons_serve_between_guests() {
     );
 }
 
+/// Sequences for the epoll model (guest-lib/preload/tests/epoll_model.rs
+/// generates its own on the host): seeded, so a failure repeats, and
+/// weighted towards the blocking waits whose wake-ups come from another
+/// thread or process (`bwait`, `bpoll`, `tread`, `dwait`, `fwait`).
+fn model_sequences(count: usize, seed: u64) -> String {
+    use rand::{Rng, SeedableRng};
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let streams = ["c0", "s0", "c1", "s1"];
+    let names = ["c0", "s0", "c1", "s1", "p"];
+    let mut out = String::new();
+    for _ in 0..count {
+        for _ in 0..r.gen_range(1..16) {
+            let set = r.gen_range(0..2);
+            let st = streams[r.gen_range(0..4)];
+            let bytes = r.gen_range(1..3000);
+            let line = match r.gen_range(0..13) {
+                0..=2 => {
+                    let how = ["add", "add", "mod", "del"][r.gen_range(0..4)];
+                    let mask = ["i", "o", "io", "ir", "ie", "i1", "ioe"][r.gen_range(0..7)];
+                    format!("ctl {set} {how} {} {mask}", names[r.gen_range(0..5)])
+                }
+                3 => format!("write {st} {bytes}"),
+                4 => format!("read {st} 4000"),
+                5 => format!("wait {set}"),
+                6 => format!("bwait {set} {st} {bytes}"),
+                7 => format!("bpoll {st} {bytes}"),
+                8 | 9 => format!("tread {set} {st} {bytes}"),
+                10 => format!("fwait {set} {st} {bytes}"),
+                11 => format!("dwait {st} {bytes}"),
+                _ => "poll".to_string(),
+            };
+            out += &line;
+            out.push('\n');
+        }
+        out += "end\n";
+    }
+    out
+}
+
+/// The preload layer's epoll model inside a guest (the Linux driver's
+/// watchers under the layer, spec §9): the same seeded sequences run over
+/// the guest kernel's TCP on 127.0.0.1 and over ulnic (this node's own
+/// address), and must print the same; the layer must find no wake-up by
+/// timer. Its blocking waits change what they wait on from other threads
+/// and forked children: before watchers, a thread's epoll took the
+/// wake-up of another thread blocked in a read (`tread`).
+fn epoll_model_in_a_guest() {
+    build_and_put("epollmodel.c", &["-lpthread"]);
+    put("0", &model_sequences(60, 46), "/tmp/seq");
+    let kernel = exec("0", "cat /tmp/seq | epollmodel 127.0.0.1 7620");
+    let ulnic = exec(
+        "0",
+        &format!("cat /tmp/seq | {LAYER} ULNIC_STATS=1 epollmodel 10.81.0.1 7621 2>/tmp/stats"),
+    );
+    let (k, u): (Vec<&str>, Vec<&str>) = (kernel.lines().collect(), ulnic.lines().collect());
+    if let Some(i) = (0..k.len().max(u.len())).find(|&i| k.get(i) != u.get(i)) {
+        let from = i.saturating_sub(12);
+        panic!(
+            "the epoll model in a guest differs at line {i}:\nkernel: {:?}\nulnic:  {:?}",
+            &k[from..(i + 3).min(k.len())],
+            &u[from..(i + 3).min(u.len())]
+        );
+    }
+    let stats = exec("0", "cat /tmp/stats");
+    let lost: Vec<&str> = stats
+        .lines()
+        .filter(|l| l.contains("wakes pid") && !l.contains("found_by_timer 0 "))
+        .collect();
+    assert!(
+        stats.contains("wakes pid") && lost.is_empty(),
+        "the layer found wake-ups by timer in a guest: {stats}"
+    );
+    eprintln!(
+        "epoll model in a guest: {} lines alike over kernel TCP and ulnic; {}",
+        k.len(),
+        stats.lines().last().unwrap_or_default()
+    );
+}
+
 #[test]
 fn event_libraries_between_guests() {
     // Debian's python3 and nodejs with their libraries take about 80 MiB
     // of the guests' RAM-backed root: 1 GiB guests.
     let (_down, _turn) = cluster_up("evlibs", "python3,nodejs", &["--memory", "1024"]);
+    epoll_model_in_a_guest();
     event_libraries();
 }

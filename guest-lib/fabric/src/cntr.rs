@@ -2,7 +2,8 @@
 //! counter completed, and how many failed, whether or not they report to
 //! a completion queue (selective completion, inject). Reading a counter
 //! moves its endpoints along (manual progress); `fi_cntr_wait` sleeps on
-//! the notification descriptor between looks.
+//! the counter's own watcher (`crate::wait`) until something arrives for
+//! its endpoints or another thread counts into it.
 
 use std::ffi::c_void;
 use std::os::raw::c_int;
@@ -10,10 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::cq::{sleep_on, try_wait};
 use crate::fi::{self, fid_ops, sys};
-use crate::nic;
 use crate::progress::Progress;
+use crate::wait::Waiting;
 
 /// A counter's values, shared with the endpoints that count into it.
 #[derive(Default)]
@@ -21,6 +21,7 @@ pub struct CntrShared {
     value: AtomicU64,
     errors: AtomicU64,
     eps: Mutex<Vec<Weak<dyn Progress>>>,
+    waiting: Waiting,
 }
 
 impl CntrShared {
@@ -28,6 +29,8 @@ impl CntrShared {
     pub fn hit(&self, failed: bool) {
         let c = if failed { &self.errors } else { &self.value };
         c.fetch_add(1, Ordering::AcqRel);
+        // Counted by another thread's progress: a waiter asleep wakes.
+        self.waiting.changed();
     }
 
     /// Makes `ep` progress when this counter is read.
@@ -58,7 +61,10 @@ impl CntrShared {
         let deadline =
             (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
         let errors = self.errors.load(Ordering::Acquire);
-        let nic = nic::shared().ok();
+        let done = || {
+            self.value.load(Ordering::Acquire) >= threshold
+                || self.errors.load(Ordering::Acquire) != errors
+        };
         loop {
             self.progress();
             if self.value.load(Ordering::Acquire) >= threshold {
@@ -67,18 +73,12 @@ impl CntrShared {
             if self.errors.load(Ordering::Acquire) != errors {
                 return -fi::EAVAIL;
             }
-            let left = deadline.map_or(Duration::from_millis(10), |d| {
-                d.saturating_duration_since(Instant::now())
-            });
-            if left.is_zero() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return -fi::ETIMEDOUT;
             }
-            if try_wait(&self.sources()) {
-                sleep_on(
-                    nic.as_ref().and_then(|n| n.pd.notification_fd()),
-                    left.min(Duration::from_millis(10)),
-                );
-            }
+            // Woken by an arrival, another thread's count, or the
+            // deadline; never to look again.
+            self.waiting.sleep(&self.sources(), deadline, || !done());
         }
     }
 }
@@ -177,21 +177,29 @@ fn apply(c: *mut sys::fid_cntr, f: impl FnOnce(&CntrShared)) -> c_int {
 unsafe extern "C" fn cntr_add(c: *mut sys::fid_cntr, v: u64) -> c_int {
     apply(c, |s| {
         s.value.fetch_add(v, Ordering::AcqRel);
+        s.waiting.changed();
     })
 }
 
 unsafe extern "C" fn cntr_set(c: *mut sys::fid_cntr, v: u64) -> c_int {
-    apply(c, |s| s.value.store(v, Ordering::Release))
+    apply(c, |s| {
+        s.value.store(v, Ordering::Release);
+        s.waiting.changed();
+    })
 }
 
 unsafe extern "C" fn cntr_adderr(c: *mut sys::fid_cntr, v: u64) -> c_int {
     apply(c, |s| {
         s.errors.fetch_add(v, Ordering::AcqRel);
+        s.waiting.changed();
     })
 }
 
 unsafe extern "C" fn cntr_seterr(c: *mut sys::fid_cntr, v: u64) -> c_int {
-    apply(c, |s| s.errors.store(v, Ordering::Release))
+    apply(c, |s| {
+        s.errors.store(v, Ordering::Release);
+        s.waiting.changed();
+    })
 }
 
 unsafe extern "C" fn cntr_wait(c: *mut sys::fid_cntr, threshold: u64, timeout: c_int) -> c_int {

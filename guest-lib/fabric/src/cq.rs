@@ -2,13 +2,16 @@
 //! queue produce, read in the queue's format. Progress is manual
 //! (FI_PROGRESS_MANUAL): reading a queue moves its endpoints along.
 //!
-//! Waiting: a queue that has found nothing for a while (`spin()`) sleeps in its
-//! next empty read until something arrives for one of its
-//! endpoints or the idle wait passes (`ULNIC_FI_IDLE_US`, default 1000
-//! us; 0 spins for ever), on the ulnic notification descriptor that
-//! FI_WAIT_FD hands out too (docs/libfabric.md §3): a program that only
-//! polls must not keep the core the device's engine, or in a TCG guest
-//! the vCPU the NIC's interrupts need, from running.
+//! Waiting (`crate::wait`): a queue that has found nothing for a while
+//! (`spin()`) sleeps in its next empty read until something arrives for
+//! one of its endpoints or the read's bound passes (`ULNIC_FI_IDLE_US`,
+//! default 1000 us; 0 spins for ever), on the queue's own watcher, whose
+//! descriptor FI_WAIT_FD hands out too (docs/libfabric.md §3): a program
+//! that only polls must not keep the core the device's engine, or in a
+//! TCG guest the vCPU the NIC's interrupts need, from running. The bound
+//! is the non-blocking read's, not a look for lost wake-ups: a read whose
+//! sleep the bound ends and that then finds work counts it as found by
+//! timer.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -19,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use crate::engine::Completion;
 use crate::fi::{self, fid_ops, nosys, sys};
-use crate::nic::{self, SharedNic};
 use crate::progress::Progress;
+use crate::wait::Waiting;
 
 /// How long reads find nothing before an empty read may sleep
 /// (`ULNIC_FI_SPIN_US`, default 50 us).
@@ -65,8 +68,8 @@ pub struct CqQueue {
     /// When reads began to find nothing (`now_ns`), 0 while they find
     /// something.
     idle_since: AtomicU64,
-    /// The NIC whose notification descriptor waits use.
-    nic: OnceLock<Option<Arc<SharedNic>>>,
+    /// How readers sleep (`crate::wait`).
+    waiting: Waiting,
 }
 
 impl CqQueue {
@@ -75,6 +78,8 @@ impl CqQueue {
         if let Ok(mut q) = self.entries.lock() {
             q.push_back(e);
         }
+        // Pushed by another thread's progress, a reader asleep wakes.
+        self.waiting.changed();
     }
 
     /// Makes `ep` progress when this queue is read.
@@ -98,29 +103,28 @@ impl CqQueue {
         }
     }
 
-    fn nic(&self) -> Option<&Arc<SharedNic>> {
-        self.nic.get_or_init(|| nic::shared().ok()).as_ref()
-    }
-
     /// The descriptor that becomes readable when an endpoint of this
     /// queue has something (FI_GETWAIT).
     pub fn wait_fd(&self) -> Option<c_int> {
-        self.nic()?.pd.notification_fd()
+        self.waiting.fd()
     }
 
-    /// `fi_trywait`: clears the descriptor's old notifications, arms
-    /// every endpoint, and says whether sleeping on the descriptor is
-    /// safe now (nothing queued, nothing arrived meanwhile).
+    fn empty(&self) -> bool {
+        self.entries.lock().is_ok_and(|q| q.is_empty())
+    }
+
+    /// `fi_trywait`: takes the queue's old wake-ups, arms every endpoint,
+    /// and says whether sleeping on the descriptor is safe now (nothing
+    /// queued, nothing arrived meanwhile).
     pub fn try_wait(&self) -> bool {
-        try_wait(&self.sources()) && self.entries.lock().is_ok_and(|q| q.is_empty())
+        self.waiting.try_wait(&self.sources(), || self.empty())
     }
 
-    /// Sleeps until an endpoint of this queue has something or `max`
-    /// passes (at once if something is waiting).
-    fn sleep(&self, max: Duration) {
-        if self.try_wait() {
-            sleep_on(self.wait_fd(), max);
-        }
+    /// Sleeps until an endpoint of this queue has something, another
+    /// thread's progress gives it something, or `until` (at once if
+    /// something is waiting).
+    fn sleep(&self, until: Option<Instant>) {
+        self.waiting.sleep(&self.sources(), until, || self.empty());
     }
 
     /// After an empty read: give the core away, and once the queue has
@@ -136,42 +140,11 @@ impl CqQueue {
             t => t,
         };
         if !idle.is_zero() && now - since >= spin().as_nanos() as u64 {
-            self.sleep(idle);
+            self.sleep(Some(Instant::now() + idle));
         } else {
             std::thread::yield_now();
         }
     }
-}
-
-/// Takes `sources`' old notifications and arms them: true if none has
-/// anything waiting (sleeping on the descriptor is safe). Other
-/// endpoints' notifications stay for whoever waits for them.
-pub fn try_wait(sources: &[Arc<dyn Progress>]) -> bool {
-    let mut ready = false;
-    for s in sources {
-        ready |= s.arm();
-    }
-    !ready
-}
-
-/// Sleeps on the notification descriptor `fd` for at most `max` (gives
-/// the core away once without one).
-pub fn sleep_on(fd: Option<c_int>, max: Duration) {
-    let Some(fd) = fd else {
-        std::thread::yield_now();
-        return;
-    };
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let t = libc::timespec {
-        tv_sec: max.as_secs() as libc::time_t,
-        tv_nsec: max.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: one valid pollfd and timespec; no signal mask.
-    unsafe { libc::ppoll(&mut p, 1, &t, std::ptr::null()) };
 }
 
 /// An open completion queue.
@@ -364,16 +337,12 @@ unsafe extern "C" fn cq_sreadfrom(
         if r != -(fi::EAGAIN as isize) {
             return r;
         }
-        let left = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()),
-            None => Duration::from_millis(10),
-        };
-        if left.is_zero() {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
             return r;
         }
-        // Woken by an arrival; a notification another waiter took costs
-        // at most 10 ms.
-        cq.queue.sleep(left.min(Duration::from_millis(10)));
+        // Woken by an arrival (the queue's own watcher: no other queue
+        // takes its wake-ups) or the deadline.
+        cq.queue.sleep(deadline);
     }
 }
 

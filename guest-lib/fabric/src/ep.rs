@@ -84,6 +84,12 @@ impl Progress for EpShared {
     fn arm(&self) -> bool {
         self.engine.lock().map_or(true, |mut e| e.arm())
     }
+
+    fn watch(&self, w: &ulnic::Watcher) {
+        if let Ok(e) = self.engine.lock() {
+            e.watch(w);
+        }
+    }
 }
 
 #[derive(Default, Clone)]

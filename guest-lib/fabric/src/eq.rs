@@ -7,10 +7,11 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::raw::{c_char, c_int};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::fi::{self, fid_ops, sys};
+use crate::wait::Waiting;
 
 /// One event: its code and bytes, or an error entry.
 struct Event {
@@ -25,8 +26,9 @@ pub use crate::progress::Progress;
 #[derive(Default)]
 pub struct EqQueue {
     events: Mutex<VecDeque<Event>>,
-    ready: Condvar,
     sources: Mutex<Vec<Weak<dyn Progress>>>,
+    /// How `fi_eq_sread` sleeps (`crate::wait`).
+    waiting: Waiting,
 }
 
 impl EqQueue {
@@ -41,8 +43,10 @@ impl EqQueue {
     fn push(&self, e: Event) {
         if let Ok(mut q) = self.events.lock() {
             q.push_back(e);
-            self.ready.notify_all();
         }
+        // Posted by another thread (its progress, fi_eq_write): a reader
+        // asleep wakes.
+        self.waiting.changed();
     }
 
     /// Posts a connection event (`struct fi_eq_cm_entry` and `params`).
@@ -84,12 +88,15 @@ impl EqQueue {
         });
     }
 
-    fn progress(&self) {
-        let srcs: Vec<Arc<dyn Progress>> = match self.sources.lock() {
+    fn sources(&self) -> Vec<Arc<dyn Progress>> {
+        match self.sources.lock() {
             Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
-            Err(_) => return,
-        };
-        for s in srcs {
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn progress(&self) {
+        for s in self.sources() {
             s.progress();
         }
     }
@@ -160,26 +167,11 @@ unsafe extern "C" fn eq_close(fid: *mut sys::fid) -> c_int {
 impl EqQueue {
     /// Takes (or with FI_PEEK looks at) the first event if it is not an
     /// error: its size in bytes.
-    fn read(
-        &self,
-        event: *mut u32,
-        buf: *mut c_void,
-        len: usize,
-        flags: u64,
-        wait: Option<Duration>,
-    ) -> isize {
+    fn read(&self, event: *mut u32, buf: *mut c_void, len: usize, flags: u64) -> isize {
         self.progress();
         let Ok(mut q) = self.events.lock() else {
             return -(fi::EIO as isize);
         };
-        if q.is_empty() {
-            if let Some(t) = wait {
-                q = match self.ready.wait_timeout_while(q, t, |q| q.is_empty()) {
-                    Ok((q, _)) => q,
-                    Err(_) => return -(fi::EIO as isize),
-                };
-            }
-        }
         let Some(e) = q.front() else {
             return -(fi::EAGAIN as isize);
         };
@@ -211,9 +203,7 @@ unsafe extern "C" fn eq_read(
     len: usize,
     flags: u64,
 ) -> isize {
-    eq(e).map_or(-(fi::EINVAL as isize), |q| {
-        q.read(event, buf, len, flags, None)
-    })
+    eq(e).map_or(-(fi::EINVAL as isize), |q| q.read(event, buf, len, flags))
 }
 
 unsafe extern "C" fn eq_sread(
@@ -224,14 +214,17 @@ unsafe extern "C" fn eq_sread(
     timeout: c_int,
     flags: u64,
 ) -> isize {
-    // What posts events progresses only when the queue is read, so the
-    // wait is a millisecond at a time; a negative timeout waits for ever.
+    // Woken by an arrival for a source (a connection request, its
+    // answer, a shutdown), an event another thread posted, or the
+    // deadline; a negative timeout waits for ever.
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     eq(e).map_or(-(fi::EINVAL as isize), |q| loop {
-        let r = q.read(event, buf, len, flags, Some(Duration::from_millis(1)));
+        let r = q.read(event, buf, len, flags);
         if r != -(fi::EAGAIN as isize) || deadline.is_some_and(|d| Instant::now() >= d) {
             return r;
         }
+        let empty = || q.events.lock().is_ok_and(|e| e.is_empty());
+        q.waiting.sleep(&q.sources(), deadline, empty);
     })
 }
 

@@ -17,6 +17,7 @@ mod pep;
 mod progress;
 mod provider;
 mod unoffered;
+mod wait;
 mod wire;
 
 pub use provider::fi_prov_ini;

@@ -59,6 +59,12 @@ impl Progress for PepShared {
         self.engine.lock().map_or(true, |mut e| e.arm())
     }
 
+    fn watch(&self, w: &ulnic::Watcher) {
+        if let Ok(e) = self.engine.lock() {
+            e.watch(w);
+        }
+    }
+
     fn progress(&self) {
         let mut reqs = Vec::new();
         if let Ok(mut e) = self.engine.lock() {

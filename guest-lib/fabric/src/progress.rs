@@ -10,4 +10,7 @@ pub trait Progress: Send + Sync {
     /// arrives (the ulnic endpoint's arm): true if something is waiting
     /// already, so the caller must not sleep.
     fn arm(&self) -> bool;
+
+    /// Makes `w` watch its ulnic endpoint (spec §6, "Several waiters").
+    fn watch(&self, w: &ulnic::Watcher);
 }

@@ -377,6 +377,10 @@ unsafe fn fill(i: &mut sys::fi_info, hints: Option<&sys::fi_info>, ep_type: sys:
 /// words), so it lives on the heap, made once per load.
 #[no_mangle]
 pub extern "C" fn fi_prov_ini() -> *mut sys::fi_provider {
+    if std::env::var_os("ULNIC_STATS").is_some_and(|v| v != "0") {
+        // SAFETY: registers a plain function to run at exit().
+        unsafe { libc::atexit(report_wakes) };
+    }
     Box::into_raw(Box::new(sys::fi_provider {
         version: VERSION,
         fi_version: fi::API_VERSION,
@@ -388,6 +392,22 @@ pub extern "C" fn fi_prov_ini() -> *mut sys::fi_provider {
         fabric: Some(crate::domain::open_fabric),
         cleanup: None,
     }))
+}
+
+/// With `ULNIC_STATS=1`, at exit: how the provider's waits ended
+/// (docs/libfabric.md §3), one line on standard error, if it waited.
+extern "C" fn report_wakes() {
+    let w = ulnic::sock::wake_stats();
+    if w != ulnic::sock::WakeStats::default() {
+        eprintln!(
+            "ulnic provider: wakes pid {}: notified {} timer {} found_by_timer {} unfed_looks {}",
+            std::process::id(),
+            w.notified,
+            w.timer,
+            w.found_by_timer,
+            w.unfed_looks
+        );
+    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,12 @@
 //!
 //! A second run mixes in blocking waits (`bwait`, `bpoll`, `fwait`)
 //! during which another thread, or a forked child, writes to a stream
-//! the wait watches: a wake-up lost there leaves the wait asleep to its
-//! timeout, so it reports less than the kernel's. That run also requires
+//! the wait watches, and `tread`: a thread blocked in a read (150 ms
+//! `SO_RCVTIMEO`) while another writes to it and a third waits in
+//! `epoll_wait` on other sockets, which must not take the reader's
+//! wake-up, and `dwait`: two threads in two epoll sets, a write waking
+//! one of them, which the other must not take. A wake-up lost there leaves the wait asleep to its timeout,
+//! so it reports less than the kernel's. That run also requires
 //! the layer's wake counters (`ULNIC_STATS=1`) to say that no wake-up was
 //! found by timer.
 
@@ -141,7 +145,9 @@ fn blocking_line() -> impl Strategy<Value = String> {
         6 => line(),
         1 => (0..2u8, stream.clone(), 1..3000u32).prop_map(|(s, n, b)| format!("bwait {s} {n} {b}")),
         1 => (stream.clone(), 1..3000u32).prop_map(|(n, b)| format!("bpoll {n} {b}")),
-        1 => (0..2u8, stream, 1..3000u32).prop_map(|(s, n, b)| format!("fwait {s} {n} {b}")),
+        1 => (0..2u8, stream.clone(), 1..3000u32).prop_map(|(s, n, b)| format!("fwait {s} {n} {b}")),
+        1 => (0..2u8, stream.clone(), 1..3000u32).prop_map(|(s, n, b)| format!("tread {s} {n} {b}")),
+        1 => (stream, 1..3000u32).prop_map(|(n, b)| format!("dwait {n} {b}")),
     ]
 }
 

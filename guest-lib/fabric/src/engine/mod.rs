@@ -564,8 +564,12 @@ impl Engine {
         if self.free_slots.len() < TX_SLOTS as usize {
             return true;
         }
-        let _ = self.ep.take_notification();
         self.ep.arm().unwrap_or(true)
+    }
+
+    /// Makes `w` watch the engine's endpoint.
+    pub fn watch(&self, w: &ulnic::Watcher) {
+        let _ = self.ep.watch(w);
     }
 
     pub fn progress(&mut self, out: &mut Vec<Completion>) {

@@ -23,6 +23,16 @@
  *   bwait SET NAME BYTES            epoll_wait(SET, 8 entries, 300 ms) while another thread
  *                                   writes BYTES to NAME 5 ms after the wait began
  *   bpoll NAME BYTES                poll (as `poll`, 300 ms) while another thread writes
+ *   tread SET NAME BYTES            NAME leaves both sets; one thread blocks in a read of
+ *                                   NAME (150 ms SO_RCVTIMEO) while another writes BYTES to
+ *                                   its peer 5 ms after and this one waits in
+ *                                   epoll_wait(SET, 8 entries, 150 ms): the epoll wait must
+ *                                   not take the reader's wake-up
+ *   dwait NAME BYTES                NAME's peer moves to set 0 alone (input); a thread waits
+ *                                   in epoll_wait(0, 8 entries, 300 ms), this one in
+ *                                   epoll_wait(1, 8 entries, 300 ms), and a third writes
+ *                                   BYTES to NAME 5 ms after: set 1's wait must not take
+ *                                   set 0's wake-up
  *   fwait SET NAME BYTES            NAME leaves both sets and this process (closed here); a
  *                                   forked child writes BYTES to it 5 ms after
  *                                   epoll_wait(SET, 8 entries, 300 ms) began, then exits
@@ -392,6 +402,109 @@ static void blocked(int set, int n, long bytes, int use_poll)
 	}
 }
 
+/* A blocking read of `fd` by another thread. */
+struct reader {
+	int fd;
+	ssize_t got;
+};
+
+static void *read_now(void *arg)
+{
+	struct reader *r = arg;
+	static char data[65536];
+
+	r->got = read(r->fd, data, sizeof(data));
+	if (r->got < 0)
+		r->got = -errno;
+	return NULL;
+}
+
+/* tread: a thread blocked in a read, a writer, and an epoll wait here. */
+static void threaded_read(int set, int n, long bytes)
+{
+	int from = peer[n], fl = fcntl(fds[n], F_GETFL);
+	struct timeval tv = { .tv_usec = 150000 }, none = { 0 };
+	struct later w = { .fd = fds[from], .bytes = bytes % 65536 ? bytes % 65536 : 1 };
+	struct reader r = { .fd = fds[n] };
+	struct epoll_event ev[8];
+	pthread_t tr, tw;
+	int k;
+
+	for (int i = 0; i < 2; i++)
+		epoll_ctl(sets[i], EPOLL_CTL_DEL, fds[n], NULL);
+	fcntl(fds[n], F_SETFL, fl & ~O_NONBLOCK);
+	setsockopt(fds[n], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (pthread_create(&tr, NULL, read_now, &r) || pthread_create(&tw, NULL, write_later, &w))
+		die("pthread_create");
+	k = epoll_wait(sets[set], ev, 8, 150);
+	pthread_join(tw, NULL);
+	pthread_join(tr, NULL);
+	setsockopt(fds[n], SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+	fcntl(fds[n], F_SETFL, fl);
+	printf("tread %zd %zd\n", w.done, r.got);
+	if (k < 0)
+		printf("wait -%d\n", errno);
+	else
+		print_events("woke", ev, k);
+	if (w.done > 0) {
+		writes[from]++;
+		unread[n] += w.done - (r.got > 0 ? r.got : 0);
+		if (settle_bytes(n))
+			printf("settle timed out\n");
+	}
+}
+
+/* An epoll_wait on set 0 by another thread. */
+struct set_wait {
+	int k;
+	struct epoll_event ev[8];
+};
+
+static void *wait_set0(void *arg)
+{
+	struct set_wait *w = arg;
+
+	w->k = epoll_wait(sets[0], w->ev, 8, 300);
+	if (w->k < 0)
+		w->k = -errno;
+	return NULL;
+}
+
+/* dwait: two threads in two epoll sets; a write wakes set 0's. */
+static void two_sets(int n, long bytes)
+{
+	int to = peer[n];
+	struct later w = { .fd = fds[n], .bytes = bytes % 65536 ? bytes % 65536 : 1 };
+	struct epoll_event in = { .events = EPOLLIN, .data.u64 = to }, ev[8];
+	struct set_wait s0;
+	pthread_t t0, tw;
+	int k;
+
+	for (int i = 0; i < 2; i++)
+		epoll_ctl(sets[i], EPOLL_CTL_DEL, fds[to], NULL);
+	epoll_ctl(sets[0], EPOLL_CTL_ADD, fds[to], &in);
+	if (pthread_create(&t0, NULL, wait_set0, &s0) || pthread_create(&tw, NULL, write_later, &w))
+		die("pthread_create");
+	k = epoll_wait(sets[1], ev, 8, 300);
+	pthread_join(tw, NULL);
+	pthread_join(t0, NULL);
+	printf("dwait %zd\n", w.done);
+	if (s0.k < 0)
+		printf("wait0 %d\n", s0.k);
+	else
+		print_events("woke0", s0.ev, s0.k);
+	if (k < 0)
+		printf("wait1 -%d\n", errno);
+	else
+		print_events("woke1", ev, k);
+	if (w.done > 0) {
+		writes[n]++;
+		unread[to] += w.done;
+		if (settle_bytes(to))
+			printf("settle timed out\n");
+	}
+}
+
 /* fwait: a forked child writes while this process waits. */
 static void forked(int set, int n, long bytes)
 {
@@ -423,10 +536,13 @@ static void forked(int set, int n, long bytes)
 			_exit(3);
 		if (read(go[0], &c, 1) != 1)
 			_exit(4);
-		/* exit, not _exit: what it holds is closed in order, as a
-		 * program ends (stdout was flushed before the fork; stdin is
-		 * a pipe the parent reads). */
-		exit(0);
+		/* Everything it holds closed in order, as a program's end
+		 * closes it; then _exit: exit would rewind a stdin file the
+		 * parent still reads. */
+		for (int i = 0; i < NAMES; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+		_exit(0);
 	}
 	close(fds[n]);
 	fds[n] = -1;
@@ -475,14 +591,23 @@ static void step(char *line)
 		wait_set(atoi(a) & 1);
 		return;
 	}
-	if (k == 4 && (!strcmp(op, "bwait") || !strcmp(op, "fwait"))) {
+	if (k == 4 && (!strcmp(op, "bwait") || !strcmp(op, "fwait") || !strcmp(op, "tread"))) {
 		n = name_of(b);
 		if (!writable_name(n))
 			return;
 		if (!strcmp(op, "bwait"))
 			blocked(atoi(a) & 1, n, atol(c), 0);
+		else if (!strcmp(op, "tread"))
+			threaded_read(atoi(a) & 1, peer[n], atol(c));
 		else
 			forked(atoi(a) & 1, n, atol(c));
+		return;
+	}
+	if (k == 3 && !strcmp(op, "dwait")) {
+		n = name_of(a);
+		if (!writable_name(n))
+			return;
+		two_sets(n, atol(b));
 		return;
 	}
 	if (k == 3 && !strcmp(op, "bpoll")) {
