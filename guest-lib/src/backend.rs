@@ -122,6 +122,12 @@ pub(crate) trait Domain: Send + Sync {
     /// 8-byte count grows with every notification of the endpoints it
     /// watches (the driver's watcher; under host attach an eventfd).
     fn new_watcher(&self) -> Result<std::os::fd::OwnedFd, Error>;
+    /// Which watchers can watch this domain's endpoints: those made from
+    /// a domain of the same pool (the driver's watchers belong to one
+    /// device; under host attach any eventfd will do, pool 0).
+    fn watcher_pool(&self) -> u64 {
+        0
+    }
     /// Makes `watcher` watch endpoint `ep` of this domain, or stop.
     fn watch(&self, ep: u32, watcher: std::os::fd::RawFd, on: bool) -> Result<(), Error>;
     /// A descriptor a waiter polls beside its watcher, and reads with

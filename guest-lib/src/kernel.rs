@@ -78,6 +78,8 @@ pub(crate) struct KernelDomain {
     /// both or neither; null when doorbells go through `IOC_KICK`.
     doorbell: *mut u8,
     doorbell_bits: *mut u8,
+    /// The device number of the file (its watchers' pool).
+    rdev: u64,
 }
 
 // SAFETY: the pointers name shared mappings owned by the domain for its
@@ -95,7 +97,9 @@ impl KernelDomain {
             .open(path)
             .map_err(Error::Os)?;
         let name = path.file_name().unwrap_or_default();
+        let rdev = std::os::unix::fs::MetadataExt::rdev(&file.metadata().map_err(Error::Os)?);
         let mut domain = KernelDomain {
+            rdev,
             file,
             info,
             sysfs: Path::new("/sys/class/misc").join(name),
@@ -282,6 +286,12 @@ impl Domain for KernelDomain {
         // SAFETY: the driver returned a new descriptor that nothing else
         // owns.
         Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    }
+
+    fn watcher_pool(&self) -> u64 {
+        // The device the file belongs to: the driver refuses a watcher of
+        // another device.
+        self.rdev
     }
 
     fn watch(&self, ep: u32, watcher: std::os::fd::RawFd, on: bool) -> Result<(), Error> {

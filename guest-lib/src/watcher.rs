@@ -38,21 +38,24 @@ use crate::error::Error;
 /// ```
 pub struct Watcher {
     fd: OwnedFd,
-    /// The domain it was made from: under host attach its notification
-    /// queue feeds every watcher of the attachment.
-    maker: Arc<dyn Domain>,
+    /// Which domains' endpoints it can watch ([`Domain::watcher_pool`]).
+    pool: u64,
     /// The process that made it: a forked child's copy is the parent's
     /// watcher, never to be waited on or unwatched from the child.
     pid: u32,
-    /// What it watches: by (domain's address, endpoint id).
-    watched: Mutex<HashMap<(usize, u32), Arc<dyn Domain>>>,
+    /// What it watches: by (domain's address, endpoint id). Weak: a
+    /// watcher (a thread's lives as long as the thread) must not keep a
+    /// domain, and under host attach its attachment, alive once the
+    /// program has dropped it.
+    watched: Mutex<HashMap<(usize, u32), Weak<dyn Domain>>>,
 }
 
 thread_local! {
-    /// This thread's watcher, and the process it was made in (a forked
-    /// child makes its own: the copy it inherited is the parent's).
-    static MINE: std::cell::RefCell<Option<(u32, Arc<Watcher>)>> =
-        const { std::cell::RefCell::new(None) };
+    /// This thread's watchers, one per pool, and the process they were
+    /// made in (a forked child makes its own: the copies it inherited
+    /// are the parent's).
+    static MINE: std::cell::RefCell<Vec<(u32, Arc<Watcher>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Every live watcher of this process, so that a change user space makes
@@ -75,13 +78,13 @@ impl Watcher {
         MINE.with(|m| {
             let mut m = m.borrow_mut();
             let pid = std::process::id();
-            if let Some((p, w)) = m.as_ref() {
-                if *p == pid {
-                    return Ok(w.clone());
-                }
+            m.retain(|(p, _)| *p == pid);
+            let pool = dom.watcher_pool();
+            if let Some((_, w)) = m.iter().find(|(_, w)| w.pool == pool) {
+                return Ok(w.clone());
             }
             let w = Watcher::of(dom)?;
-            *m = Some((pid, w.clone()));
+            m.push((pid, w.clone()));
             Ok(w)
         })
     }
@@ -89,7 +92,7 @@ impl Watcher {
     pub(crate) fn of(dom: &Arc<dyn Domain>) -> Result<Arc<Watcher>, Error> {
         let w = Arc::new(Watcher {
             fd: dom.new_watcher()?,
-            maker: dom.clone(),
+            pool: dom.watcher_pool(),
             pid: std::process::id(),
             watched: Mutex::new(HashMap::new()),
         });
@@ -106,7 +109,7 @@ impl Watcher {
             return Ok(());
         }
         dom.watch(id, self.fd.as_raw_fd(), true)?;
-        w.insert(key, dom.clone());
+        w.insert(key, Arc::downgrade(dom));
         Ok(())
     }
 
@@ -138,24 +141,33 @@ impl Watcher {
     /// ```
     pub fn fds(&self) -> Vec<RawFd> {
         let mut v = vec![self.fd.as_raw_fd()];
-        if let Some(f) = self.feed() {
-            v.push(f.1);
-        }
+        v.extend(self.feeds().iter().map(|f| f.1));
         v
     }
 
-    /// The domain whose records feed this watcher in this process, and
-    /// its descriptor (host attach).
-    fn feed(&self) -> Option<(Arc<dyn Domain>, RawFd)> {
-        let f = self.maker.watch_feed()?;
-        Some((self.maker.clone(), f))
+    /// The domains whose records feed this watcher in this process, and
+    /// their descriptors (host attach: each attachment's notification
+    /// queue), once each.
+    fn feeds(&self) -> Vec<(Arc<dyn Domain>, RawFd)> {
+        let mut v: Vec<(Arc<dyn Domain>, RawFd)> = Vec::new();
+        for d in lock(&self.watched).values().filter_map(Weak::upgrade) {
+            if let Some(f) = d.watch_feed() {
+                if !v.iter().any(|(_, g)| *g == f) {
+                    v.push((d, f));
+                }
+            }
+        }
+        v
     }
 
     /// Whether every endpoint it watches feeds it in this process (false
     /// in a forked child under host attach, whose parent reads the
     /// notification queue: such a child can only look again later).
     pub fn fed(&self) -> bool {
-        self.maker.watchers_fed() && lock(&self.watched).values().all(|d| d.watchers_fed())
+        lock(&self.watched)
+            .values()
+            .filter_map(Weak::upgrade)
+            .all(|d| d.watchers_fed())
     }
 
     /// Takes the wake-ups that came (reading the records that feed it
@@ -168,7 +180,7 @@ impl Watcher {
     /// # Ok::<(), ulnic::Error>(())
     /// ```
     pub fn take(&self) -> u64 {
-        if let Some((d, _)) = self.feed() {
+        for (d, _) in self.feeds() {
             d.feed_watchers();
         }
         let mut n = 0u64;
@@ -287,7 +299,10 @@ impl Drop for Watcher {
             return; // a copy inherited across fork: the watches are the parent's
         }
         for ((_, id), d) in lock(&self.watched).drain() {
-            let _ = d.watch(id, self.fd.as_raw_fd(), false);
+            // A domain already gone took its watches with it.
+            if let Some(d) = d.upgrade() {
+                let _ = d.watch(id, self.fd.as_raw_fd(), false);
+            }
         }
     }
 }
