@@ -50,6 +50,9 @@ impl Waiting {
     /// Another thread's progress gave the queue something: a reader asleep
     /// on the queue (or the program, on the descriptor it was given) wakes.
     pub fn changed(&self) {
+        // Pairs with `sleep`'s count and look: either the sleeper sees
+        // what was pushed, or this sees the sleeper.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 || self.given.load(Ordering::SeqCst) {
             if let Some(w) = self.watcher.get().and_then(Option::as_ref) {
                 w.poke();
@@ -91,6 +94,7 @@ impl Waiting {
             return;
         };
         self.sleepers.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.try_wait(sources, &empty) {
             let left = until.map_or(Duration::from_secs(3600), |u| {
                 u.saturating_duration_since(Instant::now())

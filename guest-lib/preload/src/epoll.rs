@@ -315,7 +315,9 @@ impl Registry {
                 .fold(timeout.map(|t| start + t), |u, (_, s)| {
                     earliest(u, s.lock().next_timer())
                 });
-            let fed = w.as_ref().is_some_and(|w| w.fed());
+            // Only kernel descriptors (fresh sockets) need no feeding.
+            let ulnic = set.socks.iter().any(|(_, s)| s.lock().has_ulnic());
+            let fed = !ulnic || w.as_ref().is_some_and(|w| w.fed());
             let mut nap = until.map(|u| u.saturating_duration_since(Instant::now()));
             if !fed {
                 nap = Some(nap.map_or(ulnic::sock::UNFED_LOOK, |n| n.min(ulnic::sock::UNFED_LOOK)));

@@ -122,7 +122,8 @@ pub fn poll_many(
                 earliest(u, s.lock().next_timer())
             });
         let mut sleep_on = kern.clone();
-        match sleep(watched.w.as_deref(), &mut sleep_on, until, sigmask) {
+        let ulnic = socks.iter().flatten().any(|s| s.lock().has_ulnic());
+        match sleep(watched.w.as_deref(), ulnic, &mut sleep_on, until, sigmask) {
             Slept::Interrupted => return fail(libc::EINTR),
             Slept::Woken => {}
             Slept::Clock(w) => {

@@ -222,7 +222,8 @@ impl Sock {
             // socket's blocking call whose handler has no SA_RESTART (a
             // program that asked for SA_RESTART sees it too: the layer
             // cannot tell which signal came).
-            match sleep(watched.as_deref(), extra, until, std::ptr::null()) {
+            let ulnic = st_has_ulnic(self);
+            match sleep(watched.as_deref(), ulnic, extra, until, std::ptr::null()) {
                 Slept::Interrupted => break Err(libc::EINTR),
                 Slept::Woken => {}
                 Slept::Clock(w) => {
@@ -238,6 +239,12 @@ impl Sock {
         }
         r
     }
+}
+
+/// Whether the socket has a ulnic side (something a watcher must wake
+/// it for).
+fn st_has_ulnic(s: &Sock) -> bool {
+    s.lock().has_ulnic()
 }
 
 /// The earlier of two optional instants.
@@ -259,16 +266,18 @@ pub enum Slept<'a> {
 }
 
 /// Sleeps on watcher `w` and the kernel descriptors `extra` until one
-/// wakes or `until` (`None`: no limit). Where nothing feeds `w` (a child
-/// forked under host attach) or there is no watcher, at most
-/// `UNFED_LOOK`, counted as an unfed look.
+/// wakes or `until` (`None`: no limit). Where a ulnic side waits (`ulnic`)
+/// and nothing feeds `w` (a child forked under host attach) or there is no
+/// watcher, at most `UNFED_LOOK`, counted as an unfed look.
 pub fn sleep<'a>(
     w: Option<&'a Watcher>,
+    ulnic: bool,
     extra: &mut [libc::pollfd],
     until: Option<Instant>,
     sigmask: *const libc::sigset_t,
 ) -> Slept<'a> {
-    let fed = w.is_some_and(Watcher::fed);
+    // Only kernel descriptors to wait for: nothing needs feeding.
+    let fed = !ulnic || w.is_some_and(Watcher::fed);
     let cap = (!fed).then(|| Instant::now() + ulnic::sock::UNFED_LOOK);
     let deadline = earliest(until, cap);
     // The real ppoll, not the library's wait: the program's descriptors in
@@ -364,6 +373,12 @@ impl State {
             Kind::Datagram(d) => res(d.arm()),
             Kind::Fresh | Kind::Kernel => Ok(false),
         }
+    }
+
+    /// Whether it has a ulnic side (a listener, connection or datagram
+    /// socket on ulnic).
+    pub fn has_ulnic(&self) -> bool {
+        !matches!(self.kind, Kind::Fresh | Kind::Kernel)
     }
 
     /// Starts watching the ulnic side's endpoint with this thread's

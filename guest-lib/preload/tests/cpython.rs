@@ -41,6 +41,7 @@ fn preload() -> PathBuf {
 /// Runs the suites into `out` (under the layer on `ulnic`'s node 0 when
 /// given); how many tests passed.
 fn run(ulnic: Option<&TestDevice>, out: &Path) -> usize {
+    let stats = out.with_extension("wakes");
     let mut c = Command::new(PYTHON);
     c.arg(runner())
         .args(["--out", out.to_str().unwrap(), "--timeout", TEST_TIMEOUT])
@@ -48,10 +49,29 @@ fn run(ulnic: Option<&TestDevice>, out: &Path) -> usize {
     if let Some(dev) = ulnic {
         c.env("LD_PRELOAD", preload())
             .env("ULNIC_INET", "127.0.0.0/8")
-            .env("ULNIC_SOCKET", &dev.sockets()[0]);
+            .env("ULNIC_SOCKET", &dev.sockets()[0])
+            .env("ULNIC_STATS", &stats);
     }
     let st = c.status().expect("python3.11 runs");
     assert!(st.success(), "the suite runner failed: {st}");
+    if ulnic.is_some() {
+        // Every process that waited on a ulnic socket said how its waits
+        // ended: none may have found a wake-up by timer.
+        let said = std::fs::read_to_string(&stats).unwrap_or_default();
+        let lost: Vec<&str> = said
+            .lines()
+            .filter(|l| !l.contains("found_by_timer 0 "))
+            .collect();
+        assert!(
+            said.lines().count() > 10 && lost.is_empty(),
+            "lost wake-ups under CPython's suites: {lost:?} ({} processes reported)",
+            said.lines().count()
+        );
+        eprintln!(
+            "CPython's suites: {} processes waited on ulnic sockets, none found a wake-up by timer",
+            said.lines().count()
+        );
+    }
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
     v["tests"]

@@ -47,6 +47,9 @@ fn on(dev: &Device, node: usize, prog: &Path, args: &[&str]) -> Command {
         .env("LD_PRELOAD", preload())
         .env("ULNIC_INET", INET)
         .env("ULNIC_SOCKET", &dev.sockets()[node])
+        // Each process says at exit how its waits ended: no wake-up may
+        // have been found by timer (docs/sockets.md §6).
+        .env("ULNIC_STATS", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -76,7 +79,19 @@ fn finish(r: TestChild, limit: Duration) -> (String, bool) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    no_wakeup_found_by_timer(&text);
     (text, out.status.success())
+}
+
+/// Fails if a process of the layer reported a wake-up found by timer (a
+/// lost one) in its `ULNIC_STATS` line.
+fn no_wakeup_found_by_timer(text: &str) {
+    for l in text.lines().filter(|l| l.contains("wakes pid")) {
+        assert!(
+            l.contains("found_by_timer 0 "),
+            "a lost wake-up: {l}\n{text}"
+        );
+    }
 }
 
 /// N of the program's "ok read N ..." or "ok wrote N ..." line.
@@ -427,6 +442,7 @@ fn unmodified_redis_iperf3_and_sockperf_run_over_ulnic() {
     )
     .output()
     .unwrap();
+    no_wakeup_found_by_timer(&String::from_utf8_lossy(&out.stderr));
     let bench = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
     assert!(
         bench.contains("SET:") && bench.contains("GET:") && bench.contains("requests per second"),
@@ -446,6 +462,7 @@ fn unmodified_redis_iperf3_and_sockperf_run_over_ulnic() {
     )
     .output()
     .unwrap();
+    no_wakeup_found_by_timer(&String::from_utf8_lossy(&out.stderr));
     let client = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success()

@@ -87,10 +87,14 @@ pub(crate) fn sleep(w: &Watcher, until: Option<Instant>) -> io::Result<Woke> {
     Ok(Woke::Clock)
 }
 
+/// How long a notification may still be on its way when the clock ended
+/// a sleep just as work came (`count_clock`).
+const NOTIFICATION_GRACE: Duration = Duration::from_millis(20);
+
 /// After a sleep the clock ended: `work` is whether the endpoint has work
 /// now (its re-arm's answer). Counts the wake-up: found by timer when work
 /// came that no notification announced (the watcher was not woken even
-/// now), else a timer's.
+/// now, nor within `NOTIFICATION_GRACE`), else a timer's.
 ///
 /// ```no_run
 /// # let net = ulnic::sock::Net::open()?;
@@ -102,7 +106,10 @@ pub fn count_clock(w: &Watcher, work: bool) {
     if !w.fed() {
         return; // counted as an unfed look already
     }
-    if work && w.take() == 0 {
+    // Work whose notification is still on its way (the clock ended just
+    // as it came; in a TCG guest an interrupt can take a while) is no
+    // lost wake-up: it is given a moment to arrive.
+    if work && w.take() == 0 && !w.wait(NOTIFICATION_GRACE).unwrap_or(true) {
         count_wake(WakeKind::FoundByTimer);
     } else {
         count_wake(WakeKind::Timer);

@@ -561,9 +561,9 @@ impl Engine {
     /// Only this endpoint's old notification is taken: the descriptor is
     /// the process's, and another queue may be waiting on it for its own.
     pub fn arm(&mut self) -> bool {
-        if self.free_slots.len() < TX_SLOTS as usize {
-            return true;
-        }
+        // Packets in flight are no reason to stay awake: their delivery
+        // reports notify (between two TCG guests, sleeping for them made
+        // an 8 B round trip 178-211 us against 221-374 us spinning).
         self.ep.arm().unwrap_or(true)
     }
 
