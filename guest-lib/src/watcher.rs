@@ -40,6 +40,11 @@ pub struct Watcher {
     fd: OwnedFd,
     /// Which domains' endpoints it can watch ([`Domain::watcher_pool`]).
     pool: u64,
+    /// The domain it was made from: under host attach its notification
+    /// queue feeds the watcher from the start, so [`Watcher::fds`] holds
+    /// the queue's descriptor before anything is watched (a caller may
+    /// add the descriptors to its own `epoll` set once). Weak, as below.
+    maker: Weak<dyn Domain>,
     /// The process that made it: a forked child's copy is the parent's
     /// watcher, never to be waited on or unwatched from the child.
     pid: u32,
@@ -93,6 +98,7 @@ impl Watcher {
         let w = Arc::new(Watcher {
             fd: dom.new_watcher()?,
             pool: dom.watcher_pool(),
+            maker: Arc::downgrade(dom),
             pid: std::process::id(),
             watched: Mutex::new(HashMap::new()),
         });
@@ -150,7 +156,12 @@ impl Watcher {
     /// queue), once each.
     fn feeds(&self) -> Vec<(Arc<dyn Domain>, RawFd)> {
         let mut v: Vec<(Arc<dyn Domain>, RawFd)> = Vec::new();
-        for d in lock(&self.watched).values().filter_map(Weak::upgrade) {
+        let maker = self.maker.upgrade();
+        let watched: Vec<Arc<dyn Domain>> = lock(&self.watched)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for d in maker.into_iter().chain(watched) {
             if let Some(f) = d.watch_feed() {
                 if !v.iter().any(|(_, g)| *g == f) {
                     v.push((d, f));
@@ -164,10 +175,15 @@ impl Watcher {
     /// in a forked child under host attach, whose parent reads the
     /// notification queue: such a child can only look again later).
     pub fn fed(&self) -> bool {
-        lock(&self.watched)
-            .values()
-            .filter_map(Weak::upgrade)
-            .all(|d| d.watchers_fed())
+        let maker_fed = match self.maker.upgrade() {
+            Some(d) => d.watchers_fed(),
+            None => true,
+        };
+        maker_fed
+            && lock(&self.watched)
+                .values()
+                .filter_map(Weak::upgrade)
+                .all(|d| d.watchers_fed())
     }
 
     /// Takes the wake-ups that came (reading the records that feed it

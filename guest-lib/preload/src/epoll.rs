@@ -212,25 +212,31 @@ impl Registry {
         self.sets().get(&epfd).cloned()
     }
 
-    /// Set `epfd`'s watcher, made (from this process's NIC) and its
-    /// descriptors added to the kernel's set the first time.
+    /// Set `epfd`'s watcher, made (from this process's NIC) the first
+    /// time; its descriptors are added to the kernel's set whenever one
+    /// is new (under host attach a watched socket of another attachment
+    /// brings that attachment's notification descriptor: without it in
+    /// the set, nothing would read the records that wake the watcher).
     fn watcher(&self, env: &Env, epfd: c_int) -> Option<Arc<Watcher>> {
         let mut sets = self.sets();
         let s = sets.get_mut(&epfd)?;
         if s.watcher.is_none() {
-            let w = env.net_if_open()?.new_watcher().ok()?;
-            for nfd in w.fds() {
-                let mut e = epoll_event {
-                    events: libc::EPOLLIN as u32,
-                    u64: MAGIC,
-                };
-                // SAFETY: plain system call with our own epoll_event.
-                unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_ADD, nfd, &mut e) };
-                s.notify.push(nfd);
-            }
-            s.watcher = Some(w);
+            s.watcher = Some(env.net_if_open()?.new_watcher().ok()?);
         }
-        s.watcher.clone()
+        let w = s.watcher.clone()?;
+        for nfd in w.fds() {
+            if s.notify.contains(&nfd) {
+                continue;
+            }
+            let mut e = epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: MAGIC,
+            };
+            // SAFETY: plain system call with our own epoll_event.
+            unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_ADD, nfd, &mut e) };
+            s.notify.push(nfd);
+        }
+        Some(w)
     }
 
     /// `epoll_wait` on a set with interposed sockets (`timeout` `None`:
@@ -306,6 +312,8 @@ impl Registry {
                     sock.lock().watch(w, true);
                 }
             }
+            // Watching may have brought a new descriptor to sleep on.
+            let w = self.watcher(env, epfd).or(w);
             if arm_all(&set, epfd) {
                 continue;
             }

@@ -178,6 +178,27 @@ fn a_socket_taken_out_of_its_epoll_set_and_put_back_wakes_for_its_reply() {
     assert!(out.contains("each woke for the reply"), "{out}");
 }
 
+/// An event-driven server that sleeps in epoll with no timeout (as
+/// lighttpd does between its ticks) wakes for every connection's
+/// request: under host attach the set must also sleep on the
+/// attachment's notification descriptor, which feeds the watcher (the
+/// watcher made before anything was watched once left it out, and each
+/// request waited for the server's next tick).
+#[test]
+fn an_epoll_server_without_timeouts_wakes_for_every_request() {
+    let dev = device(2);
+    let prog = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/progs/epoll_accept.py");
+    let python = Path::new("/usr/bin/python3");
+    let p = prog.to_str().unwrap();
+    let mut srv = start(&dev, 1, python, &[p, "serve", "7320", "20"]);
+    srv.expect_line("ready", READY);
+    let cli = start(&dev, 0, python, &[p, "fetch", "10.81.0.2", "7320", "20"]);
+    let (out, success) = finish(cli, Duration::from_secs(120));
+    assert!(success && out.contains("fetched 20"), "{out}");
+    let (out, success) = finish(srv, Duration::from_secs(30));
+    assert!(success && out.contains("served 20"), "{out}");
+}
+
 /// `TCP_INFO` reports a ulnic socket's own state (it reported the
 /// unconnected kernel body's, CLOSE, before): LISTEN, ESTABLISHED, and
 /// CLOSE once both ends ended; the same program over the kernel passes too.
