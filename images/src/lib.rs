@@ -211,6 +211,7 @@ pub fn build(
     progress: &mut dyn FnMut(&str),
 ) -> Result<BuildReport, Error> {
     let t0 = Instant::now();
+    host_tools_present()?;
     let cache = cache_dir();
     let dir = cache.join("image");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -699,6 +700,41 @@ pub fn with_pieces(image: &Image, pieces: &[PathBuf]) -> Result<Image, Error> {
     Ok(Image {
         initramfs: out,
         ..image.clone()
+    })
+}
+
+/// The host programs an image build runs, and the Debian package of each:
+/// checked before anything is fetched, so a fresh machine learns the
+/// whole install line at once rather than one failure per run.
+pub const HOST_TOOLS: [(&str, &str); 6] = [
+    ("apt-get", "apt"),
+    ("dpkg-deb", "dpkg"),
+    ("make", "make"),
+    // Debian's 6.12 kernel headers build modules with gcc-12.
+    ("gcc-12", "gcc-12"),
+    ("xz", "xz-utils"),
+    ("ldd", "libc-bin"),
+];
+
+/// Fails with the install line when one of [`HOST_TOOLS`] is missing.
+fn host_tools_present() -> Result<(), Error> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = |tool: &str| std::env::split_paths(&path).any(|d| d.join(tool).is_file());
+    let missing: Vec<&str> = HOST_TOOLS
+        .iter()
+        .filter(|(tool, _)| !found(tool))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Tool {
+        tool: "host tools".into(),
+        detail: format!(
+            "building the guest image needs {}; install with: sudo apt-get install {}",
+            missing.join(", "),
+            missing.join(" ")
+        ),
     })
 }
 

@@ -605,7 +605,25 @@ fn cluster_image(
     o: &ClusterOpts,
     say: &mut dyn FnMut(&str),
 ) -> anyhow::Result<ulnic_images::Image> {
-    let r = ulnic_images::build(false, &crate::commands::image::image_tools(), say)?;
+    let tools = crate::commands::image::image_tools();
+    let provider = tools
+        .iter()
+        .any(|t| t.ends_with(ulnic_images::FABRIC_PROVIDER));
+    let wants_fabric = o
+        .packages
+        .iter()
+        .any(|p| p.contains("libfabric") || p.contains("openmpi"));
+    if wants_fabric && !provider {
+        // Not built by default (its bindings need libclang): say so
+        // before the guests boot without it.
+        say(&format!(
+            "[!] the libfabric provider ({}) is not built beside this program: the guests' \
+             libfabric has no ulnic provider. Build it with `cargo build --release -p ulnic-fabric` \
+             (needs: apt-get install libfabric-dev libclang-dev)",
+            ulnic_images::FABRIC_PROVIDER
+        ));
+    }
+    let r = ulnic_images::build(false, &tools, say)?;
     let mut pieces = Vec::new();
     if !o.packages.is_empty() {
         say(&format!("[+] packages: {}", o.packages.join(", ")));
@@ -878,14 +896,17 @@ fn bench_apps(o: &ClusterOpts, a: &AppsArgs, json: bool) -> anyhow::Result<()> {
     );
     let outputs = run_on_guests(&o, &script, json)?;
     let mut results = Vec::new();
+    let mut wakes = None;
     for line in outputs.first().into_iter().flatten() {
         if let Some(rec) = line.strip_prefix("RESULT ") {
             results.push(serde_json::from_str::<AppResult>(rec)?);
+        } else if let Some(rec) = line.strip_prefix("WAKES ") {
+            wakes = Some(serde_json::from_str::<crate::bench::apps::Wakes>(rec)?);
         }
     }
     anyhow::ensure!(!results.is_empty(), "node 0 reported no results");
     let extra = serde_json::json!({"where": "guests", "nodes": [0, 1]});
-    print!("{}", apps_output(&results, a, &extra, json));
+    print!("{}", apps_output(&results, wakes.as_ref(), a, &extra, json));
     Ok(())
 }
 
@@ -897,12 +918,17 @@ fn apps_peer_args(a: &AppsArgs) -> String {
         .filter_map(|x| clap::ValueEnum::to_possible_value(x).map(|v| v.get_name().to_string()))
         .collect();
     format!(
-        "--apps {} --requests {} --clients {} --seconds {} --app-rounds {}",
+        "--apps {} --requests {} --clients {} --seconds {} --app-rounds {} --concurrency {}",
         names.join(","),
         a.requests,
         a.clients,
         a.seconds,
-        a.app_rounds
+        a.app_rounds,
+        a.concurrency
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     )
 }
 
@@ -1182,7 +1208,7 @@ mod tests {
         let args = apps_peer_args(&a.apps);
         assert_eq!(
             args,
-            "--apps redis,sockperf --requests 20000 --clients 8 --seconds 5 --app-rounds 1"
+            "--apps redis,sockperf --requests 20000 --clients 8 --seconds 5 --app-rounds 1 --concurrency 1,20"
         );
         let mut words = vec!["apps-peer", "--role", "server", "--peer-node", "0"];
         words.extend(args.split(' '));
