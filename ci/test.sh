@@ -54,6 +54,13 @@ command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-benchmark >/dev/null || missing+=(redis-tools)
 command -v iperf3 >/dev/null || missing+=(iperf3)
+# The server shapes of `bench apps` (tools/tests/bench.rs): memcached and
+# memcaslap, nginx and lighttpd under ApacheBench.
+[ -x /usr/bin/memcached ] || missing+=(memcached)
+command -v memcaslap >/dev/null || missing+=(libmemcached-tools)
+[ -x /usr/sbin/nginx ] || missing+=(nginx)
+[ -x /usr/sbin/lighttpd ] || missing+=(lighttpd)
+command -v ab >/dev/null || missing+=(apache2-utils)
 # Event libraries and runtimes under the layer (guest-lib/preload/tests,
 # tools/tests/daemons.rs): a libevent program built here, asyncio, Node.js.
 [ -f /usr/include/event2/event.h ] || missing+=(libevent-dev)
@@ -64,7 +71,17 @@ command -v node >/dev/null || missing+=(nodejs)
 [ -f /usr/lib/python3.11/test/test_socket.py ] || missing+=(libpython3.11-testsuite)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
+  # Packages that bring a service (memcached, nginx, lighttpd, redis)
+  # must not start it: the tests run their own servers, and a container
+  # without an init would fail the install. policy-rc.d is Debian's way
+  # to say so (only while installing, and only if none is there).
+  policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    policy=/usr/sbin/policy-rc.d
+  fi
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+  [ -z "$policy" ] || rm -f "$policy"
 fi
 
 step "toolchain"

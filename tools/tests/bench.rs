@@ -486,6 +486,50 @@ fn apps_run_unmodified_programs_over_ulnic_and_the_kernel() {
     cli::assert_apps_lines(&rows, "host");
 }
 
+#[test]
+fn apps_measure_the_server_shapes_at_one_and_many_clients() {
+    // memcached (threads fed connections by a listener thread) and
+    // lighttpd (one event loop), Debian's, under the layer and without
+    // it, at 1 and 4 clients. Figures are not judged: that each ran,
+    // reported, and no wake-up was found by a timer. (nginx's forked
+    // workers run only between guests: refused here, and measured by
+    // tools/tests/cluster.rs.)
+    let rows = bench_json(&[
+        "bench",
+        "apps",
+        "--apps",
+        "memcached,lighttpd",
+        "--concurrency",
+        "1,4",
+        "--seconds",
+        "1",
+        "--json",
+    ]);
+    let mut measured: Vec<(String, String, String)> = rows
+        .iter()
+        .filter(|r| r["bench"] == "apps")
+        .map(|r| {
+            assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["mean_us"].as_f64().unwrap() > 0.0, "{r}");
+            let s = |k: &str| r[k].as_str().unwrap().to_string();
+            (s("app"), s("test"), s("transport"))
+        })
+        .collect();
+    measured.sort();
+    let mut want = Vec::new();
+    for app in ["lighttpd", "memcached"] {
+        for test in ["1 client", "4 clients"] {
+            for t in ["tcp", "ulnic"] {
+                want.push((app.to_string(), test.to_string(), t.to_string()));
+            }
+        }
+    }
+    assert_eq!(measured, want);
+    let goals = rows.iter().filter(|r| r["bench"] == "apps-ratio").count();
+    assert_eq!(goals, 4, "a latency and a throughput ratio per server");
+    cli::assert_no_lost_wakeup(&rows);
+}
+
 /// `ulnic bench pio`: round trips over PIO windows, the shm spin ring and
 /// ulnic messages, then CLAN's set-up costs and per-message sender costs.
 #[test]

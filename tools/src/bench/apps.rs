@@ -1,7 +1,11 @@
 //! `bench apps`: unmodified Debian programs over ulnic sockets (the
 //! LD_PRELOAD layer, docs/sockets.md §7) against the same programs over
 //! the kernel's TCP: redis-benchmark against redis-server (SET and GET),
-//! iperf3 (a TCP stream) and sockperf (TCP ping-pong).
+//! iperf3 (a TCP stream) and sockperf (TCP ping-pong); and three server
+//! shapes ([`super::servers`]) at 1 and at 20 clients: memcached (a
+//! libevent server handing connections to worker threads), nginx (forked
+//! workers in epoll with signals) and lighttpd (event-driven), both HTTP
+//! servers under ApacheBench.
 //!
 //! One side starts every server twice, once under the layer and once
 //! without it, on ports of its own ([`port`]); the other runs each
@@ -33,6 +37,14 @@ pub enum App {
     Iperf3,
     /// sockperf ping-pong over TCP: round-trip time (p50, p99).
     Sockperf,
+    /// memcaslap against memcached (threads fed connections by a
+    /// listener thread): requests per second, mean time per request.
+    Memcached,
+    /// ApacheBench against nginx (a master and forked workers waiting in
+    /// epoll with signals).
+    Nginx,
+    /// ApacheBench against lighttpd (one event-driven process).
+    Lighttpd,
 }
 
 impl App {
@@ -42,7 +54,16 @@ impl App {
             App::Redis => &["redis-server", "redis-tools"],
             App::Iperf3 => &["iperf3"],
             App::Sockperf => &["sockperf"],
+            App::Memcached => &["memcached", "libmemcached-tools"],
+            App::Nginx => &["nginx", "apache2-utils"],
+            App::Lighttpd => &["lighttpd", "apache2-utils"],
         }
+    }
+
+    /// Whether it is one of the server shapes, measured at each
+    /// `--concurrency` ([`super::servers`]).
+    pub fn is_server_shape(self) -> bool {
+        matches!(self, App::Memcached | App::Nginx | App::Lighttpd)
     }
 
     /// Its name in tables.
@@ -51,6 +72,9 @@ impl App {
             App::Redis => "redis",
             App::Iperf3 => "iperf3",
             App::Sockperf => "sockperf",
+            App::Memcached => "memcached",
+            App::Nginx => "nginx",
+            App::Lighttpd => "lighttpd",
         }
     }
 }
@@ -83,6 +107,15 @@ pub struct AppsArgs {
     /// paired within a round.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub app_rounds: u32,
+    /// apps: the clients memcached, nginx and lighttpd are measured with,
+    /// each with one request outstanding (1: latency; more: throughput).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,20",
+        value_name = "N,..."
+    )]
+    pub concurrency: Vec<u32>,
 }
 
 /// The port an app's server listens on: ulnic's under the layer, the
@@ -92,6 +125,11 @@ fn port(app: App, over_ulnic: bool) -> u16 {
         App::Redis => 6379,
         App::Iperf3 => 5201,
         App::Sockperf => 11111,
+        // Not the programs' own defaults, where a system service may be
+        // listening already.
+        App::Memcached => 11311,
+        App::Nginx => 8280,
+        App::Lighttpd => 8290,
     };
     base + u16::from(!over_ulnic)
 }
@@ -195,6 +233,9 @@ pub struct AppResult {
     /// 99th percentile latency.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_us: Option<f64>,
+    /// Mean time per request of one client (the server shapes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_us: Option<f64>,
 }
 
 /// The servers of one side; killed when dropped.
@@ -204,9 +245,75 @@ pub struct Servers {
 
 impl Drop for Servers {
     fn drop(&mut self) {
+        // SIGTERM first: servers exit through exit(3), and the layer then
+        // reports their wake-ups; whatever still runs after 5 s is killed.
         for (_, child, _) in &mut self.running {
+            // SAFETY: a signal to a child this process started and has
+            // not reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (_, child, _) in &mut self.running {
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+}
+
+/// Where the processes under the layer append their wake-up counts.
+const WAKES_FILE: &str = "wakes";
+
+/// How the sleeps of the programs under the layer ended, summed over
+/// their processes (docs/sockets.md §6): `found_by_timer` is a lost
+/// wake-up and must be 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wakes {
+    /// Processes that reported.
+    pub processes: u64,
+    /// Sleeps a notification ended.
+    pub notified: u64,
+    /// Sleeps a timer (the program's timeout, a keepalive) ended.
+    pub timer: u64,
+    /// Timer wake-ups that found work no notification announced.
+    pub found_by_timer: u64,
+    /// Looks again of waiters nothing can notify (forked children under
+    /// host attach).
+    pub unfed_looks: u64,
+}
+
+impl Wakes {
+    /// The counts the processes of `scratch` reported.
+    pub fn read(scratch: &Path) -> Wakes {
+        let text = std::fs::read_to_string(scratch.join(WAKES_FILE)).unwrap_or_default();
+        let mut w = Wakes::default();
+        for line in text.lines().filter(|l| l.contains("wakes pid")) {
+            let field = |name: &str| {
+                line.split(name)
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            w.processes += 1;
+            w.notified += field(" notified ");
+            w.timer += field(" timer ");
+            w.found_by_timer += field(" found_by_timer ");
+            w.unfed_looks += field(" unfed_looks ");
+        }
+        w
+    }
+
+    /// Both sides' counts.
+    pub fn add(self, o: Wakes) -> Wakes {
+        Wakes {
+            processes: self.processes + o.processes,
+            notified: self.notified + o.notified,
+            timer: self.timer + o.timer,
+            found_by_timer: self.found_by_timer + o.found_by_timer,
+            unfed_looks: self.unfed_looks + o.unfed_looks,
         }
     }
 }
@@ -223,9 +330,14 @@ fn program(name: &str) -> anyhow::Result<PathBuf> {
             return Ok(p);
         }
     }
+    let pkgs: Vec<&str> = <App as clap::ValueEnum>::value_variants()
+        .iter()
+        .flat_map(|a| a.packages().iter().copied())
+        .collect();
     anyhow::bail!(
-        "{name} is not installed (Debian: apt-get install redis-server redis-tools iperf3 sockperf; \
-         in guests: --packages, which cluster bench apps adds itself)"
+        "{name} is not installed (Debian: apt-get install {}; \
+         in guests: --packages, which cluster bench apps adds itself)",
+        pkgs.join(" ")
     )
 }
 
@@ -236,6 +348,9 @@ fn command(prog: &Path, ulnic_node: Option<Option<u32>>, s: &Setting) -> anyhow:
     match ulnic_node {
         Some(node) => {
             c.env("LD_PRELOAD", &s.preload);
+            // Each process under the layer appends how its sleeps ended
+            // at exit (docs/sockets.md §6): read back by [`Wakes::read`].
+            c.env("ULNIC_STATS", s.scratch.join(WAKES_FILE));
             for (k, v) in s.attach.env(node)? {
                 c.env(k, v);
             }
@@ -320,6 +435,7 @@ pub fn start_servers(
                         port.to_string(),
                     ],
                 ),
+                shape => super::servers::server(shape, port, &s.scratch)?,
             };
             let label = format!(
                 "{prog} on port {port} ({})",
@@ -479,24 +595,11 @@ pub fn run_clients(
     say: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Vec<AppResult>> {
     let mut results = Vec::new();
-    let secs = a.seconds.max(1);
-    // Generous: TCG guests run these programs tens of times slower.
-    let limit = Duration::from_secs(u64::from(secs) * 4 + 60 + a.requests / 500);
     for round in 0..a.app_rounds.max(1) {
         for &app in &a.apps {
             for over_ulnic in [true, false] {
                 let transport = if over_ulnic { "ulnic" } else { "tcp" };
-                let ulnic_addr =
-                    ulnic_images::vm::node_ipv4(s.attach.server_node(&a.apps, app)).to_string();
-                let addr = if over_ulnic {
-                    &ulnic_addr
-                } else {
-                    &s.kernel_addr
-                };
-                let node = over_ulnic.then(|| s.attach.client_node(&a.apps, app, round));
-                let port = port(app, over_ulnic).to_string();
-                let label = format!("{} over {transport}", app.name());
-                say(&format!("round {round}: {label}"));
+                say(&format!("round {round}: {} over {transport}", app.name()));
                 let base = AppResult {
                     bench: "apps".into(),
                     app,
@@ -507,64 +610,118 @@ pub fn run_clients(
                     gbit_per_s: None,
                     p50_us: None,
                     p99_us: None,
+                    mean_us: None,
                 };
-                match app {
-                    App::Redis => {
-                        let mut c = command(&program("redis-benchmark")?, node, s)?;
-                        c.args(["-h", addr, "-p", &port, "-t", "set,get", "--csv"])
-                            .args(["-n", &a.requests.to_string()])
-                            .args(["-c", &a.clients.to_string()]);
-                        let text = run(c, &label, limit)?;
-                        let rows = parse_redis(&text);
-                        anyhow::ensure!(
-                            rows.len() >= 2,
-                            "{label}: no SET and GET lines in redis-benchmark's output: {text}"
-                        );
-                        for (test, rps, p50, p99) in rows {
-                            results.push(AppResult {
-                                test,
-                                ops_per_s: Some(rps),
-                                p50_us: Some(p50),
-                                p99_us: Some(p99),
-                                ..base.clone()
-                            });
-                        }
-                    }
-                    App::Iperf3 => {
-                        let mut c = command(&program("iperf3")?, node, s)?;
-                        c.args(["-c", addr, "-p", &port, "-J"])
-                            .args(["-t", &secs.to_string()]);
-                        let text = run(c, &label, limit)?;
-                        let g = parse_iperf3(&text).ok_or_else(|| {
-                            anyhow::anyhow!("{label}: no receiver total in iperf3's JSON: {text}")
-                        })?;
-                        results.push(AppResult {
-                            test: "stream".into(),
-                            gbit_per_s: Some(g),
-                            ..base
-                        });
-                    }
-                    App::Sockperf => {
-                        let mut c = command(&program("sockperf")?, node, s)?;
-                        c.args(["ping-pong", "--tcp", "--full-rtt", "-i", addr, "-p", &port])
-                            .args(["-t", &secs.to_string()]);
-                        let text = run(c, &label, limit)?;
-                        let (rate, p50, p99) = parse_sockperf(&text).ok_or_else(|| {
-                            anyhow::anyhow!("{label}: no percentiles in sockperf's output: {text}")
-                        })?;
-                        results.push(AppResult {
-                            test: "ping-pong".into(),
-                            ops_per_s: Some(rate),
-                            p50_us: Some(p50),
-                            p99_us: Some(p99),
-                            ..base
-                        });
-                    }
-                }
+                results.extend(measure(a, s, &base, over_ulnic)?);
             }
         }
     }
     Ok(results)
+}
+
+/// One app's client run(s) over one transport.
+fn measure(
+    a: &AppsArgs,
+    s: &Setting,
+    base: &AppResult,
+    over_ulnic: bool,
+) -> anyhow::Result<Vec<AppResult>> {
+    let (app, round) = (base.app, base.round);
+    let secs = a.seconds.max(1);
+    // Generous: TCG guests run these programs tens of times slower.
+    let limit = Duration::from_secs(u64::from(secs) * 4 + 60 + a.requests / 500);
+    let ulnic_addr = ulnic_images::vm::node_ipv4(s.attach.server_node(&a.apps, app)).to_string();
+    let addr = if over_ulnic {
+        &ulnic_addr
+    } else {
+        &s.kernel_addr
+    };
+    let node = over_ulnic.then(|| s.attach.client_node(&a.apps, app, round));
+    let port_n = port(app, over_ulnic);
+    let port = port_n.to_string();
+    let label = format!("{} over {}", app.name(), base.transport);
+    let mut results = Vec::new();
+    match app {
+        App::Redis => {
+            let mut c = command(&program("redis-benchmark")?, node, s)?;
+            c.args(["-h", addr, "-p", &port, "-t", "set,get", "--csv"])
+                .args(["-n", &a.requests.to_string()])
+                .args(["-c", &a.clients.to_string()]);
+            let text = run(c, &label, limit)?;
+            let rows = parse_redis(&text);
+            anyhow::ensure!(
+                rows.len() >= 2,
+                "{label}: no SET and GET lines in redis-benchmark's output: {text}"
+            );
+            for (test, rps, p50, p99) in rows {
+                results.push(AppResult {
+                    test,
+                    ops_per_s: Some(rps),
+                    p50_us: Some(p50),
+                    p99_us: Some(p99),
+                    ..base.clone()
+                });
+            }
+        }
+        App::Iperf3 => {
+            let mut c = command(&program("iperf3")?, node, s)?;
+            c.args(["-c", addr, "-p", &port, "-J"])
+                .args(["-t", &secs.to_string()]);
+            let text = run(c, &label, limit)?;
+            let g = parse_iperf3(&text).ok_or_else(|| {
+                anyhow::anyhow!("{label}: no receiver total in iperf3's JSON: {text}")
+            })?;
+            results.push(AppResult {
+                test: "stream".into(),
+                gbit_per_s: Some(g),
+                ..base.clone()
+            });
+        }
+        App::Sockperf => {
+            let mut c = command(&program("sockperf")?, node, s)?;
+            c.args(["ping-pong", "--tcp", "--full-rtt", "-i", addr, "-p", &port])
+                .args(["-t", &secs.to_string()]);
+            let text = run(c, &label, limit)?;
+            let (rate, p50, p99) = parse_sockperf(&text).ok_or_else(|| {
+                anyhow::anyhow!("{label}: no percentiles in sockperf's output: {text}")
+            })?;
+            results.push(AppResult {
+                test: "ping-pong".into(),
+                ops_per_s: Some(rate),
+                p50_us: Some(p50),
+                p99_us: Some(p99),
+                ..base.clone()
+            });
+        }
+        shape => {
+            for &clients in &a.concurrency {
+                let clients = clients.max(1);
+                let (prog, args) = super::servers::client(shape, addr, port_n, clients, secs);
+                let mut c = command(&program(prog)?, node, s)?;
+                c.args(&args);
+                let label = format!("{label}, {clients} client(s)");
+                let text = run(c, &label, limit)?;
+                let (rate, mean) = super::servers::parse(shape, clients, &text)
+                    .map_err(|e| anyhow::anyhow!("{label}: {e}"))?;
+                results.push(AppResult {
+                    test: clients_test(clients),
+                    ops_per_s: Some(rate),
+                    mean_us: Some(mean),
+                    ..base.clone()
+                });
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// A server shape's test name at `clients` clients.
+fn clients_test(clients: u32) -> String {
+    if clients == 1 {
+        "1 client".into()
+    } else {
+        format!("{clients} clients")
+    }
 }
 
 /// A goal of issue 13: ulnic against the kernel, per app and metric.
@@ -638,6 +795,18 @@ pub fn ratios(results: &[AppResult]) -> Vec<Ratio> {
                 pick: |r| r.gbit_per_s,
                 goal: ">= 2",
                 bound: Some((true, 2.0)),
+            }],
+            _ if test == clients_test(1) => &[Metric {
+                name: "mean us",
+                pick: |r| r.mean_us,
+                goal: "<= 1",
+                bound: Some((false, 1.0)),
+            }],
+            App::Memcached | App::Nginx | App::Lighttpd => &[Metric {
+                name: "ops/s",
+                pick: |r| r.ops_per_s,
+                goal: ">= 1",
+                bound: Some((true, 1.0)),
             }],
             App::Sockperf => &[
                 Metric {
@@ -727,7 +896,7 @@ pub fn run_local(
     sockets: &[PathBuf],
     scratch: &Path,
     say: &mut dyn FnMut(&str),
-) -> anyhow::Result<Vec<AppResult>> {
+) -> anyhow::Result<(Vec<AppResult>, Wakes)> {
     let s = Setting {
         preload: find_preload()?,
         attach: Attach::Host {
@@ -739,7 +908,7 @@ pub fn run_local(
     let servers = start_servers(&a.apps, &s, say)?;
     let results = run_clients(a, &s, say);
     drop(servers);
-    results
+    Ok((results?, Wakes::read(scratch)))
 }
 
 /// The port the two guests meet on (kernel TCP over virtio-net).
@@ -780,6 +949,9 @@ pub fn peer(p: &PeerArgs) -> anyhow::Result<()> {
         let mut sink = Vec::new();
         let _ = conn.read_to_end(&mut sink);
         drop(servers);
+        // The servers' wake-ups, back to the client side that reports.
+        let wakes = serde_json::to_string(&Wakes::read(scratch.path()))?;
+        conn.write_all(format!("WAKES {wakes}\n").as_bytes())?;
         return Ok(());
     }
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -806,7 +978,18 @@ pub fn peer(p: &PeerArgs) -> anyhow::Result<()> {
     for r in &results {
         println!("RESULT {}", serde_json::to_string(r)?);
     }
-    drop(conn);
+    // Done: the server side stops its servers and answers with their
+    // wake-ups.
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    let theirs: Wakes = reply
+        .trim()
+        .strip_prefix("WAKES ")
+        .and_then(|j| serde_json::from_str(j).ok())
+        .ok_or_else(|| anyhow::anyhow!("the server guest sent no wake-up counts: {reply:?}"))?;
+    let ours = Wakes::read(scratch.path());
+    println!("WAKES {}", serde_json::to_string(&ours.add(theirs))?);
     Ok(())
 }
 
@@ -858,6 +1041,7 @@ mod tests {
             gbit_per_s: None,
             p50_us: Some(p50),
             p99_us: None,
+            mean_us: None,
         };
         let rs = ratios(&[
             r("ulnic", 0, 1.0, 20.0),

@@ -23,6 +23,7 @@ pub mod pio_rounds;
 pub mod plot;
 pub mod rdma;
 pub mod record;
+pub mod servers;
 pub mod utlb;
 
 pub use link::Mode;

@@ -592,6 +592,12 @@ fn run_apps_host(a: &BenchArgs) -> anyhow::Result<()> {
         "bench apps starts its own device (one connection is one endpoint: redis-benchmark's \
          --clients need as many), so it takes no --device-dir"
     );
+    anyhow::ensure!(
+        !a.apps.apps.contains(&apps::App::Nginx),
+        "bench apps --apps nginx runs only between guests (ulnic cluster bench apps --apps nginx): \
+         nginx's workers are forked children, and under host attach a forked child cannot \
+         accept connections (its parent's attachment holds the commands, docs/sockets.md §7)"
+    );
     let scratch = tempfile::Builder::new().prefix("ulnic-apps-").tempdir()?;
     let nodes = apps::Attach::host_nodes(a.apps.apps.len(), a.apps.app_rounds);
     let sockets = Configuration::socket_paths(scratch.path(), nodes);
@@ -607,9 +613,12 @@ fn run_apps_host(a: &BenchArgs) -> anyhow::Result<()> {
     };
     let results = apps::run_local(&a.apps, &sockets, scratch.path(), &mut say);
     drop(device);
-    let results = results?;
+    let (results, wakes) = results?;
     let extra = serde_json::json!({"where": "host"});
-    print!("{}", apps_output(&results, &a.apps, &extra, a.json));
+    print!(
+        "{}",
+        apps_output(&results, Some(&wakes), &a.apps, &extra, a.json)
+    );
     Ok(())
 }
 
@@ -625,6 +634,7 @@ pub fn apps_endpoints(a: &AppsArgs) -> u32 {
 /// fields of `extra` added) with `json`.
 pub fn apps_output(
     results: &[AppResult],
+    wakes: Option<&apps::Wakes>,
     a: &AppsArgs,
     extra: &serde_json::Value,
     json: bool,
@@ -644,12 +654,17 @@ pub fn apps_output(
         for r in &rs {
             outln!(out, "{}", with(serde_json::to_value(r).unwrap_or_default()));
         }
+        if let Some(w) = wakes {
+            let mut v = serde_json::to_value(w).unwrap_or_default();
+            v["bench"] = "apps-wakes".into();
+            outln!(out, "{}", with(v));
+        }
         return out;
     }
     let opt = |v: Option<f64>, prec: usize| v.map(|x| format!("{x:.prec$}")).unwrap_or_default();
     outln!(
         out,
-        "{:<9} {:<10} {:<6} {:>5} {:>11} {:>8} {:>10} {:>10}",
+        "{:<9} {:<10} {:<6} {:>5} {:>11} {:>8} {:>10} {:>10} {:>10}",
         "app",
         "test",
         "trans",
@@ -657,12 +672,13 @@ pub fn apps_output(
         "ops/s",
         "Gbit/s",
         "p50_us",
-        "p99_us"
+        "p99_us",
+        "mean_us"
     );
     for r in results {
         outln!(
             out,
-            "{:<9} {:<10} {:<6} {:>5} {:>11} {:>8} {:>10} {:>10}",
+            "{:<9} {:<10} {:<6} {:>5} {:>11} {:>8} {:>10} {:>10} {:>10}",
             r.app.name(),
             r.test,
             r.transport,
@@ -670,7 +686,8 @@ pub fn apps_output(
             opt(r.ops_per_s, 0),
             opt(r.gbit_per_s, 2),
             opt(r.p50_us, 1),
-            opt(r.p99_us, 1)
+            opt(r.p99_us, 1),
+            opt(r.mean_us, 1)
         );
     }
     outln!(out);
@@ -708,13 +725,28 @@ pub fn apps_output(
     outln!(
         out,
         "redis-benchmark: {} requests per test over {} connections; iperf3: one TCP stream for {} s; \
-         sockperf: TCP ping-pong of 14-byte messages for {} s, full round trips. \
+         sockperf: TCP ping-pong of 14-byte messages for {} s, full round trips; \
+         memcached (memcaslap, 90 % get), nginx and lighttpd (ab, a 512-byte page): {} s at each of {:?} clients, \
+         one request outstanding each, mean_us per request. \
          ulnic: the same binaries under LD_PRELOAD=libulnic_preload.so.",
         a.requests,
         a.clients,
         a.seconds,
-        a.seconds
+        a.seconds,
+        a.seconds,
+        a.concurrency
     );
+    if let Some(w) = wakes {
+        outln!(
+            out,
+            "wake-ups under the layer ({} processes): notified {}, timer {}, found_by_timer {} (lost wake-ups; must be 0), unfed_looks {}",
+            w.processes,
+            w.notified,
+            w.timer,
+            w.found_by_timer,
+            w.unfed_looks
+        );
+    }
     out
 }
 
@@ -973,6 +1005,7 @@ mod tests {
             gbit_per_s: None,
             p50_us: Some(p50),
             p99_us: Some(p50 * 2.0),
+            mean_us: None,
         }
     }
 
@@ -983,14 +1016,14 @@ mod tests {
             app_result("ulnic", 90000.0, 20.0),
             app_result("tcp", 30000.0, 50.0),
         ];
-        let t = apps_output(&results, &a, &serde_json::json!({}), false);
+        let t = apps_output(&results, None, &a, &serde_json::json!({}), false);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
             lines[..3],
             [
-                "app       test       trans  round       ops/s   Gbit/s     p50_us     p99_us",
-                "redis     GET        ulnic      0       90000                20.0       40.0",
-                "redis     GET        tcp        0       30000                50.0      100.0",
+                "app       test       trans  round       ops/s   Gbit/s     p50_us     p99_us    mean_us",
+                "redis     GET        ulnic      0       90000                20.0       40.0           ",
+                "redis     GET        tcp        0       30000                50.0      100.0           ",
             ]
         );
         assert_eq!(lines[3], "");
@@ -1015,7 +1048,18 @@ mod tests {
             app_result("ulnic", 90000.0, 20.0),
             app_result("tcp", 30000.0, 50.0),
         ];
-        let out = apps_output(&results, &a, &serde_json::json!({"where": "host"}), true);
+        let wakes = apps::Wakes {
+            processes: 2,
+            notified: 10,
+            ..Default::default()
+        };
+        let out = apps_output(
+            &results,
+            Some(&wakes),
+            &a,
+            &serde_json::json!({"where": "host"}),
+            true,
+        );
         let rows: Vec<serde_json::Value> = out
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -1025,6 +1069,11 @@ mod tests {
         assert!(rows.iter().all(|r| r["where"] == "host"));
         assert_eq!(rows[2]["bench"], "apps-ratio");
         assert_eq!(rows[2]["ratio"], 3.0);
+        let last = rows.last().unwrap();
+        assert_eq!(
+            (&last["bench"], &last["found_by_timer"], &last["processes"]),
+            (&"apps-wakes".into(), &0.into(), &2.into())
+        );
     }
 
     #[test]

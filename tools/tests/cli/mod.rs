@@ -61,6 +61,30 @@ pub fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
 /// iperf3 and sockperf one measurement over ulnic and one over the
 /// kernel, each with positive figures, then the paired ratios.
 pub fn assert_apps_lines(rows: &[serde_json::Value], place: &str) {
+    // A server shape beside the three programs (nginx between guests):
+    // measured over both transports, its throughput judged.
+    let shapes: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["bench"] == "apps" && r["app"] == "nginx")
+        .collect();
+    if !shapes.is_empty() {
+        let mut t: Vec<&str> = shapes
+            .iter()
+            .map(|r| {
+                assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(r["mean_us"].as_f64().unwrap() > 0.0, "{r}");
+                r["transport"].as_str().unwrap()
+            })
+            .collect();
+        t.sort();
+        assert_eq!(t, ["tcp", "ulnic"], "{shapes:?}");
+    }
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["app"] != "nginx")
+        .cloned()
+        .collect();
+    let rows = &rows[..];
     let measured: Vec<(&str, &str, &str)> = rows
         .iter()
         .filter(|r| r["bench"] == "apps")
@@ -125,6 +149,18 @@ pub fn assert_apps_lines(rows: &[serde_json::Value], place: &str) {
             ("sockperf", "ping-pong", "RTT p99 us"),
         ]
     );
+    assert_no_lost_wakeup(rows);
+}
+
+/// `bench apps`' wake-up line: the programs under the layer reported,
+/// and none of their sleeps found work that no notification announced.
+pub fn assert_no_lost_wakeup(rows: &[serde_json::Value]) {
+    let w = rows
+        .iter()
+        .find(|r| r["bench"] == "apps-wakes")
+        .unwrap_or_else(|| panic!("no apps-wakes line: {rows:?}"));
+    assert!(w["processes"].as_u64().unwrap() > 0, "{w}");
+    assert_eq!(w["found_by_timer"], 0, "a wake-up found by a timer: {w}");
 }
 
 /// The benchmarks' median: the middle of the sorted values (the upper one
