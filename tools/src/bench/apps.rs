@@ -60,10 +60,16 @@ impl App {
         }
     }
 
-    /// Whether it is one of the server shapes, measured at each
-    /// `--concurrency` ([`super::servers`]).
-    pub fn is_server_shape(self) -> bool {
-        matches!(self, App::Memcached | App::Nginx | App::Lighttpd)
+    /// Its server shape, measured at each `--concurrency`
+    /// ([`super::servers`]); `None` for the three programs.
+    pub fn shape(self) -> Option<super::servers::Shape> {
+        use super::servers::Shape;
+        match self {
+            App::Memcached => Some(Shape::Memcached),
+            App::Nginx => Some(Shape::Nginx),
+            App::Lighttpd => Some(Shape::Lighttpd),
+            App::Redis | App::Iperf3 | App::Sockperf => None,
+        }
     }
 
     /// Its name in tables.
@@ -435,7 +441,10 @@ pub fn start_servers(
                         port.to_string(),
                     ],
                 ),
-                shape => super::servers::server(shape, port, &s.scratch)?,
+                App::Memcached | App::Nginx | App::Lighttpd => {
+                    let shape = app.shape().ok_or_else(|| anyhow::anyhow!("not a shape"))?;
+                    super::servers::server(shape, port, &s.scratch)?
+                }
             };
             let label = format!(
                 "{prog} on port {port} ({})",
@@ -693,7 +702,8 @@ fn measure(
                 ..base.clone()
             });
         }
-        shape => {
+        App::Memcached | App::Nginx | App::Lighttpd => {
+            let shape = app.shape().ok_or_else(|| anyhow::anyhow!("not a shape"))?;
             for &clients in &a.concurrency {
                 let clients = clients.max(1);
                 let (prog, args) = super::servers::client(shape, addr, port_n, clients, secs);

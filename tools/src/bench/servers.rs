@@ -12,23 +12,36 @@
 
 use std::path::Path;
 
-use super::apps::App;
+/// A server shape (`bench apps`' memcached, nginx, lighttpd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// memcached under memcaslap.
+    Memcached,
+    /// nginx under ApacheBench.
+    Nginx,
+    /// lighttpd under ApacheBench.
+    Lighttpd,
+}
 
 /// The page the HTTP servers serve.
 const PAGE_BYTES: usize = 512;
 
 /// The server program and its arguments for `app` on `port`, writing any
 /// configuration it needs into `scratch` first.
-pub fn server(app: App, port: u16, scratch: &Path) -> anyhow::Result<(&'static str, Vec<String>)> {
+pub fn server(
+    app: Shape,
+    port: u16,
+    scratch: &Path,
+) -> anyhow::Result<(&'static str, Vec<String>)> {
     let dir = scratch.display().to_string();
     Ok(match app {
-        App::Memcached => (
+        Shape::Memcached => (
             "memcached",
             ["-p", &port.to_string(), "-U", "0", "-t", "2", "-u", "root"]
                 .map(String::from)
                 .to_vec(),
         ),
-        App::Nginx => {
+        Shape::Nginx => {
             let www = www(scratch)?;
             let conf = scratch.join(format!("nginx-{port}.conf"));
             // Every path nginx writes is in the scratch directory; the
@@ -46,7 +59,7 @@ pub fn server(app: App, port: u16, scratch: &Path) -> anyhow::Result<(&'static s
             let args = ["-c", &conf.display().to_string(), "-p", &dir];
             ("nginx", args.map(String::from).to_vec())
         }
-        App::Lighttpd => {
+        Shape::Lighttpd => {
             let www = www(scratch)?;
             let conf = scratch.join(format!("lighttpd-{port}.conf"));
             let text = format!(
@@ -57,7 +70,6 @@ pub fn server(app: App, port: u16, scratch: &Path) -> anyhow::Result<(&'static s
             let args = ["-D", "-f", &conf.display().to_string()];
             ("lighttpd", args.map(String::from).to_vec())
         }
-        other => anyhow::bail!("{} is not a server shape", other.name()),
     })
 }
 
@@ -76,14 +88,14 @@ fn www(scratch: &Path) -> anyhow::Result<String> {
 /// The load generator and its arguments: `clients` connections, each
 /// with one request outstanding, for `seconds`.
 pub fn client(
-    app: App,
+    app: Shape,
     addr: &str,
     port: u16,
     clients: u32,
     seconds: u32,
 ) -> (&'static str, Vec<String>) {
     match app {
-        App::Memcached => (
+        Shape::Memcached => (
             "memcaslap",
             vec![
                 "-s".into(),
@@ -96,7 +108,7 @@ pub fn client(
                 format!("{seconds}s"),
             ],
         ),
-        _ => (
+        Shape::Nginx | Shape::Lighttpd => (
             "ab",
             vec![
                 // ab stops at -n or -t, whichever comes first.
@@ -116,9 +128,9 @@ pub fn client(
 /// Requests per second and the mean time per request (microseconds) from
 /// the load generator's output; an error names what was wrong (failed
 /// requests count as an error: a benchmark of errors measures nothing).
-pub fn parse(app: App, clients: u32, text: &str) -> anyhow::Result<(f64, f64)> {
+pub fn parse(app: Shape, clients: u32, text: &str) -> anyhow::Result<(f64, f64)> {
     match app {
-        App::Memcached => {
+        Shape::Memcached => {
             // "Run time: 2.0s Ops: 50791 TPS: 25394 Net_rate: 28.4M/s"
             let tps = text
                 .lines()
@@ -132,7 +144,7 @@ pub fn parse(app: App, clients: u32, text: &str) -> anyhow::Result<(f64, f64)> {
             // request is the connections over the rate (Little's law).
             Ok((tps, f64::from(clients) * 1e6 / tps))
         }
-        _ => {
+        Shape::Nginx | Shape::Lighttpd => {
             let field = |name: &str| {
                 text.lines()
                     .find(|l| l.starts_with(name))
@@ -164,10 +176,10 @@ mod tests {
     #[test]
     fn memcaslap_summary_is_read() {
         let text = "cmd_get: 45711\nRun time: 2.0s Ops: 50791 TPS: 25394 Net_rate: 28.4M/s\n";
-        let (tps, mean) = parse(App::Memcached, 20, text).unwrap();
+        let (tps, mean) = parse(Shape::Memcached, 20, text).unwrap();
         assert_eq!(tps, 25394.0);
         assert!((mean - 20.0 * 1e6 / 25394.0).abs() < 1e-9);
-        assert!(parse(App::Memcached, 1, "connect failed").is_err());
+        assert!(parse(Shape::Memcached, 1, "connect failed").is_err());
     }
 
     #[test]
@@ -176,26 +188,25 @@ mod tests {
                     Requests per second:    2882.11 [#/sec] (mean)\n\
                     Time per request:       0.347 [ms] (mean)\n\
                     Time per request:       0.017 [ms] (mean, across all concurrent requests)\n";
-        let (rps, mean) = parse(App::Nginx, 1, text).unwrap();
+        let (rps, mean) = parse(Shape::Nginx, 1, text).unwrap();
         assert_eq!(rps, 2882.11);
         assert!((mean - 347.0).abs() < 1e-9);
         let bad = text.replace("Failed requests:        0", "Failed requests:        3");
-        assert!(parse(App::Lighttpd, 1, &bad).is_err());
+        assert!(parse(Shape::Lighttpd, 1, &bad).is_err());
     }
 
     #[test]
     fn configurations_are_written_into_scratch() {
         let dir = tempfile::tempdir().unwrap();
-        let (prog, args) = server(App::Nginx, 8080, dir.path()).unwrap();
+        let (prog, args) = server(Shape::Nginx, 8080, dir.path()).unwrap();
         assert_eq!(prog, "nginx");
         let conf = std::fs::read_to_string(&args[1]).unwrap();
         assert!(conf.contains("listen 8080;") && conf.contains("worker_processes 2;"));
         let page = std::fs::read(dir.path().join("www/index.html")).unwrap();
         assert_eq!(page.len(), PAGE_BYTES);
-        let (_, args) = server(App::Lighttpd, 8090, dir.path()).unwrap();
+        let (_, args) = server(Shape::Lighttpd, 8090, dir.path()).unwrap();
         assert!(std::fs::read_to_string(&args[2])
             .unwrap()
             .contains("server.port = 8090"));
-        assert!(server(App::Redis, 1, dir.path()).is_err());
     }
 }
