@@ -83,7 +83,9 @@ impl Watcher {
         MINE.with(|m| {
             let mut m = m.borrow_mut();
             let pid = std::process::id();
-            m.retain(|(p, _)| *p == pid);
+            // A forked child's copies are the parent's; a driver's watcher
+            // from before a device reset is dead for good (EPOLLERR).
+            m.retain(|(p, w)| *p == pid && !w.broken());
             let pool = dom.watcher_pool();
             if let Some((_, w)) = m.iter().find(|(_, w)| w.pool == pool) {
                 return Ok(w.clone());
@@ -125,6 +127,22 @@ impl Watcher {
             let _ = dom.watch(id, self.fd.as_raw_fd(), false);
         }
         Ok(())
+    }
+
+    /// Whether the driver ended it (the device reset or went away: it
+    /// polls as an error from then on). Never blocks.
+    fn broken(&self) -> bool {
+        if self.pool == 0 {
+            return false; // an eventfd of this process: never ended
+        }
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, count 1, no waiting.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r > 0 && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
     }
 
     /// Whether it watches endpoint `id` of `dom`.
@@ -301,6 +319,11 @@ impl Watcher {
             }
             let n = extra.len();
             extra.copy_from_slice(&p[..n]);
+            // Our own descriptor in error: the device reset or went away;
+            // it will never be woken again (and would poll at once).
+            if p[n].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                return Err(Error::Os(std::io::Error::from_raw_os_error(libc::ENODEV)));
+            }
             // Only our own descriptors woke: take at the top of the loop.
             if extra.iter().any(|x| x.revents != 0) || r == 0 {
                 return Ok(self.take() > 0);

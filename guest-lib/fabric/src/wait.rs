@@ -27,6 +27,11 @@ pub struct Waiting {
     /// FI_GETWAIT handed the descriptor out: the program may sleep on it
     /// itself, so every change pokes.
     given: AtomicBool,
+    /// What FI_GETWAIT hands out where the watcher has more than one
+    /// descriptor (host attach: its eventfd, which pokes reach, and the
+    /// notification descriptor, whose records feed it): an epoll set of
+    /// both, readable while either is.
+    joined: OnceLock<Option<std::os::fd::OwnedFd>>,
 }
 
 impl Waiting {
@@ -38,13 +43,41 @@ impl Waiting {
     }
 
     /// FI_GETWAIT's descriptor: readable once something arrives for one
-    /// of the queue's endpoints (under host attach, the attachment's
-    /// notification descriptor, whose records this process reads itself
-    /// in `fi_trywait` and reads).
+    /// of the queue's endpoints or another thread's progress gives the
+    /// queue something (the watcher's; under host attach an epoll set of
+    /// the watcher's eventfd and the attachment's notification
+    /// descriptor, whose records this process reads itself in
+    /// `fi_trywait` and reads).
     pub fn fd(&self) -> Option<c_int> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         self.given.store(true, Ordering::SeqCst);
         let fds = self.watcher()?.fds();
-        fds.last().copied()
+        if let [only] = fds[..] {
+            return Some(only);
+        }
+        let joined = self.joined.get_or_init(|| {
+            // SAFETY: plain system call; the descriptor it returns is new.
+            let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            if ep < 0 {
+                return None;
+            }
+            // SAFETY: a new descriptor nothing else owns.
+            let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+            for fd in &fds {
+                let mut e = libc::epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: *fd as u64,
+                };
+                // SAFETY: our epoll set, a descriptor of the watcher, and
+                // an event that lives for the call.
+                if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, *fd, &mut e) } < 0
+                {
+                    return None;
+                }
+            }
+            Some(ep)
+        });
+        joined.as_ref().map(|j| j.as_raw_fd())
     }
 
     /// Another thread's progress gave the queue something: a reader asleep

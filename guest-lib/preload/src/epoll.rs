@@ -225,16 +225,18 @@ impl Registry {
         }
         let w = s.watcher.clone()?;
         for nfd in w.fds() {
-            if s.notify.contains(&nfd) {
-                continue;
-            }
+            // Added every time, EEXIST meaning it is there: a number seen
+            // before may name a new descriptor (an attachment closed, the
+            // kernel dropped it from the set, another got the number).
             let mut e = epoll_event {
                 events: libc::EPOLLIN as u32,
                 u64: MAGIC,
             };
             // SAFETY: plain system call with our own epoll_event.
             unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_ADD, nfd, &mut e) };
-            s.notify.push(nfd);
+            if !s.notify.contains(&nfd) {
+                s.notify.push(nfd);
+            }
         }
         Some(w)
     }

@@ -626,7 +626,8 @@ fn run_apps_host(a: &BenchArgs) -> anyhow::Result<()> {
 /// benchmark's, the servers' listeners, their accepted ones) with room
 /// for connections still closing.
 pub fn apps_endpoints(a: &AppsArgs) -> u32 {
-    (a.clients * 2 + 64).clamp(256, ulnic_abi::MAX_ENDPOINTS_LIMIT)
+    let most = a.concurrency.iter().copied().fold(a.clients, u32::max);
+    (most.saturating_mul(2).saturating_add(64)).clamp(256, ulnic_abi::MAX_ENDPOINTS_LIMIT)
 }
 
 /// `bench apps`' results: a table of measurements and one of ratios, or
