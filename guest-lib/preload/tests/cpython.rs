@@ -55,15 +55,18 @@ fn run(ulnic: Option<&TestDevice>, out: &Path) -> usize {
     let st = c.status().expect("python3.11 runs");
     assert!(st.success(), "the suite runner failed: {st}");
     if ulnic.is_some() {
-        // Every process that waited on a ulnic socket said how its waits
-        // ended: none may have found a wake-up by timer.
+        // Every process that waited on a ulnic socket and ended through
+        // exit(3) said how its waits ended: none may have found a wake-up
+        // by timer. (One process runs the suites, its threads sharing the
+        // counts; the children the tests fork end with os._exit, and a
+        // retry of a failed test is one more.)
         let said = std::fs::read_to_string(&stats).unwrap_or_default();
         let lost: Vec<&str> = said
             .lines()
             .filter(|l| !l.contains("found_by_timer 0 "))
             .collect();
         assert!(
-            said.lines().count() > 10 && lost.is_empty(),
+            said.lines().count() >= 1 && lost.is_empty(),
             "lost wake-ups under CPython's suites: {lost:?} ({} processes reported)",
             said.lines().count()
         );
