@@ -543,7 +543,7 @@ fn model_sequences(count: usize, seed: u64) -> String {
 /// wake-up of another thread blocked in a read (`tread`).
 fn epoll_model_in_a_guest() {
     build_and_put("epollmodel.c", &["-lpthread"]);
-    put("0", &model_sequences(60, 46), "/tmp/seq");
+    put("0", &model_sequences(30, 46), "/tmp/seq");
     let kernel = exec("0", "cat /tmp/seq | epollmodel 127.0.0.1 7620");
     let ulnic = exec(
         "0",

@@ -8,7 +8,7 @@
 //! ulnic. The programs: `mpi_check` (guest-lib/fabric/tests/progs: a
 //! ping-pong checked from 1 B to 1 MiB, allreduce, alltoall, a ring, and
 //! Intel MPI Benchmarks' PingPong, Sendrecv, Exchange and Bcast patterns,
-//! `ULNIC_IMB_ROUNDS` times, default 3) and
+//! `ULNIC_IMB_ROUNDS` times, default 1) and
 //! NetPIPE's `NPopenmpi -i` (its integrity check at every size to 1 MiB).
 //! Two guests in the test command; eight behind `--ignored`.
 mod cli;
@@ -134,7 +134,7 @@ fn checked_programs(nodes: u32) {
         // once stopped after a small size between guests, every message
         // sent received, nothing in flight (issue 46). Every payload is
         // checked; a stall fails the run at its time limit.
-        let rounds = std::env::var("ULNIC_IMB_ROUNDS").unwrap_or_else(|_| "3".into());
+        let rounds = std::env::var("ULNIC_IMB_ROUNDS").unwrap_or_else(|_| "1".into());
         let imb = mpirun(&down.0, 2, &format!("/root/mpi_check imb {rounds}"));
         eprintln!("IMB patterns between two guests:\n{imb}");
         let done = imb.matches("ok imb round").count();

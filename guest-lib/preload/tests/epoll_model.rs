@@ -170,7 +170,7 @@ fn blocked_waits_see_what_other_threads_and_processes_change() {
     let cases: u32 = std::env::var("ULNIC_EPOLL_MODEL_BLOCKING_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(100);
     compare(cases, blocking_line(), true);
 }
 
