@@ -83,3 +83,72 @@ pub fn count_wake(kind: WakeKind) {
 /// How long a waiter that nothing can notify sleeps before it looks again
 /// (`WakeStats::unfed_looks`).
 pub const UNFED_LOOK: Duration = Duration::from_millis(10);
+
+impl std::fmt::Display for WakeStats {
+    /// The counters as the `ULNIC_STATS` report prints them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "notified {} timer {} found_by_timer {} unfed_looks {}",
+            self.notified, self.timer, self.found_by_timer, self.unfed_looks
+        )
+    }
+}
+
+impl WakeStats {
+    /// The counters of one `ULNIC_STATS` report line (`... wakes pid P:
+    /// notified N timer T found_by_timer F unfed_looks U`); `None` for
+    /// any other line.
+    ///
+    /// ```
+    /// let l = "libulnic_preload: wakes pid 7: notified 3 timer 1 found_by_timer 0 unfed_looks 0";
+    /// assert_eq!(ulnic::sock::WakeStats::from_report(l).unwrap().notified, 3);
+    /// ```
+    pub fn from_report(line: &str) -> Option<WakeStats> {
+        let (_, counts) = line.split_once("wakes pid ")?.1.split_once(": ")?;
+        let field = |name: &str| -> Option<u64> {
+            let mut words = counts.split_whitespace();
+            words.find(|w| *w == name)?;
+            words.next()?.parse().ok()
+        };
+        Some(WakeStats {
+            notified: field("notified")?,
+            timer: field("timer")?,
+            found_by_timer: field("found_by_timer")?,
+            unfed_looks: field("unfed_looks")?,
+        })
+    }
+}
+
+/// This process's `ULNIC_STATS` report, from `who` (the layer, the
+/// provider): nothing when it never slept on ulnic. With
+/// `ULNIC_STATS=/a/file` the line is appended there (one line per
+/// process) and `None` comes back; otherwise the line comes back for the
+/// caller to write to standard error its own way.
+///
+/// ```no_run
+/// if let Some(line) = ulnic::sock::wake_report("myprog") {
+///     eprintln!("{line}");
+/// }
+/// ```
+pub fn wake_report(who: &str) -> Option<String> {
+    let w = wake_stats();
+    if w == WakeStats::default() {
+        return None;
+    }
+    let line = format!("{who}: wakes pid {}: {w}\n", std::process::id());
+    match std::env::var("ULNIC_STATS") {
+        Ok(path) if path.starts_with('/') => {
+            use std::io::Write;
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path);
+            if let Ok(mut f) = f {
+                let _ = f.write_all(line.as_bytes());
+            }
+            None
+        }
+        _ => Some(line),
+    }
+}

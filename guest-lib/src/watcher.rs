@@ -175,9 +175,20 @@ impl Watcher {
     fn feeds(&self) -> Vec<(Arc<dyn Domain>, RawFd)> {
         let mut v: Vec<(Arc<dyn Domain>, RawFd)> = Vec::new();
         let maker = self.maker.upgrade();
+        // One domain per attachment, however many of its endpoints are
+        // watched (an epoll set of a thousand sockets has one or two):
+        // each domain is upgraded once, on this path of every wake-up.
+        let mut seen: Vec<usize> = Vec::new();
         let watched: Vec<Arc<dyn Domain>> = lock(&self.watched)
-            .values()
-            .filter_map(Weak::upgrade)
+            .iter()
+            .filter(|((d, _), _)| {
+                let new = !seen.contains(d);
+                if new {
+                    seen.push(*d);
+                }
+                new
+            })
+            .filter_map(|(_, d)| d.upgrade())
             .collect();
         for d in maker.into_iter().chain(watched) {
             if let Some(f) = d.watch_feed() {

@@ -397,18 +397,10 @@ pub extern "C" fn fi_prov_ini() -> *mut sys::fi_provider {
 /// With `ULNIC_STATS=1`, at exit: how the provider's waits ended
 /// (docs/libfabric.md §3), one line on standard error, if it waited.
 extern "C" fn report_wakes() {
-    let w = ulnic::sock::wake_stats();
-    if w != ulnic::sock::WakeStats::default() {
-        // One write, so that the line leaves whole as the process ends
-        // (an MPI launcher forwards it).
-        let line = format!(
-            "ulnic provider: wakes pid {}: notified {} timer {} found_by_timer {} unfed_looks {}\n",
-            std::process::id(),
-            w.notified,
-            w.timer,
-            w.found_by_timer,
-            w.unfed_looks
-        );
+    // `ULNIC_STATS=/a/file` appends there, as the layer does; otherwise
+    // one write to stderr, so that the line leaves whole as the process
+    // ends (an MPI launcher forwards it).
+    if let Some(line) = ulnic::sock::wake_report("ulnic provider") {
         // SAFETY: writes a buffer we own to stderr.
         unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
     }

@@ -57,32 +57,11 @@ extern "C" fn at_exit() {
 /// §6), one line on standard error, for tests and users to check that no
 /// wake-up was found by timer.
 pub fn report_wakes() {
-    let w = ulnic::sock::wake_stats();
-    if w == ulnic::sock::WakeStats::default() {
-        return; // a process that never waited on a ulnic socket
-    }
-    let line = format!(
-        "wakes pid {}: notified {} timer {} found_by_timer {} unfed_looks {}",
-        std::process::id(),
-        w.notified,
-        w.timer,
-        w.found_by_timer,
-        w.unfed_looks
-    );
-    // `ULNIC_STATS=/a/file`: appended there, one line per process (a
-    // test suite's many processes); otherwise on standard error.
-    match std::env::var("ULNIC_STATS") {
-        Ok(path) if path.starts_with('/') => {
-            use std::io::Write;
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path);
-            if let Ok(mut f) = f {
-                let _ = f.write_all(format!("libulnic_preload: {line}\n").as_bytes());
-            }
-        }
-        _ => crate::real::warn(&line),
+    // `ULNIC_STATS=/a/file` appends there; otherwise standard error,
+    // through the real write (the program's `write` is interposed).
+    if let Some(line) = ulnic::sock::wake_report("libulnic_preload") {
+        // SAFETY: writes a buffer we own to stderr.
+        unsafe { (real().write)(2, line.as_ptr().cast(), line.len()) };
     }
 }
 

@@ -213,17 +213,25 @@ impl Registry {
     }
 
     /// Set `epfd`'s watcher, made (from this process's NIC) the first
-    /// time; its descriptors are added to the kernel's set whenever one
-    /// is new (under host attach a watched socket of another attachment
-    /// brings that attachment's notification descriptor: without it in
-    /// the set, nothing would read the records that wake the watcher).
+    /// time.
     fn watcher(&self, env: &Env, epfd: c_int) -> Option<Arc<Watcher>> {
         let mut sets = self.sets();
         let s = sets.get_mut(&epfd)?;
         if s.watcher.is_none() {
             s.watcher = Some(env.net_if_open()?.new_watcher().ok()?);
         }
-        let w = s.watcher.clone()?;
+        s.watcher.clone()
+    }
+
+    /// Puts `w`'s descriptors in the kernel's set, once its watches are
+    /// made (under host attach a watched socket of another attachment
+    /// brings that attachment's notification descriptor: without it in
+    /// the set, nothing would read the records that wake the watcher).
+    fn sleep_on(&self, epfd: c_int, w: &Watcher) {
+        let mut sets = self.sets();
+        let Some(s) = sets.get_mut(&epfd) else {
+            return;
+        };
         for nfd in w.fds() {
             // Added every time, EEXIST meaning it is there: a number seen
             // before may name a new descriptor (an attachment closed, the
@@ -238,7 +246,6 @@ impl Registry {
                 s.notify.push(nfd);
             }
         }
-        Some(w)
     }
 
     /// `epoll_wait` on a set with interposed sockets (`timeout` `None`:
@@ -313,9 +320,8 @@ impl Registry {
                 for (_, sock) in &set.socks {
                     sock.lock().watch(w, true);
                 }
+                self.sleep_on(epfd, w);
             }
-            // Watching may have brought a new descriptor to sleep on.
-            let w = self.watcher(env, epfd).or(w);
             if arm_all(&set, epfd) {
                 continue;
             }

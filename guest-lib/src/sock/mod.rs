@@ -35,7 +35,7 @@ mod stream;
 mod wait;
 mod wire;
 
-pub use crate::wakes::{count_wake, wake_stats, WakeKind, WakeStats, UNFED_LOOK};
+pub use crate::wakes::{count_wake, wake_report, wake_stats, WakeKind, WakeStats, UNFED_LOOK};
 pub use addr::{
     visible_port, ConnState, Ready, SockAddr, SockConfig, Wakes, CONN_BASE, CONN_PORTS, DGRAM_BASE,
     EPHEMERAL_FIRST, LISTEN_BASE,

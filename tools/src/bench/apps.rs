@@ -297,19 +297,12 @@ impl Wakes {
     pub fn read(scratch: &Path) -> Wakes {
         let text = std::fs::read_to_string(scratch.join(WAKES_FILE)).unwrap_or_default();
         let mut w = Wakes::default();
-        for line in text.lines().filter(|l| l.contains("wakes pid")) {
-            let field = |name: &str| {
-                line.split(name)
-                    .nth(1)
-                    .and_then(|r| r.split_whitespace().next())
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
+        for c in text.lines().filter_map(ulnic::sock::WakeStats::from_report) {
             w.processes += 1;
-            w.notified += field(" notified ");
-            w.timer += field(" timer ");
-            w.found_by_timer += field(" found_by_timer ");
-            w.unfed_looks += field(" unfed_looks ");
+            w.notified += c.notified;
+            w.timer += c.timer;
+            w.found_by_timer += c.found_by_timer;
+            w.unfed_looks += c.unfed_looks;
         }
         w
     }
